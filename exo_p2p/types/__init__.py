@@ -1,0 +1,82 @@
+"""All wire and state types of exo-p2p: msgspec Structs, no I/O (design.md §2, §6)."""
+
+from exo_p2p.types.chunks import Chunk, ErrorChunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
+from exo_p2p.types.commands import (
+    CancelGeneration,
+    Command,
+    CommandEnvelope,
+    CommandResult,
+    DeleteInstance,
+    FinishGeneration,
+    PlaceInstance,
+    SubmitGeneration,
+)
+from exo_p2p.types.common import (
+    PROTOCOL_VERSION,
+    Bytes,
+    CommandId,
+    ErrorInfo,
+    InstanceId,
+    ModelId,
+    NodeId,
+    RunnerId,
+    TaskId,
+    new_id,
+)
+from exo_p2p.types.events import (
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    InstanceFailed,
+    LocalEvent,
+    MasterElected,
+    NodeModelsUpdated,
+    NodeProfileUpdated,
+    NodeTimedOut,
+    RunnerDeleted,
+    RunnerStatusUpdated,
+    TaskCancelRequested,
+    TaskCreated,
+    TaskDeleted,
+    TaskStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+from exo_p2p.types.instances import Instance, InstanceStatus, ShardMetadata, Sharding
+from exo_p2p.types.models import ModelCard
+from exo_p2p.types.runner import (
+    SERVING_STATUSES,
+    TERMINAL_STATUSES,
+    RunnerConnected,
+    RunnerConnecting,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerLoaded,
+    RunnerLoading,
+    RunnerReady,
+    RunnerRunning,
+    RunnerShutdown,
+    RunnerShuttingDown,
+    RunnerStatus,
+    RunnerWarmingUp,
+)
+from exo_p2p.types.state import RunnerRecord, State
+from exo_p2p.types.tasks import (
+    FINISHED_TASK_STATUSES,
+    CancelTask,
+    ChatMessage,
+    ConnectToGroup,
+    CreateRunner,
+    GenerationParams,
+    LoadModel,
+    Shutdown,
+    StartWarmup,
+    Task,
+    TaskRecord,
+    TaskStatus,
+    TextGeneration,
+)
+from exo_p2p.types.topology import InterfaceType, NetworkAddress, NodeProfile, TopologyEdge
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,51 @@
+"""Chunks: pieces of a response, streamed from rank 0's runner to the API node that owns
+the request (never through the replicated State; design.md §4.7)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from exo_p2p.types.common import ErrorInfo, TaskId
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class _Chunk(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
+    task_id: TaskId
+
+
+class PrefillProgressChunk(_Chunk, tag="prefill_progress"):
+    """``processed`` of ``total`` prompt tokens are prefilled. The first one (processed 0)
+    says the runner accepted the request: the prompt fits the context."""
+
+    processed: int
+    total: int
+
+
+class TokenChunk(_Chunk, tag="token"):
+    """New text (may be empty while a possible stop string is held back) and how many
+    completion tokens have been generated so far."""
+
+    text: str
+    completion_tokens: int
+
+
+class FinishChunk(_Chunk, tag="finish"):
+    """The last chunk of a successful or cancelled generation; times in seconds."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: float = 0.0
+    decode_tokens_per_second: float = 0.0
+
+
+class ErrorChunk(_Chunk, tag="error"):
+    """The generation ended with an error (``error.status`` is the HTTP status to report)."""
+
+    error: ErrorInfo
+
+
+Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk

@@ -1,0 +1,69 @@
+"""Commands: requests to the master, answered over a direct request/response stream with a
+``CommandResult`` (design.md §3, §4.2)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.types.common import PROTOCOL_VERSION, CommandId, ErrorInfo, InstanceId, ModelId, NodeId, TaskId
+from exo_p2p.types.instances import Instance, Sharding
+from exo_p2p.types.tasks import GenerationParams
+
+
+class _Command(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
+    command_id: CommandId
+
+
+class PlaceInstance(_Command, tag="place_instance"):
+    """Place ``model_id``; ``nodes`` are node ids, unique id prefixes or friendly names the
+    placement must include."""
+
+    model_id: ModelId
+    min_nodes: int = 1
+    sharding: Sharding = "pipeline"
+    nodes: tuple[str, ...] = ()
+
+
+class DeleteInstance(_Command, tag="delete_instance"):
+    instance_id: InstanceId
+
+
+class SubmitGeneration(_Command, tag="submit_generation"):
+    task_id: TaskId
+    model_id: ModelId
+    params: GenerationParams
+    api_node_id: NodeId
+
+
+class CancelGeneration(_Command, tag="cancel_generation"):
+    task_id: TaskId
+
+
+class FinishGeneration(_Command, tag="finish_generation"):
+    """The API node saw the task's last chunk: the master ends and removes the task."""
+
+    task_id: TaskId
+    status: str = "complete"
+
+
+Command = PlaceInstance | DeleteInstance | SubmitGeneration | CancelGeneration | FinishGeneration
+
+
+class CommandEnvelope(msgspec.Struct, frozen=True):
+    """A command on the wire, with the protocol version and the sending node."""
+
+    origin: NodeId
+    command: Command
+    version: int = PROTOCOL_VERSION
+
+
+class CommandResult(msgspec.Struct, frozen=True):
+    """The master's answer: ``error`` is None on success; ``instance`` is set by a placement,
+    ``instance_id`` by a generation (the instance chosen), ``event_idx`` is the index of the
+    event the answer depends on (committed before the answer is sent, design.md §5a)."""
+
+    command_id: CommandId
+    error: ErrorInfo | None = None
+    instance: Instance | None = None
+    instance_id: InstanceId | None = None
+    event_idx: int = 0

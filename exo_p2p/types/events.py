@@ -1,0 +1,130 @@
+"""Events: facts, applied in the master's index order by every node (design.md §3, §4)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.types.common import PROTOCOL_VERSION, InstanceId, NodeId, RunnerId, TaskId
+from exo_p2p.types.instances import Instance
+from exo_p2p.types.models import ModelCard
+from exo_p2p.types.runner import RunnerStatus
+from exo_p2p.types.tasks import TaskStatus, TextGeneration
+from exo_p2p.types.topology import NodeProfile, TopologyEdge
+
+
+class _Event(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
+    pass
+
+
+class NodeProfileUpdated(_Event, tag="node_profile_updated"):
+    profile: NodeProfile
+
+
+class NodeModelsUpdated(_Event, tag="node_models_updated"):
+    """``node_id`` holds these models; their cards enter ``State.model_cards``."""
+
+    node_id: NodeId
+    cards: tuple[ModelCard, ...]
+
+
+class NodeTimedOut(_Event, tag="node_timed_out"):
+    node_id: NodeId
+
+
+class TopologyEdgeCreated(_Event, tag="topology_edge_created"):
+    edge: TopologyEdge
+
+
+class TopologyEdgeDeleted(_Event, tag="topology_edge_deleted"):
+    source: NodeId
+    sink: NodeId
+
+
+class MasterElected(_Event, tag="master_elected"):
+    node_id: NodeId
+    term: int
+
+
+class InstanceCreated(_Event, tag="instance_created"):
+    instance: Instance
+
+
+class InstanceDeleted(_Event, tag="instance_deleted"):
+    instance_id: InstanceId
+
+
+class InstanceFailed(_Event, tag="instance_failed"):
+    instance_id: InstanceId
+    reason: str
+
+
+class RunnerStatusUpdated(_Event, tag="runner_status_updated"):
+    runner_id: RunnerId
+    instance_id: InstanceId
+    node_id: NodeId
+    status: RunnerStatus
+
+
+class RunnerDeleted(_Event, tag="runner_deleted"):
+    runner_id: RunnerId
+
+
+class TaskCreated(_Event, tag="task_created"):
+    task: TextGeneration
+
+
+class TaskStatusUpdated(_Event, tag="task_status_updated"):
+    task_id: TaskId
+    status: TaskStatus
+
+
+class TaskCancelRequested(_Event, tag="task_cancel_requested"):
+    task_id: TaskId
+
+
+class TaskDeleted(_Event, tag="task_deleted"):
+    task_id: TaskId
+
+
+Event = (
+    NodeProfileUpdated
+    | NodeModelsUpdated
+    | NodeTimedOut
+    | TopologyEdgeCreated
+    | TopologyEdgeDeleted
+    | MasterElected
+    | InstanceCreated
+    | InstanceDeleted
+    | InstanceFailed
+    | RunnerStatusUpdated
+    | RunnerDeleted
+    | TaskCreated
+    | TaskStatusUpdated
+    | TaskCancelRequested
+    | TaskDeleted
+)
+
+
+class LocalEvent(msgspec.Struct, frozen=True):
+    """An event a node produced, sent to the master with a per-origin sequence number
+    (``origin_seq`` starts at 1 per boot and has no gaps); re-sent until seen indexed."""
+
+    origin: NodeId
+    origin_boot: str
+    origin_seq: int
+    event: Event
+    version: int = PROTOCOL_VERSION
+
+
+class IndexedEvent(msgspec.Struct, frozen=True):
+    """An event as the master sequenced it: ``idx`` starts at 1 and has no gaps; ``term`` is
+    the master's term. ``origin``/``origin_seq`` identify the local event it came from
+    (empty/0 for events the master made itself)."""
+
+    term: int
+    idx: int
+    event: Event
+    origin: str = ""
+    origin_boot: str = ""
+    origin_seq: int = 0
+    version: int = PROTOCOL_VERSION

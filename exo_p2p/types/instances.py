@@ -1,0 +1,58 @@
+"""Placed models: instances and their shards (design.md §3 "instance", "shard")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from exo_p2p.types.common import Bytes, InstanceId, ModelId, NodeId, RunnerId
+
+Sharding = Literal["pipeline", "tensor"]
+InstanceStatus = Literal["loading", "ready", "failed"]
+
+
+class ShardMetadata(msgspec.Struct, frozen=True):
+    """One rank's part of an instance.
+
+    Pipeline: layers ``[start_layer, end_layer)``; tensor: all layers, ``1/world_size`` of
+    each (``start_layer=0, end_layer=n_layers``). ``share_bytes`` is what placement computed
+    this rank loads (layers + non-layer tensors). ``boot_id`` is the node's boot id at
+    placement time: a node restarted since never runs this shard (design.md §5b).
+    ``ring_address`` is ``ip:port`` where this rank listens for its ring neighbours (empty
+    for single-rank instances).
+    """
+
+    node_id: NodeId
+    runner_id: RunnerId
+    rank: int
+    world_size: int
+    start_layer: int
+    end_layer: int
+    n_layers: int
+    share_bytes: Bytes
+    boot_id: str
+    ring_address: str = ""
+
+
+class Instance(msgspec.Struct, frozen=True):
+    """A model placed on a cycle of nodes, ``shards`` in rank order."""
+
+    instance_id: InstanceId
+    model_id: ModelId
+    sharding: Sharding
+    shards: tuple[ShardMetadata, ...]
+    failed_reason: str | None = None
+    replaces: InstanceId | None = None
+    attempt: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shards)
+
+    def shard_for(self, node_id: str) -> ShardMetadata | None:
+        """This node's shard, or None when the node holds no rank of this instance."""
+        for shard in self.shards:
+            if shard.node_id == node_id:
+                return shard
+        return None

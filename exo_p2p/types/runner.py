@@ -1,0 +1,77 @@
+"""Runner states (design.md §5): Idle → Connecting → Connected → Loading → Loaded →
+WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown; Failed from anywhere."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class _Status(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
+    pass
+
+
+class RunnerIdle(_Status, tag="idle"):
+    pass
+
+
+class RunnerConnecting(_Status, tag="connecting"):
+    pass
+
+
+class RunnerConnected(_Status, tag="connected"):
+    pass
+
+
+class RunnerLoading(_Status, tag="loading"):
+    """``layers_loaded`` of ``layers_total`` (this rank's layers) are in memory."""
+
+    layers_loaded: int
+    layers_total: int
+
+
+class RunnerLoaded(_Status, tag="loaded"):
+    """``peak_memory_bytes`` is ``mx.get_peak_memory()`` measured during the load."""
+
+    peak_memory_bytes: int = 0
+
+
+class RunnerWarmingUp(_Status, tag="warming_up"):
+    pass
+
+
+class RunnerReady(_Status, tag="ready"):
+    pass
+
+
+class RunnerRunning(_Status, tag="running"):
+    pass
+
+
+class RunnerShuttingDown(_Status, tag="shutting_down"):
+    pass
+
+
+class RunnerShutdown(_Status, tag="shutdown"):
+    pass
+
+
+class RunnerFailed(_Status, tag="failed"):
+    error: str
+
+
+RunnerStatus = (
+    RunnerIdle
+    | RunnerConnecting
+    | RunnerConnected
+    | RunnerLoading
+    | RunnerLoaded
+    | RunnerWarmingUp
+    | RunnerReady
+    | RunnerRunning
+    | RunnerShuttingDown
+    | RunnerShutdown
+    | RunnerFailed
+)
+
+SERVING_STATUSES = (RunnerReady, RunnerRunning)
+TERMINAL_STATUSES = (RunnerShutdown, RunnerFailed)

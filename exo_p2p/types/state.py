@@ -1,0 +1,40 @@
+"""The replicated State: what every node knows, built only by ``apply`` (design.md §4)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_p2p.types.instances import Instance
+from exo_p2p.types.models import ModelCard
+from exo_p2p.types.runner import RunnerStatus
+from exo_p2p.types.tasks import TaskRecord
+from exo_p2p.types.topology import NodeProfile, TopologyEdge
+
+
+class RunnerRecord(msgspec.Struct, frozen=True):
+    """A runner as State holds it: which instance and node, and its last status."""
+
+    runner_id: RunnerId
+    instance_id: InstanceId
+    node_id: NodeId
+    status: RunnerStatus
+
+
+class State(msgspec.Struct, frozen=True):
+    """The cluster's replicated state after applying events ``1..last_event_idx``.
+
+    Holds no node-local or wall-clock fields, so every node that applied the same events has
+    the same ``state_hash`` (design.md §5a). ``edges[source][sink]`` is the edge source→sink.
+    Finished generation tasks are removed, so State does not grow with traffic.
+    """
+
+    nodes: dict[NodeId, NodeProfile] = msgspec.field(default_factory=dict)
+    edges: dict[NodeId, dict[NodeId, TopologyEdge]] = msgspec.field(default_factory=dict)
+    model_cards: dict[ModelId, ModelCard] = msgspec.field(default_factory=dict)
+    instances: dict[InstanceId, Instance] = msgspec.field(default_factory=dict)
+    runners: dict[RunnerId, RunnerRecord] = msgspec.field(default_factory=dict)
+    tasks: dict[TaskId, TaskRecord] = msgspec.field(default_factory=dict)
+    master: NodeId | None = None
+    term: int = 0
+    last_event_idx: int = 0

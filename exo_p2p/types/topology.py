@@ -1,0 +1,51 @@
+"""Nodes as the cluster sees them: profiles and reachability edges (design.md §3, §4.1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from exo_p2p.types.common import Bytes, NodeId
+
+InterfaceType = Literal["thunderbolt", "ethernet", "wifi", "loopback", "other"]
+
+
+class NetworkAddress(msgspec.Struct, frozen=True):
+    """One dialable address of a node: a libp2p multiaddr, its IP, and the interface kind."""
+
+    multiaddr: str
+    ip: str
+    interface: str = ""
+    interface_type: InterfaceType = "other"
+
+
+class NodeProfile(msgspec.Struct, frozen=True):
+    """A node's self-description, published periodically and on change.
+
+    ``memory_total``/``memory_available`` are bytes already capped by ``--memory-limit``
+    (design.md §5); ``None`` means *not measured yet* and is never treated as 0 bytes.
+    ``boot_id`` changes on every start of the node process: runners are tied to it.
+    ``models`` lists the model ids this node holds (their cards are in ``State.model_cards``).
+    """
+
+    node_id: NodeId
+    boot_id: str
+    friendly_name: str
+    memory_total: Bytes | None = None
+    memory_available: Bytes | None = None
+    cpu: str = ""
+    cpu_count: int = 0
+    os: str = ""
+    addrs: tuple[NetworkAddress, ...] = ()
+    models: tuple[str, ...] = ()
+    priority: int = 0
+
+
+class TopologyEdge(msgspec.Struct, frozen=True):
+    """``source`` reached ``sink`` at ``address`` (an IP the sink listens on)."""
+
+    source: NodeId
+    sink: NodeId
+    address: str
+    interface_type: InterfaceType = "other"
