@@ -1,0 +1,108 @@
+"""``create_app``: the ASGI application of a node's HTTP API (starlette; runs on trio).
+
+Every answer is JSON or SSE: unknown paths are 404, wrong methods 405, request problems 4xx
+(OpenAI-shaped errors), and any unexpected exception is logged and answered with a generic
+500 JSON — never a traceback page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
+from exo_p2p.api.errors import ApiError, error_info, error_response
+from exo_p2p.api.generation import GenerationSettings, send_error
+from exo_p2p.api.routes import ApiConfig, api_routes
+
+log = structlog.get_logger("exo_p2p.api")
+
+
+def create_app(
+    backend: ApiBackend,
+    *,
+    model_aliases: Mapping[str, str] | None = None,
+    queue_limit: int | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    generation: GenerationSettings | None = None,
+    command_timeout: float = 30.0,
+) -> ASGIApp:
+    """The API of one node, serving ``backend``.
+
+    ``model_aliases`` maps names clients may use to model ids; ``queue_limit`` bounds the
+    chat completions in flight in this API (beyond it: 429 at once; None = no limit);
+    ``max_body_bytes`` bounds request bodies (413); ``generation`` holds the waits of a
+    chat completion (seconds); ``command_timeout`` the wait for the master's answer to
+    place/delete (seconds).
+    """
+    if queue_limit is not None and queue_limit < 1:
+        raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
+    config = ApiConfig(
+        model_aliases=dict(model_aliases or {}),
+        queue_limit=queue_limit,
+        max_body_bytes=max_body_bytes,
+        generation=generation or GenerationSettings(),
+        command_timeout=command_timeout,
+    )
+    return Starlette(
+        routes=api_routes(backend, config),
+        middleware=[Middleware(CatchAll)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+    )
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.info)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        info = error_info(404, f"no such endpoint: {request.method} {request.url.path[:200]}", code="not_found")
+    elif exc.status_code == 405:
+        info = error_info(405, f"method {request.method} is not allowed on {request.url.path[:200]}", code="method_not_allowed")
+    else:
+        info = error_info(exc.status_code, exc.detail or "request failed")
+    return error_response(info, headers=dict(exc.headers or {}))
+
+
+class CatchAll:
+    """ASGI middleware: an exception that escapes a route is logged and answered with a
+    generic 500 JSON (if the response has not started), never re-raised into the server.
+    A client that went away mid-request is not an error and is only logged at debug."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            log.debug("api.client_disconnected", path=scope.get("path"))
+        except Exception:
+            log.exception("api.unhandled_error", method=scope.get("method"), path=scope.get("path"))
+            if not started:
+                try:
+                    await send_error(send, error_info(500, "internal error; see the node's log", code="internal_error"))
+                except Exception:  # the connection is gone too
+                    log.debug("api.error_response_failed", path=scope.get("path"))

@@ -1,0 +1,82 @@
+"""The contract between the HTTP API and the node that serves it.
+
+The API is the one door for CLI and OpenAI clients (design.md §1); it never touches the
+network, the master or the worker directly, only this protocol, which the node (the
+composition root) implements. Tests implement it with fakes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+import trio
+
+from exo_p2p.types import Chunk, Command, CommandResult, ModelCard, NodeId, State, TaskId
+
+
+class NodeSummary(msgspec.Struct, frozen=True):
+    """One node as ``GET /nodes`` lists it (memory in bytes; None = not yet reported).
+
+    ``addrs`` are dialable multiaddrs ending in ``/p2p/<node_id>``; ``last_seen`` is seconds
+    since this node last heard from it (0 for itself), by this node's monotonic clock.
+    """
+
+    node_id: NodeId
+    friendly_name: str
+    is_self: bool
+    is_master: bool
+    memory_total: int | None
+    memory_available: int | None
+    addrs: list[str]
+    last_seen: float
+
+
+class NodeHealth(msgspec.Struct, frozen=True):
+    """Node-local facts for ``GET /state`` (not part of the replicated State or its hash):
+    warnings such as "no peers found for 12 s", and counters of dropped messages by kind."""
+
+    node_id: NodeId
+    master: NodeId | None
+    warnings: list[str]
+    counters: dict[str, int]
+
+
+class ApiBackend(Protocol):
+    """What the API needs from its node.
+
+    - ``state()``: the node's current replicated State (cheap; read-only).
+    - ``health()``: node-local status for ``/state``.
+    - ``nodes()``: every node this node knows, for ``GET /nodes``.
+    - ``local_models()``: the model cards this node can serve from its own store.
+    - ``command(cmd, timeout)``: send a command to the master and await its
+      ``CommandResult`` (errors are in ``result.error`` with the HTTP status to answer;
+      a master that cannot be reached within ``timeout`` seconds gives a 503 error result —
+      this never raises for a command-level failure).
+    - ``open_chunks(task_id)``: register to receive the chunks of ``task_id`` BEFORE
+      submitting it; returns a receive channel that yields chunks in order and is closed
+      after a ``FinishChunk`` or ``ErrorChunk``. The node guarantees an ``ErrorChunk`` if the
+      task's instance or runner fails (so reading never hangs forever).
+    - ``close_chunks(task_id)``: unregister (idempotent).
+    - ``previews(model_id, nodes)``: placement previews as plain dicts (issue 4), or raise
+      ``KeyError`` for an unknown model.
+    """
+
+    @property
+    def node_id(self) -> NodeId: ...
+
+    def state(self) -> State: ...
+
+    def health(self) -> NodeHealth: ...
+
+    def nodes(self) -> list[NodeSummary]: ...
+
+    def local_models(self) -> list[ModelCard]: ...
+
+    async def command(self, command: Command, timeout: float = 30.0) -> CommandResult: ...
+
+    def open_chunks(self, task_id: TaskId) -> trio.MemoryReceiveChannel[Chunk]: ...
+
+    def close_chunks(self, task_id: TaskId) -> None: ...
+
+    def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]: ...

@@ -1,0 +1,34 @@
+"""Reading request bodies with a size limit, without holding more than the limit in memory."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from exo_p2p.api.errors import ApiError
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Largest request body accepted (bytes); larger ones get a 413."""
+
+
+async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
+    """The request body, at most ``limit`` bytes.
+
+    Raises ``ApiError(413)`` as soon as the declared ``Content-Length`` or the bytes received
+    so far exceed ``limit`` (the rest is never read). Raises starlette's ``ClientDisconnect``
+    if the client goes away mid-body.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise _too_large(limit)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than the limit of {limit} bytes", code="request_too_large")

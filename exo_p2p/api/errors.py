@@ -1,0 +1,88 @@
+"""OpenAI-shaped error answers (``{"error": {"message", "type", "param", "code"}}``) with the
+status codes of design.md §5b, and the decoding edge where request bytes become Structs.
+
+Every error the API answers goes through ``error_response``; request-body problems are raised
+as ``ApiError`` by ``decode_json`` and turned into 400s by the route.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+import msgspec
+from starlette.responses import Response
+
+from exo_p2p.api.schemas import ErrorBody, ErrorDetail
+from exo_p2p.types import ErrorInfo
+
+T = TypeVar("T")
+
+RETRY_AFTER_LOADING_S = 5
+"""``Retry-After`` (seconds) on a 503 for a model that is still loading (design.md §5b)."""
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_json = msgspec.json.Encoder()
+_PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
+
+
+class ApiError(Exception):
+    """An error answer raised inside a route: becomes ``error_response(self.info)``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.info = error_info(status, message, param=param, code=code)
+
+
+def error_info(status: int, message: str, *, param: str | None = None, code: str | None = None) -> ErrorInfo:
+    """An ``ErrorInfo`` with the OpenAI error type for ``status`` (5xx → ``server_error``)."""
+    kind = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return ErrorInfo(status=status, message=message, type=kind, param=param, code=code)
+
+
+def error_body(info: ErrorInfo) -> bytes:
+    """The JSON bytes of an OpenAI-shaped error body for ``info``."""
+    return _json.encode(ErrorBody(ErrorDetail(info.message, info.type, info.param, info.code)))
+
+
+def error_headers(info: ErrorInfo) -> dict[str, str]:
+    """Extra headers for an error: ``Retry-After`` on a 503 while the model is loading
+    (``code == "loading"``, or a message that says "loading" when the master set no code)."""
+    if info.status == 503 and (info.code == "loading" or (info.code is None and "loading" in info.message.lower())):
+        return {"retry-after": str(RETRY_AFTER_LOADING_S)}
+    return {}
+
+
+def error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Response:
+    """A JSON response of ``info`` with its status (out-of-range statuses become 500)."""
+    status = info.status if 400 <= info.status <= 599 else 500
+    all_headers = {**error_headers(info), **(headers or {})}
+    return Response(error_body(info), status_code=status, headers=all_headers, media_type="application/json")
+
+
+def decode_json(body: bytes, type_: type[T]) -> T:
+    """Decode a request body into ``type_``.
+
+    Raises ``ApiError(400)`` with msgspec's message, which names the field
+    (e.g. "Expected `int`, got `str` - at `$.max_tokens`", param ``max_tokens``), for
+    malformed JSON, invalid UTF-8, wrong types, out-of-range values and nesting too deep.
+    """
+    if not body or body.isspace():
+        raise ApiError(400, "request body is empty: expected a JSON object")
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        match = _PATH_RE.search(message)
+        raise ApiError(400, message, param=(match.group(1) or None) if match else None) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid JSON body: nested too deeply") from None

@@ -1,0 +1,136 @@
+"""The endpoints of the HTTP API, as starlette routes bound to one ``ApiBackend``.
+
+Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cluster:
+``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
+``GET /instances/previews``, ``GET|DELETE /instances/{id}``. Errors are raised as
+``ApiError`` and answered OpenAI-shaped by the app's handler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
+from exo_p2p.api.chat_params import chat_plan
+from exo_p2p.api.errors import ApiError, decode_json, error_response
+from exo_p2p.api.generation import GenerationResponse, GenerationSettings, InFlight
+from exo_p2p.api.schemas import ChatCompletionRequest, PlaceRequest
+from exo_p2p.api.views import instance_out, local_model, model_list, parse_nodes, state_document
+from exo_p2p.state import instance_view
+from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
+
+_json = msgspec.json.Encoder()
+
+
+def json_response(value: object, status: int = 200) -> Response:
+    """``value`` (Structs, dicts, lists) encoded by msgspec as a JSON response."""
+    return Response(_json.encode(value), status_code=status, media_type="application/json")
+
+
+@dataclass
+class ApiConfig:
+    """Settings of one API: model aliases (alias → model id), the in-flight generation limit
+    (None = unlimited), the request body limit in bytes, and the generation waits."""
+
+    model_aliases: Mapping[str, str]
+    queue_limit: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    generation: GenerationSettings = GenerationSettings()
+    command_timeout: float = 30.0
+
+
+def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
+    """The routes of the API, bound to ``backend`` (closures; no global state)."""
+    inflight = InFlight(config.queue_limit)
+    started = int(time.time())
+
+    def _model_id(name: str) -> ModelId:
+        return ModelId(config.model_aliases.get(name, name))
+
+    async def chat_completions(request: Request) -> GenerationResponse:
+        body = await read_body(request, config.max_body_bytes)
+        plan = chat_plan(decode_json(body, ChatCompletionRequest), config.model_aliases)
+        return GenerationResponse(backend, plan, inflight, config.generation)
+
+    async def list_models(request: Request) -> Response:
+        return json_response(model_list(backend.state().model_cards.values(), started))
+
+    async def list_local_models(request: Request) -> Response:
+        return json_response([local_model(c) for c in sorted(backend.local_models(), key=lambda c: c.model_id)])
+
+    async def get_state(request: Request) -> Response:
+        return json_response(state_document(backend.state(), backend.health()))
+
+    async def list_nodes(request: Request) -> Response:
+        return json_response(backend.nodes())
+
+    async def list_instances(request: Request) -> Response:
+        state = backend.state()
+        views = [instance_out(instance_view(state, inst)) for _, inst in sorted(state.instances.items())]
+        return json_response(views)
+
+    async def get_instance(request: Request) -> Response:
+        instance_id = request.path_params["instance_id"]
+        state = backend.state()
+        inst = state.instances.get(instance_id)
+        if inst is None:
+            raise ApiError(404, f"instance '{instance_id[:100]}' not found", param="instance_id")
+        return json_response(instance_out(instance_view(state, inst)))
+
+    async def place_instance(request: Request) -> Response:
+        body = await read_body(request, config.max_body_bytes)
+        req = decode_json(body, PlaceRequest)
+        command = PlaceInstance(
+            command_id=new_id(),
+            model_id=_model_id(req.model),
+            min_nodes=req.min_nodes,
+            sharding=req.sharding,
+            nodes=parse_nodes(req.nodes),
+        )
+        result = await backend.command(command, timeout=config.command_timeout)
+        if result.error is not None:
+            return error_response(result.error)
+        if result.instance is None:
+            raise ApiError(500, "the master accepted the placement but returned no instance")
+        state = backend.state()
+        inst = state.instances.get(result.instance.instance_id, result.instance)
+        return json_response(instance_out(instance_view(state, inst)), status=201)
+
+    async def delete_instance(request: Request) -> Response:
+        instance_id = InstanceId(request.path_params["instance_id"])
+        result = await backend.command(DeleteInstance(command_id=new_id(), instance_id=instance_id), timeout=config.command_timeout)
+        if result.error is not None:
+            return error_response(result.error)
+        return json_response({"deleted": instance_id})
+
+    async def previews(request: Request) -> Response:
+        model = request.query_params.get("model")
+        if not model:
+            raise ApiError(400, "query parameter 'model' is required", param="model")
+        nodes = parse_nodes(request.query_params.getlist("nodes"))
+        try:
+            found = backend.previews(_model_id(model), nodes)
+        except KeyError:
+            raise ApiError(404, f"model '{model[:200]}' is not known to the cluster", param="model", code="model_not_found") from None
+        return json_response(found)
+
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/models", list_local_models, methods=["GET"]),
+        Route("/state", get_state, methods=["GET"]),
+        Route("/nodes", list_nodes, methods=["GET"]),
+        Route("/instances", list_instances, methods=["GET"]),
+        Route("/instances", place_instance, methods=["POST"]),
+        Route("/instances/previews", previews, methods=["GET"]),
+        Route("/instances/{instance_id}", get_instance, methods=["GET"]),
+        Route("/instances/{instance_id}", delete_instance, methods=["DELETE"]),
+    ]

@@ -1,0 +1,208 @@
+"""HTTP request and response bodies as msgspec Structs: the type is the schema.
+
+Requests follow the OpenAI chat-completions schema (unknown fields are ignored; known
+parameters we do not support are decoded so that ``exo_p2p.api.chat_params`` can refuse them by
+name). Responses are encoded with ``msgspec.json``; fields the OpenAI schema does not allow
+to be ``null`` (``tool_calls``, ``function_call``, ``name``, ``logprobs``, ``refusal``) are
+simply not part of these types, and optional ones are omitted rather than sent as ``null``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""Largest ``max_tokens`` accepted by the schema (the runner checks it against the context)."""
+SEED_LIMIT = 2**63 - 1
+
+PositiveTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Seed = Annotated[int, msgspec.Meta(ge=0, le=SEED_LIMIT)]
+StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+class ContentPart(msgspec.Struct, frozen=True):
+    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is served."""
+
+    type: str
+    text: str | None = None
+
+
+class MessageIn(msgspec.Struct, frozen=True):
+    """A chat message as a client sends it (``content`` a string or a list of parts)."""
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, frozen=True):
+    type: str
+
+
+class ChatCompletionRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/chat/completions``; token counts in tokens. Unsupported parameters are
+    kept so they can be refused with a 400 that names them when set to a non-default value."""
+
+    model: NonEmptyStr
+    messages: list[MessageIn]
+    max_tokens: PositiveTokens | None = None
+    max_completion_tokens: PositiveTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stop: str | StopList | None = None
+    seed: Seed | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # Known but unsupported: refused by name when not at their default.
+    n: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+
+
+class PlaceRequest(msgspec.Struct, frozen=True):
+    """``POST /instances``: ``nodes`` is a list of node ids / prefixes / friendly names, or
+    one comma-separated string."""
+
+    model: NonEmptyStr
+    min_nodes: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
+    sharding: Literal["pipeline", "tensor"] = "pipeline"
+    nodes: list[str] | str | None = None
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """OpenAI-shaped error: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class StreamChoice(msgspec.Struct, frozen=True):
+    index: int
+    delta: Delta
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One SSE event of a streamed completion; ``usage`` only on the final usage chunk."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[StreamChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+class Choice(msgspec.Struct, frozen=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct, frozen=True):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class ModelEntry(msgspec.Struct, frozen=True):
+    """An entry of ``GET /v1/models``; sizes in bytes, context in tokens."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    n_layers: int
+    storage_size: int
+    context_length: int
+
+
+class ModelList(msgspec.Struct, frozen=True):
+    object: Literal["list"]
+    data: list[ModelEntry]
+
+
+class LocalModel(msgspec.Struct, frozen=True):
+    """An entry of ``GET /models``: a model this node can serve from its own store."""
+
+    model: str
+    n_layers: int
+    storage_size: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    context_length: int
+
+
+class ShardView(msgspec.Struct, frozen=True):
+    node_id: str
+    runner_id: str
+    rank: int
+    start_layer: int
+    end_layer: int
+    share_bytes: int
+    status: str
+
+
+class InstanceOut(msgspec.Struct, frozen=True):
+    """An instance as ``/instances`` shows it (status as design.md §5b)."""
+
+    instance_id: str
+    model: str
+    sharding: str
+    status: str
+    reason: str | None
+    layers_loaded: int
+    layers_total: int
+    shards: list[ShardView]

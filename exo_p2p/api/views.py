@@ -1,0 +1,100 @@
+"""Pure conversions from State and node facts to the JSON documents of the cluster endpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from exo_p2p.api.backend import NodeHealth
+from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, ShardView
+from exo_p2p.state import InstanceView, state_hash
+from exo_p2p.types import ModelCard, State
+
+OWNED_BY = "exo-p2p"
+
+
+def instance_out(view: InstanceView) -> InstanceOut:
+    """The ``/instances`` shape of an instance view; shard ``status`` is its runner's status
+    tag (``pending`` before the runner reported)."""
+    inst = view.instance
+    shards = [
+        ShardView(
+            node_id=s.node_id,
+            runner_id=s.runner_id,
+            rank=s.rank,
+            start_layer=s.start_layer,
+            end_layer=s.end_layer,
+            share_bytes=s.share_bytes,
+            status=view.runner_statuses[i] if i < len(view.runner_statuses) else "pending",
+        )
+        for i, s in enumerate(inst.shards)
+    ]
+    return InstanceOut(
+        instance_id=inst.instance_id,
+        model=inst.model_id,
+        sharding=inst.sharding,
+        status=view.status,
+        reason=view.reason,
+        layers_loaded=view.layers_loaded,
+        layers_total=view.layers_total,
+        shards=shards,
+    )
+
+
+def model_list(cards: Iterable[ModelCard], created: int) -> ModelList:
+    """``GET /v1/models``: every model card the cluster knows, sorted by id; ``created`` is
+    Unix seconds (the cards carry no date, so the API's start time is used)."""
+    entries = [
+        ModelEntry(
+            id=c.model_id,
+            object="model",
+            created=created,
+            owned_by=OWNED_BY,
+            n_layers=c.n_layers,
+            storage_size=c.storage_size,
+            context_length=c.context_length,
+        )
+        for c in sorted(cards, key=lambda c: c.model_id)
+    ]
+    return ModelList(object="list", data=entries)
+
+
+def local_model(card: ModelCard) -> LocalModel:
+    """``GET /models`` entry of a model this node holds (bytes, tokens)."""
+    return LocalModel(
+        model=card.model_id,
+        n_layers=card.n_layers,
+        storage_size=card.storage_size,
+        hidden_size=card.hidden_size,
+        num_attention_heads=card.num_attention_heads,
+        num_key_value_heads=card.num_key_value_heads,
+        context_length=card.context_length,
+    )
+
+
+def state_document(state: State, health: NodeHealth) -> dict[str, Any]:
+    """``GET /state``: the replicated State as plain JSON values plus ``last_event_idx``,
+    ``term``, ``state_hash`` (design.md §5a) and the node-local ``node_id``, ``master``,
+    ``warnings`` and ``counters`` (not part of the hash)."""
+    doc: dict[str, Any] = msgspec.to_builtins(state)
+    doc.update(
+        last_event_idx=state.last_event_idx,
+        term=state.term,
+        state_hash=state_hash(state),
+        node_id=health.node_id,
+        master=health.master,
+        warnings=list(health.warnings),
+        counters=dict(health.counters),
+    )
+    return doc
+
+
+def parse_nodes(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Node names from ``"a,b"`` or ``["a", "b,c"]``: split on commas, stripped, empties
+    dropped, order kept."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else list(value)
+    return tuple(part.strip() for item in items for part in item.split(",") if part.strip())

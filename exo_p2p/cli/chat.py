@@ -1,0 +1,128 @@
+"""Chat through a node's OpenAI API: one streamed answer, or an interactive conversation."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+from exo_p2p.cli.client import ApiError, NodeClient
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+"""The model every node can serve without downloads (design.md §7)."""
+
+REPL_HELP = "type a message; /clear forgets the conversation; /bye or Ctrl-D leaves"
+
+
+def choose_model(client: NodeClient, model: str | None) -> str:
+    """``model`` when given; else the model of the first ready instance; else the embedded
+    default ``EMBEDDED_MODEL``."""
+    if model:
+        return model
+    for inst in client.instances():
+        if inst.get("status") == "ready" and inst.get("model"):
+            return str(inst["model"])
+    return EMBEDDED_MODEL
+
+
+def request_body(
+    model: str,
+    messages: list[dict],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> dict[str, Any]:
+    """An OpenAI chat-completion request with only the parameters the user gave."""
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
+
+
+def stream_answer(client: NodeClient, body: dict, out: IO[str] | None = None) -> str:
+    """Write the answer's text to ``out`` (stdout) as it arrives; end the line; return the
+    whole text. Errors from the node raise ``CliError``; Ctrl-C closes the stream (the node
+    cancels the generation) and propagates."""
+    out = out or sys.stdout
+    pieces: list[str] = []
+    stream = client.chat_stream(body)
+    try:
+        for delta in stream:
+            pieces.append(delta)
+            out.write(delta)
+            out.flush()
+    finally:
+        stream.close()
+        if pieces and not pieces[-1].endswith("\n"):
+            out.write("\n")
+            out.flush()
+    return "".join(pieces)
+
+
+def start_messages(system: str | None) -> list[dict]:
+    """A new conversation: just the system message, when there is one."""
+    return [{"role": "system", "content": system}] if system else []
+
+
+def chat_once(
+    client: NodeClient,
+    model: str,
+    prompt: str,
+    *,
+    system: str | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> str:
+    """Answer one prompt, streamed to stdout; returns the answer."""
+    messages = start_messages(system) + [{"role": "user", "content": prompt}]
+    body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
+    return stream_answer(client, body)
+
+
+def repl(
+    client: NodeClient,
+    model: str,
+    *,
+    system: str | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    read: Callable[[str], str] = input,
+    note: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+) -> int:
+    """Chat until ``/bye``, ``/exit`` or end of input, keeping the conversation; returns the
+    number of answers given. Ctrl-C during an answer stops that answer (the question is
+    forgotten) and returns to the prompt, as does an error the node answers with; Ctrl-C at
+    the prompt and an unreachable node propagate."""
+    messages = start_messages(system)
+    answers = 0
+    note(f"chatting with {model} — {REPL_HELP}")
+    while True:
+        try:
+            line = read(">>> ")
+        except EOFError:
+            return answers
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/bye", "/exit", "/quit"):
+            return answers
+        if text == "/clear":
+            messages = start_messages(system)
+            note("conversation cleared")
+            continue
+        messages.append({"role": "user", "content": line})
+        body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
+        try:
+            answer = stream_answer(client, body)
+        except KeyboardInterrupt:
+            messages.pop()
+            note("(answer interrupted)")
+            continue
+        except ApiError as e:
+            messages.pop()
+            note(f"error: {e.message}")
+            continue
+        messages.append({"role": "assistant", "content": answer})
+        answers += 1

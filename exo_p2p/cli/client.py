@@ -1,0 +1,291 @@
+"""A small synchronous client of a node's HTTP API, and the errors the CLI shows for it.
+
+Every failure of a call becomes a ``CliError`` with a one-line message; the CLI prints
+``error: <message>`` and exits with ``exit_code`` (1), never a traceback.
+
+Tests inject an ``httpx`` transport with ``set_transport`` (or serve a fake API on
+127.0.0.1); production code never sets one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT
+
+DEFAULT_API = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
+API_ENV = "EXO_P2P_API"
+REQUEST_TIMEOUT = 30.0
+"""Seconds to wait for a plain (non-streaming) API answer."""
+STREAM_READ_TIMEOUT = 600.0
+"""Seconds without a byte on a streamed chat answer before giving up (a long prompt on a
+slow CPU prefills for minutes; the node itself errors a dead request within 10 s)."""
+CONNECT_TIMEOUT = 5.0
+
+_transport: httpx.BaseTransport | None = None
+
+
+def set_transport(transport: httpx.BaseTransport | None) -> None:
+    """Route every ``NodeClient`` through ``transport`` (tests only; None restores sockets)."""
+    global _transport
+    _transport = transport
+
+
+class CliError(Exception):
+    """A failure the CLI reports as one line ``error: <message>`` and exit ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+class NodeUnreachable(CliError):
+    """No node answers at the API URL (refused, unresolvable, timed out)."""
+
+
+class ApiError(CliError):
+    """The node answered with an error status; ``message`` is the API's error message."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def normalize_api_url(url: str) -> str:
+    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def resolve_api_url(*candidates: str | None) -> str:
+    """The first given URL among ``candidates`` (e.g. subcommand ``--api``, then the global
+    one), else ``$EXO_P2P_API``, else ``DEFAULT_API``; normalized."""
+    for candidate in candidates:
+        if candidate:
+            return normalize_api_url(candidate)
+    return normalize_api_url(os.environ.get(API_ENV) or DEFAULT_API)
+
+
+def is_local_url(url: str) -> bool:
+    """True when the API URL points at this machine (loopback or ``localhost``)."""
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def error_message(response: httpx.Response) -> str:
+    """The human message of an API error response: ``error.message`` of the OpenAI-shaped
+    body when present, else the body text, else the status line."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str) and err:
+            return err
+        if body.get("detail"):
+            return str(body["detail"])
+    text = response.text.strip()
+    if text and len(text) < 500:
+        return f"HTTP {response.status_code}: {text}"
+    return f"HTTP {response.status_code} {response.reason_phrase}"
+
+
+def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """The ``data`` payload of each server-sent event in ``lines`` (decoded lines without
+    their newline). Multi-line data is joined with ``\\n``; comments and other fields are
+    ignored; a trailing event without its blank line is still yielded."""
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
+def chat_deltas(payloads: Iterable[str]) -> Iterator[str]:
+    """Text deltas of an OpenAI chat-completion stream, given its SSE ``data`` payloads.
+
+    Stops at ``[DONE]``. Raises ``ApiError`` (status 500) for a chunk carrying an
+    ``error`` object (the node reports failures mid-stream that way) or for a payload that
+    is not JSON.
+    """
+    for payload in payloads:
+        if payload.strip() == "[DONE]":
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError as e:
+            raise ApiError(f"malformed stream chunk from the node: {payload[:80]!r}", 500) from e
+        if not isinstance(chunk, dict):
+            continue
+        err = chunk.get("error")
+        if err:
+            message = err.get("message") if isinstance(err, dict) else str(err)
+            raise ApiError(str(message or "generation failed"), 500)
+        for choice in chunk.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                yield content
+
+
+class NodeClient:
+    """Calls to one node's API at ``base_url``; every method returns decoded JSON.
+
+    Raises ``NodeUnreachable`` when no node answers, ``ApiError`` for an error status,
+    ``CliError`` for a timeout or a broken answer.
+    """
+
+    def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.base_url = normalize_api_url(base_url)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT),
+            transport=_transport,
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _unreachable(self, e: Exception) -> NodeUnreachable:
+        return NodeUnreachable(
+            f"cannot reach the exo-p2p node at {self.base_url}: {_reason(e)} "
+            "(start one with `exo-p2p node`)"
+        )
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call; the decoded JSON body (None when empty)."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise self._unreachable(e) from e
+        except httpx.TimeoutException as e:
+            raise CliError(f"the node at {self.base_url} did not answer {method} {path} in time") from e
+        except httpx.HTTPError as e:
+            raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
+        if response.status_code >= 400:
+            raise ApiError(error_message(response), response.status_code)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as e:
+            raise CliError(f"the node at {self.base_url} sent a non-JSON answer to {path}") from e
+
+    def ping(self) -> bool:
+        """True when a node answers ``GET /state`` (any status below 500)."""
+        try:
+            response = self._http.get("/state", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return self.request("GET", "/state")
+
+    def nodes(self) -> list[dict]:
+        return self.request("GET", "/nodes")
+
+    def models(self) -> list[dict]:
+        return self.request("GET", "/models")
+
+    def instances(self) -> list[dict]:
+        return self.request("GET", "/instances")
+
+    def instance(self, instance_id: str) -> dict:
+        return self.request("GET", f"/instances/{instance_id}")
+
+    def place(
+        self,
+        model: str,
+        *,
+        min_nodes: int | None = None,
+        sharding: str | None = None,
+        nodes: list[str] | None = None,
+    ) -> dict:
+        """``POST /instances``; only the given fields are sent. The new instance."""
+        body: dict[str, Any] = {"model": model}
+        if min_nodes is not None:
+            body["min_nodes"] = min_nodes
+        if sharding is not None:
+            body["sharding"] = sharding
+        if nodes:
+            body["nodes"] = nodes
+        return self.request("POST", "/instances", json=body)
+
+    def delete_instance(self, instance_id: str) -> Any:
+        return self.request("DELETE", f"/instances/{instance_id}")
+
+    def previews(self, model: str, nodes: list[str] | None = None) -> list[dict]:
+        params = {"model": model}
+        if nodes:
+            params["nodes"] = ",".join(nodes)
+        return self.request("GET", "/instances/previews", params=params)
+
+    def chat_stream(self, body: dict) -> Iterator[str]:
+        """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they
+        arrive. Closing the generator closes the connection (the node cancels the
+        generation)."""
+        body = {**body, "stream": True}
+        timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=CONNECT_TIMEOUT)
+        try:
+            with self._http.stream(
+                "POST", "/v1/chat/completions", json=body, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(error_message(response), response.status_code)
+                yield from chat_deltas(iter_sse_data(response.iter_lines()))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise self._unreachable(e) from e
+        except httpx.TimeoutException as e:
+            raise CliError(
+                f"the node at {self.base_url} sent nothing for {STREAM_READ_TIMEOUT:.0f} s"
+            ) from e
+        except httpx.HTTPError as e:
+            raise CliError(f"the answer from {self.base_url} broke off: {_reason(e)}") from e
+
+
+def _reason(e: Exception) -> str:
+    """A short lower-case reason for a transport error ("connection refused", ...)."""
+    text = str(e) or type(e).__name__
+    lowered = text.lower()
+    if "refused" in lowered:
+        return "connection refused"
+    if isinstance(e, httpx.TimeoutException) or "timed out" in lowered:
+        return "timed out"
+    if "name or service not known" in lowered or "nodename nor servname" in lowered:
+        return "unknown host"
+    if "temporary failure in name resolution" in lowered:
+        return "unknown host"
+    return text.splitlines()[0]

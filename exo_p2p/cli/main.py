@@ -1,0 +1,426 @@
+"""The ``exo-p2p`` typer app: ``node`` runs a node, the other commands are API clients.
+
+Exit codes: 0 success, 1 a failure the node reported or an unreachable node (one line
+``error: ...`` on stderr), 2 bad arguments, 130 Ctrl-C. Never a traceback.
+``--api URL`` is accepted before or after the subcommand; ``$EXO_P2P_API`` otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import ExitStack
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional, TypeVar
+
+import click
+import typer
+from rich.console import Console
+
+from exo_p2p.cli import render
+from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
+from exo_p2p.cli.client import (
+    API_ENV,
+    DEFAULT_API,
+    ApiError,
+    CliError,
+    NodeClient,
+    NodeUnreachable,
+    is_local_url,
+    resolve_api_url,
+)
+from exo_p2p.cli.local_node import running_node
+from exo_p2p.cli.node_cmd import build_node_config, run_node
+from exo_p2p.cli.secret import write_cluster_secret
+from exo_p2p.cli.waiting import wait_until_ready
+from exo_p2p.config import default_data_dir
+
+PLACE_TIMEOUT = 900.0
+"""Default seconds ``place`` and ``run`` wait for an instance to be ready."""
+
+app = typer.Typer(
+    name="exo-p2p",
+    help="Run LLMs across the machines of a home or lab. Start `exo-p2p node` on each machine; "
+    "the other commands talk to a node's HTTP API.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@dataclass
+class Globals:
+    """Options given before the subcommand."""
+
+    api: str | None = None
+
+
+ApiOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api",
+        help=f"URL of the node's API (default ${API_ENV}, else {DEFAULT_API}).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts).")]
+NodesOpt = Annotated[
+    Optional[str],
+    typer.Option("--nodes", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
+]
+
+
+class Sharding(str, Enum):
+    pipeline = "pipeline"
+    tensor = "tensor"
+
+
+class LogFormat(str, Enum):
+    console = "console"
+    json = "json"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handled(fn: F) -> F:
+    """Turn ``CliError`` into ``error: <message>`` on stderr and its exit code, and Ctrl-C
+    into a quiet exit 130: no command ever shows a traceback for these."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CliError as e:
+            click.echo(f"error: {e.message}", err=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _stdout() -> Console:
+    return Console(soft_wrap=False)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+def _client(ctx: typer.Context, api: str | None) -> NodeClient:
+    globals_ = ctx.find_object(Globals)
+    return NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
+
+
+def _split_nodes(nodes: str | None) -> list[str] | None:
+    if not nodes:
+        return None
+    return [n.strip() for n in nodes.split(",") if n.strip()] or None
+
+
+def _node_names(client: NodeClient) -> dict[str, str]:
+    """node id → friendly name, for tables (empty when the node list is unavailable)."""
+    try:
+        return {n["node_id"]: n["friendly_name"] for n in client.nodes() if n.get("friendly_name")}
+    except (CliError, KeyError, TypeError):
+        return {}
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    api: Annotated[
+        Optional[str],
+        typer.Option("--api", envvar=API_ENV, help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
+    ] = None,
+) -> None:
+    """Run LLMs across the machines of a home or lab."""
+    ctx.obj = Globals(api=api)
+
+
+# -- the node -------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def node(
+    api_port: Annotated[Optional[int], typer.Option(help="HTTP API port [default: 52515].")] = None,
+    api_host: Annotated[Optional[str], typer.Option(help="HTTP API bind address [default: 127.0.0.1]; 0.0.0.0 serves other machines.")] = None,
+    listen_port: Annotated[Optional[int], typer.Option(help="libp2p listen port [default: 52514]; 0 picks a free one.")] = None,
+    listen_host: Annotated[Optional[str], typer.Option(help="libp2p listen address [default: 0.0.0.0].")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Identity, event log and models [default: $EXO_P2P_HOME, else the XDG data dir].")] = None,
+    memory_limit: Annotated[Optional[str], typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB, ...")] = None,
+    models_dir: Annotated[Optional[list[Path]], typer.Option(help="A directory of models to serve (repeatable).")] = None,
+    log_format: Annotated[Optional[LogFormat], typer.Option(help="Log format [default: console].")] = None,
+    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error [default: info].")] = None,
+    cluster: Annotated[Optional[str], typer.Option(help="Cluster name; nodes only join nodes of the same cluster [default: default].")] = None,
+    cluster_secret: Annotated[Optional[Path], typer.Option(help="File holding the cluster secret (see `exo-p2p cluster-secret`).")] = None,
+    bootstrap: Annotated[Optional[list[str]], typer.Option(help="Multiaddr of a peer to dial (repeatable), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo...")] = None,
+    priority: Annotated[Optional[int], typer.Option(help="Election priority; higher wins a vacant master seat [default: 0].")] = None,
+    new_identity: Annotated[bool, typer.Option("--new-identity", help="Make a new node identity instead of the saved one.")] = False,
+    name: Annotated[Optional[str], typer.Option(help="Friendly name shown by `exo-p2p nodes` [default: the host name].")] = None,
+    queue_limit: Annotated[Optional[int], typer.Option(min=1, help="Chat requests in flight on this API before 429 [default: 64].")] = None,
+    prefill_chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Prefill chunk in tokens [default: 256].")] = None,
+    no_mdns: Annotated[bool, typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap).")] = False,
+) -> None:
+    """Run a node on this machine until Ctrl-C."""
+    config = build_node_config(
+        data_dir=data_dir,
+        api_host=api_host,
+        api_port=api_port,
+        listen_host=listen_host,
+        listen_port=listen_port,
+        memory_limit=memory_limit,
+        models_dirs=models_dir,
+        log_format=log_format.value if log_format else None,
+        log_level=log_level,
+        cluster=cluster,
+        cluster_secret_file=cluster_secret,
+        bootstrap=bootstrap,
+        priority=priority,
+        new_identity=new_identity,
+        friendly_name=name,
+        queue_limit=queue_limit,
+        prefill_chunk_size=prefill_chunk_size,
+        mdns=not no_mdns,
+    )
+    code = run_node(config)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("cluster-secret")
+@handled
+def cluster_secret_cmd(
+    file: Annotated[Optional[Path], typer.Argument(help="Write the secret here (mode 0600); print it when omitted.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+) -> None:
+    """Make a new random cluster secret (32 bytes, hex)."""
+    from exo_p2p.cli.secret import new_cluster_secret
+
+    if file is None:
+        click.echo(new_cluster_secret())
+        return
+    try:
+        write_cluster_secret(file, force=force)
+    except FileExistsError:
+        raise CliError(f"{file} exists; pass --force to replace it", 1) from None
+    except OSError as e:
+        raise CliError(f"cannot write {file}: {e.strerror or e}") from None
+    click.echo(f"wrote a new cluster secret to {file} (mode 0600); start every node with --cluster-secret {file}")
+
+
+# -- listing --------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def nodes(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+    """The cluster as the node sees it: peers, memory, master, addresses."""
+    with _client(ctx, api) as client:
+        listed = client.nodes()
+        try:
+            warnings = client.state().get("warnings") or []
+        except (ApiError, AttributeError):
+            warnings = []
+    if json:
+        click.echo(render.dumps(render.nodes_json(listed)))
+    else:
+        _stdout().print(render.nodes_table(listed))
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@app.command()
+@handled
+def models(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+    """Models this node can serve, with layers and size."""
+    with _client(ctx, api) as client:
+        listed = client.models()
+    if json:
+        click.echo(render.dumps(render.models_json(listed)))
+    else:
+        _stdout().print(render.models_table(listed))
+
+
+@app.command()
+@handled
+def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+    """Placed models, their shards and status (loading progress)."""
+    with _client(ctx, api) as client:
+        listed = client.instances()
+        names = {} if json else _node_names(client)
+    if json:
+        click.echo(render.dumps(render.instances_json(listed)))
+    elif not listed:
+        _stderr().print("no instances; place one with `exo-p2p place MODEL`")
+    else:
+        _stdout().print(render.instances_table(listed, names))
+
+
+@app.command()
+@handled
+def previews(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    nodes: NodesOpt = None,
+    api: ApiOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """The best placement of MODEL per sharding and size, memory per node, or why none."""
+    with _client(ctx, api) as client:
+        listed = client.previews(model, _split_nodes(nodes))
+        names = {} if json else _node_names(client)
+    if json:
+        click.echo(render.dumps(listed))
+    else:
+        _stdout().print(render.previews_table(model, listed, names))
+
+
+# -- placing --------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def place(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    min_nodes: Annotated[Optional[int], typer.Option(min=1, help="Use at least this many nodes [default: 1].")] = None,
+    sharding: Annotated[Optional[Sharding], typer.Option(help="pipeline (layers per node) or tensor [default: pipeline].")] = None,
+    nodes: NodesOpt = None,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once placed, without waiting for ready.")] = False,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for ready.")] = PLACE_TIMEOUT,
+    api: ApiOpt = None,
+) -> None:
+    """Place MODEL on the cluster and wait until it is ready to serve."""
+    with _client(ctx, api) as client:
+        inst = client.place(
+            model,
+            min_nodes=min_nodes,
+            sharding=sharding.value if sharding else None,
+            nodes=_split_nodes(nodes),
+        )
+        shards = inst.get("shards") or []
+        click.echo(
+            f"placed {inst.get('model', model)} as instance {inst['instance_id']} "
+            f"({inst.get('sharding', 'pipeline')}, {len(shards)} node{'s' if len(shards) != 1 else ''})"
+        )
+        if no_wait:
+            return
+        wait_until_ready(client, inst, timeout=timeout, console=_stderr())
+    click.echo(f"instance {inst['instance_id']} is ready")
+
+
+@app.command()
+@handled
+def delete(
+    ctx: typer.Context,
+    instance_id: Annotated[str, typer.Argument(metavar="ID", help="Instance id (or a unique prefix of it).")],
+    api: ApiOpt = None,
+) -> None:
+    """Delete an instance: its runners stop and their memory is freed."""
+    with _client(ctx, api) as client:
+        try:
+            client.delete_instance(instance_id)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            full = [
+                i["instance_id"]
+                for i in client.instances()
+                if str(i.get("instance_id", "")).startswith(instance_id)
+            ]
+            if len(full) != 1:
+                raise
+            instance_id = full[0]
+            client.delete_instance(instance_id)
+    click.echo(f"deleted instance {instance_id}")
+
+
+# -- chatting -------------------------------------------------------------------------------
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model to ask [default: the first ready instance's, else the embedded one].")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Stop after this many tokens.")]
+TemperatureOpt = Annotated[Optional[float], typer.Option(min=0, help="Sampling temperature (0: greedy).")]
+SystemOpt = Annotated[Optional[str], typer.Option(help="A system message.")]
+
+
+@app.command()
+@handled
+def chat(
+    ctx: typer.Context,
+    prompt: Annotated[Optional[str], typer.Argument(help="Ask this and exit; chat interactively when omitted.")] = None,
+    model: ModelOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    temperature: TemperatureOpt = None,
+    system: SystemOpt = None,
+    api: ApiOpt = None,
+) -> None:
+    """Chat with a placed model; the answer streams as it is generated."""
+    with _client(ctx, api) as client:
+        chosen = choose_model(client, model)
+        params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
+        if prompt is not None:
+            chat_once(client, chosen, prompt, **params)
+        else:
+            repl(client, chosen, **params)
+
+
+def ensure_ready_instance(client: NodeClient, model: str, timeout: float, console: Console) -> dict:
+    """A ready instance of ``model``: an existing ready one, else a loading one waited for,
+    else a new placement waited for. Raises ``CliError`` as ``place`` does."""
+    existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
+    for inst in existing:
+        if inst.get("status") == "ready":
+            return inst
+    if existing:
+        return wait_until_ready(client, existing[0], timeout=timeout, console=console)
+    inst = client.place(model)
+    console.print(f"placed {model} as instance {inst['instance_id']}")
+    return wait_until_ready(client, inst, timeout=timeout, console=console)
+
+
+@app.command()
+@handled
+def run(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="Model id.")] = EMBEDDED_MODEL,
+    prompt: Annotated[Optional[str], typer.Argument(help="Ask this and exit; chat interactively when omitted.")] = None,
+    max_tokens: MaxTokensOpt = None,
+    temperature: TemperatureOpt = None,
+    system: SystemOpt = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Data dir of the node started when none answers [default: as `exo-p2p node`].")] = None,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the model to be ready.")] = PLACE_TIMEOUT,
+    api: ApiOpt = None,
+) -> None:
+    """Answer PROMPT with MODEL (or chat), like `ollama run`.
+
+    Uses the node at --api when one answers; else runs a node on this machine for the
+    duration of the command. Places MODEL when it is not placed yet.
+    """
+    globals_ = ctx.find_object(Globals)
+    api_url = resolve_api_url(api, globals_.api if globals_ else None)
+    console = _stderr()
+    with ExitStack() as stack:
+        probe = stack.enter_context(NodeClient(api_url))
+        if not probe.ping():
+            if not is_local_url(api_url):
+                raise NodeUnreachable(f"cannot reach the exo-p2p node at {api_url}")
+            directory = (data_dir or default_data_dir()).expanduser()
+            console.print(f"no node answers at {api_url}; starting one for this command (data dir {directory})")
+            api_url = stack.enter_context(running_node(directory, console))
+        client = stack.enter_context(NodeClient(api_url))
+        ensure_ready_instance(client, model, timeout, console)
+        params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
+        if prompt is not None:
+            chat_once(client, model, prompt, **params)
+        else:
+            repl(client, model, **params)
+
+
+def main() -> None:
+    """The console script ``exo-p2p`` (and ``python -m exo_p2p``)."""
+    app(prog_name="exo-p2p")

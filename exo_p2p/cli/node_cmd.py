@@ -1,0 +1,102 @@
+"""``exo-p2p node``: command-line flags → ``NodeConfig`` → ``exo_p2p.node.run_node``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from exo_p2p.cli.client import CliError
+from exo_p2p.config import NodeConfig, default_data_dir, parse_bytes
+
+LOG_FORMATS = ("json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_node_config(
+    *,
+    data_dir: Path | None = None,
+    api_host: str | None = None,
+    api_port: int | None = None,
+    listen_host: str | None = None,
+    listen_port: int | None = None,
+    memory_limit: str | None = None,
+    models_dirs: list[Path] | None = None,
+    log_format: str | None = None,
+    log_level: str | None = None,
+    cluster: str | None = None,
+    cluster_secret_file: Path | None = None,
+    bootstrap: list[str] | None = None,
+    priority: int | None = None,
+    new_identity: bool = False,
+    friendly_name: str | None = None,
+    queue_limit: int | None = None,
+    prefill_chunk_size: int | None = None,
+    mdns: bool = True,
+) -> NodeConfig:
+    """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
+
+    ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
+    ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
+    a cluster-secret file that does not exist.
+    """
+    given: dict = {}
+    if memory_limit is not None:
+        try:
+            given["memory_limit"] = parse_bytes(memory_limit)
+        except ValueError as e:
+            raise CliError(f"--memory-limit: {e}", exit_code=2) from e
+    if log_format is not None:
+        if log_format not in LOG_FORMATS:
+            raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)
+        given["log_format"] = log_format
+    if log_level is not None:
+        if log_level.lower() not in LOG_LEVELS:
+            raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", 2)
+        given["log_level"] = log_level.lower()
+    if cluster_secret_file is not None:
+        if not cluster_secret_file.is_file():
+            raise CliError(
+                f"--cluster-secret: no such file {cluster_secret_file} "
+                "(create one with `exo-p2p cluster-secret FILE`)",
+                2,
+            )
+        given["cluster_secret_file"] = cluster_secret_file
+    for name, value in (
+        ("api_host", api_host),
+        ("api_port", api_port),
+        ("listen_host", listen_host),
+        ("listen_port", listen_port),
+        ("cluster", cluster),
+        ("priority", priority),
+        ("friendly_name", friendly_name),
+        ("queue_limit", queue_limit),
+        ("prefill_chunk_size", prefill_chunk_size),
+    ):
+        if value is not None:
+            given[name] = value
+    return NodeConfig(
+        data_dir=(data_dir or default_data_dir()).expanduser(),
+        models_dirs=[d.expanduser() for d in models_dirs or []],
+        bootstrap=list(bootstrap or []),
+        new_identity=new_identity,
+        mdns=mdns,
+        **given,
+    )
+
+
+def run_node(config: NodeConfig) -> int:
+    """Run a node until it is stopped (Ctrl-C / SIGTERM), through ``exo_p2p.node.run_node``
+    (imported here so client commands never pay for the node's imports); returns its exit
+    code (0 after a clean stop). Raises ``CliError`` when this installation has no node
+    runtime."""
+    try:
+        from exo_p2p.node import run_node as node_main
+    except ImportError as e:
+        raise CliError(f"this installation cannot run a node: {e}") from e
+    if inspect.iscoroutinefunction(node_main):
+        import trio
+
+        code = trio.run(node_main, config)
+    else:
+        code = node_main(config)
+    return code if isinstance(code, int) else 0

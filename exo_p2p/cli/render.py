@@ -1,0 +1,195 @@
+"""How the CLI shows API answers: rich tables for people, ``--json`` shapes for scripts.
+
+The ``*_json`` functions are pure: they keep every field the API sent and guarantee the
+fields scripts rely on (issue 2, item 9) are present (None when the node did not send one).
+Memory is in bytes everywhere except the tables, which show GiB with one decimal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+
+GIB = 1024**3
+
+NODE_FIELDS = ("node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs")
+INSTANCE_FIELDS = ("instance_id", "model", "status", "shards")
+SHARD_FIELDS = ("node_id", "rank", "start_layer", "end_layer")
+MODEL_FIELDS = ("model", "n_layers", "storage_size")
+
+
+def gib(n_bytes: int | float | None) -> str:
+    """``17179869184`` → ``"16.0 GiB"``; None → ``"unknown"``."""
+    if n_bytes is None:
+        return "unknown"
+    return f"{n_bytes / GIB:.1f} GiB"
+
+
+def ago(seconds: float | None) -> str:
+    """Seconds since last heard from → ``"now"``, ``"3 s ago"``, ``"2 min ago"``."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return "now"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    return f"{seconds / 60:.0f} min ago"
+
+
+def _with_fields(item: dict, fields: tuple[str, ...]) -> dict:
+    return {**{f: item.get(f) for f in fields}, **item}
+
+
+def nodes_json(nodes: list[dict]) -> list[dict]:
+    """``GET /nodes`` items with at least ``NODE_FIELDS``."""
+    return [_with_fields(n, NODE_FIELDS) for n in nodes]
+
+
+def instances_json(instances: list[dict]) -> list[dict]:
+    """``GET /instances`` items with at least ``INSTANCE_FIELDS``, shards with ``SHARD_FIELDS``."""
+    out = []
+    for inst in instances:
+        item = _with_fields(inst, INSTANCE_FIELDS)
+        item["shards"] = [_with_fields(s, SHARD_FIELDS) for s in inst.get("shards") or []]
+        out.append(item)
+    return out
+
+
+def models_json(models: list[dict]) -> list[dict]:
+    """``GET /models`` items with at least ``MODEL_FIELDS``."""
+    return [_with_fields(m, MODEL_FIELDS) for m in models]
+
+
+def dumps(value: Any) -> str:
+    """The JSON text printed by ``--json`` (indented, keys in API order)."""
+    return json.dumps(value, indent=2)
+
+
+def short_id(node_id: str | None, names: dict[str, str] | None = None) -> str:
+    """A node as people read it: its friendly name when known, else its id."""
+    if not node_id:
+        return "-"
+    if names and names.get(node_id):
+        return names[node_id]
+    return node_id
+
+
+def nodes_table(nodes: list[dict]) -> Table:
+    """id, name, master mark, memory available / total, addresses, last seen."""
+    table = Table(title="nodes", title_justify="left")
+    table.add_column("node id", overflow="fold")
+    table.add_column("name")
+    table.add_column("master", justify="center")
+    table.add_column("memory (available / total)", justify="right")
+    table.add_column("addresses", overflow="fold")
+    table.add_column("last seen", justify="right")
+    for n in nodes:
+        mark = "*" if n.get("is_master") else ""
+        name = n.get("friendly_name") or ""
+        if n.get("is_self"):
+            name = f"{name} (this node)" if name else "(this node)"
+        memory = f"{gib(n.get('memory_available'))} / {gib(n.get('memory_total'))}"
+        table.add_row(
+            str(n.get("node_id", "")),
+            name,
+            mark,
+            memory,
+            "\n".join(n.get("addrs") or []) or "-",
+            ago(n.get("last_seen")),
+        )
+    return table
+
+
+def instance_progress(inst: dict) -> str:
+    """``"ready"``, ``"loading 12/30 layers"`` or ``"failed: <reason>"``."""
+    status = inst.get("status") or "unknown"
+    if status == "loading" and inst.get("layers_total"):
+        return f"loading {inst.get('layers_loaded', 0)}/{inst['layers_total']} layers"
+    if status == "failed" and inst.get("reason"):
+        return f"failed: {inst['reason']}"
+    return str(status)
+
+
+def shard_line(shard: dict, names: dict[str, str] | None = None) -> str:
+    """``"rank 0: <node> layers [0, 15) 0.1 GiB loading"``."""
+    text = (
+        f"rank {shard.get('rank')}: {short_id(shard.get('node_id'), names)} "
+        f"layers [{shard.get('start_layer')}, {shard.get('end_layer')})"
+    )
+    if shard.get("share_bytes") is not None:
+        text += f" {gib(shard['share_bytes'])}"
+    if shard.get("status"):
+        text += f" {shard['status']}"
+    return text
+
+
+def instances_table(instances: list[dict], names: dict[str, str] | None = None) -> Table:
+    """One row per instance: id, model, sharding, status / progress, shards."""
+    table = Table(title="instances", title_justify="left")
+    table.add_column("instance id", overflow="fold")
+    table.add_column("model")
+    table.add_column("sharding")
+    table.add_column("status")
+    table.add_column("shards", overflow="fold")
+    for inst in instances:
+        shards = "\n".join(shard_line(s, names) for s in inst.get("shards") or []) or "-"
+        table.add_row(
+            str(inst.get("instance_id", "")),
+            str(inst.get("model", "")),
+            str(inst.get("sharding", "")),
+            instance_progress(inst),
+            shards,
+        )
+    return table
+
+
+def models_table(models: list[dict]) -> Table:
+    """model, layers, size on disk, context length."""
+    table = Table(title="models on this node", title_justify="left")
+    table.add_column("model")
+    table.add_column("layers", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("context", justify="right")
+    for m in models:
+        table.add_row(
+            str(m.get("model", "")),
+            str(m.get("n_layers", "?")),
+            gib(m.get("storage_size")),
+            str(m.get("context_length") or "-"),
+        )
+    return table
+
+
+def previews_table(model: str, previews: list[dict], names: dict[str, str] | None = None) -> Table:
+    """sharding, nodes, layers per node, memory per node, or why that placement is impossible."""
+    table = Table(title=f"placements of {model}", title_justify="left")
+    table.add_column("sharding")
+    table.add_column("nodes", justify="right")
+    table.add_column("placement (node: layers, memory)", overflow="fold")
+    for p in previews:
+        world = str(p.get("world_size", "?"))
+        if p.get("error"):
+            detail = f"not possible: {p['error']}"
+        else:
+            nodes = p.get("nodes") or []
+            layers = p.get("layers") or []
+            sizes = p.get("bytes") or []
+            rows = []
+            for i, node in enumerate(nodes):
+                layer = _layers_text(layers[i]) if i < len(layers) else "?"
+                size = gib(sizes[i]) if i < len(sizes) else "?"
+                rows.append(f"{short_id(node, names)}: {layer}, {size}")
+            detail = "\n".join(rows) or "-"
+        table.add_row(str(p.get("sharding", "")), world, detail)
+    return table
+
+
+def _layers_text(layers: Any) -> str:
+    """A preview's layers entry: a count, a ``[start, end)`` pair, or anything else as is."""
+    if isinstance(layers, (list, tuple)) and len(layers) == 2:
+        return f"layers [{layers[0]}, {layers[1]})"
+    if isinstance(layers, int):
+        return f"{layers} layers"
+    return str(layers)

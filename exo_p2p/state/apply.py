@@ -1,0 +1,194 @@
+"""``apply(State, IndexedEvent) -> State``: the one pure rule by which every node builds the
+replicated State (design.md §4.4). Deterministic, no I/O, no clocks; the input State is
+never mutated (a new State is returned)."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+import msgspec
+
+from exo_p2p.types import (
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    InstanceFailed,
+    MasterElected,
+    NodeModelsUpdated,
+    NodeProfileUpdated,
+    NodeTimedOut,
+    RunnerDeleted,
+    RunnerRecord,
+    RunnerStatusUpdated,
+    State,
+    TaskCancelRequested,
+    TaskCreated,
+    TaskDeleted,
+    TaskRecord,
+    TaskStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+
+replace = msgspec.structs.replace
+
+
+class EventOrderError(ValueError):
+    """An indexed event was applied out of order (its idx is not ``last_event_idx + 1``)."""
+
+
+def apply(state: State, indexed: IndexedEvent) -> State:
+    """Apply one indexed event, returning the new State.
+
+    Raises ``EventOrderError`` unless ``indexed.idx == state.last_event_idx + 1`` (callers
+    buffer out-of-order events and drop duplicates before calling). Events that refer to
+    unknown ids (a runner of a deleted instance, a task already removed) change nothing but
+    the index: late facts about things that are gone are harmless.
+    """
+    if indexed.idx != state.last_event_idx + 1:
+        raise EventOrderError(f"event idx {indexed.idx} applied after {state.last_event_idx}")
+    new = _apply_event(indexed.event, state)
+    return replace(new, last_event_idx=indexed.idx, term=max(new.term, indexed.term))
+
+
+@singledispatch
+def _apply_event(event: Event, state: State) -> State:
+    raise TypeError(f"no rule for event {type(event).__name__}")
+
+
+@_apply_event.register
+def _(event: NodeProfileUpdated, state: State) -> State:
+    nodes = dict(state.nodes)
+    nodes[event.profile.node_id] = event.profile
+    return replace(state, nodes=nodes)
+
+
+@_apply_event.register
+def _(event: NodeModelsUpdated, state: State) -> State:
+    cards = dict(state.model_cards)
+    for card in event.cards:
+        cards[card.model_id] = card
+    nodes = dict(state.nodes)
+    profile = nodes.get(event.node_id)
+    if profile is not None:
+        nodes[event.node_id] = replace(profile, models=tuple(sorted(c.model_id for c in event.cards)))
+    return replace(state, model_cards=cards, nodes=nodes)
+
+
+@_apply_event.register
+def _(event: NodeTimedOut, state: State) -> State:
+    nodes = {k: v for k, v in state.nodes.items() if k != event.node_id}
+    edges = {
+        src: {dst: e for dst, e in sinks.items() if dst != event.node_id}
+        for src, sinks in state.edges.items()
+        if src != event.node_id
+    }
+    edges = {src: sinks for src, sinks in edges.items() if sinks}
+    master = None if state.master == event.node_id else state.master
+    return replace(state, nodes=nodes, edges=edges, master=master)
+
+
+@_apply_event.register
+def _(event: TopologyEdgeCreated, state: State) -> State:
+    edges = dict(state.edges)
+    sinks = dict(edges.get(event.edge.source, {}))
+    sinks[event.edge.sink] = event.edge
+    edges[event.edge.source] = sinks
+    return replace(state, edges=edges)
+
+
+@_apply_event.register
+def _(event: TopologyEdgeDeleted, state: State) -> State:
+    if event.sink not in state.edges.get(event.source, {}):
+        return state
+    edges = dict(state.edges)
+    sinks = {k: v for k, v in edges[event.source].items() if k != event.sink}
+    if sinks:
+        edges[event.source] = sinks
+    else:
+        del edges[event.source]
+    return replace(state, edges=edges)
+
+
+@_apply_event.register
+def _(event: MasterElected, state: State) -> State:
+    return replace(state, master=event.node_id, term=max(state.term, event.term))
+
+
+@_apply_event.register
+def _(event: InstanceCreated, state: State) -> State:
+    instances = dict(state.instances)
+    instances[event.instance.instance_id] = event.instance
+    return replace(state, instances=instances)
+
+
+@_apply_event.register
+def _(event: InstanceDeleted, state: State) -> State:
+    if event.instance_id not in state.instances:
+        return state
+    instances = {k: v for k, v in state.instances.items() if k != event.instance_id}
+    runners = {k: v for k, v in state.runners.items() if v.instance_id != event.instance_id}
+    return replace(state, instances=instances, runners=runners)
+
+
+@_apply_event.register
+def _(event: InstanceFailed, state: State) -> State:
+    instance = state.instances.get(event.instance_id)
+    if instance is None or instance.failed_reason is not None:
+        return state
+    instances = dict(state.instances)
+    instances[event.instance_id] = replace(instance, failed_reason=event.reason)
+    return replace(state, instances=instances)
+
+
+@_apply_event.register
+def _(event: RunnerStatusUpdated, state: State) -> State:
+    if event.instance_id not in state.instances:
+        return state
+    runners = dict(state.runners)
+    runners[event.runner_id] = RunnerRecord(
+        runner_id=event.runner_id, instance_id=event.instance_id, node_id=event.node_id, status=event.status
+    )
+    return replace(state, runners=runners)
+
+
+@_apply_event.register
+def _(event: RunnerDeleted, state: State) -> State:
+    if event.runner_id not in state.runners:
+        return state
+    return replace(state, runners={k: v for k, v in state.runners.items() if k != event.runner_id})
+
+
+@_apply_event.register
+def _(event: TaskCreated, state: State) -> State:
+    tasks = dict(state.tasks)
+    tasks[event.task.task_id] = TaskRecord(task=event.task)
+    return replace(state, tasks=tasks)
+
+
+@_apply_event.register
+def _(event: TaskStatusUpdated, state: State) -> State:
+    record = state.tasks.get(event.task_id)
+    if record is None or record.status in ("complete", "failed", "cancelled"):
+        return state
+    tasks = dict(state.tasks)
+    tasks[event.task_id] = replace(record, status=event.status)
+    return replace(state, tasks=tasks)
+
+
+@_apply_event.register
+def _(event: TaskCancelRequested, state: State) -> State:
+    record = state.tasks.get(event.task_id)
+    if record is None or record.cancel_requested:
+        return state
+    tasks = dict(state.tasks)
+    tasks[event.task_id] = replace(record, cancel_requested=True)
+    return replace(state, tasks=tasks)
+
+
+@_apply_event.register
+def _(event: TaskDeleted, state: State) -> State:
+    if event.task_id not in state.tasks:
+        return state
+    return replace(state, tasks={k: v for k, v in state.tasks.items() if k != event.task_id})

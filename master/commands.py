@@ -1,0 +1,157 @@
+"""Command handling: the master's pure decision for each command (design.md §4.3, §5b).
+
+``handle_command(state, command) -> Decision``: the events to sequence and the answer for
+the caller. No I/O; the master role sequences the events, waits for them to commit and only
+then sends the answer.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.state.views import instance_view
+from exo_p2p.types import (
+    CancelGeneration,
+    Command,
+    CommandResult,
+    DeleteInstance,
+    ErrorInfo,
+    Event,
+    FinishGeneration,
+    Instance,
+    InstanceDeleted,
+    PlaceInstance,
+    State,
+    SubmitGeneration,
+    TaskCancelRequested,
+    TaskCreated,
+    TaskDeleted,
+    TaskStatusUpdated,
+    TextGeneration,
+)
+from master.placement import PlacementError, place_instance, resolve_nodes
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """Events to sequence (in order) and the result to answer once they are committed."""
+
+    events: tuple[Event, ...]
+    result: CommandResult
+
+
+def _error(command: Command, status: int, message: str, *, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> Decision:
+    return Decision((), CommandResult(command.command_id, error=ErrorInfo(status, message, type_, param, code)))
+
+
+def handle_command(state: State, command: Command, *, queue_limit: int | None = None) -> Decision:
+    """Decide what ``command`` does on ``state``.
+
+    - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
+      reason (numbers in GiB and bytes); else ``InstanceCreated``.
+    - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
+      each of its unfinished tasks (their clients get an error).
+    - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
+      ready instance → 503 (``code="loading"`` while one loads, else the failure reason);
+      ``queue_limit`` unfinished tasks on the chosen instance → 429; else ``TaskCreated`` on
+      the ready instance with the fewest unfinished tasks (ties: instance id).
+    - ``CancelGeneration``: ``TaskCancelRequested`` for a known unfinished task; an unknown
+      task is tolerated (it may have just finished): success, no event.
+    - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
+    """
+    if isinstance(command, PlaceInstance):
+        return _place(state, command)
+    if isinstance(command, DeleteInstance):
+        return _delete(state, command)
+    if isinstance(command, SubmitGeneration):
+        return _submit(state, command, queue_limit)
+    if isinstance(command, CancelGeneration):
+        record = state.tasks.get(command.task_id)
+        if record is None or record.status in ("complete", "failed", "cancelled") or record.cancel_requested:
+            return Decision((), CommandResult(command.command_id))
+        return Decision((TaskCancelRequested(command.task_id),), CommandResult(command.command_id))
+    if isinstance(command, FinishGeneration):
+        if command.task_id not in state.tasks:
+            return Decision((), CommandResult(command.command_id))
+        status = command.status if command.status in ("complete", "failed", "cancelled") else "complete"
+        return Decision(
+            (TaskStatusUpdated(command.task_id, status), TaskDeleted(command.task_id)),  # type: ignore[arg-type]
+            CommandResult(command.command_id),
+        )
+    raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def _place(state: State, command: PlaceInstance) -> Decision:
+    card = state.model_cards.get(command.model_id)
+    if card is None:
+        known = ", ".join(sorted(state.model_cards)) or "none"
+        return _error(command, 404, f"unknown model {command.model_id!r}; models in the cluster: {known}", type_="not_found_error", param="model", code="model_not_found")
+    try:
+        required = resolve_nodes(state, command.nodes) if command.nodes else None
+        instance = place_instance(
+            state, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id
+        )
+    except PlacementError as exc:
+        return _error(command, 400, str(exc), code="placement_failed")
+    from exo_p2p.types import InstanceCreated
+
+    return Decision((InstanceCreated(instance),), CommandResult(command.command_id, instance=instance))
+
+
+def _delete(state: State, command: DeleteInstance) -> Decision:
+    if command.instance_id not in state.instances:
+        return _error(command, 404, f"unknown instance {command.instance_id!r}", type_="not_found_error", param="instance_id")
+    events: list[Event] = []
+    for task_id, record in sorted(state.tasks.items()):
+        if record.task.instance_id == command.instance_id and record.status not in ("complete", "failed", "cancelled"):
+            events.append(TaskStatusUpdated(task_id, "failed"))
+            events.append(TaskDeleted(task_id))
+    events.insert(0, InstanceDeleted(command.instance_id))
+    return Decision(tuple(events), CommandResult(command.command_id, instance_id=command.instance_id))
+
+
+def _unfinished(state: State, instance_id: str) -> int:
+    return sum(
+        1
+        for r in state.tasks.values()
+        if r.task.instance_id == instance_id and r.status not in ("complete", "failed", "cancelled")
+    )
+
+
+def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) -> Decision:
+    model = command.model_id
+    if model not in state.model_cards:
+        known = ", ".join(sorted(state.model_cards)) or "none"
+        return _error(command, 404, f"The model `{model}` does not exist in this cluster; available models: {known}", type_="not_found_error", param="model", code="model_not_found")
+    instances = [i for i in state.instances.values() if i.model_id == model]
+    if not instances:
+        return _error(
+            command,
+            409,
+            f"model {model!r} is not placed on any node; place it first: `exo-p2p place {model}` or POST /instances {{\"model\": \"{model}\"}}",
+            param="model",
+            code="model_not_placed",
+        )
+    views = [instance_view(state, i) for i in instances]
+    ready = [v.instance for v in views if v.status == "ready"]
+    if not ready:
+        loading = [v for v in views if v.status == "loading"]
+        if loading:
+            v = loading[0]
+            return _error(
+                command, 503, f"model {model!r} is loading ({v.layers_loaded}/{v.layers_total} layers); retry shortly", type_="server_error", code="loading"
+            )
+        reasons = "; ".join(v.reason or "failed" for v in views)
+        return _error(command, 503, f"no healthy instance for model {model!r}: {reasons}", type_="server_error", code="instance_failed")
+    chosen: Instance = min(ready, key=lambda i: (_unfinished(state, i.instance_id), i.instance_id))
+    if queue_limit is not None and _unfinished(state, chosen.instance_id) >= queue_limit:
+        return _error(
+            command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"
+        )
+    task = TextGeneration(
+        task_id=command.task_id,
+        instance_id=chosen.instance_id,
+        model_id=model,
+        params=command.params,
+        api_node_id=command.api_node_id,
+    )
+    return Decision((TaskCreated(task),), CommandResult(command.command_id, instance_id=chosen.instance_id))

@@ -1,0 +1,411 @@
+"""Placement: choose a cycle of nodes and a shard per node for a model (design.md §5, issue 4).
+
+Pure functions of ``State`` and a ``ModelCard``; no I/O, no clock, no randomness: the same input
+always gives the same ``Instance``.
+
+Rules, in the order they are applied:
+
+- **Candidates** are simple cycles of the topology (``exo_p2p.state.topology``; a single node is
+  a cycle) with ``len >= min_nodes``, containing every required node, in which every node
+  reports its memory (``memory_total`` and ``memory_available`` not None — never counted as 0)
+  and holds the model (``model_id`` in ``NodeProfile.models``), and every link of the ring has
+  an address (an edge without one does not count).
+- **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
+  ``sum(usable) >= required_bytes(storage_size) = ceil(storage_size * 11 / 10)`` (for an
+  integer sum the two are the same). ``usable(n)`` is ``memory_total`` when no node of the
+  cycle hosts a shard of an instance in ``state.instances``, else ``memory_available``.
+- **Choice order** among candidates (see ``topology.cycle_key``): (1) fewest nodes, (2) the
+  best worst link of the ring (Thunderbolt 3 > Ethernet 2 > Wi-Fi 1 > loopback/other 0, from
+  the edges' ``interface_type``), (3) the largest sum of link ranks, (4) the most usable
+  memory, (5) the lexicographically smallest sorted tuple of node ids, (6) the
+  lexicographically smallest tuple of node ids in rank order. The first candidate in this
+  order whose every rank's share fits its node's usable memory wins.
+- **Ranks**: rank 0 is the member with the most usable memory (ties: smallest node id); ranks
+  follow the cycle's direction from there. Shares: ``placement_split``.
+- **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the address
+  of the edge (rank r-1 → rank r) — the address at which its ring neighbour reaches it, chosen
+  once here so both neighbours see the same — and ``port`` is the lowest port >=
+  ``RING_BASE_PORT`` that no shard of an existing instance uses on that node.
+- **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact. Beyond, each
+  (size, memory mode) search stops after ``SEARCH_BUDGET`` path extensions and takes the best
+  cycle found so far. What that gives up: on a graph where cycles of the needed size are rare
+  and hidden behind many dead-end paths (large sparse graphs), a worse cycle than the best may
+  be chosen, or a size may be reported as having no fitting cycle when one exists (the next
+  size is then tried). On a near-full mesh the first path tried is already the best set
+  (heaviest nodes over the best links), so nothing is lost there in practice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from exo_p2p.state.topology import CycleKey, Topology, best_cycle, topology_from_state
+from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
+from master.placement_split import Overflow, RankShare, pipeline_shares, tensor_divisibility_problem, tensor_shares
+
+GIB = 1 << 30
+RING_BASE_PORT = 52600
+"""Lowest port a ring member listens on; each further instance on a node takes the next free one."""
+EXACT_SEARCH_MAX_NODES = 8
+"""Up to this many eligible nodes the cycle search is exact (no budget)."""
+SEARCH_BUDGET = 4000
+"""Path extensions per (size, memory mode) search beyond ``EXACT_SEARCH_MAX_NODES`` nodes."""
+SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
+
+
+class PlacementError(ValueError):
+    """No placement exists; the message says why, in numbers (GiB with one decimal and bytes)."""
+
+
+class Preview(msgspec.Struct, frozen=True):
+    """The best placement for one (sharding, world size), or why there is none.
+
+    ``instance`` is exactly what ``place_instance(..., min_nodes=world_size)`` returns for the
+    same inputs (instance id ``"preview"``). ``nodes``, ``bytes_per_node`` (bytes each rank
+    loads) and ``layers_per_node`` are in rank order; empty when ``error`` is set.
+    """
+
+    sharding: Sharding
+    world_size: int
+    instance: Instance | None = None
+    nodes: tuple[NodeId, ...] = ()
+    bytes_per_node: tuple[int, ...] = ()
+    layers_per_node: tuple[int, ...] = ()
+    error: str | None = None
+
+
+def required_bytes(storage_size: int) -> int:
+    """Bytes a cycle must offer for a model of ``storage_size`` bytes: ``ceil(1.1 * size)``,
+    in integers (the seed's 10% headroom, design.md §5)."""
+    return -(-storage_size * 11 // 10)
+
+
+def gib(n: int) -> str:
+    """``n`` bytes as GiB with one decimal, e.g. ``"24.0 GiB"``."""
+    return f"{n / GIB:.1f} GiB"
+
+
+def resolve_nodes(state: State, names: Iterable[str]) -> tuple[NodeId, ...]:
+    """Node ids for ``names``, each a node id, a friendly name or a unique prefix of a node id
+    (tried in that order), in the given order without repeats.
+
+    Raises ``PlacementError`` naming an unknown or ambiguous name.
+    """
+    resolved: list[NodeId] = []
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        if name in state.nodes:
+            match = [NodeId(name)]
+        else:
+            match = sorted(n for n, p in state.nodes.items() if p.friendly_name == name)
+            if not match:
+                match = sorted(n for n in state.nodes if n.startswith(name))
+        if not match:
+            known = ", ".join(_label(state, n) for n in sorted(state.nodes)) or "none"
+            raise PlacementError(f"unknown node {name!r}; nodes in the cluster: {known}")
+        if len(match) > 1:
+            raise PlacementError(f"node name {name!r} is ambiguous: it matches {', '.join(match)}")
+        if match[0] not in resolved:
+            resolved.append(match[0])
+    return tuple(resolved)
+
+
+def place_instance(
+    state: State,
+    model_card: ModelCard,
+    *,
+    min_nodes: int = 1,
+    sharding: Sharding = "pipeline",
+    nodes: Iterable[str] | None = None,
+    instance_id: str = "preview",
+) -> Instance:
+    """The best placement of ``model_card`` on ``state``'s cluster (rules: module docstring).
+
+    ``nodes``: names (``resolve_nodes``) of nodes the placement must include. The instance's
+    shards are in rank order; runner ids are ``f"{instance_id}-r{rank}"``.
+
+    Raises ``PlacementError`` with the reason: ``min_nodes`` larger than the cluster, a required
+    node unknown / without memory report / without the model, no world size the model can be
+    tensor-sharded over, no cycle at all, not enough memory (needed vs the largest candidate
+    cycle, GiB and bytes), or no cycle where every rank's share fits.
+    """
+    if sharding not in SHARDINGS:
+        raise PlacementError(f"unknown sharding {sharding!r}; use pipeline or tensor")
+    if min_nodes < 1:
+        raise PlacementError(f"min_nodes must be at least 1, got {min_nodes}")
+    if min_nodes > len(state.nodes):
+        raise PlacementError(f"min_nodes={min_nodes} but the cluster has {len(state.nodes)} nodes")
+    ctx = _context(state, model_card, nodes)
+    if ctx.blocking is not None:
+        raise PlacementError(ctx.blocking)
+    if sharding == "tensor" and not model_card.supports_tensor:
+        raise PlacementError(f"model {model_card.model_id} does not support tensor sharding")
+    sizes = range(max(min_nodes, len(ctx.required)), len(ctx.eligible) + 1)
+    for size in sizes:
+        if _size_problem(model_card, sharding, size) is not None:
+            continue
+        plan = _best_of_size(ctx, sharding, size)
+        if plan is not None:
+            return _instance(ctx, plan, sharding, instance_id)
+    raise PlacementError(_explain(ctx, sharding, max(min_nodes, len(ctx.required)), list(sizes)))
+
+
+def placement_previews(state: State, model_card: ModelCard, *, nodes: Iterable[str] | None = None) -> list[Preview]:
+    """One ``Preview`` per (sharding, world size) for world sizes 1..len(state.nodes),
+    pipeline first. Each is the best placement of exactly that size — identical to
+    ``place_instance(state, model_card, min_nodes=world_size, sharding=..., nodes=nodes)`` —
+    or the reason there is none. Raises ``PlacementError`` only for unknown/ambiguous names."""
+    ctx = _context(state, model_card, nodes)
+    previews: list[Preview] = []
+    for sharding in SHARDINGS:
+        for size in range(1, len(state.nodes) + 1):
+            previews.append(_preview(ctx, sharding, size))
+    return previews
+
+
+# --- internals -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every search of one placement request shares."""
+
+    state: State
+    card: ModelCard
+    required: frozenset[NodeId]
+    eligible: tuple[NodeId, ...]
+    excluded: dict[NodeId, str]
+    hosts: frozenset[NodeId]
+    topology: Topology
+    budget: int | None
+    blocking: str | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A chosen cycle (rank order), its key, each rank's usable bytes and share."""
+
+    key: CycleKey
+    cycle: tuple[NodeId, ...]
+    usable: tuple[int, ...]
+    shares: tuple[RankShare, ...]
+
+
+def _label(state: State, node: NodeId) -> str:
+    """The node's friendly name when it is set and unique, else its id."""
+    name = state.nodes[node].friendly_name if node in state.nodes else ""
+    if name and sum(1 for p in state.nodes.values() if p.friendly_name == name) == 1:
+        return name
+    return node
+
+
+def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Context:
+    required = frozenset(resolve_nodes(state, nodes or ()))
+    excluded: dict[NodeId, str] = {}
+    for node, profile in sorted(state.nodes.items()):
+        if profile.memory_total is None or profile.memory_available is None:
+            excluded[node] = "memory not yet reported"
+        elif card.model_id not in profile.models:
+            excluded[node] = f"does not hold model {card.model_id}"
+    eligible = tuple(n for n in sorted(state.nodes) if n not in excluded)
+    blocking = None
+    bad = sorted(n for n in required if n in excluded)
+    if bad:
+        blocking = "required " + "; ".join(f"node {_label(state, n)}: {excluded[n]}" for n in bad)
+    hosts = frozenset(s.node_id for inst in state.instances.values() for s in inst.shards)
+    budget = None if len(eligible) <= EXACT_SEARCH_MAX_NODES else SEARCH_BUDGET
+    return _Context(state, card, required, eligible, excluded, hosts, topology_from_state(state, eligible), budget, blocking)
+
+
+def _size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
+    """Why no cycle of ``size`` nodes can take the model whatever the nodes, or None."""
+    if sharding == "tensor":
+        return tensor_divisibility_problem(card, size)
+    if size > card.n_layers:
+        return f"pipeline over {size} nodes needs at least {size} layers; the model has {card.n_layers}"
+    return None
+
+
+def _modes(ctx: _Context) -> list[tuple[dict[NodeId, int], frozenset[NodeId] | None]]:
+    """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
+    node hosting an instance count total memory; cycles with one count available memory."""
+    profiles = ctx.state.nodes
+    free = {n: profiles[n].memory_total or 0 for n in ctx.eligible if n not in ctx.hosts}
+    modes: list[tuple[dict[NodeId, int], frozenset[NodeId] | None]] = [(free, None)]
+    hosts = frozenset(n for n in ctx.eligible if n in ctx.hosts)
+    if hosts:
+        modes.append(({n: profiles[n].memory_available or 0 for n in ctx.eligible}, hosts))
+    return modes
+
+
+def _shares(card: ModelCard, sharding: Sharding, usable: list[int]) -> list[RankShare] | Overflow:
+    return tensor_shares(card, usable) if sharding == "tensor" else pipeline_shares(card, usable)
+
+
+def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
+    """The best fitting cycle of exactly ``size`` nodes, or None."""
+    need = required_bytes(ctx.card.storage_size)
+    best: _Plan | None = None
+    for weights, include in _modes(ctx):
+
+        def accept(cycle: tuple[NodeId, ...], weights: dict[NodeId, int] = weights) -> tuple[tuple[int, ...], list[RankShare]] | None:
+            usable = [weights[n] for n in cycle]
+            shares = _shares(ctx.card, sharding, usable)
+            return None if isinstance(shares, Overflow) else (tuple(usable), shares)
+
+        outcome = best_cycle(
+            ctx.topology,
+            size=size,
+            weights=weights,
+            accept=accept,
+            min_weight=need,
+            required=ctx.required,
+            include_one_of=include,
+            budget=ctx.budget,
+            better_than=best.key if best else None,
+        )
+        if outcome.best is not None:
+            usable, shares = outcome.best.payload
+            best = _Plan(outcome.best.key, outcome.best.cycle, usable, tuple(shares))
+    return best
+
+
+def _used_ports(state: State, node: NodeId) -> set[int]:
+    ports: set[int] = set()
+    for inst in state.instances.values():
+        for shard in inst.shards:
+            if shard.node_id == node and ":" in shard.ring_address:
+                port = shard.ring_address.rsplit(":", 1)[1]
+                if port.isdigit():
+                    ports.add(int(port))
+    return ports
+
+
+def _ring_address(ctx: _Context, cycle: tuple[NodeId, ...], rank: int) -> str:
+    if len(cycle) == 1:
+        return ""
+    link = ctx.topology.link(cycle[rank - 1], cycle[rank])
+    assert link is not None  # the search only returns cycles of the topology
+    used = _used_ports(ctx.state, cycle[rank])
+    port = RING_BASE_PORT
+    while port in used:
+        port += 1
+    host = f"[{link.ip}]" if ":" in link.ip else link.ip
+    return f"{host}:{port}"
+
+
+def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) -> Instance:
+    size = len(plan.cycle)
+    shards = tuple(
+        ShardMetadata(
+            node_id=node,
+            runner_id=RunnerId(f"{instance_id}-r{rank}"),
+            rank=rank,
+            world_size=size,
+            start_layer=share.start_layer,
+            end_layer=share.end_layer,
+            n_layers=ctx.card.n_layers,
+            share_bytes=share.share_bytes,
+            boot_id=ctx.state.nodes[node].boot_id,
+            ring_address=_ring_address(ctx, plan.cycle, rank),
+        )
+        for rank, (node, share) in enumerate(zip(plan.cycle, plan.shares, strict=True))
+    )
+    return Instance(InstanceId(instance_id), ModelId(ctx.card.model_id), sharding, shards)
+
+
+def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], list[int]] | None:
+    """The candidate cycle (any size in ``sizes``, either memory mode) with the most usable
+    bytes, ignoring whether the model fits: (bytes, rank-order cycle, usable per rank)."""
+    found: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], tuple[NodeId, ...], list[int]] | None = None
+    for weights, include in _modes(ctx):
+        heaviest = sorted(weights.values(), reverse=True)
+        for size in sorted(sizes, reverse=True):
+            if found is not None and sum(heaviest[:size]) < -found[0][0]:
+                break
+            outcome = best_cycle(
+                ctx.topology,
+                size=size,
+                weights=weights,
+                accept=lambda cycle: True,
+                required=ctx.required,
+                include_one_of=include,
+                rank_links=False,
+                budget=ctx.budget,
+            )
+            if outcome.best is not None:
+                key = outcome.best.key
+                rank_key = (key[2], key[3], key[4])
+                if found is None or rank_key < found[0]:
+                    found = (rank_key, outcome.best.cycle, [weights[n] for n in outcome.best.cycle])
+    if found is None:
+        return None
+    return -found[0][0], found[1], found[2]
+
+
+def _explain(ctx: _Context, sharding: Sharding, min_size: int, sizes: list[int]) -> str:
+    """Why no cycle of ``sizes`` nodes takes the model (sizes already tried and failed)."""
+    state, card = ctx.state, ctx.card
+    ok_sizes = [k for k in sizes if _size_problem(card, sharding, k) is None]
+    if sizes and not ok_sizes:
+        message = "; ".join(dict.fromkeys(p for k in sizes if (p := _size_problem(card, sharding, k))))
+    else:
+        largest = _largest(ctx, ok_sizes)
+        need = required_bytes(card.storage_size)
+        if largest is None:
+            containing = f" containing {', '.join(_label(state, n) for n in sorted(ctx.required))}" if ctx.required else ""
+            message = (
+                f"no candidate cycle of {min_size} or more nodes{containing} among the "
+                f"{len(ctx.eligible)} nodes that report memory and hold model {card.model_id}"
+            )
+        else:
+            total, cycle, usable = largest
+            names = ", ".join(_label(state, n) for n in cycle)
+            if total < need:
+                message = (
+                    f"needs {gib(need)} ({need} bytes: {gib(card.storage_size)} + 10%); "
+                    f"the largest candidate cycle ({names}) has {gib(total)} ({total} bytes)"
+                )
+            else:
+                over = _shares(card, sharding, usable)
+                assert isinstance(over, Overflow)
+                message = (
+                    f"no candidate cycle holds every rank's share; on the largest candidate cycle ({names}) "
+                    f"rank {over.rank} on {_label(state, cycle[over.rank])} needs {gib(over.need)} "
+                    f"({over.need} bytes) but has {gib(over.have)} ({over.have} bytes)"
+                )
+    notes = [f"{_label(state, n)}: {why}" for n, why in ctx.excluded.items()]
+    notes += [f"no ring address from {_label(state, a)} to {_label(state, b)}" for a, b in ctx.topology.unaddressed]
+    return message + "".join(f"; {note}" for note in notes)
+
+
+def _preview(ctx: _Context, sharding: Sharding, size: int) -> Preview:
+    def failed(reason: str) -> Preview:
+        return Preview(sharding, size, error=reason)
+
+    if ctx.blocking is not None:
+        return failed(ctx.blocking)
+    if sharding == "tensor" and not ctx.card.supports_tensor:
+        return failed(f"model {ctx.card.model_id} does not support tensor sharding")
+    if size < len(ctx.required):
+        return failed(f"{len(ctx.required)} nodes are required but the world size is {size}")
+    problem = _size_problem(ctx.card, sharding, size)
+    if problem is not None:
+        return failed(problem)
+    plan = _best_of_size(ctx, sharding, size) if size <= len(ctx.eligible) else None
+    if plan is None:
+        return failed(_explain(ctx, sharding, size, [size] if size <= len(ctx.eligible) else []))
+    instance = _instance(ctx, plan, sharding, "preview")
+    return Preview(
+        sharding,
+        size,
+        instance,
+        nodes=plan.cycle,
+        bytes_per_node=tuple(s.share_bytes for s in plan.shares),
+        layers_per_node=tuple(s.end_layer - s.start_layer for s in plan.shares),
+    )

@@ -1,0 +1,134 @@
+"""How one cycle's ranks share a model: pipeline layer split and tensor shares (design.md §5).
+
+Pure arithmetic on integers (bytes, layers); no State. A rank's *share* is the bytes it loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exo_p2p.types import ModelCard, Sharding
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """One rank's part: layers ``[start_layer, end_layer)`` and ``share_bytes`` it loads."""
+
+    start_layer: int
+    end_layer: int
+    share_bytes: int
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """Why a cycle cannot hold the model: ``rank`` needs ``need`` bytes but has ``have``."""
+
+    rank: int
+    need: int
+    have: int
+
+
+def non_layer_bytes_of_rank(card: ModelCard, rank: int, world_size: int, sharding: Sharding) -> int:
+    """Bytes of non-layer tensors rank ``rank`` loads.
+
+    Pipeline: a single rank loads all of them once (embedding, norm, head — a tied head is the
+    embedding, loaded once), so its share is the whole model; with several ranks the first
+    loads the embedding, the last the final norm and the head (the embedding again when
+    tied), the others none. Tensor: every rank loads all non-layer tensors whole (they are
+    not sharded).
+    """
+    if sharding == "tensor" or world_size == 1:
+        return card.non_layer_bytes
+    extra = 0
+    if rank == 0:
+        extra += card.first_rank_extra_bytes()
+    if rank == world_size - 1:
+        extra += card.last_rank_extra_bytes()
+    return extra
+
+
+def split_layers(n_layers: int, weights: list[int]) -> list[int] | None:
+    """Layer counts per rank, in proportion to ``weights`` (bytes), each rank >= 1 layer.
+
+    Largest remainder, exact integer arithmetic: rank r's quota is ``n * weights[r] / sum``;
+    ranks whose quota is below one layer get exactly one and the others share the rest again
+    in proportion; then each rank gets the floor of its quota and the layers left go one each
+    to the largest remainders (ties to the lower rank). Negative weights count as 0; when all
+    are 0 the split is equal. None when there are fewer layers than ranks.
+    """
+    ranks = len(weights)
+    if ranks == 0 or n_layers < ranks:
+        return None
+    weights = [max(0, x) for x in weights]
+    counts = [0] * ranks
+    active = list(range(ranks))
+    layers = n_layers
+    while True:
+        total = sum(weights[r] for r in active)
+        if total == 0:
+            weights = [1] * ranks
+            total = len(active)
+        small = [r for r in active if layers * weights[r] < total]
+        if not small:
+            break
+        for r in small:
+            counts[r] = 1
+        layers -= len(small)
+        active = [r for r in active if r not in small]
+    remainders = []
+    for r in active:
+        counts[r], rem = divmod(layers * weights[r], total)
+        remainders.append((-rem, r))
+    left = layers - sum(counts[r] for r in active)
+    for _, r in sorted(remainders)[:left]:
+        counts[r] += 1
+    return counts
+
+
+def pipeline_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Overflow:
+    """Pipeline shares of ranks with ``usable`` bytes (rank order): layers split in proportion
+    to the usable bytes left after each rank's non-layer tensors, contiguous in rank order.
+    Returns ``Overflow`` (the first rank whose share exceeds its usable bytes, or rank -1 when
+    the model has fewer layers than ranks)."""
+    world = len(usable)
+    extras = [non_layer_bytes_of_rank(card, r, world, "pipeline") for r in range(world)]
+    counts = split_layers(card.n_layers, [u - e for u, e in zip(usable, extras, strict=True)])
+    if counts is None:
+        return Overflow(-1, card.n_layers, world)
+    shares: list[RankShare] = []
+    start = 0
+    for r, n in enumerate(counts):
+        share = extras[r] + sum(card.layer_bytes[start : start + n])
+        if share > usable[r]:
+            return Overflow(r, share, usable[r])
+        shares.append(RankShare(start, start + n, share))
+        start += n
+    return shares
+
+
+def tensor_divisibility_problem(card: ModelCard, world_size: int) -> str | None:
+    """Why ``card`` cannot be tensor-sharded over ``world_size`` ranks, or None if it can:
+    attention heads, kv heads and hidden size must all divide by ``world_size``."""
+    for count, what in (
+        (card.num_attention_heads, "heads"),
+        (card.num_key_value_heads, "kv heads"),
+        (card.hidden_size, "hidden size"),
+    ):
+        if count % world_size:
+            return f"tensor sharding needs {count} {what} divisible by {world_size}"
+    return None
+
+
+def tensor_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Overflow:
+    """Tensor shares: every rank holds all layers, ``ceil(sum(layer_bytes) / world_size)``
+    bytes of them, plus all non-layer tensors. ``Overflow`` names the first rank that does not
+    fit its usable bytes."""
+    world = len(usable)
+    layer_part = -(-sum(card.layer_bytes) // world)
+    shares: list[RankShare] = []
+    for r, have in enumerate(usable):
+        share = layer_part + non_layer_bytes_of_rank(card, r, world, "tensor")
+        if share > have:
+            return Overflow(r, share, have)
+        shares.append(RankShare(0, card.n_layers, share))
+    return shares

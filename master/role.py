@@ -1,0 +1,118 @@
+"""The master role: the single writer of the replicated log (design.md §4.3).
+
+It accepts local events (de-duplicated per origin), decides commands, indexes every
+resulting event with ``(term, idx)``, hands it to the node's replica (which persists and
+applies it) and to ``publish`` (gossip to the peers), then sequences the reactions the new
+State calls for. Commands are answered only after their events are committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.replica import Replica
+from exo_p2p.types import (
+    Command,
+    CommandResult,
+    ErrorInfo,
+    Event,
+    IndexedEvent,
+    LocalEvent,
+    NodeId,
+    TaskCreated,
+)
+from master.commands import handle_command
+from master.reactions import react
+from master.sequencer import OriginSeqs
+
+log = structlog.get_logger(__name__)
+
+
+class MasterRole:
+    """Sequencing for one term.
+
+    ``replica`` is this node's replica (the master's State is the replica's State);
+    ``publish`` is awaited for every indexed event (never raises: gossip counts its own
+    drops); ``wait_committed(idx)`` returns once event ``idx`` is committed (design.md §5a:
+    persisted in a one-node cluster, applied by another node otherwise).
+    """
+
+    def __init__(
+        self,
+        node_id: NodeId,
+        term: int,
+        replica: Replica,
+        publish: Callable[[IndexedEvent], Awaitable[None]],
+        *,
+        wait_committed: Callable[[int], Awaitable[None]] | None = None,
+        queue_limit: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.term = term
+        self.replica = replica
+        self._publish = publish
+        self._wait_committed = wait_committed
+        self._queue_limit = queue_limit
+        self._lock = trio.Lock()
+        self.origins = OriginSeqs.from_log(replica.log.events)
+        self.counters: dict[str, int] = {"local_event_duplicate": 0, "local_event_gap": 0}
+
+    async def accept_local(self, event: LocalEvent) -> None:
+        """Sequence a node's local event if it is the next from its origin."""
+        async with self._lock:
+            verdict = self.origins.check(event)
+            if verdict != "accept":
+                self.counters[f"local_event_{verdict}"] += 1
+                return
+            self.origins.record(event)
+            await self._index([event.event], origin=event)
+
+    async def emit(self, events: list[Event]) -> int:
+        """Sequence events the master makes itself; returns the last index."""
+        async with self._lock:
+            return await self._index(events)
+
+    async def command(self, command: Command) -> CommandResult:
+        """Decide and sequence ``command``; answer once its events are committed."""
+        async with self._lock:
+            try:
+                decision = handle_command(self.replica.state, command, queue_limit=self._queue_limit)
+            except Exception as exc:  # a rule bug must not take the master down
+                log.exception("command failed", command=type(command).__name__)
+                return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
+            last = await self._index(list(decision.events)) if decision.events else self.replica.last_idx
+        if decision.events and self._wait_committed is not None:
+            with trio.move_on_after(10) as scope:
+                await self._wait_committed(last)
+            if scope.cancelled_caught:
+                return CommandResult(
+                    command.command_id,
+                    error=ErrorInfo(503, "the cluster did not confirm the change within 10 s; retry", "server_error", code="not_committed"),
+                )
+        return msgspec.structs.replace(decision.result, event_idx=last)
+
+    async def _index(self, events: list[Event], origin: LocalEvent | None = None) -> int:
+        pending = list(events)
+        first = True
+        while pending:
+            event = pending.pop(0)
+            idx = self.replica.last_idx + 1
+            if isinstance(event, TaskCreated):
+                event = TaskCreated(msgspec.structs.replace(event.task, created_idx=idx))
+            indexed = IndexedEvent(
+                term=self.term,
+                idx=idx,
+                event=event,
+                origin=origin.origin if (origin and first) else "",
+                origin_boot=origin.origin_boot if (origin and first) else "",
+                origin_seq=origin.origin_seq if (origin and first) else 0,
+            )
+            first = False
+            self.replica.offer(indexed)
+            await self._publish(indexed)
+            pending.extend(react(self.replica.state, event))
+        return self.replica.last_idx

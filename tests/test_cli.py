@@ -1,0 +1,827 @@
+"""The ``exo-p2p`` CLI against a fake node API served on 127.0.0.1 (issue 2 item 9, issue 4).
+
+The fake API (``FakeNode``) speaks the node's HTTP API (``/nodes``, ``/models``, ``/state``,
+``/instances``, ``/instances/previews``, ``/v1/chat/completions`` with SSE) from a stdlib
+HTTP server in a thread, records every request and lets a test script placement errors,
+loading progress and failures. Run as a script (``python test_cli.py --api-port N
+--data-dir D``) it is the stand-in node process for ``exo-p2p run``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+GIB = 1024**3
+SELF_ID = "12D3KooWSelfSelfSelfSelfSelfSelfSelfSelfSelfSelfSelf"
+PEER_ID = "12D3KooWPeerPeerPeerPeerPeerPeerPeerPeerPeerPeerPeer"
+
+
+class FakeNode:
+    """The state behind the fake API. Instances load ``layers_per_poll`` layers per
+    ``GET /instances/{id}``; ``fail_reason`` fails them on the first poll instead."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, dict, object]] = []
+        self.instances: dict[str, dict] = {}
+        self.layers_total = 30
+        self.layers_per_poll = 10
+        self.fail_reason: str | None = None
+        self.place_error: tuple[int, str] | None = None
+        self.chat_tokens = ["The capital", " of France", " is Paris", "."]
+        self.chat_error_after: int | None = None
+        self.warnings = ["no peers found for 12 s"]
+        self.next_id = 0
+
+    # -- routes -------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {
+            "node_id": SELF_ID,
+            "master": SELF_ID,
+            "warnings": list(self.warnings),
+            "state_hash": "ab" * 32,
+            "last_event_idx": 7,
+        }
+
+    def nodes(self) -> list[dict]:
+        return [
+            {
+                "node_id": SELF_ID,
+                "friendly_name": "alpha",
+                "is_self": True,
+                "is_master": True,
+                "memory_total": 16 * GIB,
+                "memory_available": 6 * GIB,
+                "addrs": [f"/ip4/127.0.0.1/tcp/52514/p2p/{SELF_ID}"],
+                "last_seen": 0.0,
+            },
+            {
+                "node_id": PEER_ID,
+                "friendly_name": "beta",
+                "is_self": False,
+                "is_master": False,
+                "memory_total": 8 * GIB,
+                "memory_available": None,
+                "addrs": [f"/ip4/127.0.0.2/tcp/52514/p2p/{PEER_ID}"],
+                "last_seen": 2.5,
+            },
+        ]
+
+    def models(self) -> list[dict]:
+        return [
+            {
+                "model": "smollm2-135m-instruct",
+                "n_layers": 30,
+                "storage_size": 108_000_000,
+                "hidden_size": 576,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "context_length": 8192,
+            }
+        ]
+
+    def previews(self) -> list[dict]:
+        return [
+            {
+                "sharding": "pipeline",
+                "world_size": 1,
+                "nodes": [SELF_ID],
+                "layers": [[0, 30]],
+                "bytes": [118_800_000],
+                "error": None,
+            },
+            {
+                "sharding": "tensor",
+                "world_size": 2,
+                "nodes": [],
+                "layers": [],
+                "bytes": [],
+                "error": "tensor sharding needs 9 heads divisible by 2",
+            },
+        ]
+
+    def place(self, body: dict) -> tuple[int, object]:
+        if self.place_error:
+            status, message = self.place_error
+            return status, _error(message)
+        self.next_id += 1
+        instance_id = f"inst{self.next_id:04d}-{body['model']}"
+        inst = {
+            "instance_id": instance_id,
+            "model": body["model"],
+            "sharding": body.get("sharding", "pipeline"),
+            "status": "loading",
+            "reason": None,
+            "layers_loaded": 0,
+            "layers_total": self.layers_total,
+            "shards": [
+                {
+                    "node_id": SELF_ID,
+                    "runner_id": f"runner-{self.next_id}",
+                    "rank": 0,
+                    "start_layer": 0,
+                    "end_layer": self.layers_total,
+                    "share_bytes": 118_800_000,
+                    "status": "loading",
+                }
+            ],
+        }
+        self.instances[instance_id] = inst
+        return 201, inst
+
+    def poll(self, instance_id: str) -> tuple[int, object]:
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            return 404, _error(f"no instance {instance_id}")
+        if inst["status"] == "loading":
+            if self.fail_reason:
+                inst.update(status="failed", reason=self.fail_reason)
+            else:
+                loaded = min(inst["layers_total"], inst["layers_loaded"] + self.layers_per_poll)
+                inst["layers_loaded"] = loaded
+                if loaded == inst["layers_total"]:
+                    inst["status"] = "ready"
+        return 200, inst
+
+    def delete(self, instance_id: str) -> tuple[int, object]:
+        if self.instances.pop(instance_id, None) is None:
+            return 404, _error(f"no instance {instance_id}")
+        return 200, {"instance_id": instance_id, "deleted": True}
+
+    def sse_events(self, body: dict) -> list[str]:
+        events = []
+        for i, token in enumerate(self.chat_tokens):
+            if self.chat_error_after is not None and i == self.chat_error_after:
+                events.append(json.dumps(_error("runner died while generating")))
+                return events
+            chunk = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": {"content": token}}],
+            }
+            events.append(json.dumps(chunk))
+        final = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+        return events + [json.dumps(final), "[DONE]"]
+
+
+def _error(message: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+
+
+def make_handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def _send(self, status: int, payload: object) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self, method: str) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            path = url.path
+            with node.lock:
+                node.requests.append((method, path, query, body))
+                if method == "GET" and path == "/state":
+                    return self._send(200, node.state())
+                if method == "GET" and path == "/nodes":
+                    return self._send(200, node.nodes())
+                if method == "GET" and path == "/models":
+                    return self._send(200, node.models())
+                if method == "GET" and path == "/instances":
+                    return self._send(200, list(node.instances.values()))
+                if method == "GET" and path == "/instances/previews":
+                    return self._send(200, node.previews())
+                if method == "GET" and path.startswith("/instances/"):
+                    return self._send(*node.poll(path.removeprefix("/instances/")))
+                if method == "POST" and path == "/instances":
+                    return self._send(*node.place(body))
+                if method == "DELETE" and path.startswith("/instances/"):
+                    return self._send(*node.delete(path.removeprefix("/instances/")))
+                if method == "POST" and path == "/v1/chat/completions":
+                    events = node.sse_events(body)
+                else:
+                    return self._send(404, _error(f"no route {method} {path}"))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for event in events:
+                self.wfile.write(f"data: {event}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.005)
+            self.close_connection = True
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def do_DELETE(self) -> None:
+            self._handle("DELETE")
+
+    return Handler
+
+
+class Served:
+    """A ``FakeNode`` served on 127.0.0.1 in a thread; ``close()`` stops and frees it."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.node = FakeNode()
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), make_handler(self.node))
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05})
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def paths(self, method: str | None = None) -> list[str]:
+        return [p for m, p, _, _ in self.node.requests if method in (None, m)]
+
+
+# -- fixtures and helpers -------------------------------------------------------------------
+
+
+@pytest.fixture
+def served():
+    s = Served()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def served2():
+    s = Served()
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch):
+    from exo_p2p.cli import waiting
+
+    monkeypatch.setattr(waiting, "POLL_INTERVAL", 0.01)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def invoke(args: list[str], env: dict | None = None, input: str | None = None):
+    """Run the CLI in-process; no ``EXO_P2P_API`` from the outer environment; wide tables."""
+    from typer.testing import CliRunner
+
+    from exo_p2p.cli.main import app
+
+    full_env = {"EXO_P2P_API": None, "COLUMNS": "200", **(env or {})}
+    return CliRunner().invoke(app, args, env=full_env, input=input, catch_exceptions=False)
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+# -- --api resolution -----------------------------------------------------------------------
+
+
+def test_api_flag_before_and_after_subcommand_and_env(served, served2):
+    assert invoke(["--api", served.url, "models"]).exit_code == 0
+    assert served.paths() == ["/models"] and served2.paths() == []
+
+    assert invoke(["models", "--api", served2.url]).exit_code == 0
+    assert served2.paths() == ["/models"] and served.paths() == ["/models"]
+
+    assert invoke(["models"], env={"EXO_P2P_API": served.url}).exit_code == 0
+    assert served.paths() == ["/models", "/models"]
+
+    # an explicit flag wins over the environment; after the subcommand wins over before it
+    assert invoke(["models", "--api", served2.url], env={"EXO_P2P_API": served.url}).exit_code == 0
+    assert invoke(["--api", served.url, "models", "--api", served2.url]).exit_code == 0
+    assert served.paths() == ["/models", "/models"]
+    assert served2.paths() == ["/models"] * 3
+
+
+def test_api_without_scheme_is_accepted(served):
+    hostport = served.url.removeprefix("http://")
+    result = invoke(["instances", "--api", hostport, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+
+
+# -- --json ---------------------------------------------------------------------------------
+
+
+def test_nodes_json_is_only_json_with_fields_and_warnings_on_stderr(served):
+    result = invoke(["nodes", "--json", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    assert [n["node_id"] for n in listed] == [SELF_ID, PEER_ID]
+    for n in listed:
+        assert {"node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs"} <= n.keys()
+    assert listed[0]["memory_total"] == 16 * GIB and listed[0]["is_self"] is True
+    assert listed[1]["memory_available"] is None
+    assert "warning: no peers found for 12 s" in result.stderr
+    assert "no peers" not in result.stdout
+
+
+def test_instances_json_fields(served):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    result = invoke(["instances", "--json", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    (inst,) = json.loads(result.stdout)
+    assert {"instance_id", "model", "status", "shards"} <= inst.keys()
+    assert inst["status"] == "loading" and inst["model"] == "smollm2-135m-instruct"
+    (shard,) = inst["shards"]
+    assert {"node_id", "rank", "start_layer", "end_layer"} <= shard.keys()
+    assert (shard["rank"], shard["start_layer"], shard["end_layer"]) == (0, 0, 30)
+
+
+def test_models_json_fields(served):
+    result = invoke(["models", "--json", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    (model,) = json.loads(result.stdout)
+    assert {"model", "n_layers", "storage_size"} <= model.keys()
+    assert (model["model"], model["n_layers"], model["storage_size"]) == ("smollm2-135m-instruct", 30, 108_000_000)
+
+
+def test_previews_json_passes_model_and_nodes(served):
+    result = invoke(["previews", "smollm2-135m-instruct", "--nodes", "alpha, beta", "--json", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert [p["sharding"] for p in json.loads(result.stdout)] == ["pipeline", "tensor"]
+    (query,) = [q for m, p, q, _ in served.node.requests if p == "/instances/previews"]
+    assert query == {"model": "smollm2-135m-instruct", "nodes": "alpha,beta"}
+
+
+# -- human output ---------------------------------------------------------------------------
+
+
+def test_nodes_table_shows_gib_master_and_warning(served):
+    result = invoke(["nodes", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert SELF_ID in out and PEER_ID in out
+    assert "6.0 GiB / 16.0 GiB" in out and "unknown / 8.0 GiB" in out
+    assert "alpha (this node)" in out and "2 s ago" in out and "now" in out
+    assert "*" in out
+    assert result.stderr.strip() == "warning: no peers found for 12 s"
+
+
+def test_previews_table_shows_placement_or_why_not(served):
+    result = invoke(["previews", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert "not possible: tensor sharding needs 9 heads divisible by 2" in result.stdout
+    assert "alpha: layers [0, 30), 0.1 GiB" in result.stdout
+
+
+def test_models_and_instances_tables(served):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    models = invoke(["models", "--api", served.url])
+    assert models.exit_code == 0 and "smollm2-135m-instruct" in models.stdout and "0.1 GiB" in models.stdout
+    insts = invoke(["instances", "--api", served.url])
+    assert insts.exit_code == 0, insts.output
+    assert "loading 0/30 layers" in insts.stdout
+    assert "rank 0: alpha layers [0, 30)" in insts.stdout
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_unreachable_node_is_one_line_and_exit_1():
+    url = f"http://127.0.0.1:{closed_port()}"
+    for args in (["nodes", "--api", url], ["--api", url, "instances", "--json"], ["chat", "hi", "--api", url]):
+        result = invoke(args)
+        assert result.exit_code == 1
+        assert result.stdout == ""
+        assert error_lines(result) == [
+            f"error: cannot reach the exo-p2p node at {url}: connection refused "
+            "(start one with `exo-p2p node`)"
+        ]
+
+
+def test_unreachable_node_in_a_real_process_has_no_traceback():
+    url = f"http://127.0.0.1:{closed_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exo_p2p", "--api", url, "nodes"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot reach the exo-p2p node at {url}: connection refused (start one with `exo-p2p node`)"
+    ]
+
+
+def test_real_process_json_via_env(served):
+    env = {**os.environ, "EXO_P2P_API": served.url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exo_p2p", "models", "--json"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["model"] == "smollm2-135m-instruct"
+
+
+def test_api_400_prints_message_and_exits_1(served):
+    message = (
+        "needs 33.0 GiB (35433480192 bytes: 30.0 GiB + 10%); the largest candidate cycle "
+        "(node-a, node-b) has 24.0 GiB (25769803776 bytes)"
+    )
+    served.node.place_error = (400, message)
+    result = invoke(["place", "big-model", "--min-nodes", "2", "--sharding", "tensor", "--nodes", "a,b", "--api", served.url])
+    assert result.exit_code == 1
+    assert error_lines(result) == [f"error: {message}"]
+    (body,) = [b for m, p, _, b in served.node.requests if m == "POST"]
+    assert body == {"model": "big-model", "min_nodes": 2, "sharding": "tensor", "nodes": ["a", "b"]}
+    assert served.node.instances == {}
+
+
+def test_bad_sharding_is_a_usage_error(served):
+    result = invoke(["place", "m", "--sharding", "diagonal", "--api", served.url])
+    assert result.exit_code == 2
+    assert served.paths() == []
+
+
+def test_bad_memory_limit_exits_2_with_one_line(monkeypatch):
+    from exo_p2p.cli import main
+
+    started = []
+    monkeypatch.setattr(main, "run_node", started.append)
+    result = invoke(["node", "--memory-limit", "12 potatoes"])
+    assert result.exit_code == 2
+    (line,) = error_lines(result)
+    assert line.startswith("error: --memory-limit: invalid size '12 potatoes'")
+    assert started == []
+
+
+def test_node_flags_build_the_config(monkeypatch, tmp_path):
+    from exo_p2p.cli import main
+
+    started = []
+    monkeypatch.setattr(main, "run_node", started.append)
+    secret = tmp_path / "secret"
+    secret.write_text("00" * 32)
+    args = [
+        "node", "--api-port", "6000", "--api-host", "0.0.0.0", "--listen-port", "0",
+        "--listen-host", "127.0.0.1", "--data-dir", str(tmp_path / "d"), "--memory-limit", "512MiB",
+        "--models-dir", str(tmp_path / "m1"), "--models-dir", str(tmp_path / "m2"),
+        "--log-format", "json", "--log-level", "DEBUG", "--cluster", "lab",
+        "--cluster-secret", str(secret), "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x",
+        "--bootstrap", "/ip4/127.0.0.1/tcp/2/p2p/y", "--priority", "3", "--new-identity",
+        "--name", "gamma", "--queue-limit", "8", "--prefill-chunk-size", "64", "--no-mdns",
+    ]  # fmt: skip
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    (config,) = started
+    assert config.api_port == 6000 and config.api_host == "0.0.0.0"
+    assert config.listen_port == 0 and config.listen_host == "127.0.0.1"
+    assert config.data_dir == tmp_path / "d"
+    assert config.memory_limit == 512 * 1024**2
+    assert config.models_dirs == [tmp_path / "m1", tmp_path / "m2"]
+    assert (config.log_format, config.log_level, config.cluster) == ("json", "debug", "lab")
+    assert config.cluster_secret_file == secret
+    assert config.bootstrap == ["/ip4/127.0.0.1/tcp/1/p2p/x", "/ip4/127.0.0.1/tcp/2/p2p/y"]
+    assert (config.priority, config.new_identity, config.friendly_name) == (3, True, "gamma")
+    assert (config.queue_limit, config.prefill_chunk_size, config.mdns) == (8, 64, False)
+
+
+def test_node_defaults_come_from_config(monkeypatch, tmp_path):
+    from exo_p2p import config as cfg
+    from exo_p2p.cli import main
+
+    started = []
+    monkeypatch.setattr(main, "run_node", started.append)
+    result = invoke(["node"], env={"EXO_P2P_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 0, result.output
+    (config,) = started
+    assert config.data_dir == tmp_path / "home"
+    assert (config.api_host, config.api_port) == (cfg.DEFAULT_API_HOST, cfg.DEFAULT_API_PORT)
+    assert config.listen_port == cfg.DEFAULT_LISTEN_PORT
+    assert config.memory_limit is None and config.mdns is True and config.bootstrap == []
+
+
+def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):
+    from exo_p2p.cli import main
+
+    monkeypatch.setattr(main, "run_node", lambda config: 1)
+    assert invoke(["node", "--data-dir", str(tmp_path)]).exit_code == 1
+
+
+def test_node_without_a_node_runtime_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "exo_p2p.node", None)  # makes the import fail
+    result = invoke(["node", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    (line,) = error_lines(result)
+    assert line.startswith("error: this installation cannot run a node:")
+
+
+def test_missing_cluster_secret_file_exits_2(monkeypatch, tmp_path):
+    from exo_p2p.cli import main
+
+    monkeypatch.setattr(main, "run_node", lambda config: pytest.fail("must not start"))
+    result = invoke(["node", "--cluster-secret", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert len(error_lines(result)) == 1
+
+
+# -- place ----------------------------------------------------------------------------------
+
+
+def test_place_waits_with_progress_until_ready(served):
+    result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    polls = [p for p in served.paths("GET") if p.startswith("/instances/inst")]
+    assert len(polls) == 3  # 10 layers per poll, 30 layers
+    (inst,) = served.node.instances.values()
+    assert inst["status"] == "ready"
+    assert f"instance {inst['instance_id']} is ready" in result.stdout
+    assert "30/30" in result.stderr and "layers" in result.stderr
+
+
+def test_place_no_wait_returns_at_once(served):
+    result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert [p for p in served.paths("GET")] == []
+    assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout
+
+
+def test_place_failed_instance_exits_1_with_reason(served):
+    served.node.fail_reason = "runner exited with code -9 while loading layer 12"
+    result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 1
+    assert error_lines(result)[-1] == (
+        "error: instance inst0001-smollm2-135m-instruct of smollm2-135m-instruct failed: "
+        "runner exited with code -9 while loading layer 12"
+    )
+
+
+def test_place_timeout_exits_1(served):
+    served.node.layers_per_poll = 0
+    result = invoke(["place", "smollm2-135m-instruct", "--timeout", "0.2", "--api", served.url])
+    assert result.exit_code == 1
+    assert "is not ready after 0.2 s (status loading, 0/30 layers)" in error_lines(result)[-1]
+
+
+def test_delete_by_id_and_unique_prefix(served):
+    served.node.place({"model": "a"})
+    served.node.place({"model": "b"})
+    result = invoke(["delete", "inst0001-a", "--api", served.url])
+    assert result.exit_code == 0 and "deleted instance inst0001-a" in result.stdout
+    result = invoke(["delete", "inst0002", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert served.node.instances == {}
+    result = invoke(["delete", "inst0002", "--api", served.url])
+    assert result.exit_code == 1 and error_lines(result) == ["error: no instance inst0002"]
+
+
+# -- chat -----------------------------------------------------------------------------------
+
+
+def _chat_bodies(served) -> list[dict]:
+    return [b for m, p, _, b in served.node.requests if p == "/v1/chat/completions"]
+
+
+def test_chat_streams_text_from_sse(served):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    served.node.instances["inst0001-smollm2-135m-instruct"]["status"] = "ready"
+    result = invoke(
+        ["chat", "What is the capital of France?", "--max-tokens", "20", "--temperature", "0", "--system", "Be brief.", "--api", served.url]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "The capital of France is Paris.\n"
+    (body,) = _chat_bodies(served)
+    assert body["model"] == "smollm2-135m-instruct" and body["stream"] is True
+    assert (body["max_tokens"], body["temperature"]) == (20, 0.0)
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+
+
+def test_chat_model_defaults(served):
+    assert invoke(["chat", "hi", "--api", served.url]).exit_code == 0
+    assert _chat_bodies(served)[-1]["model"] == "smollm2-135m-instruct"  # nothing placed
+    served.node.place({"model": "other-model"})
+    served.node.instances["inst0001-other-model"]["status"] = "ready"
+    assert invoke(["chat", "hi", "--api", served.url]).exit_code == 0
+    assert _chat_bodies(served)[-1]["model"] == "other-model"
+    assert invoke(["chat", "hi", "-m", "third", "--api", served.url]).exit_code == 0
+    assert _chat_bodies(served)[-1]["model"] == "third"
+    assert "max_tokens" not in _chat_bodies(served)[-1]
+
+
+def test_chat_error_mid_stream_exits_1(served):
+    served.node.chat_error_after = 2
+    result = invoke(["chat", "hi", "--api", served.url])
+    assert result.exit_code == 1
+    assert result.stdout.startswith("The capital of France")
+    assert error_lines(result) == ["error: runner died while generating"]
+
+
+def test_interactive_chat_keeps_the_conversation(served):
+    result = invoke(["chat", "--api", served.url], input="hello\n\nagain\n/bye\nnever sent\n")
+    assert result.exit_code == 0, result.output
+    first, second = _chat_bodies(served)
+    assert first["messages"] == [{"role": "user", "content": "hello"}]
+    assert second["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "The capital of France is Paris."},
+        {"role": "user", "content": "again"},
+    ]
+    assert result.stdout.count("The capital of France is Paris.\n") == 2
+
+
+# -- cluster-secret -------------------------------------------------------------------------
+
+
+def test_cluster_secret_writes_a_0600_file(tmp_path):
+    path = tmp_path / "cluster.key"
+    old = os.umask(0)
+    try:
+        result = invoke(["cluster-secret", str(path)])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = path.read_text().strip()
+    assert len(secret) == 64 and int(secret, 16) >= 0
+    again = invoke(["cluster-secret", str(path)])
+    assert again.exit_code == 1 and "exists" in error_lines(again)[0]
+    assert path.read_text().strip() == secret
+    assert invoke(["cluster-secret", str(path), "--force"]).exit_code == 0
+    assert path.read_text().strip() != secret
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_cluster_secret_printed_when_no_file():
+    first, second = invoke(["cluster-secret"]), invoke(["cluster-secret"])
+    assert first.exit_code == 0
+    assert len(first.stdout.strip()) == 64 and first.stdout != second.stdout
+
+
+# -- SSE parsing (property) -----------------------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"))
+
+
+@given(st.lists(st.lists(_line_text, min_size=1, max_size=3), max_size=6))
+def test_sse_data_round_trips(events):
+    from exo_p2p.cli.client import iter_sse_data
+
+    lines: list[str] = [": keep-alive comment", ""]
+    for event in events:
+        lines += ["event: message"] + [f"data: {part}" for part in event] + [""]
+    assert list(iter_sse_data(lines)) == ["\n".join(e) for e in events]
+
+
+@given(st.lists(st.text(min_size=1, max_size=8), max_size=10))
+def test_chat_deltas_concatenate_and_stop_at_done(pieces):
+    from exo_p2p.cli.client import chat_deltas
+
+    payloads = [json.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}) for p in pieces]
+    payloads += ["[DONE]", json.dumps({"choices": [{"delta": {"content": "after done"}}]})]
+    assert "".join(chat_deltas(payloads)) == "".join(pieces)
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def _fake_node_command(monkeypatch):
+    from exo_p2p.cli import local_node
+
+    def command(api_port: int, data_dir: Path) -> list[str]:
+        return [sys.executable, __file__, "--api-port", str(api_port), "--data-dir", str(data_dir)]
+
+    monkeypatch.setattr(local_node, "node_command", command)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
+    _fake_node_command(monkeypatch)
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = invoke(["run", "smollm2-135m-instruct", "What is the capital of France?", "--max-tokens", "5",
+                     "--api", url, "--data-dir", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "The capital of France is Paris.\n"
+    assert "starting one for this command" in result.stderr and "30/30" in result.stderr
+    pid = int((tmp_path / "fake-node.pid").read_text())
+    assert _gone(pid)
+    log = (tmp_path / "run-node.log").read_text()
+    assert "POST /instances" in log and "POST /v1/chat/completions" in log
+
+
+def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--api", served.url, "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert served.paths("POST") == ["/v1/chat/completions"]  # waited for the loading one, no new placement
+    assert not (tmp_path / "run-node.log").exists()
+
+
+def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
+    from exo_p2p.cli import local_node
+
+    monkeypatch.setattr(
+        local_node,
+        "node_command",
+        lambda port, data_dir: [sys.executable, "-c", "import sys; print('boom: address in use'); sys.exit(3)"],
+    )
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = invoke(["run", "m", "hi", "--api", url, "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "error: could not start a node: the node exited with code 3" in result.stderr
+    assert "boom: address in use" in result.stderr
+
+
+def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
+    result = invoke(["run", "m", "hi", "--api", "http://192.0.2.1:9", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert error_lines(result)[0].startswith("error: cannot reach the exo-p2p node at http://192.0.2.1:9")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(importlib.util.find_spec("exo_p2p.node") is None, reason="exo_p2p.node not built yet")
+def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+    env["HF_HUB_OFFLINE"] = "1"
+    url = f"http://127.0.0.1:{closed_port()}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "exo_p2p", "run", "smollm2-135m-instruct", "What is the capital of France?",
+         "--temperature", "0", "--max-tokens", "24", "--api", url, "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr + (tmp_path / "run-node.log").read_text()
+    assert "Paris" in proc.stdout
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+# -- the stand-in node process for `run` ---------------------------------------------------
+
+
+def _serve_as_node(argv: list[str]) -> None:
+    """``--api-port N --data-dir D``: serve a ``FakeNode`` on 127.0.0.1:N until SIGTERM,
+    logging requests to stdout and writing its pid to D/fake-node.pid."""
+    port = int(argv[argv.index("--api-port") + 1])
+    data_dir = Path(argv[argv.index("--data-dir") + 1])
+    (data_dir / "fake-node.pid").write_text(str(os.getpid()))
+    time.sleep(0.3)  # the CLI must wait for the API to come up
+    served = Served(port)
+
+    class Logged(list):
+        def append(self, item):  # type: ignore[override]
+            print(item[0], item[1], flush=True)
+            super().append(item)
+
+    served.node.requests = Logged()
+    served.thread.join()
+
+
+if __name__ == "__main__":
+    _serve_as_node(sys.argv[1:])

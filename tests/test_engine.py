@@ -1,0 +1,362 @@
+"""The MLX engine (worker/engine/) on tiny synthetic models: loading, greedy parity with
+mlx-lm, sampling seeds, stops, queueing, cancellation and the 400s of cases B23 / B27."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
+from mlx_lm.utils import load as mlx_lm_load  # noqa: E402
+
+from exo_p2p.models.synthetic import CHATML_TEMPLATE, make_synthetic_model  # noqa: E402
+from exo_p2p.types.chunks import (  # noqa: E402
+    ErrorChunk,
+    FinishChunk,
+    PrefillProgressChunk,
+    TokenChunk,
+)
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
+from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from worker.engine.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
+
+MAX_STEPS = 5_000
+PROMPTS = [
+    "hello",
+    "What is the capital of France?",
+    "and the cat sat on the mat, " * 12,  # > 16 tokens: several prefill chunks of 16
+    "héllo wörld 日本語 🙂",
+]
+
+
+def msgs(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_synthetic_model(tmp_path_factory.mktemp("m") / "synthetic")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path) -> LoadedModel:
+    return load_all(model_dir)
+
+
+def run(gen: Generator, max_steps: int = MAX_STEPS) -> list:
+    """Step ``gen`` until it has no work; every chunk in order."""
+    out = []
+    for _ in range(max_steps):
+        if not gen.has_work():
+            return out
+        out.extend(gen.step())
+    raise AssertionError("generator did not finish within the step bound")
+
+
+def generate(loaded: LoadedModel, req: GenerationRequest, **kw) -> tuple[list, list[int]]:
+    tokens: list[int] = []
+    gen = Generator(loaded, on_token=lambda _t, tok: tokens.append(tok), **kw)
+    gen.submit(req)
+    return run(gen), tokens
+
+
+def text_of(chunks: list, task_id: str | None = None) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TokenChunk)
+                   and (task_id is None or c.task_id == task_id))
+
+
+def finish_of(chunks: list, task_id: str) -> FinishChunk:
+    ends = [c for c in chunks if isinstance(c, (FinishChunk, ErrorChunk)) and c.task_id == task_id]
+    assert len(ends) == 1, ends
+    assert isinstance(ends[0], FinishChunk), ends[0]
+    return ends[0]
+
+
+def reference_greedy(loaded: LoadedModel, prompt_ids: list[int], n: int, chunk: int) -> list[int]:
+    """mlx-lm's own greedy tokens for ``prompt_ids``, cut at the first end-of-turn token."""
+    out: list[int] = []
+    for tok, _ in generate_step(mx.array(prompt_ids), loaded.model, max_tokens=n,
+                                prefill_step_size=chunk):
+        if tok in loaded.eos_token_ids:
+            break
+        out.append(tok)
+    return out
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def test_load_reports_progress_and_end_of_turn_tokens(model_dir: Path) -> None:
+    items = list(load_model(model_dir))
+    progress, last = items[:-1], items[-1]
+    assert [(p.layers_loaded, p.layers_total) for p in progress] == [(i, 4) for i in range(5)]
+    assert isinstance(last, LoadedModel) and all(isinstance(p, LoadProgress) for p in progress)
+    vocab = last.tokenizer.get_vocab()
+    assert {vocab["<|im_end|>"], vocab["<|endoftext|>"]} <= last.eos_token_ids
+    assert last.context_length == 2048 and last.is_full and last.peak_memory_bytes > 0
+
+
+def test_partial_load_reads_only_its_share(tmp_path: Path) -> None:
+    d = make_synthetic_model(tmp_path / "big", n_layers=8, hidden_size=256,
+                             intermediate_size=768, num_attention_heads=8, num_key_value_heads=4)
+    full = load_all(d)
+    full_peak, full_layers = full.peak_memory_bytes, len(full.model.layers)
+    del full
+    first = load_all(d, start_layer=0, end_layer=4)
+    first_peak = first.peak_memory_bytes
+    assert len(first.model.layers) == 4 and "embed_tokens" in first.model.model
+    assert "norm" not in first.model.model
+    del first
+    middle_items = list(load_model(d, start_layer=2, end_layer=5))
+    middle = middle_items[-1]
+    assert [p.layers_loaded for p in middle_items[:-1]] == [0, 1, 2, 3]
+    assert "embed_tokens" not in middle.model.model and "norm" not in middle.model.model
+    assert full_layers == 8
+    # Half the layers (plus the small embedding) → well under the full peak.
+    assert first_peak < 0.6 * full_peak, (first_peak, full_peak)
+    assert middle.peak_memory_bytes < 0.45 * full_peak, (middle.peak_memory_bytes, full_peak)
+
+
+def test_bad_layer_range_is_an_error(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="layer range"):
+        list(load_model(model_dir, start_layer=3, end_layer=9))
+
+
+def test_quantized_model_with_per_module_override_matches_mlx_lm(tmp_path: Path) -> None:
+    d = make_synthetic_model(tmp_path / "q", quantize=True)
+    ours = load_all(d)
+    assert ours.model.model.embed_tokens.bits == 8
+    assert ours.model.model.layers[0].mlp.up_proj.bits == 4
+    ref_model, ref_tok = mlx_lm_load(str(d))
+    ids = ref_tok.apply_chat_template(msgs("hello the world"), add_generation_prompt=True)
+    ref = [t for t, _ in generate_step(mx.array(ids), ref_model, max_tokens=12)]
+    _, got = generate(ours, GenerationRequest("q", msgs("hello the world"), max_tokens=12,
+                                              temperature=0))
+    assert got == [t for t in ref[: len(got)]] and len(got) >= 1
+
+
+# -- greedy parity with mlx-lm ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_equal_mlx_lm(loaded: LoadedModel, prompt: str) -> None:
+    ids = loaded.tokenizer.apply_chat_template(msgs(prompt), add_generation_prompt=True)
+    ref = reference_greedy(loaded, ids, 24, chunk=16)
+    chunks, got = generate(loaded, GenerationRequest("g", msgs(prompt), max_tokens=24,
+                                                     temperature=0), prefill_chunk_size=16)
+    got = [t for t in got if t not in loaded.eos_token_ids]
+    assert got == ref
+    prefill = [c for c in chunks if isinstance(c, PrefillProgressChunk)]
+    assert prefill[0].processed == 0 and prefill[-1].processed == len(ids)
+    if len(ids) > 17:
+        assert len(prefill) >= 4  # accepted, ≥ 2 chunks of 16, done
+    assert finish_of(chunks, "g").prompt_tokens == len(ids)
+
+
+def test_streamed_text_equals_mlx_lm_stream_generate(loaded: LoadedModel) -> None:
+    prompt = PROMPTS[3]
+    ids = loaded.tokenizer.apply_chat_template(msgs(prompt), add_generation_prompt=True)
+    ref = "".join(r.text for r in stream_generate(loaded.model, loaded.tokenizer, ids,
+                                                  max_tokens=30))
+    chunks, _ = generate(loaded, GenerationRequest("s", msgs(prompt), max_tokens=30,
+                                                   temperature=0))
+    assert text_of(chunks) == ref
+
+
+# -- sampling ---------------------------------------------------------------------------------
+
+
+def test_same_seed_same_output_different_seed_differs(loaded: LoadedModel) -> None:
+    def sample(seed: int, task: str) -> list[int]:
+        req = GenerationRequest(task, msgs("hello"), max_tokens=20, temperature=1.0,
+                                top_p=0.95, seed=seed)
+        return generate(loaded, req)[1]
+
+    a1, a2, b = sample(7, "a"), sample(7, "b"), sample(8, "c")
+    assert a1 == a2
+    assert a1 != b
+
+
+def test_no_seed_varies_by_task(loaded: LoadedModel) -> None:
+    outs = {tuple(generate(loaded, GenerationRequest(f"t{i}", msgs("hi"), max_tokens=12,
+                                                     temperature=1.0))[1]) for i in range(3)}
+    assert len(outs) > 1
+
+
+# -- ends: max_tokens, end-of-turn, stop strings, context -----------------------------------
+
+
+def test_max_tokens_gives_length(loaded: LoadedModel) -> None:
+    chunks, got = generate(loaded, GenerationRequest("m", msgs("hello"), max_tokens=7,
+                                                     temperature=0))
+    fin = finish_of(chunks, "m")
+    assert fin.finish_reason == "length" and fin.completion_tokens == 7 == len(got)
+    assert [c.completion_tokens for c in chunks if isinstance(c, TokenChunk)][-1] == 7
+    assert fin.ttft > 0 and fin.decode_tokens_per_second > 0
+
+
+def test_end_of_turn_token_stops(loaded: LoadedModel) -> None:
+    ids = loaded.tokenizer.apply_chat_template(msgs("hello"), add_generation_prompt=True)
+    ref = reference_greedy(loaded, ids, 20, chunk=256)
+    k = 6
+    eos = ref[k]
+    first = ref.index(eos)
+    scripted = dataclasses.replace(loaded, eos_token_ids=frozenset({eos}))
+    chunks, _ = generate(scripted, GenerationRequest("e", msgs("hello"), max_tokens=50,
+                                                     temperature=0))
+    fin = finish_of(chunks, "e")
+    assert fin.finish_reason == "stop" and fin.completion_tokens == first
+    full = loaded.tokenizer.decode(ref[:first])
+    assert text_of(chunks) == full.lstrip(" ") or text_of(chunks) == full
+
+
+def test_stop_string_across_tokens(loaded: LoadedModel) -> None:
+    prompt = "what can you do"
+    chunks, _ = generate(loaded, GenerationRequest("x", msgs(prompt), max_tokens=40,
+                                                        temperature=0))
+    segments = [c.text for c in chunks if isinstance(c, TokenChunk)]
+    full = "".join(segments)
+    ends, pos = [], 0
+    for s in segments:
+        pos += len(s)
+        ends.append(pos)
+    # A 3-character stop string that spans a segment boundary, first occurring there.
+    stop = None
+    for i, e in enumerate(ends[:-1]):
+        if 0 < e - 1 and e + 2 <= len(full) and segments[i] and segments[i + 1]:
+            cand = full[e - 1 : e + 2]
+            if full.find(cand) == e - 1:
+                stop, at = cand, e - 1
+                break
+    assert stop is not None, full
+    chunks2, _ = generate(loaded, GenerationRequest("y", msgs(prompt), max_tokens=40,
+                                                    temperature=0, stop=(stop, "\u2603never")))
+    fin = finish_of(chunks2, "y")
+    emitted = text_of(chunks2)
+    assert fin.finish_reason == "stop" and emitted == full[:at]
+    # completion_tokens: the tokens up to and including the one that completed the stop.
+    assert fin.completion_tokens == next(i + 1 for i, e in enumerate(ends) if e >= at + len(stop))
+    so_far = ""
+    for c in chunks2:
+        if isinstance(c, TokenChunk):
+            so_far += c.text
+            assert stop not in so_far and len(so_far) <= at
+
+
+def test_prompt_longer_than_context_is_400_before_prefill(tmp_path: Path) -> None:
+    small = load_all(make_synthetic_model(tmp_path / "ctx", context_length=64))
+    gen = Generator(small)
+    gen.submit(GenerationRequest("long", msgs("the cat " * 40), max_tokens=10))
+    gen.submit(GenerationRequest("ok", msgs("hi"), max_tokens=3, temperature=0))
+    t0 = time.perf_counter()
+    first = gen.step()
+    assert time.perf_counter() - t0 < 1.0
+    assert len(first) == 1 and isinstance(first[0], ErrorChunk)
+    err = first[0].error
+    assert err.status == 400 and "but the model's context is 64 tokens" in err.message
+    assert err.message.startswith("prompt is ") and int(err.message.split()[2]) > 64
+    rest = run(gen)  # the generator keeps serving the next request
+    assert finish_of(rest, "ok").completion_tokens == 3
+
+
+def test_prompt_plus_max_tokens_over_context_is_clamped(tmp_path: Path) -> None:
+    small = load_all(make_synthetic_model(tmp_path / "ctx", context_length=40))
+    n = len(small.tokenizer.apply_chat_template(msgs("the cat sat"), add_generation_prompt=True))
+    assert n < 40
+    chunks, _ = generate(small, GenerationRequest("c", msgs("the cat sat"), max_tokens=500,
+                                                  temperature=0))
+    fin = finish_of(chunks, "c")
+    # Either an end-of-turn token came first, or the context filled up.
+    assert (fin.finish_reason, fin.completion_tokens) == ("length", 40 - n) or \
+        (fin.finish_reason == "stop" and fin.completion_tokens < 40 - n)
+
+
+# -- chat templates (case B23) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["config", "jinja"])
+def test_chat_template_in_either_place(tmp_path: Path, where: str) -> None:
+    d = make_synthetic_model(tmp_path / where, chat_template=where)
+    assert (d / "chat_template.jinja").exists() == (where == "jinja")
+    ours = load_all(d)
+    _, ref_tok = mlx_lm_load(str(d))
+    ids = ref_tok.apply_chat_template(msgs("hello"), add_generation_prompt=True)
+    assert ids == ref_tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+                                 add_special_tokens=False)
+    assert ours.tokenizer.chat_template == CHATML_TEMPLATE
+    chunks, got = generate(ours, GenerationRequest("t", msgs("hello"), max_tokens=8,
+                                                   temperature=0))
+    assert finish_of(chunks, "t").prompt_tokens == len(ids)
+    assert got[:8] == reference_greedy(ours, ids, 8, chunk=256)[: len(got)]
+
+
+def test_missing_chat_template_is_400_and_generator_goes_on(tmp_path: Path) -> None:
+    bare = load_all(make_synthetic_model(tmp_path / "bare", chat_template=None))
+    gen = Generator(bare, model_id="bare-model")
+    gen.submit(GenerationRequest("a", msgs("hello")))
+    gen.submit(GenerationRequest("b", msgs("hello")))
+    chunks = run(gen)
+    assert [type(c) for c in chunks] == [ErrorChunk, ErrorChunk]
+    assert all(c.error.status == 400 and c.error.message == "model bare-model has no chat template"
+               for c in chunks)
+    assert not gen.has_work()
+
+
+# -- queueing and cancellation ----------------------------------------------------------------
+
+
+def steps_until(gen: Generator, pred, bound: int = MAX_STEPS) -> Iterator:
+    for _ in range(bound):
+        chunks = gen.step()
+        yield from chunks
+        if any(pred(c) for c in chunks):
+            return
+    raise AssertionError("condition not reached")
+
+
+def test_request_submitted_while_generating_is_served_after(loaded: LoadedModel) -> None:
+    solo_b, _ = generate(loaded, GenerationRequest("b", msgs("second"), max_tokens=6,
+                                                   temperature=0))
+    gen = Generator(loaded)
+    gen.submit(GenerationRequest("a", msgs("first"), max_tokens=10, temperature=0))
+    chunks = list(steps_until(gen, lambda c: isinstance(c, TokenChunk) and c.completion_tokens == 3))
+    gen.submit(GenerationRequest("b", msgs("second"), max_tokens=6, temperature=0))
+    assert gen.queued_task_ids == ["b"] and gen.active_task_id == "a"
+    chunks += run(gen)
+    order = [c.task_id for c in chunks]
+    assert order.index("b") > max(i for i, t in enumerate(order) if t == "a")
+    assert finish_of(chunks, "a").completion_tokens == 10
+    assert text_of(chunks, "b") == text_of(solo_b) and finish_of(chunks, "b").completion_tokens == 6
+
+
+def test_cancel_mid_generation_is_prompt(loaded: LoadedModel) -> None:
+    gen = Generator(loaded)
+    gen.submit(GenerationRequest("long", msgs("go"), max_tokens=1000, temperature=0))
+    gen.submit(GenerationRequest("queued", msgs("go"), max_tokens=5, temperature=0))
+    gen.submit(GenerationRequest("next", msgs("go"), max_tokens=4, temperature=0))
+    list(steps_until(gen, lambda c: isinstance(c, TokenChunk) and c.completion_tokens == 5))
+    assert gen.cancel("queued") and gen.cancel("long") and not gen.cancel("nope")
+    t0 = time.perf_counter()
+    after = gen.step()
+    assert time.perf_counter() - t0 < 0.5
+    ends = {c.task_id: c for c in after if isinstance(c, FinishChunk)}
+    assert ends["long"].finish_reason == "cancelled" and ends["long"].completion_tokens == 5
+    assert ends["queued"].finish_reason == "cancelled"
+    rest = run(gen)
+    assert finish_of(rest, "next").finish_reason == "length"
+    assert not any(c.task_id in ("long", "queued") for c in rest)
+
+
+def test_request_from_task_params(loaded: LoadedModel) -> None:
+    params = GenerationParams(messages=(ChatMessage("user", "hello"),), max_tokens=4,
+                              temperature=0.0)
+    chunks, _ = generate(loaded, GenerationRequest.from_params("p", params))
+    assert finish_of(chunks, "p").completion_tokens == 4

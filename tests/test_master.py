@@ -1,0 +1,150 @@
+"""Master rules: command decisions, reactions, per-origin de-duplication (pure)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.state import apply
+from exo_p2p.types import (
+    CancelGeneration,
+    ChatMessage,
+    DeleteInstance,
+    GenerationParams,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceFailed,
+    LocalEvent,
+    MasterElected,
+    NodeModelsUpdated,
+    NodeProfile,
+    NodeProfileUpdated,
+    PlaceInstance,
+    RunnerFailed,
+    RunnerReady,
+    RunnerStatusUpdated,
+    State,
+    SubmitGeneration,
+    TaskCancelRequested,
+    TaskCreated,
+    TaskDeleted,
+    TaskStatusUpdated,
+)
+from master.commands import handle_command
+from master.reactions import react
+from master.sequencer import OriginSeqs
+from tests.strategies import CARD
+
+GIB = 1024**3
+
+
+def run(state: State, events) -> State:
+    for e in events:
+        state = apply(state, IndexedEvent(term=1, idx=state.last_event_idx + 1, event=e))
+    return state
+
+
+def one_node(total=16 * GIB, available=16 * GIB) -> State:
+    return run(
+        State(),
+        [
+            MasterElected("node-a", 1),
+            NodeProfileUpdated(NodeProfile("node-a", "boot-1", "a", memory_total=total, memory_available=available)),
+            NodeModelsUpdated("node-a", (CARD,)),
+        ],
+    )
+
+
+def params():
+    return GenerationParams((ChatMessage("user", "hi"),), max_tokens=5)
+
+
+def test_place_then_submit_then_cancel():
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    assert d.result.error is None and isinstance(d.events[0], InstanceCreated)
+    s = run(s, d.events)
+    inst = d.result.instance
+    # not ready yet → 503 loading
+    d = handle_command(s, SubmitGeneration("cmd-2", "t1", "m", params(), "node-a"))
+    assert d.result.error.status == 503 and d.result.error.code == "loading"
+    s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
+    d = handle_command(s, SubmitGeneration("cmd-3", "t1", "m", params(), "node-a"))
+    assert d.result.error is None and isinstance(d.events[0], TaskCreated)
+    s = run(s, d.events)
+    d = handle_command(s, CancelGeneration("cmd-4", "t1"))
+    assert d.events == (TaskCancelRequested("t1"),)
+    # cancelling an unknown task is tolerated
+    assert handle_command(s, CancelGeneration("cmd-5", "nope")).result.error is None
+
+
+def test_status_codes_for_unknown_unplaced_and_failed():
+    s = one_node()
+    assert handle_command(s, SubmitGeneration("c", "t", "zzz", params(), "node-a")).result.error.status == 404
+    err = handle_command(s, SubmitGeneration("c", "t", "m", params(), "node-a")).result.error
+    assert err.status == 409 and "exo-p2p place m" in err.message
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    s = run(s, [InstanceFailed(d.result.instance.instance_id, "runner died")])
+    err = handle_command(s, SubmitGeneration("c", "t", "m", params(), "node-a")).result.error
+    assert err.status == 503 and "runner died" in err.message
+    assert handle_command(s, PlaceInstance("c2", "nope")).result.error.status == 404
+    assert handle_command(s, DeleteInstance("c3", "nope")).result.error.status == 404
+
+
+def test_placement_that_does_not_fit_is_400_and_creates_nothing():
+    big = msgspec.structs.replace(CARD, model_id="big", storage_size=30 * GIB, layer_bytes=tuple([30 * GIB // 4] * 4), embedding_bytes=0, norm_bytes=0)
+    s = run(one_node(total=16 * GIB), [NodeModelsUpdated("node-a", (CARD, big))])
+    d = handle_command(s, PlaceInstance("c", "big"))
+    assert d.result.error.status == 400 and d.events == ()
+    assert "33.0 GiB" in d.result.error.message
+
+
+def test_queue_limit_gives_429():
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
+    for k in range(2):
+        d = handle_command(s, SubmitGeneration(f"c{k}", f"t{k}", "m", params(), "node-a"), queue_limit=2)
+        s = run(s, d.events)
+    d = handle_command(s, SubmitGeneration("c9", "t9", "m", params(), "node-a"), queue_limit=2)
+    assert d.result.error.status == 429
+
+
+def test_reactions_remove_finished_tasks_and_fail_instances():
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    rid = inst.shards[0].runner_id
+    s = run(s, [RunnerStatusUpdated(rid, inst.instance_id, "node-a", RunnerReady())])
+    s = run(s, handle_command(s, SubmitGeneration("c", "t1", "m", params(), "node-a")).events)
+    ev = TaskStatusUpdated("t1", "complete")
+    s = run(s, [ev])
+    assert react(s, ev) == (TaskDeleted("t1"),)
+    s = run(s, handle_command(s, SubmitGeneration("c", "t2", "m", params(), "node-a")).events)
+    ev = RunnerStatusUpdated(rid, inst.instance_id, "node-a", RunnerFailed("oom"))
+    s = run(s, [ev])
+    out = react(s, ev)
+    assert isinstance(out[0], InstanceFailed) and "oom" in out[0].reason
+    assert TaskStatusUpdated("t2", "failed") in out and TaskDeleted("t2") in out
+    # a restarted node (new boot id) fails instances placed on its previous boot
+    s2 = run(one_node(), [InstanceCreated(inst)])
+    ev = NodeProfileUpdated(NodeProfile("node-a", "boot-2", "a", memory_total=GIB, memory_available=GIB))
+    s2 = run(s2, [ev])
+    assert isinstance(react(s2, ev)[0], InstanceFailed)
+
+
+def test_origin_sequence_dedup():
+    seqs = OriginSeqs()
+    ev = MasterElected("x", 1)
+    le = lambda n, boot="b1": LocalEvent("node-b", boot, n, ev)  # noqa: E731
+    assert seqs.check(le(1)) == "accept"
+    seqs.record(le(1))
+    assert seqs.check(le(1)) == "duplicate"
+    assert seqs.check(le(3)) == "gap"
+    assert seqs.check(le(2)) == "accept"
+    assert seqs.check(le(1, boot="b2")) == "accept"  # a new boot starts again at 1
+    rebuilt = OriginSeqs.from_log([IndexedEvent(1, 1, ev, "node-b", "b1", 1), IndexedEvent(1, 2, ev, "node-b", "b1", 2)])
+    assert rebuilt.check(le(2)) == "duplicate" and rebuilt.check(le(3)) == "accept"

@@ -1,0 +1,152 @@
+"""The worker's pure planner (design.md §5 "Plan", field case B08)."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exo_p2p.types import (
+    ChatMessage,
+    CreateRunner,
+    GenerationParams,
+    Instance,
+    LoadModel,
+    RunnerIdle,
+    RunnerLoaded,
+    RunnerReady,
+    RunnerRecord,
+    RunnerRunning,
+    RunnerShutdown,
+    ShardMetadata,
+    Shutdown,
+    StartWarmup,
+    State,
+    TaskRecord,
+    TextGeneration,
+    CancelTask,
+)
+from worker.plan import LocalRunner, plan
+
+NODE, BOOT = "node-a", "boot-1"
+
+
+def instance(instance_id="i1", node=NODE, boot=BOOT, world=1):
+    shards = tuple(
+        ShardMetadata(node if r == 0 else f"node-{r}", f"{instance_id}-r{r}", r, world, 0, 4, 4, 100, boot) for r in range(world)
+    )
+    return Instance(instance_id, "m", "pipeline", shards)
+
+
+def state_with(inst, runner_statuses=None, tasks=()):
+    runners = {}
+    for shard in inst.shards:
+        st_ = (runner_statuses or {}).get(shard.runner_id)
+        if st_ is not None:
+            runners[shard.runner_id] = RunnerRecord(shard.runner_id, inst.instance_id, shard.node_id, st_)
+    return State(
+        instances={inst.instance_id: inst},
+        runners=runners,
+        tasks={t.task_id: TaskRecord(t) for t in tasks},
+    )
+
+
+def gen_task(tid, idx, inst="i1"):
+    return TextGeneration(tid, inst, "m", GenerationParams((ChatMessage("user", "x"),)), NODE, created_idx=idx)
+
+
+def test_create_then_load_then_warmup_then_tasks_in_master_order():
+    inst = instance()
+    s = state_with(inst)
+    assert isinstance(plan(NODE, BOOT, s, {}), CreateRunner)
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerIdle())}
+    assert plan(NODE, BOOT, s, local) == LoadModel(runner_id="i1-r0")
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerIdle(), frozenset({"load"}))}
+    assert plan(NODE, BOOT, s, local) is None
+    s = state_with(inst, {"i1-r0": RunnerLoaded()})
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerLoaded(), frozenset({"load"}))}
+    assert plan(NODE, BOOT, s, local) == StartWarmup(runner_id="i1-r0")
+    t_late, t_early = gen_task("zzz", 10), gen_task("aaa", 20)
+    s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t_late, t_early))
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
+    assert plan(NODE, BOOT, s, local) == t_late  # created first, not smallest id
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "zzz"}))}
+    assert plan(NODE, BOOT, s, local) == t_early  # a Running runner still receives tasks (they queue)
+
+
+def test_never_resends_and_is_idempotent():
+    inst = instance()
+    t = gen_task("t1", 5)
+    s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t,))
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
+    first = plan(NODE, BOOT, s, local)
+    assert first == plan(NODE, BOOT, s, local) == t
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "t1"}))}
+    assert plan(NODE, BOOT, s, local) is None
+
+
+def test_cancel_is_sent_once_to_runners_that_have_the_task():
+    inst = instance()
+    t = gen_task("t1", 5)
+    s = state_with(inst, {"i1-r0": RunnerRunning()}, tasks=(t,))
+    s = msgspec.structs.replace(s, tasks={"t1": TaskRecord(t, "running", cancel_requested=True)})
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"t1"}))}
+    assert plan(NODE, BOOT, s, local) == CancelTask(runner_id="i1-r0", task_id="t1")
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"t1", "cancel:t1"}))}
+    assert plan(NODE, BOOT, s, local) is None
+    # a cancelled task that never reached the runner is not sent at all
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset())}
+    assert plan(NODE, BOOT, s, local) is None
+
+
+def test_runner_of_deleted_or_failed_instance_is_shut_down_once():
+    inst = instance()
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady())}
+    assert plan(NODE, BOOT, State(), local) == Shutdown(runner_id="i1-r0")
+    failed = msgspec.structs.replace(inst, failed_reason="x")
+    assert plan(NODE, BOOT, state_with(failed), local) == Shutdown(runner_id="i1-r0")
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"shutdown"}))}
+    assert plan(NODE, BOOT, State(), local) is None
+
+
+def test_restarted_node_never_revives_runners_of_a_previous_boot():
+    inst = instance(boot="boot-0")
+    assert plan(NODE, BOOT, state_with(inst), {}) is None
+
+
+def test_ended_runner_is_not_recreated():
+    inst = instance()
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerShutdown())}
+    assert plan(NODE, BOOT, state_with(inst), local) is None
+
+
+def test_generation_waits_for_every_rank_to_be_ready():
+    inst = instance(world=2)
+    t = gen_task("t1", 5)
+    s = state_with(inst, {"i1-r0": RunnerReady(), "i1-r1": RunnerLoaded()}, tasks=(t,))
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"connect", "load", "warmup"}))}
+    assert plan(NODE, BOOT, s, local) is None
+    s = state_with(inst, {"i1-r0": RunnerReady(), "i1-r1": RunnerRunning()}, tasks=(t,))
+    assert plan(NODE, BOOT, s, local) == t
+
+
+@given(st.lists(st.sampled_from(["idle", "loaded", "ready", "running"]), min_size=1, max_size=3), st.integers(0, 3))
+def test_plan_is_a_function_of_its_inputs(statuses, n_tasks):
+    by_tag = {"idle": RunnerIdle(), "loaded": RunnerLoaded(), "ready": RunnerReady(), "running": RunnerRunning()}
+    insts = [instance(f"i{k}") for k in range(len(statuses))]
+    tasks = [gen_task(f"t{j}", j, inst=insts[j % len(insts)].instance_id) for j in range(n_tasks)]
+    s = State(
+        instances={i.instance_id: i for i in insts},
+        runners={f"{i.instance_id}-r0": RunnerRecord(f"{i.instance_id}-r0", i.instance_id, NODE, by_tag[t]) for i, t in zip(insts, statuses)},
+        tasks={t.task_id: TaskRecord(t) for t in tasks},
+    )
+    local = {f"{i.instance_id}-r0": LocalRunner(f"{i.instance_id}-r0", i.instance_id, by_tag[t]) for i, t in zip(insts, statuses)}
+    a = plan(NODE, BOOT, s, local)
+    b = plan(NODE, BOOT, s, local)
+    assert a == b
+    # executing the returned task (recording it as sent) never yields the same task again
+    if a is not None and not isinstance(a, CreateRunner):
+        key = {"LoadModel": "load", "StartWarmup": "warmup"}.get(type(a).__name__, getattr(a, "task_id", None))
+        rid = getattr(a, "runner_id", None) or f"{a.instance_id}-r0"
+        local[rid] = msgspec.structs.replace(local[rid], sent=local[rid].sent | {key})
+        assert plan(NODE, BOOT, s, local) != a

@@ -1,0 +1,368 @@
+"""The generator: chat-completion requests are submitted to it and it is stepped.
+
+Requests are served one after another in submission order (batching comes later). Each
+``step()`` does one bounded unit of work and returns the chunks it produced:
+
+1. accept the next queued request: apply the chat template, check it against the context,
+   and return ``PrefillProgressChunk(processed=0)`` — or an ``ErrorChunk`` (HTTP 400) before
+   any model work when the model has no chat template (case B23), the template fails, or
+   the prompt does not fit the context (case B27);
+2. prefill one chunk of at most ``prefill_chunk_size`` prompt tokens (as mlx-lm's
+   ``generate_step``: every prompt token but the last, in chunks; the last one yields the
+   first token), returning ``PrefillProgressChunk(processed, total)``;
+3. decode one token, returning a ``TokenChunk`` (and a ``FinishChunk`` at the end).
+
+Decode pipelines like ``mlx_lm.generate.generate_step``: the next token's graph is built and
+``mx.async_eval``-ed before the current token is read with ``.item()``, so the model runs
+while Python detokenizes and matches stop strings.
+
+Context rule (documented choice): a prompt of N tokens needs N < context; otherwise 400
+"prompt is N tokens but the model's context is M tokens". When N + max_tokens exceeds the
+context, max_tokens is clamped to context − N and generation ends with finish_reason
+"length" there.
+
+Counting: ``completion_tokens`` counts generated tokens whose text is (or would be) output,
+up to and including the token that completes a stop string; an end-of-turn token is not
+counted. ``ttft`` is seconds from ``submit`` to the first token (queueing included);
+``decode_tokens_per_second`` is ``(completion_tokens − 1) / (t_last − t_first)``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from exo_p2p.types.chunks import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    PrefillProgressChunk,
+    TokenChunk,
+)
+from exo_p2p.types.common import ErrorInfo, TaskId
+from exo_p2p.types.tasks import ChatMessage, GenerationParams
+from worker.engine.forward import Forward, forward, generation_stream, new_cache
+from worker.engine.loader import LoadedModel
+from worker.engine.sampling import Sampler, seed_for
+from worker.engine.stop import StopMatcher
+
+DEFAULT_PREFILL_CHUNK_SIZE = 256
+"""Prompt tokens per prefill step (tokens)."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat completion to run. ``messages`` are ChatMessage or role/content mappings;
+    ``max_tokens`` counts completion tokens; ``temperature`` 0 is greedy; ``seed`` None →
+    derived from ``task_id`` (see ``sampling.seed_for``)."""
+
+    task_id: TaskId
+    messages: Sequence[ChatMessage | Mapping[str, str]]
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @classmethod
+    def from_params(cls, task_id: TaskId, params: GenerationParams) -> GenerationRequest:
+        """The request for a ``TextGeneration`` task's parameters."""
+        return cls(
+            task_id=task_id,
+            messages=params.messages,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop=tuple(params.stop),
+            seed=params.seed,
+        )
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The messages as the dicts a chat template takes."""
+        out = []
+        for m in self.messages:
+            if isinstance(m, ChatMessage):
+                out.append({"role": m.role, "content": m.content})
+            else:
+                out.append({"role": str(m["role"]), "content": str(m["content"])})
+        return out
+
+
+@dataclass
+class _Active:
+    """The request being served and its generation state."""
+
+    request: GenerationRequest
+    submitted_at: float
+    prompt: mx.array  # [N] int32
+    max_new: int
+    cache: list[Any]
+    sampler: Sampler
+    detokenizer: Any
+    stops: StopMatcher
+    processed: int = 0
+    next_token: mx.array | None = None  # lazy, async-evaluated
+    completion_tokens: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+    cancel_requested: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.prompt.size)
+
+
+@dataclass
+class _Queued:
+    request: GenerationRequest
+    submitted_at: float
+
+
+def _error(task_id: TaskId, status: int, message: str, *, param: str | None = None,
+           code: str | None = None) -> ErrorChunk:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return ErrorChunk(task_id=task_id, error=ErrorInfo(status=status, message=message,
+                                                       type=kind, param=param, code=code))
+
+
+def validate_prompt(prompt_tokens: int, max_tokens: int, context_length: int) -> str | None:
+    """The context rule: None when a prompt of ``prompt_tokens`` may run, else the 400
+    message. ``max_tokens`` beyond what is left is clamped, not an error."""
+    if prompt_tokens >= context_length:
+        return f"prompt is {prompt_tokens} tokens but the model's context is {context_length} tokens"
+    if max_tokens < 1:
+        return f"max_tokens must be at least 1, not {max_tokens}"
+    return None
+
+
+@dataclass
+class Generator:
+    """Serves submitted generation requests one after another, one bounded step at a time.
+
+    ``submit`` and ``cancel`` may be called from any thread; ``step`` from one thread at a
+    time (the one that drives MLX). A request always ends with exactly one ``FinishChunk``
+    or ``ErrorChunk``; a failing request never stops the generator from serving the next.
+    ``forward`` computes logits from tokens and the KV cache (swap in a pipeline stage);
+    ``model_id`` names the model in error messages; ``on_token(task_id, token_id)`` is called
+    for every sampled token, end-of-turn included (tests, pipeline checks).
+    """
+
+    loaded: LoadedModel
+    model_id: str = ""
+    prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK_SIZE
+    forward: Forward = forward
+    clock: Callable[[], float] = time.perf_counter
+    on_token: Callable[[TaskId, int], None] | None = None
+    _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
+    _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
+    _active: _Active | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk_size < 1:
+            raise ValueError(f"prefill_chunk_size must be >= 1, not {self.prefill_chunk_size}")
+        if not self.model_id:
+            self.model_id = self.loaded.model_dir.name
+        self._eos = frozenset(self.loaded.eos_token_ids)
+
+    # -- control (any thread) ------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request``; it is served after every request submitted before it."""
+        with self._lock:
+            self._queue.append(_Queued(request, self.clock()))
+
+    def cancel(self, task_id: TaskId) -> bool:
+        """Cancel a queued or running request: the next ``step`` returns its
+        ``FinishChunk(finish_reason="cancelled")`` without doing more work for it. Returns
+        False when the task is unknown or already finished."""
+        with self._lock:
+            for q in self._queue:
+                if q.request.task_id == task_id:
+                    self._queue.remove(q)
+                    self._outbox.append(FinishChunk(task_id=task_id, finish_reason="cancelled",
+                                                    prompt_tokens=0, completion_tokens=0))
+                    return True
+            if self._active is not None and self._active.request.task_id == task_id:
+                self._active.cancel_requested = True
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        """Whether ``step`` has anything to do (a request queued or running, or chunks to
+        deliver)."""
+        with self._lock:
+            return bool(self._queue or self._outbox or self._active is not None)
+
+    @property
+    def active_task_id(self) -> TaskId | None:
+        active = self._active
+        return None if active is None else active.request.task_id
+
+    @property
+    def queued_task_ids(self) -> list[TaskId]:
+        with self._lock:
+            return [q.request.task_id for q in self._queue]
+
+    # -- work (one thread) ---------------------------------------------------------------
+
+    def step(self) -> list[Chunk]:
+        """Do one bounded unit of work (accept a request, one prefill chunk, or one decode
+        step) and return the chunks produced, in order."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+            active = self._active
+            queued = self._queue.popleft() if active is None and self._queue else None
+        if active is None:
+            if queued is not None:
+                out.append(self._accept(queued))
+            return out
+        if active.cancel_requested:
+            out.append(self._finish(active, "cancelled"))
+            return out
+        try:
+            if active.next_token is None:
+                out.extend(self._prefill_step(active))
+            else:
+                out.extend(self._decode_step(active))
+        except Exception as e:  # a broken request must not stop the generator
+            self._end()
+            out.append(_error(active.request.task_id, 500, f"generation failed: {e!r}"))
+        return out
+
+    def _accept(self, queued: _Queued) -> Chunk:
+        req, tok = queued.request, self.loaded.tokenizer
+        if not tok.has_chat_template:
+            return _error(req.task_id, 400, f"model {self.model_id} has no chat template",
+                          param="messages", code="no_chat_template")
+        try:
+            ids = tok.apply_chat_template(req.chat_messages(), add_generation_prompt=True)
+        except Exception as e:
+            return _error(req.task_id, 400,
+                          f"the chat template of model {self.model_id} failed: {e}",
+                          param="messages")
+        if problem := validate_prompt(len(ids), req.max_tokens, self.loaded.context_length):
+            code = "context_length_exceeded" if "context" in problem else None
+            param = "messages" if code else "max_tokens"
+            return _error(req.task_id, 400, problem, param=param, code=code)
+        if req.temperature < 0:
+            return _error(req.task_id, 400, f"temperature must be >= 0, not {req.temperature}",
+                          param="temperature")
+        active = _Active(
+            request=req,
+            submitted_at=queued.submitted_at,
+            prompt=mx.array(ids, dtype=mx.int32),
+            max_new=min(req.max_tokens, self.loaded.context_length - len(ids)),
+            cache=new_cache(self.loaded.model),
+            sampler=Sampler(req.temperature, req.top_p, seed_for(req.task_id, req.seed)),
+            detokenizer=tok.detokenizer,
+            stops=StopMatcher(req.stop),
+        )
+        with self._lock:
+            self._active = active
+        return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(ids))
+
+    def _sample(self, active: _Active, tokens: mx.array) -> mx.array:
+        """Lazy next token [1] after feeding ``tokens`` [L] (as mlx-lm's ``_step``)."""
+        logits = self.forward(self.loaded.model, tokens[None], active.cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        return active.sampler(logprobs)
+
+    def _prefill_step(self, active: _Active) -> list[Chunk]:
+        total = active.prompt_tokens
+        out: list[Chunk] = []
+        with mx.stream(generation_stream):
+            if total - active.processed > 1:
+                n = min(self.prefill_chunk_size, total - active.processed - 1)
+                chunk = active.prompt[active.processed : active.processed + n]
+                self.forward(self.loaded.model, chunk[None], active.cache)
+                mx.eval([c.state for c in active.cache])
+                active.processed += n
+                out.append(PrefillProgressChunk(task_id=active.request.task_id,
+                                                processed=active.processed, total=total))
+                mx.clear_cache()
+            if total - active.processed == 1:
+                active.next_token = self._sample(active, active.prompt[total - 1 :])
+                mx.async_eval(active.next_token)
+                active.processed = total
+        return out
+
+    def _decode_step(self, active: _Active) -> list[Chunk]:
+        req = active.request
+        y = active.next_token
+        assert y is not None
+        if active.completion_tokens + 1 < active.max_new:
+            with mx.stream(generation_stream):
+                next_y = self._sample(active, y)
+            mx.async_eval(next_y)
+        else:
+            next_y = None
+        token = y.item()
+        now = self.clock()
+        if self.on_token is not None:
+            self.on_token(req.task_id, token)
+        out: list[Chunk] = []
+        if active.t_first is None:
+            active.t_first = now
+            total = active.prompt_tokens
+            out.append(PrefillProgressChunk(task_id=req.task_id, processed=total, total=total))
+        if token in self._eos:
+            out.extend(self._final_text(active))
+            out.append(self._finish(active, "stop"))
+            return out
+        active.t_last = now
+        active.completion_tokens += 1
+        active.detokenizer.add_token(token)
+        text, stopped = active.stops.feed(active.detokenizer.last_segment)
+        if not stopped and active.completion_tokens >= active.max_new:
+            rest = self._final_text(active)
+            text += "".join(c.text for c in rest if isinstance(c, TokenChunk))
+            stopped = active.stops.stopped
+            out.append(TokenChunk(task_id=req.task_id, text=text,
+                                  completion_tokens=active.completion_tokens))
+            out.append(self._finish(active, "stop" if stopped else "length"))
+            return out
+        out.append(TokenChunk(task_id=req.task_id, text=text,
+                              completion_tokens=active.completion_tokens))
+        if stopped:
+            out.append(self._finish(active, "stop"))
+            return out
+        active.next_token = next_y
+        if active.completion_tokens % 256 == 1:
+            mx.clear_cache()
+        return out
+
+    def _final_text(self, active: _Active) -> list[Chunk]:
+        """Flush the detokenizer and the stop matcher at the end of a generation: a
+        TokenChunk with the held-back text, if any."""
+        active.detokenizer.finalize()
+        text, stopped = active.stops.feed(active.detokenizer.last_segment)
+        if not stopped:
+            text += active.stops.flush()
+        if not text:
+            return []
+        return [TokenChunk(task_id=active.request.task_id, text=text,
+                           completion_tokens=active.completion_tokens)]
+
+    def _finish(self, active: _Active, reason: FinishReason) -> FinishChunk:
+        n = active.completion_tokens
+        t_first, t_last = active.t_first, active.t_last
+        ttft = 0.0 if t_first is None else t_first - active.submitted_at
+        tps = 0.0
+        if n > 1 and t_first is not None and t_last is not None and t_last > t_first:
+            tps = (n - 1) / (t_last - t_first)
+        self._end()
+        return FinishChunk(task_id=active.request.task_id, finish_reason=reason,
+                           prompt_tokens=active.prompt_tokens, completion_tokens=n,
+                           ttft=ttft, decode_tokens_per_second=tps)
+
+    def _end(self) -> None:
+        with self._lock:
+            self._active = None

@@ -1,0 +1,66 @@
+"""This node's profile: memory, CPU, OS, addresses (design.md §4.1, §5 ``--memory-limit``)."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import psutil
+
+from exo_p2p.types import NetworkAddress, NodeProfile
+
+
+def capped_memory(physical_total: int, physical_available: int, limit: int | None, hosted_bytes: int) -> tuple[int, int]:
+    """``(memory_total, memory_available)`` in bytes under a memory limit (design.md §5):
+    ``total = min(physical total, L)``, ``available = min(physical available, L − bytes of
+    the shards this node hosts)``, never below 0. Without a limit, physical values."""
+    if limit is None:
+        return physical_total, physical_available
+    return min(physical_total, limit), max(0, min(physical_available, limit - hosted_bytes))
+
+
+def measure_profile(
+    node_id: str,
+    boot_id: str,
+    friendly_name: str,
+    *,
+    memory_limit: int | None,
+    hosted_bytes: int,
+    addrs: tuple[NetworkAddress, ...] = (),
+    models: tuple[str, ...] = (),
+    priority: int = 0,
+) -> NodeProfile:
+    """Measure memory with psutil and build this node's ``NodeProfile``.
+
+    ``hosted_bytes`` is the sum of ``share_bytes`` of the shards placed on this node.
+    """
+    vm = psutil.virtual_memory()
+    total, available = capped_memory(int(vm.total), int(vm.available), memory_limit, hosted_bytes)
+    return NodeProfile(
+        node_id=node_id,  # type: ignore[arg-type]
+        boot_id=boot_id,
+        friendly_name=friendly_name,
+        memory_total=total,
+        memory_available=available,
+        cpu=platform.processor() or platform.machine(),
+        cpu_count=os.cpu_count() or 0,
+        os=f"{platform.system()} {platform.release()}",
+        addrs=addrs,
+        models=models,
+        priority=priority,
+    )
+
+
+def profile_changed(old: NodeProfile | None, new: NodeProfile, *, memory_step: int = 256 * 1024 * 1024) -> bool:
+    """Whether ``new`` differs enough from ``old`` to publish: any field other than
+    available memory, or available memory moved by at least ``memory_step`` bytes (keeps the
+    log from growing with every small fluctuation)."""
+    if old is None:
+        return True
+    import msgspec
+
+    if msgspec.structs.replace(old, memory_available=None) != msgspec.structs.replace(new, memory_available=None):
+        return True
+    if (old.memory_available is None) != (new.memory_available is None):
+        return True
+    return abs((old.memory_available or 0) - (new.memory_available or 0)) >= memory_step

@@ -1,0 +1,94 @@
+"""Messages between a worker's supervisor and its runner subprocess.
+
+Frames are ``u32 length (little-endian) | msgpack``, on two dedicated pipes (file
+descriptors passed to the runner), never on stdout/stderr, which libraries may write to.
+Supervisor → runner: ``RunnerSetup`` first, then ``Task``s. Runner → supervisor:
+``ToSupervisor`` messages; every message counts as a heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import msgspec
+
+from exo_p2p.types import Chunk, Instance, RunnerStatus, ShardMetadata, Task, TaskId, TaskStatus
+
+_LEN = struct.Struct("<I")
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
+    """What a runner needs before any task: its instance and shard, the model directory,
+    the prefill chunk size (tokens), the heartbeat interval (seconds), and test fault hooks."""
+
+    instance: Instance
+    shard: ShardMetadata
+    model_dir: str
+    prefill_chunk_size: int = 256
+    heartbeat_interval: float = 1.0
+    fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+ToRunner = RunnerSetup | Task
+
+
+class StatusMsg(msgspec.Struct, frozen=True, tag="status", tag_field="kind"):
+    status: RunnerStatus
+
+
+class ChunkMsg(msgspec.Struct, frozen=True, tag="chunk", tag_field="kind"):
+    chunk: Chunk
+
+
+class TaskStatusMsg(msgspec.Struct, frozen=True, tag="task_status", tag_field="kind"):
+    task_id: TaskId
+    status: TaskStatus
+
+
+class HeartbeatMsg(msgspec.Struct, frozen=True, tag="heartbeat", tag_field="kind"):
+    pass
+
+
+ToSupervisor = StatusMsg | ChunkMsg | TaskStatusMsg | HeartbeatMsg
+
+_enc = msgspec.msgpack.Encoder()
+to_runner_decoder = msgspec.msgpack.Decoder(ToRunner)
+to_supervisor_decoder = msgspec.msgpack.Decoder(ToSupervisor)
+
+
+def frame(message: object) -> bytes:
+    payload = _enc.encode(message)
+    return _LEN.pack(len(payload)) + payload
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    """Read exactly ``n`` bytes from ``fd`` (blocking); None on end of file."""
+    parts: list[bytes] = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            return None
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def read_frame(fd: int) -> bytes | None:
+    """Read one frame's payload from ``fd`` (blocking); None on end of file.
+    Raises ``ValueError`` for a frame over ``MAX_FRAME`` bytes."""
+    header = read_exact(fd, _LEN.size)
+    if header is None:
+        return None
+    (length,) = _LEN.unpack(header)
+    if length > MAX_FRAME:
+        raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+    return read_exact(fd, length)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,249 @@
+"""Runner supervision: start a runner subprocess, relay its messages, notice its death.
+
+One ``RunnerSupervisor`` per runner. It turns the runner's messages into events (runner
+status, task status) and chunks, kills a runner that stays silent past its bound (design.md
+§5c: 10 s while generating, 60 s while loading or warming up), and reports ``Failed`` with
+the reason when the process dies on its own. Closing the node's end of the task pipe makes
+the runner exit; so does the parent-death signal when the node is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.config import RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
+from exo_p2p.types import (
+    TERMINAL_STATUSES,
+    Chunk,
+    Event,
+    Instance,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerShutdown,
+    RunnerStatus,
+    RunnerStatusUpdated,
+    ShardMetadata,
+    Task,
+    TaskStatusUpdated,
+)
+from worker.runner.protocol import (
+    MAX_FRAME,
+    ChunkMsg,
+    RunnerSetup,
+    StatusMsg,
+    TaskStatusMsg,
+    frame,
+    to_supervisor_decoder,
+)
+
+log = structlog.get_logger(__name__)
+
+_LOADING_TAGS = ("idle", "connecting", "connected", "loading", "loaded", "warming_up")
+
+
+def silence_bound(status: RunnerStatus, *, generating: float, loading: float) -> float:
+    """Seconds a runner in ``status`` may stay silent before it is killed."""
+    tag = type(status).__struct_config__.tag  # type: ignore[attr-defined]
+    return loading if tag in _LOADING_TAGS else generating
+
+
+class RunnerSupervisor:
+    """Owns one runner process.
+
+    ``emit(event)`` receives ``RunnerStatusUpdated`` / ``TaskStatusUpdated`` events,
+    ``on_chunk(chunk)`` the runner's chunks; both are plain callbacks that must not block.
+    ``status`` is the latest status; ``sent`` the keys of tasks sent (see ``worker.plan``).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        instance: Instance,
+        shard: ShardMetadata,
+        model_dir: Path,
+        emit: Callable[[Event], None],
+        on_chunk: Callable[[Chunk], None],
+        *,
+        prefill_chunk_size: int = 256,
+        fault_hooks: dict[str, str] | None = None,
+        silent_generating: float = RUNNER_SILENT_GENERATING,
+        silent_loading: float = RUNNER_SILENT_LOADING,
+    ) -> None:
+        self.node_id = node_id
+        self.instance = instance
+        self.shard = shard
+        self.runner_id = shard.runner_id
+        self.model_dir = model_dir
+        self._emit = emit
+        self._on_chunk = on_chunk
+        self.status: RunnerStatus = RunnerIdle()
+        self.sent: set[str] = set()
+        self.task_ids: set[str] = set()
+        self.process: trio.Process | None = None
+        self._send_stream: trio.lowlevel.FdStream | None = None
+        self._send_lock = trio.Lock()
+        self._last_heard = trio.current_time()
+        self._setup = RunnerSetup(
+            instance=instance,
+            shard=shard,
+            model_dir=str(model_dir),
+            prefill_chunk_size=prefill_chunk_size,
+            fault_hooks=dict(fault_hooks or {}),
+        )
+        self._silent_generating = silent_generating
+        self._silent_loading = silent_loading
+        self.exited = trio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def _set_status(self, status: RunnerStatus) -> None:
+        self.status = status
+        self._emit(RunnerStatusUpdated(self.runner_id, self.instance.instance_id, self.node_id, status))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the runner and supervise it until it exits. Cancelling this kills it."""
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "worker.runner.main", "--in-fd", str(in_r), "--out-fd", str(out_w)],
+                pass_fds=(in_r, out_w),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        self._send_stream = trio.lowlevel.FdStream(in_w)
+        receive = trio.lowlevel.FdStream(out_r)
+        log.info("runner started", runner_id=self.runner_id, pid=self.process.pid, rank=self.shard.rank)
+        self._set_status(RunnerIdle())
+        await self._write(self._setup)
+        self._last_heard = trio.current_time()
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watchdog, nursery.cancel_scope)
+                await self._read(receive)
+                nursery.cancel_scope.cancel()
+            await self._reap()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._kill_and_reap()
+                await receive.aclose()
+                if self._send_stream is not None:
+                    await self._send_stream.aclose()
+                self.exited.set()
+
+    async def _read(self, receive: trio.lowlevel.FdStream) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                data = await receive.receive_some(1 << 20)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                return
+            buf += data
+            while len(buf) >= 4:
+                length = int.from_bytes(buf[:4], "little")
+                if length > MAX_FRAME:
+                    log.error("runner sent an oversized frame; killing it", runner_id=self.runner_id, length=length)
+                    return
+                if len(buf) < 4 + length:
+                    break
+                payload = bytes(buf[4 : 4 + length])
+                del buf[: 4 + length]
+                self._last_heard = trio.current_time()
+                try:
+                    msg = to_supervisor_decoder.decode(payload)
+                except msgspec.DecodeError as exc:
+                    log.warning("undecodable runner message dropped", runner_id=self.runner_id, error=str(exc))
+                    continue
+                self._handle(msg)
+
+    def _handle(self, msg: object) -> None:
+        if isinstance(msg, StatusMsg):
+            self._set_status(msg.status)
+        elif isinstance(msg, ChunkMsg):
+            self._on_chunk(msg.chunk)
+        elif isinstance(msg, TaskStatusMsg):
+            self._emit(TaskStatusUpdated(msg.task_id, msg.status))
+
+    async def _watchdog(self, scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(0.5)
+            bound = silence_bound(self.status, generating=self._silent_generating, loading=self._silent_loading)
+            silent = trio.current_time() - self._last_heard
+            if silent > bound and not isinstance(self.status, TERMINAL_STATUSES):
+                log.error("runner silent; killing it", runner_id=self.runner_id, silent_s=round(silent, 1), bound_s=bound)
+                self._set_status(RunnerFailed(f"runner silent for {silent:.0f} s (bound {bound:.0f} s) while {_tag(self.status)}; killed"))
+                if self.process is not None and self.process.returncode is None:
+                    try:
+                        self.process.send_signal(signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                scope.cancel()
+                return
+
+    async def _reap(self) -> None:
+        assert self.process is not None
+        with trio.move_on_after(5):
+            await self.process.wait()
+        await self._kill_and_reap()
+        code = self.process.returncode
+        if not isinstance(self.status, TERMINAL_STATUSES):
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            self._set_status(RunnerFailed(f"runner process {how}"))
+        log.info("runner exited", runner_id=self.runner_id, code=code, status=_tag(self.status))
+
+    async def _kill_and_reap(self) -> None:
+        if self.process is None:
+            return
+        if self.process.returncode is None:
+            try:
+                self.process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        await self.process.wait()
+
+    async def _write(self, message: object) -> None:
+        assert self._send_stream is not None
+        async with self._send_lock:
+            await self._send_stream.send_all(frame(message))
+
+    async def send(self, task: Task, key: str) -> None:
+        """Send ``task`` to the runner, recording ``key`` in ``sent`` first (so a failed
+        send is not retried in a loop; the runner's death is reported by ``run``)."""
+        self.sent.add(key)
+        try:
+            await self._write(task)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.warning("could not send task to runner", runner_id=self.runner_id, error=str(exc))
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the runner to shut down; kill it if it has not exited after ``timeout`` s."""
+        from exo_p2p.types import Shutdown
+
+        if self.process is not None and self.process.returncode is None:
+            await self.send(Shutdown(runner_id=self.runner_id), "shutdown")
+        with trio.move_on_after(timeout):
+            await self.exited.wait()
+        if not self.exited.is_set():
+            await self._kill_and_reap()
+            if not isinstance(self.status, TERMINAL_STATUSES):
+                self._set_status(RunnerShutdown())
+
+
+def _tag(status: RunnerStatus) -> str:
+    return type(status).__struct_config__.tag  # type: ignore[attr-defined]

@@ -1,0 +1,175 @@
+"""The worker: runs ``plan`` in a loop and executes the tasks it returns (design.md §4.6)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from exo_p2p.types import (
+    CancelTask,
+    Chunk,
+    ConnectToGroup,
+    CreateRunner,
+    Event,
+    LoadModel,
+    RunnerFailed,
+    RunnerStatusUpdated,
+    Shutdown,
+    StartWarmup,
+    State,
+    Task,
+    TERMINAL_STATUSES,
+    TextGeneration,
+)
+from worker.plan import LocalRunner, plan
+from worker.supervisor import RunnerSupervisor
+
+log = structlog.get_logger(__name__)
+
+
+class Worker:
+    """Executes this node's share of the replicated plan.
+
+    ``get_state()`` returns the current State; ``emit(event)`` sends a local event towards
+    the master; ``on_chunk(chunk)`` routes a runner's chunk to the API node that owns the
+    request; ``resolve_model(model_id) -> Path`` (blocking; run in a thread) gives the
+    model's MLX directory, raising for a model this node does not have. Call ``wake()`` after
+    every State change.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        boot_id: str,
+        get_state: Callable[[], State],
+        emit: Callable[[Event], None],
+        on_chunk: Callable[[Chunk], None],
+        resolve_model: Callable[[str], Path],
+        *,
+        prefill_chunk_size: int = 256,
+        fault_hooks: dict[str, str] | None = None,
+        silent_generating: float = 10.0,
+        silent_loading: float = 60.0,
+    ) -> None:
+        self.node_id = node_id
+        self.boot_id = boot_id
+        self._get_state = get_state
+        self._emit_event = emit
+        self._on_chunk = on_chunk
+        self._resolve_model = resolve_model
+        self._prefill_chunk_size = prefill_chunk_size
+        self._fault_hooks = dict(fault_hooks or {})
+        self._silent = (silent_generating, silent_loading)
+        self.supervisors: dict[str, RunnerSupervisor] = {}
+        self._failed: dict[str, LocalRunner] = {}
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _emit(self, event: Event) -> None:
+        self._emit_event(event)
+        self.wake()
+
+    def local_runners(self) -> dict[str, LocalRunner]:
+        """This node's runners as ``plan`` sees them (including ended ones, so a runner id
+        is never created twice)."""
+        view = dict(self._failed)
+        for rid, sup in self.supervisors.items():
+            view[rid] = LocalRunner(rid, sup.instance.instance_id, sup.status, frozenset(sup.sent))
+        return view
+
+    def hosted_bytes(self) -> int:
+        """Bytes of the shards of live runners on this node (for ``--memory-limit``)."""
+        return sum(s.shard.share_bytes for s in self.supervisors.values() if not isinstance(s.status, TERMINAL_STATUSES))
+
+    def runner_pids(self) -> list[int]:
+        return [s.pid for s in self.supervisors.values() if s.pid is not None and not s.exited.is_set()]
+
+    async def run(self) -> None:
+        """Plan and execute until cancelled; on the way out every runner is shut down."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                while True:
+                    self._prune()
+                    task = plan(self.node_id, self.boot_id, self._get_state(), self.local_runners())  # type: ignore[arg-type]
+                    if task is None:
+                        with trio.move_on_after(1.0):
+                            await self._wake.wait()
+                        self._wake = trio.Event()
+                        continue
+                    await self._execute(task)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.shutdown_all()
+
+    async def shutdown_all(self, timeout: float = 10.0) -> None:
+        """Shut every live runner down (kill after ``timeout`` seconds)."""
+        live = [s for s in self.supervisors.values() if not s.exited.is_set()]
+        if not live:
+            return
+        async with trio.open_nursery() as nursery:
+            for sup in live:
+                nursery.start_soon(sup.shutdown, timeout)
+
+    def _prune(self) -> None:
+        instances = self._get_state().instances
+        for rid in [r for r, s in self.supervisors.items() if s.exited.is_set() and s.instance.instance_id not in instances]:
+            del self.supervisors[rid]
+        for rid in [r for r, lr in self._failed.items() if lr.instance_id not in instances]:
+            del self._failed[rid]
+
+    async def _execute(self, task: Task) -> None:
+        assert self._nursery is not None
+        if isinstance(task, CreateRunner):
+            await self._create(task)
+            return
+        runner_id = task.runner_id
+        sup = self.supervisors.get(runner_id)
+        if sup is None:
+            return
+        if isinstance(task, Shutdown):
+            sup.sent.add("shutdown")
+            self._nursery.start_soon(sup.shutdown)
+        elif isinstance(task, ConnectToGroup):
+            await sup.send(task, "connect")
+        elif isinstance(task, LoadModel):
+            await sup.send(task, "load")
+        elif isinstance(task, StartWarmup):
+            await sup.send(task, "warmup")
+        elif isinstance(task, CancelTask):
+            await sup.send(task, f"cancel:{task.task_id}")
+        elif isinstance(task, TextGeneration):
+            await sup.send(task, task.task_id)
+
+    async def _create(self, task: CreateRunner) -> None:
+        assert self._nursery is not None
+        shard = task.shard
+        try:
+            model_dir = await trio.to_thread.run_sync(self._resolve_model, task.instance.model_id)
+        except Exception as exc:
+            error = f"cannot prepare model {task.instance.model_id!r} on node {self.node_id}: {exc}"
+            log.error("runner not created", runner_id=shard.runner_id, error=error)
+            status = RunnerFailed(error)
+            self._failed[shard.runner_id] = LocalRunner(shard.runner_id, task.instance.instance_id, status)
+            self._emit(RunnerStatusUpdated(shard.runner_id, task.instance.instance_id, self.node_id, status))  # type: ignore[arg-type]
+            return
+        sup = RunnerSupervisor(
+            self.node_id,
+            task.instance,
+            shard,
+            model_dir,
+            self._emit,
+            self._on_chunk,
+            prefill_chunk_size=self._prefill_chunk_size,
+            fault_hooks=self._fault_hooks,
+            silent_generating=self._silent[0],
+            silent_loading=self._silent[1],
+        )
+        self.supervisors[shard.runner_id] = sup
+        await self._nursery.start(sup.run)
