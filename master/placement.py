@@ -38,13 +38,20 @@ Rules, in the order they are applied:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
-from exo_p2p.state.topology import CycleKey, Topology, best_cycle, topology_from_state
+from exo_p2p.state.topology import CycleKey, CycleSearch, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
-from master.placement_split import Overflow, RankShare, pipeline_shares, tensor_divisibility_problem, tensor_shares
+from master.placement_split import (
+    Overflow,
+    RankShare,
+    pipeline_shares,
+    tensor_divisibility_problem,
+    tensor_share_bytes,
+    tensor_shares,
+)
 
 GIB = 1 << 30
 RING_BASE_PORT = 52600
@@ -184,6 +191,7 @@ class _Context:
     topology: Topology
     budget: int | None
     blocking: str | None
+    searches: dict[tuple[int, bool], CycleSearch] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -231,16 +239,28 @@ def _size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
     return None
 
 
-def _modes(ctx: _Context) -> list[tuple[dict[NodeId, int], frozenset[NodeId] | None]]:
+_Mode = tuple[dict[NodeId, int], frozenset[NodeId] | None]
+
+
+def _modes(ctx: _Context) -> list[_Mode]:
     """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
     node hosting an instance count total memory; cycles with one count available memory."""
     profiles = ctx.state.nodes
     free = {n: profiles[n].memory_total or 0 for n in ctx.eligible if n not in ctx.hosts}
-    modes: list[tuple[dict[NodeId, int], frozenset[NodeId] | None]] = [(free, None)]
+    modes: list[_Mode] = [(free, None)]
     hosts = frozenset(n for n in ctx.eligible if n in ctx.hosts)
     if hosts:
         modes.append(({n: profiles[n].memory_available or 0 for n in ctx.eligible}, hosts))
     return modes
+
+
+def _search(ctx: _Context, mode: int, rank_links: bool = True) -> tuple[CycleSearch, _Mode]:
+    """The prepared cycle search of memory mode ``mode`` (index into ``_modes``), cached."""
+    modes = _modes(ctx)
+    key = (mode, rank_links)
+    if key not in ctx.searches:
+        ctx.searches[key] = CycleSearch(ctx.topology, modes[mode][0], rank_links=rank_links)
+    return ctx.searches[key], modes[mode]
 
 
 def _shares(card: ModelCard, sharding: Sharding, usable: list[int]) -> list[RankShare] | Overflow:
@@ -251,28 +271,36 @@ def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
     """The best fitting cycle of exactly ``size`` nodes, or None."""
     need = required_bytes(ctx.card.storage_size)
     best: _Plan | None = None
-    for weights, include in _modes(ctx):
+    for mode in range(len(_modes(ctx))):
+        search, (weights, include) = _search(ctx, mode)
 
         def accept(cycle: tuple[NodeId, ...], weights: dict[NodeId, int] = weights) -> tuple[tuple[int, ...], list[RankShare]] | None:
             usable = [weights[n] for n in cycle]
             shares = _shares(ctx.card, sharding, usable)
             return None if isinstance(shares, Overflow) else (tuple(usable), shares)
 
-        outcome = best_cycle(
-            ctx.topology,
-            size=size,
-            weights=weights,
-            accept=accept,
+        outcome = search.best(
+            size,
+            accept,
             min_weight=need,
             required=ctx.required,
             include_one_of=include,
             budget=ctx.budget,
             better_than=best.key if best else None,
+            node_floor=_node_floor(ctx.card, sharding, size),
         )
         if outcome.best is not None:
             usable, shares = outcome.best.payload
             best = _Plan(outcome.best.key, outcome.best.cycle, usable, tuple(shares))
     return best
+
+
+def _node_floor(card: ModelCard, sharding: Sharding, size: int) -> int:
+    """Usable bytes below which a node cannot take any rank: a tensor share (the same on
+    every rank); for pipeline 0 (shares depend on the split)."""
+    if sharding == "tensor":
+        return tensor_share_bytes(card, size)
+    return 0
 
 
 def _used_ports(state: State, node: NodeId) -> set[int]:
@@ -323,21 +351,13 @@ def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], 
     """The candidate cycle (any size in ``sizes``, either memory mode) with the most usable
     bytes, ignoring whether the model fits: (bytes, rank-order cycle, usable per rank)."""
     found: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], tuple[NodeId, ...], list[int]] | None = None
-    for weights, include in _modes(ctx):
+    for mode in range(len(_modes(ctx))):
+        search, (weights, include) = _search(ctx, mode, rank_links=False)
         heaviest = sorted(weights.values(), reverse=True)
         for size in sorted(sizes, reverse=True):
             if found is not None and sum(heaviest[:size]) < -found[0][0]:
                 break
-            outcome = best_cycle(
-                ctx.topology,
-                size=size,
-                weights=weights,
-                accept=lambda cycle: True,
-                required=ctx.required,
-                include_one_of=include,
-                rank_links=False,
-                budget=ctx.budget,
-            )
+            outcome = search.best(size, lambda cycle: True, required=ctx.required, include_one_of=include, budget=ctx.budget)
             if outcome.best is not None:
                 key = outcome.best.key
                 rank_key = (key[2], key[3], key[4])

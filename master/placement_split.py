@@ -119,15 +119,18 @@ def tensor_divisibility_problem(card: ModelCard, world_size: int) -> str | None:
     return None
 
 
+def tensor_share_bytes(card: ModelCard, world_size: int) -> int:
+    """Bytes every tensor rank loads: ``ceil(sum(layer_bytes) / world_size)`` of the layers plus
+    all non-layer tensors (the same on every rank)."""
+    return -(-sum(card.layer_bytes) // world_size) + non_layer_bytes_of_rank(card, 0, world_size, "tensor")
+
+
 def tensor_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Overflow:
-    """Tensor shares: every rank holds all layers, ``ceil(sum(layer_bytes) / world_size)``
-    bytes of them, plus all non-layer tensors. ``Overflow`` names the first rank that does not
-    fit its usable bytes."""
-    world = len(usable)
-    layer_part = -(-sum(card.layer_bytes) // world)
+    """Tensor shares (``tensor_share_bytes`` on every rank, all layers). ``Overflow`` names the
+    first rank that does not fit its usable bytes."""
+    share = tensor_share_bytes(card, len(usable))
     shares: list[RankShare] = []
     for r, have in enumerate(usable):
-        share = layer_part + non_layer_bytes_of_rank(card, r, world, "tensor")
         if share > have:
             return Overflow(r, share, have)
         shares.append(RankShare(0, card.n_layers, share))

@@ -155,6 +155,8 @@ class FakeNode:
                 inst["layers_loaded"] = loaded
                 if loaded == inst["layers_total"]:
                     inst["status"] = "ready"
+                    for shard in inst["shards"]:
+                        shard["status"] = "ready"
         return 200, inst
 
     def delete(self, instance_id: str) -> tuple[int, object]:
@@ -394,7 +396,8 @@ def test_nodes_table_shows_gib_master_and_warning(served):
     result = invoke(["nodes", "--api", served.url])
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert SELF_ID in out and PEER_ID in out
+    assert SELF_ID[:16] + "…" in out
+    assert f"  beta  /ip4/127.0.0.2/tcp/52514/p2p/{PEER_ID}\n" in out  # whole, for --bootstrap
     assert "6.0 GiB / 16.0 GiB" in out and "unknown / 8.0 GiB" in out
     assert "alpha (this node)" in out and "2 s ago" in out and "now" in out
     assert "*" in out
@@ -783,6 +786,74 @@ def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
     assert error_lines(result)[0].startswith("error: cannot reach the exo-p2p node at http://192.0.2.1:9")
 
 
+def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_path):
+    from rich.console import Console
+
+    from exo_p2p.cli.local_node import running_node
+
+    _fake_node_command(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        with running_node(tmp_path, Console(stderr=True), start_timeout=30) as url:
+            assert url.startswith("http://127.0.0.1:")
+            raise KeyboardInterrupt
+    assert _gone(int((tmp_path / "fake-node.pid").read_text()))
+
+
+def test_stop_process_kills_a_node_that_ignores_sigterm():
+    from exo_p2p.cli.local_node import stop_process
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        started = time.monotonic()
+        stop_process(proc, timeout=0.5)
+        assert proc.returncode == -9
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
+    import signal
+
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    node = subprocess.Popen(
+        [sys.executable, __file__, "--api-port", str(port), "--data-dir", str(tmp_path), "--stall"],
+        stdout=subprocess.DEVNULL,
+    )
+    cli = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "fake node did not come up"
+                time.sleep(0.1)
+        env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "exo_p2p", "place", "m", "--api", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert cli.stdout.readline().startswith("placed m as instance")
+        time.sleep(0.5)
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=30)
+        assert cli.returncode == 130
+        assert "Traceback" not in err and "error" not in err
+    finally:
+        for proc in (cli, node):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("exo_p2p.node") is None, reason="exo_p2p.node not built yet")
 def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
@@ -813,6 +884,8 @@ def _serve_as_node(argv: list[str]) -> None:
     (data_dir / "fake-node.pid").write_text(str(os.getpid()))
     time.sleep(0.3)  # the CLI must wait for the API to come up
     served = Served(port)
+    if "--stall" in argv:
+        served.node.layers_per_poll = 0
 
     class Logged(list):
         def append(self, item):  # type: ignore[override]

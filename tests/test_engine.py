@@ -25,7 +25,10 @@ from exo_p2p.types.chunks import (  # noqa: E402
     TokenChunk,
 )
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from worker.engine.generator import GenerationRequest, Generator, validate_prompt  # noqa: E402
 from worker.engine.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
 
 MAX_STEPS = 5_000
@@ -360,3 +363,28 @@ def test_request_from_task_params(loaded: LoadedModel) -> None:
                               temperature=0.0)
     chunks, _ = generate(loaded, GenerationRequest.from_params("p", params))
     assert finish_of(chunks, "p").completion_tokens == 4
+
+
+def test_cancel_while_being_accepted_is_not_lost(loaded: LoadedModel) -> None:
+    gen = Generator(loaded)
+    accept = gen._accept
+    results: list[bool] = []
+
+    def cancel_then_accept(queued):  # a cancel arriving from another thread mid-accept
+        results.append(gen.cancel("r"))
+        return accept(queued)
+
+    gen._accept = cancel_then_accept  # type: ignore[method-assign]
+    gen.submit(GenerationRequest("r", msgs("hello"), max_tokens=50, temperature=0))
+    chunks = run(gen)
+    assert results == [True]
+    assert finish_of(chunks, "r").finish_reason == "cancelled"
+    assert not any(isinstance(c, TokenChunk) for c in chunks)
+
+
+@given(n=st.integers(0, 10_000), max_tokens=st.integers(-2, 10_000), ctx=st.integers(1, 9_000))
+def test_context_rule(n: int, max_tokens: int, ctx: int) -> None:
+    problem = validate_prompt(n, max_tokens, ctx)
+    assert (problem is None) == (n < ctx and max_tokens >= 1)
+    if n >= ctx:
+        assert problem == f"prompt is {n} tokens but the model's context is {ctx} tokens"

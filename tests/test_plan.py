@@ -26,7 +26,7 @@ from exo_p2p.types import (
     TextGeneration,
     CancelTask,
 )
-from worker.plan import LocalRunner, plan
+from worker.plan import ForwardGeneration, LocalRunner, plan
 
 NODE, BOOT = "node-a", "boot-1"
 
@@ -69,9 +69,9 @@ def test_create_then_load_then_warmup_then_tasks_in_master_order():
     t_late, t_early = gen_task("zzz", 10), gen_task("aaa", 20)
     s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t_late, t_early))
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
-    assert plan(NODE, BOOT, s, local) == t_late  # created first, not smallest id
+    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t_late)  # created first, not smallest id
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "zzz"}))}
-    assert plan(NODE, BOOT, s, local) == t_early  # a Running runner still receives tasks (they queue)
+    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t_early)  # a Running runner still receives tasks (they queue)
 
 
 def test_never_resends_and_is_idempotent():
@@ -80,7 +80,7 @@ def test_never_resends_and_is_idempotent():
     s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t,))
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
     first = plan(NODE, BOOT, s, local)
-    assert first == plan(NODE, BOOT, s, local) == t
+    assert first == plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "t1"}))}
     assert plan(NODE, BOOT, s, local) is None
 
@@ -127,7 +127,7 @@ def test_generation_waits_for_every_rank_to_be_ready():
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"connect", "load", "warmup"}))}
     assert plan(NODE, BOOT, s, local) is None
     s = state_with(inst, {"i1-r0": RunnerReady(), "i1-r1": RunnerRunning()}, tasks=(t,))
-    assert plan(NODE, BOOT, s, local) == t
+    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
 
 
 @given(st.lists(st.sampled_from(["idle", "loaded", "ready", "running"]), min_size=1, max_size=3), st.integers(0, 3))
@@ -146,7 +146,7 @@ def test_plan_is_a_function_of_its_inputs(statuses, n_tasks):
     assert a == b
     # executing the returned task (recording it as sent) never yields the same task again
     if a is not None and not isinstance(a, CreateRunner):
-        key = {"LoadModel": "load", "StartWarmup": "warmup"}.get(type(a).__name__, getattr(a, "task_id", None))
-        rid = getattr(a, "runner_id", None) or f"{a.instance_id}-r0"
+        key = {"LoadModel": "load", "StartWarmup": "warmup"}.get(type(a).__name__) or a.task.task_id
+        rid = a.runner_id
         local[rid] = msgspec.structs.replace(local[rid], sent=local[rid].sent | {key})
         assert plan(NODE, BOOT, s, local) != a

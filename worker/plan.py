@@ -46,6 +46,16 @@ class LocalRunner(msgspec.Struct, frozen=True):
     sent: frozenset[str] = frozenset()
 
 
+class ForwardGeneration(msgspec.Struct, frozen=True):
+    """Forward the master's generation ``task`` to this node's runner ``runner_id``."""
+
+    runner_id: str
+    task: TextGeneration
+
+
+PlannedTask = Task | ForwardGeneration
+
+
 def _tag(status: RunnerStatus | None) -> str:
     return "" if status is None else type(status).__struct_config__.tag  # type: ignore[attr-defined]
 
@@ -58,7 +68,7 @@ def _all_runners(state: State, instance: Instance, tags: tuple[str, ...]) -> boo
     return True
 
 
-def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunner]) -> Task | None:
+def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunner]) -> PlannedTask | None:
     """The next task for this node's worker, in this order of rules:
 
     1. a live local runner whose instance is gone or failed → ``Shutdown``;
@@ -68,7 +78,7 @@ def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunn
        or ``LoadModel`` (single rank); Connected → ``LoadModel`` once every rank is
        connected; Loaded → ``StartWarmup`` once every rank has loaded;
     4. ``CancelTask`` for a task sent to this runner whose cancellation was requested;
-    5. ``TextGeneration`` for each pending task of the instance, in the master's
+    5. ``ForwardGeneration`` of each pending task of the instance, in the master's
        ``TaskCreated`` order, to a runner that is Ready or Running, once every runner of the
        instance is Ready or Running.
     """
@@ -121,7 +131,7 @@ def _lifecycle(state: State, instance: Instance, runner: LocalRunner) -> Task | 
     return None
 
 
-def _generation(state: State, instance: Instance, runner: LocalRunner) -> Task | None:
+def _generation(state: State, instance: Instance, runner: LocalRunner) -> PlannedTask | None:
     records = sorted(
         (r for r in state.tasks.values() if r.task.instance_id == instance.instance_id),
         key=lambda r: (r.task.created_idx, r.task.task_id),
@@ -139,6 +149,5 @@ def _generation(state: State, instance: Instance, runner: LocalRunner) -> Task |
         tid = record.task.task_id
         if tid in runner.sent or record.cancel_requested or record.status not in ("pending", "running"):
             continue
-        task: TextGeneration = record.task
-        return task
+        return ForwardGeneration(runner.runner_id, record.task)
     return None

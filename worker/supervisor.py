@@ -137,6 +137,10 @@ class RunnerSupervisor:
                 await self._read(receive)
                 nursery.cancel_scope.cancel()
             await self._reap()
+        except Exception as exc:  # supervision itself failed: fail the runner, keep the node
+            log.exception("runner supervision failed", runner_id=self.runner_id)
+            if not isinstance(self.status, TERMINAL_STATUSES):
+                self._set_status(RunnerFailed(f"runner supervision failed: {exc}"))
         finally:
             with trio.CancelScope(shield=True):
                 await self._kill_and_reap()

@@ -22,9 +22,8 @@ from exo_p2p.types import (
     State,
     Task,
     TERMINAL_STATUSES,
-    TextGeneration,
 )
-from worker.plan import LocalRunner, plan
+from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
 from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
@@ -103,7 +102,13 @@ class Worker:
                             await self._wake.wait()
                         self._wake = trio.Event()
                         continue
-                    await self._execute(task)
+                    try:
+                        await self._execute(task)
+                    except Exception:
+                        # A bug here must not take the node down; the runner it concerns is
+                        # failed so the plan moves on instead of retrying in a loop.
+                        log.exception("task execution failed", task=type(task).__name__)
+                        self._fail_runner_of(task, "internal error executing a task; see the node log")
         finally:
             with trio.CancelScope(shield=True):
                 await self.shutdown_all()
@@ -124,7 +129,21 @@ class Worker:
         for rid in [r for r, lr in self._failed.items() if lr.instance_id not in instances]:
             del self._failed[rid]
 
-    async def _execute(self, task: Task) -> None:
+    def _fail_runner_of(self, task: PlannedTask, error: str) -> None:
+        runner_id = getattr(task, "runner_id", None) or getattr(getattr(task, "shard", None), "runner_id", None)
+        instance_id = getattr(getattr(task, "instance", None), "instance_id", None)
+        sup = self.supervisors.get(runner_id) if runner_id else None
+        if sup is not None:
+            sup.sent.add("shutdown")
+            sup._set_status(RunnerFailed(error))
+            if self._nursery is not None:
+                self._nursery.start_soon(sup.shutdown, 1.0)
+        elif runner_id and instance_id:
+            status = RunnerFailed(error)
+            self._failed[runner_id] = LocalRunner(runner_id, instance_id, status)
+            self._emit(RunnerStatusUpdated(runner_id, instance_id, self.node_id, status))  # type: ignore[arg-type]
+
+    async def _execute(self, task: PlannedTask) -> None:
         assert self._nursery is not None
         if isinstance(task, CreateRunner):
             await self._create(task)
@@ -144,8 +163,8 @@ class Worker:
             await sup.send(task, "warmup")
         elif isinstance(task, CancelTask):
             await sup.send(task, f"cancel:{task.task_id}")
-        elif isinstance(task, TextGeneration):
-            await sup.send(task, task.task_id)
+        elif isinstance(task, ForwardGeneration):
+            await sup.send(task.task, task.task.task_id)
 
     async def _create(self, task: CreateRunner) -> None:
         assert self._nursery is not None

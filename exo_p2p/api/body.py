@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 from starlette.requests import Request
 
 from exo_p2p.api.errors import ApiError
@@ -22,11 +24,12 @@ async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> by
         raise _too_large(limit)
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise _too_large(limit)
-        parts.append(part)
+    async with aclosing(request.stream()) as stream:
+        async for part in stream:
+            size += len(part)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(part)
     return b"".join(parts)
 
 

@@ -27,6 +27,8 @@ STREAM_READ_TIMEOUT = 600.0
 """Seconds without a byte on a streamed chat answer before giving up (a long prompt on a
 slow CPU prefills for minutes; the node itself errors a dead request within 10 s)."""
 CONNECT_TIMEOUT = 5.0
+PING_TIMEOUT = 5.0
+"""Seconds ``ping`` waits for ``GET /state`` (a refused connection returns at once)."""
 
 _transport: httpx.BaseTransport | None = None
 
@@ -188,7 +190,9 @@ class NodeClient:
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise self._unreachable(e) from e
         except httpx.TimeoutException as e:
-            raise CliError(f"the node at {self.base_url} did not answer {method} {path} in time") from e
+            raise CliError(
+                f"the node at {self.base_url} did not answer {method} {path} in time"
+            ) from e
         except httpx.HTTPError as e:
             raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
         if response.status_code >= 400:
@@ -200,13 +204,15 @@ class NodeClient:
         except ValueError as e:
             raise CliError(f"the node at {self.base_url} sent a non-JSON answer to {path}") from e
 
-    def ping(self) -> bool:
-        """True when a node answers ``GET /state`` (any status below 500)."""
+    def ping(self, timeout: float = PING_TIMEOUT) -> bool:
+        """True when something answers HTTP at ``GET /state`` within ``timeout`` seconds,
+        whatever the status (a troubled node is still a node: ``run`` must not start a
+        second one on the same data dir); False on any transport error."""
         try:
-            response = self._http.get("/state", timeout=2.0)
+            self._http.get("/state", timeout=timeout)
         except httpx.HTTPError:
             return False
-        return response.status_code < 500
+        return True
 
     # -- endpoints ------------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ def _wait_for_api(
     deadline = time.monotonic() + timeout
     with NodeClient(api_url) as client, console.status("starting a node…"):
         while True:
-            if client.ping():
+            if client.ping(timeout=1.0):
                 return
             code = process.poll()
             if code is not None:

@@ -32,7 +32,7 @@ from exo_p2p.cli.client import (
 )
 from exo_p2p.cli.local_node import running_node
 from exo_p2p.cli.node_cmd import build_node_config, run_node
-from exo_p2p.cli.secret import write_cluster_secret
+from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
 
@@ -147,24 +147,75 @@ def root(
 @app.command()
 @handled
 def node(
-    api_port: Annotated[Optional[int], typer.Option(help="HTTP API port [default: 52515].")] = None,
-    api_host: Annotated[Optional[str], typer.Option(help="HTTP API bind address [default: 127.0.0.1]; 0.0.0.0 serves other machines.")] = None,
-    listen_port: Annotated[Optional[int], typer.Option(help="libp2p listen port [default: 52514]; 0 picks a free one.")] = None,
-    listen_host: Annotated[Optional[str], typer.Option(help="libp2p listen address [default: 0.0.0.0].")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Identity, event log and models [default: $EXO_P2P_HOME, else the XDG data dir].")] = None,
-    memory_limit: Annotated[Optional[str], typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB, ...")] = None,
-    models_dir: Annotated[Optional[list[Path]], typer.Option(help="A directory of models to serve (repeatable).")] = None,
-    log_format: Annotated[Optional[LogFormat], typer.Option(help="Log format [default: console].")] = None,
-    log_level: Annotated[Optional[str], typer.Option(help="debug, info, warning or error [default: info].")] = None,
-    cluster: Annotated[Optional[str], typer.Option(help="Cluster name; nodes only join nodes of the same cluster [default: default].")] = None,
-    cluster_secret: Annotated[Optional[Path], typer.Option(help="File holding the cluster secret (see `exo-p2p cluster-secret`).")] = None,
-    bootstrap: Annotated[Optional[list[str]], typer.Option(help="Multiaddr of a peer to dial (repeatable), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo...")] = None,
-    priority: Annotated[Optional[int], typer.Option(help="Election priority; higher wins a vacant master seat [default: 0].")] = None,
-    new_identity: Annotated[bool, typer.Option("--new-identity", help="Make a new node identity instead of the saved one.")] = False,
-    name: Annotated[Optional[str], typer.Option(help="Friendly name shown by `exo-p2p nodes` [default: the host name].")] = None,
-    queue_limit: Annotated[Optional[int], typer.Option(min=1, help="Chat requests in flight on this API before 429 [default: 64].")] = None,
-    prefill_chunk_size: Annotated[Optional[int], typer.Option(min=1, help="Prefill chunk in tokens [default: 256].")] = None,
-    no_mdns: Annotated[bool, typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap).")] = False,
+    api_port: Annotated[Optional[int], typer.Option(help="HTTP API port (default: 52515).")] = None,
+    api_host: Annotated[
+        Optional[str],
+        typer.Option(help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
+    ] = None,
+    listen_port: Annotated[
+        Optional[int],
+        typer.Option(help="libp2p listen port (default: 52514); 0 picks a free one."),
+    ] = None,
+    listen_host: Annotated[
+        Optional[str],
+        typer.Option(help="libp2p listen address (default: 0.0.0.0)."),
+    ] = None,
+    data_dir: Annotated[
+        Optional[Path],
+        typer.Option(help="Identity, event log and models (default: $EXO_P2P_HOME, else the XDG data dir)."),
+    ] = None,
+    memory_limit: Annotated[
+        Optional[str],
+        typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB, ..."),
+    ] = None,
+    models_dir: Annotated[
+        Optional[list[Path]],
+        typer.Option(help="A directory of models to serve (repeatable)."),
+    ] = None,
+    log_format: Annotated[
+        Optional[LogFormat],
+        typer.Option(help="Log format (default: console)."),
+    ] = None,
+    log_level: Annotated[
+        Optional[str],
+        typer.Option(help="debug, info, warning or error (default: info)."),
+    ] = None,
+    cluster: Annotated[
+        Optional[str],
+        typer.Option(help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
+    ] = None,
+    cluster_secret: Annotated[
+        Optional[Path],
+        typer.Option(help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
+    ] = None,
+    bootstrap: Annotated[
+        Optional[list[str]],
+        typer.Option(help="Multiaddr of a peer to dial (repeatable), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
+    ] = None,
+    priority: Annotated[
+        Optional[int],
+        typer.Option(help="Election priority; higher wins a vacant master seat (default: 0)."),
+    ] = None,
+    new_identity: Annotated[
+        bool,
+        typer.Option("--new-identity", help="Make a new node identity instead of the saved one."),
+    ] = False,
+    name: Annotated[
+        Optional[str],
+        typer.Option(help="Friendly name shown by `exo-p2p nodes` (default: the host name)."),
+    ] = None,
+    queue_limit: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Chat requests in flight on this API before 429 (default: 64)."),
+    ] = None,
+    prefill_chunk_size: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Prefill chunk in tokens (default: 256)."),
+    ] = None,
+    no_mdns: Annotated[
+        bool,
+        typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
+    ] = False,
 ) -> None:
     """Run a node on this machine until Ctrl-C."""
     config = build_node_config(
@@ -195,12 +246,13 @@ def node(
 @app.command("cluster-secret")
 @handled
 def cluster_secret_cmd(
-    file: Annotated[Optional[Path], typer.Argument(help="Write the secret here (mode 0600); print it when omitted.")] = None,
+    file: Annotated[
+        Optional[Path],
+        typer.Argument(help="Write the secret here (mode 0600); print it when omitted."),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
 ) -> None:
     """Make a new random cluster secret (32 bytes, hex)."""
-    from exo_p2p.cli.secret import new_cluster_secret
-
     if file is None:
         click.echo(new_cluster_secret())
         return
@@ -210,7 +262,10 @@ def cluster_secret_cmd(
         raise CliError(f"{file} exists; pass --force to replace it", 1) from None
     except OSError as e:
         raise CliError(f"cannot write {file}: {e.strerror or e}") from None
-    click.echo(f"wrote a new cluster secret to {file} (mode 0600); start every node with --cluster-secret {file}")
+    click.echo(
+        f"wrote a new cluster secret to {file} (mode 0600); "
+        f"start every node with --cluster-secret {file}"
+    )
 
 
 # -- listing --------------------------------------------------------------------------------
@@ -230,6 +285,9 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None
         click.echo(render.dumps(render.nodes_json(listed)))
     else:
         _stdout().print(render.nodes_table(listed))
+        lines = render.address_lines(listed)
+        if lines:
+            click.echo("addresses (for --bootstrap):\n" + "\n".join(lines))
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
 
@@ -288,11 +346,23 @@ def previews(
 def place(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
-    min_nodes: Annotated[Optional[int], typer.Option(min=1, help="Use at least this many nodes [default: 1].")] = None,
-    sharding: Annotated[Optional[Sharding], typer.Option(help="pipeline (layers per node) or tensor [default: pipeline].")] = None,
+    min_nodes: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Use at least this many nodes (default: 1)."),
+    ] = None,
+    sharding: Annotated[
+        Optional[Sharding],
+        typer.Option(help="pipeline (layers per node) or tensor (default: pipeline)."),
+    ] = None,
     nodes: NodesOpt = None,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once placed, without waiting for ready.")] = False,
-    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for ready.")] = PLACE_TIMEOUT,
+    no_wait: Annotated[
+        bool,
+        typer.Option("--no-wait", help="Return once placed, without waiting for ready."),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds to wait for ready."),
+    ] = PLACE_TIMEOUT,
     api: ApiOpt = None,
 ) -> None:
     """Place MODEL on the cluster and wait until it is ready to serve."""
@@ -303,10 +373,10 @@ def place(
             sharding=sharding.value if sharding else None,
             nodes=_split_nodes(nodes),
         )
-        shards = inst.get("shards") or []
+        n_nodes = len(inst.get("shards") or [])
         click.echo(
             f"placed {inst.get('model', model)} as instance {inst['instance_id']} "
-            f"({inst.get('sharding', 'pipeline')}, {len(shards)} node{'s' if len(shards) != 1 else ''})"
+            f"({inst.get('sharding', 'pipeline')}, {n_nodes} node{'' if n_nodes == 1 else 's'})"
         )
         if no_wait:
             return
@@ -342,9 +412,15 @@ def delete(
 
 # -- chatting -------------------------------------------------------------------------------
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Model to ask [default: the first ready instance's, else the embedded one].")]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("--model", "-m", help="Model to ask (default: the first ready instance's, else the embedded one)."),
+]
 MaxTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Stop after this many tokens.")]
-TemperatureOpt = Annotated[Optional[float], typer.Option(min=0, help="Sampling temperature (0: greedy).")]
+TemperatureOpt = Annotated[
+    Optional[float],
+    typer.Option(min=0, help="Sampling temperature (0: greedy)."),
+]
 SystemOpt = Annotated[Optional[str], typer.Option(help="A system message.")]
 
 
@@ -352,7 +428,10 @@ SystemOpt = Annotated[Optional[str], typer.Option(help="A system message.")]
 @handled
 def chat(
     ctx: typer.Context,
-    prompt: Annotated[Optional[str], typer.Argument(help="Ask this and exit; chat interactively when omitted.")] = None,
+    prompt: Annotated[
+        Optional[str],
+        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+    ] = None,
     model: ModelOpt = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
@@ -372,7 +451,9 @@ def chat(
 def ensure_ready_instance(client: NodeClient, model: str, timeout: float, console: Console) -> dict:
     """A ready instance of ``model``: an existing ready one, else a loading one waited for,
     else a new placement waited for. Raises ``CliError`` as ``place`` does."""
-    existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
+    existing = [
+        i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"
+    ]
     for inst in existing:
         if inst.get("status") == "ready":
             return inst
@@ -388,18 +469,28 @@ def ensure_ready_instance(client: NodeClient, model: str, timeout: float, consol
 def run(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="Model id.")] = EMBEDDED_MODEL,
-    prompt: Annotated[Optional[str], typer.Argument(help="Ask this and exit; chat interactively when omitted.")] = None,
+    prompt: Annotated[
+        Optional[str],
+        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+    ] = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
     system: SystemOpt = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Data dir of the node started when none answers [default: as `exo-p2p node`].")] = None,
-    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the model to be ready.")] = PLACE_TIMEOUT,
+    data_dir: Annotated[
+        Optional[Path],
+        typer.Option(help="Data dir of the node started when none answers (default: as `exo-p2p node`)."),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds to wait for the model to be ready."),
+    ] = PLACE_TIMEOUT,
     api: ApiOpt = None,
 ) -> None:
     """Answer PROMPT with MODEL (or chat), like `ollama run`.
 
-    Uses the node at --api when one answers; else runs a node on this machine for the
-    duration of the command. Places MODEL when it is not placed yet.
+    Uses the node at --api when it answers, else runs one here for this command.
+
+    Places MODEL first when it is not placed yet; stops what it started on exit.
     """
     globals_ = ctx.find_object(Globals)
     api_url = resolve_api_url(api, globals_.api if globals_ else None)
@@ -410,7 +501,9 @@ def run(
             if not is_local_url(api_url):
                 raise NodeUnreachable(f"cannot reach the exo-p2p node at {api_url}")
             directory = (data_dir or default_data_dir()).expanduser()
-            console.print(f"no node answers at {api_url}; starting one for this command (data dir {directory})")
+            console.print(
+                f"no node answers at {api_url}; starting one for this command (data dir {directory})"
+            )
             api_url = stack.enter_context(running_node(directory, console))
         client = stack.enter_context(NodeClient(api_url))
         ensure_ready_instance(client, model, timeout, console)

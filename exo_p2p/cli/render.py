@@ -76,14 +76,24 @@ def short_id(node_id: str | None, names: dict[str, str] | None = None) -> str:
     return node_id
 
 
+ID_PREFIX = 16
+"""Characters of a node id shown in tables; a unique prefix is enough for ``--nodes``, and the
+full id ends every address (``/p2p/<node_id>``) and is in ``--json``."""
+
+
+def id_prefix(node_id: str) -> str:
+    """The first ``ID_PREFIX`` characters of ``node_id`` and an ellipsis when cut."""
+    return node_id if len(node_id) <= ID_PREFIX else node_id[:ID_PREFIX] + "…"
+
+
 def nodes_table(nodes: list[dict]) -> Table:
-    """id, name, master mark, memory available / total, addresses, last seen."""
+    """id (prefix), name, master mark, memory available / total, last seen. Addresses are
+    too long for a column: ``address_lines`` lists them whole, for ``--bootstrap``."""
     table = Table(title="nodes", title_justify="left")
-    table.add_column("node id", overflow="fold")
+    table.add_column("node id", no_wrap=True)
     table.add_column("name")
     table.add_column("master", justify="center")
-    table.add_column("memory (available / total)", justify="right")
-    table.add_column("addresses", overflow="fold")
+    table.add_column("available / total", justify="right", no_wrap=True)
     table.add_column("last seen", justify="right")
     for n in nodes:
         mark = "*" if n.get("is_master") else ""
@@ -92,14 +102,24 @@ def nodes_table(nodes: list[dict]) -> Table:
             name = f"{name} (this node)" if name else "(this node)"
         memory = f"{gib(n.get('memory_available'))} / {gib(n.get('memory_total'))}"
         table.add_row(
-            str(n.get("node_id", "")),
+            id_prefix(str(n.get("node_id", ""))),
             name,
             mark,
             memory,
-            "\n".join(n.get("addrs") or []) or "-",
             ago(n.get("last_seen")),
         )
     return table
+
+
+def address_lines(nodes: list[dict]) -> list[str]:
+    """``"<name or id prefix>  <multiaddr>"`` per address of each node, unwrapped, so that
+    each can be copied into ``--bootstrap``."""
+    lines = []
+    for n in nodes:
+        label = n.get("friendly_name") or id_prefix(str(n.get("node_id", "")))
+        for addr in n.get("addrs") or []:
+            lines.append(f"  {label}  {addr}")
+    return lines
 
 
 def instance_progress(inst: dict) -> str:

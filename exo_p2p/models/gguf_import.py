@@ -69,7 +69,9 @@ def import_gguf(gguf_path: Path, out_dir: Path) -> Path:
         hf_tensor_name(t.name).removesuffix(".weight"): t.shape[-1]
         for t in header.tensors if t.ggml_type in MLX_QUANTIZED_BITS
     }
-    weights = {hf_tensor_name(name): array for name, array in mx.load(str(gguf_path)).items()}
+    loaded = mx.load(str(gguf_path), format="gguf")  # format: mx.load trusts only ".gguf"
+    weights = {hf_tensor_name(name): array for name, array in loaded.items()}
+    del loaded
     quantization = quantization_from_shapes(
         {name: tuple(a.shape) for name, a in weights.items()}, in_features)
     if quantization is not None:

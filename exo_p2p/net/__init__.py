@@ -7,7 +7,8 @@ Public API: ``load_or_create_identity``, ``new_boot_id``, ``NetConfig``, ``Gossi
 
 from .config import ConfigError, GossipParams, NetConfig, derive_psk, mdns_fingerprint
 from .framing import FrameTooLarge
-from .host import DialError, NetError, Network, RemoteError, RequestError, open_host
+from .errors import DialError, NetError, RemoteError, RequestError
+from .host import Network, open_host
 from .identity import Identity, IdentityError, load_or_create_identity, new_boot_id
 
 __all__ = [

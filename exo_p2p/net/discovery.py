@@ -9,8 +9,9 @@ address lingers). Each dial is bounded by the dialler's own timeout; at most
 
 mDNS (libp2p-notes §6): py-libp2p's discovery callback runs on zeroconf's thread; it is handed
 to trio with ``TrioToken.run_sync_soon`` (non-blocking: zeroconf's thread never waits on trio,
-so stopping zeroconf from trio cannot deadlock). Only the side with the smaller peer id dials,
-so a pair gets one connection.
+so stopping zeroconf from trio cannot deadlock). Only the side with the smaller peer id dials
+at once, so a pair gets one connection; the other side dials too if still unconnected after
+``MDNS_FALLBACK_DELAY`` seconds (a lost announcement must not leave a pair apart).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from libp2p.abc import PeerInfo
 log = structlog.get_logger(__name__)
 
 MAX_PARALLEL_DIALS = 4
+MDNS_FALLBACK_DELAY = 3.0  # seconds
 
 
 def next_backoff(previous: float, *, initial: float, maximum: float) -> float:
@@ -142,9 +144,14 @@ def peer_of(multiaddr: str) -> str:
 class MdnsDialHook:
     """The peerDiscovery handler for one host (register ``handler``; unregister on close).
 
+    Register it *before* the mDNS listener is created: zeroconf starts browsing at once, and a
+    discovery that finds no handler is lost (the peer that should have dialled never does).
+    Discoveries are posted to a trio channel (dropped and counted if it is full), so they wait
+    there until the host is up.
+
     ``peerDiscovery`` is a process-wide singleton, so with several hosts in one process every
-    handler hears every host's discoveries; ``is_own_discovery(peer_id)`` (the host's peerstore
-    holds addresses for it, written by its own listener) filters the others out.
+    handler hears every host's discoveries; the consumer filters with the host's peerstore
+    (its own listener wrote the addresses).
     """
 
     def __init__(
@@ -152,24 +159,26 @@ class MdnsDialHook:
         *,
         own_id: str,
         token: trio.lowlevel.TrioToken,
-        on_discovered: Callable[[PeerInfo], None],
-        is_own_discovery: Callable[[PeerInfo], bool],
+        send: trio.MemorySendChannel[PeerInfo],
     ) -> None:
         self._own_id = own_id
         self._token = token
-        self._on_discovered = on_discovered
-        self._is_own = is_own_discovery
+        self._send = send
+        self.dropped = 0
 
     def handler(self, peer_info: PeerInfo) -> None:
-        """Called on zeroconf's thread."""
-        other = str(peer_info.peer_id)
-        if other == self._own_id or not should_dial(self._own_id, other):
+        """Called on zeroconf's thread; never blocks it."""
+        if str(peer_info.peer_id) == self._own_id:
             return
         try:
-            self._token.run_sync_soon(self._deliver, peer_info)
+            self._token.run_sync_soon(self._post, peer_info)
         except trio.RunFinishedError:
             pass
 
-    def _deliver(self, peer_info: PeerInfo) -> None:
-        if self._is_own(peer_info):
-            self._on_discovered(peer_info)
+    def _post(self, peer_info: PeerInfo) -> None:
+        try:
+            self._send.send_nowait(peer_info)
+        except trio.WouldBlock:
+            self.dropped += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass

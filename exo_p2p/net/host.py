@@ -2,23 +2,24 @@
 
 ``open_host(config)`` is the only way in; it yields a ``Network`` and tears everything down in
 the order libp2p-notes §1 requires (Pubsub and GossipSub services entered first, ``host.run``
-innermost; on exit, under a shielded scope, the swarm's auto-connector is stopped and its
-listeners are closed before the services go). Transport security is Noise only (plaintext peers
+innermost; on exit, under a shielded scope, the host's addresses are pinned, the swarm's
+auto-connector is stopped and its listeners are closed, see ``_quiesce``). Transport security is Noise only (plaintext peers
 are refused, notes §5); a cluster secret adds a PSK private network (notes §9).
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import multiaddr
 import structlog
-import trio
 import libp2p.pubsub.pubsub as pubsub_module
+import trio
 from libp2p import new_host
-from libp2p.abc import IHost, PeerInfo
+from libp2p.abc import IHost, INetStream, PeerInfo
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.discovery.events.peerDiscovery import peerDiscovery
@@ -35,30 +36,14 @@ from libp2p.utils.address_validation import get_available_interfaces
 
 from . import libdrops
 from .config import NetConfig, derive_psk, mdns_fingerprint
-from .discovery import MdnsDialHook, Redialer
-from .framing import STATUS_ERROR, STATUS_OK, FrameError, read_frame, write_frame
+from .discovery import MDNS_FALLBACK_DELAY, MdnsDialHook, Redialer, should_dial
+from .errors import DialError
 from .peers import PeerEvent, PeerTracker
+from .reqresp import RequestHandler, send_request, serve_stream
 
 log = structlog.get_logger(__name__)
 
-RequestHandler = Callable[[str, bytes], Awaitable[bytes]]
 PEERSTORE_TTL = 600  # seconds a dialled address stays in the peerstore
-
-
-class NetError(Exception):
-    """Base of the errors ``Network`` raises (dial and request failures)."""
-
-
-class DialError(NetError):
-    """A dial failed or did not finish within its timeout (e.g. a PSK mismatch)."""
-
-
-class RequestError(NetError):
-    """A request failed: timeout, stream error, bad frame, or the remote handler raised."""
-
-
-class RemoteError(RequestError):
-    """The remote handler raised; the message is the remote's description of the error."""
 
 
 class Network:
@@ -82,6 +67,7 @@ class Network:
         self._publish_lock = trio.Lock()
         self._peers = PeerTracker(on_change=self._on_peer_change)
         self._redialer: Redialer | None = None
+        self._subscribers: dict[str, list[tuple[trio.MemorySendChannel[tuple[str, bytes]], bool]]] = {}
         host.get_network().register_notifee(self._peers)
 
     # -- identity and addresses -------------------------------------------------------------
@@ -155,6 +141,10 @@ class Network:
     async def _connect(self, info: PeerInfo, timeout: float) -> None:
         if info.peer_id == self._host.get_id():
             raise DialError("refusing to dial self")
+        # The swarm refuses for 60 s to dial a peer whose addresses all failed once (its
+        # "negative cache"); our callers keep their own backoff, and a restarted peer must be
+        # reachable again within seconds, so lift that block for explicit dials.
+        self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
         try:
             with trio.fail_after(timeout):
                 await self._host.connect(info)
@@ -204,35 +194,51 @@ class Network:
     async def subscribe(
         self, topic: str, *, buffer: int = 1024, include_own: bool = False
     ) -> trio.MemoryReceiveChannel[tuple[str, bytes]]:
-        """Receive ``(sender node id, data)`` for every message on ``topic``.
+        """Receive ``(sender node id, data)`` for every later message on ``topic``.
 
-        A drain task moves messages from libp2p's queue into the returned channel so the
-        library's 32-slot queue never fills; if this channel's ``buffer`` is full the message is
-        dropped and counted (``subscriber_full:<topic>``). Own messages are skipped unless
-        ``include_own``. Closing the channel ends delivery for this subscriber.
+        One drain task per topic moves messages from libp2p's queue into every subscriber's
+        channel, so the library's queue never fills; a subscriber whose ``buffer`` is full loses
+        the message (counted ``subscriber_full:<topic>``). Own messages are skipped unless
+        ``include_own``. Closing the returned channel unsubscribes that subscriber.
         """
-        subscription = await self._pubsub.subscribe(topic)
         send, recv = trio.open_memory_channel[tuple[str, bytes]](buffer)
-        self._nursery.start_soon(self._drain, topic, subscription, send, include_own)
+        subscribers = self._subscribers.get(topic)
+        if subscribers is None:
+            subscribers = self._subscribers[topic] = []
+            subscription = await self._pubsub.subscribe(topic)
+            self._nursery.start_soon(self._drain, topic, subscription, subscribers)
+        subscribers.append((send, include_own))
         return recv
 
-    async def _drain(self, topic, subscription, send, include_own: bool) -> None:  # type: ignore[no-untyped-def]
+    async def _drain(
+        self,
+        topic: str,
+        subscription: AsyncIterable[Any],
+        subscribers: list[tuple[trio.MemorySendChannel[tuple[str, bytes]], bool]],
+    ) -> None:
         own = self._host.get_id().to_bytes()
-        async with send:
+        try:
             async for msg in subscription:
-                if msg.from_id == own and not include_own:
-                    continue
                 try:
                     sender = str(ID(msg.from_id))
                 except Exception:
                     self._count(f"invalid_sender:{topic}")
                     continue
-                try:
-                    send.send_nowait((sender, bytes(msg.data)))
-                except trio.WouldBlock:
-                    self._count(f"subscriber_full:{topic}")
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
+                item = (sender, bytes(msg.data))
+                is_own = msg.from_id == own
+                for entry in list(subscribers):
+                    send, include_own = entry
+                    if is_own and not include_own:
+                        continue
+                    try:
+                        send.send_nowait(item)
+                    except trio.WouldBlock:
+                        self._count(f"subscriber_full:{topic}")
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        subscribers.remove(entry)
+        finally:
+            for send, _ in subscribers:
+                send.close()
 
     # -- request / response --------------------------------------------------------------------
     def set_request_handler(
@@ -246,49 +252,20 @@ class Network:
         runs at most ``timeout`` s (default ``config.request_timeout``); if it raises or times
         out the requester gets a RemoteError with the reason.
         """
-        handler_timeout = timeout if timeout is not None else self._config.request_timeout
+        cfg = self._config
+        handler_timeout = timeout if timeout is not None else cfg.request_timeout
 
-        async def on_stream(stream) -> None:  # type: ignore[no-untyped-def]
-            await self._serve_stream(stream, handler, handler_timeout)
+        async def on_stream(stream: INetStream) -> None:
+            await serve_stream(
+                stream,
+                handler,
+                read_timeout=cfg.request_timeout,
+                handler_timeout=handler_timeout,
+                max_frame_bytes=cfg.max_frame_bytes,
+                count=self._count,
+            )
 
         self._host.set_stream_handler(TProtocol(protocol), on_stream)
-
-    async def _serve_stream(self, stream, handler: RequestHandler, handler_timeout: float) -> None:  # type: ignore[no-untyped-def]
-        cfg = self._config
-        peer_id = str(stream.muxed_conn.peer_id)
-        try:
-            with trio.move_on_after(cfg.request_timeout) as scope:
-                request = await read_frame(stream, cfg.max_frame_bytes)
-            if scope.cancelled_caught:
-                self._count("request_idle_dropped")
-                log.info("dropped silent request stream", peer=peer_id)
-                await _reset(stream)
-                return
-            status, reply = STATUS_OK, b""
-            with trio.move_on_after(handler_timeout) as hscope:
-                try:
-                    reply = await handler(peer_id, request)
-                except Exception as exc:
-                    self._count("request_handler_error")
-                    status, reply = STATUS_ERROR, repr(exc).encode()
-            if hscope.cancelled_caught:
-                self._count("request_handler_timeout")
-                status, reply = STATUS_ERROR, f"handler timed out after {handler_timeout} s".encode()
-            with trio.fail_after(cfg.request_timeout):
-                await write_frame(stream, bytes([status]) + reply, cfg.max_frame_bytes + 1)
-                await stream.close()
-        except FrameError as exc:
-            self._count("request_too_large" if "exceeds" in str(exc) else "request_bad_frame")
-            await _reset(stream)
-        except trio.TooSlowError:
-            self._count("response_write_timeout")
-            await _reset(stream)
-        except trio.Cancelled:
-            raise
-        except Exception as exc:
-            self._count("request_stream_error")
-            log.debug("request stream failed", peer=peer_id, error=repr(exc))
-            await _reset(stream)
 
     async def request(self, peer_id: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
         """Send ``data`` to ``peer_id`` on ``protocol`` over a new stream; return the reply.
@@ -297,43 +274,10 @@ class Network:
         seconds. Raises RequestError (timeout, stream or frame error), RemoteError (the handler
         raised), FrameTooLarge if ``data`` exceeds ``max_frame_bytes``.
         """
-        cfg = self._config
-        if len(data) > cfg.max_frame_bytes:
-            from .framing import FrameTooLarge
-
-            raise FrameTooLarge(f"request of {len(data)} bytes exceeds {cfg.max_frame_bytes}")
-        stream = None
-        try:
-            with trio.fail_after(timeout):
-                stream = await self._host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
-                await write_frame(stream, data, cfg.max_frame_bytes)
-                reply = await read_frame(stream, cfg.max_frame_bytes + 1)
-                await stream.close()
-                stream = None
-        except trio.TooSlowError as exc:
-            raise RequestError(f"request {protocol} to {peer_id} timed out after {timeout} s") from exc
-        except (FrameError, NetError) as exc:
-            raise RequestError(f"request {protocol} to {peer_id}: {exc}") from exc
-        except trio.Cancelled:
-            raise
-        except Exception as exc:
-            raise RequestError(f"request {protocol} to {peer_id} failed: {exc!r}") from exc
-        finally:
-            if stream is not None:
-                await _reset(stream)
-        if not reply:
-            raise RequestError(f"empty reply from {peer_id}")
-        if reply[0] != STATUS_OK:
-            raise RemoteError(reply[1:].decode(errors="replace"))
-        return reply[1:]
-
-
-async def _reset(stream) -> None:  # type: ignore[no-untyped-def]
-    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-        try:
-            await stream.reset()
-        except Exception:
-            pass
+        limit = self._config.max_frame_bytes
+        return await send_request(
+            self._host, peer_id, protocol, data, timeout=timeout, max_frame_bytes=limit
+        )
 
 
 def _listen_multiaddrs(host: str, port: int) -> list[multiaddr.Multiaddr]:
@@ -345,7 +289,7 @@ def _listen_multiaddrs(host: str, port: int) -> list[multiaddr.Multiaddr]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
-    addrs = [a for a in get_available_interfaces(port) if a.value_for_protocol("ip4")]
+    addrs = [a for a in get_available_interfaces(port) if str(a).startswith("/ip4/")]
     return addrs or [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")]
 
 
@@ -400,7 +344,12 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     )
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
     mdns_hook: MdnsDialHook | None = None
+    mdns_send, mdns_recv = trio.open_memory_channel[PeerInfo](256)
     if config.mdns:
+        mdns_hook = MdnsDialHook(
+            own_id=str(host.get_id()), token=trio.lowlevel.current_trio_token(), send=mdns_send
+        )
+        peerDiscovery.register_peer_discovered_handler(mdns_hook.handler)
         host.mDNS = create_mdns_discovery(  # type: ignore[attr-defined]
             host.get_network(),
             port=int(listen[0].value_for_protocol("tcp")),
@@ -428,16 +377,17 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
                 net._redialer = redialer
                 nursery.start_soon(redialer.run)
                 if config.mdns:
-                    mdns_hook = _start_mdns_hook(net, host, nursery, config)
+                    nursery.start_soon(_mdns_dialer, net, mdns_recv, config.dial_timeout)
                 log.info("host up", node_id=net.node_id, addrs=net.listen_addrs())
                 yield net
             finally:
                 if mdns_hook is not None:
                     peerDiscovery.unregister_peer_discovered_handler(mdns_hook.handler)
+                    net._count("mdns_discovery_dropped", mdns_hook.dropped)
                 net._peers.close()
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await swarm.auto_connector.stop()  # type: ignore[attr-defined]
+                    await _quiesce(host, swarm)
                     for listener in list(swarm.listeners.values()):  # type: ignore[attr-defined]
                         try:
                             await listener.close()
@@ -445,31 +395,48 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
                             log.debug("listener close failed", error=repr(exc))
 
 
-def _start_mdns_hook(
-    net: Network, host: IHost, nursery: trio.Nursery, config: NetConfig
-) -> MdnsDialHook:
-    def on_discovered(info: PeerInfo) -> None:
-        peer = str(info.peer_id)
-        if peer in net.connected_peers():
-            return
-        nursery.start_soon(_dial_discovered, net, info, config.dial_timeout)
+async def _quiesce(host: IHost, swarm) -> None:  # type: ignore[no-untyped-def]
+    """Stop what dials and pin the host's addresses before the listeners close.
 
-    def is_own(info: PeerInfo) -> bool:
-        return bool(net.peer_addrs(str(info.peer_id)))
-
-    hook = MdnsDialHook(
-        own_id=net.node_id,
-        token=trio.lowlevel.current_trio_token(),
-        on_discovered=on_discovered,
-        is_own_discovery=is_own,
-    )
-    peerDiscovery.register_peer_discovered_handler(hook.handler)
-    return hook
+    Beyond notes §1: GossipSub reads the host's addresses for every message it forwards
+    (``env_to_send_in_RPC`` → ``get_addrs`` → ``getsockname`` of each listener socket). A
+    message forwarded while a listener is closing hits a closed socket (EBADF), which fails the
+    Pubsub service and the whole ``trio.run`` (seen in 1 of ~20 shutdowns under traffic). The
+    Pubsub services must keep running until the swarm is gone (stopping them first brings back
+    "Nursery is closed to new arrivals"), so the addresses are frozen instead: the instance
+    attributes shadow the methods for the rest of this host's life.
+    """
+    transport_addrs = list(host.get_transport_addrs())
+    addrs = list(host.get_addrs())
+    host.get_transport_addrs = lambda: list(transport_addrs)  # type: ignore[method-assign]
+    host.get_addrs = lambda: list(addrs)  # type: ignore[method-assign]
+    await swarm.auto_connector.stop()
 
 
-async def _dial_discovered(net: Network, info: PeerInfo, timeout: float) -> None:
+async def _mdns_dialer(
+    net: Network, discovered: trio.MemoryReceiveChannel[PeerInfo], timeout: float
+) -> None:
+    """Dial peers found by mDNS (notes §6): the smaller peer id at once, the other side after
+    ``MDNS_FALLBACK_DELAY`` s if the pair is still apart. Failed peers go to the re-dialler."""
+    async with trio.open_nursery() as nursery:
+        async for info in discovered:
+            peer = str(info.peer_id)
+            if peer in net.connected_peers() or not net.peer_addrs(peer):
+                continue  # connected already, or another host's discovery (shared singleton)
+            log.debug("mdns discovered", peer=peer, addrs=[str(a) for a in info.addrs])
+            delay = 0.0 if should_dial(net.node_id, peer) else MDNS_FALLBACK_DELAY
+            nursery.start_soon(_dial_discovered, net, info, timeout, delay)
+
+
+async def _dial_discovered(net: Network, info: PeerInfo, timeout: float, delay: float) -> None:
+    await trio.sleep(delay)
+    peer = str(info.peer_id)
+    if peer in net.connected_peers():
+        return
     try:
         await net._connect(info, timeout)
     except DialError as exc:
         net._count("mdns_dial_failed")
-        log.debug("mdns dial failed", peer=str(info.peer_id), error=str(exc))
+        log.debug("mdns dial failed", peer=peer, error=str(exc))
+        if net._redialer is not None:
+            net._redialer.note_peer(peer, False)

@@ -14,6 +14,7 @@ found so far, flagged ``exhausted``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -30,9 +31,9 @@ rest (loopback, unknown). Higher is better."""
 
 BEST_LINK_RANK = max(LINK_RANK.values())
 
-CycleKey = tuple[int, int, int, tuple[str, ...], tuple[str, ...]]
+CycleKey = tuple[int, int, int, tuple[str, ...], tuple[tuple[int, str], ...]]
 """Sort key of a cycle (smaller is better): ``(-worst link rank, -sum of link ranks, -sum of
-node weights, sorted node ids, node ids in rank order)``. See ``cycle_key``."""
+node weights, sorted node ids, ((-weight, id) of each node in rank order))``. See ``cycle_key``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ class Topology:
         return all(self.link(cycle[i - 1], cycle[i]) is not None for i in range(len(cycle)))
 
 
+@functools.lru_cache(maxsize=4096)
 def ring_ip(address: str) -> str | None:
     """The IP in an edge address: a bare IPv4/IPv6, ``ip:port``, ``[v6]:port`` or a multiaddr
     (``/ip4/1.2.3.4/tcp/52514``). None when there is none (empty, a DNS name, garbage)."""
@@ -120,9 +122,11 @@ def cycle_key(
     """The choice-order key of ``cycle`` (a cycle of ``topology`` in rank order); smaller is better.
 
     In order: the worst link of the cycle (higher rank first), the sum of its link ranks, the
-    sum of ``weights`` (more first), the sorted node ids (lexicographically smaller first), the
-    node ids in rank order (smaller first). A single node has no link: worst = the best rank,
-    sum 0. With ``rank_links=False`` both link components are 0 (memory only).
+    sum of ``weights`` (more first), the sorted node ids (lexicographically smaller first), and
+    last, between orderings of the same nodes, the one whose rank 1, 2, ... are heavier (ties:
+    smaller id) — compared as the tuple of ``(-weight, id)`` in rank order. A single node has
+    no link: worst = the best rank, sum 0. With ``rank_links=False`` both link components are
+    0 (memory only).
     """
     worst, total = BEST_LINK_RANK, 0
     if rank_links and len(cycle) > 1:
@@ -130,7 +134,7 @@ def cycle_key(
         worst, total = min(ranks), sum(ranks)
     if not rank_links:
         worst = 0
-    return (-worst, -total, -sum(weights[n] for n in cycle), tuple(sorted(cycle)), tuple(cycle))
+    return (-worst, -total, -sum(weights[n] for n in cycle), tuple(sorted(cycle)), tuple((-weights[n], n) for n in cycle))
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,95 @@ class _BudgetSpent(Exception):
     pass
 
 
+class CycleSearch:
+    """Branch-and-bound search for the best cycle of a given size, prepared once for one
+    ``topology`` and one set of node ``weights`` (bytes; nodes without a weight are not used)
+    and reused for every size and request. ``rank_links=False`` ignores link quality (the key's
+    link components are 0: memory, then ids).
+
+    Method: each cycle is visited once, from its rank-0 node (nodes ordered weight desc, id asc;
+    a path from start s only uses later nodes). Paths are extended best link first and cut when
+    an optimistic key (worst link so far; every remaining link as good as the best link of the
+    graph; the heaviest remaining nodes; the smallest remaining ids; the path as a rank-order
+    prefix) cannot beat the best cycle accepted, when the weight cannot reach ``min_weight``,
+    when the required nodes cannot all fit, or when the path's end is too far from its start
+    to close the cycle in time.
+    """
+
+    def __init__(self, topology: Topology, weights: Mapping[NodeId, int], *, rank_links: bool = True) -> None:
+        self.order = sorted((n for n in topology.nodes if n in weights), key=lambda n: (-weights[n], n))
+        self.index = {node: i for i, node in enumerate(self.order)}
+        self.w = [weights[n] for n in self.order]
+        self.succ: list[list[tuple[int, int]]] = []
+        self.rank_of: list[dict[int, int]] = []
+        top = 0
+        for node in self.order:
+            outs = [
+                (self.index[t], link.rank if rank_links else 0)
+                for t, link in topology.links.get(node, {}).items()
+                if t in self.index
+            ]
+            outs.sort(key=lambda item: (-item[1], item[0]))
+            self.succ.append(outs)
+            self.rank_of.append(dict(outs))
+            top = max([top] + [r for _, r in outs])
+        self.preds: list[list[int]] = [[] for _ in self.order]
+        for i, outs in enumerate(self.succ):
+            for j, _ in outs:
+                self.preds[j].append(i)
+        self.by_id = sorted(range(len(self.order)), key=lambda i: self.order[i])
+        self.rank_links = rank_links
+        self.max_rank = top
+        self.single_rank = BEST_LINK_RANK if rank_links else 0
+
+    def best(
+        self,
+        size: int,
+        accept: Callable[[tuple[NodeId, ...]], T | None],
+        *,
+        min_weight: int = 0,
+        required: frozenset[NodeId] = frozenset(),
+        include_one_of: frozenset[NodeId] | None = None,
+        budget: int | None = None,
+        better_than: CycleKey | None = None,
+        node_floor: int = 0,
+    ) -> SearchOutcome[T]:
+        """See ``best_cycle``."""
+        order, w = self.order, self.w
+        count = sum(1 for x in w if x >= node_floor)  # lighter nodes (a suffix) are not used
+        if size < 1 or size > count or any(n not in self.index or self.index[n] >= count for n in required):
+            return SearchOutcome(None, False, 0)
+        req_mask = sum(1 << self.index[n] for n in required)
+        host_mask = -1
+        if include_one_of is not None:
+            host_mask = sum(1 << self.index[n] for n in include_one_of if n in self.index)
+            if host_mask == 0:
+                return SearchOutcome(None, False, 0)
+        state = _Search(self, size, count, accept, min_weight, req_mask, host_mask, budget, better_than)
+        if size == 1:
+            for i in range(count):
+                if w[i] < min_weight:
+                    break
+                if req_mask & ~(1 << i) or (host_mask != -1 and not host_mask >> i & 1):
+                    continue
+                state.offer([i], (-self.single_rank, 0, -w[i], (order[i],), ((-w[i], order[i]),)))
+            return SearchOutcome(state.best, False, 0)
+        exhausted = False
+        for s in range(count):
+            if count - s < size or sum(w[s : s + size]) < min_weight:
+                break  # weights are sorted: later starts only get lighter
+            if req_mask & ((1 << s) - 1):
+                break  # a required node lies before s: no later start can include it
+            if host_mask != -1 and host_mask >> s == 0:
+                break
+            try:
+                state.run(s)
+            except _BudgetSpent:
+                exhausted = True
+                break
+        return SearchOutcome(state.best, exhausted, state.spent)
+
+
 def best_cycle(
     topology: Topology,
     *,
@@ -169,6 +262,7 @@ def best_cycle(
     rank_links: bool = True,
     budget: int | None = None,
     better_than: CycleKey | None = None,
+    node_floor: int = 0,
 ) -> SearchOutcome[T]:
     """The best cycle of exactly ``size`` nodes by ``cycle_key`` that ``accept`` takes.
 
@@ -177,80 +271,155 @@ def best_cycle(
     ``required`` and, when ``include_one_of`` is given, at least one of those nodes. ``accept``
     gets each candidate (rank order: starting at the heaviest member, ties smallest id) that
     beats the best so far and returns a payload, or None to reject it. Only cycles with a key
-    smaller than ``better_than`` are considered, when it is given.
-
-    Method: each cycle is visited once, from its rank-0 node (nodes in the order weight desc,
-    id asc; a path from start s only uses later nodes). Paths are extended best link first and
-    cut when an optimistic key (worst link so far, all remaining links best, heaviest remaining
-    nodes, smallest remaining ids, the path as rank-order prefix) cannot beat the best cycle
-    accepted, when the weight cannot reach ``min_weight``, when required nodes cannot all fit,
-    or when the path's end is too far from its start to close the cycle in time. ``budget``
-    caps the path extensions (None: exact).
+    smaller than ``better_than`` are considered, when it is given. Nodes lighter than
+    ``node_floor`` are not used. ``budget`` caps the path extensions (None: exact). Method:
+    ``CycleSearch``.
     """
-    order = sorted((n for n in topology.nodes if n in weights), key=lambda n: (-weights[n], n))
-    count = len(order)
-    if size < 1 or size > count:
-        return SearchOutcome(None, False, 0)
-    index = {node: i for i, node in enumerate(order)}
-    w = [weights[n] for n in order]
-    best_rank = BEST_LINK_RANK if rank_links else 0
-    succ: list[list[tuple[int, int]]] = []
-    rank_of: list[dict[int, int]] = []
-    for node in order:
-        outs = [(index[t], link.rank if rank_links else 0) for t, link in topology.links.get(node, {}).items() if t in index]
-        outs.sort(key=lambda item: (-item[1], item[0]))
-        succ.append(outs)
-        rank_of.append(dict(outs))
-    preds: list[list[int]] = [[] for _ in range(count)]
-    for i, outs in enumerate(succ):
-        for j, _ in outs:
-            preds[j].append(i)
-    by_id = sorted(range(count), key=lambda i: order[i])
-    req_mask = sum(1 << index[n] for n in required if n in index)
-    if len(required) != bin(req_mask).count("1"):
-        return SearchOutcome(None, False, 0)
-    host_mask = sum(1 << index[n] for n in include_one_of if n in index) if include_one_of is not None else -1
-    if host_mask == 0:
-        return SearchOutcome(None, False, 0)
+    search = CycleSearch(topology, weights, rank_links=rank_links)
+    return search.best(
+        size, accept, min_weight=min_weight, required=required, include_one_of=include_one_of,
+        budget=budget, better_than=better_than, node_floor=node_floor,
+    )
 
-    best: list[Found[T] | None] = [None]
-    limit: list[CycleKey | None] = [better_than]
-    spent = [0]
 
-    def offer(cycle_idx: list[int], key: CycleKey) -> None:
-        bound = limit[0]
-        if bound is not None and key >= bound:
+class _Search(Generic[T]):
+    """One ``CycleSearch.best`` call: the best cycle so far and the depth-first extension."""
+
+    def __init__(
+        self,
+        graph: CycleSearch,
+        size: int,
+        count: int,
+        accept: Callable[[tuple[NodeId, ...]], T | None],
+        min_weight: int,
+        req_mask: int,
+        host_mask: int,
+        budget: int | None,
+        better_than: CycleKey | None,
+    ) -> None:
+        self.g = graph
+        self.size = size
+        self.count = count
+        self.accept = accept
+        self.min_weight = min_weight
+        self.req_mask = req_mask
+        self.host_mask = host_mask
+        self.budget = budget
+        self.limit = better_than
+        self.best: Found[T] | None = None
+        self.spent = 0
+        self.s = -1
+        self.path: list[int] = []
+        self.dist: list[int] = []
+
+    def offer(self, cycle_idx: list[int], key: CycleKey) -> None:
+        if self.limit is not None and key >= self.limit:
             return
-        cycle = tuple(order[i] for i in cycle_idx)
-        payload = accept(cycle)
+        cycle = tuple(self.g.order[i] for i in cycle_idx)
+        payload = self.accept(cycle)
         if payload is not None:
-            best[0] = Found(key, cycle, payload)
-            limit[0] = key
+            self.best = Found(key, cycle, payload)
+            self.limit = key
 
-    if size == 1:
-        for i in range(count):
-            if w[i] < min_weight:
-                break
-            if req_mask & ~(1 << i) or (host_mask != -1 and not host_mask >> i & 1):
+    def run(self, s: int) -> None:
+        """Every cycle whose rank-0 node is ``s``."""
+        g, size = self.g, self.size
+        head_w = sum(g.w[s : s + size])
+        lb3 = (-g.single_rank if size == 1 else -g.max_rank, -size * g.max_rank, -head_w)
+        self.s = s
+        self.path = [s]
+        if self._beaten(lb3, [s] + self._smallest_ids(1 << s, size - 1)):
+            return
+        self.dist = _distances_to(s, g.preds, len(g.order))
+        self._go(1 << s, g.w[s], g.max_rank, 0)
+
+    def _smallest_ids(self, mask: int, n: int) -> list[int]:
+        """The ``n`` nodes after s, not in ``mask``, with the smallest ids (by id)."""
+        out: list[int] = []
+        if n <= 0:
+            return out
+        for i in self.g.by_id:
+            if self.s < i < self.count and not mask >> i & 1:
+                out.append(i)
+                if len(out) == n:
+                    break
+        return out
+
+    def _beaten(self, lb3: tuple[int, int, int], id_nodes: list[int]) -> bool:
+        """True when no completion of the current path (optimistic head ``lb3``; ``id_nodes``:
+        the path plus the smallest ids that could join it) can beat the best so far."""
+        bound = self.limit
+        if bound is None:
+            return False
+        head = bound[:3]
+        if lb3 != head:
+            return lb3 > head
+        order, w = self.g.order, self.g.w
+        ids = tuple(sorted(order[i] for i in id_nodes))
+        return (ids, tuple((-w[i], order[i]) for i in self.path)) > bound[3:]
+
+    def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
+        g, s, path = self.g, self.s, self.path
+        w = g.w
+        last = path[-1]
+        remaining = self.size - len(path)
+        if remaining == 0:
+            closing = g.rank_of[last].get(s)
+            if closing is None or (self.host_mask != -1 and not self.host_mask & mask):
+                return
+            ids = [g.order[i] for i in path]
+            seq = tuple((-w[i], g.order[i]) for i in path)
+            key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, tuple(sorted(ids)), seq)
+            self.offer(path, key)
+            return
+        left = remaining - 1
+        # The heaviest `remaining` nodes after s off the path (w is sorted desc): a child j
+        # adds w[j] plus the heaviest `left` of the others.
+        top: list[int] = []
+        i = s + 1
+        while len(top) < remaining and i < self.count:
+            if not mask >> i & 1:
+                top.append(i)
+            i += 1
+        if len(top) < remaining:
+            return
+        top_sum = sum(w[i] for i in top)
+        top_mask = sum(1 << i for i in top)
+        top_min = w[top[-1]]
+        small_ids: list[int] | None = None
+        max_rank = g.max_rank
+        for j, rank in g.succ[last]:
+            if j <= s or j >= self.count or mask >> j & 1 or self.dist[j] > remaining:
                 continue
-            offer([i], (-best_rank, 0, -w[i], (order[i],), (order[i],)))
-        return SearchOutcome(best[0], False, 0)
-
-    exhausted = False
-    for s in range(count):
-        if sum(w[s : s + size]) < min_weight or len(w) - s < size:
-            break  # weights are sorted: later starts only get lighter
-        if req_mask & ((1 << s) - 1):
-            break  # a required node lies before s: no later start can include it
-        if host_mask != -1 and host_mask >> s == 0:
-            break
-        dist = _distances_to(s, preds, count)
-        try:
-            _extend(s, size, succ, rank_of, w, order, by_id, dist, req_mask, host_mask, min_weight, best_rank, limit, offer, spent, budget)
-        except _BudgetSpent:
-            exhausted = True
-            break
-    return SearchOutcome(best[0], exhausted, spent[0])
+            self.spent += 1
+            if self.budget is not None and self.spent > self.budget:
+                raise _BudgetSpent
+            new_mask = mask | 1 << j
+            missing = self.req_mask & ~new_mask
+            if missing and bin(missing).count("1") > left:
+                continue
+            hm = self.host_mask
+            if hm != -1 and not hm & new_mask and (left == 0 or not hm & (~new_mask >> (s + 1) << (s + 1))):
+                continue
+            ub_w = cur_w + (top_sum if top_mask >> j & 1 else top_sum - top_min + w[j])
+            if ub_w < self.min_weight:
+                continue
+            new_min = min(cur_min, rank)
+            lb3 = (-new_min, -(cur_sum + rank + (left + 1) * max_rank), -ub_w)
+            if self.limit is not None and lb3 >= self.limit[:3]:
+                if lb3 > self.limit[:3]:
+                    continue
+                if small_ids is None:
+                    small_ids = self._smallest_ids(mask, remaining)
+                cand = [x for x in small_ids if x != j][:left]
+                path.append(j)
+                beaten = self._beaten(lb3, path + cand)
+                path.pop()
+                if beaten:
+                    continue
+            path.append(j)
+            self._go(new_mask, cur_w + w[j], new_min, cur_sum + rank)
+            path.pop()
 
 
 def _distances_to(start: int, preds: list[list[int]], count: int) -> list[int]:
@@ -266,93 +435,3 @@ def _distances_to(start: int, preds: list[list[int]], count: int) -> list[int]:
                 dist[u] = dist[v] + 1
                 queue.append(u)
     return dist
-
-
-def _extend(
-    s: int,
-    size: int,
-    succ: list[list[tuple[int, int]]],
-    rank_of: list[dict[int, int]],
-    w: list[int],
-    order: list[NodeId],
-    by_id: list[int],
-    dist: list[int],
-    req_mask: int,
-    host_mask: int,
-    min_weight: int,
-    best_rank: int,
-    limit: list[CycleKey | None],
-    offer: Callable[[list[int], CycleKey], None],
-    spent: list[int],
-    budget: int | None,
-) -> None:
-    """Depth-first branch and bound over paths from ``s`` (see ``best_cycle``)."""
-    count = len(order)
-    path = [s]
-
-    def optimistic(mask: int, cur_w: int, cur_min: int, cur_sum: int, remaining: int) -> tuple[int, int, int] | None:
-        # heaviest `remaining` nodes after s not on the path (w is sorted desc)
-        extra, taken, i = 0, 0, s + 1
-        while taken < remaining and i < count:
-            if not mask >> i & 1:
-                extra += w[i]
-                taken += 1
-            i += 1
-        if taken < remaining or cur_w + extra < min_weight:
-            return None
-        return (-cur_min, -(cur_sum + (remaining + 1) * best_rank), -(cur_w + extra))
-
-    def beaten(lb3: tuple[int, int, int], mask: int, remaining: int) -> bool:
-        bound = limit[0]
-        if bound is None:
-            return False
-        head = bound[:3]
-        if lb3 != head:
-            return lb3 > head
-        ids = [order[i] for i in path]
-        taken = 0
-        for i in by_id:
-            if taken == remaining:
-                break
-            if i > s and not mask >> i & 1:
-                ids.append(order[i])
-                taken += 1
-        return (tuple(sorted(ids)), tuple(order[i] for i in path)) > bound[3:]
-
-    def go(mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
-        last = path[-1]
-        remaining = size - len(path)
-        if remaining == 0:
-            closing = rank_of[last].get(s)
-            if closing is None or (host_mask != -1 and not host_mask & mask):
-                return
-            ids = [order[i] for i in path]
-            key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, tuple(sorted(ids)), tuple(ids))
-            offer(path, key)
-            return
-        for j, rank in succ[last]:
-            if j <= s or mask >> j & 1 or dist[j] > remaining:
-                continue
-            spent[0] += 1
-            if budget is not None and spent[0] > budget:
-                raise _BudgetSpent
-            new_mask = mask | 1 << j
-            left = remaining - 1
-            missing = req_mask & ~new_mask
-            if missing and bin(missing).count("1") > left:
-                continue
-            if host_mask != -1 and not host_mask & new_mask and (left == 0 or not host_mask & ~new_mask >> (s + 1) << (s + 1)):
-                continue
-            new_min = min(cur_min, rank)
-            lb3 = optimistic(new_mask, cur_w + w[j], new_min, cur_sum + rank, left)
-            if lb3 is None:
-                continue
-            path.append(j)
-            if not beaten(lb3, new_mask, left):
-                go(new_mask, cur_w + w[j], new_min, cur_sum + rank)
-            path.pop()
-
-    start_lb = optimistic(1 << s, w[s], best_rank, 0, size - 1)
-    if start_lb is None or beaten(start_lb, 1 << s, size - 1):
-        return
-    go(1 << s, w[s], best_rank, 0)

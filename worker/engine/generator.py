@@ -163,6 +163,8 @@ class Generator:
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
+    _accepting: TaskId | None = field(default=None, init=False, repr=False)
+    _accepting_cancelled: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +195,9 @@ class Generator:
             if self._active is not None and self._active.request.task_id == task_id:
                 self._active.cancel_requested = True
                 return True
+            if self._accepting == task_id:  # being accepted by step() right now
+                self._accepting_cancelled = True
+                return True
         return False
 
     def has_work(self) -> bool:
@@ -220,21 +225,29 @@ class Generator:
             out, self._outbox = self._outbox, []
             active = self._active
             queued = self._queue.popleft() if active is None and self._queue else None
-        if active is None:
             if queued is not None:
-                out.append(self._accept(queued))
-            return out
-        if active.cancel_requested:
+                self._accepting, self._accepting_cancelled = queued.request.task_id, False
+        if active is not None and active.cancel_requested:
             out.append(self._finish(active, "cancelled"))
             return out
+        task_id = active.request.task_id if active is not None else None
         try:
-            if active.next_token is None:
+            if active is None:
+                if queued is not None:
+                    task_id = queued.request.task_id
+                    out.append(self._accept(queued))
+            elif active.next_token is None:
                 out.extend(self._prefill_step(active))
             else:
                 out.extend(self._decode_step(active))
         except Exception as e:  # a broken request must not stop the generator
             self._end()
-            out.append(_error(active.request.task_id, 500, f"generation failed: {e!r}"))
+            assert task_id is not None
+            out.append(_error(task_id, 500, f"generation failed: {e!r}"))
+        finally:
+            if queued is not None:
+                with self._lock:
+                    self._accepting = None
         return out
 
     def _accept(self, queued: _Queued) -> Chunk:
@@ -266,6 +279,7 @@ class Generator:
             stops=StopMatcher(req.stop),
         )
         with self._lock:
+            active.cancel_requested = self._accepting_cancelled
             self._active = active
         return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(ids))
 
@@ -314,42 +328,35 @@ class Generator:
             total = active.prompt_tokens
             out.append(PrefillProgressChunk(task_id=req.task_id, processed=total, total=total))
         if token in self._eos:
-            out.extend(self._final_text(active))
+            if text := self._final_text(active):
+                out.append(TokenChunk(task_id=req.task_id, text=text,
+                                      completion_tokens=active.completion_tokens))
             out.append(self._finish(active, "stop"))
             return out
         active.t_last = now
         active.completion_tokens += 1
         active.detokenizer.add_token(token)
         text, stopped = active.stops.feed(active.detokenizer.last_segment)
-        if not stopped and active.completion_tokens >= active.max_new:
-            rest = self._final_text(active)
-            text += "".join(c.text for c in rest if isinstance(c, TokenChunk))
+        at_limit = not stopped and active.completion_tokens >= active.max_new
+        if at_limit:
+            text += self._final_text(active)
             stopped = active.stops.stopped
-            out.append(TokenChunk(task_id=req.task_id, text=text,
-                                  completion_tokens=active.completion_tokens))
-            out.append(self._finish(active, "stop" if stopped else "length"))
-            return out
         out.append(TokenChunk(task_id=req.task_id, text=text,
                               completion_tokens=active.completion_tokens))
-        if stopped:
-            out.append(self._finish(active, "stop"))
+        if stopped or at_limit:
+            out.append(self._finish(active, "stop" if stopped else "length"))
             return out
         active.next_token = next_y
         if active.completion_tokens % 256 == 1:
             mx.clear_cache()
         return out
 
-    def _final_text(self, active: _Active) -> list[Chunk]:
-        """Flush the detokenizer and the stop matcher at the end of a generation: a
-        TokenChunk with the held-back text, if any."""
+    def _final_text(self, active: _Active) -> str:
+        """Flush the detokenizer and the stop matcher when generation ends: the text held
+        back so far, cut before a stop string should the flushed text complete one."""
         active.detokenizer.finalize()
         text, stopped = active.stops.feed(active.detokenizer.last_segment)
-        if not stopped:
-            text += active.stops.flush()
-        if not text:
-            return []
-        return [TokenChunk(task_id=active.request.task_id, text=text,
-                           completion_tokens=active.completion_tokens)]
+        return text if stopped else text + active.stops.flush()
 
     def _finish(self, active: _Active, reason: FinishReason) -> FinishChunk:
         n = active.completion_tokens

@@ -10,7 +10,6 @@ node dies: end of file on ``in-fd`` (the node's end closed) or the parent-death 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import queue
 import signal
@@ -56,15 +55,17 @@ from worker.runner.protocol import (
 _EOF = object()
 
 
-def _set_parent_death_signal() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
+def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Exit at once when the node process that started us is gone.
+
+    The task pipe's end of file usually tells first (the reader thread exits then); this
+    catches the rest. Linux's parent-death signal is not used: it fires when the *thread*
+    that forked us exits, and trio forks from a worker thread that it retires when idle.
+    """
+    while True:
+        time.sleep(interval)
+        if os.getppid() != parent_pid:
+            os._exit(0)
 
 
 class RunnerProcess:
@@ -96,7 +97,7 @@ class RunnerProcess:
             while True:
                 payload = read_frame(self.in_fd)
                 if payload is None:
-                    break
+                    os._exit(0)  # our node closed the pipe or died: exit now, even mid-load
                 try:
                     self.tasks.put(to_runner_decoder.decode(payload))
                 except msgspec.DecodeError as exc:
@@ -194,30 +195,29 @@ class RunnerProcess:
         self.loaded = loaded
         from worker.engine.generator import Generator
 
-        self.generator = Generator(loaded, prefill_chunk_size=self.setup.prefill_chunk_size)
+        self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size)
         self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
 
     def warmup(self) -> None:
-        """Generate a few tokens so kernels are compiled before the first request."""
+        """Generate a few tokens (greedy, discarded) so the first request does not pay for
+        first-use costs; bounded by its ``max_tokens``. A model without a chat template is
+        warmed up all the same (the error chunk is discarded)."""
+        from worker.engine.generator import GenerationRequest
+
         assert self.generator is not None
-        self.generator.warmup()
+        self.generator.submit(
+            GenerationRequest(task_id="warmup", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0.0)
+        )
+        for _ in range(100):
+            if not self.generator.has_work():
+                break
+            self.generator.step()
 
     def submit(self, task: TextGeneration) -> None:
         from worker.engine.generator import GenerationRequest
 
         assert self.generator is not None
-        p = task.params
-        self.generator.submit(
-            GenerationRequest(
-                task_id=task.task_id,
-                messages=[{"role": m.role, "content": m.content} for m in p.messages],
-                max_tokens=p.max_tokens,
-                temperature=p.temperature,
-                top_p=p.top_p,
-                stop=tuple(p.stop),
-                seed=p.seed,
-            )
-        )
+        self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
 
     def step_generation(self) -> None:
         assert self.generator is not None
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
-    _set_parent_death_signal()
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,162 @@
+"""Model cards (design.md §3) derived from a model's files, never from a hard-coded list.
+
+A card is computed from ``config.json`` and the safetensors *headers* (8-byte little-endian
+header length, then a JSON header with each tensor's ``data_offsets``); weights are never
+read. :func:`card_from_gguf` gives the card the same GGUF would have after
+:func:`exo_p2p.models.gguf_import.import_gguf`, from the GGUF header alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Any, Mapping
+
+from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.gguf_layout import config_from_gguf, hf_tensor_name
+from exo_p2p.models.gguf_reader import read_gguf_header
+from exo_p2p.types.common import ModelId
+from exo_p2p.types.models import ModelCard
+
+DEFAULT_CONTEXT_LENGTH = 4096
+"""Context length in tokens assumed when ``config.json`` has no ``max_position_embeddings``."""
+
+WEIGHT_GLOB = "model*.safetensors"
+"""The weight files mlx-lm's ``load_model`` reads; the card counts the same files."""
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
+_HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
+
+
+def read_safetensors_sizes(path: Path) -> dict[str, int]:
+    """Tensor name -> bytes on disk, from the header of one ``.safetensors`` file.
+
+    Raises:
+        UnsupportedModelError: the header is truncated or not valid JSON.
+    """
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise UnsupportedModelError(f"{path}: truncated safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        data = f.read(length)
+    if len(data) != length:
+        raise UnsupportedModelError(f"{path}: truncated safetensors header")
+    try:
+        header = json.loads(data)
+    except ValueError as e:
+        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    return {name: info["data_offsets"][1] - info["data_offsets"][0]
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
+    """The card of an MLX-format model directory (``config.json`` + ``model*.safetensors``).
+
+    ``context_length`` is ``max_position_embeddings``, or :data:`DEFAULT_CONTEXT_LENGTH`
+    (4096 tokens) when the config has none.
+
+    Raises:
+        UnsupportedModelError: no ``config.json`` or no weight files, or the tensors do not
+            match the config's layer count.
+    """
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise UnsupportedModelError(f"{model_dir}: no config.json")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    weight_files = sorted(model_dir.glob(WEIGHT_GLOB))
+    if not weight_files:
+        raise UnsupportedModelError(f"{model_dir}: no {WEIGHT_GLOB} files")
+    sizes: dict[str, int] = {}
+    for path in weight_files:
+        sizes.update(read_safetensors_sizes(path))
+    return card_from_config(config, sizes, model_id)
+
+
+def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
+    """The card :func:`card_from_model_dir` gives after importing ``gguf_path``, computed
+    from the GGUF header only (tens of milliseconds, no weights read).
+
+    Raises:
+        UnsupportedModelError: as :func:`exo_p2p.models.gguf_import.import_gguf`.
+    """
+    header = read_gguf_header(gguf_path)
+    config = config_from_gguf(header.metadata, header.tensors)
+    sizes = {hf_tensor_name(name): nbytes
+             for info in header.tensors for name, (_, nbytes) in info.mlx_tensors().items()}
+    return card_from_config(config, sizes, model_id)
+
+
+def card_from_config(
+    config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str
+) -> ModelCard:
+    """The card of a model given its mlx-lm config and tensor name -> bytes (pure).
+
+    Tensors named ``….layers.{i}.…`` count for layer ``i`` (weights, ``.scales``,
+    ``.biases``); ``….embed_tokens.…`` for the embedding; ``lm_head.…`` for the head; every
+    other tensor (the final norm) for ``norm_bytes``, so the parts sum to ``storage_size``.
+
+    Raises:
+        UnsupportedModelError: a layer index outside ``num_hidden_layers`` or a layer with no
+            tensors.
+    """
+    args = {**config.get("text_config", {}), **config}
+    n_layers = int(args["num_hidden_layers"])
+    layer_bytes = [0] * n_layers
+    embedding = head = norm = 0
+    for name, nbytes in sizes.items():
+        if m := _LAYER_RE.search(name):
+            index = int(m.group(1))
+            if index >= n_layers:
+                raise UnsupportedModelError(
+                    f"tensor {name} is beyond num_hidden_layers={n_layers}")
+            layer_bytes[index] += nbytes
+        elif _EMBEDDING_RE.search(name):
+            embedding += nbytes
+        elif _HEAD_RE.search(name):
+            head += nbytes
+        else:
+            norm += nbytes
+    if empty := [i for i, b in enumerate(layer_bytes) if b == 0]:
+        raise UnsupportedModelError(f"layers {empty[:5]} have no tensors")
+    heads = args.get("num_attention_heads")
+    kv_heads = args.get("num_key_value_heads", heads)
+    model_type = str(args.get("model_type", "unknown"))
+    return ModelCard(
+        model_id=ModelId(model_id),
+        n_layers=n_layers,
+        hidden_size=int(args["hidden_size"]),
+        num_attention_heads=int(heads or 0),
+        num_key_value_heads=int(kv_heads or 0),
+        vocab_size=int(args["vocab_size"]),
+        context_length=int(args.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH),
+        storage_size=sum(sizes.values()),
+        layer_bytes=tuple(layer_bytes),
+        embedding_bytes=embedding,
+        head_bytes=head,
+        norm_bytes=norm,
+        tie_word_embeddings=bool(args.get("tie_word_embeddings", head == 0)),
+        architecture=model_type,
+        supports_tensor=bool(heads) and bool(kv_heads) and has_shard_method(model_type),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def has_shard_method(model_type: str) -> bool:
+    """Whether mlx-lm's module for ``model_type`` (after mlx-lm's own remapping, e.g.
+    mistral -> llama) defines ``Model.shard`` (tensor parallelism)."""
+    try:
+        from mlx_lm.utils import _get_classes
+
+        model_class, _ = _get_classes({"model_type": model_type})
+    except (ImportError, ValueError):
+        try:
+            model_class = importlib.import_module(f"mlx_lm.models.{model_type}").Model
+        except (ImportError, AttributeError):
+            return False
+    return callable(getattr(model_class, "shard", None))

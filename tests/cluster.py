@@ -1,0 +1,139 @@
+"""Test harness: real ``exo-p2p node`` processes on 127.0.0.1 with their own ports and data
+dirs, cleaned up (node and runner processes) however the test ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NodeProcess:
+    """One node process. ``start()`` returns once its API answers (bounded by ``timeout``)."""
+
+    def __init__(self, data_dir: Path, *, extra_args: list[str] | None = None, env: dict | None = None) -> None:
+        self.data_dir = data_dir
+        self.api_port = free_port()
+        self.extra_args = list(extra_args or [])
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = data_dir / "node.log"
+        self._known_children: set[int] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def start(self, timeout: float = 60.0) -> "NodeProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        cmd = [
+            sys.executable, "-m", "exo_p2p", "node",
+            "--data-dir", str(self.data_dir),
+            "--api-port", str(self.api_port),
+            "--listen-host", "127.0.0.1",
+            "--listen-port", "0",
+            "--log-format", "json",
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/state", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"node API did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def children(self) -> list[psutil.Process]:
+        """Live child processes (runners) of the node."""
+        if self.proc is None:
+            return []
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self._known_children.update(k.pid for k in kids)
+        return kids
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL; also kills any runner left behind. Returns the exit code."""
+        if self.proc is None:
+            return None
+        self.children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._reap_children()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the node process only (not its runners)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.children()
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def _reap_children(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        for pid in list(self._known_children):
+            try:
+                p = psutil.Process(pid)
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except psutil.NoSuchProcess:
+                continue
+            except psutil.TimeoutExpired:
+                p.kill()
+
+    # --- API helpers ----------------------------------------------------------------------
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)
+
+    def post(self, path: str, json=None, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, json=json, timeout=kw.pop("timeout", 120), **kw)
+
+    def place_and_wait(self, model: str, timeout: float = 180.0, **body) -> dict:
+        r = self.post("/instances", json={"model": model, **body})
+        assert r.status_code == 201, r.text
+        instance = r.json()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            view = self.get(f"/instances/{instance['instance_id']}").json()
+            if view["status"] == "ready":
+                return view
+            assert view["status"] != "failed", view
+            time.sleep(0.3)
+        raise TimeoutError(f"instance not ready within {timeout} s:\n{self.log_tail()}")
+
+    def chat(self, content: str, model: str, **params) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
+        return self.post("/v1/chat/completions", json=body, timeout=params.pop("timeout", 300) if "timeout" in params else 300)
