@@ -25,3 +25,7 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    # py-libp2p logs an ERROR for every failed re-dial of a peer that is down; our re-dialler
+    # retries with backoff and reports peers itself, so keep those out of the node's log.
+    for noisy in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.discovery.mdns"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)

@@ -17,9 +17,11 @@ Rules, in the order they are applied:
 - **Choice order** among candidates (see ``topology.cycle_key``): (1) fewest nodes, (2) the
   best worst link of the ring (Thunderbolt 3 > Ethernet 2 > Wi-Fi 1 > loopback/other 0, from
   the edges' ``interface_type``), (3) the largest sum of link ranks, (4) the most usable
-  memory, (5) the lexicographically smallest sorted tuple of node ids, (6) the
-  lexicographically smallest tuple of node ids in rank order. The first candidate in this
-  order whose every rank's share fits its node's usable memory wins.
+  memory, (5) node ids: the smallest tuple of ``(-usable, node id)`` over the ranks in rank
+  order — the cycle whose rank 0, then rank 1, ... has more usable memory, ties to the smaller
+  node id (so among equal machines: the smallest ids, in ascending order). The first candidate
+  in this order whose every rank's share fits its node's usable memory wins. Tie rule (5) is
+  used instead of "sorted node ids" because the search can bound it from a path prefix.
 - **Ranks**: rank 0 is the member with the most usable memory (ties: smallest node id); ranks
   follow the cycle's direction from there. Shares: ``placement_split``.
 - **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the address
@@ -350,7 +352,7 @@ def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) 
 def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], list[int]] | None:
     """The candidate cycle (any size in ``sizes``, either memory mode) with the most usable
     bytes, ignoring whether the model fits: (bytes, rank-order cycle, usable per rank)."""
-    found: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], tuple[NodeId, ...], list[int]] | None = None
+    found: tuple[tuple[int, tuple[tuple[int, str], ...]], tuple[NodeId, ...], list[int]] | None = None
     for mode in range(len(_modes(ctx))):
         search, (weights, include) = _search(ctx, mode, rank_links=False)
         heaviest = sorted(weights.values(), reverse=True)
@@ -360,7 +362,7 @@ def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], 
             outcome = search.best(size, lambda cycle: True, required=ctx.required, include_one_of=include, budget=ctx.budget)
             if outcome.best is not None:
                 key = outcome.best.key
-                rank_key = (key[2], key[3], key[4])
+                rank_key = (key[2], key[3])
                 if found is None or rank_key < found[0]:
                     found = (rank_key, outcome.best.cycle, [weights[n] for n in outcome.best.cycle])
     if found is None:

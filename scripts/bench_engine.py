@@ -94,8 +94,12 @@ def main() -> None:
         raw: list[tuple[float, float, int]] = []
         ours: list[tuple[float, float, int]] = []
         for i in range(args.runs):
-            raw.append(run_mlx_lm(loaded, PROMPT, max_tokens, chunk))
-            ours.append(run_ours(loaded, PROMPT, max_tokens, chunk, i))
+            if i % 2:  # alternate which side goes first, so drifting load hits both alike
+                ours.append(run_ours(loaded, PROMPT, max_tokens, chunk, i))
+                raw.append(run_mlx_lm(loaded, PROMPT, max_tokens, chunk))
+            else:
+                raw.append(run_mlx_lm(loaded, PROMPT, max_tokens, chunk))
+                ours.append(run_ours(loaded, PROMPT, max_tokens, chunk, i))
             print(f"run {i}: mlx-lm ttft {raw[-1][0]:.4f}s {raw[-1][1]:.1f} tok/s ({raw[-1][2]} tokens) | "
                   f"ours ttft {ours[-1][0]:.4f}s {ours[-1][1]:.1f} tok/s ({ours[-1][2]} tokens)")
     med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731

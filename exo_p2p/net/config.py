@@ -102,7 +102,8 @@ def validate_secret(secret: bytes) -> None:
     """Raise ConfigError unless the secret is 16..4096 bytes."""
     if not MIN_SECRET_BYTES <= len(secret) <= MAX_SECRET_BYTES:
         raise ConfigError(
-            f"cluster secret must be {MIN_SECRET_BYTES}..{MAX_SECRET_BYTES} bytes, got {len(secret)}"
+            f"cluster secret must be {MIN_SECRET_BYTES}..{MAX_SECRET_BYTES} bytes,"
+            f" got {len(secret)}"
         )
 
 

@@ -3,8 +3,9 @@
 ``open_host(config)`` is the only way in; it yields a ``Network`` and tears everything down in
 the order libp2p-notes §1 requires (Pubsub and GossipSub services entered first, ``host.run``
 innermost; on exit, under a shielded scope, the host's addresses are pinned, the swarm's
-auto-connector is stopped and its listeners are closed, see ``_quiesce``). Transport security is Noise only (plaintext peers
-are refused, notes §5); a cluster secret adds a PSK private network (notes §9).
+auto-connector is stopped and its listeners are closed, see ``_quiesce``). Transport security
+is Noise only (plaintext peers are refused, notes §5); a cluster secret adds a PSK private
+network (notes §9).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ log = structlog.get_logger(__name__)
 PEERSTORE_TTL = 600  # seconds a dialled address stays in the peerstore
 
 
+Message = tuple[str, bytes]  # (sender node id, data)
+_Subscriber = tuple[trio.MemorySendChannel[Message], bool]  # (channel, include_own)
+
+
 class Network:
     """A running libp2p host as the node sees it. Created by ``open_host`` only.
 
@@ -67,7 +72,7 @@ class Network:
         self._publish_lock = trio.Lock()
         self._peers = PeerTracker(on_change=self._on_peer_change)
         self._redialer: Redialer | None = None
-        self._subscribers: dict[str, list[tuple[trio.MemorySendChannel[tuple[str, bytes]], bool]]] = {}
+        self._subscribers: dict[str, list[_Subscriber]] = {}
         host.get_network().register_notifee(self._peers)
 
     # -- identity and addresses -------------------------------------------------------------
@@ -103,8 +108,8 @@ class Network:
 
     def peer_events(self, buffer: int = 256) -> trio.MemoryReceiveChannel[PeerEvent]:
         """A new channel of ``(peer_id, connected)``: first the peers connected now, then one
-        event per peer change (not per connection, notes §11). A consumer that falls ``buffer`` events behind loses events (counted as
-        ``peer_event_dropped``)."""
+        event per peer change (not per connection, notes §11). A consumer that falls ``buffer``
+        events behind loses events (counted as ``peer_event_dropped``)."""
         return self._peers.open_listener(buffer)
 
     def peer_addrs(self, peer_id: str) -> list[str]:
@@ -193,7 +198,7 @@ class Network:
 
     async def subscribe(
         self, topic: str, *, buffer: int = 1024, include_own: bool = False
-    ) -> trio.MemoryReceiveChannel[tuple[str, bytes]]:
+    ) -> trio.MemoryReceiveChannel[Message]:
         """Receive ``(sender node id, data)`` for every later message on ``topic``.
 
         One drain task per topic moves messages from libp2p's queue into every subscriber's
@@ -201,7 +206,7 @@ class Network:
         the message (counted ``subscriber_full:<topic>``). Own messages are skipped unless
         ``include_own``. Closing the returned channel unsubscribes that subscriber.
         """
-        send, recv = trio.open_memory_channel[tuple[str, bytes]](buffer)
+        send, recv = trio.open_memory_channel[Message](buffer)
         subscribers = self._subscribers.get(topic)
         if subscribers is None:
             subscribers = self._subscribers[topic] = []
@@ -214,7 +219,7 @@ class Network:
         self,
         topic: str,
         subscription: AsyncIterable[Any],
-        subscribers: list[tuple[trio.MemorySendChannel[tuple[str, bytes]], bool]],
+        subscribers: list[_Subscriber],
     ) -> None:
         own = self._host.get_id().to_bytes()
         try:
@@ -358,41 +363,45 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
         )
 
     swarm = host.get_network()
-    async with background_trio_service(pubsub), background_trio_service(gossipsub):
-        async with host.run(listen_addrs=listen), trio.open_nursery() as nursery:
-            net = Network(host, pubsub, config, nursery)
-            try:
-                with trio.fail_after(10):
-                    await pubsub.wait_until_ready()
-                redialer = Redialer(
-                    dial_addr=lambda a: net.dial(a, timeout=config.dial_timeout),
-                    dial_peer=net._dial_known,
-                    is_connected=lambda p: p in net.connected_peers(),
-                    bootstrap=config.bootstrap,
-                    interval=config.redial_interval,
-                    max_backoff=config.redial_max_backoff,
-                    forget_after=config.forget_peer_after,
-                    counters=net._own_counters,
-                )
-                net._redialer = redialer
-                nursery.start_soon(redialer.run)
-                if config.mdns:
-                    nursery.start_soon(_mdns_dialer, net, mdns_recv, config.dial_timeout)
-                log.info("host up", node_id=net.node_id, addrs=net.listen_addrs())
-                yield net
-            finally:
-                if mdns_hook is not None:
-                    peerDiscovery.unregister_peer_discovered_handler(mdns_hook.handler)
-                    net._count("mdns_discovery_dropped", mdns_hook.dropped)
-                net._peers.close()
-                nursery.cancel_scope.cancel()
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await _quiesce(host, swarm)
-                    for listener in list(swarm.listeners.values()):  # type: ignore[attr-defined]
-                        try:
-                            await listener.close()
-                        except Exception as exc:
-                            log.debug("listener close failed", error=repr(exc))
+    try:
+        async with background_trio_service(pubsub), background_trio_service(gossipsub):
+            async with host.run(listen_addrs=listen), trio.open_nursery() as nursery:
+                net = Network(host, pubsub, config, nursery)
+                try:
+                    with trio.fail_after(10):
+                        await pubsub.wait_until_ready()
+                    redialer = Redialer(
+                        dial_addr=lambda a: net.dial(a, timeout=config.dial_timeout),
+                        dial_peer=net._dial_known,
+                        is_connected=lambda p: p in net.connected_peers(),
+                        bootstrap=config.bootstrap,
+                        interval=config.redial_interval,
+                        max_backoff=config.redial_max_backoff,
+                        forget_after=config.forget_peer_after,
+                        counters=net._own_counters,
+                    )
+                    net._redialer = redialer
+                    nursery.start_soon(redialer.run)
+                    if config.mdns:
+                        nursery.start_soon(_mdns_dialer, net, mdns_recv, config.dial_timeout)
+                    log.info("host up", node_id=net.node_id, addrs=net.listen_addrs())
+                    yield net
+                finally:
+                    if mdns_hook is not None:
+                        net._count("mdns_discovery_dropped", mdns_hook.dropped)
+                    net._peers.close()
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await _quiesce(host, swarm)
+                        listeners = list(swarm.listeners.values())  # type: ignore[attr-defined]
+                        for listener in listeners:
+                            try:
+                                await listener.close()
+                            except Exception as exc:
+                                log.debug("listener close failed", error=repr(exc))
+    finally:
+        if mdns_hook is not None:  # also when start-up failed (e.g. the port is taken)
+            peerDiscovery.unregister_peer_discovered_handler(mdns_hook.handler)
 
 
 async def _quiesce(host: IHost, swarm) -> None:  # type: ignore[no-untyped-def]

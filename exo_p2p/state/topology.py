@@ -31,9 +31,9 @@ rest (loopback, unknown). Higher is better."""
 
 BEST_LINK_RANK = max(LINK_RANK.values())
 
-CycleKey = tuple[int, int, int, tuple[str, ...], tuple[tuple[int, str], ...]]
+CycleKey = tuple[int, int, int, tuple[tuple[int, str], ...]]
 """Sort key of a cycle (smaller is better): ``(-worst link rank, -sum of link ranks, -sum of
-node weights, sorted node ids, ((-weight, id) of each node in rank order))``. See ``cycle_key``."""
+node weights, ((-weight, id) of each node in rank order))``. See ``cycle_key``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +122,14 @@ def cycle_key(
     """The choice-order key of ``cycle`` (a cycle of ``topology`` in rank order); smaller is better.
 
     In order: the worst link of the cycle (higher rank first), the sum of its link ranks, the
-    sum of ``weights`` (more first), the sorted node ids (lexicographically smaller first), and
-    last, between orderings of the same nodes, the one whose rank 1, 2, ... are heavier (ties:
-    smaller id) — compared as the tuple of ``(-weight, id)`` in rank order. A single node has
+    sum of ``weights`` (more first), and last the tuple of ``(-weight, node id)`` of the nodes
+    in rank order: the cycle whose rank 0, then rank 1, ... is heavier, ties to the smaller
+    node id (on equal nodes: the smallest ids, visited in ascending order). A single node has
     no link: worst = the best rank, sum 0. With ``rank_links=False`` both link components are
     0 (memory only).
+
+    (The last component replaces "sorted node ids": it is a total order that the search can
+    bound from a path prefix, so ties between equal machines are cut instead of explored.)
     """
     worst, total = BEST_LINK_RANK, 0
     if rank_links and len(cycle) > 1:
@@ -134,7 +137,7 @@ def cycle_key(
         worst, total = min(ranks), sum(ranks)
     if not rank_links:
         worst = 0
-    return (-worst, -total, -sum(weights[n] for n in cycle), tuple(sorted(cycle)), tuple((-weights[n], n) for n in cycle))
+    return (-worst, -total, -sum(weights[n] for n in cycle), tuple((-weights[n], n) for n in cycle))
 
 
 @dataclass(frozen=True)
@@ -170,8 +173,8 @@ class CycleSearch:
     Method: each cycle is visited once, from its rank-0 node (nodes ordered weight desc, id asc;
     a path from start s only uses later nodes). Paths are extended best link first and cut when
     an optimistic key (worst link so far; every remaining link as good as the best link of the
-    graph; the heaviest remaining nodes; the smallest remaining ids; the path as a rank-order
-    prefix) cannot beat the best cycle accepted, when the weight cannot reach ``min_weight``,
+    graph; the heaviest remaining nodes, including the required ones and a host when one is
+    needed; the path as a rank-order prefix) cannot beat the best cycle accepted, when the weight cannot reach ``min_weight``,
     when the required nodes cannot all fit, or when the path's end is too far from its start
     to close the cycle in time.
     """
@@ -197,7 +200,6 @@ class CycleSearch:
         for i, outs in enumerate(self.succ):
             for j, _ in outs:
                 self.preds[j].append(i)
-        self.by_id = sorted(range(len(self.order)), key=lambda i: self.order[i])
         self.rank_links = rank_links
         self.max_rank = top
         self.single_rank = BEST_LINK_RANK if rank_links else 0
@@ -232,7 +234,7 @@ class CycleSearch:
                     break
                 if req_mask & ~(1 << i) or (host_mask != -1 and not host_mask >> i & 1):
                     continue
-                state.offer([i], (-self.single_rank, 0, -w[i], (order[i],), ((-w[i], order[i]),)))
+                state.offer([i], (-self.single_rank, 0, -w[i], ((-w[i], order[i]),)))
             return SearchOutcome(state.best, False, 0)
         exhausted = False
         for s in range(count):
@@ -328,65 +330,51 @@ class _Search(Generic[T]):
         lb3 = (-g.single_rank if size == 1 else -g.max_rank, -size * g.max_rank, -head_w)
         self.s = s
         self.path = [s]
-        if self._beaten(lb3, [s] + self._smallest_ids(1 << s, size - 1)):
+        if self._beaten(lb3):
             return
         self.dist = _distances_to(s, g.preds, len(g.order))
         self._go(1 << s, g.w[s], g.max_rank, 0)
 
-    def _smallest_ids(self, mask: int, n: int) -> list[int]:
-        """The ``n`` nodes after s, not in ``mask``, with the smallest ids (by id)."""
-        out: list[int] = []
-        if n <= 0:
-            return out
-        for i in self.g.by_id:
-            if self.s < i < self.count and not mask >> i & 1:
-                out.append(i)
-                if len(out) == n:
-                    break
-        return out
-
-    def _beaten(self, lb3: tuple[int, int, int], id_nodes: list[int]) -> bool:
-        """True when no completion of the current path (optimistic head ``lb3``; ``id_nodes``:
-        the path plus the smallest ids that could join it) can beat the best so far."""
+    def _beaten(self, lb3: tuple[int, int, int]) -> bool:
+        """True when no completion of the current path (optimistic head ``lb3``) can beat the
+        best so far: the rank-order tuple of any completion starts with the path's."""
         bound = self.limit
         if bound is None:
             return False
         head = bound[:3]
         if lb3 != head:
             return lb3 > head
-        order, w = self.g.order, self.g.w
-        ids = tuple(sorted(order[i] for i in id_nodes))
-        return (ids, tuple((-w[i], order[i]) for i in self.path)) > bound[3:]
+        w, order = self.g.w, self.g.order
+        return tuple((-w[i], order[i]) for i in self.path) > bound[3]
 
     def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
-        g, s, path = self.g, self.s, self.path
-        w = g.w
+        g, s, path, w = self.g, self.s, self.path, self.g.w
         last = path[-1]
         remaining = self.size - len(path)
         if remaining == 0:
             closing = g.rank_of[last].get(s)
             if closing is None or (self.host_mask != -1 and not self.host_mask & mask):
                 return
-            ids = [g.order[i] for i in path]
             seq = tuple((-w[i], g.order[i]) for i in path)
-            key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, tuple(sorted(ids)), seq)
+            key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, seq)
             self.offer(path, key)
             return
         left = remaining - 1
-        # The heaviest `remaining` nodes after s off the path (w is sorted desc): a child j
-        # adds w[j] plus the heaviest `left` of the others.
-        top: list[int] = []
-        i = s + 1
-        while len(top) < remaining and i < self.count:
-            if not mask >> i & 1:
-                top.append(i)
-            i += 1
-        if len(top) < remaining:
-            return
-        top_sum = sum(w[i] for i in top)
-        top_mask = sum(1 << i for i in top)
-        top_min = w[top[-1]]
-        small_ids: list[int] | None = None
+        # Optimistic weight of a completion through child j: the path, j, the required nodes
+        # still missing ("forced"), and the heaviest other nodes after s ("free", weight
+        # order) for the slots left — with a host among them when one is still needed.
+        forced_mask = self.req_mask & ~mask
+        forced = [i for i in range(s + 1, self.count) if forced_mask >> i & 1]
+        forced_w = sum(w[i] for i in forced)
+        taken = mask | forced_mask
+        free = [i for i in range(s + 1, self.count) if not taken >> i & 1]
+        prefix = [0]
+        for i in free:
+            prefix.append(prefix[-1] + w[i])
+        pos = {i: p for p, i in enumerate(free)}
+        hm = self.host_mask
+        need_host = hm != -1 and not hm & taken
+        first_host = next((p for p, i in enumerate(free) if hm >> i & 1), None) if need_host else None
         max_rank = g.max_rank
         for j, rank in g.succ[last]:
             if j <= s or j >= self.count or mask >> j & 1 or self.dist[j] > remaining:
@@ -394,14 +382,21 @@ class _Search(Generic[T]):
             self.spent += 1
             if self.budget is not None and self.spent > self.budget:
                 raise _BudgetSpent
-            new_mask = mask | 1 << j
-            missing = self.req_mask & ~new_mask
-            if missing and bin(missing).count("1") > left:
+            j_forced = forced_mask >> j & 1
+            slots = left - (len(forced) - j_forced)  # free slots after j
+            pj = None if j_forced else pos[j]
+            if slots < 0 or len(free) - (pj is not None) < slots:
                 continue
-            hm = self.host_mask
-            if hm != -1 and not hm & new_mask and (left == 0 or not hm & (~new_mask >> (s + 1) << (s + 1))):
-                continue
-            ub_w = cur_w + (top_sum if top_mask >> j & 1 else top_sum - top_min + w[j])
+            if pj is not None and pj < slots:
+                end, window = slots + 1, prefix[slots + 1] - w[j]
+            else:
+                end, window = slots, prefix[slots]
+            if need_host and not hm >> j & 1:
+                if first_host is None or slots == 0:
+                    continue
+                if first_host >= end:
+                    window += w[free[first_host]] - w[free[end - 1]]
+            ub_w = cur_w + forced_w + window + (0 if j_forced else w[j])
             if ub_w < self.min_weight:
                 continue
             new_min = min(cur_min, rank)
@@ -409,16 +404,13 @@ class _Search(Generic[T]):
             if self.limit is not None and lb3 >= self.limit[:3]:
                 if lb3 > self.limit[:3]:
                     continue
-                if small_ids is None:
-                    small_ids = self._smallest_ids(mask, remaining)
-                cand = [x for x in small_ids if x != j][:left]
                 path.append(j)
-                beaten = self._beaten(lb3, path + cand)
+                beaten = self._beaten(lb3)
                 path.pop()
                 if beaten:
                     continue
             path.append(j)
-            self._go(new_mask, cur_w + w[j], new_min, cur_sum + rank)
+            self._go(mask | 1 << j, cur_w + w[j], new_min, cur_sum + rank)
             path.pop()
 
 
