@@ -110,5 +110,9 @@ class EventLog:
         self.events = keep
         self._file = open(self.path, "ab")
 
+    def clear(self) -> None:
+        """Drop every event (after a snapshot made them redundant)."""
+        self.truncate_after(-1)
+
     def close(self) -> None:
         self._file.close()

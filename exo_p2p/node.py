@@ -1,9 +1,9 @@
 """The composition root: one ``exo-p2p node`` process (design.md §2).
 
-Wires the libp2p host, the replica of the event log, the master role, the worker and the
-HTTP API in one trio process. This is the only module that imports both ``master`` and
-``worker``. Today a node is its own master (the lone-node cluster of issue 2); cluster
-formation and election plug in here.
+Wires the libp2p host, the cluster membership (heartbeats, election, log replication),
+the replica of the event log, the master role (while this node is master), the worker and
+the HTTP API in one trio process. This is the only module that imports both ``master`` and
+``worker``.
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ from exo_p2p.types import (
     NodeModelsUpdated,
     NodeProfileUpdated,
     State,
+    TaskCreated,
 )
 
 log = structlog.get_logger(__name__)
-
-GLOBAL_EVENTS_TOPIC = "exo-p2p/global-events/1"
 
 
 def interface_type(ip: str) -> str:
@@ -62,24 +61,70 @@ class Node:
         self.data_dir = Path(config.data_dir)
         self.router = ChunkRouter()
         self.started = trio.Event()
-        self._local_seq = 0
-        self._outbox_send, self._outbox_recv = trio.open_memory_channel[LocalEvent](math.inf)
         self._start_time = time.monotonic()
+        self.master = None
+        self._task_api_node: dict[str, str] = {}
         self._local_cards: list[ModelCard] = []
         self.api_port: int | None = None
 
     # --- events -------------------------------------------------------------------------
     def emit_local(self, event: Event) -> None:
-        """Queue a local event for the master with this boot's next sequence number."""
-        self._local_seq += 1
-        self._outbox_send.send_nowait(LocalEvent(self.node_id, self.boot_id, self._local_seq, event))  # type: ignore[arg-type]
+        """Queue a local event for the master (re-sent until seen indexed)."""
+        self.member.send_local(event)
 
-    async def _outbox_loop(self) -> None:
-        async for local in self._outbox_recv:
+    # --- master role hooks (driven by the cluster member) ---------------------------------
+    async def _start_master(self, term: int) -> None:
+        from master.role import MasterRole
+
+        self.master = MasterRole(
+            self.node_id,  # type: ignore[arg-type]
+            term,
+            self.replica,
+            self.member.publish_indexed,
+            wait_committed=self.member.wait_committed,
+            queue_limit=self.config.queue_limit,
+        )
+        await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
+
+    async def _stop_master(self) -> None:
+        self.master = None
+
+    async def _master_accept(self, local: LocalEvent) -> None:
+        if self.master is not None:
             await self.master.accept_local(local)
 
-    async def _publish(self, indexed: IndexedEvent) -> None:
-        await self.net.publish(GLOBAL_EVENTS_TOPIC, msgspec.msgpack.encode(indexed))
+    async def _master_command(self, command: Command) -> CommandResult:
+        if self.master is None:
+            return CommandResult(command.command_id, error=ErrorInfo(503, "not the master", "server_error", code="not_master"))
+        return await self.master.command(command)
+
+    async def _master_emit(self, events: list[Event]) -> int:
+        return await self.master.emit(events) if self.master is not None else 0
+
+    # --- chunks ------------------------------------------------------------------------------
+    def _track_tasks(self, indexed: IndexedEvent, state: State) -> None:
+        event = indexed.event
+        if isinstance(event, TaskCreated):
+            self._task_api_node[event.task.task_id] = event.task.api_node_id
+            if len(self._task_api_node) > 100_000:  # bounded: drop the oldest half
+                for key in list(self._task_api_node)[:50_000]:
+                    del self._task_api_node[key]
+
+    def route_chunk(self, chunk: Chunk) -> None:
+        """Hand a runner's chunk to the API node that owns its request (here, or over a
+        direct stream to that node; never through gossip)."""
+        destination = self._task_api_node.get(chunk.task_id)
+        if destination is None:
+            record = self.replica.state.tasks.get(chunk.task_id)  # type: ignore[call-overload]
+            destination = record.task.api_node_id if record is not None else self.node_id
+        if destination == self.node_id:
+            self.router.deliver(chunk)
+        else:
+            self.member.send_chunk(destination, chunk)
+
+    def _receive_chunks(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            self.router.deliver(chunk)
 
     # --- backend for the API ---------------------------------------------------------------
     def state(self) -> State:
@@ -90,8 +135,14 @@ class Node:
         alone_for = time.monotonic() - self._start_time
         if not self.net.connected_peers() and alone_for >= NO_PEERS_WARNING_AFTER:
             warnings.append(f"no peers found for {alone_for:.0f} s: this node is a cluster of one")
+        if self.member.duplicate_identity:
+            warnings.append(self.member.duplicate_identity)
+        if self.member.master is None:
+            warnings.append("no master elected yet")
         counters = dict(self.net.counters)
-        counters.update(self.master.counters)
+        counters.update(self.member.counters)
+        if self.master is not None:
+            counters.update(self.master.counters)
         counters["chunks_undeliverable"] = self.router.undeliverable
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
@@ -108,7 +159,7 @@ class Node:
                     memory_total=profile.memory_total,
                     memory_available=profile.memory_available,
                     addrs=[a.multiaddr for a in profile.addrs],
-                    last_seen=0.0,
+                    last_seen=round(self.member.last_seen(node_id) or 0.0, 1),
                 )
             )
         return out
@@ -117,9 +168,7 @@ class Node:
         return list(self._local_cards)
 
     async def command(self, command: Command, timeout: float = 30.0) -> CommandResult:
-        with trio.move_on_after(timeout):
-            return await self.master.command(command)
-        return CommandResult(command.command_id, error=ErrorInfo(503, f"the master did not answer within {timeout:.0f} s", "server_error"))
+        return await self.member.command(command, timeout)
 
     def open_chunks(self, task_id: str) -> trio.MemoryReceiveChannel[Chunk]:
         return self.router.open(task_id)
@@ -154,10 +203,27 @@ class Node:
                 models=tuple(sorted(c.model_id for c in self._local_cards)),
                 priority=self.config.priority,
             )
-            if profile_changed(last, profile):
+            published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
+            if profile_changed(last, profile) or (published is None and self.member.master is not None and last is not None and not self.member._pending):
+                # also re-publish when State lost us (we were timed out, or joined a cluster)
                 self.emit_local(NodeProfileUpdated(profile))
                 last = profile
+            if published is not None and published.models != profile.models and not self.member._pending:
+                self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
             await trio.sleep(2.0)
+
+    async def _wait_joined(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until a master is known and this node's profile and
+        models are in State, so the API never answers from a node that is still joining."""
+        with trio.move_on_after(timeout) as scope:
+            while True:
+                state = self.replica.state
+                profile = state.nodes.get(self.node_id)  # type: ignore[call-overload]
+                if self.member.master is not None and profile is not None and all(c.model_id in state.model_cards for c in self._local_cards):
+                    return
+                await trio.sleep(0.05)
+        if scope.cancelled_caught:
+            log.warning("not joined yet; serving the API anyway", master=self.member.master)
 
     async def _load_models(self) -> None:
         self._local_cards = await trio.to_thread.run_sync(self.store.list_cards)
@@ -168,8 +234,8 @@ class Node:
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.models.store import ModelStore
+        from exo_p2p.cluster.member import ClusterMember, MasterHooks
         from exo_p2p.net import NetConfig, load_or_create_identity, new_boot_id, open_host
-        from master.role import MasterRole
         from worker.worker import Worker
 
         cfg = self.config
@@ -186,31 +252,41 @@ class Node:
             cluster=cfg.cluster,
             cluster_secret=secret,
             bootstrap=tuple(cfg.bootstrap),
-            mdns=False,
+            mdns=cfg.mdns,
         )
         self.worker = Worker(
             self.node_id,
             self.boot_id,
             self.state,
             self.emit_local,
-            self.router.deliver,
+            self.route_chunk,
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=cfg.prefill_chunk_size,
             fault_hooks=cfg.fault_hooks,
         )
+        self.replica.listeners.append(self._track_tasks)
         self.replica.listeners.append(self.router.on_event)
+        self.replica.snapshot_listeners.append(lambda _s: self.worker.wake())
         self.replica.listeners.append(lambda _e, _s: self.worker.wake())
+        hooks = MasterHooks(
+            start=self._start_master,
+            stop=self._stop_master,
+            accept_local=self._master_accept,
+            command=self._master_command,
+            emit=self._master_emit,
+        )
         async with open_host(net_config) as net:
             self.net = net
-            term = self.replica.state.term + 1
-            self.master = MasterRole(self.node_id, term, self.replica, self._publish, queue_limit=cfg.queue_limit)  # type: ignore[arg-type]
-            await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
+            self.member = ClusterMember(
+                net, self.replica, self.node_id, self.boot_id, hooks, priority=cfg.priority, on_chunks=self._receive_chunks
+            )
             async with trio.open_nursery() as nursery:
                 self.router.bind(nursery)
-                nursery.start_soon(self._outbox_loop)
+                await nursery.start(self._run_member, nursery.cancel_scope)
                 await self._load_models()
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
+                await self._wait_joined(15.0)
                 app = create_app(self, queue_limit=cfg.queue_limit)
                 self.api_port = await nursery.start(serve, app, cfg.api_host, cfg.api_port)
                 log.info(
@@ -227,6 +303,12 @@ class Node:
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
+
+    async def _run_member(self, node_scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.member.run(task_status=task_status)
+        if self.member.duplicate_identity:
+            self.exit_reason = self.member.duplicate_identity
+            node_scope.cancel()
 
     def close(self) -> None:
         if hasattr(self, "replica"):
@@ -267,4 +349,7 @@ def run_node(config: NodeConfig) -> int:
         return 1
     finally:
         node.close()
+    if getattr(node, "exit_reason", None):
+        print(f"error: {node.exit_reason}", file=sys.stderr)
+        return 1
     return 0

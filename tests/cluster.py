@@ -26,8 +26,20 @@ def free_port() -> int:
 class NodeProcess:
     """One node process. ``start()`` returns once its API answers (bounded by ``timeout``)."""
 
-    def __init__(self, data_dir: Path, *, extra_args: list[str] | None = None, env: dict | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        extra_args: list[str] | None = None,
+        env: dict | None = None,
+        cluster: str | None = None,
+        mdns: bool = False,
+    ) -> None:
+        """A node in its own cluster (``cluster`` name, random by default) so parallel and
+        sequential tests never meet; mDNS off unless asked (tests join by bootstrap)."""
         self.data_dir = data_dir
+        self.cluster = cluster or f"test-{os.getpid()}-{id(self):x}"
+        self.mdns = mdns
         self.api_port = free_port()
         self.extra_args = list(extra_args or [])
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
@@ -49,6 +61,8 @@ class NodeProcess:
             "--listen-host", "127.0.0.1",
             "--listen-port", "0",
             "--log-format", "json",
+            "--cluster", self.cluster,
+            *([] if self.mdns else ["--no-mdns"]),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
@@ -63,6 +77,13 @@ class NodeProcess:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"node API did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def addrs(self) -> list[str]:
+        """This node's dialable multiaddrs (from ``GET /nodes``)."""
+        for n in self.get("/nodes").json():
+            if n["is_self"]:
+                return n["addrs"]
+        return []
 
     def log_tail(self, n: int = 40) -> str:
         try:

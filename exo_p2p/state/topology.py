@@ -308,6 +308,7 @@ class _Search(Generic[T]):
         self.host_mask = host_mask
         self.budget = budget
         self.limit = better_than
+        self.req_list = [i for i in range(count) if req_mask >> i & 1]
         self.best: Found[T] | None = None
         self.spent = 0
         self.s = -1
@@ -347,6 +348,21 @@ class _Search(Generic[T]):
         w, order = self.g.w, self.g.order
         return tuple((-w[i], order[i]) for i in self.path) > bound[3]
 
+    def _heaviest_free(self, taken: int, n: int, need_host: bool) -> tuple[list[int], int | None]:
+        """The heaviest ``n`` nodes after s not in ``taken`` (weight order; all of them when
+        fewer), extended to the first host when ``need_host``; and that host's position."""
+        free: list[int] = []
+        first_host = None
+        hm = self.host_mask
+        i = self.s + 1
+        while i < self.count and (len(free) < n or (need_host and first_host is None)):
+            if not taken >> i & 1:
+                if need_host and first_host is None and hm >> i & 1:
+                    first_host = len(free)
+                free.append(i)
+            i += 1
+        return free, first_host
+
     def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
         g, s, path, w = self.g, self.s, self.path, self.g.w
         last = path[-1]
@@ -363,18 +379,11 @@ class _Search(Generic[T]):
         # Optimistic weight of a completion through child j: the path, j, the required nodes
         # still missing ("forced"), and the heaviest other nodes after s ("free", weight
         # order) for the slots left — with a host among them when one is still needed.
+        # Computed once per path, when its first child passes the cheap checks.
         forced_mask = self.req_mask & ~mask
-        forced = [i for i in range(s + 1, self.count) if forced_mask >> i & 1]
-        forced_w = sum(w[i] for i in forced)
-        taken = mask | forced_mask
-        free = [i for i in range(s + 1, self.count) if not taken >> i & 1]
-        prefix = [0]
-        for i in free:
-            prefix.append(prefix[-1] + w[i])
-        pos = {i: p for p, i in enumerate(free)}
         hm = self.host_mask
-        need_host = hm != -1 and not hm & taken
-        first_host = next((p for p, i in enumerate(free) if hm >> i & 1), None) if need_host else None
+        need_host = hm != -1 and not hm & (mask | forced_mask)
+        prepared = False
         max_rank = g.max_rank
         for j, rank in g.succ[last]:
             if j <= s or j >= self.count or mask >> j & 1 or self.dist[j] > remaining:
@@ -382,9 +391,18 @@ class _Search(Generic[T]):
             self.spent += 1
             if self.budget is not None and self.spent > self.budget:
                 raise _BudgetSpent
+            if not prepared:
+                prepared = True
+                forced = [i for i in self.req_list if i > s and forced_mask >> i & 1]
+                forced_w = sum(w[i] for i in forced)
+                free, first_host = self._heaviest_free(mask | forced_mask, left - len(forced) + 2, need_host)
+                prefix = [0]
+                for i in free:
+                    prefix.append(prefix[-1] + w[i])
+                pos = {i: p for p, i in enumerate(free)}
             j_forced = forced_mask >> j & 1
             slots = left - (len(forced) - j_forced)  # free slots after j
-            pj = None if j_forced else pos[j]
+            pj = None if j_forced else pos.get(j)
             if slots < 0 or len(free) - (pj is not None) < slots:
                 continue
             if pj is not None and pj < slots:

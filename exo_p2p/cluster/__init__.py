@@ -1,0 +1,1 @@
+"""Cluster formation: heartbeats, liveness, election, log replication over the net layer."""

@@ -1,0 +1,580 @@
+"""This node's part in the cluster: heartbeats, election, log replication, routing.
+
+``ClusterMember`` runs over the libp2p ``Network`` and the node's ``Replica``. It knows
+nothing of placement or runners: the node (composition root) injects the master role
+through ``MasterHooks`` (start/stop sequencing, accept a local event, decide a command).
+
+Guarantees (design.md §4, §5a, §5c):
+- every local event is re-sent until this node applies it back indexed (per-origin
+  sequence numbers let the master drop duplicates);
+- indexed events are accepted only from the node this node follows as master, applied in
+  order, gaps fetched over a direct stream (resuming from the last applied index; a
+  snapshot when the range was compacted or this node's tail diverged);
+- a peer is gone after ``peer_timeout`` seconds without a heartbeat, by this node's
+  monotonic clock; the master then records ``NodeTimedOut``;
+- a master is elected by ``election.decide``; a new master first fetches events that live
+  peers applied and it lacks;
+- commands reach the master over a request/response stream, retried across a failover,
+  and are answered only once committed (applied by another node, or persisted when alone).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.cluster.election import ElectionView, decide
+from exo_p2p.cluster.liveness import Liveness
+from exo_p2p.cluster.messages import (
+    CHUNKS_PROTOCOL,
+    COMMAND_PROTOCOL,
+    GLOBAL_EVENTS_TOPIC,
+    HEARTBEATS_TOPIC,
+    LOCAL_EVENTS_TOPIC,
+    LOG_PROTOCOL,
+    ChunkBatch,
+    Heartbeat,
+    LocalEventBatch,
+    LogRequest,
+    LogResponse,
+    chunk_batch_decoder,
+    encode,
+    heartbeat_decoder,
+    indexed_decoder,
+    local_batch_decoder,
+    log_request_decoder,
+    log_response_decoder,
+)
+from exo_p2p.replica import Replica
+from exo_p2p.types import (
+    PROTOCOL_VERSION,
+    Chunk,
+    Command,
+    CommandEnvelope,
+    CommandResult,
+    ErrorInfo,
+    Event,
+    IndexedEvent,
+    LocalEvent,
+    NodeTimedOut,
+    State,
+    TopologyEdge,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+
+log = structlog.get_logger(__name__)
+
+_command_env_decoder = msgspec.msgpack.Decoder(CommandEnvelope)
+_command_result_decoder = msgspec.msgpack.Decoder(CommandResult)
+
+
+@dataclass
+class ClusterSettings:
+    """Timings in seconds (design.md §5c)."""
+
+    heartbeat_interval: float = 0.5
+    peer_timeout: float = 5.0
+    settle: float = 2.0
+    """Seconds a node without a master waits after it starts before an election (so the
+    heartbeats of an existing master can reach it first)."""
+    failover_settle: float = 0.5
+    """Seconds to wait after losing a master before electing (every node decides alike)."""
+    disconnect_grace: float = 1.0
+    """A master whose last connection closed is gone after this many seconds unless it
+    reconnects (a killed process is noticed in ~0.2 s; a brief hiccup is tolerated)."""
+    resend_interval: float = 1.0
+    command_timeout: float = 30.0
+    request_timeout: float = 10.0
+    max_local_batch: int = 64
+
+
+@dataclass
+class MasterHooks:
+    """The master role as the cluster drives it (implemented by the node with ``master``)."""
+
+    start: Callable[[int], Awaitable[None]]
+    """Become master with this term (sequence ``MasterElected`` first)."""
+    stop: Callable[[], Awaitable[None]]
+    """Stop sequencing (another master won)."""
+    accept_local: Callable[[LocalEvent], Awaitable[None]]
+    command: Callable[[Command], Awaitable[CommandResult]]
+    emit: Callable[[list[Event]], Awaitable[int]]
+
+
+class DuplicateIdentityError(RuntimeError):
+    """Another running node uses this node's identity (a copied data dir)."""
+
+
+class ClusterMember:
+    def __init__(
+        self,
+        net,  # exo_p2p.net.Network
+        replica: Replica,
+        node_id: str,
+        boot_id: str,
+        hooks: MasterHooks,
+        *,
+        priority: int = 0,
+        settings: ClusterSettings | None = None,
+        on_chunks: Callable[[list[Chunk]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.net = net
+        self.replica = replica
+        self.node_id = node_id
+        self.boot_id = boot_id
+        self.hooks = hooks
+        self.priority = priority
+        self.s = settings or ClusterSettings()
+        self.clock = clock
+        self.liveness = Liveness(self.s.peer_timeout)
+        self.master: str | None = None
+        self.term = replica.state.term
+        self.is_master = False
+        self._masterless_since: float | None = clock()
+        self._started_at = clock()
+        self._seq = 0
+        self._pending: dict[int, LocalEvent] = {}
+        self._pending_wake = trio.Event()
+        self._beat_now = trio.Event()
+        self._sync_wake = trio.Event()
+        self._master_changed = trio.Event()
+        self._on_chunks = on_chunks
+        self._chunk_queues: dict[str, trio.MemorySendChannel[Chunk]] = {}
+        self._disconnected_at: dict[str, float] = {}
+        self._nursery: trio.Nursery | None = None
+        self.counters: dict[str, int] = {}
+        self.duplicate_identity: str | None = None
+        self._role_lock = trio.Lock()
+        replica.listeners.append(self._on_applied)
+
+    # --- small helpers ----------------------------------------------------------------
+    def _count(self, kind: str) -> None:
+        self.counters[kind] = self.counters.get(kind, 0) + 1
+
+    def own_heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            node_id=self.node_id,
+            boot_id=self.boot_id,
+            term=self.term,
+            master=self.master,
+            priority=self.priority,
+            last_idx=self.replica.last_idx,
+            last_term=self.replica.last_term,
+        )
+
+    def live_peers(self) -> list[Heartbeat]:
+        return [hb for hb in self.liveness.alive(self.clock()) if hb.node_id != self.node_id]
+
+    def last_seen(self, node_id: str) -> float | None:
+        """Seconds since the last heartbeat of ``node_id`` (0 for this node)."""
+        if node_id == self.node_id:
+            return 0.0
+        t = self.liveness.last_heard(node_id)
+        return None if t is None else max(0.0, self.clock() - t)
+
+    # --- running ------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.net.set_request_handler(LOG_PROTOCOL, self._serve_log)
+        self.net.set_request_handler(COMMAND_PROTOCOL, self._serve_command, timeout=self.s.command_timeout + 5)
+        self.net.set_request_handler(CHUNKS_PROTOCOL, self._serve_chunks)
+        heartbeats = await self.net.subscribe(HEARTBEATS_TOPIC, include_own=True, buffer=4096)
+        local_events = await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096)
+        global_events = await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self._receive_heartbeats, heartbeats)
+            nursery.start_soon(self._receive_local_events, local_events)
+            nursery.start_soon(self._receive_global_events, global_events)
+            nursery.start_soon(self._election_loop)
+            nursery.start_soon(self._resend_loop)
+            nursery.start_soon(self._sync_loop)
+            nursery.start_soon(self._timeout_loop)
+            nursery.start_soon(self._topology_loop)
+            task_status.started()
+
+    # --- heartbeats and liveness -----------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        last_sent = -math.inf
+        while True:
+            with trio.move_on_after(self.s.heartbeat_interval):
+                await self._beat_now.wait()
+            self._beat_now = trio.Event()
+            wait = 0.02 - (self.clock() - last_sent)  # at most 50 heartbeats/s
+            if wait > 0:
+                await trio.sleep(wait)
+            await self.net.publish(HEARTBEATS_TOPIC, encode(self.own_heartbeat()))
+            last_sent = self.clock()
+
+    async def _receive_heartbeats(self, channel) -> None:  # type: ignore[no-untyped-def]
+        async for sender, data in channel:
+            try:
+                hb = heartbeat_decoder.decode(data)
+            except msgspec.DecodeError:
+                self._count("heartbeat_undecodable")
+                continue
+            if hb.version != PROTOCOL_VERSION:
+                self._count("heartbeat_version")
+                continue
+            if hb.node_id != sender:
+                self._count("heartbeat_forged")
+                continue
+            if hb.node_id == self.node_id:
+                if hb.boot_id != self.boot_id:
+                    self._duplicate(hb)
+                continue
+            if self.liveness.heard(hb, self.clock()):
+                log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
+                self._beat_now.set()
+            if hb.node_id == self.master and hb.last_idx > self.replica.last_idx:
+                self._sync_wake.set()
+
+    def _duplicate(self, hb: Heartbeat) -> None:
+        if self.duplicate_identity is None:
+            self.duplicate_identity = (
+                f"another running node uses this node's identity {self.node_id} (boot {hb.boot_id}); "
+                "a copied data dir? start one of them with --new-identity"
+            )
+            log.error("duplicate identity: refusing to join", detail=self.duplicate_identity)
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+
+    # --- election ------------------------------------------------------------------------------
+    async def _election_loop(self) -> None:
+        while True:
+            now = self.clock()
+            peers = self.live_peers()
+            master_alive = self.master == self.node_id or (
+                any(p.node_id == self.master for p in peers) and not self._disconnected_for(self.master, now)
+            )
+            if self.master is not None and not master_alive:
+                log.warning("master gone", master=self.master)
+                await self._set_master(None, self.term)
+            claims = [p for p in peers if p.master == p.node_id]
+            if self.master is None and not claims and self._masterless_since is None:
+                self._masterless_since = now
+            masterless_for = 0.0 if (claims or self.master is not None) else now - (self._masterless_since or now)
+            peers = [p for p in peers if not self._disconnected_for(p.node_id, now)]
+            settle = self.s.settle if now - self._started_at < 2 * self.s.settle else self.s.failover_settle
+            decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
+            if decision.claim:
+                await self._claim(decision.term)
+            elif decision.follow is not None and (decision.follow != self.master or decision.term != self.term):
+                if decision.follow != self.node_id:
+                    await self._set_master(decision.follow, decision.term)
+            await trio.sleep(0.1)
+
+    def _disconnected_for(self, peer: str | None, now: float) -> bool:
+        """Whether ``peer`` has had no connection for ``disconnect_grace`` seconds."""
+        if peer is None:
+            return False
+        since = self._disconnected_at.get(peer)
+        return since is not None and now - since >= self.s.disconnect_grace
+
+    async def _claim(self, term: int) -> None:
+        """Become master: fetch what live peers applied that we lack, then sequence."""
+        best = max(self.live_peers(), key=lambda p: p.last_idx, default=None)
+        if best is not None and best.last_idx > self.replica.last_idx:
+            await self._fetch_from(best.node_id)
+            if self.replica.last_idx < best.last_idx:
+                return  # could not catch up yet; try again next round
+        async with self._role_lock:
+            self.term = max(term, self.replica.state.term + 1)
+            self.master = self.node_id
+            self.is_master = True
+            self._masterless_since = None
+            log.info("became master", term=self.term, last_idx=self.replica.last_idx)
+            await self.hooks.start(self.term)
+        self._signal_master_change()
+
+    async def _set_master(self, master: str | None, term: int) -> None:
+        async with self._role_lock:
+            if self.is_master and master != self.node_id:
+                log.warning("stepping down", new_master=master, term=term)
+                self.is_master = False
+                await self.hooks.stop()
+            if master != self.master:
+                log.info("following master", master=master, term=term)
+            self.master = master
+            self.term = max(self.term, term)
+            self._masterless_since = None if master is not None else self.clock()
+        self._signal_master_change()
+        if master is not None:
+            self._sync_wake.set()
+
+    def _signal_master_change(self) -> None:
+        self._master_changed.set()
+        self._master_changed = trio.Event()
+        self._pending_wake.set()
+        self._beat_now.set()
+
+    async def wait_for_master(self, timeout: float) -> str | None:
+        with trio.move_on_after(timeout):
+            while self.master is None:
+                await self._master_changed.wait()
+        return self.master
+
+    # --- local events -------------------------------------------------------------------------
+    def send_local(self, event: Event) -> None:
+        """Queue a local event for the master; re-sent until seen indexed."""
+        self._seq += 1
+        self._pending[self._seq] = LocalEvent(self.node_id, self.boot_id, self._seq, event)  # type: ignore[arg-type]
+        self._pending_wake.set()
+
+    def _on_applied(self, event: IndexedEvent, _state: State) -> None:
+        if event.origin == self.node_id and event.origin_boot == self.boot_id:
+            for seq in [s for s in self._pending if s <= event.origin_seq]:
+                del self._pending[seq]
+        if not self.is_master:
+            self._beat_now.set()  # tells the master promptly that we applied (commit rule)
+
+    async def _resend_loop(self) -> None:
+        """Deliver pending local events: directly when we are master, else by gossip,
+        re-sending every ``resend_interval`` until they come back indexed."""
+        while True:
+            with trio.move_on_after(self.s.resend_interval):
+                await self._pending_wake.wait()
+            self._pending_wake = trio.Event()
+            if not self._pending or self.master is None:
+                continue
+            pending = [self._pending[s] for s in sorted(self._pending)]
+            if self.is_master:
+                for local in pending:
+                    await self.hooks.accept_local(local)
+                continue
+            for i in range(0, len(pending), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(pending[i : i + self.s.max_local_batch]))
+                await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
+
+    async def _receive_local_events(self, channel) -> None:  # type: ignore[no-untyped-def]
+        async for sender, data in channel:
+            if not self.is_master:
+                continue
+            try:
+                batch = local_batch_decoder.decode(data)
+            except msgspec.DecodeError:
+                self._count("local_event_undecodable")
+                continue
+            if batch.version != PROTOCOL_VERSION:
+                self._count("local_event_version")
+                continue
+            for local in batch.events:
+                if local.origin != sender or local.version != PROTOCOL_VERSION:
+                    self._count("local_event_forged")
+                    continue
+                await self.hooks.accept_local(local)
+
+    # --- global events and log sync ---------------------------------------------------------------
+    async def publish_indexed(self, indexed: IndexedEvent) -> None:
+        await self.net.publish(GLOBAL_EVENTS_TOPIC, encode(indexed))
+
+    async def _receive_global_events(self, channel) -> None:  # type: ignore[no-untyped-def]
+        async for sender, data in channel:
+            try:
+                indexed = indexed_decoder.decode(data)
+            except msgspec.DecodeError:
+                self._count("global_event_undecodable")
+                continue
+            if indexed.version != PROTOCOL_VERSION:
+                self._count("global_event_version")
+                continue
+            if sender != self.master or self.is_master:
+                self._count("global_event_not_from_master")
+                continue
+            if indexed.term < self.term:
+                self._count("global_event_stale_term")
+                continue
+            outcome = self.replica.offer(indexed)
+            if outcome == "buffered":
+                self._sync_wake.set()
+            elif outcome == "duplicate":
+                self._count("global_event_duplicate")
+
+    async def _sync_loop(self) -> None:
+        while True:
+            with trio.move_on_after(1.0):
+                await self._sync_wake.wait()
+            self._sync_wake = trio.Event()
+            master = self.master
+            if master is None or self.is_master:
+                continue
+            hb = self.liveness.get(master)
+            behind = hb is not None and hb.last_idx > self.replica.last_idx
+            if behind or self.replica.missing_range() is not None or self._needs_check(master):
+                await self._fetch_from(master)
+
+    def _needs_check(self, master: str) -> bool:
+        # after following a new master, check once that our tail agrees with its log
+        return getattr(self, "_checked_master", None) != (master, self.term)
+
+    async def _fetch_from(self, peer: str) -> None:
+        """Fetch events after our last index from ``peer`` until caught up (or a snapshot)."""
+        for _ in range(1000):
+            request = LogRequest(
+                from_idx=self.replica.last_idx + 1,
+                prev_idx=self.replica.last_idx,
+                prev_term=self.replica.last_term,
+            )
+            try:
+                with trio.fail_after(self.s.request_timeout):
+                    raw = await self.net.request(peer, LOG_PROTOCOL, encode(request), timeout=self.s.request_timeout)
+                response = log_response_decoder.decode(raw)
+            except (trio.TooSlowError, msgspec.DecodeError, Exception) as exc:  # noqa: BLE001
+                log.warning("log fetch failed", peer=peer, error=repr(exc))
+                self._count("log_fetch_failed")
+                return
+            if response.snapshot is not None:
+                log.info("installing snapshot", peer=peer, idx=response.snapshot.last_event_idx)
+                self.replica.install_snapshot(response.snapshot)
+            for e in response.events:
+                self.replica.offer(e)
+            self._checked_master = (peer, self.term)
+            if not response.events and response.snapshot is None:
+                return
+            if self.replica.last_idx >= response.last_idx:
+                return
+
+    async def _serve_log(self, peer: str, data: bytes) -> bytes:
+        request = log_request_decoder.decode(data)
+        r = self.replica
+        diverged = request.prev_idx > r.last_idx or (request.prev_idx > 0 and r.term_at(request.prev_idx) != request.prev_term)
+        if diverged:
+            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx))
+        events = r.events_from(request.from_idx, min(request.max_events, 5000))
+        if events is None:
+            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx))
+        return encode(LogResponse(events=tuple(events), last_idx=r.last_idx))
+
+    # --- master duties -----------------------------------------------------------------------
+    async def _timeout_loop(self) -> None:
+        """As master: time out nodes in State not heard from for ``peer_timeout`` seconds."""
+        while True:
+            await trio.sleep(0.5)
+            if not self.is_master:
+                continue
+            now = self.clock()
+            if now - self._started_at < self.s.peer_timeout:
+                continue
+            for node_id in list(self.replica.state.nodes):
+                if node_id == self.node_id:
+                    continue
+                heard = self.liveness.last_heard(node_id)
+                if heard is None or now - heard >= self.s.peer_timeout:
+                    log.warning("node timed out", node=node_id)
+                    await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
+
+    async def wait_committed(self, idx: int) -> None:
+        """Return once event ``idx`` is committed: applied by some other live node, or at
+        once when this node is alone (it is persisted already)."""
+        while True:
+            peers = self.live_peers()
+            if not peers or any(p.last_idx >= idx for p in peers):
+                return
+            with trio.move_on_after(0.05):
+                await trio.sleep_forever()
+
+    # --- topology ---------------------------------------------------------------------------
+    async def _topology_loop(self) -> None:
+        events = self.net.peer_events()
+        async for peer, connected in events:
+            if connected:
+                self._disconnected_at.pop(peer, None)
+            else:
+                self._disconnected_at[peer] = self.clock()
+            if connected:
+                ip = _ip_of(self.net.peer_addrs(peer))
+                self.send_local(TopologyEdgeCreated(TopologyEdge(self.node_id, peer, ip)))  # type: ignore[arg-type]
+            else:
+                self.send_local(TopologyEdgeDeleted(self.node_id, peer))  # type: ignore[arg-type]
+
+    # --- commands -----------------------------------------------------------------------------
+    async def command(self, command: Command, timeout: float | None = None) -> CommandResult:
+        """Send ``command`` to the master (retried across a failover) and return its result;
+        a 503 result when no master answers within ``timeout`` seconds."""
+        timeout = self.s.command_timeout if timeout is None else timeout
+        deadline = trio.current_time() + timeout
+        last_error = "no master elected yet"
+        while trio.current_time() < deadline:
+            master = await self.wait_for_master(deadline - trio.current_time())
+            if master is None:
+                break
+            if master == self.node_id:
+                result = await self.hooks.command(command)
+            else:
+                try:
+                    envelope = CommandEnvelope(self.node_id, command)  # type: ignore[arg-type]
+                    raw = await self.net.request(master, COMMAND_PROTOCOL, encode(envelope), timeout=max(0.1, deadline - trio.current_time()))
+                    result = _command_result_decoder.decode(raw)
+                except Exception as exc:  # noqa: BLE001 - any failure: retry with the (new) master
+                    last_error = f"master {master} did not answer: {exc}"
+                    await trio.sleep(0.2)
+                    continue
+            if result.error is not None and result.error.code == "not_master":
+                await trio.sleep(0.1)
+                continue
+            if result.event_idx:
+                with trio.move_on_after(max(0.0, min(5.0, deadline - trio.current_time()))):
+                    await self.replica.wait_for_idx(result.event_idx)
+            return result
+        return CommandResult(command.command_id, error=ErrorInfo(503, f"the cluster has no reachable master: {last_error}", "server_error", code="no_master"))
+
+    async def _serve_command(self, peer: str, data: bytes) -> bytes:
+        envelope = _command_env_decoder.decode(data)
+        if envelope.version != PROTOCOL_VERSION:
+            raise ValueError(f"unsupported protocol version {envelope.version}")
+        if not self.is_master:
+            return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(503, "not the master", "server_error", code="not_master")))
+        return encode(await self.hooks.command(envelope.command))
+
+    # --- chunks -------------------------------------------------------------------------------
+    def send_chunk(self, destination: str, chunk: Chunk) -> None:
+        """Send ``chunk`` to the API node ``destination`` over a direct stream (batched,
+        in order); never blocks."""
+        queue = self._chunk_queues.get(destination)
+        if queue is None:
+            send, receive = trio.open_memory_channel[Chunk](math.inf)
+            self._chunk_queues[destination] = queue = send
+            assert self._nursery is not None
+            self._nursery.start_soon(self._chunk_sender, destination, receive)
+        queue.send_nowait(chunk)
+
+    async def _chunk_sender(self, destination: str, receive) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            first = await receive.receive()
+            batch = [first]
+            while len(batch) < 256:
+                try:
+                    batch.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            for attempt in range(3):
+                try:
+                    await self.net.request(destination, CHUNKS_PROTOCOL, encode(ChunkBatch(tuple(batch))), timeout=5.0)
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("chunk delivery failed", destination=destination, attempt=attempt, error=repr(exc))
+                    await trio.sleep(0.2)
+            else:
+                self.counters["chunks_lost"] = self.counters.get("chunks_lost", 0) + len(batch)
+
+    async def _serve_chunks(self, peer: str, data: bytes) -> bytes:
+        batch = chunk_batch_decoder.decode(data)
+        if self._on_chunks is not None:
+            self._on_chunks(list(batch.chunks))
+        return b"ok"
+
+
+def _ip_of(addrs: list[str]) -> str:
+    for a in addrs:
+        parts = a.split("/")
+        if len(parts) > 2 and parts[1] == "ip4":
+            return parts[2]
+    return ""

@@ -1,0 +1,85 @@
+"""Messages nodes exchange to form a cluster (design.md §4, §5a, §6).
+
+Gossip carries only small messages (heartbeats, local events, indexed events); anything
+large or that must arrive goes over a request/response stream: commands, log catch-up,
+snapshots, token chunks. Every message has the protocol version; one that does not decode,
+or has another version, is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.types import PROTOCOL_VERSION, Chunk, IndexedEvent, LocalEvent, State
+
+HEARTBEATS_TOPIC = "exo-p2p/heartbeats/1"
+LOCAL_EVENTS_TOPIC = "exo-p2p/local-events/1"
+GLOBAL_EVENTS_TOPIC = "exo-p2p/global-events/1"
+
+COMMAND_PROTOCOL = "/exo-p2p/command/1"
+LOG_PROTOCOL = "/exo-p2p/log/1"
+CHUNKS_PROTOCOL = "/exo-p2p/chunks/1"
+EVENTS_PROTOCOL = "/exo-p2p/events/1"
+
+
+class Heartbeat(msgspec.Struct, frozen=True):
+    """What a node says of itself every heartbeat interval.
+
+    ``master`` is the node it follows (itself when it is master), ``term`` that master's
+    term, ``last_idx``/``last_term`` the last event it applied, ``priority`` its election
+    priority (``--priority``), ``candidate_since_ms`` unused by rules (diagnostics)."""
+
+    node_id: str
+    boot_id: str
+    term: int
+    master: str | None
+    priority: int
+    last_idx: int
+    last_term: int
+    version: int = PROTOCOL_VERSION
+
+
+class LocalEventBatch(msgspec.Struct, frozen=True):
+    """Local events of one origin, re-sent until seen indexed."""
+
+    events: tuple[LocalEvent, ...]
+    version: int = PROTOCOL_VERSION
+
+
+class LogRequest(msgspec.Struct, frozen=True):
+    """Ask for indexed events ``from_idx..`` (at most ``max_events``). ``prev_idx``/
+    ``prev_term`` identify the asker's last event: if the responder's log has another term
+    there, the asker's tail diverged and it gets a snapshot instead."""
+
+    from_idx: int
+    max_events: int = 5000
+    prev_idx: int = 0
+    prev_term: int = 0
+    version: int = PROTOCOL_VERSION
+
+
+class LogResponse(msgspec.Struct, frozen=True):
+    """Events in index order, or a snapshot (State as of ``snapshot.last_event_idx``) when
+    the asked range is compacted away or the asker diverged; ``last_idx`` is the
+    responder's last applied index."""
+
+    events: tuple[IndexedEvent, ...] = ()
+    snapshot: State | None = None
+    last_idx: int = 0
+    version: int = PROTOCOL_VERSION
+
+
+class ChunkBatch(msgspec.Struct, frozen=True):
+    """Chunks for requests owned by the receiving node, in order per task."""
+
+    chunks: tuple[Chunk, ...]
+    version: int = PROTOCOL_VERSION
+
+
+heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
+local_batch_decoder = msgspec.msgpack.Decoder(LocalEventBatch)
+indexed_decoder = msgspec.msgpack.Decoder(IndexedEvent)
+log_request_decoder = msgspec.msgpack.Decoder(LogRequest)
+log_response_decoder = msgspec.msgpack.Decoder(LogResponse)
+chunk_batch_decoder = msgspec.msgpack.Decoder(ChunkBatch)
+encode = msgspec.msgpack.Encoder().encode

@@ -1,0 +1,133 @@
+"""Topology graph and the branch-and-bound cycle search, against a brute force over all cycles."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exo_p2p.state.topology import (
+    LINK_RANK,
+    CycleSearch,
+    Topology,
+    best_cycle,
+    cycle_key,
+    rank_order,
+    ring_ip,
+    topology_from_state,
+)
+from exo_p2p.types import NodeProfile, State, TopologyEdge
+
+
+def test_ring_ip_forms() -> None:
+    assert ring_ip("192.0.2.10") == "192.0.2.10"
+    assert ring_ip("192.0.2.10:52514") == "192.0.2.10"
+    assert ring_ip("/ip4/203.0.113.1/tcp/52514") == "203.0.113.1"
+    assert ring_ip("/ip6/::1/tcp/1") == "::1"
+    assert ring_ip("[fe80::1]:7") == "fe80::1"
+    assert ring_ip("fe80::2") == "fe80::2"
+    for bad in ("", "host.local", "/dns4/x/tcp/1", "1.2.3"):
+        assert ring_ip(bad) is None
+
+
+def _state(edges: list[tuple[str, str, str, str]], nodes: tuple[str, ...] = ("a", "b", "c")) -> State:
+    profiles = {n: NodeProfile(n, "boot", n, 1, 1) for n in nodes}  # type: ignore[arg-type]
+    table: dict = {}
+    for a, b, address, kind in edges:
+        table.setdefault(a, {})[b] = TopologyEdge(a, b, address, kind)  # type: ignore[arg-type]
+    return State(nodes=profiles, edges=table)
+
+
+def test_topology_from_state_keeps_addressed_edges_among_nodes() -> None:
+    state = _state([("a", "b", "10.0.0.2", "thunderbolt"), ("b", "a", "", "ethernet"), ("a", "x", "10.0.0.9", "wifi"), ("c", "c", "10.0.0.3", "other")])
+    topo = topology_from_state(state)
+    assert topo.nodes == ("a", "b", "c")
+    assert topo.link("a", "b") is not None and topo.link("a", "b").ip == "10.0.0.2"  # type: ignore[union-attr]
+    assert topo.link("a", "b").rank == LINK_RANK["thunderbolt"]  # type: ignore[union-attr]
+    assert topo.link("b", "a") is None and topo.unaddressed == (("b", "a"),)
+    assert topo.link("c", "c") is None and topo.link("a", "x") is None
+    assert topology_from_state(state, among=["a"]).links == {"a": {}}
+
+
+def test_rank_order_starts_at_heaviest_then_smallest_id() -> None:
+    assert rank_order(("a", "b", "c"), {"a": 1, "b": 5, "c": 5}) == ("b", "c", "a")
+    assert rank_order(("c", "a", "b"), {"a": 5, "b": 5, "c": 1}) == ("a", "b", "c")
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> tuple[Topology, dict[str, int]]:
+    n = draw(st.integers(1, 8))
+    nodes = tuple(f"n{i}" for i in range(n))
+    links: dict = {v: {} for v in nodes}
+    from exo_p2p.state.topology import Link
+
+    for a in nodes:
+        for b in nodes:
+            if a != b and draw(st.booleans()):
+                links[a][b] = Link(f"10.0.0.{b[1:]}", draw(st.sampled_from([0, 1, 2, 3])))
+    weights = {v: draw(st.sampled_from([1, 2, 4, 8])) for v in nodes if draw(st.integers(0, 9)) > 0}
+    return Topology(nodes, links), weights
+
+
+def _brute(topo: Topology, weights: dict[str, int], size: int, min_weight: int, required: frozenset[str], hosts: frozenset[str] | None, accept) -> tuple | None:
+    best = None
+    for combo in itertools.permutations(sorted(weights), size):
+        if combo != rank_order(combo, weights) or not topo.is_cycle(combo):
+            continue
+        if not required <= set(combo) or (hosts is not None and not hosts & set(combo)):
+            continue
+        if sum(weights[n] for n in combo) < min_weight or not accept(combo):
+            continue
+        key = cycle_key(topo, combo, weights)
+        if best is None or key < best[0]:
+            best = (key, combo)
+    return best
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs(), st.integers(1, 7), st.integers(0, 30), st.data())
+def test_search_equals_brute_force(graph: tuple[Topology, dict[str, int]], size: int, min_weight: int, data: st.DataObject) -> None:
+    topo, weights = graph
+    pool = sorted(weights)
+    required = frozenset(data.draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else frozenset()
+    hosts = frozenset(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2))) if pool and data.draw(st.booleans()) else None
+    salt = data.draw(st.integers(0, 3))
+
+    def accept(cycle: tuple[str, ...]) -> bool:  # rejects some cycles, deterministically
+        return salt == 0 or hash(cycle) % 4 != salt % 4
+
+    outcome = best_cycle(topo, size=size, weights=weights, accept=lambda c: True if accept(c) else None, min_weight=min_weight, required=required, include_one_of=hosts)
+    expected = _brute(topo, weights, size, min_weight, required, hosts, accept)
+    assert not outcome.exhausted
+    if expected is None:
+        assert outcome.best is None
+    else:
+        assert outcome.best is not None
+        assert (outcome.best.key, outcome.best.cycle) == expected
+
+
+def test_budget_stops_the_search_and_says_so() -> None:
+    n = 12
+    nodes = tuple(f"n{i:02d}" for i in range(n))
+    from exo_p2p.state.topology import Link
+
+    # a one-way ring: the only cycle of n nodes; no 5-cycle exists, so the search must explore
+    links = {v: {nodes[(i + 1) % n]: Link("10.0.0.1", 2), nodes[(i + 2) % n]: Link("10.0.0.1", 2)} for i, v in enumerate(nodes)}
+    search = CycleSearch(Topology(nodes, links), {v: 1 for v in nodes})
+    exact = search.best(11, lambda c: True)
+    capped = search.best(11, lambda c: True, budget=3)
+    assert not exact.exhausted and exact.best is not None and exact.expansions > 3
+    assert capped.exhausted and capped.expansions == 4
+
+
+def test_dense_graph_search_is_not_exhaustive() -> None:
+    """On a 40-node full mesh of equal machines the best 20-node cycle is found with a number
+    of path extensions linear in the graph, not the (19!)-many cycles."""
+    nodes = tuple(f"n{i:02d}" for i in range(40))
+    from exo_p2p.state.topology import Link
+
+    links = {a: {b: Link("10.0.0.1", 2) for b in nodes if b != a} for a in nodes}
+    outcome = CycleSearch(Topology(nodes, links), {v: 64 for v in nodes}).best(20, lambda c: True)
+    assert outcome.best is not None and outcome.best.cycle == nodes[:20]
+    assert outcome.expansions < 40 * 40
