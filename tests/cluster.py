@@ -158,3 +158,66 @@ class NodeProcess:
     def chat(self, content: str, model: str, **params) -> httpx.Response:
         body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
         return self.post("/v1/chat/completions", json=body, timeout=params.pop("timeout", 300) if "timeout" in params else 300)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Poll ``predicate()`` until it returns a truthy value (returned) or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout} s (last error: {last_exc!r})")
+
+
+def states(nodes: list[NodeProcess]) -> list[dict]:
+    return [n.get("/state", timeout=5).json() for n in nodes]
+
+
+def converged(nodes: list[NodeProcess], n_nodes: int | None = None) -> bool:
+    """Same master, same last index, same State hash on every node (and ``n_nodes`` nodes
+    in State when given)."""
+    ss = states(nodes)
+    if any(s["master"] is None for s in ss):
+        return False
+    keys = {(s["master"], s["last_event_idx"], s["state_hash"]) for s in ss}
+    if len(keys) != 1:
+        return False
+    return n_nodes is None or all(len(s["nodes"]) == n_nodes for s in ss)
+
+
+class Cluster:
+    """Several nodes joined by bootstrap addresses (the first node's), in one test cluster."""
+
+    def __init__(self, base: Path, n: int, *, extra_args: list[str] | None = None) -> None:
+        self.base = base
+        self.name = f"test-{os.getpid()}-{id(self):x}"
+        self.extra_args = list(extra_args or [])
+        self.nodes: list[NodeProcess] = []
+        self.n = n
+
+    def start(self, timeout: float = 60.0) -> "Cluster":
+        first = NodeProcess(self.base / "node0", cluster=self.name, extra_args=self.extra_args).start(timeout)
+        self.nodes.append(first)
+        boot = first.addrs()
+        for i in range(1, self.n):
+            self.add(f"node{i}", bootstrap=boot, timeout=timeout)
+        wait_until(lambda: converged(self.nodes, self.n), 30, what="cluster convergence")
+        return self
+
+    def add(self, name: str, *, bootstrap: list[str], timeout: float = 60.0, extra: list[str] | None = None) -> NodeProcess:
+        args = [*self.extra_args, *(extra or [])]
+        for a in bootstrap:
+            args += ["--bootstrap", a]
+        node = NodeProcess(self.base / name, cluster=self.name, extra_args=args).start(timeout)
+        self.nodes.append(node)
+        return node
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()

@@ -199,6 +199,7 @@ class ClusterMember:
             nursery.start_soon(self._sync_loop)
             nursery.start_soon(self._timeout_loop)
             nursery.start_soon(self._topology_loop)
+            nursery.start_soon(self._mesh_loop)
             task_status.started()
 
     # --- heartbeats and liveness -----------------------------------------------------------
@@ -482,6 +483,30 @@ class ClusterMember:
                 await trio.sleep_forever()
 
     # --- topology ---------------------------------------------------------------------------
+    async def _mesh_loop(self) -> None:
+        """Connect to every node in State this node is not connected to (their profiles carry
+        their addresses), so the cluster is a full mesh: direct streams (commands, chunks,
+        log sync) reach any peer, and topology edges exist for every reachable pair.
+        Each node is tried at most every ``backoff`` seconds (doubling to 30 s)."""
+        next_try: dict[str, tuple[float, float]] = {}
+        while True:
+            await trio.sleep(0.5)
+            connected = self.net.connected_peers()
+            now = self.clock()
+            for node_id, profile in list(self.replica.state.nodes.items()):
+                if node_id == self.node_id or node_id in connected:
+                    next_try.pop(node_id, None)
+                    continue
+                when, backoff = next_try.get(node_id, (0.0, 0.5))
+                if now < when:
+                    continue
+                next_try[node_id] = (now + backoff, min(30.0, backoff * 2))
+                for addr in profile.addrs:
+                    try:
+                        await self.net.dial(addr.multiaddr, timeout=3.0)
+                        break
+                    except Exception as exc:  # noqa: BLE001 - unreachable now; retried with backoff
+                        log.debug("mesh dial failed", peer=node_id, addr=addr.multiaddr, error=repr(exc))
     async def _topology_loop(self) -> None:
         events = self.net.peer_events()
         async for peer, connected in events:
