@@ -184,7 +184,20 @@ class Node:
         if card is None:
             raise KeyError(model_id)
         required = resolve_nodes(state, nodes) if nodes else None
-        return [msgspec.to_builtins(p) for p in placement_previews(state, card, nodes=required)]
+        out = []
+        for p in placement_previews(state, card, nodes=required):
+            out.append(
+                {
+                    "sharding": p.sharding,
+                    "world_size": p.world_size,
+                    "nodes": list(p.nodes),
+                    "layers": list(p.layers_per_node),
+                    "bytes": list(p.bytes_per_node),
+                    "error": p.error,
+                    "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
+                }
+            )
+        return out
 
     # --- loops ----------------------------------------------------------------------------
     async def _profile_loop(self) -> None:

@@ -221,3 +221,273 @@ class Cluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+# --- additions for the security / churn / namespace tests and the cluster bench -----------------
+# (additive: nothing above changes behaviour)
+
+import contextlib
+import random
+import subprocess as _sp
+
+
+def self_id(node: NodeProcess) -> str:
+    """The node id of ``node`` (its own entry in ``GET /nodes``)."""
+    return next(n["node_id"] for n in node.get("/nodes", timeout=5).json() if n["is_self"])
+
+
+def state_of(node: NodeProcess, timeout: float = 5.0) -> dict | None:
+    """``GET /state`` as a dict, or None when the node does not answer."""
+    try:
+        r = node.get("/state", timeout=timeout)
+        return r.json() if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def agreement(nodes: list[NodeProcess], n_nodes: int | None = None) -> tuple | None:
+    """``(master, term, last_event_idx, state_hash)`` when every node reports the same
+    values (and ``n_nodes`` nodes in State when given), else None."""
+    ss = [state_of(n) for n in nodes]
+    if any(s is None or s["master"] is None for s in ss):
+        return None
+    keys = {(s["master"], s["term"], s["last_event_idx"], s["state_hash"]) for s in ss}
+    if len(keys) != 1:
+        return None
+    if n_nodes is not None and any(len(s["nodes"]) != n_nodes for s in ss):
+        return None
+    return keys.pop()
+
+
+def make_secret(path: Path) -> Path:
+    """A new cluster secret in ``path`` made by ``exo-p2p cluster-secret FILE``."""
+    r = _sp.run([sys.executable, "-m", "exo_p2p", "cluster-secret", str(path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    if r.returncode != 0:
+        raise RuntimeError(f"cluster-secret failed: {r.stdout}{r.stderr}")
+    return path
+
+
+def run_ip(*args: str, check: bool = True) -> _sp.CompletedProcess:
+    """``ip ARGS`` (root); raises on failure when ``check``."""
+    r = _sp.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
+    return r
+
+
+class NetnsLan:
+    """A LAN of ``n`` network namespaces on one Linux bridge (root needed), for tests that
+    need multicast (mDNS) or a link to cut. Namespace i has ``lan_ip(i)`` on its veth; the
+    host has ``host_ip`` on the bridge so the test reaches the nodes' APIs. Names and the
+    /24 subnet are unique per instance; ``close()`` deletes everything (idempotent).
+
+    ``cut(i)`` / ``heal(i)`` set the host end of namespace i's veth down / up (a partition:
+    the namespace keeps its address, packets stop flowing)."""
+
+    def __init__(self, n: int, *, multicast: bool = True) -> None:
+        self.n = n
+        self.tag = f"{os.getpid() % 1000:03d}{random.randrange(36**3):03x}"[:6]
+        self.bridge = f"xb{self.tag}"
+        self.namespaces = [f"xn{self.tag}{i}" for i in range(n)]
+        self.host_ends = [f"xh{self.tag}{i}" for i in range(n)]
+        self.ns_ends = [f"xv{self.tag}{i}" for i in range(n)]
+        self.subnet = self._free_subnet()
+        self.host_ip = f"{self.subnet}.254"
+        self.multicast = multicast
+        self._created_ns: list[str] = []
+        self._bridge_made = False
+
+    @staticmethod
+    def _free_subnet() -> str:
+        used = run_ip("-4", "addr").stdout
+        for _ in range(200):
+            candidate = f"10.{random.randrange(100, 250)}.{random.randrange(1, 250)}"
+            if f" {candidate}." not in used:
+                return candidate
+        raise RuntimeError("no free 10.x.y.0/24 subnet")
+
+    def lan_ip(self, i: int) -> str:
+        return f"{self.subnet}.{i + 1}"
+
+    def open(self) -> "NetnsLan":
+        try:
+            run_ip("link", "add", self.bridge, "type", "bridge")
+            self._bridge_made = True
+            run_ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+            run_ip("link", "set", self.bridge, "up")
+            for i, ns in enumerate(self.namespaces):
+                run_ip("netns", "add", ns)
+                self._created_ns.append(ns)
+                run_ip("link", "add", self.host_ends[i], "type", "veth", "peer", "name", self.ns_ends[i])
+                run_ip("link", "set", self.ns_ends[i], "netns", ns)
+                run_ip("link", "set", self.host_ends[i], "master", self.bridge)
+                run_ip("link", "set", self.host_ends[i], "up")
+                run_ip("-n", ns, "addr", "add", f"{self.lan_ip(i)}/24", "dev", self.ns_ends[i])
+                run_ip("-n", ns, "link", "set", self.ns_ends[i], "up")
+                run_ip("-n", ns, "link", "set", "lo", "up")
+                if self.multicast:
+                    run_ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", self.ns_ends[i])
+        except Exception:
+            self.close()
+            raise
+        return self
+
+    def cut(self, i: int) -> None:
+        run_ip("link", "set", self.host_ends[i], "down")
+
+    def heal(self, i: int) -> None:
+        run_ip("link", "set", self.host_ends[i], "up")
+
+    def close(self) -> None:
+        for i, ns in enumerate(list(self._created_ns)):
+            run_ip("link", "del", self.host_ends[i], check=False)
+            run_ip("netns", "del", ns, check=False)
+            self._created_ns.remove(ns)
+        if self._bridge_made:
+            run_ip("link", "del", self.bridge, check=False)
+            self._bridge_made = False
+
+    def __enter__(self) -> "NetnsLan":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NetnsNodeProcess(NodeProcess):
+    """A node run inside network namespace ``netns`` (``ip netns exec``): libp2p listens on
+    ``listen_host`` (the namespace's LAN address), the API on ``api_host`` (0.0.0.0 by
+    default) and the test reaches it at ``http://<listen_host>:<api_port>`` over the bridge.
+    ``ip netns exec`` execs the node, so ``proc.pid`` is the node's pid."""
+
+    def __init__(self, data_dir: Path, *, netns: str, listen_host: str, api_host: str = "0.0.0.0", **kw) -> None:
+        super().__init__(data_dir, **kw)
+        self.netns = netns
+        self.listen_host = listen_host
+        self.api_host = api_host
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen_host}:{self.api_port}"
+
+    def command(self) -> list[str]:
+        return [
+            "ip", "netns", "exec", self.netns,
+            sys.executable, "-m", "exo_p2p", "node",
+            "--data-dir", str(self.data_dir),
+            "--api-host", self.api_host,
+            "--api-port", str(self.api_port),
+            "--listen-host", self.listen_host,
+            "--listen-port", "0",
+            "--log-format", "json",
+            "--cluster", self.cluster,
+            *([] if self.mdns else ["--no-mdns"]),
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 60.0) -> "NetnsNodeProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/state", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"node API did not answer within {timeout} s:\n{self.log_tail()}")
+
+
+def start_all(nodes: list[NodeProcess], timeout: float = 60.0) -> float:
+    """Start every node's process at once, wait until each API answers; returns the
+    ``time.monotonic()`` at which the last API answered. Raises like ``NodeProcess.start``."""
+    for node in nodes:
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(node.log_path, "ab")
+        cmd = node.command() if isinstance(node, NetnsNodeProcess) else _base_command(node)
+        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=node.env, cwd=REPO)
+    deadline = time.monotonic() + timeout
+    waiting = list(nodes)
+    last = time.monotonic()
+    while waiting and time.monotonic() < deadline:
+        for node in list(waiting):
+            if node.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {node.proc.returncode}:\n{node.log_tail()}")
+            try:
+                if httpx.get(f"{node.url}/state", timeout=2).status_code == 200:
+                    waiting.remove(node)
+                    last = time.monotonic()
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.05)
+    if waiting:
+        raise TimeoutError(f"{len(waiting)} node APIs did not answer within {timeout} s:\n{waiting[0].log_tail()}")
+    return last
+
+
+def _base_command(node: NodeProcess) -> list[str]:
+    """The command line ``NodeProcess.start`` uses (kept in step with it)."""
+    return [
+        sys.executable, "-m", "exo_p2p", "node",
+        "--data-dir", str(node.data_dir),
+        "--api-port", str(node.api_port),
+        "--listen-host", "127.0.0.1",
+        "--listen-port", "0",
+        "--log-format", "json",
+        "--cluster", node.cluster,
+        *([] if node.mdns else ["--no-mdns"]),
+        *node.extra_args,
+    ]
+
+
+def libp2p_port(node: NodeProcess) -> int:
+    """The TCP port ``node`` listens on for libp2p (from its advertised addresses)."""
+    for a in node.addrs():
+        parts = a.split("/")
+        if "tcp" in parts:
+            return int(parts[parts.index("tcp") + 1])
+    raise RuntimeError("node lists no tcp address")
+
+
+def kill_peer_connections(node: NodeProcess, listen_port: int) -> int:
+    """Abort (``ss -K``, root) every established libp2p TCP connection of ``node``'s process:
+    those accepted on ``listen_port`` and those it dialled (its API connections are kept).
+    Both ends get a reset, like a cable pulled and re-plugged. Returns how many were found."""
+    assert node.proc is not None
+    try:
+        conns = psutil.Process(node.proc.pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return 0
+    found = 0
+    for c in conns:
+        if c.status != psutil.CONN_ESTABLISHED or not c.raddr:
+            continue
+        if c.laddr.port == node.api_port:
+            continue
+        found += 1
+        for a, b in ((c.laddr.port, c.raddr.port), (c.raddr.port, c.laddr.port)):
+            _sp.run(["ss", "-K", "sport", "=", f":{a}", "dport", "=", f":{b}"], capture_output=True, timeout=5)
+    return found
+
+
+@contextlib.contextmanager
+def nodes_cleanup(nodes: list[NodeProcess]):
+    """Stop every node in ``nodes`` (the list may grow inside the block) however it ends."""
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            try:
+                if n.proc is not None and n.proc.poll() is None:
+                    try:
+                        os.kill(n.proc.pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+                n.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                if n.proc is not None and n.proc.poll() is None:
+                    n.proc.kill()

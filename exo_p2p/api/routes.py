@@ -120,6 +120,8 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
             found = backend.previews(_model_id(model), nodes)
         except KeyError:
             raise ApiError(404, f"model '{model[:200]}' is not known to the cluster", param="model", code="model_not_found") from None
+        except ValueError as exc:  # a required node that is unknown or ambiguous
+            raise ApiError(400, str(exc)[:2000], param="nodes") from None
         return json_response(found)
 
     return [
