@@ -85,9 +85,18 @@ class Node:
             queue_limit=self.config.queue_limit,
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
+        self._master_scope = trio.CancelScope()
+        self._nursery.start_soon(self._run_master_duties, self.master, self._master_scope)
+
+    async def _run_master_duties(self, master, scope: trio.CancelScope) -> None:  # type: ignore[no-untyped-def]
+        with scope:
+            await master.run()
 
     async def _stop_master(self) -> None:
         self.master = None
+        scope = getattr(self, "_master_scope", None)
+        if scope is not None:
+            scope.cancel()
 
     async def _master_accept(self, local: LocalEvent) -> None:
         if self.master is not None:
@@ -294,6 +303,7 @@ class Node:
                 net, self.replica, self.node_id, self.boot_id, hooks, priority=cfg.priority, on_chunks=self._receive_chunks
             )
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 self.router.bind(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 await self._load_models()

@@ -95,6 +95,33 @@ class MasterRole:
                 )
         return msgspec.structs.replace(decision.result, event_idx=last)
 
+    async def run(self, *, clock=trio.current_time) -> None:
+        """Background duties while master: re-place failed instances after their backoff
+        (``master.replace``). Runs until cancelled (when this node stops being master)."""
+        from exo_p2p.types import new_id
+        from master.replace import backoff, replacement
+
+        failed_since: dict[str, float] = {}
+        while True:
+            await trio.sleep(0.25)
+            now = clock()
+            state = self.replica.state
+            failed = {i: inst for i, inst in state.instances.items() if inst.failed_reason is not None and not inst.gave_up}
+            for gone in set(failed_since) - set(failed):
+                del failed_since[gone]
+            for instance_id, inst in sorted(failed.items()):
+                since = failed_since.setdefault(instance_id, now)
+                if now - since < backoff(inst.attempt):
+                    continue
+                async with self._lock:
+                    current = self.replica.state.instances.get(instance_id)
+                    if current is None or current.gave_up or current.failed_reason is None:
+                        continue
+                    events = list(replacement(self.replica.state, current, new_id()))
+                    if events:
+                        log.info("re-placing failed instance", instance_id=instance_id, attempt=current.attempt + 1, events=[type(e).__name__ for e in events])
+                        await self._index(events)
+
     async def _index(self, events: list[Event], origin: LocalEvent | None = None) -> int:
         pending = list(events)
         first = True

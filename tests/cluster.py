@@ -284,7 +284,7 @@ class NetnsLan:
     ``cut(i)`` / ``heal(i)`` set the host end of namespace i's veth down / up (a partition:
     the namespace keeps its address, packets stop flowing)."""
 
-    def __init__(self, n: int, *, multicast: bool = True) -> None:
+    def __init__(self, n: int, *, multicast: bool = True, mgmt: bool = False) -> None:
         self.n = n
         self.tag = f"{os.getpid() % 1000:03d}{random.randrange(36**3):03x}"[:6]
         self.bridge = f"xb{self.tag}"
@@ -294,8 +294,12 @@ class NetnsLan:
         self.subnet = self._free_subnet()
         self.host_ip = f"{self.subnet}.254"
         self.multicast = multicast
+        self.mgmt = mgmt
+        self.mgmt_bridge = f"xm{self.tag}"
+        self.mgmt_subnet = self._free_subnet() if mgmt else ""
         self._created_ns: list[str] = []
         self._bridge_made = False
+        self._mgmt_made = False
 
     @staticmethod
     def _free_subnet() -> str:
@@ -308,6 +312,11 @@ class NetnsLan:
 
     def lan_ip(self, i: int) -> str:
         return f"{self.subnet}.{i + 1}"
+
+    def mgmt_ip(self, i: int) -> str:
+        """Namespace i's address on the management bridge (``mgmt=True``): a second link the
+        test reaches APIs by, which ``cut`` leaves up."""
+        return f"{self.mgmt_subnet}.{i + 1}"
 
     def open(self) -> "NetnsLan":
         try:
@@ -327,6 +336,19 @@ class NetnsLan:
                 run_ip("-n", ns, "link", "set", "lo", "up")
                 if self.multicast:
                     run_ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", self.ns_ends[i])
+            if self.mgmt:
+                run_ip("link", "add", self.mgmt_bridge, "type", "bridge")
+                self._mgmt_made = True
+                run_ip("addr", "add", f"{self.mgmt_subnet}.254/24", "dev", self.mgmt_bridge)
+                run_ip("link", "set", self.mgmt_bridge, "up")
+                for i, ns in enumerate(self.namespaces):
+                    host_end, ns_end = f"xg{self.tag}{i}", f"xa{self.tag}{i}"
+                    run_ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+                    run_ip("link", "set", ns_end, "netns", ns)
+                    run_ip("link", "set", host_end, "master", self.mgmt_bridge)
+                    run_ip("link", "set", host_end, "up")
+                    run_ip("-n", ns, "addr", "add", f"{self.mgmt_ip(i)}/24", "dev", ns_end)
+                    run_ip("-n", ns, "link", "set", ns_end, "up")
         except Exception:
             self.close()
             raise
@@ -341,8 +363,12 @@ class NetnsLan:
     def close(self) -> None:
         for i, ns in enumerate(list(self._created_ns)):
             run_ip("link", "del", self.host_ends[i], check=False)
+            run_ip("link", "del", f"xg{self.tag}{i}", check=False)
             run_ip("netns", "del", ns, check=False)
             self._created_ns.remove(ns)
+        if self._mgmt_made:
+            run_ip("link", "del", self.mgmt_bridge, check=False)
+            self._mgmt_made = False
         if self._bridge_made:
             run_ip("link", "del", self.bridge, check=False)
             self._bridge_made = False
@@ -368,7 +394,8 @@ class NetnsNodeProcess(NodeProcess):
 
     @property
     def url(self) -> str:
-        return f"http://{self.listen_host}:{self.api_port}"
+        host = self.listen_host if self.api_host == "0.0.0.0" else self.api_host
+        return f"http://{host}:{self.api_port}"
 
     def command(self) -> list[str]:
         return [

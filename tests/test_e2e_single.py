@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.cluster import NodeProcess
+from tests.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
@@ -130,16 +130,19 @@ def test_sigkill_of_node_makes_its_runner_exit_and_sigterm_stops_cleanly(tmp_pat
         assert not alive, f"runners still alive 10 s after their node died: {[p.pid for p in alive]}"
     finally:
         n.stop()
-    # restart with the same data dir: same identity, old runners are not revived
-    n2 = NodeProcess(tmp_path / "n")
+    # restart with the same data dir: same identity; runners from before are never revived,
+    # the master re-places the failed instance (new id, `replaces` the old one) and serves again
+    n2 = NodeProcess(tmp_path / "n", cluster=n.cluster)
     try:
         n2.start()
+        def replaced():
+            insts = n2.get("/instances").json()
+            return [i for i in insts if i["status"] == "ready"] and insts
+        insts = wait_until(replaced, 60, what="re-placed instance ready")
         state = n2.get("/state").json()
-        assert len(state["instances"]) == 1
-        inst = next(iter(state["instances"].values()))
-        assert inst["failed_reason"] and "restarted" in inst["failed_reason"]
-        time.sleep(1)
-        assert n2.children() == []
+        (inst,) = state["instances"].values()
+        assert inst["replaces"] and inst["attempt"] == 1
+        assert n2.chat("Say hi", MODEL, max_tokens=3, temperature=0).status_code == 200
         code = n2.stop()
         assert code == 0
         assert "Traceback" not in n2.log_path.read_text()

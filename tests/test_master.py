@@ -148,3 +148,41 @@ def test_origin_sequence_dedup():
     assert seqs.check(le(1, boot="b2")) == "accept"  # a new boot starts again at 1
     rebuilt = OriginSeqs.from_log([IndexedEvent(1, 1, ev, "node-b", "b1", 1), IndexedEvent(1, 2, ev, "node-b", "b1", 2)])
     assert rebuilt.check(le(2)) == "duplicate" and rebuilt.check(le(3)) == "accept"
+
+
+def test_failed_instance_is_replaced_then_given_up():
+    from exo_p2p.types import InstanceDeleted
+    from master.replace import MAX_ATTEMPTS, backoff, replacement
+
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    s = run(s, [InstanceFailed(inst.instance_id, "runner died")])
+    events = replacement(s, s.instances[inst.instance_id], "new-1")
+    assert isinstance(events[0], InstanceDeleted) and events[0].instance_id == inst.instance_id
+    new = events[1].instance
+    assert new.replaces == inst.instance_id and new.attempt == 1 and new.instance_id == "new-1"
+    assert new.shards[0].runner_id.startswith("new-1")
+    # attempts used up → given up, with the reason, and never again
+    worn = msgspec.structs.replace(s.instances[inst.instance_id], attempt=MAX_ATTEMPTS)
+    s2 = msgspec.structs.replace(s, instances={inst.instance_id: worn})
+    (final,) = replacement(s2, worn, "new-2")
+    assert final.final and "gave up" in final.reason and "runner died" in final.reason
+    s2 = run(s2, [final])
+    assert s2.instances[inst.instance_id].gave_up
+    assert replacement(s2, s2.instances[inst.instance_id], "new-3") == ()
+    assert backoff(0) < backoff(1) < backoff(2)
+
+
+def test_failed_instance_that_no_longer_fits_is_given_up_with_the_reason():
+    from master.replace import replacement
+
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    s = run(s, [InstanceFailed(inst.instance_id, "node gone"),
+                NodeProfileUpdated(NodeProfile("node-a", "boot-1", "a", memory_total=100, memory_available=100, models=("m",)))])
+    (final,) = replacement(s, s.instances[inst.instance_id], "new-1")
+    assert final.final and "not re-placed" in final.reason and "needs" in final.reason

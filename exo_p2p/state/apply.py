@@ -135,10 +135,10 @@ def _(event: InstanceDeleted, state: State) -> State:
 @_apply_event.register
 def _(event: InstanceFailed, state: State) -> State:
     instance = state.instances.get(event.instance_id)
-    if instance is None or instance.failed_reason is not None:
+    if instance is None or instance.gave_up or (instance.failed_reason is not None and not event.final):
         return state
     instances = dict(state.instances)
-    instances[event.instance_id] = replace(instance, failed_reason=event.reason)
+    instances[event.instance_id] = replace(instance, failed_reason=event.reason, gave_up=event.final)
     return replace(state, instances=instances)
 
 

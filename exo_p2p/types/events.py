@@ -54,8 +54,12 @@ class InstanceDeleted(_Event, tag="instance_deleted"):
 
 
 class InstanceFailed(_Event, tag="instance_failed"):
+    """The instance failed (``final``: and the master gave up re-placing it; the reason then
+    says why)."""
+
     instance_id: InstanceId
     reason: str
+    final: bool = False
 
 
 class RunnerStatusUpdated(_Event, tag="runner_status_updated"):

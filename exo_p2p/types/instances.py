@@ -45,6 +45,8 @@ class Instance(msgspec.Struct, frozen=True):
     failed_reason: str | None = None
     replaces: InstanceId | None = None
     attempt: int = 0
+    gave_up: bool = False
+    """The master will not re-place this failed instance (attempts used up, or nothing fits)."""
 
     @property
     def world_size(self) -> int:

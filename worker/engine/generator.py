@@ -50,6 +50,7 @@ from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import ChatMessage, GenerationParams
 from worker.engine.forward import Forward, forward, generation_stream, new_cache
 from worker.engine.loader import LoadedModel
+from worker.engine.pipeline import LocalStage, Stage
 from worker.engine.sampling import Sampler, seed_for
 from worker.engine.stop import StopMatcher
 
@@ -149,7 +150,9 @@ class Generator:
     ``submit`` and ``cancel`` may be called from any thread; ``step`` from one thread at a
     time (the one that drives MLX). A request always ends with exactly one ``FinishChunk``
     or ``ErrorChunk``; a failing request never stops the generator from serving the next.
-    ``forward`` computes logits from tokens and the KV cache (swap in a pipeline stage);
+    ``forward`` computes logits from tokens and the KV cache; ``stage`` (default: a
+    ``LocalStage`` over ``forward``) is one rank's part of each step — a ``PipelineStage``
+    makes this generator one rank of a pipeline, stepped in lockstep with its peers;
     ``model_id`` names the model in error messages; ``on_token(task_id, token_id)`` is called
     for every sampled token, end-of-turn included (tests, pipeline checks).
     """
@@ -160,6 +163,7 @@ class Generator:
     forward: Forward = forward
     clock: Callable[[], float] = time.perf_counter
     on_token: Callable[[TaskId, int], None] | None = None
+    stage: Stage | None = None
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
@@ -173,6 +177,8 @@ class Generator:
         if not self.model_id:
             self.model_id = self.loaded.model_dir.name
         self._eos = frozenset(self.loaded.eos_token_ids)
+        if self.stage is None:
+            self.stage = LocalStage(self.forward)
 
     # -- control (any thread) ------------------------------------------------------------
 
@@ -205,6 +211,14 @@ class Generator:
         deliver)."""
         with self._lock:
             return bool(self._queue or self._outbox or self._active is not None)
+
+    @property
+    def in_prefill(self) -> bool:
+        """Whether the next ``step`` accepts a request or prefills a chunk (agreement points
+        are taken before each of these steps)."""
+        with self._lock:
+            active = self._active
+            return (active is None and bool(self._queue)) or (active is not None and active.next_token is None)
 
     @property
     def active_task_id(self) -> TaskId | None:
@@ -285,9 +299,8 @@ class Generator:
 
     def _sample(self, active: _Active, tokens: mx.array) -> mx.array:
         """Lazy next token [1] after feeding ``tokens`` [L] (as mlx-lm's ``_step``)."""
-        logits = self.forward(self.loaded.model, tokens[None], active.cache)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return active.sampler(logprobs)
+        assert self.stage is not None
+        return self.stage.next_token(self.loaded.model, tokens[None], active.cache, active.sampler)
 
     def _prefill_step(self, active: _Active) -> list[Chunk]:
         total = active.prompt_tokens
@@ -296,8 +309,8 @@ class Generator:
             if total - active.processed > 1:
                 n = min(self.prefill_chunk_size, total - active.processed - 1)
                 chunk = active.prompt[active.processed : active.processed + n]
-                self.forward(self.loaded.model, chunk[None], active.cache)
-                mx.eval([c.state for c in active.cache])
+                assert self.stage is not None
+                self.stage.prefill(self.loaded.model, chunk[None], active.cache)
                 active.processed += n
                 out.append(PrefillProgressChunk(task_id=active.request.task_id,
                                                 processed=active.processed, total=total))

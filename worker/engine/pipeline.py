@@ -1,0 +1,157 @@
+"""Stages: how one rank turns prompt tokens into the next token.
+
+The generator drives a ``Stage`` (``prefill`` one chunk, ``next_token``); a single-rank
+instance uses ``LocalStage`` (the whole model, as before), a pipeline rank a
+``PipelineStage``:
+
+- rank 0 embeds the tokens, runs its layers ``[start, end)`` and sends the hidden states
+  ``[1, L, hidden]`` to rank 1 (``mx.distributed.send``);
+- rank r > 0 receives them from r − 1 (``recv_like``), runs its layers and sends them on;
+- the last rank applies the final norm and the head, and samples;
+- every rank then ends the step with the same token: the last rank's token is summed over the
+  group (``all_sum`` of ``[token]`` on the last rank and ``[0]`` elsewhere), so all ranks stop
+  at the same step on end-of-turn, stop strings and max_tokens. Only the last rank samples, so
+  the request's seed (``sampling.seed_for``) fully decides the draw.
+
+Each rank keeps the KV cache of its own layers only. The send is a dependency of what the
+rank evaluates (``mx.depends``), so evaluating a step's token runs this rank's part of it.
+Every pipeline op runs on the generator's stream, in the same order on every rank.
+
+Supported layouts: the llama family of mlx-lm (``model.model.embed_tokens / layers / norm``,
+``lm_head`` or tied embeddings; llama, mistral, qwen2, qwen3 ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+
+from worker.engine.forward import Forward, forward
+from worker.engine.sampling import Sampler
+
+_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+class Stage(Protocol):
+    """One rank's part of a generation step (all calls in the same order on every rank)."""
+
+    def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
+        """Feed ``tokens [1, L]`` into the KV cache and evaluate (blocks)."""
+        ...
+
+    def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
+        """Feed ``tokens [1, L]`` and return the lazy next token ``[1]`` (int)."""
+        ...
+
+
+def logprobs_of(logits: mx.array) -> mx.array:
+    """Log-probabilities of the last position: ``[1, L, vocab] -> [1, vocab]``."""
+    last = logits[:, -1, :]
+    return last - mx.logsumexp(last, keepdims=True)
+
+
+class LocalStage:
+    """The whole model on one rank, through ``forward`` (the single-rank path)."""
+
+    def __init__(self, forward_fn: Forward = forward) -> None:
+        self.forward = forward_fn
+
+    def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
+        self.forward(model, tokens, cache)
+        mx.eval([c.state for c in cache])
+
+    def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
+        return sampler(logprobs_of(self.forward(model, tokens, cache)))
+
+
+def _layers_of(model: nn.Module) -> Any:
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ValueError(f"{type(model).__module__} models have no model.layers: cannot pipeline them")
+    return inner
+
+
+def run_layers(model: nn.Module, h: mx.array, cache: list[Any]) -> mx.array:
+    """Run this rank's layers on hidden states ``h [1, L, hidden]`` (as mlx-lm's llama
+    ``LlamaModel.__call__``, without the embedding and the final norm)."""
+    inner = _layers_of(model)
+    window = getattr(inner, "sliding_window", None)
+    masks: dict[bool, Any] = {}
+    for layer, c in zip(inner.layers, cache, strict=True):
+        sliding = bool(getattr(layer, "use_sliding", False))
+        if sliding not in masks:
+            masks[sliding] = create_attention_mask(h, c, window_size=window if sliding else None)
+        h = layer(h, masks[sliding], cache=c)
+    return h
+
+
+def head(model: nn.Module, h: mx.array) -> mx.array:
+    """Final norm and head on ``h [1, L, hidden]`` → logits ``[1, L, vocab]`` (last rank)."""
+    inner = _layers_of(model)
+    out = inner.norm(h)
+    if "lm_head" in model:
+        return model.lm_head(out)
+    return inner.embed_tokens.as_linear(out)
+
+
+class PipelineStage:
+    """Rank ``rank`` of a ``world_size``-rank pipeline over ``group`` (see module doc).
+
+    Construct it on every rank at the same point (``hidden_dtype`` may be found with
+    ``probe_hidden_dtype``, a collective). ``hidden_size`` is the model's hidden size.
+    """
+
+    def __init__(self, group: mx.distributed.Group, hidden_size: int, hidden_dtype: mx.Dtype) -> None:
+        self.group = group
+        self.rank = group.rank()
+        self.world_size = group.size()
+        self.hidden_size = hidden_size
+        self.hidden_dtype = hidden_dtype
+        self.is_first = self.rank == 0
+        self.is_last = self.rank == self.world_size - 1
+
+    def _hidden(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+        if self.is_first:
+            h = _layers_of(model).embed_tokens(tokens)
+        else:
+            like = mx.zeros((tokens.shape[0], tokens.shape[1], self.hidden_size), dtype=self.hidden_dtype)
+            h = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
+        h = run_layers(model, h, cache)
+        if not self.is_last:
+            h = mx.distributed.send(h, self.rank + 1, group=self.group)
+        return h
+
+    def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
+        h = self._hidden(model, tokens, cache)
+        mx.eval(h, [c.state for c in cache])
+
+    def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
+        h = self._hidden(model, tokens, cache)
+        if self.is_last:
+            token = sampler(logprobs_of(head(model, h))).astype(mx.int32)
+        else:
+            token = mx.depends(mx.zeros((tokens.shape[0],), dtype=mx.int32), h)
+        return mx.distributed.all_sum(token, group=self.group)
+
+
+def probe_hidden_dtype(model: nn.Module, group: mx.distributed.Group, hidden_size: int) -> mx.Dtype:
+    """The dtype of the hidden states each rank receives, found once (a collective: call on
+    every rank at the same point). Rank 0 reads it from its embedding and layers' lazy graph
+    (nothing is computed), sends the dtype's code to rank 1, which does the same with its
+    layers, and so on; the returned dtype is what this rank *receives* (rank 0: what it
+    sends)."""
+    from worker.engine.forward import new_cache
+
+    rank, size = group.rank(), group.size()
+    if rank == 0:
+        in_dtype = _layers_of(model).embed_tokens(mx.zeros((1, 1), dtype=mx.int32)).dtype
+    else:
+        code = mx.distributed.recv(shape=(1,), dtype=mx.int32, src=rank - 1, group=group)
+        in_dtype = _DTYPES[int(code.item())]
+    out_dtype = run_layers(model, mx.zeros((1, 1, hidden_size), dtype=in_dtype), new_cache(model)).dtype
+    if rank < size - 1:
+        mx.eval(mx.distributed.send(mx.array([_DTYPES.index(out_dtype)], dtype=mx.int32), rank + 1, group=group))
+    return in_dtype
