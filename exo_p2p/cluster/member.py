@@ -157,7 +157,11 @@ class ClusterMember:
 
     # --- small helpers ----------------------------------------------------------------
     def _count(self, kind: str) -> None:
-        self.counters[kind] = self.counters.get(kind, 0) + 1
+        """Count a dropped message of ``kind``; the first of each kind is logged."""
+        n = self.counters.get(kind, 0) + 1
+        self.counters[kind] = n
+        if n == 1:
+            log.warning("message dropped (further drops of this kind are only counted)", kind=kind)
 
     def own_heartbeat(self) -> Heartbeat:
         return Heartbeat(
@@ -515,10 +519,28 @@ class ClusterMember:
             else:
                 self._disconnected_at[peer] = self.clock()
             if connected:
-                ip = _ip_of(self.net.peer_addrs(peer))
-                self.send_local(TopologyEdgeCreated(TopologyEdge(self.node_id, peer, ip)))  # type: ignore[arg-type]
+                assert self._nursery is not None
+                self._nursery.start_soon(self._announce_edge, peer)
             else:
                 self.send_local(TopologyEdgeDeleted(self.node_id, peer))  # type: ignore[arg-type]
+
+    async def _announce_edge(self, peer: str) -> None:
+        """Record the edge this node→``peer`` with the IP at which ``peer`` is reached: from
+        the peerstore (identify) or, for an inbound connection, from the peer's profile in
+        State; waits up to 10 s for one to be known (an edge without an address is useless
+        for ring placement)."""
+        for _ in range(50):
+            if peer not in self.net.connected_peers():
+                return
+            ip = _ip_of(self.net.peer_addrs(peer))
+            if not ip:
+                profile = self.replica.state.nodes.get(peer)  # type: ignore[call-overload]
+                ip = _ip_of([a.multiaddr for a in profile.addrs]) if profile is not None else ""
+            if ip:
+                self.send_local(TopologyEdgeCreated(TopologyEdge(self.node_id, peer, ip)))  # type: ignore[arg-type]
+                return
+            await trio.sleep(0.2)
+        log.warning("no address known for peer; no topology edge", peer=peer)
 
     # --- commands -----------------------------------------------------------------------------
     async def command(self, command: Command, timeout: float | None = None) -> CommandResult:

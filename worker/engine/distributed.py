@@ -12,8 +12,9 @@ it takes; ranks ≥ 1 *connect* to their neighbours and retry for about 30 s, th
 "[ring] Couldn't connect". So rank 0 (and, generally, the listening side) must be up first and
 every other rank must start connecting within ~30 s of it — the ranks that connect last are
 the ranks ≥ 1. The worker's plan sends ``ConnectToGroup`` to every rank at once, which keeps
-them well within that window. ``init_ring`` bounds the wait (``CONNECT_TIMEOUT``) so a rank
-whose peers never come reports Failed instead of hanging (case B16/B17).
+them well within that window. ``init_ring`` bounds the wait (``CONNECT_TIMEOUT``, enforced by a watchdog
+process because MLX holds the GIL while it waits) so a rank whose peers never come reports
+Failed and exits instead of hanging (case B16/B17).
 
 The group's size must equal the instance's world_size (case B17): a ring that silently comes
 up as a group of one is an error, never a fallback.
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,10 +36,6 @@ import numpy as np
 CONNECT_TIMEOUT = 45.0
 """Seconds ``init_ring`` waits for its ring neighbours (below the supervisor's 60 s bound for
 a silent connecting runner, so our error is the one reported)."""
-
-
-class RingInitTimeout(RuntimeError):
-    """The ring's neighbours did not connect within the timeout."""
 
 
 def hostfile_entries(ring_addresses: Sequence[str]) -> list[list[str]]:
@@ -59,25 +57,47 @@ def check_group_size(group: mx.distributed.Group, world_size: int) -> None:
         raise RuntimeError(f"expected world size {world_size}, got {group.size()}")
 
 
+_WATCHDOG = """
+import os, signal, sys, time
+ppid, deadline, fd, payload = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), int(sys.argv[3]), bytes.fromhex(sys.argv[4])
+while time.monotonic() < deadline:
+    time.sleep(0.2)
+    if os.getppid() != ppid:
+        os._exit(0)
+try:
+    os.write(fd, payload)
+finally:
+    os.kill(ppid, signal.SIGKILL)
+"""
+
+
+def _stderr_report(message: str) -> tuple[int, bytes]:
+    return 2, (message + "\n").encode()
+
+
 def init_ring(
     ring_addresses: Sequence[str] | None,
     rank: int,
     world_size: int,
     *,
     timeout: float = CONNECT_TIMEOUT,
-    on_wait: Callable[[], None] | None = None,
-    wait_interval: float = 1.0,
+    timeout_report: Callable[[str], tuple[int, bytes]] = _stderr_report,
 ) -> mx.distributed.Group:
     """Join the ring of ``world_size`` ranks as ``rank`` and return the group.
 
     ``ring_addresses``: every rank's listen address, rank order (None: no hostfile, which
-    must fail — used by the B17 test hook). The init runs in a helper thread (it blocks until
-    the neighbours connect); ``on_wait()`` is called from the calling thread every
-    ``wait_interval`` seconds while waiting (the runner sends its heartbeat there).
+    must fail — used by the B17 test hook).
 
-    Raises ``RingInitTimeout`` after ``timeout`` seconds; ``RuntimeError("expected world size
-    N, got M")`` when the group has another size; ``RuntimeError`` from MLX when a neighbour
-    refuses the connection for ~30 s; ``ValueError`` for bad addresses.
+    MLX's init holds the GIL while it waits for the neighbours (no Python thread, signal
+    handler or heartbeat runs meanwhile), so the bound is a watchdog *process*: when the init
+    has not returned after ``timeout`` seconds it writes ``timeout_report(message)`` = ``(fd,
+    bytes)`` (default: the message on stderr; the runner passes its status pipe and a framed
+    ``RunnerFailed``) and kills this process with SIGKILL. The message names the rank and the
+    addresses waited for.
+
+    Raises ``RuntimeError("expected world size N, got M")`` when the group has another size;
+    ``RuntimeError`` from MLX when a neighbour refuses the connection for ~30 s;
+    ``ValueError`` for bad addresses or ranks.
     """
     if world_size < 2:
         raise ValueError("init_ring is for instances of 2 or more ranks")
@@ -96,38 +116,25 @@ def init_ring(
     else:
         os.environ.pop("MLX_HOSTFILE", None)
 
-    outcome: list[object] = []
-
-    def _init() -> None:
-        try:
-            outcome.append(mx.distributed.init(strict=ring_addresses is not None, backend="ring"))
-        except BaseException as exc:  # handed to the calling thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=_init, name="ring-init", daemon=True)
-    thread.start()
+    message = (
+        f"ring init of rank {rank}/{world_size} timed out after {timeout:.0f} s waiting for "
+        f"its neighbours ({', '.join(ring_addresses or ())})"
+    )
+    report_fd, payload = timeout_report(message)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout), str(report_fd), payload.hex()],
+        pass_fds=(report_fd,) if report_fd > 2 else (),
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        waited = 0.0
-        while thread.is_alive() and waited < timeout:
-            thread.join(min(wait_interval, timeout - waited))
-            waited += wait_interval
-            if thread.is_alive() and on_wait is not None:
-                on_wait()
-        if thread.is_alive():
-            peers = ", ".join(ring_addresses or ())
-            raise RingInitTimeout(
-                f"ring init of rank {rank}/{world_size} timed out after {timeout:.0f} s "
-                f"waiting for its neighbours ({peers})"
-            )
+        group = mx.distributed.init(strict=ring_addresses is not None, backend="ring")
     finally:
+        watchdog.kill()
+        watchdog.wait()
         if hostfile is not None:
             hostfile.unlink(missing_ok=True)
-    result = outcome[0]
-    if isinstance(result, BaseException):
-        raise result
-    assert isinstance(result, mx.distributed.Group)
-    check_group_size(result, world_size)
-    return result
+    check_group_size(group, world_size)
+    return group
 
 
 def ring_all_gather(group: mx.distributed.Group, stream: mx.Stream | None = None) -> Callable[[np.ndarray], np.ndarray]:

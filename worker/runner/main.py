@@ -2,9 +2,22 @@
 
 Started by the worker's supervisor as ``python -m worker.runner.main --in-fd N --out-fd M``.
 It reads ``RunnerSetup`` and then tasks from ``in-fd``, and writes status, chunks and
-heartbeats to ``out-fd``. States: Idle → Loading(layers) → Loaded → WarmingUp → Ready ⇄
-Running → ShuttingDown → Shutdown, Failed(error) from anywhere. It exits by itself when its
-node dies: end of file on ``in-fd`` (the node's end closed) or the parent-death signal.
+heartbeats to ``out-fd``. States: Idle → (Connecting → Connected, multi-rank only) →
+Loading(layers) → Loaded → WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown,
+Failed(error) from anywhere. It exits by itself when its node dies: end of file on ``in-fd``
+(the node's end closed) or the parent-death signal.
+
+Multi-rank (pipeline) instances: ``ConnectToGroup`` joins the MLX ring (``engine.distributed``,
+bounded); ``LoadModel`` loads only this rank's layers; ``StartWarmup`` runs a warm-up
+generation in lockstep on every rank and agrees how many decode steps may pass between
+agreement rounds (``check_every``: ~``CHECK_SECONDS`` of decode). Once Ready, generation
+tasks, cancels and Shutdown are not acted on directly but held by a ``TaskAgreement`` and
+decided in rounds that every rank runs at the same points (before each request acceptance
+and prefill chunk, every ``check_every`` decode steps, and every ``IDLE_ROUND_INTERVAL``
+seconds when idle). Every rank reports task status; rank 0 alone emits the chunks (every rank
+holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
+sent from the main loop only: a rank blocked in a collective because a peer died falls
+silent and its supervisor kills it (design.md §5c).
 """
 
 from __future__ import annotations
@@ -19,9 +32,12 @@ import time
 import traceback
 
 import msgspec
+import numpy as np
 
 from exo_p2p.types import (
     CancelTask,
+    RunnerConnected,
+    RunnerConnecting,
     ConnectToGroup,
     CreateRunner,
     ErrorChunk,
@@ -54,6 +70,22 @@ from worker.runner.protocol import (
 
 _EOF = object()
 
+IDLE_ROUND_INTERVAL = 0.1
+"""Seconds between agreement rounds while a multi-rank runner is idle (bounds how long a new
+request waits before every rank has agreed on it, plus delivery skew)."""
+
+CHECK_SECONDS = 2.0
+"""Target seconds of decode between agreement rounds (design.md: a check at least every ~2 s)."""
+
+MAX_CHECK_EVERY = 64
+"""Most decode steps between agreement rounds, however fast decode is."""
+
+
+def check_every_for(decode_tokens_per_second: float) -> int:
+    """Decode steps between agreement rounds so a round comes every ``CHECK_SECONDS`` at the
+    measured rate: ``1 ≤ n ≤ MAX_CHECK_EVERY``."""
+    return max(1, min(MAX_CHECK_EVERY, int(CHECK_SECONDS * decode_tokens_per_second)))
+
 
 def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     """Exit at once when the node process that started us is gone.
@@ -81,11 +113,27 @@ class RunnerProcess:
         self.loaded = None
         self.generator = None
         self.running_tasks: set[str] = set()
+        self.group = None
+        self.agreement = None
+        self.all_gather = None
+        self.check_every = 1
+        self.steps_since_round = 0
+        self.last_sent = time.monotonic()
+
+    @property
+    def multi(self) -> bool:
+        return self.setup is not None and self.setup.shard.world_size > 1
+
+    @property
+    def emits_chunks(self) -> bool:
+        """Rank 0 alone sends the chunks of a multi-rank instance."""
+        return self.setup is None or self.setup.shard.rank == 0
 
     # --- output -------------------------------------------------------------------------
     def send(self, message: object) -> None:
         with self._write_lock:
             write_all(self.out_fd, frame(message))
+            self.last_sent = time.monotonic()
 
     def set_status(self, status: RunnerStatus) -> None:
         self.status = status
@@ -116,6 +164,11 @@ class RunnerProcess:
         interval = first.heartbeat_interval
         last_sent = time.monotonic()
         while True:
+            if self.multi and isinstance(self.status, (RunnerReady, RunnerRunning)):
+                code = self.serve_round(interval)
+                if code is not None:
+                    return code
+                continue
             busy = self.generator is not None and self.generator.has_work()
             try:
                 item = self.tasks.get_nowait() if busy else self.tasks.get(timeout=interval)
@@ -144,8 +197,8 @@ class RunnerProcess:
         assert self.setup is not None
         hooks = self.setup.fault_hooks
         if isinstance(task, ConnectToGroup):
-            if self.setup.shard.world_size > 1:
-                raise RuntimeError("multi-node instances are not supported by this runner yet")
+            if self.multi:
+                self.connect(hooks)
             return None
         if isinstance(task, LoadModel):
             self.load(hooks)
@@ -161,8 +214,13 @@ class RunnerProcess:
             self.submit(task)
             return None
         if isinstance(task, CancelTask):
-            if self.generator is not None:
+            if self.agreement is not None:
+                self.agreement.want_cancel(task.task_id)
+            elif self.generator is not None:
                 self.generator.cancel(task.task_id)
+            return None
+        if isinstance(task, Shutdown) and self.agreement is not None:
+            self.agreement.want_shutdown()  # every rank shuts down after the next round
             return None
         if isinstance(task, Shutdown):
             self.set_status(RunnerShuttingDown())
@@ -174,7 +232,26 @@ class RunnerProcess:
             return None
         raise TypeError(f"unexpected task {type(task).__name__}")
 
+    def connect(self, hooks: dict[str, str]) -> None:
+        """Join the instance's ring (bounded; see ``engine.distributed.init_ring``). Fault
+        hook ``ring=no_hostfile`` drops the host list (case B17)."""
+        from worker.engine.distributed import init_ring
+
+        assert self.setup is not None
+        shard, instance = self.setup.shard, self.setup.instance
+        if instance.sharding != "pipeline":
+            raise RuntimeError(f"{instance.sharding} sharding is not supported by this runner yet")
+        self.set_status(RunnerConnecting())
+        addresses = None if hooks.get("ring") == "no_hostfile" else [s.ring_address for s in instance.shards]
+        self.group = init_ring(
+            addresses, shard.rank, shard.world_size,
+            timeout_report=lambda m: (self.out_fd, frame(StatusMsg(RunnerFailed(m)))),
+        )
+        self.set_status(RunnerConnected())
+
     def load(self, hooks: dict[str, str]) -> None:
+        import mlx.core as mx
+
         from worker.engine.loader import LoadProgress, load_model
 
         assert self.setup is not None
@@ -196,6 +273,7 @@ class RunnerProcess:
         from worker.engine.generator import Generator
 
         self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size)
+        mx.synchronize()
         self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
 
     def warmup(self) -> None:
@@ -205,19 +283,97 @@ class RunnerProcess:
         from worker.engine.generator import GenerationRequest
 
         assert self.generator is not None
+        if self.multi:
+            self.make_pipeline()
         self.generator.submit(
-            GenerationRequest(task_id="warmup", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0.0)
+            GenerationRequest(task_id="warmup", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0.0)
         )
-        for _ in range(100):
+        tps = 0.0
+        for _ in range(1000):
             if not self.generator.has_work():
                 break
-            self.generator.step()
+            for chunk in self.generator.step():
+                if isinstance(chunk, FinishChunk):
+                    tps = chunk.decode_tokens_per_second
+        if self.multi:
+            assert self.all_gather is not None
+            row = np.array([check_every_for(tps)], dtype=np.int64)
+            self.check_every = int(self.all_gather(row).min())  # the same on every rank
+
+    def make_pipeline(self) -> None:
+        """Make the generator a pipeline rank (a collective: every rank, same point) and
+        start holding tasks for agreement."""
+        from worker.engine.agreement import TaskAgreement
+        from worker.engine.distributed import ring_all_gather
+        from worker.engine.forward import generation_stream
+        from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
+
+        assert self.generator is not None and self.group is not None and self.loaded is not None
+        cfg = self.loaded.config.get("text_config", self.loaded.config)
+        hidden = int(cfg["hidden_size"])
+        self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
+        self.all_gather = ring_all_gather(self.group, generation_stream)
+        self.agreement = TaskAgreement()
 
     def submit(self, task: TextGeneration) -> None:
         from worker.engine.generator import GenerationRequest
 
         assert self.generator is not None
-        self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
+        if self.agreement is None:
+            self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
+        elif not self.agreement.add(task.task_id, task.created_idx, task) and self.agreement.was_cancelled(task.task_id):
+            self.end_cancelled(task.task_id)
+
+    def end_cancelled(self, task_id: str) -> None:
+        """End a task cancelled by agreement before it started here."""
+        if self.emits_chunks:
+            self.send(ChunkMsg(FinishChunk(task_id=task_id, finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)))
+        self.send(TaskStatusMsg(task_id, "cancelled"))
+
+    def serve_round(self, interval: float) -> int | None:
+        """One turn of a serving multi-rank runner: take input, run an agreement round when
+        this is an agreement point (identical on every rank), do one generation step, keep
+        the heartbeat. Returns an exit code, or None to go on."""
+        from worker.engine.generator import GenerationRequest
+
+        assert self.generator is not None and self.agreement is not None and self.all_gather is not None
+        busy = self.generator.has_work()
+        deadline = time.monotonic() + (0.0 if busy else IDLE_ROUND_INTERVAL)
+        while True:
+            wait = deadline - time.monotonic()
+            try:
+                item = self.tasks.get(timeout=wait) if wait > 0 else self.tasks.get_nowait()
+            except queue.Empty:
+                break
+            if item is _EOF:
+                return 0
+            try:
+                self.handle(item)
+            except Exception as exc:
+                traceback.print_exc()
+                self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
+                return 1
+        if not busy or self.generator.in_prefill or self.steps_since_round >= self.check_every:
+            self.steps_since_round = 0
+            result = self.agreement.round(self.all_gather)
+            for task in result.start:
+                self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
+            for task_id in result.cancel:
+                self.generator.cancel(task_id)
+            for task in result.dropped:
+                self.end_cancelled(task.task_id)
+            if result.shutdown:
+                self.set_status(RunnerShuttingDown())
+                self.generator = None
+                self.loaded = None
+                self.set_status(RunnerShutdown())
+                return 0
+        if self.generator.has_work():
+            self.step_generation()
+            self.steps_since_round += 1
+        if time.monotonic() - self.last_sent >= interval:
+            self.send(HeartbeatMsg())
+        return None
 
     def step_generation(self) -> None:
         assert self.generator is not None
@@ -227,7 +383,10 @@ class RunnerProcess:
             if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):
                 self.running_tasks.add(chunk.task_id)
                 self.send(TaskStatusMsg(chunk.task_id, "running"))
-            self.send(ChunkMsg(chunk))
+            if self.emits_chunks:
+                self.send(ChunkMsg(chunk))
+            if isinstance(chunk, (FinishChunk, ErrorChunk)) and self.agreement is not None:
+                self.agreement.finished(chunk.task_id)
             if isinstance(chunk, FinishChunk):
                 self.running_tasks.discard(chunk.task_id)
                 self.send(TaskStatusMsg(chunk.task_id, "cancelled" if chunk.finish_reason == "cancelled" else "complete"))
@@ -249,9 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     runner = RunnerProcess(args.in_fd, args.out_fd)
     try:
-        return runner.run()
+        code = runner.run()
     except BrokenPipeError:
-        return 0  # the node is gone
+        code = 0  # the node is gone
+    if runner.group is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # do not wait on the ring's sockets (a peer may be gone)
+    return code
 
 
 if __name__ == "__main__":
