@@ -28,23 +28,30 @@ Rules, in the order they are applied:
   of the edge (rank r-1 → rank r) — the address at which its ring neighbour reaches it, chosen
   once here so both neighbours see the same — and ``port`` is the lowest port >=
   ``RING_BASE_PORT`` that no shard of an existing instance uses on that node.
-- **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact. Beyond, each
-  (size, memory mode) search stops after ``SEARCH_BUDGET`` path extensions and takes the best
-  cycle found so far. What that gives up: on a graph where cycles of the needed size are rare
-  and hidden behind many dead-end paths (large sparse graphs), a worse cycle than the best may
-  be chosen, or a size may be reported as having no fitting cycle when one exists (the next
-  size is then tried). On a near-full mesh the first path tried is already the best set
-  (heaviest nodes over the best links), so nothing is lost there in practice.
+- **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact: one branch and
+  bound per (size, memory mode), ``CycleSearch.best``. Beyond, one heuristic search per memory
+  mode serves every size, both shardings and the error messages: ``CycleSearch.sweep``, a
+  depth-first search of at most ``SWEEP_BUDGET`` path extensions that records, per cycle
+  length, the best cycle it meets (by the choice order, among those that fit, per sharding)
+  and the heaviest one (for "the largest candidate cycle" in errors). ``place_instance`` and
+  ``placement_previews`` read the same records, so a preview is still exactly the placement.
+  What it gives up: on a full mesh of equal links nothing (the first path from the heaviest
+  node is the heaviest node set, in rank order, for every length); with mixed links or sparse
+  edges (e.g. a ring plus a few extra edges) a cycle worse than the best may be chosen, a
+  size may be reported as having no fitting cycle when one exists (placement then takes the
+  next size it found), and "the largest candidate cycle" in errors is the largest one met.
+  Cost: bounded by the budget plus one reachability pass per start tried, whatever the number
+  of sizes (previews at 64 nodes take milliseconds, not seconds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
 
-from exo_p2p.state.topology import CycleKey, CycleSearch, Topology, topology_from_state
+from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.placement_split import (
     Overflow,
@@ -60,8 +67,8 @@ RING_BASE_PORT = 52600
 """Lowest port a ring member listens on; each further instance on a node takes the next free one."""
 EXACT_SEARCH_MAX_NODES = 8
 """Up to this many eligible nodes the cycle search is exact (no budget)."""
-SEARCH_BUDGET = 4000
-"""Path extensions per (size, memory mode) search beyond ``EXACT_SEARCH_MAX_NODES`` nodes."""
+SWEEP_BUDGET = 3000
+"""Path extensions of the one heuristic search per memory mode beyond ``EXACT_SEARCH_MAX_NODES``."""
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
 
 
@@ -191,9 +198,11 @@ class _Context:
     excluded: dict[NodeId, str]
     hosts: frozenset[NodeId]
     topology: Topology
-    budget: int | None
+    exact: bool
     blocking: str | None
     searches: dict[tuple[int, bool], CycleSearch] = field(default_factory=dict)
+    sweeps: dict[int, list[dict[int, Found]]] = field(default_factory=dict)
+    modes: list[_Mode] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -228,8 +237,8 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
     if bad:
         blocking = "required " + "; ".join(f"node {_label(state, n)}: {excluded[n]}" for n in bad)
     hosts = frozenset(s.node_id for inst in state.instances.values() for s in inst.shards)
-    budget = None if len(eligible) <= EXACT_SEARCH_MAX_NODES else SEARCH_BUDGET
-    return _Context(state, card, required, eligible, excluded, hosts, topology_from_state(state, eligible), budget, blocking)
+    exact = len(eligible) <= EXACT_SEARCH_MAX_NODES
+    return _Context(state, card, required, eligible, excluded, hosts, topology_from_state(state, eligible), exact, blocking)
 
 
 def _size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
@@ -247,12 +256,15 @@ _Mode = tuple[dict[NodeId, int], frozenset[NodeId] | None]
 def _modes(ctx: _Context) -> list[_Mode]:
     """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
     node hosting an instance count total memory; cycles with one count available memory."""
+    if ctx.modes:
+        return ctx.modes
     profiles = ctx.state.nodes
     free = {n: profiles[n].memory_total or 0 for n in ctx.eligible if n not in ctx.hosts}
     modes: list[_Mode] = [(free, None)]
     hosts = frozenset(n for n in ctx.eligible if n in ctx.hosts)
     if hosts:
         modes.append(({n: profiles[n].memory_available or 0 for n in ctx.eligible}, hosts))
+    ctx.modes.extend(modes)
     return modes
 
 
@@ -269,32 +281,61 @@ def _shares(card: ModelCard, sharding: Sharding, usable: list[int]) -> list[Rank
     return tensor_shares(card, usable) if sharding == "tensor" else pipeline_shares(card, usable)
 
 
-def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
-    """The best fitting cycle of exactly ``size`` nodes, or None."""
-    need = required_bytes(ctx.card.storage_size)
-    best: _Plan | None = None
-    for mode in range(len(_modes(ctx))):
+def _fits(ctx: _Context, sharding: Sharding, weights: dict[NodeId, int]) -> Callable[[tuple[NodeId, ...]], tuple[tuple[int, ...], list[RankShare]] | None]:
+    """The search's ``accept``: (usable per rank, shares) when every rank's share fits, else None."""
+
+    def accept(cycle: tuple[NodeId, ...]) -> tuple[tuple[int, ...], list[RankShare]] | None:
+        usable = [weights[n] for n in cycle]
+        shares = _shares(ctx.card, sharding, usable)
+        return None if isinstance(shares, Overflow) else (tuple(usable), shares)
+
+    return accept
+
+
+def _sweep(ctx: _Context, mode: int) -> list[dict[int, Found]]:
+    """The heuristic's records of memory mode ``mode`` (beyond ``EXACT_SEARCH_MAX_NODES``),
+    cached: per length, the best fitting cycle for each of ``SHARDINGS``, then the heaviest."""
+    if mode not in ctx.sweeps:
         search, (weights, include) = _search(ctx, mode)
+        lengths = range(1, len(ctx.eligible) + 1)
+        goals: list[Goal] = [
+            Goal(
+                _fits(ctx, sharding, weights),
+                frozenset(k for k in lengths if _size_problem(ctx.card, sharding, k) is None)
+                if sharding == "pipeline" or ctx.card.supports_tensor else frozenset(),
+                required_bytes(ctx.card.storage_size),
+            )
+            for sharding in SHARDINGS
+        ]
+        goals.append(Goal(lambda cycle: True, frozenset(lengths), rank_links=False))
+        ctx.sweeps[mode] = search.sweep(goals, required=ctx.required, include_one_of=include, budget=SWEEP_BUDGET)
+    return ctx.sweeps[mode]
 
-        def accept(cycle: tuple[NodeId, ...], weights: dict[NodeId, int] = weights) -> tuple[tuple[int, ...], list[RankShare]] | None:
-            usable = [weights[n] for n in cycle]
-            shares = _shares(ctx.card, sharding, usable)
-            return None if isinstance(shares, Overflow) else (tuple(usable), shares)
 
-        outcome = search.best(
-            size,
-            accept,
-            min_weight=need,
-            required=ctx.required,
-            include_one_of=include,
-            budget=ctx.budget,
-            better_than=best.key if best else None,
-            node_floor=_node_floor(ctx.card, sharding, size),
-        )
-        if outcome.best is not None:
-            usable, shares = outcome.best.payload
-            best = _Plan(outcome.best.key, outcome.best.cycle, usable, tuple(shares))
-    return best
+def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
+    """The best fitting cycle of exactly ``size`` nodes, or None (exact search or the
+    heuristic's record; module docstring "Scale")."""
+    best: Found | None = None
+    for mode in range(len(_modes(ctx))):
+        if ctx.exact:
+            search, (weights, include) = _search(ctx, mode)
+            found = search.best(
+                size,
+                _fits(ctx, sharding, weights),
+                min_weight=required_bytes(ctx.card.storage_size),
+                required=ctx.required,
+                include_one_of=include,
+                better_than=best.key if best else None,
+                node_floor=_node_floor(ctx.card, sharding, size),
+            ).best
+        else:
+            found = _sweep(ctx, mode)[SHARDINGS.index(sharding)].get(size)
+        if found is not None and (best is None or found.key < best.key):
+            best = found
+    if best is None:
+        return None
+    usable, shares = best.payload
+    return _Plan(best.key, best.cycle, usable, tuple(shares))
 
 
 def _node_floor(card: ModelCard, sharding: Sharding, size: int) -> int:
@@ -353,18 +394,20 @@ def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], 
     """The candidate cycle (any size in ``sizes``, either memory mode) with the most usable
     bytes, ignoring whether the model fits: (bytes, rank-order cycle, usable per rank)."""
     found: tuple[tuple[int, tuple[tuple[int, str], ...]], tuple[NodeId, ...], list[int]] | None = None
-    for mode in range(len(_modes(ctx))):
-        search, (weights, include) = _search(ctx, mode, rank_links=False)
+    for mode, (weights, include) in enumerate(_modes(ctx)):
         heaviest = sorted(weights.values(), reverse=True)
         for size in sorted(sizes, reverse=True):
             if found is not None and sum(heaviest[:size]) < -found[0][0]:
                 break
-            outcome = search.best(size, lambda cycle: True, required=ctx.required, include_one_of=include, budget=ctx.budget)
-            if outcome.best is not None:
-                key = outcome.best.key
-                rank_key = (key[2], key[3])
+            if ctx.exact:
+                search = _search(ctx, mode, rank_links=False)[0]
+                best = search.best(size, lambda cycle: True, required=ctx.required, include_one_of=include).best
+            else:
+                best = _sweep(ctx, mode)[len(SHARDINGS)].get(size)
+            if best is not None:
+                rank_key = (best.key[2], best.key[3])
                 if found is None or rank_key < found[0]:
-                    found = (rank_key, outcome.best.cycle, [weights[n] for n in outcome.best.cycle])
+                    found = (rank_key, best.cycle, [weights[n] for n in best.cycle])
     if found is None:
         return None
     return -found[0][0], found[1], found[2]

@@ -154,7 +154,11 @@ class Worker:
             return
         if isinstance(task, Shutdown):
             sup.sent.add("shutdown")
-            self._nursery.start_soon(sup.shutdown)
+            instance = self._get_state().instances.get(sup.instance.instance_id)
+            # A failed instance's group is broken: its runners may be blocked in a collective
+            # that never returns, so they get 1 s, not the graceful 10 s of a deletion.
+            timeout = 1.0 if instance is not None and instance.failed_reason is not None else 10.0
+            self._nursery.start_soon(sup.shutdown, timeout)
         elif isinstance(task, ConnectToGroup):
             await sup.send(task, "connect")
         elif isinstance(task, LoadModel):

@@ -216,6 +216,10 @@ def node(
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
+    fault_hook: Annotated[
+        Optional[list[str]],
+        typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners."),
+    ] = None,
 ) -> None:
     """Run a node on this machine until Ctrl-C."""
     config = build_node_config(
@@ -238,6 +242,11 @@ def node(
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
     )
+    for hook in fault_hook or []:
+        key, sep, value = hook.partition("=")
+        if not sep or not key:
+            raise CliError(f"--fault-hook takes KEY=VALUE, got {hook!r}", 2)
+        config.fault_hooks[key] = value
     code = run_node(config)
     if code:
         raise typer.Exit(code)

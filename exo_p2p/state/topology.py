@@ -203,6 +203,7 @@ class CycleSearch:
         self.rank_links = rank_links
         self.max_rank = top
         self.single_rank = BEST_LINK_RANK if rank_links else 0
+        self._dist: dict[int, list[int]] = {}
 
     def best(
         self,
@@ -250,6 +251,115 @@ class CycleSearch:
                 exhausted = True
                 break
         return SearchOutcome(state.best, exhausted, state.spent)
+
+
+    def _distances(self, start: int) -> list[int]:
+        """``_distances_to(start)``, cached per start."""
+        if start not in self._dist:
+            self._dist[start] = _distances_to(start, self.preds, len(self.order))
+        return self._dist[start]
+
+    def sweep(
+        self,
+        goals: list[Goal],
+        *,
+        required: frozenset[NodeId] = frozenset(),
+        include_one_of: frozenset[NodeId] | None = None,
+        budget: int,
+    ) -> list[dict[int, Found]]:
+        """The best cycle *met* per length for every goal, from one budgeted depth-first search
+        shared by all lengths and goals (the heuristic placement uses beyond 8 nodes).
+
+        Returns one dict per goal: length -> ``Found`` (the smallest ``cycle_key`` among the
+        cycles met of that length in ``goal.sizes``, weighing at least ``goal.min_weight``,
+        containing ``required`` and one of ``include_one_of`` when given, that ``goal.accept``
+        takes). Single nodes are all checked. Longer cycles: starts in weight order (each
+        cycle is met from its rank-0 node), each start may spend half the budget left (at least
+        ``len(nodes)``); paths extend best link first, then heavier node, only through nodes
+        that can still reach the start, and every node on the path with an edge back to the
+        start closes a cycle of the path's length. ``budget`` caps path extensions in total.
+
+        What it gives up against ``best`` (exact per length): a cycle is only found if the
+        search meets it within the budget. On a full mesh of equal links the first path from
+        the heaviest node is the heaviest node set in rank order, so every length gets its best
+        cycle; with mixed links or sparse edges a worse cycle may be returned, or none for a
+        length that has one. Cost: O(budget + nodes + edges per start run), independent of the
+        number of lengths.
+        """
+        order, w, succ, rank_of = self.order, self.w, self.succ, self.rank_of
+        count = len(order)
+        results: list[dict[int, Found]] = [{} for _ in goals]
+        if any(n not in self.index for n in required):
+            return results
+        req_mask = sum(1 << self.index[n] for n in required)
+        host_mask = -1 if include_one_of is None else sum(1 << self.index[n] for n in include_one_of if n in self.index)
+        longest = max((max(g.sizes) for g in goals if g.sizes), default=0)
+
+        # Per goal and length: (key head, path) of the best so far. Comparing index paths is
+        # comparing the key's rank-order tuples: indices follow (-weight, id).
+        met: list[dict[int, tuple[tuple[int, int, int], list[int]]]] = [{} for _ in goals]
+
+        def offer(path: list[int], mask: int, weight: int, worst: int, total: int) -> None:
+            if req_mask & ~mask or (host_mask != -1 and not host_mask & mask):
+                return
+            length = len(path)
+            for goal, found, seen in zip(goals, results, met, strict=True):
+                if length not in goal.sizes or weight < goal.min_weight:
+                    continue
+                mark = ((-worst, -total, -weight) if goal.rank_links else (0, 0, -weight), path)
+                if length in seen and mark >= seen[length]:
+                    continue
+                cycle = tuple(order[i] for i in path)
+                payload = goal.accept(cycle)
+                if payload is not None:
+                    seen[length] = (mark[0], path[:])
+                    found[length] = Found((*mark[0], tuple((-w[i], order[i]) for i in path)), cycle, payload)
+
+        for i in range(count):
+            offer([i], 1 << i, w[i], self.single_rank, 0)
+        left = budget
+        for s in range(count):
+            if longest < 2 or left <= 0 or req_mask & ((1 << s) - 1) or (host_mask != -1 and host_mask >> s == 0):
+                break
+            allowance = min(left, max(left // 2, count))
+            reach = self._distances(s)
+            near_first = any(1 < d <= count for d in reach[s + 1 :])  # else all reach s in one step
+            path = [s]
+            spent = 0
+
+            def extend(mask: int, weight: int, worst: int, total: int) -> None:
+                nonlocal spent
+                last = path[-1]
+                for j, rank in sorted(succ[last], key=lambda c: reach[c[0]]) if near_first else succ[last]:
+                    if j <= s or mask >> j & 1 or reach[j] > count:
+                        continue
+                    if spent >= allowance:
+                        return
+                    spent += 1
+                    path.append(j)
+                    jw, jmin, jsum, jmask = weight + w[j], min(worst, rank), total + rank, mask | 1 << j
+                    closing = rank_of[j].get(s)
+                    if closing is not None:
+                        offer(path, jmask, jw, min(jmin, closing), jsum + closing)
+                    if len(path) < longest:
+                        extend(jmask, jw, jmin, jsum)
+                    path.pop()
+
+            extend(1 << s, w[s], self.max_rank, 0)
+            left -= spent
+        return results
+
+
+@dataclass(frozen=True)
+class Goal(Generic[T]):
+    """What ``CycleSearch.sweep`` records: per length in ``sizes``, the best cycle weighing at
+    least ``min_weight`` bytes that ``accept`` takes (returns a payload, or None to reject).
+    ``rank_links=False`` ranks by memory only (the key's link components are 0)."""
+
+    accept: Callable[[tuple[NodeId, ...]], T | None]
+    sizes: frozenset[int]
+    min_weight: int = 0
+    rank_links: bool = True
 
 
 def best_cycle(
@@ -333,7 +443,7 @@ class _Search(Generic[T]):
         self.path = [s]
         if self._beaten(lb3):
             return
-        self.dist = _distances_to(s, g.preds, len(g.order))
+        self.dist = g._distances(s)
         self._go(1 << s, g.w[s], g.max_rank, 0)
 
     def _beaten(self, lb3: tuple[int, int, int]) -> bool:

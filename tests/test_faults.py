@@ -1,0 +1,138 @@
+"""Failures end in a bounded error or a recovery, never a hang (issue 6, design.md §5b/§5c)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from exo_p2p.models.synthetic import make_synthetic_model
+from tests.cluster import Cluster, NodeProcess, states, wait_until
+
+pytestmark = pytest.mark.integration
+MODEL = "tiny"
+T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
+SLACK = 3.0
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
+    return d
+
+
+def _self_id(node):
+    return next(n["node_id"] for n in node.get("/nodes").json() if n["is_self"])
+
+
+def _stream_in_background(node, max_tokens=2000):
+    """Start a long streaming request; returns (thread, result dict with 'lines', 'first_at', 'ended_at')."""
+    result: dict = {"lines": [], "first_at": None, "ended_at": None, "status": None}
+
+    def go():
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": max_tokens, "stream": True}
+        try:
+            with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=120) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line:
+                        result["lines"].append(line)
+                        if result["first_at"] is None and '"content"' in line:
+                            result["first_at"] = time.monotonic()
+        except httpx.HTTPError as exc:
+            result["lines"].append(f"transport error: {exc!r}")
+        result["ended_at"] = time.monotonic()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, result
+
+
+def test_node_killed_mid_generation_ends_request_with_error_and_model_is_replaced(tmp_path, models_dir):
+    cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models_dir)])
+    try:
+        cluster.start()
+        master_id = states(cluster.nodes)[0]["master"]
+        api = next(n for n in cluster.nodes if _self_id(n) == master_id)
+        victim = next(n for n in cluster.nodes if n is not api)
+        r = api.post("/instances", json={"model": MODEL, "min_nodes": 2})
+        assert r.status_code == 201, r.text
+        iid = r.json()["instance_id"]
+        wait_until(lambda: api.get(f"/instances/{iid}").json()["status"] == "ready", 90, what="2-node instance ready")
+        victim_runners = victim.children()
+        assert victim_runners
+        thread, result = _stream_in_background(api)
+        wait_until(lambda: result["first_at"] is not None, 60, what="first token")
+        t_kill = time.monotonic()
+        victim.kill()  # SIGKILL of the node process only, not its process group
+        thread.join(T_FAIL + SLACK + 5)
+        assert result["ended_at"] is not None, "request still open"
+        took = result["ended_at"] - t_kill
+        assert took <= T_FAIL + SLACK, f"request ended {took:.1f} s after the kill"
+        assert any('"error"' in line for line in result["lines"]), result["lines"][-3:]
+        assert result["lines"][-1] == "data: [DONE]"
+        # the dead node's runners exit by themselves
+        _, alive = psutil.wait_procs(victim_runners, timeout=10)
+        assert not alive
+        # the model is re-placed on the surviving node and serves again
+        def replaced():
+            views = [v for v in api.get("/instances").json() if v["status"] == "ready"]
+            return views and views[0]["instance_id"] != iid
+        wait_until(replaced, 60, what="re-placed instance ready")
+        r = api.chat("hello", MODEL, max_tokens=5, temperature=0)
+        assert r.status_code == 200, r.text
+        # the surviving runner of the failed instance was shut down: only the new one runs
+        wait_until(lambda: len(api.children()) == 1, 5, what="old runner gone")
+    finally:
+        cluster.stop()
+
+
+def test_runner_killed_fails_instance_with_reason_and_in_flight_request_errors(tmp_path, models_dir):
+    node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
+    try:
+        node.start()
+        view = node.place_and_wait(MODEL, timeout=60)
+        (runner,) = node.children()
+        thread, result = _stream_in_background(node)
+        wait_until(lambda: result["first_at"] is not None, 60, what="first token")
+        t_kill = time.monotonic()
+        runner.kill()
+        thread.join(T_FAIL + SLACK + 5)
+        assert result["ended_at"] is not None and result["ended_at"] - t_kill <= T_FAIL + SLACK
+        assert any('"error"' in line for line in result["lines"])
+        old = view["instance_id"]
+        state = node.get("/state").json()
+        if old in state["instances"]:
+            assert "killed by signal 9" in (state["instances"][old]["failed_reason"] or "")
+        wait_until(lambda: [v for v in node.get("/instances").json() if v["status"] == "ready" and v["instance_id"] != old], 60, what="re-placed")
+        assert not psutil.pid_exists(runner.pid)  # reaped: no zombie
+    finally:
+        node.stop()
+
+
+def test_runner_that_fails_during_load_is_replaced_then_given_up(tmp_path, models_dir):
+    node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir), "--fault-hook", "fail=loading"])
+    try:
+        node.start()
+        r = node.post("/instances", json={"model": MODEL})
+        assert r.status_code == 201
+        # 1 + 3 re-placements with backoff 1, 2, 4 s, then given up with the reason
+        def given_up():
+            for inst in node.get("/state").json()["instances"].values():
+                if inst["gave_up"]:
+                    return inst
+        inst = wait_until(given_up, 60, what="given up")
+        assert "fault hook" in inst["failed_reason"] and "gave up after 3" in inst["failed_reason"]
+        out = node.get("/instances").json()
+        assert out[0]["status"] == "failed"
+        r = node.chat("hi", MODEL, max_tokens=3)
+        assert r.status_code == 503 and "fault hook" in r.json()["error"]["message"]
+        time.sleep(1)
+        assert node.children() == []  # no zombie or orphan runner
+    finally:
+        node.stop()
