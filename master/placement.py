@@ -67,8 +67,9 @@ RING_BASE_PORT = 52600
 """Lowest port a ring member listens on; each further instance on a node takes the next free one."""
 EXACT_SEARCH_MAX_NODES = 8
 """Up to this many eligible nodes the cycle search is exact (no budget)."""
-SWEEP_BUDGET = 3000
-"""Path extensions of the one heuristic search per memory mode beyond ``EXACT_SEARCH_MAX_NODES``."""
+SWEEP_BUDGET = 8000
+"""Successors examined by the one heuristic search per memory mode beyond ``EXACT_SEARCH_MAX_NODES``
+(enough for the first full path of a mesh of up to ~89 nodes: n*n/2 within half the budget)."""
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
 
 

@@ -7,7 +7,7 @@ model is a 64-layer card of ``--model-gib`` GiB (default 400: needs several node
 
 Prints, per shape and size, the median over ``--repeat`` runs of one ``place_instance``
 (pipeline, min_nodes=1) and of one ``placement_previews`` (pipeline and tensor, world sizes
-1..n), in milliseconds. Target: placement <= 50 ms at 64 nodes.
+1..n), in milliseconds. Target: placement and previews <= 50 ms each at 64 nodes (issue 4).
 
     python scripts/bench_placement.py [--repeat 5] [--model-gib 400] [--seed 1]
 """

@@ -131,3 +131,52 @@ def test_dense_graph_search_is_not_exhaustive() -> None:
     outcome = CycleSearch(Topology(nodes, links), {v: 64 for v in nodes}).best(20, lambda c: True)
     assert outcome.best is not None and outcome.best.cycle == nodes[:20]
     assert outcome.expansions < 40 * 40
+
+
+def _exact_per_length(search: CycleSearch, sizes: range, **kw) -> dict[int, tuple]:
+    found = {}
+    for k in sizes:
+        best = search.best(k, lambda c: True, **kw).best
+        if best is not None:
+            found[k] = (best.key, best.cycle)
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12), st.data())
+def test_sweep_on_an_equal_link_mesh_is_exact_for_every_length(n: int, data: st.DataObject) -> None:
+    """The documented case where the heuristic gives up nothing: a full mesh of equal links."""
+    from exo_p2p.state.topology import Goal, Link
+
+    nodes = tuple(f"n{i:02d}" for i in range(n))
+    links = {a: {b: Link("10.0.0.1", 2) for b in nodes if b != a} for a in nodes}
+    weights = {v: data.draw(st.sampled_from([1, 2, 4, 8])) for v in nodes}
+    search = CycleSearch(Topology(nodes, links), weights)
+    sizes = range(1, n + 1)
+    swept = search.sweep([Goal(lambda c: True, frozenset(sizes))], budget=n * n)[0]
+    assert {k: (f.key, f.cycle) for k, f in swept.items()} == _exact_per_length(search, sizes)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs(), st.integers(0, 30), st.integers(1, 60), st.data())
+def test_sweep_records_are_candidates_and_never_beat_the_exact_search(graph, min_weight: int, budget: int, data: st.DataObject) -> None:
+    from exo_p2p.state.topology import Goal
+
+    topo, weights = graph
+    pool = sorted(weights)
+    required = frozenset(data.draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else frozenset()
+    hosts = frozenset(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2))) if pool and data.draw(st.booleans()) else None
+    search = CycleSearch(topo, weights)
+    sizes = range(1, len(topo.nodes) + 1)
+    goals = [Goal(lambda c: c, frozenset(sizes), min_weight), Goal(lambda c: c, frozenset(sizes), rank_links=False)]
+    by_key, by_memory = search.sweep(goals, required=required, include_one_of=hosts, budget=budget)
+    exact = _exact_per_length(search, sizes, min_weight=min_weight, required=required, include_one_of=hosts)
+    for k, found in by_key.items():
+        cycle = found.cycle
+        assert len(cycle) == k and topo.is_cycle(cycle) and cycle == rank_order(cycle, weights)
+        assert required <= set(cycle) and (hosts is None or hosts & set(cycle))
+        assert sum(weights[v] for v in cycle) >= min_weight and found.payload == cycle
+        assert found.key == cycle_key(topo, cycle, weights) and found.key >= exact[k][0]
+    for k, found in by_memory.items():
+        assert topo.is_cycle(found.cycle) and found.key == cycle_key(topo, found.cycle, weights, rank_links=False)
+    assert set(by_key) <= set(exact)

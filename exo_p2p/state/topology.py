@@ -277,14 +277,15 @@ class CycleSearch:
         cycle is met from its rank-0 node), each start may spend half the budget left (at least
         ``len(nodes)``); paths extend best link first, then heavier node, only through nodes
         that can still reach the start, and every node on the path with an edge back to the
-        start closes a cycle of the path's length. ``budget`` caps path extensions in total.
+        start closes a cycle of the path's length. ``budget`` caps the successors examined in
+        total (the first full-length path of an n-node mesh examines about n*n/2).
 
         What it gives up against ``best`` (exact per length): a cycle is only found if the
-        search meets it within the budget. On a full mesh of equal links the first path from
-        the heaviest node is the heaviest node set in rank order, so every length gets its best
-        cycle; with mixed links or sparse edges a worse cycle may be returned, or none for a
-        length that has one. Cost: O(budget + nodes + edges per start run), independent of the
-        number of lengths.
+        search meets it within the budget. On a full mesh of equal links, with no required
+        node, the first path from the heaviest node is the heaviest node set in rank order, so
+        every length gets its best cycle (when ``accept`` takes it); with mixed links, required
+        nodes or sparse edges a worse cycle may be returned, or none for a length that has one.
+        Cost: O(budget + edges per start tried), whatever the number of lengths and goals.
         """
         order, w, succ, rank_of = self.order, self.w, self.succ, self.rank_of
         count = len(order)
@@ -323,19 +324,18 @@ class CycleSearch:
                 break
             allowance = min(left, max(left // 2, count))
             reach = self._distances(s)
-            near_first = any(1 < d <= count for d in reach[s + 1 :])  # else all reach s in one step
             path = [s]
             spent = 0
 
             def extend(mask: int, weight: int, worst: int, total: int) -> None:
                 nonlocal spent
                 last = path[-1]
-                for j, rank in sorted(succ[last], key=lambda c: reach[c[0]]) if near_first else succ[last]:
-                    if j <= s or mask >> j & 1 or reach[j] > count:
-                        continue
+                for j, rank in succ[last]:
                     if spent >= allowance:
                         return
                     spent += 1
+                    if j <= s or mask >> j & 1 or reach[j] > count:
+                        continue
                     path.append(j)
                     jw, jmin, jsum, jmask = weight + w[j], min(worst, rank), total + rank, mask | 1 << j
                     closing = rank_of[j].get(s)
