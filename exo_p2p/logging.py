@@ -29,3 +29,6 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
     # retries with backoff and reports peers itself, so keep those out of the node's log.
     for noisy in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.discovery.mdns"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    # libp2p's own warnings (failed handshakes of peers going away, failed health pings) are
+    # what our cluster layer turns into peer events; its errors still show.
+    logging.getLogger("libp2p").setLevel(max(lvl, logging.ERROR))

@@ -9,6 +9,7 @@ the HTTP API in one trio process. This is the only module that imports both ``ma
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
@@ -358,20 +359,72 @@ async def _run_until_signal(node: Node) -> None:
             nursery.start_soon(stop_on_signal)
 
 
+class StartupError(Exception):
+    """The node cannot start (port in use, data dir used by another node); one-line message."""
+
+
+def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
+    """Fail fast, before joining anything, when the node could not run: the API or libp2p
+    port is taken, or another node process uses the same data dir (two nodes on one data
+    dir would share an identity and an event log). Returns the data-dir lock (an open file
+    holding an exclusive ``flock``), to keep for the process lifetime. Raises StartupError."""
+    import fcntl
+    import socket
+
+    for what, host, port, flag in (
+        ("API", config.api_host, config.api_port, "--api-port"),
+        ("libp2p", config.listen_host, config.listen_port, "--listen-port"),
+    ):
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                raise StartupError(f"{what} port {port} on {host} is not available ({exc.strerror}); is another exo-p2p node running? choose another with {flag}") from None
+    data_dir = Path(config.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = open(data_dir / "node.lock", "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        other = lock.read().strip() or "?"
+        lock.close()
+        raise StartupError(f"another exo-p2p node (pid {other}) is using the data dir {data_dir}; stop it or use --data-dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start)."""
     from exo_p2p.logging import configure_logging
 
     configure_logging(config.log_format, config.log_level)
+    try:
+        lock = check_can_start(config)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     node = Node(config)
     try:
         trio.run(_run_until_signal, node)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:  # noqa: F821 - Python 3.11 builtin
+        oserrors, rest = group.split(OSError)
+        if rest is None and oserrors is not None:
+            print(f"error: {oserrors.exceptions[0]}", file=sys.stderr)
+            return 1
+        raise
     finally:
         node.close()
+        lock.close()
     if getattr(node, "exit_reason", None):
         print(f"error: {node.exit_reason}", file=sys.stderr)
         return 1

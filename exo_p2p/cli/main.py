@@ -457,9 +457,13 @@ def chat(
             repl(client, chosen, **params)
 
 
-def ensure_ready_instance(client: NodeClient, model: str, timeout: float, console: Console) -> dict:
+def ensure_ready_instance(
+    client: NodeClient, model: str, timeout: float, console: Console, on_placed: Callable[[str], None] | None = None
+) -> dict:
     """A ready instance of ``model``: an existing ready one, else a loading one waited for,
-    else a new placement waited for. Raises ``CliError`` as ``place`` does."""
+    else a new placement waited for (``on_placed(instance_id)`` is called as soon as it is
+    placed, so the caller can undo it however the wait ends). Raises ``CliError`` as
+    ``place`` does."""
     existing = [
         i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"
     ]
@@ -469,6 +473,8 @@ def ensure_ready_instance(client: NodeClient, model: str, timeout: float, consol
     if existing:
         return wait_until_ready(client, existing[0], timeout=timeout, console=console)
     inst = client.place(model)
+    if on_placed is not None:
+        on_placed(inst["instance_id"])
     console.print(f"placed {model} as instance {inst['instance_id']}")
     return wait_until_ready(client, inst, timeout=timeout, console=console)
 
@@ -499,13 +505,17 @@ def run(
 
     Uses the node at --api when it answers, else runs one here for this command.
 
-    Places MODEL first when it is not placed yet; stops what it started on exit.
+    Places MODEL first when it is not placed yet; stops what it started on exit: a node it
+    started, and the instance it placed on that node (so a later run or node does not bring
+    it back). On a node that was already running, a placement it made stays (like any
+    `place`) and it says so.
     """
     globals_ = ctx.find_object(Globals)
     api_url = resolve_api_url(api, globals_.api if globals_ else None)
     console = _stderr()
     with ExitStack() as stack:
         probe = stack.enter_context(NodeClient(api_url))
+        started_node = False
         if not probe.ping():
             if not is_local_url(api_url):
                 raise NodeUnreachable(f"cannot reach the exo-p2p node at {api_url}")
@@ -514,13 +524,30 @@ def run(
                 f"no node answers at {api_url}; starting one for this command (data dir {directory})"
             )
             api_url = stack.enter_context(running_node(directory, console))
+            started_node = True
         client = stack.enter_context(NodeClient(api_url))
-        ensure_ready_instance(client, model, timeout, console)
+
+        def placed(instance_id: str) -> None:
+            if started_node:
+                stack.callback(_delete_quietly, client, instance_id)
+            else:
+                stack.callback(
+                    console.print, f"instance {instance_id} stays placed; remove it with `exo-p2p delete {instance_id}`"
+                )
+
+        ensure_ready_instance(client, model, timeout, console, on_placed=placed)
         params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
         if prompt is not None:
             chat_once(client, model, prompt, **params)
         else:
             repl(client, model, **params)
+
+
+def _delete_quietly(client: NodeClient, instance_id: str) -> None:
+    try:
+        client.delete_instance(instance_id)
+    except Exception:  # noqa: BLE001 - best effort on the way out; the node stops next
+        pass
 
 
 def main() -> None:

@@ -45,6 +45,12 @@ def build_node_config(
             given["memory_limit"] = parse_bytes(memory_limit)
         except ValueError as e:
             raise CliError(f"--memory-limit: {e}", exit_code=2) from e
+        if given["memory_limit"] < 64 * 1024 * 1024:
+            raise CliError(
+                f"--memory-limit {memory_limit} is {given['memory_limit']} bytes, less than 64 MiB; "
+                f"give a unit, e.g. {memory_limit}GiB",
+                exit_code=2,
+            )
     if log_format is not None:
         if log_format not in LOG_FORMATS:
             raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)
