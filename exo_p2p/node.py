@@ -227,8 +227,10 @@ class Node:
                 priority=self.config.priority,
             )
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
-            if profile_changed(last, profile) or (published is None and self.member.master is not None and last is not None and not self.member._pending):
-                # also re-publish when State lost us (we were timed out, or joined a cluster)
+            # also re-publish when State's copy differs from what we published (we were timed
+            # out, our log was replaced by another master's) once nothing of ours is in flight
+            stale = last is not None and published != last and self.member.master is not None and not self.member._pending
+            if profile_changed(last, profile) or stale:
                 self.emit_local(NodeProfileUpdated(profile))
                 last = profile
             if published is not None and published.models != profile.models and not self.member._pending:
@@ -242,7 +244,9 @@ class Node:
             while True:
                 state = self.replica.state
                 profile = state.nodes.get(self.node_id)  # type: ignore[call-overload]
-                if self.member.master is not None and profile is not None and all(c.model_id in state.model_cards for c in self._local_cards):
+                # our profile *of this boot*: a restarted node's log still holds the old one
+                joined = profile is not None and profile.boot_id == self.boot_id
+                if self.member.master is not None and joined and all(c.model_id in state.model_cards for c in self._local_cards):
                     return
                 await trio.sleep(0.05)
         if scope.cancelled_caught:
@@ -348,7 +352,12 @@ def _default_name() -> str:
 async def _run_until_signal(node: Node) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(node.run)
+
+            async def run_then_stop() -> None:
+                await node.run()  # returns when the node gives up (e.g. a duplicate identity)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_then_stop)
 
             async def stop_on_signal() -> None:
                 async for signum in signals:

@@ -153,7 +153,9 @@ class ClusterMember:
         self.counters: dict[str, int] = {}
         self.duplicate_identity: str | None = None
         self._role_lock = trio.Lock()
+        self._epoch = 0
         replica.listeners.append(self._on_applied)
+        replica.snapshot_listeners.append(self._on_log_replaced)
 
     # --- small helpers ----------------------------------------------------------------
     def _count(self, kind: str) -> None:
@@ -328,14 +330,37 @@ class ClusterMember:
         return self.master
 
     # --- local events -------------------------------------------------------------------------
+    @property
+    def origin_boot(self) -> str:
+        """The origin key our local events carry: the boot id, plus an epoch after our log
+        was replaced (a snapshot installed, a divergent tail dropped)."""
+        return self.boot_id if self._epoch == 0 else f"{self.boot_id}.{self._epoch}"
+
     def send_local(self, event: Event) -> None:
         """Queue a local event for the master; re-sent until seen indexed."""
         self._seq += 1
-        self._pending[self._seq] = LocalEvent(self.node_id, self.boot_id, self._seq, event)  # type: ignore[arg-type]
+        self._pending[self._seq] = LocalEvent(self.node_id, self.origin_boot, self._seq, event)  # type: ignore[arg-type]
         self._pending_wake.set()
 
+    def _on_log_replaced(self, _state: State) -> None:
+        """Our log was replaced by another master's: events of ours that we applied in the
+        dropped log may be unknown to that master, whose de-duplication table then waits
+        for sequence numbers that will never come. Start a new origin epoch (sequence
+        numbers from 1 again) and re-send what is still pending under it; the node
+        re-publishes its profile and edges when State lacks them."""
+        pending = [self._pending[s].event for s in sorted(self._pending)]
+        self._epoch += 1
+        self._seq = 0
+        self._pending = {}
+        for event in pending:
+            self.send_local(event)
+        log.info("log replaced; new origin epoch", epoch=self._epoch, resent=len(pending))
+        if self._nursery is not None:
+            for peer in self.net.connected_peers():
+                self._nursery.start_soon(self._announce_edge, peer)
+
     def _on_applied(self, event: IndexedEvent, _state: State) -> None:
-        if event.origin == self.node_id and event.origin_boot == self.boot_id:
+        if event.origin == self.node_id and event.origin_boot == self.origin_boot:
             for seq in [s for s in self._pending if s <= event.origin_seq]:
                 del self._pending[seq]
         if not self.is_master:

@@ -145,7 +145,12 @@ class Network:
 
     async def _connect(self, info: PeerInfo, timeout: float) -> None:
         if info.peer_id == self._host.get_id():
-            raise DialError("refusing to dial self")
+            # Our own id at one of our own addresses is a dial to ourselves; at a foreign
+            # address it is another process using our identity (a copied data dir): connect,
+            # so that its heartbeats reveal the duplicate and one side refuses to join.
+            own = {str(a).split("/p2p/")[0] for a in self._host.get_transport_addrs()}
+            if all(str(a).split("/p2p/")[0] in own for a in info.addrs):
+                raise DialError("refusing to dial self")
         # The swarm refuses for 60 s to dial a peer whose addresses all failed once (its
         # "negative cache"); our callers keep their own backoff, and a restarted peer must be
         # reachable again within seconds, so lift that block for explicit dials.
