@@ -9,6 +9,11 @@ one layer at a time, so memory grows progressively and a pipeline rank never rea
 other ranks' layers (design.md §5 "share"): layers ``[start_layer, end_layer)``, plus the
 token embedding on the first rank and the final norm and head on the last (with tied
 embeddings the head *is* the embedding).
+
+A tensor-parallel rank (``tensor_group``) loads every layer but only its 1/world_size of each
+(``engine.tensor.shard_model`` on the lazy model, then each tensor evaluated on its own, so a
+full tensor is read and dropped at once and memory grows by this rank's part only), plus all
+the non-layer tensors.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class LoadedModel:
     (``model.model.embed_tokens`` when not first and not a tied last rank, ``model.model.norm``
     and ``lm_head`` when not last). ``eos_token_ids``: every end-of-turn token id.
     ``context_length`` in tokens; ``peak_memory_bytes`` is ``mx.get_peak_memory()`` over the
-    load (reset at its start).
+    load (reset at its start). ``tensor_world_size`` > 1: every layer holds only this rank's
+    1/tensor_world_size (``engine.tensor``).
     """
 
     model: nn.Module
@@ -64,6 +70,7 @@ class LoadedModel:
     start_layer: int
     end_layer: int
     config: dict[str, Any] = field(repr=False, default_factory=dict)
+    tensor_world_size: int = 1
 
     @property
     def is_first(self) -> bool:
@@ -138,14 +145,18 @@ def _shard_modules(model: nn.Module, start: int, end: int, n_layers: int, tied: 
 
 
 def load_model(
-    model_dir: Path | str, *, start_layer: int = 0, end_layer: int | None = None
+    model_dir: Path | str, *, start_layer: int = 0, end_layer: int | None = None,
+    tensor_group: mx.distributed.Group | None = None,
 ) -> Iterator[LoadProgress | LoadedModel]:
     """Load layers ``[start_layer, end_layer)`` (default: all) of the MLX-format model in
     ``model_dir`` and the tensors that rank needs; yield ``LoadProgress(0, n)`` first, then
-    one ``LoadProgress`` per layer in memory, then the ``LoadedModel``.
+    one ``LoadProgress`` per layer in memory, then the ``LoadedModel``. With ``tensor_group``
+    (a group of 2 or more ranks; all layers only) load this rank's tensor shard of every layer.
 
     Raises ``FileNotFoundError`` (no config.json / safetensors) and ``ValueError`` (bad layer
-    range, unknown architecture) from the first ``next()``.
+    range, unknown architecture) from the first ``next()``; ``ValueError`` for a model that
+    cannot be tensor-sharded over the group (``engine.tensor.shard_problem``) before any
+    tensor is read.
     """
     model_dir = Path(model_dir)
     config = load_config(model_dir)
@@ -155,6 +166,9 @@ def load_model(
         raise ValueError(f"layer range [{start_layer}, {end}) is not within [0, {n_layers})")
     partial = (start_layer, end) != (0, n_layers)
     total = end - start_layer
+    tensor = tensor_group is not None and tensor_group.size() > 1
+    if tensor and partial:
+        raise ValueError(f"a tensor rank loads every layer, not [{start_layer}, {end})")
 
     mx.synchronize()
     mx.clear_cache()
@@ -167,13 +181,22 @@ def load_model(
             raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
         tied = bool(_text_config(config).get("tie_word_embeddings", True)) and "lm_head" not in model
         _shard_modules(model, start_layer, end, n_layers, tied)
+    if tensor:
+        from worker.engine.tensor import shard_model
+
+        assert tensor_group is not None
+        shard_model(model, tensor_group)
 
     layers = model.layers
     layer_ids = {id(p) for layer in layers for _, p in _flat(layer.parameters())}
     non_layer = [p for _, p in _flat(model.parameters()) if id(p) not in layer_ids]
     mx.eval(non_layer)  # embedding / norm / head first: the first rank needs them at once
     for i, layer in enumerate(layers):
-        mx.eval(layer.parameters())
+        if tensor:  # one tensor at a time: each full tensor is read, sliced and dropped
+            for _, p in _flat(layer.parameters()):
+                mx.eval(p)
+        else:
+            mx.eval(layer.parameters())
         yield LoadProgress(i + 1, total)
 
     tokenizer = load_tokenizer(model_dir, eos_token_ids=config.get("eos_token_id"))
@@ -188,6 +211,7 @@ def load_model(
         start_layer=start_layer,
         end_layer=end,
         config=config,
+        tensor_world_size=tensor_group.size() if tensor and tensor_group is not None else 1,
     )
 
 

@@ -7,8 +7,9 @@ Loading(layers) → Loaded → WarmingUp → Ready ⇄ Running → ShuttingDown 
 Failed(error) from anywhere. It exits by itself when its node dies: end of file on ``in-fd``
 (the node's end closed) or the parent-death signal.
 
-Multi-rank (pipeline) instances: ``ConnectToGroup`` joins the MLX ring (``engine.distributed``,
-bounded); ``LoadModel`` loads only this rank's layers; ``StartWarmup`` runs a warm-up
+Multi-rank instances: ``ConnectToGroup`` joins the MLX ring (``engine.distributed``,
+bounded); ``LoadModel`` loads only this rank's share (pipeline: its layers; tensor: its
+1/world_size of every layer, ``engine.tensor``); ``StartWarmup`` runs a warm-up
 generation in lockstep on every rank and agrees how many decode steps may pass between
 agreement rounds (``check_every``: ~``CHECK_SECONDS`` of decode). Once Ready, generation
 tasks, cancels and Shutdown are not acted on directly but held by a ``TaskAgreement`` and
@@ -239,8 +240,8 @@ class RunnerProcess:
 
         assert self.setup is not None
         shard, instance = self.setup.shard, self.setup.instance
-        if instance.sharding != "pipeline":
-            raise RuntimeError(f"{instance.sharding} sharding is not supported by this runner yet")
+        if instance.sharding not in ("pipeline", "tensor"):
+            raise RuntimeError(f"{instance.sharding} sharding is not supported by this runner")
         self.set_status(RunnerConnecting())
         addresses = None if hooks.get("ring") == "no_hostfile" else [s.ring_address for s in instance.shards]
         self.group = init_ring(
@@ -263,7 +264,9 @@ class RunnerProcess:
         if hooks.get("stall") == "loading":
             time.sleep(3600)
         loaded = None
-        for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer):
+        tensor_group = self.group if self.multi and self.setup.instance.sharding == "tensor" else None
+        for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer,
+                               tensor_group=tensor_group):
             if isinstance(item, LoadProgress):
                 self.set_status(RunnerLoading(item.layers_loaded, item.layers_total))
             else:
@@ -301,17 +304,22 @@ class RunnerProcess:
             self.check_every = int(self.all_gather(row).min())  # the same on every rank
 
     def make_pipeline(self) -> None:
-        """Make the generator a pipeline rank (a collective: every rank, same point) and
-        start holding tasks for agreement."""
+        """Make the generator a pipeline or tensor rank (a collective: every rank, same
+        point) and start holding tasks for agreement."""
         from worker.engine.agreement import TaskAgreement
         from worker.engine.distributed import ring_all_gather
         from worker.engine.forward import generation_stream
         from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
+        from worker.engine.tensor import TensorStage
 
         assert self.generator is not None and self.group is not None and self.loaded is not None
-        cfg = self.loaded.config.get("text_config", self.loaded.config)
-        hidden = int(cfg["hidden_size"])
-        self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
+        assert self.setup is not None
+        if self.setup.instance.sharding == "tensor":
+            self.generator.stage = TensorStage(self.group)
+        else:
+            cfg = self.loaded.config.get("text_config", self.loaded.config)
+            hidden = int(cfg["hidden_size"])
+            self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
         self.all_gather = ring_all_gather(self.group, generation_stream)
         self.agreement = TaskAgreement()
 
