@@ -65,6 +65,8 @@ class Node:
         self._start_time = time.monotonic()
         self.master = None
         self._task_api_node: dict[str, str] = {}
+        self._task_rank0: dict[str, str] = {}
+        self.chunks_refused = 0
         self._local_cards: list[ModelCard] = []
         self.api_port: int | None = None
 
@@ -116,9 +118,13 @@ class Node:
         event = indexed.event
         if isinstance(event, TaskCreated):
             self._task_api_node[event.task.task_id] = event.task.api_node_id
-            if len(self._task_api_node) > 100_000:  # bounded: drop the oldest half
-                for key in list(self._task_api_node)[:50_000]:
-                    del self._task_api_node[key]
+            instance = state.instances.get(event.task.instance_id)  # type: ignore[call-overload]
+            if instance is not None and instance.shards:
+                self._task_rank0[event.task.task_id] = instance.shards[0].node_id
+            for table in (self._task_api_node, self._task_rank0):
+                if len(table) > 100_000:  # bounded: drop the oldest half
+                    for key in list(table)[:50_000]:
+                        del table[key]
 
     def route_chunk(self, chunk: Chunk) -> None:
         """Hand a runner's chunk to the API node that owns its request (here, or over a
@@ -132,9 +138,18 @@ class Node:
         else:
             self.member.send_chunk(destination, chunk)
 
-    def _receive_chunks(self, chunks: list[Chunk]) -> None:
+    def _receive_chunks(self, peer: str, chunks: list[Chunk]) -> None:
+        """Chunks from ``peer``: delivered only when ``peer`` hosts rank 0 of the task's
+        instance (no other node may write into a client's stream). A chunk of a task whose
+        ``TaskCreated`` this node has not applied yet (its log lags rank 0's by a moment) is
+        delivered: the router only delivers to requests this node opened."""
         for chunk in chunks:
-            self.router.deliver(chunk)
+            rank0 = self._task_rank0.get(chunk.task_id)
+            if rank0 is None or rank0 == peer:
+                self.router.deliver(chunk)
+            else:
+                self.router.undeliverable += 1
+                self.chunks_refused += 1
 
     # --- backend for the API ---------------------------------------------------------------
     def state(self) -> State:
@@ -154,6 +169,7 @@ class Node:
         if self.master is not None:
             counters.update(self.master.counters)
         counters["chunks_undeliverable"] = self.router.undeliverable
+        counters["chunk_not_from_rank0"] = self.chunks_refused
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
     def nodes(self) -> list[NodeSummary]:

@@ -26,6 +26,7 @@ from exo_p2p.types import (
     TaskCreated,
 )
 from master.commands import handle_command
+from master.local_rules import refuse_local
 from master.reactions import react
 from master.sequencer import OriginSeqs
 
@@ -69,6 +70,13 @@ class MasterRole:
                 self.counters[f"local_event_{verdict}"] += 1
                 return
             self.origins.record(event)
+            why = refuse_local(self.replica.state, event.origin, event.event)
+            if why is not None:
+                n = self.counters.get("local_event_refused", 0) + 1
+                self.counters["local_event_refused"] = n
+                if n == 1:
+                    log.warning("local event refused (further ones are only counted)", origin=event.origin, kind=type(event.event).__name__, why=why)
+                return
             await self._index([event.event], origin=event)
 
     async def emit(self, events: list[Event]) -> int:

@@ -63,6 +63,8 @@ def bench_api(url: str, max_tokens: int) -> tuple[float, float, int]:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"the API streamed an error: {chunk['error']}")
             if chunk.get("usage"):
                 completion = chunk["usage"]["completion_tokens"]
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):

@@ -503,8 +503,8 @@ def test_node_flags_build_the_config(monkeypatch, tmp_path):
         "--listen-host", "127.0.0.1", "--data-dir", str(tmp_path / "d"), "--memory-limit", "512MiB",
         "--models-dir", str(tmp_path / "m1"), "--models-dir", str(tmp_path / "m2"),
         "--log-format", "json", "--log-level", "DEBUG", "--cluster", "lab",
-        "--cluster-secret", str(secret), "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/x",
-        "--bootstrap", "/ip4/127.0.0.1/tcp/2/p2p/y", "--priority", "3", "--new-identity",
+        "--cluster-secret", str(secret), "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGsG9UpqnLmq5B4zrznCrWuMJehSwkNutRzKTM4hkPbfM",
+        "--bootstrap", "/ip4/127.0.0.1/tcp/2/p2p/12D3KooWK1tzYBDEUQtJqjQw6LkzigCF17xp3jneLr4QbNEJbt8s", "--priority", "3", "--new-identity",
         "--name", "gamma", "--queue-limit", "8", "--prefill-chunk-size", "64", "--no-mdns",
     ]  # fmt: skip
     result = invoke(args)
@@ -517,7 +517,7 @@ def test_node_flags_build_the_config(monkeypatch, tmp_path):
     assert config.models_dirs == [tmp_path / "m1", tmp_path / "m2"]
     assert (config.log_format, config.log_level, config.cluster) == ("json", "debug", "lab")
     assert config.cluster_secret_file == secret
-    assert config.bootstrap == ["/ip4/127.0.0.1/tcp/1/p2p/x", "/ip4/127.0.0.1/tcp/2/p2p/y"]
+    assert config.bootstrap == ["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGsG9UpqnLmq5B4zrznCrWuMJehSwkNutRzKTM4hkPbfM", "/ip4/127.0.0.1/tcp/2/p2p/12D3KooWK1tzYBDEUQtJqjQw6LkzigCF17xp3jneLr4QbNEJbt8s"]
     assert (config.priority, config.new_identity, config.friendly_name) == (3, True, "gamma")
     assert (config.queue_limit, config.prefill_chunk_size, config.mdns) == (8, 64, False)
 

@@ -67,6 +67,7 @@ def build_node_config(
                 2,
             )
         given["cluster_secret_file"] = cluster_secret_file
+    _validate_network_flags(cluster, api_port, listen_port, bootstrap)
     for name, value in (
         ("api_host", api_host),
         ("api_port", api_port),
@@ -88,6 +89,35 @@ def build_node_config(
         mdns=mdns,
         **given,
     )
+
+
+def _validate_network_flags(
+    cluster: str | None, api_port: int | None, listen_port: int | None, bootstrap: list[str] | None
+) -> None:
+    """Usage errors (exit 2) for a bad cluster name, a port out of range, or a bootstrap
+    address that is not a ``/ip4/A/tcp/P/p2p/<node id>`` multiaddr."""
+    from exo_p2p.net.config import ConfigError, validate_cluster_name
+
+    if cluster is not None:
+        try:
+            validate_cluster_name(cluster)
+        except ConfigError as e:
+            raise CliError(f"--cluster: {e}", 2) from e
+    for flag, port in (("--api-port", api_port), ("--listen-port", listen_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise CliError(f"{flag} must be between 0 and 65535, got {port}", 2)
+    for addr in bootstrap or []:
+        try:
+            import multiaddr
+            from libp2p.peer.peerinfo import info_from_p2p_addr
+
+            info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as e:  # noqa: BLE001 - any parse failure is the same usage error
+            raise CliError(
+                f"--bootstrap {addr!r} is not a peer address like /ip4/10.0.0.2/tcp/52514/p2p/12D3KooW... "
+                "(`exo-p2p nodes` on that node prints them)",
+                2,
+            ) from e
 
 
 def run_node(config: NodeConfig) -> int:

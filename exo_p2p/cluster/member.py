@@ -123,7 +123,7 @@ class ClusterMember:
         *,
         priority: int = 0,
         settings: ClusterSettings | None = None,
-        on_chunks: Callable[[list[Chunk]], None] | None = None,
+        on_chunks: Callable[[str, list[Chunk]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.net = net
@@ -639,8 +639,10 @@ class ClusterMember:
 
     async def _serve_chunks(self, peer: str, data: bytes) -> bytes:
         batch = chunk_batch_decoder.decode(data)
+        if batch.version != PROTOCOL_VERSION:
+            raise ValueError(f"unsupported protocol version {batch.version}")
         if self._on_chunks is not None:
-            self._on_chunks(list(batch.chunks))
+            self._on_chunks(peer, list(batch.chunks))
         return b"ok"
 
 

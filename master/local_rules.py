@@ -1,0 +1,49 @@
+"""Which local events a node may report (pure; issue 6 "Gossip and streams").
+
+A node reports facts about itself only: its profile, the models it holds, its own edges,
+its own runners, and the status of tasks of instances it serves. Every other kind of event
+is the master's to make. ``refuse_local`` says why an event is refused, or None. The master
+records the sequence number of a refused event anyway, so the origin's later events are not
+stuck behind a gap.
+"""
+
+from __future__ import annotations
+
+from exo_p2p.types import (
+    Event,
+    NodeModelsUpdated,
+    NodeProfileUpdated,
+    RunnerStatusUpdated,
+    State,
+    TaskStatusUpdated,
+    TopologyEdgeCreated,
+    TopologyEdgeDeleted,
+)
+
+
+def refuse_local(state: State, origin: str, event: Event) -> str | None:
+    """None when ``origin`` may report ``event``, else the reason it is refused."""
+    if isinstance(event, NodeProfileUpdated):
+        return None if event.profile.node_id == origin else "profile of another node"
+    if isinstance(event, NodeModelsUpdated):
+        return None if event.node_id == origin else "models of another node"
+    if isinstance(event, TopologyEdgeCreated):
+        return None if event.edge.source == origin else "edge from another node"
+    if isinstance(event, TopologyEdgeDeleted):
+        return None if event.source == origin else "edge from another node"
+    if isinstance(event, RunnerStatusUpdated):
+        if event.node_id != origin:
+            return "runner of another node"
+        instance = state.instances.get(event.instance_id)
+        if instance is not None and not any(s.runner_id == event.runner_id and s.node_id == origin for s in instance.shards):
+            return "runner not placed on this node"
+        return None
+    if isinstance(event, TaskStatusUpdated):
+        record = state.tasks.get(event.task_id)
+        if record is None:
+            return None
+        instance = state.instances.get(record.task.instance_id)
+        if instance is not None and not any(s.node_id == origin for s in instance.shards):
+            return "task of an instance this node does not serve"
+        return None
+    return f"{type(event).__name__} is the master's to make"
