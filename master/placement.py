@@ -27,7 +27,8 @@ Rules, in the order they are applied:
 - **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the address
   of the edge (rank r-1 → rank r) — the address at which its ring neighbour reaches it, chosen
   once here so both neighbours see the same — and ``port`` is the lowest port >=
-  ``RING_BASE_PORT`` that no shard of an existing instance uses on that node.
+  ``RING_BASE_PORT`` that no shard of an existing instance uses on that node, nor any shard (or
+  an earlier rank of this instance) at that IP (several nodes may share one machine).
 - **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact: one branch and
   bound per (size, memory mode), ``CycleSearch.best``. Beyond, one heuristic search per memory
   mode serves every size, both shardings and the error messages: ``CycleSearch.sweep``, a
@@ -347,7 +348,36 @@ def _node_floor(card: ModelCard, sharding: Sharding, size: int) -> int:
     return 0
 
 
+def _used_addresses(state: State) -> set[str]:
+    """Ring addresses (``ip:port``) taken by the shards of existing instances."""
+    return {shard.ring_address for inst in state.instances.values() for shard in inst.shards if shard.ring_address}
+
+
+def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...]) -> list[str]:
+    """Per rank, ``ip:port`` where the rank listens: the IP at which its ring predecessor
+    reaches it (one address per link, chosen here once, so both ranks of a link agree) and
+    the lowest port >= ``RING_BASE_PORT`` not taken at that IP by an existing instance or an
+    earlier rank of this one (several nodes can share an IP: processes on one machine)."""
+    if len(cycle) == 1:
+        return [""]
+    taken = _used_addresses(ctx.state)
+    out = []
+    for rank in range(len(cycle)):
+        link = ctx.topology.link(cycle[rank - 1], cycle[rank])
+        assert link is not None  # the search only returns cycles of the topology
+        host = f"[{link.ip}]" if ":" in link.ip else link.ip
+        node_ports = _used_ports(ctx.state, cycle[rank])
+        port = RING_BASE_PORT
+        while port in node_ports or f"{host}:{port}" in taken:
+            port += 1
+        address = f"{host}:{port}"
+        taken.add(address)
+        out.append(address)
+    return out
+
+
 def _used_ports(state: State, node: NodeId) -> set[int]:
+    """Ports the shards of existing instances on ``node`` listen on (at any IP)."""
     ports: set[int] = set()
     for inst in state.instances.values():
         for shard in inst.shards:
@@ -358,21 +388,9 @@ def _used_ports(state: State, node: NodeId) -> set[int]:
     return ports
 
 
-def _ring_address(ctx: _Context, cycle: tuple[NodeId, ...], rank: int) -> str:
-    if len(cycle) == 1:
-        return ""
-    link = ctx.topology.link(cycle[rank - 1], cycle[rank])
-    assert link is not None  # the search only returns cycles of the topology
-    used = _used_ports(ctx.state, cycle[rank])
-    port = RING_BASE_PORT
-    while port in used:
-        port += 1
-    host = f"[{link.ip}]" if ":" in link.ip else link.ip
-    return f"{host}:{port}"
-
-
 def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) -> Instance:
     size = len(plan.cycle)
+    addresses = _ring_addresses(ctx, plan.cycle)
     shards = tuple(
         ShardMetadata(
             node_id=node,
@@ -384,7 +402,7 @@ def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) 
             n_layers=ctx.card.n_layers,
             share_bytes=share.share_bytes,
             boot_id=ctx.state.nodes[node].boot_id,
-            ring_address=_ring_address(ctx, plan.cycle, rank),
+            ring_address=addresses[rank],
         )
         for rank, (node, share) in enumerate(zip(plan.cycle, plan.shares, strict=True))
     )
