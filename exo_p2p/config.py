@@ -15,6 +15,12 @@ NO_PEERS_WARNING_AFTER = 10.0
 """Seconds without any peer before a node warns "no peers found" (design.md §5c)."""
 PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is considered gone (design.md §5c)."""
+DEFAULT_PREFILL_CHUNK = 32
+"""Prompt tokens per prefill step. A runner heartbeats after each step and is killed when
+silent for ``RUNNER_SILENT_GENERATING`` seconds, and in a pipeline a rank waits for the
+whole chunk to pass the ranks before it, so a chunk must stay well under that bound of
+work on the slowest node: ~32 tokens is 3–6 s for SmolLM2 on a loaded 2-core CPU
+(design.md §5c: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
 RUNNER_SILENT_GENERATING = 10.0
 """Seconds a runner may stay silent while generating before its supervisor kills it."""
 RUNNER_SILENT_LOADING = 60.0
@@ -91,6 +97,6 @@ class NodeConfig(msgspec.Struct):
     new_identity: bool = False
     friendly_name: str | None = None
     queue_limit: int | None = 64
-    prefill_chunk_size: int = 256
+    prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

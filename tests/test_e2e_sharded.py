@@ -39,14 +39,14 @@ def _place(node, n):
 
 
 def test_pipeline_over_two_and_three_nodes_equals_single_node(tmp_path):
-    cluster = Cluster(tmp_path, 3, extra_args=["--prefill-chunk-size", "64"])
+    cluster = Cluster(tmp_path, 3, extra_args=["--prefill-chunk-size", "16"])
     try:
         cluster.start()
         api = cluster.nodes[0]
         iid = _place(api, 1)
         single = _outputs(api)
         assert "Paris" in single[0][0]
-        assert single[-1][2] > 64 * 1.5  # the long prompt is prefilled in several chunks
+        assert single[-1][2] > 16 * 4  # the long prompt is prefilled in several chunks
         for n in (2, 3):
             assert httpx.delete(api.url + f"/instances/{iid}", timeout=30).status_code == 200
             iid = _place(api, n)

@@ -71,5 +71,27 @@ def test_two_node_pipeline_equals_single_node_and_serves_concurrent_requests(tmp
         # nothing left running or queued: every task ended and was removed, on both nodes
         wait_until(lambda: all(s["tasks"] == {} for s in states(cluster.nodes)), max(5.0, 5 - (time.monotonic() - t_cancel)) + 5, what="no task left")
         assert _chat(b, PROMPTS[0]) == expected[0]
+
+        # tokens stay off gossip: the event messages a request causes do not grow with its length
+        def event_messages():
+            total = 0
+            for s in states(cluster.nodes):
+                total += sum(v for k, v in s["counters"].items() if k.startswith("published:") and "heartbeat" not in k)
+            return total
+
+        def cost(max_tokens):
+            wait_until(lambda: all(s["tasks"] == {} for s in states(cluster.nodes)), 10, what="idle")
+            time.sleep(1.5)  # let trailing profile/ack traffic settle
+            before = event_messages()
+            r = b.chat("count the gossip", MODEL, max_tokens=max_tokens, temperature=0)
+            assert r.status_code == 200, r.text
+            tokens.append(r.json()["usage"]["completion_tokens"])
+            wait_until(lambda: all(s["tasks"] == {} for s in states(cluster.nodes)), 10, what="idle")
+            return event_messages() - before
+
+        tokens: list[int] = []
+        short, long = cost(4), cost(60)
+        assert tokens[1] >= tokens[0] + 20, tokens  # the second request really is longer
+        assert long <= short + 4, (short, long, tokens)  # ~constant (a few status events), not one per token
     finally:
         cluster.stop()

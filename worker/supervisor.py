@@ -73,7 +73,7 @@ class RunnerSupervisor:
         emit: Callable[[Event], None],
         on_chunk: Callable[[Chunk], None],
         *,
-        prefill_chunk_size: int = 256,
+        prefill_chunk_size: int = 32,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,

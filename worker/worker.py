@@ -48,7 +48,7 @@ class Worker:
         on_chunk: Callable[[Chunk], None],
         resolve_model: Callable[[str], Path],
         *,
-        prefill_chunk_size: int = 256,
+        prefill_chunk_size: int = 32,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,

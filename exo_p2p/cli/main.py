@@ -210,7 +210,7 @@ def node(
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Prefill chunk in tokens (default: 256)."),
+        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
     ] = None,
     no_mdns: Annotated[
         bool,

@@ -258,10 +258,11 @@ class ClusterMember:
     async def _election_loop(self) -> None:
         while True:
             now = self.clock()
-            peers = self.live_peers()
-            master_alive = self.master == self.node_id or (
-                any(p.node_id == self.master for p in peers) and not self._disconnected_for(self.master, now)
-            )
+            # a peer with no connection for ``disconnect_grace`` s is gone, even while its
+            # last heartbeat is younger than ``peer_timeout`` (a killed master is noticed in
+            # ~1.2 s, not 5 s; its stale claim must not hold up the election)
+            peers = [p for p in self.live_peers() if not self._disconnected_for(p.node_id, now)]
+            master_alive = self.master == self.node_id or any(p.node_id == self.master for p in peers)
             if self.master is not None and not master_alive:
                 log.warning("master gone", master=self.master)
                 await self._set_master(None, self.term)
@@ -269,7 +270,6 @@ class ClusterMember:
             if self.master is None and not claims and self._masterless_since is None:
                 self._masterless_since = now
             masterless_for = 0.0 if (claims or self.master is not None) else now - (self._masterless_since or now)
-            peers = [p for p in peers if not self._disconnected_for(p.node_id, now)]
             settle = self.s.settle if now - self._started_at < 2 * self.s.settle else self.s.failover_settle
             decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
             if decision.claim:

@@ -181,6 +181,7 @@ class Network:
             async with self._publish_lock:
                 await self._wait_for_queue_room()
                 await self._pubsub.publish(topic, data)
+            self._count(f"published:{topic}")
             return True
         except trio.Cancelled:
             raise

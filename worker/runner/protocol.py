@@ -26,7 +26,7 @@ class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     instance: Instance
     shard: ShardMetadata
     model_dir: str
-    prefill_chunk_size: int = 256
+    prefill_chunk_size: int = 32
     heartbeat_interval: float = 1.0
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 
