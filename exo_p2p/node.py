@@ -8,7 +8,6 @@ the HTTP API in one trio process. This is the only module that imports both ``ma
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys

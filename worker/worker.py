@@ -20,7 +20,6 @@ from exo_p2p.types import (
     Shutdown,
     StartWarmup,
     State,
-    Task,
     TERMINAL_STATUSES,
 )
 from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan

@@ -27,7 +27,7 @@ class Heartbeat(msgspec.Struct, frozen=True):
 
     ``master`` is the node it follows (itself when it is master), ``term`` that master's
     term, ``last_idx``/``last_term`` the last event it applied, ``priority`` its election
-    priority (``--priority``), ``candidate_since_ms`` unused by rules (diagnostics)."""
+    priority (``--priority``)."""
 
     node_id: str
     boot_id: str
