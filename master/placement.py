@@ -47,6 +47,8 @@ Rules, in the order they are applied:
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -65,7 +67,9 @@ from master.placement_split import (
 
 GIB = 1 << 30
 RING_BASE_PORT = 52600
-"""Lowest port a ring member listens on; each further instance on a node takes the next free one."""
+"""Lowest port a ring member listens on."""
+RING_PORT_SPAN = 1000
+"""Ring ports are chosen in ``[RING_BASE_PORT, RING_BASE_PORT + RING_PORT_SPAN)``."""
 EXACT_SEARCH_MAX_NODES = 8
 """Up to this many eligible nodes the cycle search is exact (no budget)."""
 SWEEP_BUDGET = 8000
@@ -353,11 +357,22 @@ def _used_addresses(state: State) -> set[str]:
     return {shard.ring_address for inst in state.instances.values() for shard in inst.shards if shard.ring_address}
 
 
-def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...]) -> list[str]:
+def _first_port(instance_id: str) -> int:
+    """Where an instance starts looking for ring ports: ``RING_BASE_PORT`` plus an offset
+    derived from its id. A new instance (a re-placement, or a placement right after a
+    deletion) thus rarely reuses the ports of the one before it, whose sockets the kernel
+    may still hold (TIME_WAIT) — MLX's ring cannot bind a port in that state."""
+    digest = hashlib.sha256(instance_id.encode()).digest()
+    return RING_BASE_PORT + int.from_bytes(digest[:4], "big") % RING_PORT_SPAN
+
+
+def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...], instance_id: str) -> list[str]:
     """Per rank, ``ip:port`` where the rank listens: the IP at which its ring predecessor
     reaches it (one address per link, chosen here once, so both ranks of a link agree) and
-    the lowest port >= ``RING_BASE_PORT`` not taken at that IP by an existing instance or an
-    earlier rank of this one (several nodes can share an IP: processes on one machine)."""
+    the first port from ``_first_port(instance_id)`` on (wrapping within
+    ``[RING_BASE_PORT, RING_BASE_PORT + RING_PORT_SPAN)``) not used on that node by an
+    existing instance, nor at that IP by any instance or an earlier rank of this one
+    (several nodes can share an IP: processes on one machine)."""
     if len(cycle) == 1:
         return [""]
     taken = _used_addresses(ctx.state)
@@ -367,9 +382,13 @@ def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...]) -> list[str]:
         assert link is not None  # the search only returns cycles of the topology
         host = f"[{link.ip}]" if ":" in link.ip else link.ip
         node_ports = _used_ports(ctx.state, cycle[rank])
-        port = RING_BASE_PORT
-        while port in node_ports or f"{host}:{port}" in taken:
-            port += 1
+        start = _first_port(instance_id) - RING_BASE_PORT
+        for step in range(RING_PORT_SPAN):
+            port = RING_BASE_PORT + (start + step) % RING_PORT_SPAN
+            if port not in node_ports and f"{host}:{port}" not in taken:
+                break
+        else:
+            raise PlacementError(f"no free ring port on node {_label(ctx.state, cycle[rank])} at {link.ip}")
         address = f"{host}:{port}"
         taken.add(address)
         out.append(address)
@@ -390,7 +409,7 @@ def _used_ports(state: State, node: NodeId) -> set[int]:
 
 def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) -> Instance:
     size = len(plan.cycle)
-    addresses = _ring_addresses(ctx, plan.cycle)
+    addresses = _ring_addresses(ctx, plan.cycle, instance_id)
     shards = tuple(
         ShardMetadata(
             node_id=node,

@@ -14,6 +14,8 @@ from exo_p2p.state.topology import ring_ip
 from exo_p2p.types import Instance, ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge
 from master.placement import (
     RING_BASE_PORT,
+    RING_PORT_SPAN,
+    _first_port,
     PlacementError,
     place_instance,
     placement_previews,
@@ -196,11 +198,17 @@ def test_b20_ring_addresses_from_edges_and_ports_never_collide() -> None:
     state.edges["n0"]["n1"] = TopologyEdge("n0", "n1", "/ip4/203.0.113.2/tcp/52514", "thunderbolt")  # type: ignore[arg-type]
     state.edges["n1"]["n0"] = TopologyEdge("n1", "n0", "203.0.113.1", "thunderbolt")  # type: ignore[arg-type]
     first = place_instance(state, card(8, GIB), min_nodes=2, instance_id="i1")
-    assert [s.ring_address for s in first.shards] == ["203.0.113.1:52600", "203.0.113.2:52600"]
+    p = _first_port("i1")
+    assert [s.ring_address for s in first.shards] == [f"203.0.113.1:{p}", f"203.0.113.2:{p}"]
     assert [s.runner_id for s in first.shards] == ["i1-r0", "i1-r1"] and [s.boot_id for s in first.shards] == ["boot-n0", "boot-n1"]
-    with_one = State(nodes=state.nodes, edges=state.edges, instances={"i1": first, **other_instance("n1", 52601, "x")})
-    second = place_instance(with_one, card(8, GIB), min_nodes=2, instance_id="i2")
-    assert [s.ring_address for s in second.shards] == ["203.0.113.1:52601", "203.0.113.2:52602"]
+    # a second instance whose ports would start at the same place skips what is in use:
+    # i1's address on each node, and n1's other instance's port (at any IP)
+    with_one = State(nodes=state.nodes, edges=state.edges, instances={"i1": first, **other_instance("n1", p + 1, "x")})
+    second = place_instance(with_one, card(8, GIB), min_nodes=2, instance_id="i1")
+    assert [s.ring_address for s in second.shards] == [f"203.0.113.1:{p + 1}", f"203.0.113.2:{p + 2}"]
+    # different instances start at different ports (a re-placement does not reuse the ports
+    # of the instance it replaces, whose sockets may be in TIME_WAIT)
+    assert len({_first_port(f"inst-{k}") for k in range(20)}) > 15
     assert place_instance(with_one, card(8, GIB), instance_id="i3").shards[0].ring_address == ""
 
 
@@ -343,7 +351,10 @@ def check_rules(state: State, model: ModelCard, inst: Instance, min_nodes: int, 
         ip, port = shard.ring_address.rsplit(":", 1)
         assert ip == ring_ip(state.edges[cycle[rank - 1]][shard.node_id].address)
         used = {int(s.ring_address.rsplit(":", 1)[1]) for i in state.instances.values() for s in i.shards if s.node_id == shard.node_id}
-        assert int(port) == min(p for p in range(RING_BASE_PORT, RING_BASE_PORT + 10) if p not in used)
+        taken = {s.ring_address for i in state.instances.values() for s in i.shards}
+        assert int(port) not in used and shard.ring_address not in taken
+        assert RING_BASE_PORT <= int(port) < RING_BASE_PORT + RING_PORT_SPAN
+    assert len({s.ring_address for s in inst.shards}) == len(inst.shards)  # no two ranks share one
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
