@@ -518,3 +518,30 @@ def nodes_cleanup(nodes: list[NodeProcess]):
             except Exception:  # noqa: BLE001 - keep stopping the others
                 if n.proc is not None and n.proc.poll() is None:
                     n.proc.kill()
+
+
+def stream_in_background(node: NodeProcess, model: str, max_tokens: int = 2000):
+    """Start a long streaming chat on ``node`` in a thread; returns ``(thread, result)`` where
+    ``result`` holds the SSE ``lines`` (a transport error appended as a line), ``status``,
+    ``first_at`` (first content) and ``ended_at`` (monotonic seconds)."""
+    import threading
+
+    result: dict = {"lines": [], "first_at": None, "ended_at": None, "status": None}
+
+    def go() -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": max_tokens, "stream": True}
+        try:
+            with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(120, connect=10)) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line:
+                        result["lines"].append(line)
+                        if result["first_at"] is None and '"content"' in line:
+                            result["first_at"] = time.monotonic()
+        except httpx.HTTPError as exc:
+            result["lines"].append(f"transport error: {exc!r}")
+        result["ended_at"] = time.monotonic()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread, result

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 
-import httpx
 import psutil
 import pytest
 
 from exo_p2p.models.synthetic import make_synthetic_model
-from tests.cluster import Cluster, NodeProcess, states, wait_until
+from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
@@ -31,26 +28,7 @@ def _self_id(node):
 
 
 def _stream_in_background(node, max_tokens=2000):
-    """Start a long streaming request; returns (thread, result dict with 'lines', 'first_at', 'ended_at')."""
-    result: dict = {"lines": [], "first_at": None, "ended_at": None, "status": None}
-
-    def go():
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": max_tokens, "stream": True}
-        try:
-            with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=120) as r:
-                result["status"] = r.status_code
-                for line in r.iter_lines():
-                    if line:
-                        result["lines"].append(line)
-                        if result["first_at"] is None and '"content"' in line:
-                            result["first_at"] = time.monotonic()
-        except httpx.HTTPError as exc:
-            result["lines"].append(f"transport error: {exc!r}")
-        result["ended_at"] = time.monotonic()
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t, result
+    return stream_in_background(node, MODEL, max_tokens)
 
 
 def test_node_killed_mid_generation_ends_request_with_error_and_model_is_replaced(tmp_path, models_dir):

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 
-import httpx
 import psutil
 import pytest
 
@@ -37,6 +36,7 @@ from tests.cluster import (
     self_id,
     start_all,
     state_of,
+    stream_in_background,
     wait_until,
 )
 
@@ -57,25 +57,8 @@ def models_dir(tmp_path_factory):
 
 
 def _stream(node, max_tokens: int = 4000) -> tuple[threading.Thread, dict]:
-    """A long streaming chat in a thread: result has 'lines', 'first_at', 'ended_at'."""
-    result: dict = {"lines": [], "first_at": None, "ended_at": None}
-
-    def go() -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": max_tokens, "stream": True}
-        try:
-            with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(120, connect=10)) as r:
-                for line in r.iter_lines():
-                    if line:
-                        result["lines"].append(line)
-                        if result["first_at"] is None and '"content"' in line:
-                            result["first_at"] = time.monotonic()
-        except httpx.HTTPError as exc:
-            result["lines"].append(f"transport error: {exc!r}")
-        result["ended_at"] = time.monotonic()
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t, result
+    """A long streaming chat in a thread (tests.cluster.stream_in_background)."""
+    return stream_in_background(node, MODEL, max_tokens)
 
 
 def _ended_with_error(result: dict) -> bool:
