@@ -188,7 +188,17 @@ def converged(nodes: list[NodeProcess], n_nodes: int | None = None) -> bool:
     keys = {(s["master"], s["last_event_idx"], s["state_hash"]) for s in ss}
     if len(keys) != 1:
         return False
-    return n_nodes is None or all(len(s["nodes"]) == n_nodes for s in ss)
+    return n_nodes is None or all(len(s["nodes"]) == n_nodes and full_mesh(s) for s in ss)
+
+
+def full_mesh(state: dict) -> bool:
+    """True when ``state`` (a ``GET /state`` dict) holds a topology edge for every ordered pair
+    of its nodes: what placement needs before any subset of them can form a cycle. Node counts
+    alone are not enough: a follower learns of another follower's edge a moment after both
+    joined (CI once placed on two followers in that moment and got "no candidate cycle")."""
+    nodes = list(state["nodes"])
+    edges = state.get("edges", {})
+    return all(b in edges.get(a, {}) for a in nodes for b in nodes if a != b)
 
 
 class Cluster:
@@ -247,14 +257,15 @@ def state_of(node: NodeProcess, timeout: float = 5.0) -> dict | None:
 
 def agreement(nodes: list[NodeProcess], n_nodes: int | None = None) -> tuple | None:
     """``(master, term, last_event_idx, state_hash)`` when every node reports the same
-    values (and ``n_nodes`` nodes in State when given), else None."""
+    values (and, when ``n_nodes`` is given, ``n_nodes`` nodes in State joined by a full mesh
+    of edges), else None."""
     ss = [state_of(n) for n in nodes]
     if any(s is None or s["master"] is None for s in ss):
         return None
     keys = {(s["master"], s["term"], s["last_event_idx"], s["state_hash"]) for s in ss}
     if len(keys) != 1:
         return None
-    if n_nodes is not None and any(len(s["nodes"]) != n_nodes for s in ss):
+    if n_nodes is not None and any(len(s["nodes"]) != n_nodes or not full_mesh(s) for s in ss):
         return None
     return keys.pop()
 
