@@ -402,6 +402,9 @@ def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
         if port == 0:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as the servers bind (hypercorn, trio): connections of a node that just died,
+            # left in TIME_WAIT, must not block its restart; a live listener still does
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as exc:
