@@ -66,8 +66,11 @@ from master.placement_split import (
 )
 
 GIB = 1 << 30
-RING_BASE_PORT = 52600
-"""Lowest port a ring member listens on."""
+RING_BASE_PORT = 29600
+"""Lowest port a ring member listens on. Below Linux's ephemeral range (32768–60999) and
+macOS's (49152–65535): a ring port inside it is often held by some client connection's
+local port or its TIME_WAIT (a test polling HTTP APIs leaves hundreds), and MLX's ring then
+fails to bind it ("Couldn't bind socket (error: 98)")."""
 RING_PORT_SPAN = 1000
 """Ring ports are chosen in ``[RING_BASE_PORT, RING_BASE_PORT + RING_PORT_SPAN)``."""
 EXACT_SEARCH_MAX_NODES = 8

@@ -14,7 +14,11 @@ LONG = (
     "Here is a list of facts about the solar system. The Sun is a star. Mercury is the closest planet to the Sun. "
     "Venus is the hottest planet. Earth is the only planet known to have life. Mars is called the red planet. "
     "Jupiter is the largest planet. Saturn has beautiful rings. Uranus rotates on its side. Neptune has strong winds. "
-    "Pluto is a dwarf planet. Now, in one sentence, which planet is the largest?"
+    "Pluto is a dwarf planet. The asteroid belt lies between Mars and Jupiter. Comets come from the Kuiper belt and the "
+    "Oort cloud. The Moon orbits Earth about once a month. Light from the Sun reaches Earth in about eight minutes. "
+    "Venus spins slowly and backwards. Mars has the tallest volcano, Olympus Mons. Jupiter has a great red spot, a storm "
+    "larger than Earth. Saturn is less dense than water. Neptune was found by mathematics before it was seen. "
+    "Now, in one sentence, which planet is the largest?"
 )
 PROMPTS = ["What is the capital of France?", "Name a color.", "What is 2 + 2?", "Say hello.", LONG]
 
@@ -46,7 +50,7 @@ def test_pipeline_over_two_and_three_nodes_equals_single_node(tmp_path):
         iid = _place(api, 1)
         single = _outputs(api)
         assert "Paris" in single[0][0]
-        assert single[-1][2] > 16 * 4  # the long prompt is prefilled in several chunks
+        assert 180 <= single[-1][2] <= 260  # the ~200-token prompt, prefilled in 12+ chunks of 16
         for n in (2, 3):
             assert httpx.delete(api.url + f"/instances/{iid}", timeout=30).status_code == 200
             iid = _place(api, n)

@@ -22,9 +22,12 @@ import trio
 
 from exo_p2p.config import RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
 from exo_p2p.types import (
+    FINISHED_TASK_STATUSES,
     TERMINAL_STATUSES,
     Chunk,
+    ErrorChunk,
     Event,
+    FinishChunk,
     Instance,
     RunnerFailed,
     RunnerIdle,
@@ -34,6 +37,7 @@ from exo_p2p.types import (
     ShardMetadata,
     Task,
     TaskStatusUpdated,
+    TokenChunk,
 )
 from worker.runner.protocol import (
     MAX_FRAME,
@@ -88,6 +92,8 @@ class RunnerSupervisor:
         self.status: RunnerStatus = RunnerIdle()
         self.sent: set[str] = set()
         self.task_ids: set[str] = set()
+        self._tokens_sent: dict[str, int] = {}
+        self._finished: dict[str, FinishChunk | ErrorChunk] = {}
         self.process: trio.Process | None = None
         self._send_stream: trio.lowlevel.FdStream | None = None
         self._send_lock = trio.Lock()
@@ -180,9 +186,37 @@ class RunnerSupervisor:
         if isinstance(msg, StatusMsg):
             self._set_status(msg.status)
         elif isinstance(msg, ChunkMsg):
+            self._count_chunk(msg.chunk)
             self._on_chunk(msg.chunk)
         elif isinstance(msg, TaskStatusMsg):
             self._emit(TaskStatusUpdated(msg.task_id, msg.status))
+            if msg.status in FINISHED_TASK_STATUSES:
+                self._log_task_end(msg.task_id, msg.status)
+
+    def _count_chunk(self, chunk: Chunk) -> None:
+        """Track, per task, the completion tokens already sent as chunks and the last chunk
+        (only rank 0 sends chunks), for the task-end log line."""
+        if isinstance(chunk, TokenChunk):
+            self._tokens_sent[chunk.task_id] = max(self._tokens_sent.get(chunk.task_id, 0), chunk.completion_tokens)
+        elif isinstance(chunk, (FinishChunk, ErrorChunk)):
+            self._finished[chunk.task_id] = chunk
+
+    def _log_task_end(self, task_id: str, status: str) -> None:
+        """One info line per task and rank when the task ends here: its status and, on the
+        rank that sends chunks, the completion tokens the runner reports and the tokens it had
+        sent (a cancelled task reports at most what it sent plus the steps in flight)."""
+        last = self._finished.pop(task_id, None)
+        sent = self._tokens_sent.pop(task_id, None)
+        log.info(
+            "runner task ended",
+            runner_id=self.runner_id,
+            rank=self.shard.rank,
+            task_id=task_id,
+            status=status,
+            finish_reason=last.finish_reason if isinstance(last, FinishChunk) else None,
+            completion_tokens=last.completion_tokens if isinstance(last, FinishChunk) else None,
+            tokens_sent=sent,
+        )
 
     async def _watchdog(self, scope: trio.CancelScope) -> None:
         while True:

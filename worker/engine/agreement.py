@@ -9,7 +9,10 @@ Every rank then decides the same thing from the same gathered rows:
   (``created_idx``, ties by task id); the rest wait for a later round;
 - **cancel** every task any rank wants cancelled (the union), so all ranks stop it at the same
   step;
-- **shut down** when any rank was told to.
+- **shut down** when any rank was told to;
+- **pace**: the decode steps until the next round, the smallest of the ranks' proposals
+  (each rank proposes from its own measured decode rate), so the rounds keep coming every
+  ~``CHECK_SECONDS`` even when decode slows down under load, and every rank counts the same.
 
 ``agree(view, all_gather)`` is that rule as one pure function with the collective injected;
 the runner passes the MLX ring's all-gather, the unit tests a simulated one. ``TaskAgreement``
@@ -37,8 +40,11 @@ import numpy as np
 MAX_SLOTS = 32
 """Pending task ids (and, separately, cancel ids) one rank contributes per round."""
 
-ROW_LEN = 3 + 2 * MAX_SLOTS
-"""``[n_pending, n_cancel, shutdown, pending keys × MAX_SLOTS, cancel keys × MAX_SLOTS]``."""
+ROW_LEN = 3 + 2 * MAX_SLOTS + 1
+"""``[n_pending, n_cancel, shutdown, pending keys × MAX_SLOTS, cancel keys × MAX_SLOTS,
+check_every proposal (0: none)]``."""
+
+_PACE = ROW_LEN - 1
 
 AllGather = Callable[[np.ndarray], np.ndarray]
 """``row [ROW_LEN] int64 -> rows [world_size, ROW_LEN] int64`` (rank order)."""
@@ -67,6 +73,8 @@ class LocalView:
     pending: Sequence[PendingTask] = ()
     cancel: Collection[str] = ()
     shutdown: bool = False
+    check_every: int = 0
+    """Decode steps this rank proposes until the next round (0: no proposal)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +83,14 @@ class Agreement:
 
     ``start``: task ids to start now, in ``created_idx`` order (all are pending on this rank);
     ``cancel_keys``: ``task_key``s of tasks to cancel (some may be unknown to this rank yet);
-    ``shutdown``: some rank was told to shut down.
+    ``shutdown``: some rank was told to shut down; ``check_every``: decode steps until the
+    next round, the smallest positive proposal (0: nobody proposed; keep the current pace).
     """
 
     start: tuple[str, ...] = ()
     cancel_keys: frozenset[int] = frozenset()
     shutdown: bool = False
+    check_every: int = 0
 
 
 def _ordered(pending: Sequence[PendingTask]) -> list[PendingTask]:
@@ -95,6 +105,7 @@ def encode_row(view: LocalView) -> np.ndarray:
     row[0], row[1], row[2] = len(pending), len(cancel), int(view.shutdown)
     row[3 : 3 + len(pending)] = pending
     row[3 + MAX_SLOTS : 3 + MAX_SLOTS + len(cancel)] = cancel
+    row[_PACE] = max(0, int(view.check_every))
     return row
 
 
@@ -119,7 +130,13 @@ def decide(view: LocalView, rows: np.ndarray) -> Agreement:
         for p in _ordered(view.pending)
         if task_key(p.task_id) in everywhere and task_key(p.task_id) not in cancel
     )
-    return Agreement(start=start, cancel_keys=frozenset(cancel), shutdown=bool(rows[:, 2].any()))
+    proposals = [int(p) for p in rows[:, _PACE] if p > 0]
+    return Agreement(
+        start=start,
+        cancel_keys=frozenset(cancel),
+        shutdown=bool(rows[:, 2].any()),
+        check_every=min(proposals) if proposals else 0,
+    )
 
 
 def agree(view: LocalView, all_gather: AllGather) -> Agreement:
@@ -136,12 +153,14 @@ T = TypeVar("T")
 class RoundResult(Generic[T]):
     """A round seen by one rank: ``start`` (tasks to start, in order), ``cancel`` (ids of
     tasks already started here — or started in this round — to cancel), ``dropped`` (pending
-    tasks cancelled before they started: end them Cancelled without work), ``shutdown``."""
+    tasks cancelled before they started: end them Cancelled without work), ``shutdown``,
+    ``check_every`` (the agreed decode steps until the next round; 0: keep the current)."""
 
     start: list[T] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
     dropped: list[T] = field(default_factory=list)
     shutdown: bool = False
+    check_every: int = 0
 
 
 class TaskAgreement(Generic[T]):
@@ -188,19 +207,21 @@ class TaskAgreement(Generic[T]):
     def pending_ids(self) -> list[str]:
         return list(self._pending)
 
-    def view(self) -> LocalView:
+    def view(self, check_every: int = 0) -> LocalView:
         return LocalView(
             pending=[p for p, _ in self._pending.values()],
             cancel=sorted(self._want_cancel),
             shutdown=self._want_shutdown,
+            check_every=check_every,
         )
 
-    def round(self, all_gather: AllGather) -> RoundResult[T]:
-        """Run one agreement round (a collective) and update this rank's side."""
-        agreed = agree(self.view(), all_gather)
+    def round(self, all_gather: AllGather, check_every: int = 0) -> RoundResult[T]:
+        """Run one agreement round (a collective) and update this rank's side;
+        ``check_every`` is this rank's pace proposal (decode steps until the next round)."""
+        agreed = agree(self.view(check_every), all_gather)
         self._cancelled_keys |= agreed.cancel_keys
         self._want_cancel = {t for t in self._want_cancel if task_key(t) not in agreed.cancel_keys}
-        result: RoundResult[T] = RoundResult(shutdown=agreed.shutdown)
+        result: RoundResult[T] = RoundResult(shutdown=agreed.shutdown, check_every=agreed.check_every)
         for task_id in agreed.start:
             _, task = self._pending.pop(task_id)
             self._started.add(task_id)

@@ -15,7 +15,9 @@ agreement rounds (``check_every``: ~``CHECK_SECONDS`` of decode). Once Ready, ge
 tasks, cancels and Shutdown are not acted on directly but held by a ``TaskAgreement`` and
 decided in rounds that every rank runs at the same points (before each request acceptance
 and prefill chunk, every ``check_every`` decode steps, and every ``IDLE_ROUND_INTERVAL``
-seconds when idle). Every rank reports task status; rank 0 alone emits the chunks (every rank
+seconds when idle). Each round also re-agrees ``check_every`` from every rank's measured
+decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SECONDS`` of
+decode even when the machine slows down after warm-up (case B15). Every rank reports task status; rank 0 alone emits the chunks (every rank
 holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
 sent from the main loop only: a rank blocked in a collective because a peer died falls
 silent and its supervisor kills it (design.md §5c).
@@ -75,11 +77,16 @@ IDLE_ROUND_INTERVAL = 0.1
 """Seconds between agreement rounds while a multi-rank runner is idle (bounds how long a new
 request waits before every rank has agreed on it, plus delivery skew)."""
 
-CHECK_SECONDS = 2.0
-"""Target seconds of decode between agreement rounds (design.md: a check at least every ~2 s)."""
+CHECK_SECONDS = 1.0
+"""Target seconds of decode between agreement rounds (design.md: a check at least every ~2 s;
+1 s leaves room for decode slowing down between two rounds, and a round — one all-gather of
+a few hundred bytes — costs about a millisecond)."""
 
-MAX_CHECK_EVERY = 64
-"""Most decode steps between agreement rounds, however fast decode is."""
+MAX_CHECK_EVERY = 16
+"""Most decode steps between agreement rounds, however fast decode is. Small because the pace
+is measured on the last interval and decode can slow down ~10× at once when other processes
+take the CPU: 64 steps measured at 100 tokens/s then took over 10 s (a cancel waited that
+long, case B15). A round costs about one pipeline hop, so 1/16 of a step's communication."""
 
 
 def check_every_for(decode_tokens_per_second: float) -> int:
@@ -119,6 +126,8 @@ class RunnerProcess:
         self.all_gather = None
         self.check_every = 1
         self.steps_since_round = 0
+        self.decode_steps = 0
+        self.decode_seconds = 0.0
         self.last_sent = time.monotonic()
 
     @property
@@ -362,8 +371,10 @@ class RunnerProcess:
                 self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
                 return 1
         if not busy or self.generator.in_prefill or self.steps_since_round >= self.check_every:
-            self.steps_since_round = 0
-            result = self.agreement.round(self.all_gather)
+            result = self.agreement.round(self.all_gather, self.pace_proposal())
+            self.steps_since_round, self.decode_steps, self.decode_seconds = 0, 0, 0.0
+            if result.check_every > 0:
+                self.check_every = result.check_every
             for task in result.start:
                 self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
             for task_id in result.cancel:
@@ -377,11 +388,23 @@ class RunnerProcess:
                 self.set_status(RunnerShutdown())
                 return 0
         if self.generator.has_work():
+            decoding = not self.generator.in_prefill
+            started = time.monotonic()
             self.step_generation()
+            if decoding:
+                self.decode_steps += 1
+                self.decode_seconds += time.monotonic() - started
             self.steps_since_round += 1
         if time.monotonic() - self.last_sent >= interval:
             self.send(HeartbeatMsg())
         return None
+
+    def pace_proposal(self) -> int:
+        """Decode steps this rank proposes until the next round, from the decode steps it
+        timed since the last round (0: none timed, no proposal)."""
+        if self.decode_steps == 0 or self.decode_seconds <= 0:
+            return 0
+        return check_every_for(self.decode_steps / self.decode_seconds)
 
     def step_generation(self) -> None:
         assert self.generator is not None
