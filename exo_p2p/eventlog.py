@@ -86,12 +86,18 @@ class EventLog:
         return len(self.events)
 
     def append(self, event: IndexedEvent, *, sync: bool = True) -> None:
-        """Append one event (written and flushed; fsynced when ``sync``)."""
+        """Append one event (written and flushed to the OS; fsynced when ``sync``). Appending
+        several with ``sync=False`` and then calling ``sync()`` once is a group commit: each
+        survives a crash of this process at once, a crash of the machine after ``sync()``."""
         self._file.write(encode_frame(event))
         self._file.flush()
         if sync:
             os.fsync(self._file.fileno())
         self.events.append(event)
+
+    def sync(self) -> None:
+        """fsync what was appended so far (one disk flush for any number of appends)."""
+        os.fsync(self._file.fileno())
 
     def truncate_after(self, idx: int) -> None:
         """Drop every event with index > ``idx`` (used when a node's tail diverges from the

@@ -34,6 +34,7 @@ from exo_p2p.types import (
     ModelCard,
     NetworkAddress,
     NodeModelsUpdated,
+    NodeProfile,
     NodeProfileUpdated,
     State,
     TaskCreated,
@@ -165,6 +166,7 @@ class Node:
             warnings.append("no master elected yet")
         counters = dict(self.net.counters)
         counters.update(self.member.counters)
+        counters["local_events_pending"] = self.member.local_events_pending
         if self.master is not None:
             counters.update(self.master.counters)
         counters["chunks_undeliverable"] = self.router.undeliverable
@@ -241,6 +243,7 @@ class Node:
                 models=tuple(sorted(c.model_id for c in self._local_cards)),
                 priority=self.config.priority,
             )
+            profile = _with_fault_hooks(profile, self.config.fault_hooks)
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
             # also re-publish when State's copy differs from what we published (we were timed
             # out, our log was replaced by another master's) once nothing of ours is in flight
@@ -356,6 +359,15 @@ class Node:
     def close(self) -> None:
         if hasattr(self, "replica"):
             self.replica.close()
+
+
+def _with_fault_hooks(profile: NodeProfile, hooks: dict[str, str]) -> NodeProfile:
+    """Tests only: ``free_memory=BYTES`` caps the memory this node reports available (its
+    total is kept, so placement on a node without instances still sees the whole node)."""
+    cap = hooks.get("free_memory", "")
+    if not cap.isdigit() or profile.memory_available is None:
+        return profile
+    return msgspec.structs.replace(profile, memory_available=min(profile.memory_available, int(cap)))
 
 
 def _default_name() -> str:

@@ -2,7 +2,14 @@
 
 Indexed events are applied strictly in ``idx`` order: a duplicate is ignored, an event
 ahead of the next index is buffered until the gap is filled. Every applied event is
-appended to the node's on-disk ``EventLog``, so a restarted node reads its State back.
+appended to the node's on-disk ``EventLog`` and fsynced before any listener hears of it
+(one fsync per ``offer_many`` call: a group commit), so a restarted node reads its State
+back.
+
+While this node is master (``defer_sync``), offers are written to the log at once but fsynced
+only by ``sync()``, which the cluster member calls before an event leaves the node (publish,
+log fetch, the commit of a lone node): one fsync per burst the master sequences, and nothing
+another node or a client sees was not persisted first (design.md §5a).
 The log is compacted: ``snapshot.msgpack`` holds the State as of some index and the log
 holds only the events after it; a node far behind installs a peer's snapshot instead of
 replaying every event. Waiters are woken on every change.
@@ -20,6 +27,7 @@ import trio
 
 from exo_p2p.eventlog import EventLog
 from exo_p2p.state import apply, state_hash
+from exo_p2p.state.chain import chain_base, chain_step
 from exo_p2p.types import IndexedEvent, State
 
 log = structlog.get_logger(__name__)
@@ -37,12 +45,19 @@ class Replica:
         self.log = EventLog(log_path)
         self.snapshot_path = log_path.with_name("snapshot.msgpack")
         self._sync = sync
+        self.defer_sync = False
+        """When True, ``offer_many`` leaves the fsync to the next ``sync()`` (the master's
+        group commit); set by the cluster member while this node is master."""
+        self._unsynced = False
         self.compact_every = compact_every
+        self.chain_path = log_path.with_name("snapshot.chain")
         self.snapshot = self._read_snapshot()
         state = self.snapshot
+        self._chain = [self._read_base_digest(state)]
         for e in self.log.events:
             if e.idx == state.last_event_idx + 1:
                 state = apply(state, e)
+                self._chain.append(chain_step(self._chain[-1], e))
         self.state = state
         self._buffer: dict[int, IndexedEvent] = {}
         self._changed = trio.Event()
@@ -58,14 +73,39 @@ class Replica:
             log.error("snapshot unreadable; starting from the log alone", path=str(self.snapshot_path), error=str(exc))
             return State()
 
-    def _write_snapshot(self, state: State) -> None:
-        tmp = self.snapshot_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(msgspec.msgpack.encode(state))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.snapshot_path)
+    def _read_base_digest(self, snapshot: State) -> bytes:
+        """The chain digest at the snapshot's index: from ``snapshot.chain`` (``IDX HEX``)
+        when it names that index, else ``chain_base(snapshot)`` (a fresh log, or a crash
+        between the two writes: the node's chain then differs from its peers' and the first
+        log check replaces its State with the master's, which is safe)."""
+        try:
+            idx, digest = self.chain_path.read_text().split()
+            if int(idx) == snapshot.last_event_idx:
+                return bytes.fromhex(digest)
+        except (OSError, ValueError):
+            pass
+        return chain_base(snapshot)
+
+    def _write_snapshot(self, state: State, digest: bytes) -> None:
+        for path, data in (
+            (self.snapshot_path, msgspec.msgpack.encode(state)),
+            (self.chain_path, f"{state.last_event_idx} {digest.hex()}\n".encode()),
+        ):
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
         self.snapshot = state
+        self._chain = [digest]
+
+    def chain_at(self, idx: int) -> bytes | None:
+        """The log's chain digest at ``idx`` (``exo_p2p.state.chain``): equal digests at an
+        index mean equal logs up to it. None when ``idx`` is before the snapshot or after
+        the last applied event."""
+        pos = idx - self.base_idx
+        return self._chain[pos] if 0 <= pos < len(self._chain) else None
 
     @property
     def base_idx(self) -> int:
@@ -95,14 +135,15 @@ class Replica:
         return list(self.log.events[pos : pos + max_events])
 
     def compact(self) -> None:
-        """Snapshot the current State and empty the log."""
-        self._write_snapshot(self.state)
+        """Snapshot the current State and empty the log (the chain digest carries over)."""
+        self._write_snapshot(self.state, self._chain[-1])
         self.log.clear()
 
-    def install_snapshot(self, state: State) -> None:
+    def install_snapshot(self, state: State, digest: bytes | None = None) -> None:
         """Replace this node's State and log with a peer's snapshot (it is ahead, or this
-        node's tail diverged from the master's log)."""
-        self._write_snapshot(state)
+        node's tail diverged from the master's log). ``digest`` is the peer's chain digest
+        at the snapshot's index (``chain_base(state)`` when the peer sent none)."""
+        self._write_snapshot(state, digest or chain_base(state))
         self.log.clear()
         self.state = state
         self._buffer = {i: e for i, e in self._buffer.items() if i > state.last_event_idx}
@@ -120,6 +161,7 @@ class Replica:
         for e in self.log.events:
             state = apply(state, e)
         self.state = state
+        del self._chain[idx - self.base_idx + 1 :]
         self._buffer.clear()
         for listener in list(self.snapshot_listeners):
             listener(state)
@@ -137,18 +179,50 @@ class Replica:
         return state_hash(self.state)
 
     def offer(self, event: IndexedEvent) -> str:
-        if event.idx <= self.state.last_event_idx:
-            return "duplicate"
-        if event.idx > self.state.last_event_idx + 1:
-            if len(self._buffer) >= MAX_BUFFERED:
-                return "dropped"
-            self._buffer.setdefault(event.idx, event)
-            return "buffered"
-        self._apply(event)
-        while (nxt := self._buffer.pop(self.state.last_event_idx + 1, None)) is not None:
-            self._apply(nxt)
-        self._buffer = {i: e for i, e in self._buffer.items() if i > self.state.last_event_idx}
-        return "applied"
+        """Offer one indexed event; see ``offer_many``."""
+        return self.offer_many([event])[0]
+
+    def offer_many(self, events: list[IndexedEvent]) -> list[str]:
+        """Offer indexed events (any order, duplicates allowed); returns one outcome per
+        event: ``"applied"``, ``"duplicate"``, ``"buffered"`` or ``"dropped"``.
+
+        Every event that becomes applicable (including buffered ones it unblocks) is applied
+        to State and appended to the log, then the log is fsynced once for all of them (a
+        group commit; with ``sync=True``), and only then are listeners told, in index order:
+        a listener never sees an event that a crash of the machine could take back —
+        unless ``defer_sync`` is set: then the fsync waits for ``sync()``."""
+        outcomes: list[str] = []
+        applied: list[tuple[IndexedEvent, State]] = []
+        for event in events:
+            if event.idx <= self.state.last_event_idx:
+                outcomes.append("duplicate")
+                continue
+            if event.idx > self.state.last_event_idx + 1:
+                if len(self._buffer) >= MAX_BUFFERED:
+                    outcomes.append("dropped")
+                else:
+                    self._buffer.setdefault(event.idx, event)
+                    outcomes.append("buffered")
+                continue
+            applied.append(self._apply(event))
+            while (nxt := self._buffer.pop(self.state.last_event_idx + 1, None)) is not None:
+                applied.append(self._apply(nxt))
+            outcomes.append("applied")
+        if applied:
+            if self._buffer:
+                self._buffer = {i: e for i, e in self._buffer.items() if i > self.state.last_event_idx}
+            self._unsynced = True
+            if not self.defer_sync:
+                self.sync()
+            self._applied(applied)
+        return outcomes
+
+    def sync(self) -> None:
+        """fsync events applied since the last sync (none: no-op; ``sync=False``: no-op)."""
+        if self._unsynced:
+            self._unsynced = False
+            if self._sync:
+                self.log.sync()
 
     def missing_range(self) -> tuple[int, int] | None:
         """``(first, last)`` indices missing before the earliest buffered event, if any."""
@@ -156,15 +230,22 @@ class Replica:
             return None
         return self.state.last_event_idx + 1, min(self._buffer) - 1
 
-    def _apply(self, event: IndexedEvent) -> None:
+    def _apply(self, event: IndexedEvent) -> tuple[IndexedEvent, State]:
+        """Apply ``event`` (the next index) to State and write it to the log (not fsynced)."""
         new_state = apply(self.state, event)
-        self.log.append(event, sync=self._sync)
+        self.log.append(event, sync=False)
         self.state = new_state
-        for listener in list(self.listeners):
-            try:
-                listener(event, new_state)
-            except Exception:
-                log.exception("state listener failed", idx=event.idx)
+        self._chain.append(chain_step(self._chain[-1], event))
+        return event, new_state
+
+    def _applied(self, applied: list[tuple[IndexedEvent, State]]) -> None:
+        """After the group commit: tell listeners, compact when due, wake waiters."""
+        for event, state in applied:
+            for listener in list(self.listeners):
+                try:
+                    listener(event, state)
+                except Exception:
+                    log.exception("state listener failed", idx=event.idx)
         if len(self.log.events) >= self.compact_every:
             self.compact()
         self._notify()
@@ -179,4 +260,5 @@ class Replica:
             await self.wait_changed()
 
     def close(self) -> None:
+        self.sync()
         self.log.close()

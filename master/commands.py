@@ -29,6 +29,7 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TextGeneration,
 )
+from master.admission import memory_refusal
 from master.placement import PlacementError, place_instance, resolve_nodes
 
 
@@ -52,8 +53,10 @@ def handle_command(state: State, command: Command, *, queue_limit: int | None = 
       each of its unfinished tasks (their clients get an error).
     - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
       ready instance → 503 (``code="loading"`` while one loads, else the failure reason);
-      ``queue_limit`` unfinished tasks on the chosen instance → 429; else ``TaskCreated`` on
-      the ready instance with the fewest unfinished tasks (ties: instance id).
+      no ready instance whose ranks have the free memory for the prompt → 503
+      ``code="out_of_memory"`` (``master.admission``, case B27); ``queue_limit`` unfinished
+      tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
+      those with the memory, with the fewest unfinished tasks (ties: instance id).
     - ``CancelGeneration``: ``TaskCancelRequested`` for a known unfinished task; an unknown
       task is tolerated (it may have just finished): success, no event.
     - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
@@ -142,7 +145,13 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) ->
             )
         reasons = "; ".join(v.reason or "failed" for v in views)
         return _error(command, 503, f"no healthy instance for model {model!r}: {reasons}", type_="server_error", code="instance_failed")
-    chosen: Instance = min(ready, key=lambda i: (_unfinished(state, i.instance_id), i.instance_id))
+    card = state.model_cards[model]
+    refusals = {i.instance_id: memory_refusal(state, i, card, command.params) for i in ready}
+    fitting = [i for i in ready if refusals[i.instance_id] is None]
+    if not fitting:
+        first = min(refusals.items())[1]
+        return _error(command, 503, str(first), type_="server_error", param="messages", code="out_of_memory")
+    chosen: Instance = min(fitting, key=lambda i: (_unfinished(state, i.instance_id), i.instance_id))
     if queue_limit is not None and _unfinished(state, chosen.instance_id) >= queue_limit:
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"

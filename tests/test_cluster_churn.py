@@ -173,7 +173,12 @@ def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
             views = [(s["node_id"][-6:], s["master"], s["term"], s["last_event_idx"], s["warnings"]) for s in map(state_of, everyone) if s]
             raise AssertionError(f"no single master 5 s after the restart: {views}\n{restarted.log_tail(30)}") from None
         took = time.monotonic() - t_up
-        wait_until(lambda: agreement(everyone, 3), 15, what="all three converge after the quick restart")
+        try:
+            wait_until(lambda: agreement(everyone, 3), 15, what="all three converge after the quick restart")
+        except TimeoutError:
+            views = [(s["node_id"][-6:], s["master"][-6:], s["term"], s["last_event_idx"], s["state_hash"][:8], sorted(k[-6:] for k in s["nodes"]),
+                      {a[-6:]: sorted(b[-6:] for b in e) for a, e in s["edges"].items()}) for s in map(state_of, everyone) if s]
+            raise AssertionError(f"no convergence 15 s after the restart: {views}\n{restarted.log_tail(30)}") from None
         assert term_after >= term_before
         assert state_of(restarted)["term"] >= term_before
         # the master stays put for a while (no flip back and forth)

@@ -2,7 +2,8 @@
 
 Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
-``GET /instances/previews``, ``GET|DELETE /instances/{id}``. Errors are raised as
+``GET /instances/previews``, ``GET|DELETE /instances/{id}``. Debug: ``GET /debug/event-times``
+(``exo_p2p.cluster.event_times``). Errors are raised as
 ``ApiError`` and answered OpenAI-shaped by the app's handler.
 """
 
@@ -24,6 +25,7 @@ from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.generation import GenerationResponse, GenerationSettings, InFlight
 from exo_p2p.api.schemas import ChatCompletionRequest, PlaceRequest
 from exo_p2p.api.views import instance_out, local_model, model_list, parse_nodes, state_document
+from exo_p2p.cluster.event_times import probe_for
 from exo_p2p.state import instance_view
 from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
 
@@ -124,6 +126,16 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
             raise ApiError(400, str(exc)[:2000], param="nodes") from None
         return json_response(found)
 
+    async def event_times(request: Request) -> Response:
+        try:
+            since = int(request.query_params.get("since", "0"))
+        except ValueError:
+            raise ApiError(400, "query parameter 'since' must be an integer event index", param="since") from None
+        probe = probe_for(backend.node_id)
+        if probe is None:
+            raise ApiError(404, "this node records no event times", code="not_found")
+        return json_response(probe.since(since))
+
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -135,4 +147,5 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         Route("/instances/previews", previews, methods=["GET"]),
         Route("/instances/{instance_id}", get_instance, methods=["GET"]),
         Route("/instances/{instance_id}", delete_instance, methods=["DELETE"]),
+        Route("/debug/event-times", event_times, methods=["GET"]),
     ]

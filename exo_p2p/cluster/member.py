@@ -30,6 +30,7 @@ import structlog
 import trio
 
 from exo_p2p.cluster.election import ElectionView, decide
+from exo_p2p.cluster.event_times import EventTimes, register_probe
 from exo_p2p.cluster.liveness import Liveness
 from exo_p2p.cluster.messages import (
     CHUNKS_PROTOCOL,
@@ -40,13 +41,14 @@ from exo_p2p.cluster.messages import (
     LOG_PROTOCOL,
     ChunkBatch,
     Heartbeat,
+    IndexedEventBatch,
     LocalEventBatch,
     LogRequest,
     LogResponse,
     chunk_batch_decoder,
+    decode_global,
     encode,
     heartbeat_decoder,
-    indexed_decoder,
     local_batch_decoder,
     log_request_decoder,
     log_response_decoder,
@@ -84,6 +86,8 @@ class ClusterSettings:
     settle: float = 2.0
     """Seconds a node without a master waits after it starts before an election (so the
     heartbeats of an existing master can reach it first)."""
+    known_settle: float = 5.0
+    """``settle`` for a node that starts with other nodes in its State (see ``_start_settle``)."""
     failover_settle: float = 0.5
     """Seconds to wait after losing a master before electing (every node decides alike)."""
     disconnect_grace: float = 1.0
@@ -93,6 +97,10 @@ class ClusterSettings:
     command_timeout: float = 30.0
     request_timeout: float = 10.0
     max_local_batch: int = 64
+    max_global_batch: int = 64
+    """Indexed events per gossip message at most (a burst is published as one message)."""
+    max_outbox: int = 4096
+    """Indexed events waiting to be published at most; beyond it the master's sequencing waits."""
 
 
 @dataclass
@@ -142,19 +150,30 @@ class ClusterMember:
         self._started_at = clock()
         self._seq = 0
         self._pending: dict[int, LocalEvent] = {}
+        self._sent_at: dict[int, float] = {}
         self._pending_wake = trio.Event()
+        self._outbox: list[IndexedEvent] = []
+        self._outbox_wake = trio.Event()
+        self._outbox_room = trio.Event()
         self._beat_now = trio.Event()
+        self._heard = trio.Event()
         self._sync_wake = trio.Event()
         self._master_changed = trio.Event()
         self._on_chunks = on_chunks
         self._chunk_queues: dict[str, trio.MemorySendChannel[Chunk]] = {}
         self._disconnected_at: dict[str, float] = {}
         self._edges_announced: set[str] = set()
+        self._announcing: set[str] = set()
+        self._known_at_boot = frozenset(replica.state.nodes)
         self._nursery: trio.Nursery | None = None
         self.counters: dict[str, int] = {}
         self.duplicate_identity: str | None = None
         self._role_lock = trio.Lock()
         self._epoch = 0
+        self.event_times = EventTimes(node_id, clock=time.monotonic)
+        register_probe(self.event_times)
+        # first listener: the apply time is taken before other listeners run
+        replica.listeners.insert(0, lambda e, _s: self.event_times.applied(e.idx))
         replica.listeners.append(self._on_applied)
         replica.snapshot_listeners.append(self._on_log_replaced)
 
@@ -203,10 +222,12 @@ class ClusterMember:
             nursery.start_soon(self._receive_global_events, global_events)
             nursery.start_soon(self._election_loop)
             nursery.start_soon(self._resend_loop)
+            nursery.start_soon(self._publish_loop)
             nursery.start_soon(self._sync_loop)
             nursery.start_soon(self._timeout_loop)
             nursery.start_soon(self._topology_loop)
             nursery.start_soon(self._mesh_loop)
+            nursery.start_soon(self._edge_reconcile_loop)
             task_status.started()
 
     # --- heartbeats and liveness -----------------------------------------------------------
@@ -239,6 +260,8 @@ class ClusterMember:
                 if hb.boot_id != self.boot_id:
                     self._duplicate(hb)
                 continue
+            self._heard.set()
+            self._heard = trio.Event()
             if self.liveness.heard(hb, self.clock()):
                 log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
                 self._beat_now.set()
@@ -271,7 +294,7 @@ class ClusterMember:
             if self.master is None and not claims and self._masterless_since is None:
                 self._masterless_since = now
             masterless_for = 0.0 if (claims or self.master is not None) else now - (self._masterless_since or now)
-            settle = self.s.settle if now - self._started_at < 2 * self.s.settle else self.s.failover_settle
+            settle = self._start_settle() if now - self._started_at < 2 * self._start_settle() else self.s.failover_settle
             decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
             if decision.claim:
                 await self._claim(decision.term)
@@ -279,6 +302,14 @@ class ClusterMember:
                 if decision.follow != self.node_id:
                     await self._set_master(decision.follow, decision.term)
             await trio.sleep(0.1)
+
+    def _start_settle(self) -> float:
+        """Seconds to wait for a master after start: ``settle``, or ``known_settle`` when
+        State lists other nodes (this node was in a cluster: it must give its dials to their
+        known addresses time before it may claim, else a restarted node that reaches nobody
+        within ``settle`` claims the term the others may have just used)."""
+        others = any(n != self.node_id for n in self.replica.state.nodes)
+        return max(self.s.settle, self.s.known_settle) if others else self.s.settle
 
     def _disconnected_for(self, peer: str | None, now: float) -> bool:
         """Whether ``peer`` has had no connection for ``disconnect_grace`` seconds."""
@@ -298,6 +329,7 @@ class ClusterMember:
             self.term = max(term, self.replica.state.term + 1)
             self.master = self.node_id
             self.is_master = True
+            self.replica.defer_sync = True  # group commit: synced before anything leaves
             self._masterless_since = None
             log.info("became master", term=self.term, last_idx=self.replica.last_idx)
             await self.hooks.start(self.term)
@@ -309,6 +341,8 @@ class ClusterMember:
                 log.warning("stepping down", new_master=master, term=term)
                 self.is_master = False
                 await self.hooks.stop()
+                self.replica.defer_sync = False
+                self.replica.sync()
             if master != self.master:
                 log.info("following master", master=master, term=term)
             self.master = master
@@ -321,6 +355,7 @@ class ClusterMember:
     def _signal_master_change(self) -> None:
         self._master_changed.set()
         self._master_changed = trio.Event()
+        self._sent_at.clear()  # the new master may not have seen any of them
         self._pending_wake.set()
         self._beat_now.set()
 
@@ -336,6 +371,11 @@ class ClusterMember:
         """The origin key our local events carry: the boot id, plus an epoch after our log
         was replaced (a snapshot installed, a divergent tail dropped)."""
         return self.boot_id if self._epoch == 0 else f"{self.boot_id}.{self._epoch}"
+
+    @property
+    def local_events_pending(self) -> int:
+        """How many local events were sent to the master and not yet seen indexed."""
+        return len(self._pending)
 
     def send_local(self, event: Event) -> None:
         """Queue a local event for the master; re-sent until seen indexed."""
@@ -353,6 +393,7 @@ class ClusterMember:
         self._epoch += 1
         self._seq = 0
         self._pending = {}
+        self._sent_at = {}
         for event in pending:
             self.send_local(event)
         log.info("log replaced; new origin epoch", epoch=self._epoch, resent=len(pending))
@@ -365,25 +406,38 @@ class ClusterMember:
         if event.origin == self.node_id and event.origin_boot == self.origin_boot:
             for seq in [s for s in self._pending if s <= event.origin_seq]:
                 del self._pending[seq]
+                self._sent_at.pop(seq, None)
         if not self.is_master:
             self._beat_now.set()  # tells the master promptly that we applied (commit rule)
 
     async def _resend_loop(self) -> None:
-        """Deliver pending local events: directly when we are master, else by gossip,
-        re-sending every ``resend_interval`` until they come back indexed."""
+        """Deliver pending local events: directly when we are master, else by gossip. A new
+        event goes out at once (only the new ones: re-sending every pending event whenever
+        one more is queued made O(n²) gossip under bursts); one not seen indexed
+        ``resend_interval`` seconds after it was last sent goes out again, and all of them
+        after a master change."""
         while True:
-            with trio.move_on_after(self.s.resend_interval):
+            with trio.move_on_after(self.s.resend_interval / 2):
                 await self._pending_wake.wait()
             self._pending_wake = trio.Event()
             if not self._pending or self.master is None:
                 continue
-            pending = [self._pending[s] for s in sorted(self._pending)]
+            now = self.clock()
+            due = [
+                self._pending[s]
+                for s in sorted(self._pending)
+                if now - self._sent_at.get(s, -math.inf) >= self.s.resend_interval
+            ]
+            if not due:
+                continue
+            for local in due:
+                self._sent_at[local.origin_seq] = now
             if self.is_master:
-                for local in pending:
+                for local in due:
                     await self.hooks.accept_local(local)
                 continue
-            for i in range(0, len(pending), self.s.max_local_batch):
-                batch = LocalEventBatch(tuple(pending[i : i + self.s.max_local_batch]))
+            for i in range(0, len(due), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(due[i : i + self.s.max_local_batch]))
                 await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
 
     async def _receive_local_events(self, channel) -> None:  # type: ignore[no-untyped-def]
@@ -406,28 +460,63 @@ class ClusterMember:
 
     # --- global events and log sync ---------------------------------------------------------------
     async def publish_indexed(self, indexed: IndexedEvent) -> None:
-        await self.net.publish(GLOBAL_EVENTS_TOPIC, encode(indexed))
+        """As master: queue ``indexed`` (already applied here) for gossip; the publish loop
+        fsyncs the log before the message leaves (one fsync per message).
+
+        Returns at once unless ``max_outbox`` events are waiting (then it waits for room):
+        the events the master sequences in one go (a command and its reactions) leave as one
+        ``IndexedEventBatch`` message, and the master's sequencing never waits for gossip.
+        The probe's publish time is taken here, so time spent in the outbox counts as
+        publish→apply latency."""
+        self.event_times.published(indexed.idx)
+        while len(self._outbox) >= self.s.max_outbox:
+            await self._outbox_room.wait()
+        self._outbox.append(indexed)
+        self._outbox_wake.set()
+
+    async def _publish_loop(self) -> None:
+        """Publish the outbox in index order, up to ``max_global_batch`` events a message
+        (halved while a message would exceed the gossip payload limit)."""
+        while True:
+            await self._outbox_wake.wait()
+            self._outbox_wake = trio.Event()
+            while self._outbox:
+                n = min(len(self._outbox), self.s.max_global_batch)
+                data = encode(IndexedEventBatch(tuple(self._outbox[:n])))
+                while n > 1 and len(data) > self.net.max_payload_bytes:
+                    n //= 2
+                    data = encode(IndexedEventBatch(tuple(self._outbox[:n])))
+                del self._outbox[:n]
+                self._outbox_room.set()
+                self._outbox_room = trio.Event()
+                self.replica.sync()  # persisted before any other node can see it (§5a)
+                # one event too large for gossip is dropped by publish (counted); followers
+                # fetch it over a stream when they see the gap or the master's heartbeat
+                await self.net.publish(GLOBAL_EVENTS_TOPIC, data)
 
     async def _receive_global_events(self, channel) -> None:  # type: ignore[no-untyped-def]
         async for sender, data in channel:
             try:
-                indexed = indexed_decoder.decode(data)
+                batch = decode_global(data)
             except msgspec.DecodeError:
                 self._count("global_event_undecodable")
                 continue
-            if indexed.version != PROTOCOL_VERSION:
+            if batch.version != PROTOCOL_VERSION or any(e.version != PROTOCOL_VERSION for e in batch.events):
                 self._count("global_event_version")
                 continue
             if sender != self.master or self.is_master:
                 self._count("global_event_not_from_master")
                 continue
-            if indexed.term < self.term:
+            fresh = [e for e in batch.events if e.term >= self.term]
+            if len(fresh) < len(batch.events):
                 self._count("global_event_stale_term")
-                continue
-            outcome = self.replica.offer(indexed)
-            if outcome == "buffered":
+            for e in fresh:
+                if e.idx > self.replica.last_idx:
+                    self.event_times.received(e.idx)
+            outcomes = self.replica.offer_many(fresh)
+            if "buffered" in outcomes:
                 self._sync_wake.set()
-            elif outcome == "duplicate":
+            if "duplicate" in outcomes:
                 self._count("global_event_duplicate")
 
     async def _sync_loop(self) -> None:
@@ -441,19 +530,35 @@ class ClusterMember:
             hb = self.liveness.get(master)
             behind = hb is not None and hb.last_idx > self.replica.last_idx
             if behind or self.replica.missing_range() is not None or self._needs_check(master):
-                await self._fetch_from(master)
+                if await self._fetch_from(master):
+                    continue
+                # the master is not reachable by a direct stream (gossip can still reach us
+                # through other peers): fetch from a peer that follows the same master in the
+                # same term, the most advanced first
+                same = sorted(
+                    (p for p in self.live_peers() if p.master == master and p.term == self.term and p.node_id != master),
+                    key=lambda p: -p.last_idx,
+                )
+                for peer in same[:3]:
+                    if await self._fetch_from(peer.node_id):
+                        break
 
     def _needs_check(self, master: str) -> bool:
         # after following a new master, check once that our tail agrees with its log
         return getattr(self, "_checked_master", None) != (master, self.term)
 
-    async def _fetch_from(self, peer: str) -> None:
-        """Fetch events after our last index from ``peer`` until caught up (or a snapshot)."""
+    async def _fetch_from(self, peer: str) -> bool:
+        """Fetch events after our last index from ``peer`` (the master, or a peer following
+        it) until caught up, installing its snapshot when our tail diverged from its log.
+        Returns False when the exchange failed (peer unreachable, bad answer)."""
+        master = self.master
         for _ in range(1000):
+            last = self.replica.last_idx
             request = LogRequest(
-                from_idx=self.replica.last_idx + 1,
-                prev_idx=self.replica.last_idx,
+                from_idx=last + 1,
+                prev_idx=last,
                 prev_term=self.replica.last_term,
+                prev_chain=self.replica.chain_at(last) or b"",
             )
             try:
                 with trio.fail_after(self.s.request_timeout):
@@ -462,27 +567,29 @@ class ClusterMember:
             except (trio.TooSlowError, msgspec.DecodeError, Exception) as exc:  # noqa: BLE001
                 log.warning("log fetch failed", peer=peer, error=repr(exc))
                 self._count("log_fetch_failed")
-                return
+                return False
             if response.snapshot is not None:
                 log.info("installing snapshot", peer=peer, idx=response.snapshot.last_event_idx)
-                self.replica.install_snapshot(response.snapshot)
-            for e in response.events:
-                self.replica.offer(e)
-            self._checked_master = (peer, self.term)
+                self.replica.install_snapshot(response.snapshot, response.snapshot_chain or None)
+            self.replica.offer_many(list(response.events))
+            self._checked_master = (master, self.term)
             if not response.events and response.snapshot is None:
-                return
+                return True
             if self.replica.last_idx >= response.last_idx:
-                return
+                return True
+        return True
 
     async def _serve_log(self, peer: str, data: bytes) -> bytes:
         request = log_request_decoder.decode(data)
         r = self.replica
-        diverged = request.prev_idx > r.last_idx or (request.prev_idx > 0 and r.term_at(request.prev_idx) != request.prev_term)
+        r.sync()  # what we serve is persisted here first (the master defers its fsyncs)
+        diverged = tail_diverged(r, request)
+        snapshot = LogResponse(snapshot=r.state, last_idx=r.last_idx, snapshot_chain=r.chain_at(r.last_idx) or b"")
         if diverged:
-            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx))
+            return encode(snapshot)
         events = r.events_from(request.from_idx, min(request.max_events, 5000))
         if events is None:
-            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx))
+            return encode(snapshot)
         return encode(LogResponse(events=tuple(events), last_idx=r.last_idx))
 
     # --- master duties -----------------------------------------------------------------------
@@ -504,14 +611,19 @@ class ClusterMember:
                     await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
 
     async def wait_committed(self, idx: int) -> None:
-        """Return once event ``idx`` is committed: applied by some other live node, or at
-        once when this node is alone (it is persisted already)."""
+        """Return once event ``idx`` is committed (design.md §5a): applied by some other
+        live node (followers fsync before they apply and report it in their heartbeat), or,
+        when this node is alone, once persisted (the master's deferred fsync is done here).
+        Woken by every heartbeat received, checked at least every 50 ms."""
         while True:
             peers = self.live_peers()
-            if not peers or any(p.last_idx >= idx for p in peers):
+            if not peers:
+                self.replica.sync()  # alone: committed once persisted
+                return
+            if any(p.last_idx >= idx for p in peers):
                 return
             with trio.move_on_after(0.05):
-                await trio.sleep_forever()
+                await self._heard.wait()
 
     # --- topology ---------------------------------------------------------------------------
     async def _mesh_loop(self) -> None:
@@ -528,7 +640,10 @@ class ClusterMember:
                 if node_id == self.node_id or node_id in connected:
                     next_try.pop(node_id, None)
                     continue
-                when, backoff = next_try.get(node_id, (now + (0.0 if self.node_id < node_id else 3.0), 0.5))
+                # nodes this node knew before it started are dialled at once: they cannot
+                # dial us (we may listen on a new port) and our election waits for them
+                stagger = 0.0 if self.node_id < node_id or node_id in self._known_at_boot else 3.0
+                when, backoff = next_try.get(node_id, (now + stagger, 0.5))
                 if node_id not in next_try:
                     # the smaller id dials; the other waits 3 s first, so a pair does not
                     # open two connections at once (one of which libp2p then closes)
@@ -556,6 +671,36 @@ class ClusterMember:
             else:
                 self._nursery.start_soon(self._retract_edge, peer)
 
+    async def _edge_reconcile_loop(self, period: float = 1.0, grace: float = 2.0) -> None:
+        """Make State's edges from this node match its connections, whatever happened in
+        between: a peer that restarted and reconnected within the retraction grace, while
+        the master timed it out (its edges left State with it), or a log replaced by
+        another master's. Every ``period`` seconds, for a connected peer in State with no
+        edge this node→peer in State and none on its way, the edge is announced; for an edge
+        in State to a peer disconnected for ``grace`` seconds, it is retracted."""
+        while True:
+            await trio.sleep(period)
+            state = self.replica.state
+            if self.master is None or self.node_id not in state.nodes or self._nursery is None:
+                continue
+            mine = state.edges.get(self.node_id, {})  # type: ignore[call-overload]
+            on_the_way = {
+                ev.edge.sink if isinstance(ev, TopologyEdgeCreated) else ev.sink
+                for ev in (local.event for local in self._pending.values())
+                if isinstance(ev, (TopologyEdgeCreated, TopologyEdgeDeleted))
+            }
+            connected = set(self.net.connected_peers())
+            now = self.clock()
+            for peer in connected:
+                if peer in state.nodes and peer not in mine and peer not in on_the_way and peer not in self._announcing:
+                    self._edges_announced.discard(peer)
+                    self._nursery.start_soon(self._announce_edge, peer)
+            for peer in mine:
+                gone_since = self._disconnected_at.get(peer, self._started_at)
+                if peer not in connected and peer not in on_the_way and now - gone_since >= grace:
+                    self._edges_announced.discard(peer)
+                    self.send_local(TopologyEdgeDeleted(self.node_id, peer))  # type: ignore[arg-type]
+
     async def _retract_edge(self, peer: str, grace: float = 2.0) -> None:
         """Record that the edge to ``peer`` is gone if it stays disconnected for ``grace``
         seconds (a connection replaced by another, or a brief hiccup, is not a topology
@@ -570,6 +715,15 @@ class ClusterMember:
         the peerstore (identify) or, for an inbound connection, from the peer's profile in
         State; waits up to 10 s for one to be known (an edge without an address is useless
         for ring placement)."""
+        if peer in self._announcing:
+            return
+        self._announcing.add(peer)
+        try:
+            await self._announce_edge_once(peer)
+        finally:
+            self._announcing.discard(peer)
+
+    async def _announce_edge_once(self, peer: str) -> None:
         for _ in range(50):
             if peer not in self.net.connected_peers():
                 return
@@ -670,3 +824,16 @@ def _ip_of(addrs: list[str]) -> str:
         if len(parts) > 2 and parts[1] == "ip4":
             return parts[2]
     return ""
+
+
+def tail_diverged(replica: Replica, request: LogRequest) -> bool:
+    """Whether the asker's log, ending at ``request.prev_idx`` with term ``prev_term`` and
+    chain digest ``prev_chain``, is not a prefix of ``replica``'s log (pure). True when the
+    asker is ahead of us, or our log holds another term or another chain digest at its last
+    index (the digest catches logs of two masters that claimed the same term)."""
+    if request.prev_idx > replica.last_idx:
+        return True
+    if request.prev_idx > 0 and replica.term_at(request.prev_idx) != request.prev_term:
+        return True
+    mine = replica.chain_at(request.prev_idx)
+    return bool(request.prev_chain) and mine is not None and mine != request.prev_chain

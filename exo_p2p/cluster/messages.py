@@ -46,26 +46,40 @@ class LocalEventBatch(msgspec.Struct, frozen=True):
     version: int = PROTOCOL_VERSION
 
 
+class IndexedEventBatch(msgspec.Struct, frozen=True):
+    """Consecutive indexed events the master publishes in one gossip message (the events
+    one command or local event produced, or whatever queued while the previous message was
+    being sent), in index order. Receivers also accept a bare ``IndexedEvent``."""
+
+    events: tuple[IndexedEvent, ...]
+    version: int = PROTOCOL_VERSION
+
+
 class LogRequest(msgspec.Struct, frozen=True):
     """Ask for indexed events ``from_idx..`` (at most ``max_events``). ``prev_idx``/
-    ``prev_term`` identify the asker's last event: if the responder's log has another term
-    there, the asker's tail diverged and it gets a snapshot instead."""
+    ``prev_term``/``prev_chain`` identify the asker's last event and its log's chain digest
+    there (``exo_p2p.state.chain``, 16 bytes; empty: not checked): if the responder's log has
+    another term or another digest there, the asker's tail diverged and it gets a snapshot
+    instead (terms alone can collide when two cut-off nodes claimed the same term)."""
 
     from_idx: int
     max_events: int = 5000
     prev_idx: int = 0
     prev_term: int = 0
+    prev_chain: bytes = b""
     version: int = PROTOCOL_VERSION
 
 
 class LogResponse(msgspec.Struct, frozen=True):
     """Events in index order, or a snapshot (State as of ``snapshot.last_event_idx``) when
-    the asked range is compacted away or the asker diverged; ``last_idx`` is the
-    responder's last applied index."""
+    the asked range is compacted away or the asker diverged (``snapshot_chain``: the
+    responder's chain digest at the snapshot's index); ``last_idx`` is the responder's last
+    applied index."""
 
     events: tuple[IndexedEvent, ...] = ()
     snapshot: State | None = None
     last_idx: int = 0
+    snapshot_chain: bytes = b""
     version: int = PROTOCOL_VERSION
 
 
@@ -79,7 +93,19 @@ class ChunkBatch(msgspec.Struct, frozen=True):
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 local_batch_decoder = msgspec.msgpack.Decoder(LocalEventBatch)
 indexed_decoder = msgspec.msgpack.Decoder(IndexedEvent)
+indexed_batch_decoder = msgspec.msgpack.Decoder(IndexedEventBatch)
 log_request_decoder = msgspec.msgpack.Decoder(LogRequest)
 log_response_decoder = msgspec.msgpack.Decoder(LogResponse)
 chunk_batch_decoder = msgspec.msgpack.Decoder(ChunkBatch)
 encode = msgspec.msgpack.Encoder().encode
+
+
+def decode_global(data: bytes) -> IndexedEventBatch:
+    """A global-events gossip message as a batch: an ``IndexedEventBatch``, or a bare
+    ``IndexedEvent`` (a batch of one with that event's version). Raises msgspec.DecodeError
+    when it is neither."""
+    try:
+        return indexed_batch_decoder.decode(data)
+    except msgspec.DecodeError:
+        single = indexed_decoder.decode(data)
+        return IndexedEventBatch((single,), version=single.version)

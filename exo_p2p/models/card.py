@@ -92,6 +92,10 @@ def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
     return card_from_config(config, sizes, model_id)
 
 
+#: bytes per element of a config's ``torch_dtype`` (the activations' dtype in mlx-lm)
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 def card_from_config(
     config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str
 ) -> ModelCard:
@@ -100,6 +104,8 @@ def card_from_config(
     Tensors named ``….layers.{i}.…`` count for layer ``i`` (weights, ``.scales``,
     ``.biases``); ``….embed_tokens.…`` for the embedding; ``lm_head.…`` for the head; every
     other tensor (the final norm) for ``norm_bytes``, so the parts sum to ``storage_size``.
+    ``head_dim`` comes from the config when it states one (else None: hidden ÷ heads), and
+    ``activation_dtype_bytes`` from ``torch_dtype`` (None when absent).
 
     Raises:
         UnsupportedModelError: a layer index outside ``num_hidden_layers`` or a layer with no
@@ -127,6 +133,8 @@ def card_from_config(
     heads = args.get("num_attention_heads")
     kv_heads = args.get("num_key_value_heads", heads)
     model_type = str(args.get("model_type", "unknown"))
+    head_dim = args.get("head_dim")
+    dtype_bytes = _DTYPE_BYTES.get(str(args.get("torch_dtype", "")))
     return ModelCard(
         model_id=ModelId(model_id),
         n_layers=n_layers,
@@ -143,6 +151,8 @@ def card_from_config(
         tie_word_embeddings=bool(args.get("tie_word_embeddings", head == 0)),
         architecture=model_type,
         supports_tensor=bool(heads) and bool(kv_heads) and has_shard_method(model_type),
+        head_dim=int(head_dim) if head_dim else None,
+        activation_dtype_bytes=dtype_bytes,
     )
 
 

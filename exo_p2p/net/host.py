@@ -89,6 +89,11 @@ class Network:
             out.append(text if text.endswith(suffix) else text + suffix)
         return out
 
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest gossip message ``publish`` accepts (bytes)."""
+        return self._config.gossip.max_payload_bytes
+
     # -- counters -----------------------------------------------------------------------------
     @property
     def counters(self) -> dict[str, int]:

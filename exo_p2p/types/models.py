@@ -16,6 +16,11 @@ class ModelCard(msgspec.Struct, frozen=True):
     §5), ``norm_bytes`` the final norm (last rank). ``storage_size`` is the sum of every
     tensor's bytes on disk, so ``storage_size = sum(layer_bytes) + embedding_bytes +
     head_bytes + norm_bytes``. ``context_length`` is in tokens.
+
+    ``head_dim`` (elements per attention head; None = ``hidden_size // num_attention_heads``,
+    the llama default) and ``activation_dtype_bytes`` (bytes per element of activations and
+    KV cache; None = unknown, estimates then assume 4, float32) feed the per-token KV-cache
+    estimate of ``master.admission``; optional, so cards from before them still decode.
     """
 
     model_id: ModelId
@@ -33,6 +38,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     tie_word_embeddings: bool
     architecture: str = "llama"
     supports_tensor: bool = True
+    head_dim: int | None = None
+    activation_dtype_bytes: int | None = None
 
     @property
     def non_layer_bytes(self) -> int:

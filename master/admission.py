@@ -1,0 +1,157 @@
+"""Memory admission: refuse a generation whose prompt would not fit in a rank's free memory
+(case B27 part 3, issue 6), before its task is created — so before any prefill.
+
+A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
+
+    kv(T)          = T × kv_bytes_per_token(rank)           (its layers' K and V, all T)
+    activations(C) = C × hidden × ACTIVATION_VECTORS × b     (residual, norms, q/k/v, MLP)
+                   + C × T × heads(rank) × 4                 (attention scores, float32)
+                   + C × vocab × 4  (last rank only: logits)
+
+where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim × 2 (K and V) × b``
+and ``b`` is bytes per activation element. A pipeline rank holds only its layers
+``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
+heads. The rank is admitted when that sum is ≤ its node's ``memory_available`` in State
+(already capped by ``--memory-limit``); a node that has not reported memory is admitted.
+
+The master does not tokenize, so ``T`` is an upper bound (``prompt_token_bound``): every
+token of a byte-level BPE (or a SentencePiece with byte fallback) covers at least one byte of
+text, so the prompt's UTF-8 bytes plus the chat template's tokens bound it; it is capped at
+the context length (a longer prompt is refused by the runner's context rule anyway). The
+bound over-estimates ordinary text about four-fold: a refusal here means the prompt *may*
+not fit, which is the safe side of an allocation failure that would kill the runner.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from exo_p2p.types import GenerationParams, Instance, ModelCard, NodeId, ShardMetadata, State
+
+DEFAULT_ACTIVATION_DTYPE_BYTES = 4
+"""Bytes per activation / KV element when the card does not say (float32: the largest)."""
+
+ACTIVATION_VECTORS = 16
+"""Hidden-size vectors per prompt token alive at once in one layer's forward (residual,
+norm, q, k, v, attention output, and the MLP's gate/up/product at ~4× hidden)."""
+
+PREFILL_CHUNK_BOUND = 256
+"""Prompt tokens per prefill step assumed (tokens): the largest default a runner uses; the
+node's ``--prefill-chunk-size`` is not in State."""
+
+TEMPLATE_TOKENS = 64
+"""Tokens a chat template adds besides the messages (tokens): a default system prompt and
+the generation prompt (ChatML with SmolLM2's default system prompt is ~30)."""
+
+TOKENS_PER_MESSAGE = 8
+"""Template tokens around each message besides its role (tokens): ``<|im_start|>``, the
+newline, ``<|im_end|>`` and its newline in ChatML."""
+
+
+class RankNeed(msgspec.Struct, frozen=True):
+    """What one rank needs for one prompt (bytes) against what its node has free."""
+
+    rank: int
+    node_id: NodeId
+    kv_bytes: int
+    activation_bytes: int
+    free_bytes: int | None
+
+    @property
+    def need_bytes(self) -> int:
+        return self.kv_bytes + self.activation_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes is None or self.need_bytes <= self.free_bytes
+
+
+def dtype_bytes(card: ModelCard) -> int:
+    """Bytes per activation / KV-cache element of ``card`` (its field, else float32's 4)."""
+    return card.activation_dtype_bytes or DEFAULT_ACTIVATION_DTYPE_BYTES
+
+
+def head_dim(card: ModelCard) -> int:
+    """Elements per attention head: the card's ``head_dim``, else ``hidden // heads``."""
+    if card.head_dim:
+        return card.head_dim
+    return card.hidden_size // max(1, card.num_attention_heads)
+
+
+def kv_bytes_per_token(card: ModelCard, shard: ShardMetadata | None = None, sharding: str = "pipeline") -> int:
+    """KV-cache bytes one token adds on ``shard`` (the whole model when None):
+    ``layers × kv_heads × head_dim × 2 × dtype_bytes``. Pipeline: the shard's layers;
+    tensor: every layer, ``ceil(kv_heads / world_size)`` heads."""
+    layers, kv_heads = card.n_layers, card.num_key_value_heads
+    if shard is not None:
+        if sharding == "tensor":
+            kv_heads = -(-kv_heads // max(1, shard.world_size))
+        else:
+            layers = shard.end_layer - shard.start_layer
+    return layers * kv_heads * head_dim(card) * 2 * dtype_bytes(card)
+
+
+def activation_bytes(
+    card: ModelCard, prompt_tokens: int, shard: ShardMetadata | None = None, sharding: str = "pipeline", chunk_tokens: int = PREFILL_CHUNK_BOUND
+) -> int:
+    """Peak activation bytes of one prefill chunk on ``shard`` (the whole model when None):
+    hidden vectors, float32 attention scores against all ``prompt_tokens``, and float32
+    logits on the last rank (see the module docstring)."""
+    chunk = max(0, min(chunk_tokens, prompt_tokens))
+    heads = card.num_attention_heads
+    last = True
+    if shard is not None:
+        last = shard.rank == shard.world_size - 1 or sharding == "tensor"
+        if sharding == "tensor":
+            heads = -(-heads // max(1, shard.world_size))
+    hidden = chunk * card.hidden_size * ACTIVATION_VECTORS * dtype_bytes(card)
+    scores = chunk * prompt_tokens * heads * 4
+    logits = chunk * card.vocab_size * 4 if last else 0
+    return hidden + scores + logits
+
+
+def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
+    """An upper bound of the prompt's tokens (see the module docstring): UTF-8 bytes of every
+    message's role and content, ``TOKENS_PER_MESSAGE`` per message and ``TEMPLATE_TOKENS``,
+    capped at ``context_length``."""
+    total = TEMPLATE_TOKENS
+    for message in params.messages:
+        total += TOKENS_PER_MESSAGE + len(message.role.encode()) + len(message.content.encode("utf-8", "surrogatepass"))
+    return min(total, context_length)
+
+
+def rank_needs(state: State, instance: Instance, card: ModelCard, prompt_tokens: int, chunk_tokens: int = PREFILL_CHUNK_BOUND) -> list[RankNeed]:
+    """Per rank of ``instance``: estimated bytes for a prompt of ``prompt_tokens`` tokens and
+    its node's free memory from State (None when not reported)."""
+    out = []
+    for shard in instance.shards:
+        profile = state.nodes.get(shard.node_id)
+        out.append(
+            RankNeed(
+                rank=shard.rank,
+                node_id=shard.node_id,
+                kv_bytes=prompt_tokens * kv_bytes_per_token(card, shard, instance.sharding),
+                activation_bytes=activation_bytes(card, prompt_tokens, shard, instance.sharding, chunk_tokens),
+                free_bytes=profile.memory_available if profile is not None else None,
+            )
+        )
+    return out
+
+
+def memory_refusal(state: State, instance: Instance, card: ModelCard, params: GenerationParams) -> str | None:
+    """None when every rank of ``instance`` has the memory for ``params``' prompt; else the
+    out-of-memory message for the first rank that has not (sizes in bytes and MiB)."""
+    tokens = prompt_token_bound(params, card.context_length)
+    for need in rank_needs(state, instance, card, tokens):
+        if not need.fits:
+            return (
+                f"out of memory: the prompt (up to {tokens} tokens) needs an estimated {need.need_bytes} bytes "
+                f"({_mib(need.need_bytes)}: KV cache {need.kv_bytes}, activations {need.activation_bytes}) on rank {need.rank} "
+                f"(node {need.node_id}), which has {need.free_bytes} bytes ({_mib(need.free_bytes or 0)}) free; "
+                "shorten the prompt or free memory on that node"
+            )
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
