@@ -203,6 +203,9 @@ class Node:
     def close_chunks(self, task_id: str) -> None:
         self.router.close(task_id)
 
+    def event_times(self, since: int):  # type: ignore[no-untyped-def]
+        return self.member.event_times.since(since)
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         from master.placement import placement_previews, resolve_nodes
 

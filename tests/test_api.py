@@ -173,6 +173,9 @@ class FakeMaster:
         if send is not None:
             send.close()
 
+    def event_times(self, since: int):
+        return None  # this fake records no event times: /debug/event-times answers 404
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         if model_id not in self._state.model_cards:
             raise KeyError(model_id)

@@ -7,7 +7,7 @@ composition root) implements. Tests implement it with fakes.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -60,6 +60,9 @@ class ApiBackend(Protocol):
     - ``close_chunks(task_id)``: unregister (idempotent).
     - ``previews(model_id, nodes)``: placement previews as plain dicts (issue 4), or raise
       ``KeyError`` for an unknown model.
+    - ``event_times(since)``: the node's publish/receive/apply times of event indices
+      ``since..`` (an ``exo_p2p.cluster.event_times.EventTimesView``; seconds of
+      CLOCK_MONOTONIC), or None when the node records none.
     """
 
     @property
@@ -80,3 +83,5 @@ class ApiBackend(Protocol):
     def close_chunks(self, task_id: TaskId) -> None: ...
 
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]: ...
+
+    def event_times(self, since: int) -> Any: ...

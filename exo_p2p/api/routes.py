@@ -3,7 +3,7 @@
 Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
 ``GET /instances/previews``, ``GET|DELETE /instances/{id}``. Debug: ``GET /debug/event-times``
-(``exo_p2p.cluster.event_times``). Errors are raised as
+(``ApiBackend.event_times``). Errors are raised as
 ``ApiError`` and answered OpenAI-shaped by the app's handler.
 """
 
@@ -25,7 +25,6 @@ from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.generation import GenerationResponse, GenerationSettings, InFlight
 from exo_p2p.api.schemas import ChatCompletionRequest, PlaceRequest
 from exo_p2p.api.views import instance_out, local_model, model_list, parse_nodes, state_document
-from exo_p2p.cluster.event_times import probe_for
 from exo_p2p.state import instance_view
 from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
 
@@ -131,10 +130,10 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
             since = int(request.query_params.get("since", "0"))
         except ValueError:
             raise ApiError(400, "query parameter 'since' must be an integer event index", param="since") from None
-        probe = probe_for(backend.node_id)
-        if probe is None:
+        view = backend.event_times(since)
+        if view is None:
             raise ApiError(404, "this node records no event times", code="not_found")
-        return json_response(probe.since(since))
+        return json_response(view)
 
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

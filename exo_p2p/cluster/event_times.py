@@ -21,14 +21,13 @@ machines. Each table keeps the last ``capacity`` indices recorded (oldest droppe
 memory stays bounded however long the node runs. A re-recorded index (a new master
 re-publishing, a truncated tail applied again) keeps its latest time.
 
-``GET /debug/event-times?since=IDX`` serves ``EventTimes.since(IDX)`` (see ``EventTimesView``);
-``probe_for(node_id)`` finds a running node's probe for that route.
+``GET /debug/event-times?since=IDX`` serves ``EventTimes.since(IDX)`` (see ``EventTimesView``):
+the node's API reaches it through ``ApiBackend.event_times``.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 
 import msgspec
@@ -123,16 +122,3 @@ class EventTimes:
             received=self._received.since(idx),
             applied=self._applied.since(idx),
         )
-
-
-_probes: "weakref.WeakValueDictionary[str, EventTimes]" = weakref.WeakValueDictionary()
-
-
-def register_probe(probe: EventTimes) -> None:
-    """Make ``probe`` findable by its node id (weakly held: it goes with its node)."""
-    _probes[probe.node_id] = probe
-
-
-def probe_for(node_id: str) -> EventTimes | None:
-    """The probe of the running node ``node_id`` in this process, or None."""
-    return _probes.get(node_id)

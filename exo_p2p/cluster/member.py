@@ -30,7 +30,7 @@ import structlog
 import trio
 
 from exo_p2p.cluster.election import ElectionView, decide
-from exo_p2p.cluster.event_times import EventTimes, register_probe
+from exo_p2p.cluster.event_times import EventTimes
 from exo_p2p.cluster.liveness import Liveness
 from exo_p2p.cluster.messages import (
     CHUNKS_PROTOCOL,
@@ -171,7 +171,6 @@ class ClusterMember:
         self._role_lock = trio.Lock()
         self._epoch = 0
         self.event_times = EventTimes(node_id, clock=time.monotonic)
-        register_probe(self.event_times)
         # first listener: the apply time is taken before other listeners run
         replica.listeners.insert(0, lambda e, _s: self.event_times.applied(e.idx))
         replica.listeners.append(self._on_applied)
