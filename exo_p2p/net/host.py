@@ -160,6 +160,12 @@ class Network:
         # "negative cache"); our callers keep their own backoff, and a restarted peer must be
         # reachable again within seconds, so lift that block for explicit dials.
         self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
+        # The swarm dials only ONE address per transport class (its "smart address
+        # selection"), the first the peerstore lists: after a peer restarted on a new port its
+        # stale address comes first and every dial fails. The addresses we are given are
+        # current (State profile, bootstrap, mDNS), so they replace what the peerstore held.
+        if str(info.peer_id) not in self.connected_peers():
+            self._host.get_peerstore().clear_addrs(info.peer_id)
         try:
             with trio.fail_after(timeout):
                 await self._host.connect(info)
