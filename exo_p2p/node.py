@@ -282,7 +282,7 @@ class Node:
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.models.store import ModelStore
-        from exo_p2p.cluster.member import ClusterMember, MasterHooks
+        from exo_p2p.cluster.member import ClusterMember, ClusterSettings, MasterHooks
         from exo_p2p.net import NetConfig, load_or_create_identity, new_boot_id, open_host
         from worker.worker import Worker
 
@@ -326,7 +326,14 @@ class Node:
         async with open_host(net_config) as net:
             self.net = net
             self.member = ClusterMember(
-                net, self.replica, self.node_id, self.boot_id, hooks, priority=cfg.priority, on_chunks=self._receive_chunks
+                net,
+                self.replica,
+                self.node_id,
+                self.boot_id,
+                hooks,
+                priority=cfg.priority,
+                settings=ClusterSettings(fault_hooks=dict(cfg.fault_hooks)),  # gossip faults: tests only
+                on_chunks=self._receive_chunks,
             )
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

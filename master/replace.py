@@ -2,8 +2,10 @@
 
 A failed instance is re-placed (new instance id, ``replaces`` = the failed one, ``attempt``
 + 1) after a backoff of ``BACKOFF_BASE * 2**attempt`` seconds, when the model fits
-somewhere; after ``MAX_ATTEMPTS`` re-placements it is given up and its failure reason says
-why. Deleting an instance is final (a deleted instance is not in State, so never re-placed).
+somewhere; after ``MAX_ATTEMPTS`` re-placements in a row that never served (a crash loop) it
+is given up and its failure reason says why. An instance that served (every rank Ready
+once) starts the count again when it fails, so a long-lived instance survives any number of
+node restarts spread over its life. Deleting an instance is final (a deleted instance is not in State, so never re-placed).
 The timing uses the master's monotonic clock only; the decisions are pure.
 """
 
@@ -24,6 +26,12 @@ def backoff(attempt: int) -> float:
     return BACKOFF_BASE * (2**attempt)
 
 
+def effective_attempt(failed: Instance) -> int:
+    """Re-placements so far in the current crash loop: ``failed.attempt``, or 0 when the
+    failed instance had served (every rank Ready once) — the count starts again then."""
+    return 0 if failed.served else failed.attempt
+
+
 def replacement(state: State, failed: Instance, new_instance_id: str) -> tuple[Event, ...]:
     """Events that re-place ``failed``: delete it and create its successor, or — when the
     attempts are used up or nothing fits — record that it was given up (the instance stays
@@ -31,7 +39,7 @@ def replacement(state: State, failed: Instance, new_instance_id: str) -> tuple[E
     reason = failed.failed_reason or "failed"
     if failed.gave_up:
         return ()
-    if failed.attempt >= MAX_ATTEMPTS:
+    if effective_attempt(failed) >= MAX_ATTEMPTS:
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: gave up after {MAX_ATTEMPTS} re-placements", final=True),)
     card = state.model_cards.get(failed.model_id)
     if card is None:
@@ -43,5 +51,5 @@ def replacement(state: State, failed: Instance, new_instance_id: str) -> tuple[E
             new = place_instance(state, card, min_nodes=1, sharding="pipeline", instance_id=new_instance_id)
         except PlacementError:
             return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {exc}", final=True),)
-    new = msgspec.structs.replace(new, replaces=failed.instance_id, attempt=failed.attempt + 1)
+    new = msgspec.structs.replace(new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1)
     return (InstanceDeleted(failed.instance_id), InstanceCreated(new))

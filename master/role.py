@@ -107,7 +107,7 @@ class MasterRole:
         """Background duties while master: re-place failed instances after their backoff
         (``master.replace``). Runs until cancelled (when this node stops being master)."""
         from exo_p2p.types import new_id
-        from master.replace import backoff, replacement
+        from master.replace import backoff, effective_attempt, replacement
 
         failed_since: dict[str, float] = {}
         while True:
@@ -119,7 +119,7 @@ class MasterRole:
                 del failed_since[gone]
             for instance_id, inst in sorted(failed.items()):
                 since = failed_since.setdefault(instance_id, now)
-                if now - since < backoff(inst.attempt):
+                if now - since < backoff(effective_attempt(inst)):
                     continue
                 async with self._lock:
                     current = self.replica.state.instances.get(instance_id)
@@ -127,7 +127,7 @@ class MasterRole:
                         continue
                     events = list(replacement(self.replica.state, current, new_id()))
                     if events:
-                        log.info("re-placing failed instance", instance_id=instance_id, attempt=current.attempt + 1, events=[type(e).__name__ for e in events])
+                        log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)
 
     async def _index(self, events: list[Event], origin: LocalEvent | None = None) -> int:

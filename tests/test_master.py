@@ -175,6 +175,33 @@ def test_failed_instance_is_replaced_then_given_up():
     assert backoff(0) < backoff(1) < backoff(2)
 
 
+def test_an_instance_that_served_starts_its_replacement_count_again():
+    """The attempt limit is for crash loops: an instance whose every rank reached Ready
+    (``served``, set by apply) and that later fails is re-placed as attempt 1 whatever its
+    own attempt number; one that never served counts on and is given up."""
+    from exo_p2p.types import RunnerLoading, RunnerReady, RunnerStatusUpdated
+    from master.replace import MAX_ATTEMPTS, replacement
+
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    worn = msgspec.structs.replace(s.instances[inst.instance_id], attempt=MAX_ATTEMPTS)
+    s = msgspec.structs.replace(s, instances={inst.instance_id: worn})
+    shard = inst.shards[0]
+    s = run(s, [RunnerStatusUpdated(shard.runner_id, inst.instance_id, shard.node_id, RunnerLoading(1, 4))])
+    assert not s.instances[inst.instance_id].served
+    s = run(s, [RunnerStatusUpdated(shard.runner_id, inst.instance_id, shard.node_id, RunnerReady())])
+    assert s.instances[inst.instance_id].served
+    s = run(s, [InstanceFailed(inst.instance_id, "node restarted")])
+    events = replacement(s, s.instances[inst.instance_id], "new-1")
+    assert events[1].instance.attempt == 1 and not events[1].instance.served
+    # the same failure without ever serving: given up
+    never = msgspec.structs.replace(s.instances[inst.instance_id], served=False)
+    (final,) = replacement(msgspec.structs.replace(s, instances={inst.instance_id: never}), never, "new-2")
+    assert final.final and "gave up" in final.reason
+
+
 def test_failed_instance_that_no_longer_fits_is_given_up_with_the_reason():
     from master.replace import replacement
 

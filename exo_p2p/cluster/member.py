@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import structlog
@@ -31,6 +31,7 @@ import trio
 
 from exo_p2p.cluster.election import ElectionView, decide
 from exo_p2p.cluster.event_times import EventTimes
+from exo_p2p.cluster.faults import FaultyReceiver, gossip_faults_from_hooks, hold_from_hooks
 from exo_p2p.cluster.liveness import Liveness
 from exo_p2p.cluster.messages import (
     CHUNKS_PROTOCOL,
@@ -101,6 +102,9 @@ class ClusterSettings:
     """Indexed events per gossip message at most (a burst is published as one message)."""
     max_outbox: int = 4096
     """Indexed events waiting to be published at most; beyond it the master's sequencing waits."""
+    fault_hooks: dict[str, str] = field(default_factory=dict)
+    """Tests only (``--fault-hook``): ``gossip_drop``/``gossip_dup``/``gossip_reorder`` mistreat
+    the messages this node receives on the local- and global-events topics (``cluster.faults``)."""
 
 
 @dataclass
@@ -211,8 +215,8 @@ class ClusterMember:
         self.net.set_request_handler(COMMAND_PROTOCOL, self._serve_command, timeout=self.s.command_timeout + 5)
         self.net.set_request_handler(CHUNKS_PROTOCOL, self._serve_chunks)
         heartbeats = await self.net.subscribe(HEARTBEATS_TOPIC, include_own=True, buffer=4096)
-        local_events = await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096)
-        global_events = await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192)
+        local_events = self._with_faults(await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096), LOCAL_EVENTS_TOPIC)
+        global_events = self._with_faults(await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192), GLOBAL_EVENTS_TOPIC)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._heartbeat_loop)
@@ -228,6 +232,21 @@ class ClusterMember:
             nursery.start_soon(self._mesh_loop)
             nursery.start_soon(self._edge_reconcile_loop)
             task_status.started()
+
+    def _with_faults(self, channel, topic: str):  # type: ignore[no-untyped-def]
+        """Tests only: ``channel`` with the gossip faults of ``settings.fault_hooks`` applied
+        (counted ``fault_dropped:<topic>``, ``fault_duplicated:<topic>``,
+        ``fault_reordered:<topic>``); ``channel`` itself when no such hook is set."""
+        faults = gossip_faults_from_hooks(self.s.fault_hooks, topic)
+        if faults is None:
+            return channel
+        log.warning("gossip fault injection on (tests only)", topic=topic, drop=faults.drop, dup=faults.dup, reorder=faults.reorder)
+
+        def count(kind: str, n: int) -> None:
+            key = f"fault_{kind}:{topic}"
+            self.counters[key] = self.counters.get(key, 0) + n
+
+        return FaultyReceiver(channel, faults, hold=hold_from_hooks(self.s.fault_hooks), on_count=count)
 
     # --- heartbeats and liveness -----------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
@@ -570,7 +589,10 @@ class ClusterMember:
             if response.snapshot is not None:
                 log.info("installing snapshot", peer=peer, idx=response.snapshot.last_event_idx)
                 self.replica.install_snapshot(response.snapshot, response.snapshot_chain or None)
+            before = self.replica.last_idx
             self.replica.offer_many(list(response.events))
+            if self.replica.last_idx > before:  # gaps recovered by fetch, not gossip (B12)
+                self.counters["log_fetch_applied"] = self.counters.get("log_fetch_applied", 0) + self.replica.last_idx - before
             self._checked_master = (master, self.term)
             if not response.events and response.snapshot is None:
                 return True

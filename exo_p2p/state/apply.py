@@ -19,7 +19,9 @@ from exo_p2p.types import (
     NodeProfileUpdated,
     NodeTimedOut,
     RunnerDeleted,
+    RunnerReady,
     RunnerRecord,
+    RunnerRunning,
     RunnerStatusUpdated,
     State,
     TaskCancelRequested,
@@ -150,6 +152,13 @@ def _(event: RunnerStatusUpdated, state: State) -> State:
     runners[event.runner_id] = RunnerRecord(
         runner_id=event.runner_id, instance_id=event.instance_id, node_id=event.node_id, status=event.status
     )
+    instance = state.instances[event.instance_id]
+    if not instance.served and isinstance(event.status, RunnerReady):
+        records = [runners.get(s.runner_id) for s in instance.shards]
+        if all(r is not None and isinstance(r.status, (RunnerReady, RunnerRunning)) for r in records):
+            instances = dict(state.instances)
+            instances[event.instance_id] = replace(instance, served=True)
+            return replace(state, runners=runners, instances=instances)
     return replace(state, runners=runners)
 
 

@@ -47,6 +47,10 @@ class Instance(msgspec.Struct, frozen=True):
     attempt: int = 0
     gave_up: bool = False
     """The master will not re-place this failed instance (attempts used up, or nothing fits)."""
+    served: bool = False
+    """Every rank reached Ready at least once (set by ``apply``): a failure after that starts
+    the count of re-placement attempts again — the limit is for crash loops, not for a
+    long-lived instance that outlives several node restarts."""
 
     @property
     def world_size(self) -> int:
