@@ -108,14 +108,26 @@ def pipeline_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Ove
 
 def tensor_divisibility_problem(card: ModelCard, world_size: int) -> str | None:
     """Why ``card`` cannot be tensor-sharded over ``world_size`` ranks, or None if it can:
-    attention heads, kv heads and hidden size must all divide by ``world_size``."""
-    for count, what in (
+    attention heads, kv heads, hidden size and MLP width (when the card knows it) must all
+    divide by ``world_size``; for a quantized model each rank's slice of the hidden size and
+    of the MLP width (the input dimension of its sharded o_proj and down_proj) must also be a
+    whole number of quantization groups (mlx-lm's shard cannot split a group)."""
+    counts = [
         (card.num_attention_heads, "heads"),
         (card.num_key_value_heads, "kv heads"),
         (card.hidden_size, "hidden size"),
-    ):
+    ]
+    if card.intermediate_size:
+        counts.append((card.intermediate_size, "MLP width (intermediate size)"))
+    for count, what in counts:
         if count % world_size:
             return f"tensor sharding needs {count} {what} divisible by {world_size}"
+    group = card.quant_group_size
+    if group:
+        for count, what in counts[2:]:
+            if (count // world_size) % group:
+                return (f"tensor sharding over {world_size} ranks splits the {what} {count} into slices of "
+                        f"{count // world_size}, not a multiple of the quantization group size {group}")
     return None
 
 

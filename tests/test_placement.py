@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from fractions import Fraction
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -154,6 +155,25 @@ def test_tensor_divisibility_message_and_shares() -> None:
     assert [(s.start_layer, s.end_layer) for s in inst.shards] == [(0, 4), (0, 4)]
     per_rank = -(-sum(model.layer_bytes) // 2) + 2 * GIB  # half the layers + embedding + head
     assert [s.share_bytes for s in inst.shards] == [per_rank, per_rank]
+
+
+def test_tensor_split_checks_mlp_width_and_quantization_groups() -> None:
+    """A split the runner could not load is refused at placement: the MLP width must divide
+    by the ranks, and for a quantized model each rank's slice of the hidden size and MLP
+    width must be whole groups; SmolLM2 (hidden 576, MLP 1536, group 32) splits over 3."""
+    from master.placement_split import tensor_divisibility_problem
+
+    base = card(4, 10 * GIB, heads=8, kv=4, hidden=256)
+    assert tensor_divisibility_problem(msgspec.structs.replace(base, intermediate_size=1000), 2) is None
+    assert "MLP width (intermediate size)" in (tensor_divisibility_problem(msgspec.structs.replace(base, intermediate_size=1001), 2) or "")
+    q = msgspec.structs.replace(base, intermediate_size=1024, quant_group_size=64)
+    assert tensor_divisibility_problem(q, 2) is None  # 128 and 512 per rank: whole groups of 64
+    problem = tensor_divisibility_problem(q, 4)  # hidden 256 / 4 = 64 ok; 1024 / 4 = 256 ok
+    assert problem is None
+    q8 = msgspec.structs.replace(q, quant_group_size=128)
+    assert "hidden size 256 into slices of 64, not a multiple of the quantization group size 128" in (tensor_divisibility_problem(q8, 4) or "")
+    smol = msgspec.structs.replace(smollm2_card(), intermediate_size=1536, quant_group_size=32)
+    assert tensor_divisibility_problem(smol, 3) is None
 
 
 def smollm2_card() -> ModelCard:

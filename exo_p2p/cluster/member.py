@@ -304,14 +304,18 @@ class ClusterMember:
             # last heartbeat is younger than ``peer_timeout`` (a killed master is noticed in
             # ~1.2 s, not 5 s; its stale claim must not hold up the election)
             peers = [p for p in self.live_peers() if not self._disconnected_for(p.node_id, now)]
-            master_alive = self.master == self.node_id or any(p.node_id == self.master for p in peers)
+            # the followed master is alive while its heartbeat is live AND still claims: a
+            # master that stepped down (or restarted within the disconnect grace) beats on
+            # without claiming, and following it would wait forever
+            master_alive = self.master == self.node_id or any(p.node_id == self.master and p.master == p.node_id for p in peers)
             if self.master is not None and not master_alive:
                 log.warning("master gone", master=self.master)
                 await self._set_master(None, self.term)
             claims = [p for p in peers if p.master == p.node_id]
             if self.master is None and not claims and self._masterless_since is None:
                 self._masterless_since = now
-            masterless_for = 0.0 if (claims or self.master is not None) else now - (self._masterless_since or now)
+            since = now if self._masterless_since is None else self._masterless_since
+            masterless_for = 0.0 if (claims or self.master is not None) else now - since
             settle = self._start_settle() if now - self._started_at < 2 * self._start_settle() else self.s.failover_settle
             decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
             if decision.claim:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_layout import config_from_gguf, hf_tensor_name
-from exo_p2p.models.gguf_reader import read_gguf_header
+from exo_p2p.models.gguf_layout import config_from_gguf, hf_tensor_name, quantization_from_shapes
+from exo_p2p.models.gguf_reader import MLX_QUANTIZED_BITS, read_gguf_header
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.models import ModelCard
 
@@ -87,13 +87,28 @@ def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
     """
     header = read_gguf_header(gguf_path)
     config = config_from_gguf(header.metadata, header.tensors)
-    sizes = {hf_tensor_name(name): nbytes
-             for info in header.tensors for name, (_, nbytes) in info.mlx_tensors().items()}
-    return card_from_config(config, sizes, model_id)
+    tensors = {hf_tensor_name(name): shape_bytes
+               for info in header.tensors for name, shape_bytes in info.mlx_tensors().items()}
+    # the "quantization" entry the import writes, derived from the same shapes
+    in_features = {hf_tensor_name(t.name).removesuffix(".weight"): t.shape[-1]
+                   for t in header.tensors if t.ggml_type in MLX_QUANTIZED_BITS}
+    quantization = quantization_from_shapes({n: shape for n, (shape, _) in tensors.items()}, in_features)
+    if quantization is not None:
+        config["quantization"] = quantization
+    return card_from_config(config, {n: nbytes for n, (_, nbytes) in tensors.items()}, model_id)
 
 
 #: bytes per element of a config's ``torch_dtype`` (the activations' dtype in mlx-lm)
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _group_size(config: Mapping[str, Any]) -> int | None:
+    """The layers' quantization group size from an mlx-lm config (``quantization`` or
+    ``quantization_config``), None when not quantized."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if isinstance(q, Mapping) and q.get("group_size"):
+        return int(q["group_size"])
+    return None
 
 
 def card_from_config(
@@ -153,6 +168,8 @@ def card_from_config(
         supports_tensor=bool(heads) and bool(kv_heads) and has_shard_method(model_type),
         head_dim=int(head_dim) if head_dim else None,
         activation_dtype_bytes=dtype_bytes,
+        intermediate_size=int(args["intermediate_size"]) if args.get("intermediate_size") else None,
+        quant_group_size=_group_size(config),
     )
 
 

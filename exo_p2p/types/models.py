@@ -21,6 +21,9 @@ class ModelCard(msgspec.Struct, frozen=True):
     the llama default) and ``activation_dtype_bytes`` (bytes per element of activations and
     KV cache; None = unknown, estimates then assume 4, float32) feed the per-token KV-cache
     estimate of ``master.admission``; optional, so cards from before them still decode.
+    ``intermediate_size`` (MLP width) and ``quant_group_size`` (elements per quantization
+    group of the layers' linears; None = not quantized) let placement refuse a tensor split
+    the runner could not load (``master.placement_split.tensor_divisibility_problem``).
     """
 
     model_id: ModelId
@@ -40,6 +43,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     supports_tensor: bool = True
     head_dim: int | None = None
     activation_dtype_bytes: int | None = None
+    intermediate_size: int | None = None
+    quant_group_size: int | None = None
 
     @property
     def non_layer_bytes(self) -> int:
