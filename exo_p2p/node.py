@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -62,7 +61,6 @@ class Node:
         self.data_dir = Path(config.data_dir)
         self.router = ChunkRouter()
         self.started = trio.Event()
-        self._start_time = time.monotonic()
         self.master = None
         self._task_api_node: dict[str, str] = {}
         self._task_rank0: dict[str, str] = {}
@@ -86,6 +84,7 @@ class Node:
             self.member.publish_indexed,
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
+            reachable=self.member.reachable_nodes,
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()
@@ -157,8 +156,8 @@ class Node:
 
     def health(self) -> NodeHealth:
         warnings: list[str] = []
-        alone_for = time.monotonic() - self._start_time
-        if not self.net.connected_peers() and alone_for >= NO_PEERS_WARNING_AFTER:
+        alone_for = self.member.alone_for()
+        if alone_for is not None and alone_for >= NO_PEERS_WARNING_AFTER:
             warnings.append(f"no peers found for {alone_for:.0f} s: this node is a cluster of one")
         if self.member.duplicate_identity:
             warnings.append(self.member.duplicate_identity)

@@ -26,16 +26,32 @@ def backoff(attempt: int) -> float:
     return BACKOFF_BASE * (2**attempt)
 
 
+def _without(state: State, nodes: frozenset[str]) -> State:
+    """``state`` as placement should see it without ``nodes`` (and their edges)."""
+    return msgspec.structs.replace(
+        state,
+        nodes={k: v for k, v in state.nodes.items() if k not in nodes},
+        edges={a: {b: e for b, e in out.items() if b not in nodes} for a, out in state.edges.items() if a not in nodes},
+    )
+
+
 def effective_attempt(failed: Instance) -> int:
     """Re-placements so far in the current crash loop: ``failed.attempt``, or 0 when the
     failed instance had served (every rank Ready once) — the count starts again then."""
     return 0 if failed.served else failed.attempt
 
 
-def replacement(state: State, failed: Instance, new_instance_id: str) -> tuple[Event, ...]:
+def replacement(
+    state: State, failed: Instance, new_instance_id: str, *, unreachable: frozenset[str] = frozenset()
+) -> tuple[Event, ...]:
     """Events that re-place ``failed``: delete it and create its successor, or — when the
     attempts are used up or nothing fits — record that it was given up (the instance stays
-    listed as failed with the reason; no runner is started)."""
+    listed as failed with the reason; no runner is started).
+
+    The successor keeps the failed instance's size when it still fits (``world_size`` nodes
+    at least, same sharding), else any size. ``unreachable``: nodes the master does not hear
+    right now (dead but not yet timed out): never chosen, so a re-placement does not land on
+    the node whose death caused it."""
     reason = failed.failed_reason or "failed"
     if failed.gave_up:
         return ()
@@ -44,12 +60,17 @@ def replacement(state: State, failed: Instance, new_instance_id: str) -> tuple[E
     card = state.model_cards.get(failed.model_id)
     if card is None:
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: model {failed.model_id!r} is no longer in the cluster", final=True),)
-    try:
-        new = place_instance(state, card, min_nodes=1, sharding=failed.sharding, instance_id=new_instance_id)
-    except PlacementError as exc:
-        try:  # fall back to any size that fits
-            new = place_instance(state, card, min_nodes=1, sharding="pipeline", instance_id=new_instance_id)
-        except PlacementError:
-            return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {exc}", final=True),)
+    view = _without(state, unreachable) if unreachable else state
+    new = None
+    error: PlacementError | None = None
+    for min_nodes, sharding in ((failed.world_size, failed.sharding), (1, failed.sharding), (1, "pipeline")):
+        try:
+            new = place_instance(view, card, min_nodes=min_nodes, sharding=sharding, instance_id=new_instance_id)  # type: ignore[arg-type]
+            break
+        except PlacementError as exc:
+            if min_nodes == 1 and error is None:
+                error = exc  # the reason given: the same sharding at any size
+    if new is None:
+        return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {error}", final=True),)
     new = msgspec.structs.replace(new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1)
     return (InstanceDeleted(failed.instance_id), InstanceCreated(new))

@@ -51,6 +51,7 @@ class MasterRole:
         *,
         wait_committed: Callable[[int], Awaitable[None]] | None = None,
         queue_limit: int | None = None,
+        reachable: Callable[[], set[str]] | None = None,
     ) -> None:
         self.node_id = node_id
         self.term = term
@@ -58,6 +59,8 @@ class MasterRole:
         self._publish = publish
         self._wait_committed = wait_committed
         self._queue_limit = queue_limit
+        self._reachable = reachable
+        """Nodes this master hears now (itself included); re-placement avoids the others."""
         self._lock = trio.Lock()
         self.origins = OriginSeqs.from_log(replica.log.events)
         self.counters: dict[str, int] = {"local_event_duplicate": 0, "local_event_gap": 0}
@@ -125,7 +128,9 @@ class MasterRole:
                     current = self.replica.state.instances.get(instance_id)
                     if current is None or current.gave_up or current.failed_reason is None:
                         continue
-                    events = list(replacement(self.replica.state, current, new_id()))
+                    state = self.replica.state
+                    unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
+                    events = list(replacement(state, current, new_id(), unreachable=unreachable))
                     if events:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)

@@ -898,3 +898,19 @@ def _serve_as_node(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _serve_as_node(sys.argv[1:])
+
+
+def test_a_foreign_web_server_is_named_as_not_an_exo_p2p_api():
+    """Found by a new user: with another web server on the API port the CLI printed the
+    HTML page; it now says in one line that the URL is not an exo-p2p node."""
+    import httpx
+
+    from exo_p2p.cli.client import error_message
+
+    req = httpx.Request("GET", "http://127.0.0.1:52515/nodes")
+    page = httpx.Response(404, text="<!DOCTYPE HTML>\n<html><body>Not Found</body></html>", headers={"content-type": "text/html"}, request=req)
+    msg = error_message(page)
+    assert msg == "http://127.0.0.1:52515 answered HTTP 404 with an HTML page: it is not an exo-p2p node API (wrong --api URL or port?)"
+    assert "\n" not in msg
+    ours = httpx.Response(404, json={"error": {"message": "unknown instance x", "type": "invalid_request_error", "param": None, "code": None}}, request=req)
+    assert error_message(ours) == "unknown instance x"

@@ -478,3 +478,31 @@ def test_previews_at_64_nodes_take_well_under_a_second(shape: str) -> None:
     elapsed = time.perf_counter() - start
     assert elapsed < 0.5, f"previews took {elapsed * 1000:.0f} ms"
     assert any(p.instance is not None for p in previews)
+
+
+def test_replacement_keeps_the_size_and_avoids_unreachable_nodes() -> None:
+    """A failed 2-node instance is re-placed on 2 nodes again when they fit (not squeezed
+    onto one), and never on a node the master does not hear (dead, not yet timed out)."""
+    from exo_p2p.types import InstanceCreated, InstanceFailed
+    from master.replace import replacement
+
+    state = cluster([(64 * GIB, 64 * GIB)] * 3)
+    model = card(8, 8 * GIB)
+    state = msgspec.structs.replace(state, model_cards={"m": model})
+    old = place_instance(state, model, min_nodes=2, instance_id="old")
+    assert len(old.shards) == 2
+    failed = msgspec.structs.replace(old, failed_reason="node gone")
+    state = msgspec.structs.replace(state, instances={"old": failed})
+    dead = old.shards[0].node_id
+    for _ in range(3):  # deterministic
+        events = replacement(state, failed, "new", unreachable=frozenset({dead}))
+        new = next(e.instance for e in events if isinstance(e, InstanceCreated))
+        assert len(new.shards) == 2 and dead not in {s.node_id for s in new.shards}
+    # only one node left reachable: any size that fits (1 node here)
+    others = frozenset(n for n in state.nodes if n != dead)
+    events = replacement(state, failed, "new", unreachable=frozenset({dead, sorted(others)[0]}))
+    new = next(e.instance for e in events if isinstance(e, InstanceCreated))
+    assert len(new.shards) == 1
+    # nothing reachable holds it: given up with the reason
+    (final,) = replacement(state, failed, "new", unreachable=frozenset(state.nodes))
+    assert isinstance(final, InstanceFailed) and final.final and "not re-placed" in final.reason

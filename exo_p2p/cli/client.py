@@ -99,7 +99,11 @@ def error_message(response: httpx.Response) -> str:
         if body.get("detail"):
             return str(body["detail"])
     text = response.text.strip()
-    if text and len(text) < 500:
+    if body is None and (text.lower().startswith(("<!doctype", "<html")) or "html" in response.headers.get("content-type", "")):
+        # not our API: every exo-p2p error is JSON
+        return (f"{response.request.url.scheme}://{response.request.url.netloc.decode()} answered HTTP "
+                f"{response.status_code} with an HTML page: it is not an exo-p2p node API (wrong --api URL or port?)")
+    if text and len(text) < 500 and "\n" not in text:
         return f"HTTP {response.status_code}: {text}"
     return f"HTTP {response.status_code} {response.reason_phrase}"
 

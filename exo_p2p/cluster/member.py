@@ -78,6 +78,10 @@ _command_env_decoder = msgspec.msgpack.Decoder(CommandEnvelope)
 _command_result_decoder = msgspec.msgpack.Decoder(CommandResult)
 
 
+_ROUTINE_DROPS = frozenset({"global_event_not_from_master", "global_event_duplicate", "global_event_stale_term"})
+"""Drop kinds expected while joining or after a master change: logged at info, not warning."""
+
+
 @dataclass
 class ClusterSettings:
     """Timings in seconds (design.md §5c)."""
@@ -186,7 +190,10 @@ class ClusterMember:
         n = self.counters.get(kind, 0) + 1
         self.counters[kind] = n
         if n == 1:
-            log.warning("message dropped (further drops of this kind are only counted)", kind=kind)
+            # drops that happen in normal operation (gossip from the master arriving before
+            # this node follows it, a duplicate relayed by two peers) are not warnings
+            level = log.info if kind in _ROUTINE_DROPS else log.warning
+            level("message dropped (further drops of this kind are only counted)", kind=kind)
 
     def own_heartbeat(self) -> Heartbeat:
         return Heartbeat(
@@ -198,6 +205,18 @@ class ClusterMember:
             last_idx=self.replica.last_idx,
             last_term=self.replica.last_term,
         )
+
+    def reachable_nodes(self) -> set[str]:
+        """This node and every peer it hears now (live heartbeat, connection not lost)."""
+        now = self.clock()
+        return {self.node_id, *(p.node_id for p in self.live_peers() if not self._disconnected_for(p.node_id, now))}
+
+    def alone_for(self) -> float | None:
+        """Seconds this node has had no connected peer — since it started, or since its last
+        peer left — or None while it has one."""
+        if self.net.connected_peers():
+            return None
+        return self.clock() - max([self._started_at, *self._disconnected_at.values()])
 
     def live_peers(self) -> list[Heartbeat]:
         return [hb for hb in self.liveness.alive(self.clock()) if hb.node_id != self.node_id]

@@ -45,6 +45,7 @@ class _Target:
     next_at: float
     backoff: float
     gone_since: float | None
+    warned: bool = False  # a failure of this bootstrap address was logged as a warning
 
 
 class Redialer:
@@ -119,9 +120,17 @@ class Redialer:
                     await self._dial_addr(target.addr)
                 else:
                     await self._dial_peer(key)
+            if target.warned:
+                log.info("bootstrap peer reached", addr=target.addr)
+                target.warned = False
             target.backoff = 0.0
         except Exception as exc:  # any dial failure: back off and retry later
             self._counters["redial_failed"] = self._counters.get("redial_failed", 0) + 1
+            if target.addr is not None and not target.warned:
+                # a wrong --bootstrap (dead port, another node's id, another cluster's secret)
+                # is said once, loudly; the node keeps retrying with backoff
+                log.warning("bootstrap peer unreachable; retrying with backoff", addr=target.addr, error=str(exc)[:300])
+                target.warned = True
             target.backoff = next_backoff(
                 target.backoff, initial=self._interval, maximum=self._max_backoff
             )
