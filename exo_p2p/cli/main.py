@@ -166,7 +166,7 @@ def node(
     ] = None,
     memory_limit: Annotated[
         Optional[str],
-        typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB, ..."),
+        typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
     ] = None,
     models_dir: Annotated[
         Optional[list[Path]],
@@ -218,7 +218,7 @@ def node(
     ] = False,
     fault_hook: Annotated[
         Optional[list[str]],
-        typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners."),
+        typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
     ] = None,
 ) -> None:
     """Run a node on this machine until Ctrl-C."""
