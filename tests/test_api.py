@@ -462,7 +462,7 @@ BAD_REQUESTS: list[tuple[str, bytes | dict[str, Any], str | None, str]] = [
     ("invalid utf-8", b'{"model": "\xff\xfe", "messages": []}', None, "UTF-8"),
     ("not an object", b"[1, 2]", None, "Expected `object`"),
     ("empty body", b"", None, "empty"),
-    ("missing model", {"messages": [{"role": "user", "content": "hi"}]}, None, "model"),
+    ("missing model", {"messages": [{"role": "user", "content": "hi"}]}, "model", "missing required field `model`"),
     ("empty messages", chat_body(messages=[]), "messages", "messages"),
     ("unknown role", chat_body(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", "wizard"),
     ("tool role", chat_body(messages=[{"role": "tool", "content": "hi"}]), "messages[0].role", "tool"),

@@ -31,6 +31,7 @@ _TYPE_BY_STATUS = {
 }
 _json = msgspec.json.Encoder()
 _PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
+_MISSING_RE = re.compile(r"^Object missing required field `([^`]+)`")
 
 
 class ApiError(Exception):
@@ -81,7 +82,12 @@ def decode_json(body: bytes, type_: type[T]) -> T:
     except msgspec.ValidationError as exc:
         message = str(exc)
         match = _PATH_RE.search(message)
-        raise ApiError(400, message, param=(match.group(1) or None) if match else None) from None
+        param = (match.group(1) or None) if match else None
+        if (missing := _MISSING_RE.match(message)) is not None:
+            # "Object missing required field `model`" names the field itself: the param is
+            # that field under the path (``inner.model``), not the object holding it
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+        raise ApiError(400, message, param=param) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"invalid JSON body: {exc}") from None
     except RecursionError:
