@@ -70,6 +70,7 @@ class Network:
         self._nursery = nursery
         self._own_counters: dict[str, int] = {}
         self._publish_lock = trio.Lock()
+        self._dial_locks: dict[str, trio.Lock] = {}  # one per peer ever dialled (bounded by peers)
         self._peers = PeerTracker(on_change=self._on_peer_change)
         self._redialer: Redialer | None = None
         self._subscribers: dict[str, list[_Subscriber]] = {}
@@ -156,6 +157,18 @@ class Network:
             own = {str(a).split("/p2p/")[0] for a in self._host.get_transport_addrs()}
             if all(str(a).split("/p2p/")[0] in own for a in info.addrs):
                 raise DialError("refusing to dial self")
+        # One dial per peer at a time, each with its own addresses: the swarm would make a
+        # second dial wait for the one in flight and share its result, so a stale bootstrap
+        # address being retried made every dial to the peer's current address (from its
+        # State profile) fail with it (chaos run: a restarted node joined only after 16 s).
+        lock = self._dial_locks.setdefault(str(info.peer_id), trio.Lock())
+        async with lock:
+            if str(info.peer_id) in self.connected_peers():
+                self._host.get_peerstore().add_addrs(info.peer_id, info.addrs, PEERSTORE_TTL)
+                return
+            await self._connect_now(info, timeout)
+
+    async def _connect_now(self, info: PeerInfo, timeout: float) -> None:
         # The swarm refuses for 60 s to dial a peer whose addresses all failed once (its
         # "negative cache"); our callers keep their own backoff, and a restarted peer must be
         # reachable again within seconds, so lift that block for explicit dials.
