@@ -45,6 +45,12 @@ class GossipParams:
     degree_high: int = 8
     heartbeat_interval: int = 1  # seconds (py-libp2p types it as int)
     heartbeat_initial_delay: float = 0.1  # seconds
+    prune_back_off: int = 2  # seconds a pruned peer may not re-graft (py-libp2p: 60)
+    unsubscribe_back_off: int = 1  # seconds (py-libp2p: 10)
+    """py-libp2p's 60 s prune backoff kept a node that restarted (same peer id) out of its
+    peers' meshes for up to a minute: its heartbeats and local events did not reach the
+    master, so it could not join (chaos run: 45 s). On a LAN cluster of a few nodes graft
+    flapping is not a threat worth that."""
     subscription_channel_size: int = 1024  # messages buffered by libp2p per topic
     max_payload_bytes: int = 512 * 1024  # larger messages are refused by publish (RPC cap 1 MiB)
     queue_high_water: int = 24  # publish waits while a peer's outbound queue (32) is this full

@@ -373,6 +373,8 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
         degree_high=params.degree_high,
         heartbeat_interval=params.heartbeat_interval,
         heartbeat_initial_delay=params.heartbeat_initial_delay,
+        prune_back_off=params.prune_back_off,
+        unsubscribe_back_off=params.unsubscribe_back_off,
         adaptive_gossip_enabled=False,
         spam_protection_enabled=False,
         eclipse_protection_enabled=False,
