@@ -3,9 +3,11 @@
 The API registers a task before submitting it (``open``) and reads its channel until a
 ``FinishChunk`` or ``ErrorChunk``. Chunks come from runners (locally, or over a direct
 stream from rank 0's node). Because a runner or node can die without a last chunk, the
-router also watches the replicated State: a task of ours that fails, or disappears without
-its last chunk arriving within ``grace`` seconds, gets an ``ErrorChunk`` (503) naming the
-reason — so no request waits forever (design.md §5b, §5c).
+router also watches the replicated State: a task of ours whose instance failed gets an
+``ErrorChunk`` (503) naming the reason at once; a task a runner failed, or one that
+disappears, gets it when its own last chunk has not arrived within ``failed_grace`` /
+``grace`` seconds (the runner's error chunk, e.g. a 400 for a prompt longer than the
+context, may arrive after the event) — so no request waits forever (design.md §5b, §5c).
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ class _Route:
 class ChunkRouter:
     """Per-task channels of chunks; ``deliver`` never blocks."""
 
-    def __init__(self, *, grace: float = 5.0) -> None:
+    def __init__(self, *, grace: float = 5.0, failed_grace: float = 2.0) -> None:
         self._routes: dict[str, _Route] = {}
         self._grace = grace
+        self._failed_grace = failed_grace
         self._nursery: trio.Nursery | None = None
         self.undeliverable = 0
 
@@ -87,7 +90,15 @@ class ChunkRouter:
             if record is not None:
                 self._routes[event.task_id].instance_id = record.task.instance_id
             if event.status == "failed":
-                self.fail(event.task_id, 503, self._reason(state, event.task_id))
+                route = self._routes[event.task_id]
+                instance = state.instances.get(route.instance_id) if route.instance_id else None
+                if (instance is None or instance.failed_reason) or self._nursery is None:
+                    self.fail(event.task_id, 503, self._reason(state, event.task_id))
+                else:
+                    # a runner failed the task itself (prompt too long, out of memory, ...)
+                    # and sent its error chunk, which may arrive after this event (another
+                    # node's direct stream vs gossip): give it ``failed_grace`` seconds
+                    self._nursery.start_soon(self._fail_later, event.task_id, self._reason(state, event.task_id), self._failed_grace)
         elif isinstance(event, TaskDeleted) and event.task_id in self._routes:
             route = self._routes[event.task_id]
             if not route.done and self._nursery is not None:
@@ -102,6 +113,6 @@ class ChunkRouter:
             return "generation failed: its instance was deleted"
         return "generation failed: the task ended without a result"
 
-    async def _fail_later(self, task_id: str, reason: str) -> None:
-        await trio.sleep(self._grace)
+    async def _fail_later(self, task_id: str, reason: str, delay: float | None = None) -> None:
+        await trio.sleep(self._grace if delay is None else delay)
         self.fail(task_id, 503, reason)

@@ -431,8 +431,11 @@ def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
             except OSError as exc:
                 raise StartupError(f"{what} port {port} on {host} is not available ({exc.strerror}); is another exo-p2p node running? choose another with {flag}") from None
     data_dir = Path(config.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = open(data_dir / "node.lock", "a+")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = open(data_dir / "node.lock", "a+")
+    except OSError as exc:
+        raise StartupError(f"cannot use the data dir {data_dir}: {exc.strerror or exc}; choose another with --data-dir") from None
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -110,6 +110,30 @@ def activation_bytes(
     return hidden + scores + logits
 
 
+MAX_BYTES_PER_TOKEN = 64
+"""No token of a byte-level BPE vocabulary of the models we serve is longer than this many
+UTF-8 bytes (SmolLM2's longest is far shorter), so a prompt of more than ``context ×
+MAX_BYTES_PER_TOKEN`` bytes cannot fit the context, whatever its tokens."""
+
+
+def prompt_bytes(params: GenerationParams) -> int:
+    """UTF-8 bytes of every message's content."""
+    return sum(len(m.content.encode("utf-8", "surrogatepass")) for m in params.messages)
+
+
+def oversized_prompt(params: GenerationParams, context_length: int) -> str | None:
+    """Why the prompt surely exceeds ``context_length`` tokens without tokenizing it (more than
+    ``MAX_BYTES_PER_TOKEN`` bytes per token of context), else None. The runner checks the
+    exact token count; this bound keeps a multi-megabyte prompt from ever reaching a runner,
+    whose tokenizer would be busy (and silent) for seconds (adversarial test: a 5 MB prompt
+    got every rank of an instance killed by the 10 s silence bound)."""
+    size = prompt_bytes(params)
+    if size > context_length * MAX_BYTES_PER_TOKEN:
+        return (f"the prompt is {size} bytes, more than the model's context of {context_length} tokens can hold "
+                f"(at most {MAX_BYTES_PER_TOKEN} bytes a token); shorten it")
+    return None
+
+
 def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
     """An upper bound of the prompt's tokens (see the module docstring): UTF-8 bytes of every
     message's role and content, ``TOKENS_PER_MESSAGE`` per message and ``TEMPLATE_TOKENS``,

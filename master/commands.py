@@ -29,7 +29,7 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TextGeneration,
 )
-from master.admission import memory_refusal
+from master.admission import memory_refusal, oversized_prompt
 from master.placement import PlacementError, place_instance, resolve_nodes
 
 
@@ -146,6 +146,8 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) ->
         reasons = "; ".join(v.reason or "failed" for v in views)
         return _error(command, 503, f"no healthy instance for model {model!r}: {reasons}", type_="server_error", code="instance_failed")
     card = state.model_cards[model]
+    if (too_long := oversized_prompt(command.params, card.context_length)) is not None:
+        return _error(command, 400, too_long, param="messages", code="context_length_exceeded")
     refusals = {i.instance_id: memory_refusal(state, i, card, command.params) for i in ready}
     fitting = [i for i in ready if refusals[i.instance_id] is None]
     if not fitting:

@@ -213,3 +213,25 @@ def test_failed_instance_that_no_longer_fits_is_given_up_with_the_reason():
                 NodeProfileUpdated(NodeProfile("node-a", "boot-1", "a", memory_total=100, memory_available=100, models=("m",)))])
     (final,) = replacement(s, s.instances[inst.instance_id], "new-1")
     assert final.final and "not re-placed" in final.reason and "needs" in final.reason
+
+
+def test_a_prompt_too_large_for_any_tokenization_is_refused_before_a_task_exists():
+    """A prompt of more than context × MAX_BYTES_PER_TOKEN bytes cannot fit the context: 400
+    context_length_exceeded at the master, no event, so no runner ever tokenizes it (a 5 MB
+    prompt used to keep a runner silent past its 10 s bound and fail the instance); a
+    prompt just under the bound is admitted (the runner checks its exact token count)."""
+    from master.admission import MAX_BYTES_PER_TOKEN
+
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
+    limit = CARD.context_length * MAX_BYTES_PER_TOKEN
+    huge = GenerationParams((ChatMessage("user", "x" * (limit + 1)),), max_tokens=5)
+    d = handle_command(s, SubmitGeneration("cmd-2", "t1", "m", huge, "node-a"))
+    assert d.events == () and d.result.error.status == 400
+    assert d.result.error.code == "context_length_exceeded" and str(limit + 1) in d.result.error.message
+    fits_bound = GenerationParams((ChatMessage("user", "x" * limit),), max_tokens=5)
+    d = handle_command(s, SubmitGeneration("cmd-3", "t2", "m", fits_bound, "node-a"))
+    assert d.result.error is None or d.result.error.code != "context_length_exceeded"

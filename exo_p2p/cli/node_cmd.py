@@ -37,7 +37,8 @@ def build_node_config(
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a cluster-secret file that does not exist.
+    a cluster-secret file that does not exist or is not a valid secret, or a priority out of
+    the 32-bit range.
     """
     given: dict = {}
     if memory_limit is not None:
@@ -66,7 +67,15 @@ def build_node_config(
                 "(create one with `exo-p2p cluster-secret FILE`)",
                 2,
             )
+        from exo_p2p.net.config import ConfigError, validate_secret
+
+        try:
+            validate_secret(cluster_secret_file.read_bytes())
+        except (OSError, ConfigError) as e:
+            raise CliError(f"--cluster-secret {cluster_secret_file}: {getattr(e, 'strerror', None) or e}", 2) from None
         given["cluster_secret_file"] = cluster_secret_file
+    if priority is not None and not -(2**31) <= priority < 2**31:
+        raise CliError(f"--priority must be between {-(2**31)} and {2**31 - 1}, got {priority}", 2)
     _validate_network_flags(cluster, api_port, listen_port, bootstrap)
     for name, value in (
         ("api_host", api_host),
