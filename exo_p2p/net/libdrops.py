@@ -1,10 +1,20 @@
-"""Counts of messages py-libp2p drops silently (libp2p-notes §3).
+"""Counts of what py-libp2p only logs: silent message drops and peer connection resets.
 
 py-libp2p 0.8.1 only *logs* when it drops a pubsub message: a full outbound per-peer queue
 (32 RPCs) or an oversized RPC ("Dropping outbound RPC", debug level), or a full subscription
 queue ("fail to deliver message to subscription", warning). ``install()`` attaches a logging
 filter to those two loggers that counts the records (and swallows them, so a flood of drops
 does not flood the log). The counts are per *process*: a node runs one host per process.
+
+Peer resets. When a peer closes its TCP socket while bytes we sent are still unread in its
+receive buffer, its kernel answers with RST (that is TCP, not a bug of either side: a peer
+that stops, crashes or is killed while we gossip to it always does this). Our next write on
+that connection fails with EPIPE, which py-libp2p's yamux reader reports as
+``Error in handle_incoming …: ConnectionClosedError: TCP connection reset by remote peer``
+at ERROR level, although it then treats the connection as closed like any other
+disconnect. A peer leaving is routine for a cluster (our own disconnect handling logs it), so
+those records are re-classified to INFO and counted as ``peer_connection_reset``; any other
+yamux error keeps its level.
 """
 
 from __future__ import annotations
@@ -15,7 +25,13 @@ import threading
 OUTBOUND_LOGGER = "libp2p.pubsub.rpc_queue"
 PUBSUB_LOGGER = "libp2p.pubsub.pubsub"
 
-_counts: dict[str, int] = {"lib_outbound_rpc_dropped": 0, "lib_subscription_dropped": 0}
+YAMUX_LOGGER = "libp2p.stream_muxer.yamux.yamux"
+
+_counts: dict[str, int] = {
+    "lib_outbound_rpc_dropped": 0,
+    "lib_subscription_dropped": 0,
+    "peer_connection_reset": 0,
+}
 _lock = threading.Lock()
 _installed = False
 
@@ -34,6 +50,25 @@ class _DropFilter(logging.Filter):
         return True
 
 
+class _PeerResetFilter(logging.Filter):
+    """Re-classifies yamux's ERROR record for a connection the peer reset (module docstring)
+    to INFO and counts it; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if (
+            record.levelno >= logging.ERROR
+            and isinstance(msg, str)
+            and msg.startswith("Error in handle_incoming")
+            and "ConnectionClosedError: TCP connection reset by remote peer" in msg
+        ):
+            with _lock:
+                _counts["peer_connection_reset"] += 1
+            record.levelno = logging.INFO
+            record.levelname = logging.getLevelName(logging.INFO)
+        return True
+
+
 def install() -> None:
     """Attach the counting filters once per process (idempotent)."""
     global _installed
@@ -48,6 +83,7 @@ def install() -> None:
     logging.getLogger(PUBSUB_LOGGER).addFilter(
         _DropFilter("fail to deliver message to subscription", "lib_subscription_dropped")
     )
+    logging.getLogger(YAMUX_LOGGER).addFilter(_PeerResetFilter())
 
 
 def snapshot() -> dict[str, int]:
