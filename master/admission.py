@@ -11,8 +11,10 @@ A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
 where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim × 2 (K and V) × b``
 and ``b`` is bytes per activation element. A pipeline rank holds only its layers
 ``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
-heads. The rank is admitted when that sum is ≤ its node's ``memory_available`` in State
-(already capped by ``--memory-limit``); a node that has not reported memory is admitted.
+heads. The rank is admitted when that sum is ≤ its node's usable memory in State
+(``master.memory.usable_memory``: the reported available memory, already capped by
+``--memory-limit``, and never more than the total minus the shares State places on the
+node); a node that has not reported memory is admitted.
 
 The master does not tokenize, so ``T`` is an upper bound (``prompt_token_bound``): every
 token of a byte-level BPE (or a SentencePiece with byte fallback) covers at least one byte of
@@ -27,6 +29,7 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types import GenerationParams, Instance, ModelCard, NodeId, ShardMetadata, State
+from master.memory import usable_memory
 
 DEFAULT_ACTIVATION_DTYPE_BYTES = 4
 """Bytes per activation / KV element when the card does not say (float32: the largest)."""
@@ -146,17 +149,16 @@ def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
 
 def rank_needs(state: State, instance: Instance, card: ModelCard, prompt_tokens: int, chunk_tokens: int = PREFILL_CHUNK_BOUND) -> list[RankNeed]:
     """Per rank of ``instance``: estimated bytes for a prompt of ``prompt_tokens`` tokens and
-    its node's free memory from State (None when not reported)."""
+    its node's usable memory from State (``usable_memory``; None when not reported)."""
     out = []
     for shard in instance.shards:
-        profile = state.nodes.get(shard.node_id)
         out.append(
             RankNeed(
                 rank=shard.rank,
                 node_id=shard.node_id,
                 kv_bytes=prompt_tokens * kv_bytes_per_token(card, shard, instance.sharding),
                 activation_bytes=activation_bytes(card, prompt_tokens, shard, instance.sharding, chunk_tokens),
-                free_bytes=profile.memory_available if profile is not None else None,
+                free_bytes=usable_memory(state, shard.node_id),
             )
         )
     return out
