@@ -289,7 +289,7 @@ class Node:
         identity = load_or_create_identity(self.data_dir, new=cfg.new_identity)
         self.node_id = identity.node_id
         self.boot_id = new_boot_id()
-        self.replica = Replica(self.data_dir / "events.log")
+        self.replica = Replica(self.data_dir / "events.log", compact_every=cfg.compact_every)
         self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs])
         secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
         net_config = NetConfig(

@@ -62,7 +62,7 @@ class MasterRole:
         self._reachable = reachable
         """Nodes this master hears now (itself included); re-placement avoids the others."""
         self._lock = trio.Lock()
-        self.origins = OriginSeqs.from_log(replica.log.events)
+        self.origins = OriginSeqs.from_state(replica.state)
         self.counters: dict[str, int] = {"local_event_duplicate": 0, "local_event_gap": 0}
 
     async def accept_local(self, event: LocalEvent) -> None:
