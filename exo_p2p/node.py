@@ -75,6 +75,7 @@ class Node:
 
     # --- master role hooks (driven by the cluster member) ---------------------------------
     async def _start_master(self, term: int) -> None:
+        from exo_p2p.types import RankSettings
         from master.role import MasterRole
 
         self.master = MasterRole(
@@ -85,6 +86,7 @@ class Node:
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
+            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()

@@ -39,8 +39,8 @@ ACTIVATION_VECTORS = 16
 norm, q, k, v, attention output, and the MLP's gate/up/product at ~4× hidden)."""
 
 PREFILL_CHUNK_BOUND = 256
-"""Prompt tokens per prefill step assumed (tokens): the largest default a runner uses; the
-node's ``--prefill-chunk-size`` is not in State."""
+"""Prompt tokens per prefill step assumed (tokens) for an instance that does not carry its
+ranks' ``prefill_chunk_size`` (``Instance.settings``): the largest default a runner uses."""
 
 TEMPLATE_TOKENS = 64
 """Tokens a chat template adds besides the messages (tokens): a default system prompt and
@@ -168,7 +168,8 @@ def memory_refusal(state: State, instance: Instance, card: ModelCard, params: Ge
     """None when every rank of ``instance`` has the memory for ``params``' prompt; else the
     out-of-memory message for the first rank that has not (sizes in bytes and MiB)."""
     tokens = prompt_token_bound(params, card.context_length)
-    for need in rank_needs(state, instance, card, tokens):
+    chunk = instance.settings.prefill_chunk_size if instance.settings is not None else PREFILL_CHUNK_BOUND
+    for need in rank_needs(state, instance, card, tokens, chunk):
         if not need.fits:
             return (
                 f"out of memory: the prompt (up to {tokens} tokens) needs an estimated {need.need_bytes} bytes "

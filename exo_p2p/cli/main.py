@@ -212,7 +212,7 @@ def node(
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
+        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
     ] = None,
     no_mdns: Annotated[
         bool,
