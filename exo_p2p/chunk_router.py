@@ -171,4 +171,8 @@ class ChunkRouter:
 
     async def _fail_later(self, task_id: str, reason: str, delay: float | None = None) -> None:
         await trio.sleep(self._grace if delay is None else delay)
-        self.fail(task_id, 503, reason)
+        route = self._routes.get(task_id)
+        if route is not None and not route.done and route.order.held:
+            self._fail_gap(task_id, route)  # the more precise reason: chunks were lost
+        else:
+            self.fail(task_id, 503, reason)
