@@ -8,6 +8,12 @@ router also watches the replicated State: a task of ours whose instance failed g
 disappears, gets it when its own last chunk has not arrived within ``failed_grace`` /
 ``grace`` seconds (the runner's error chunk, e.g. a 400 for a prompt longer than the
 context, may arrive after the event) — so no request waits forever (design.md §5b, §5c).
+
+Chunks from another node carry their position in the task's stream; they pass through the
+task's ``exo_p2p.chunk_order.ChunkOrder`` (in order, each once) and a gap that does not fill
+within ``GAP_BOUND`` seconds ends the request with a 503 naming the lost positions (a lost
+last chunk: the task's removal from State ends the request after ``grace``, as above).
+Either way a client never gets a response that silently lacks a piece.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import math
 import structlog
 import trio
 
+from exo_p2p.chunk_order import ChunkOrder
 from exo_p2p.types import (
     Chunk,
     ErrorChunk,
@@ -39,6 +46,9 @@ class _Route:
         self.receive = receive
         self.done = False
         self.instance_id: str | None = None
+        self.order = ChunkOrder()
+        self.watching = False
+        """A gap watch is scheduled for this route (``ChunkRouter._watch_gap``)."""
 
 
 class ChunkRouter:
@@ -50,6 +60,10 @@ class ChunkRouter:
         self._failed_grace = failed_grace
         self._nursery: trio.Nursery | None = None
         self.undeliverable = 0
+        self.duplicates = 0
+        """Numbered chunks dropped because their position was already received."""
+        self.gaps = 0
+        """Requests ended because chunks of their stream were lost."""
 
     def bind(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -64,16 +78,58 @@ class ChunkRouter:
         if route is not None:
             route.send.close()
 
-    def deliver(self, chunk: Chunk) -> None:
-        """Hand ``chunk`` to its task's channel; chunks after the last one are dropped."""
+    def deliver(self, chunk: Chunk, seq: int | None = None) -> None:
+        """Hand ``chunk`` to its task's channel; chunks after the last one are dropped.
+
+        ``seq``: the chunk's position in its task's stream (chunks from another node); it is
+        delivered once, after every earlier one (``ChunkOrder``). None: delivered as it comes
+        (this node's own runner, or an error this node makes)."""
         route = self._routes.get(chunk.task_id)
         if route is None or route.done:
             self.undeliverable += 1
+            return
+        if seq is None:
+            self._send(route, chunk)
+            return
+        before = route.order.duplicates
+        for ready in route.order.offer(seq, chunk, trio.current_time()):
+            self._send(route, ready)
+        self.duplicates += route.order.duplicates - before
+        if route.done or not route.order.held:
+            return
+        if route.order.overdue(trio.current_time()):
+            self._fail_gap(chunk.task_id, route)
+        elif self._nursery is not None and not route.watching:
+            route.watching = True
+            self._nursery.start_soon(self._watch_gap, chunk.task_id, route)
+
+    def _send(self, route: _Route, chunk: Chunk) -> None:
+        if route.done:
             return
         route.send.send_nowait(chunk)
         if isinstance(chunk, (FinishChunk, ErrorChunk)):
             route.done = True
             route.send.close()
+
+    def _fail_gap(self, task_id: str, route: _Route) -> None:
+        missing = route.order.missing()
+        self.gaps += 1
+        log.warning("token stream lost chunks", task_id=task_id, missing=missing)
+        first, last = missing or (route.order.next_seq, route.order.next_seq)
+        where = f"chunk {first} was" if first == last else f"chunks {first}-{last} were"
+        self.fail(task_id, 503, f"generation failed: {where} lost on the way from the model's node; retry")
+
+    async def _watch_gap(self, task_id: str, route: _Route) -> None:
+        """End ``task_id`` when the chunks its held ones wait for do not come in time."""
+        try:
+            while not route.done and self._routes.get(task_id) is route and route.order.held:
+                since = route.order.waiting_since()
+                assert since is not None
+                await trio.sleep_until(since + route.order.bound)
+                if not route.done and route.order.overdue(trio.current_time()):
+                    self._fail_gap(task_id, route)
+        finally:
+            route.watching = False
 
     def fail(self, task_id: str, status: int, message: str) -> None:
         """End ``task_id`` with an error chunk unless it already ended."""
@@ -115,4 +171,8 @@ class ChunkRouter:
 
     async def _fail_later(self, task_id: str, reason: str, delay: float | None = None) -> None:
         await trio.sleep(self._grace if delay is None else delay)
-        self.fail(task_id, 503, reason)
+        route = self._routes.get(task_id)
+        if route is not None and not route.done and route.order.held:
+            self._fail_gap(task_id, route)  # the more precise reason: chunks were lost
+        else:
+            self.fail(task_id, 503, reason)

@@ -77,7 +77,8 @@ class NodeConfig(msgspec.Struct):
     Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
     (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
-    tokens. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    tokens. ``compact_every`` is the number of events in the log at which it is compacted
+    into a snapshot of State (``exo_p2p.replica``). ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
     """
 
@@ -99,4 +100,5 @@ class NodeConfig(msgspec.Struct):
     queue_limit: int | None = 64
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
+    compact_every: int = 20_000
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

@@ -18,6 +18,7 @@ import structlog
 import trio
 
 from exo_p2p.api.backend import NodeHealth, NodeSummary
+from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
 from exo_p2p.config import NO_PEERS_WARNING_AFTER, NodeConfig
 from exo_p2p.replica import Replica
@@ -65,6 +66,8 @@ class Node:
         self._task_api_node: dict[str, str] = {}
         self._task_rank0: dict[str, str] = {}
         self.chunks_refused = 0
+        self._chunk_numbering = ChunkNumbering()
+        self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
         self._local_cards: list[ModelCard] = []
         self.api_port: int | None = None
 
@@ -75,6 +78,7 @@ class Node:
 
     # --- master role hooks (driven by the cluster member) ---------------------------------
     async def _start_master(self, term: int) -> None:
+        from exo_p2p.types import RankSettings
         from master.role import MasterRole
 
         self.master = MasterRole(
@@ -85,6 +89,7 @@ class Node:
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
+            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()
@@ -135,17 +140,22 @@ class Node:
         if destination == self.node_id:
             self.router.deliver(chunk)
         else:
-            self.member.send_chunk(destination, chunk)
+            (self._send_chunk or self.member.send_chunk)(destination, chunk, self._chunk_numbering.number(chunk))
 
-    def _receive_chunks(self, peer: str, chunks: list[Chunk]) -> None:
-        """Chunks from ``peer``: delivered only when ``peer`` hosts rank 0 of the task's
-        instance (no other node may write into a client's stream). A chunk of a task whose
-        ``TaskCreated`` this node has not applied yet (its log lags rank 0's by a moment) is
-        delivered: the router only delivers to requests this node opened."""
-        for chunk in chunks:
+    def _receive_chunks(self, peer: str, chunks: list[Chunk], seqs: list[int]) -> None:
+        """Chunks from ``peer``, ``seqs[i]`` the position of ``chunks[i]``: delivered (in
+        position order, each once: ``exo_p2p.chunk_order``) only when ``peer`` hosts rank 0
+        of the task's instance (no other node may write into a client's stream) and every
+        chunk is numbered. A chunk of a task whose ``TaskCreated`` this node has not applied
+        yet (its log lags rank 0's by a moment) is delivered: the router only delivers to
+        requests this node opened."""
+        numbered = len(seqs) == len(chunks) and all(s >= 1 for s in seqs)
+        for i, chunk in enumerate(chunks):
             rank0 = self._task_rank0.get(chunk.task_id)
-            if rank0 is None or rank0 == peer:
-                self.router.deliver(chunk)
+            if not numbered and (rank0 is None or rank0 == peer):
+                self.router.undeliverable += 1
+            elif rank0 is None or rank0 == peer:
+                self.router.deliver(chunk, seqs[i])
             else:
                 self.router.undeliverable += 1
                 self.chunks_refused += 1
@@ -170,6 +180,8 @@ class Node:
             counters.update(self.master.counters)
         counters["chunks_undeliverable"] = self.router.undeliverable
         counters["chunk_not_from_rank0"] = self.chunks_refused
+        counters["chunks_duplicate"] = self.router.duplicates
+        counters["chunk_stream_gaps"] = self.router.gaps
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
     def nodes(self) -> list[NodeSummary]:
@@ -289,7 +301,7 @@ class Node:
         identity = load_or_create_identity(self.data_dir, new=cfg.new_identity)
         self.node_id = identity.node_id
         self.boot_id = new_boot_id()
-        self.replica = Replica(self.data_dir / "events.log")
+        self.replica = Replica(self.data_dir / "events.log", compact_every=cfg.compact_every)
         self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs])
         secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
         net_config = NetConfig(
@@ -337,6 +349,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.router.bind(nursery)
+                self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 await self._load_models()
                 nursery.start_soon(self._profile_loop)
@@ -358,6 +371,24 @@ class Node:
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
+
+    def _install_chunk_faults(self, nursery: trio.Nursery) -> None:
+        """Tests only: with ``chunk_*`` fault hooks, the chunks this node sends to other
+        nodes are dropped, duplicated and reordered (``cluster.faults.FaultyChunkSender``)."""
+        from exo_p2p.cluster.faults import FaultyChunkSender, chunk_faults_from_hooks
+
+        faults = chunk_faults_from_hooks(self.config.fault_hooks)
+        if faults is None:
+            return
+        log.warning("chunk fault injection on (tests only)", drop=faults.drop, dup=faults.dup, reorder=faults.reorder)
+
+        def count(kind: str, n: int) -> None:
+            key = f"fault_{kind}:chunks"
+            self.member.counters[key] = self.member.counters.get(key, 0) + n
+
+        sender = FaultyChunkSender(self.member.send_chunk, faults, on_count=count)  # type: ignore[arg-type]
+        self._send_chunk = sender
+        nursery.start_soon(sender.run)
 
     async def _run_member(self, node_scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.member.run(task_status=task_status)

@@ -11,8 +11,10 @@ A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
 where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim × 2 (K and V) × b``
 and ``b`` is bytes per activation element. A pipeline rank holds only its layers
 ``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
-heads. The rank is admitted when that sum is ≤ its node's ``memory_available`` in State
-(already capped by ``--memory-limit``); a node that has not reported memory is admitted.
+heads. The rank is admitted when that sum is ≤ its node's usable memory in State
+(``master.memory.usable_memory``: the reported available memory, already capped by
+``--memory-limit``, and never more than the total minus the shares State places on the
+node); a node that has not reported memory is admitted.
 
 The master does not tokenize, so ``T`` is an upper bound (``prompt_token_bound``): every
 token of a byte-level BPE (or a SentencePiece with byte fallback) covers at least one byte of
@@ -27,6 +29,7 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types import GenerationParams, Instance, ModelCard, NodeId, ShardMetadata, State
+from master.memory import usable_memory
 
 DEFAULT_ACTIVATION_DTYPE_BYTES = 4
 """Bytes per activation / KV element when the card does not say (float32: the largest)."""
@@ -36,8 +39,8 @@ ACTIVATION_VECTORS = 16
 norm, q, k, v, attention output, and the MLP's gate/up/product at ~4× hidden)."""
 
 PREFILL_CHUNK_BOUND = 256
-"""Prompt tokens per prefill step assumed (tokens): the largest default a runner uses; the
-node's ``--prefill-chunk-size`` is not in State."""
+"""Prompt tokens per prefill step assumed (tokens) for an instance that does not carry its
+ranks' ``prefill_chunk_size`` (``Instance.settings``): the largest default a runner uses."""
 
 TEMPLATE_TOKENS = 64
 """Tokens a chat template adds besides the messages (tokens): a default system prompt and
@@ -146,17 +149,16 @@ def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
 
 def rank_needs(state: State, instance: Instance, card: ModelCard, prompt_tokens: int, chunk_tokens: int = PREFILL_CHUNK_BOUND) -> list[RankNeed]:
     """Per rank of ``instance``: estimated bytes for a prompt of ``prompt_tokens`` tokens and
-    its node's free memory from State (None when not reported)."""
+    its node's usable memory from State (``usable_memory``; None when not reported)."""
     out = []
     for shard in instance.shards:
-        profile = state.nodes.get(shard.node_id)
         out.append(
             RankNeed(
                 rank=shard.rank,
                 node_id=shard.node_id,
                 kv_bytes=prompt_tokens * kv_bytes_per_token(card, shard, instance.sharding),
                 activation_bytes=activation_bytes(card, prompt_tokens, shard, instance.sharding, chunk_tokens),
-                free_bytes=profile.memory_available if profile is not None else None,
+                free_bytes=usable_memory(state, shard.node_id),
             )
         )
     return out
@@ -166,7 +168,8 @@ def memory_refusal(state: State, instance: Instance, card: ModelCard, params: Ge
     """None when every rank of ``instance`` has the memory for ``params``' prompt; else the
     out-of-memory message for the first rank that has not (sizes in bytes and MiB)."""
     tokens = prompt_token_bound(params, card.context_length)
-    for need in rank_needs(state, instance, card, tokens):
+    chunk = instance.settings.prefill_chunk_size if instance.settings is not None else PREFILL_CHUNK_BOUND
+    for need in rank_needs(state, instance, card, tokens, chunk):
         if not need.fits:
             return (
                 f"out of memory: the prompt (up to {tokens} tokens) needs an estimated {need.need_bytes} bytes "

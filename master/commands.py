@@ -21,6 +21,7 @@ from exo_p2p.types import (
     Instance,
     InstanceDeleted,
     PlaceInstance,
+    RankSettings,
     State,
     SubmitGeneration,
     TaskCancelRequested,
@@ -44,11 +45,14 @@ def _error(command: Command, status: int, message: str, *, type_: str = "invalid
     return Decision((), CommandResult(command.command_id, error=ErrorInfo(status, message, type_, param, code)))
 
 
-def handle_command(state: State, command: Command, *, queue_limit: int | None = None) -> Decision:
+def handle_command(
+    state: State, command: Command, *, queue_limit: int | None = None, rank_settings: RankSettings | None = None
+) -> Decision:
     """Decide what ``command`` does on ``state``.
 
     - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
-      reason (numbers in GiB and bytes); else ``InstanceCreated``.
+      reason (numbers in GiB and bytes); else ``InstanceCreated``, the instance carrying
+      ``rank_settings`` (the master's: what every rank must share, ``RankSettings``).
     - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
       each of its unfinished tasks (their clients get an error).
     - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
@@ -62,7 +66,7 @@ def handle_command(state: State, command: Command, *, queue_limit: int | None = 
     - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
     """
     if isinstance(command, PlaceInstance):
-        return _place(state, command)
+        return _place(state, command, rank_settings)
     if isinstance(command, DeleteInstance):
         return _delete(state, command)
     if isinstance(command, SubmitGeneration):
@@ -83,7 +87,7 @@ def handle_command(state: State, command: Command, *, queue_limit: int | None = 
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
-def _place(state: State, command: PlaceInstance) -> Decision:
+def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None) -> Decision:
     card = state.model_cards.get(command.model_id)
     if card is None:
         known = ", ".join(sorted(state.model_cards)) or "none"
@@ -96,6 +100,9 @@ def _place(state: State, command: PlaceInstance) -> Decision:
     except PlacementError as exc:
         return _error(command, 400, str(exc), code="placement_failed")
     from exo_p2p.types import InstanceCreated
+
+    if rank_settings is not None:
+        instance = msgspec.structs.replace(instance, settings=rank_settings)
 
     return Decision((InstanceCreated(instance),), CommandResult(command.command_id, instance=instance))
 

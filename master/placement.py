@@ -13,7 +13,9 @@ Rules, in the order they are applied:
 - **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
   ``sum(usable) >= required_bytes(storage_size) = ceil(storage_size * 11 / 10)`` (for an
   integer sum the two are the same). ``usable(n)`` is ``memory_total`` when no node of the
-  cycle hosts a shard of an instance in ``state.instances``, else ``memory_available``.
+  cycle hosts a shard of an instance in ``state.instances``, else ``master.memory.usable_memory``:
+  ``min(memory_available, memory_total − Σ share_bytes State places on n)``, so a placement
+  counts the moment it is indexed, not when the node re-reports its memory.
 - **Choice order** among candidates (see ``topology.cycle_key``): (1) fewest nodes, (2) the
   best worst link of the ring (Thunderbolt 3 > Ethernet 2 > Wi-Fi 1 > loopback/other 0, from
   the edges' ``interface_type``), (3) the largest sum of link ranks, (4) the most usable
@@ -56,6 +58,7 @@ import msgspec
 
 from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
+from master.memory import usable_memory
 from master.placement_split import (
     Overflow,
     RankShare,
@@ -264,7 +267,8 @@ _Mode = tuple[dict[NodeId, int], frozenset[NodeId] | None]
 
 def _modes(ctx: _Context) -> list[_Mode]:
     """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
-    node hosting an instance count total memory; cycles with one count available memory."""
+    node hosting an instance count total memory; cycles with one count available memory as
+    State sees it (``master.memory.usable_memory``)."""
     if ctx.modes:
         return ctx.modes
     profiles = ctx.state.nodes
@@ -272,7 +276,7 @@ def _modes(ctx: _Context) -> list[_Mode]:
     modes: list[_Mode] = [(free, None)]
     hosts = frozenset(n for n in ctx.eligible if n in ctx.hosts)
     if hosts:
-        modes.append(({n: profiles[n].memory_available or 0 for n in ctx.eligible}, hosts))
+        modes.append(({n: usable_memory(ctx.state, n) or 0 for n in ctx.eligible}, hosts))
     ctx.modes.extend(modes)
     return modes
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, State
+from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, RankSettings, State
 from master.placement import PlacementError, place_instance
 
 MAX_ATTEMPTS = 3
@@ -42,7 +42,12 @@ def effective_attempt(failed: Instance) -> int:
 
 
 def replacement(
-    state: State, failed: Instance, new_instance_id: str, *, unreachable: frozenset[str] = frozenset()
+    state: State,
+    failed: Instance,
+    new_instance_id: str,
+    *,
+    unreachable: frozenset[str] = frozenset(),
+    rank_settings: RankSettings | None = None,
 ) -> tuple[Event, ...]:
     """Events that re-place ``failed``: delete it and create its successor, or — when the
     attempts are used up or nothing fits — record that it was given up (the instance stays
@@ -51,7 +56,8 @@ def replacement(
     The successor keeps the failed instance's size when it still fits (``world_size`` nodes
     at least, same sharding), else any size. ``unreachable``: nodes the master does not hear
     right now (dead but not yet timed out): never chosen, so a re-placement does not land on
-    the node whose death caused it."""
+    the node whose death caused it. The successor keeps the failed instance's
+    ``settings`` (decided once, when it was first placed), else takes ``rank_settings``."""
     reason = failed.failed_reason or "failed"
     if failed.gave_up:
         return ()
@@ -72,5 +78,7 @@ def replacement(
                 error = exc  # the reason given: the same sharding at any size
     if new is None:
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {error}", final=True),)
-    new = msgspec.structs.replace(new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1)
+    new = msgspec.structs.replace(
+        new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1, settings=failed.settings or rank_settings
+    )
     return (InstanceDeleted(failed.instance_id), InstanceCreated(new))

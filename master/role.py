@@ -23,6 +23,7 @@ from exo_p2p.types import (
     IndexedEvent,
     LocalEvent,
     NodeId,
+    RankSettings,
     TaskCreated,
 )
 from master.commands import handle_command
@@ -52,6 +53,7 @@ class MasterRole:
         wait_committed: Callable[[int], Awaitable[None]] | None = None,
         queue_limit: int | None = None,
         reachable: Callable[[], set[str]] | None = None,
+        rank_settings: RankSettings | None = None,
     ) -> None:
         self.node_id = node_id
         self.term = term
@@ -61,8 +63,10 @@ class MasterRole:
         self._queue_limit = queue_limit
         self._reachable = reachable
         """Nodes this master hears now (itself included); re-placement avoids the others."""
+        self._rank_settings = rank_settings
+        """What the instances this master places fix for all their ranks (``RankSettings``)."""
         self._lock = trio.Lock()
-        self.origins = OriginSeqs.from_log(replica.log.events)
+        self.origins = OriginSeqs.from_state(replica.state)
         self.counters: dict[str, int] = {"local_event_duplicate": 0, "local_event_gap": 0}
 
     async def accept_local(self, event: LocalEvent) -> None:
@@ -91,7 +95,7 @@ class MasterRole:
         """Decide and sequence ``command``; answer once its events are committed."""
         async with self._lock:
             try:
-                decision = handle_command(self.replica.state, command, queue_limit=self._queue_limit)
+                decision = handle_command(self.replica.state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings)
             except Exception as exc:  # a rule bug must not take the master down
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
@@ -130,7 +134,7 @@ class MasterRole:
                         continue
                     state = self.replica.state
                     unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
-                    events = list(replacement(state, current, new_id(), unreachable=unreachable))
+                    events = list(replacement(state, current, new_id(), unreachable=unreachable, rank_settings=self._rank_settings))
                     if events:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)

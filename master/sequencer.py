@@ -4,7 +4,11 @@ Each node numbers the events it produces ``1, 2, 3, …`` per boot and re-sends 
 until it sees it come back indexed, so the master receives duplicates and, after a loss,
 later events before earlier ones. ``OriginSeqs`` accepts an event only when it is the next
 one from its origin; everything else is dropped (the origin will re-send in order).
-The table is rebuilt from the log after a failover, so a new master de-duplicates alike.
+The table is rebuilt after a failover from the new master's State (``State.origin_seqs``,
+which ``apply`` keeps for every indexed event with an origin, and which a snapshot carries
+under the State hash), so a new master de-duplicates alike even when the last event of an
+origin was compacted into the snapshot long ago. (Rebuilding it from the log alone forgot
+such origins: their next event looked like a gap and was dropped for good.)
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from exo_p2p.types import IndexedEvent, LocalEvent
+from exo_p2p.types import IndexedEvent, LocalEvent, State
 
 Verdict = Literal["accept", "duplicate", "gap"]
 
@@ -32,6 +36,20 @@ class OriginSeqs:
                 key = (e.origin, e.origin_boot)
                 table._last[key] = max(table._last.get(key, 0), e.origin_seq)
         return table
+
+    @classmethod
+    def from_state(cls, state: State) -> "OriginSeqs":
+        """The table as of ``state`` (``State.origin_seqs``: every event indexed up to
+        ``state.last_event_idx``, snapshot or log). Equals ``from_log`` of the whole log."""
+        table = cls()
+        for origin, boots in state.origin_seqs.items():
+            for boot, seq in boots.items():
+                table._last[(origin, boot)] = seq
+        return table
+
+    def as_dict(self) -> dict[tuple[str, str], int]:
+        """A copy of the table: ``(origin, origin_boot) -> last accepted origin_seq``."""
+        return dict(self._last)
 
     def check(self, event: LocalEvent) -> Verdict:
         """``accept`` if ``event`` is the next from its origin, ``duplicate`` if already

@@ -23,6 +23,7 @@ from master.placement import (
     required_bytes,
     resolve_nodes,
 )
+from master.memory import usable_memory
 from master.placement_split import pipeline_shares, split_layers, tensor_shares
 
 GIB = 1 << 30
@@ -333,7 +334,7 @@ def brute_force(state: State, model: ModelCard, min_nodes: int, sharding: str, r
         best = None
         for combo in itertools.permutations(ok, size):
             hosted = bool(hosts & set(combo))
-            usable = {v: state.nodes[v].memory_available if hosted else state.nodes[v].memory_total for v in combo}
+            usable = {v: usable_memory(state, v) if hosted else state.nodes[v].memory_total for v in combo}
             if combo[0] != min(combo, key=lambda v: (-usable[v], v)) or not set(required) <= set(combo):
                 continue
             ranks = [link(combo[i - 1], combo[i]) for i in range(size)] if size > 1 else [3]
@@ -354,7 +355,7 @@ def check_rules(state: State, model: ModelCard, inst: Instance, min_nodes: int, 
     cycle = [s.node_id for s in inst.shards]
     assert len(cycle) >= min_nodes and len(set(cycle)) == len(cycle) and set(required) <= set(cycle)
     hosted = any(s.node_id in cycle for i in state.instances.values() for s in i.shards)
-    usable = [state.nodes[v].memory_available if hosted else state.nodes[v].memory_total for v in cycle]
+    usable = [usable_memory(state, v) if hosted else state.nodes[v].memory_total for v in cycle]
     assert all(u is not None for u in usable) and all(model.model_id in state.nodes[v].models for v in cycle)
     assert 10 * sum(usable) >= 11 * model.storage_size  # type: ignore[arg-type]
     assert usable[0] == max(usable) and cycle[0] == min(v for v, u in zip(cycle, usable) if u == usable[0])  # type: ignore[type-var]

@@ -15,6 +15,7 @@ from exo_p2p.types import (
     CreateRunner,
     Event,
     LoadModel,
+    RankSettings,
     RunnerFailed,
     RunnerStatusUpdated,
     Shutdown,
@@ -23,6 +24,7 @@ from exo_p2p.types import (
     TERMINAL_STATUSES,
 )
 from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
+from worker.rank_settings import runner_rank_settings
 from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
@@ -188,7 +190,7 @@ class Worker:
             model_dir,
             self._emit,
             self._on_chunk,
-            prefill_chunk_size=self._prefill_chunk_size,
+            prefill_chunk_size=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size)).prefill_chunk_size,
             fault_hooks=self._fault_hooks,
             silent_generating=self._silent[0],
             silent_loading=self._silent[1],

@@ -212,12 +212,16 @@ def node(
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
+        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
     ] = None,
     no_mdns: Annotated[
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
+    compact_every: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Compact the event log into a snapshot of State once it holds this many events (default: 20000)."),
+    ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
@@ -243,6 +247,7 @@ def node(
         queue_limit=queue_limit,
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
+        compact_every=compact_every,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")

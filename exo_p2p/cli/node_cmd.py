@@ -32,6 +32,7 @@ def build_node_config(
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
     mdns: bool = True,
+    compact_every: int | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
@@ -87,6 +88,7 @@ def build_node_config(
         ("friendly_name", friendly_name),
         ("queue_limit", queue_limit),
         ("prefill_chunk_size", prefill_chunk_size),
+        ("compact_every", compact_every),
     ):
         if value is not None:
             given[name] = value

@@ -182,3 +182,77 @@ class FaultyReceiver(Generic[T]):
                 continue
             self._take(f.flush(), before)  # the window's time is up
         return self._ready.popleft()
+
+
+# --- chunk streams ---------------------------------------------------------------------------
+
+HOOK_CHUNK_DROP = "chunk_drop"
+HOOK_CHUNK_DUP = "chunk_dup"
+HOOK_CHUNK_REORDER = "chunk_reorder"
+HOOK_CHUNK_SEED = "chunk_seed"
+
+
+def chunk_faults_from_hooks(hooks: Mapping[str, str]) -> GossipFaults | None:
+    """The faults ``--fault-hook`` asks for on the numbered chunks this node sends to other
+    nodes (``chunk_drop=P``, ``chunk_dup=P``, ``chunk_reorder=K``, ``chunk_seed=N``; as for
+    gossip), or None when none is set. Raises ``ValueError`` naming a malformed value."""
+    if not any(k in hooks for k in (HOOK_CHUNK_DROP, HOOK_CHUNK_DUP, HOOK_CHUNK_REORDER)):
+        return None
+    try:
+        return GossipFaults(
+            drop=float(hooks.get(HOOK_CHUNK_DROP, "0")),
+            dup=float(hooks.get(HOOK_CHUNK_DUP, "0")),
+            reorder=int(hooks.get(HOOK_CHUNK_REORDER, "0")),
+            seed=int(hooks.get(HOOK_CHUNK_SEED, "0")),
+        )
+    except ValueError as exc:
+        raise ValueError(f"bad chunk fault hook: {exc}") from None
+
+
+class FaultyChunkSender:
+    """Tests only: ``send(destination, chunk, seq)`` with ``faults`` applied to every
+    numbered chunk, between the numbering and the network, so the receiving node sees a
+    stream with chunks lost, duplicated and reordered (``exo_p2p.chunk_order`` must cope).
+
+    Held chunks (a reorder window not yet full) go out at the latest ``hold`` seconds after
+    the first of them was held: ``run()`` (a background task) releases them.
+    ``on_count(kind, n)`` as for ``FaultyReceiver``."""
+
+    def __init__(
+        self,
+        send: Callable[[str, object, int], None],
+        faults: GossipFaults,
+        *,
+        hold: float = 0.3,
+        on_count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._send = send
+        self.faults = faults
+        self.hold = hold
+        self._on_count = on_count
+        self._held_since: float | None = None
+
+    def __call__(self, destination: str, chunk: object, seq: int) -> None:
+        self._release(lambda: self.faults.admit((destination, chunk, seq)))
+
+    def _release(self, decide: Callable[[], list]) -> None:
+        f = self.faults
+        before = (f.dropped, f.duplicated, f.reordered)
+        out = decide()
+        if self._on_count is not None:
+            for kind, old, new in zip(("dropped", "duplicated", "reordered"), before, (f.dropped, f.duplicated, f.reordered)):
+                if new > old:
+                    self._on_count(kind, new - old)
+        for destination, chunk, seq in out:
+            self._send(destination, chunk, seq)
+        if not f.held:
+            self._held_since = None
+        elif self._held_since is None:
+            self._held_since = trio.current_time()
+
+    async def run(self) -> None:
+        """Release held chunks whose window did not fill within ``hold`` seconds; forever."""
+        while True:
+            await trio.sleep(self.hold / 4)
+            if self._held_since is not None and trio.current_time() - self._held_since >= self.hold:
+                self._release(self.faults.flush)

@@ -139,7 +139,7 @@ class ClusterMember:
         *,
         priority: int = 0,
         settings: ClusterSettings | None = None,
-        on_chunks: Callable[[str, list[Chunk]], None] | None = None,
+        on_chunks: Callable[[str, list[Chunk], list[int]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.net = net
@@ -168,7 +168,7 @@ class ClusterMember:
         self._sync_wake = trio.Event()
         self._master_changed = trio.Event()
         self._on_chunks = on_chunks
-        self._chunk_queues: dict[str, trio.MemorySendChannel[Chunk]] = {}
+        self._chunk_queues: dict[str, trio.MemorySendChannel[tuple[Chunk, int]]] = {}
         self._disconnected_at: dict[str, float] = {}
         self._edges_announced: set[str] = set()
         self._announcing: set[str] = set()
@@ -823,16 +823,16 @@ class ClusterMember:
         return encode(await self.hooks.command(envelope.command))
 
     # --- chunks -------------------------------------------------------------------------------
-    def send_chunk(self, destination: str, chunk: Chunk) -> None:
-        """Send ``chunk`` to the API node ``destination`` over a direct stream (batched,
-        in order); never blocks."""
+    def send_chunk(self, destination: str, chunk: Chunk, seq: int) -> None:
+        """Send ``chunk``, position ``seq`` of its task's stream (``exo_p2p.chunk_order``),
+        to the API node ``destination`` over a direct stream (batched, in order); never blocks."""
         queue = self._chunk_queues.get(destination)
         if queue is None:
-            send, receive = trio.open_memory_channel[Chunk](math.inf)
+            send, receive = trio.open_memory_channel[tuple[Chunk, int]](math.inf)
             self._chunk_queues[destination] = queue = send
             assert self._nursery is not None
             self._nursery.start_soon(self._chunk_sender, destination, receive)
-        queue.send_nowait(chunk)
+        queue.send_nowait((chunk, seq))
 
     async def _chunk_sender(self, destination: str, receive) -> None:  # type: ignore[no-untyped-def]
         while True:
@@ -845,7 +845,8 @@ class ClusterMember:
                     break
             for attempt in range(3):
                 try:
-                    await self.net.request(destination, CHUNKS_PROTOCOL, encode(ChunkBatch(tuple(batch))), timeout=5.0)
+                    message = ChunkBatch(tuple(c for c, _ in batch), tuple(s for _, s in batch))
+                    await self.net.request(destination, CHUNKS_PROTOCOL, encode(message), timeout=5.0)
                     break
                 except Exception as exc:  # noqa: BLE001
                     log.warning("chunk delivery failed", destination=destination, attempt=attempt, error=repr(exc))
@@ -858,7 +859,7 @@ class ClusterMember:
         if batch.version != PROTOCOL_VERSION:
             raise ValueError(f"unsupported protocol version {batch.version}")
         if self._on_chunks is not None:
-            self._on_chunks(peer, list(batch.chunks))
+            self._on_chunks(peer, list(batch.chunks), list(batch.seqs))
         return b"ok"
 
 

@@ -51,7 +51,20 @@ def apply(state: State, indexed: IndexedEvent) -> State:
     if indexed.idx != state.last_event_idx + 1:
         raise EventOrderError(f"event idx {indexed.idx} applied after {state.last_event_idx}")
     new = _apply_event(indexed.event, state)
+    if indexed.origin:
+        new = replace(new, origin_seqs=record_origin(new.origin_seqs, indexed))
     return replace(new, last_event_idx=indexed.idx, term=max(new.term, indexed.term))
+
+
+def record_origin(origin_seqs: dict[str, dict[str, int]], indexed: IndexedEvent) -> dict[str, dict[str, int]]:
+    """``origin_seqs`` (``State.origin_seqs``) with ``indexed``'s origin sequence number
+    recorded: the highest seen per (origin, origin_boot). A new dict; the input is unchanged."""
+    boots = origin_seqs.get(indexed.origin, {})
+    if boots.get(indexed.origin_boot, 0) >= indexed.origin_seq:
+        return origin_seqs
+    out = dict(origin_seqs)
+    out[indexed.origin] = {**boots, indexed.origin_boot: indexed.origin_seq}
+    return out
 
 
 @singledispatch

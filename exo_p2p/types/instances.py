@@ -35,8 +35,20 @@ class ShardMetadata(msgspec.Struct, frozen=True):
     ring_address: str = ""
 
 
+class RankSettings(msgspec.Struct, frozen=True):
+    """Settings every rank of an instance must share, fixed once when the instance is placed
+    (from the placing master's node settings) so ranks on nodes started with other values
+    still agree: ranks that prefill in chunks of different sizes meet at different collective
+    points and deadlock. ``prefill_chunk_size``: prompt tokens per prefill step (tokens)."""
+
+    prefill_chunk_size: int
+
+
 class Instance(msgspec.Struct, frozen=True):
-    """A model placed on a cycle of nodes, ``shards`` in rank order."""
+    """A model placed on a cycle of nodes, ``shards`` in rank order.
+
+    ``settings``: what every rank uses whatever its node was started with (None: placed by a
+    master that did not fix them; each runner then uses its node's own values)."""
 
     instance_id: InstanceId
     model_id: ModelId
@@ -51,6 +63,7 @@ class Instance(msgspec.Struct, frozen=True):
     """Every rank reached Ready at least once (set by ``apply``): a failure after that starts
     the count of re-placement attempts again — the limit is for crash loops, not for a
     long-lived instance that outlives several node restarts."""
+    settings: RankSettings | None = None
 
     @property
     def world_size(self) -> int:

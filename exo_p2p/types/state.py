@@ -27,6 +27,12 @@ class State(msgspec.Struct, frozen=True):
     Holds no node-local or wall-clock fields, so every node that applied the same events has
     the same ``state_hash`` (design.md §5a). ``edges[source][sink]`` is the edge source→sink.
     Finished generation tasks are removed, so State does not grow with traffic.
+
+    ``origin_seqs[origin][origin_boot]`` is the highest ``origin_seq`` indexed from that
+    origin and boot (``master.sequencer``): the master's de-duplication table, kept in State
+    so a snapshot (and its hash) carries it and a master rebuilt from snapshot + tail
+    de-duplicates exactly like one rebuilt from the whole log. One entry per node boot (and
+    per origin epoch after a replaced log): it grows with restarts, never with traffic.
     """
 
     nodes: dict[NodeId, NodeProfile] = msgspec.field(default_factory=dict)
@@ -38,3 +44,4 @@ class State(msgspec.Struct, frozen=True):
     master: NodeId | None = None
     term: int = 0
     last_event_idx: int = 0
+    origin_seqs: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
