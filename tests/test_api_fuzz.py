@@ -163,6 +163,10 @@ async def check_answer(response: httpx.Response) -> None:
         assert set(error) == {"message", "type", "param", "code"}
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
         assert response.text.endswith("data: [DONE]\n\n")
+    elif response.request.url.path == "/":
+        assert response.text == "Ollama is running" or response.request.method == "HEAD"
+    elif response.headers.get("content-type", "").startswith("application/x-ndjson"):
+        assert all(json.loads(line) for line in response.text.splitlines())
     else:
         json.loads(response.content)
 

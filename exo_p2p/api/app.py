@@ -23,7 +23,8 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation import GenerationSettings, send_error
-from exo_p2p.api.routes import ApiConfig, api_routes
+from exo_p2p.api.context import ApiConfig
+from exo_p2p.api.routes import api_routes
 
 log = structlog.get_logger("exo_p2p.api")
 
@@ -119,6 +120,7 @@ class CatchAll:
             log.exception("api.unhandled_error", method=scope.get("method"), path=scope.get("path"))
             if not started:
                 try:
-                    await send_error(send, error_info(500, "internal error; see the node's log", code="internal_error"))
+                    info = error_info(500, "internal error; see the node's log", code="internal_error")
+                    await send_error(send, info, family_of(scope.get("path", "")))
                 except Exception:  # the connection is gone too
                     log.debug("api.error_response_failed", path=scope.get("path"))
