@@ -177,6 +177,12 @@ class FakeMaster:
     def event_times(self, since: int):
         return None  # this fake records no event times: /debug/event-times answers 404
 
+    async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
+        """Fake tokenizer: 3 template tokens per message plus one per word."""
+        if model_id not in self._state.model_cards:
+            raise KeyError(model_id)
+        return sum(3 + len(m.content.split()) for m in params.messages)
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         if model_id not in self._state.model_cards:
             raise KeyError(model_id)

@@ -7,7 +7,7 @@ Every answer is JSON or SSE: unknown paths are 404, wrong methods 405, request p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import structlog
 from starlette.applications import Starlette
@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exo_p2p.api.access import AccessGuard, AccessPolicy
@@ -38,6 +39,7 @@ def create_app(
     generation: GenerationSettings | None = None,
     command_timeout: float = 30.0,
     access: AccessPolicy | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -46,7 +48,9 @@ def create_app(
     ``max_body_bytes`` bounds request bodies (413); ``generation`` holds the waits of a
     chat completion (seconds); ``command_timeout`` the wait for the master's answer to
     place/delete (seconds); ``access`` the API keys and CORS origins
-    (``exo_p2p.api.access``; default: no key, no cross-origin browser access).
+    (``exo_p2p.api.access``; default: no key, no cross-origin browser access);
+    ``extra_routes`` are served too (e.g. a page route named ``dashboard``, which ``GET /``
+    serves to browsers; see ``exo_p2p.api.families.ollama``).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -59,7 +63,7 @@ def create_app(
         command_timeout=command_timeout,
     )
     return Starlette(
-        routes=api_routes(backend, config),
+        routes=[*api_routes(backend, config), *extra_routes],
         middleware=[
             Middleware(CatchAll),
             Middleware(

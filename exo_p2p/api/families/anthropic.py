@@ -3,7 +3,8 @@
 ``system`` (a string or text blocks) becomes the system message; ``messages`` alternate
 ``user``/``assistant`` with string or text-block content; ``max_tokens`` is required;
 ``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours. Tools, images,
-documents and extended thinking are refused by name. Errors have Anthropic's shape
+documents, extended thinking and structured output (``output_config.format``) are refused by
+name; ``output_config.effort`` is a hint and is ignored. Errors have Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``, ``exo_p2p.api.errors``); the key may be
 sent as ``x-api-key`` (``exo_p2p.api.access``).
 
@@ -62,6 +63,7 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     tools: list[Any] | None = None
     tool_choice: Any = None
     thinking: Any = None
+    output_config: dict[str, Any] | None = None
 
 
 class CountTokensRequest(msgspec.Struct, frozen=True):
@@ -107,6 +109,7 @@ def messages_params(r: MessagesRequest) -> GenerationParams:
          "tool use is not supported"),
         ("thinking", r.thinking is not None and not (isinstance(r.thinking, dict) and r.thinking.get("type") == "disabled"),
          "extended thinking is not supported by the models served"),
+        ("output_config.format", bool((r.output_config or {}).get("format")), "structured output is not supported"),
     ])
     fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences)}
     optional = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
