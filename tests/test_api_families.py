@@ -369,13 +369,13 @@ def test_client_disconnect_cancels_the_generation_on_every_family(family: str) -
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_keep_alives_flow_during_a_long_prefill_and_a_queue(family: str) -> None:
-    """A stream is never silent for longer than the keep-alive interval (0.2 s here; 5 s by
+    """A stream is never silent for much longer than the keep-alive interval (0.2 s here; 5 s by
     default, under the 10 s proxies allow): neither while queued (no chunk yet) nor during a
     prefill; the keep-alives do not change the text."""
     path, payload = FAMILIES[family]
 
     def script(cmd):
-        return [1.0, PrefillProgressChunk(task_id=cmd.task_id, processed=0, total=12), 1.0,
+        return [1.2, PrefillProgressChunk(task_id=cmd.task_id, processed=0, total=12), 1.2,
                 *reply_script(cmd.task_id)[1:]]
 
     async def body(url: str, backend: FakeMaster) -> None:
@@ -390,14 +390,17 @@ def test_keep_alives_flow_during_a_long_prefill_and_a_queue(family: str) -> None
                     arrivals.append(trio.current_time() - t0)
                     raw += part
         gaps = [b - a for a, b in zip([0.0, *arrivals], arrivals)]
-        assert arrivals[-1] > 2.0 and max(gaps) < 0.6, gaps
+        # each pause is 1.2 s; with keep-alives every 0.2 s no gap comes near it (slack for a
+        # loaded machine: 0.9 s)
+        assert arrivals[-1] > 2.4 and max(gaps) < 0.9, gaps
         text = raw.decode()
         if family.startswith("ollama"):
             lines = [json.loads(line) for line in text.splitlines()]
             assert "".join(d.get("response", d.get("message", {}).get("content", "")) for d in lines) == TEXT
             assert lines[-1]["done"] is True
+            assert sum(1 for d in lines if not d["done"] and not d.get("response", d.get("message", {}).get("content"))) >= 4
         else:
-            assert ": keep-alive" in text or "event: ping" in text
+            assert text.count(": keep-alive") + text.count("event: ping") >= 4
             assert TOKENS[0] in text and TOKENS[-2] in text
 
     run_served(body, generation=GenerationSettings(keepalive_interval=0.2))

@@ -235,6 +235,7 @@ class GenerationResponse:
         headers += [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._streaming = True
+        self._last_sent = trio.current_time()
         await self._send(send, self.encoder.start(prompt_tokens))
 
     async def _send(self, send: Send, body: bytes, *, more: bool = True) -> None:
@@ -270,7 +271,6 @@ class GenerationResponse:
                 await self._begin_stream(send, None)
             else:
                 await self._send(send, self.encoder.keepalive())
-                self._last_sent = trio.current_time()
 
     async def _stream(self, chunk: Chunk, chunks: trio.MemoryReceiveChannel[Chunk], send: Send) -> None:
         if not self._streaming:
