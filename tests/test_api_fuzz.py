@@ -39,6 +39,14 @@ ENDPOINTS = [
     ("PUT", "/instances"),
     ("PATCH", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/api/chat"),
+    ("POST", "/api/generate"),
+    ("POST", "/api/show"),
+    ("GET", "/api/tags"),
+    ("GET", "/v1/models/some-model"),
 ]
 JSON = {"content-type": "application/json"}
 """Bodies are sent as JSON so that they reach the routes (others are refused with 415)."""

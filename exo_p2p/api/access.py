@@ -33,6 +33,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.errors import error_info, family_error_response, family_of
+from exo_p2p.types import ErrorInfo
 
 PUBLIC_PATHS: frozenset[str] = frozenset({"/health"})
 """Paths served without an API key."""
@@ -174,7 +175,7 @@ class AccessGuard:
             return
         await self.app(scope, receive, send)
 
-    def _problem(self, path: str, method: str, headers: Headers, family: str):  # -> ErrorInfo | None
+    def _problem(self, path: str, method: str, headers: Headers, family: str) -> ErrorInfo | None:
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin, headers.get("host"), self.policy.cors_origins):
             return error_info(
