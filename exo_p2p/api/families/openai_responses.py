@@ -89,8 +89,7 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
         ("include", bool(r.include), "no additional output data can be included"),
         ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("prompt", r.prompt is not None, "stored prompt templates are not supported"),
-        ("reasoning", r.reasoning is not None and r.reasoning != {} and _reasoning_set(r.reasoning),
-         "reasoning options are not supported by the models served"),
+        ("reasoning", _reasoning_set(r.reasoning), "reasoning options are not supported by the models served"),
     ])
     messages: list[ChatMessage] = []
     if r.instructions:
@@ -107,6 +106,9 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
 
 
 def _reasoning_set(reasoning: Any) -> bool:
+    """Whether ``reasoning`` asks for anything (``null``, ``{}`` and all-null fields do not)."""
+    if reasoning is None:
+        return False
     return not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())
 
 
