@@ -210,8 +210,7 @@ class Cluster:
     def __init__(self, base: Path, n: int, *, extra_args: list[str] | None = None) -> None:
         self.base = base
         self.name = f"test-{os.getpid()}-{id(self):x}"
-        self.extra_args = list(extra_args or []) + (["--api-key", api_key] if api_key else [])
-        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.extra_args = list(extra_args or [])
         self.nodes: list[NodeProcess] = []
         self.n = n
 
