@@ -4,9 +4,9 @@ Generations: the routes of each family in ``exo_p2p.api.families`` (OpenAI chat,
 completions and responses, Anthropic messages, Ollama), all answered through
 ``exo_p2p.api.generation``; ``GET /v1/models/{id}``. Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
-``GET /instances/previews``, ``GET|DELETE /instances/{id}``, ``GET /health`` (no key needed). Debug: ``GET /debug/event-times``
-(``ApiBackend.event_times``). Errors are raised as
-``ApiError`` and answered OpenAI-shaped by the app's handler.
+``GET /instances/previews``, ``GET|DELETE /instances/{id}``, ``GET /health`` (no key
+needed). Debug: ``GET /debug/event-times`` (``ApiBackend.event_times``). Errors are raised
+as ``ApiError`` and answered in the route's family error shape by the app's handler.
 """
 
 from __future__ import annotations
