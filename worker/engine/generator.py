@@ -306,7 +306,7 @@ class Generator:
         if req.temperature < 0:
             return _error(req.task_id, 400, f"temperature must be >= 0, not {req.temperature}",
                           param="temperature")
-        vocab = self._vocab_size()
+        vocab = self._vocab_size() if req.logit_bias else 0
         for token_id, _bias in req.logit_bias:
             if not 0 <= token_id < vocab:
                 return _error(req.task_id, 400, f"logit_bias token id {token_id} is not in the "
