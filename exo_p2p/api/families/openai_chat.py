@@ -13,7 +13,6 @@ non-null ``finish_reason``; an error after the stream began is ``data: {"error":
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 import msgspec
 from starlette.requests import Request
@@ -80,10 +79,10 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     return GenerationParams(**fields)  # type: ignore[arg-type]
 
 
-def chat_job(request: ChatCompletionRequest, aliases: Mapping[str, str] | None = None) -> GenerationJob:
+def chat_job(request: ChatCompletionRequest, ctx: ApiContext) -> GenerationJob:
     """The ``GenerationJob`` of a chat completion (see ``chat_params``)."""
     params = chat_params(request)
-    model_id = (aliases or {}).get(request.model, request.model)
+    model_id = ctx.model_id(request.model)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     task_id = new_task_id()
     encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage)
@@ -189,7 +188,7 @@ def routes(ctx: ApiContext) -> list[Route]:
     """``POST /v1/chat/completions``."""
 
     async def chat_completions(request: Request) -> GenerationResponse:
-        return ctx.generate(chat_job(await ctx.read_json(request, ChatCompletionRequest), ctx.config.model_aliases))
+        return ctx.generate(chat_job(await ctx.read_json(request, ChatCompletionRequest), ctx))
 
     return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
