@@ -102,3 +102,7 @@ class NodeConfig(msgspec.Struct):
     mdns: bool = True
     compact_every: int = 20_000
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """API keys a client must present (``--api-key``/``--api-key-file``); empty = none needed."""
+    cors_origins: list[str] = msgspec.field(default_factory=list)
+    """Web origins browsers may call the API from (``--cors-origins``; ``*`` = any)."""

@@ -284,12 +284,41 @@ class Node:
         if scope.cancelled_caught:
             log.warning("not joined yet; serving the API anyway", master=self.member.master)
 
+    async def count_tokens(self, model_id: str, params) -> int:  # type: ignore[no-untyped-def]
+        """``ApiBackend.count_tokens``: the prompt of ``params`` tokenized with the tokenizer of
+        this node's copy of ``model_id`` (loaded once, in a thread). Raises ``KeyError`` when
+        the model is not stored here, ``ValueError`` when its chat template fails."""
+        from exo_p2p.models.errors import ModelNotFoundError
+
+        cache: dict = self.__dict__.setdefault("_tokenizers", {})
+        tokenizer = cache.get(model_id)
+        if tokenizer is None:
+            from mlx_lm.utils import load_tokenizer
+
+            try:
+                path = await trio.to_thread.run_sync(self.store.resolve, model_id)
+            except ModelNotFoundError:
+                raise KeyError(model_id) from None
+            tokenizer = cache[model_id] = await trio.to_thread.run_sync(load_tokenizer, path)
+
+        def count() -> int:
+            if params.prompt is not None:
+                return len(tokenizer.encode(params.prompt))
+            messages = [{"role": m.role, "content": m.content} for m in params.messages]
+            try:
+                return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+                raise ValueError(f"the chat template of model {model_id} failed: {e}") from None
+
+        return await trio.to_thread.run_sync(count)
+
     async def _load_models(self) -> None:
         self._local_cards = await trio.to_thread.run_sync(self.store.list_cards)
         self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
 
     # --- main -----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from exo_p2p.api.access import AccessPolicy, is_loopback_host
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.models.store import ModelStore
@@ -355,7 +384,15 @@ class Node:
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
                 await self._wait_joined(15.0)
-                app = create_app(self, queue_limit=cfg.queue_limit)
+                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins)
+                if not access.api_keys and not is_loopback_host(cfg.api_host):
+                    warning = (
+                        f"the API listens on {cfg.api_host} without an API key: anyone who reaches "
+                        f"port {cfg.api_port} can use it; start with --api-key KEY to require one"
+                    )
+                    log.warning("api open to the network", api_host=cfg.api_host)
+                    print(f"warning: {warning}", file=sys.stderr)
+                app = create_app(self, queue_limit=cfg.queue_limit, access=access)
                 self.api_port = await nursery.start(serve, app, cfg.api_host, cfg.api_port)
                 log.info(
                     "node ready",

@@ -49,7 +49,7 @@ def test_streaming_answer_and_sse_format(node):
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
-            if line:
+            if line and not line.startswith(":"):  # ":" lines are SSE comments (keep-alives)
                 lines.append(line)
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]

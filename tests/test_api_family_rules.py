@@ -1,0 +1,106 @@
+"""The pure request → ``GenerationParams`` rules of each API family (exo_p2p/api/families):
+what maps where, and what is refused by name."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from exo_p2p.api.errors import ApiError
+from exo_p2p.api.families import anthropic, ollama, openai_completions, openai_responses
+from exo_p2p.types import ChatMessage
+
+
+def refused(fn, *args) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        fn(*args)
+    assert info.value.info.status == 400
+    return info.value
+
+
+def msg_request(**fields):
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return msgspec.convert(body, anthropic.MessagesRequest)
+
+
+def test_anthropic_mapping_and_refusals() -> None:
+    p = anthropic.messages_params(msg_request(
+        system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": "yes"}],
+        stop_sequences=["a", "", "a", "b"], top_k=3, thinking={"type": "disabled"}, tool_choice={"type": "auto"}))
+    assert p.messages == (ChatMessage("system", "Be brief."), ChatMessage("user", "hi"), ChatMessage("assistant", "yes"))
+    assert (p.max_tokens, p.stop, p.top_k, p.temperature) == (5, ("a", "b"), 3, 0.7)
+    for fields, param in [
+        ({"tools": [{"name": "f"}]}, "tools"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": []}, "messages"),
+    ]:
+        assert refused(anthropic.messages_params, msg_request(**fields)).info.param == param
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"model": "m", "messages": []}, anthropic.MessagesRequest)  # max_tokens is required
+    with pytest.raises(msgspec.ValidationError):
+        msg_request(temperature=1.5)  # Anthropic's range is 0..1
+
+
+def test_ollama_options() -> None:
+    f = ollama.options_fields({"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "num_predict": 7, "stop": "x",
+                               "seed": -1, "repeat_penalty": 1.1, "repeat_last_n": 32, "num_ctx": 4096, "num_thread": 2})
+    assert f == {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "max_tokens": 7, "stop": ("x",),
+                 "seed": (1 << 63) - 1, "repetition_penalty": 1.1, "penalty_context": 32}
+    assert "max_tokens" not in ollama.options_fields({"num_predict": -1})
+    assert "max_tokens" not in ollama.options_fields({"num_predict": -2})
+    assert ollama.options_fields({"repeat_penalty": 1.3, "repeat_last_n": 0})["repetition_penalty"] == 1.0
+    assert ollama.options_fields({"mirostat": 0, "tfs_z": 1.0, "typical_p": 1}) == {}
+    for options, param in [({"mirostat": 1}, "options.mirostat"), ({"typical_p": 0.5}, "options.typical_p"),
+                           ({"tfs_z": 0.9}, "options.tfs_z"), ({"temperature": "hot"}, "options.temperature"),
+                           ({"top_k": 1.5}, "options.top_k"), ({"num_predict": 0}, "options.num_predict"),
+                           ({"stop": [1]}, "options.stop"), ({"top_p": 0}, "options.top_p")]:
+        assert refused(ollama.options_fields, options).info.param == param
+
+
+def test_ollama_chat_and_generate_requests() -> None:
+    chat = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, ollama.ChatRequest)
+    assert refused(ollama.chat_params, chat).info.param == "messages[0].images"
+    assert ollama.chat_params(msgspec.convert({"model": "m"}, ollama.ChatRequest)) is None  # a load request
+    tools = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, ollama.ChatRequest)
+    assert refused(ollama.chat_params, tools).info.param == "tools"
+    fmt = msgspec.convert({"model": "m", "prompt": "hi", "format": "json"}, ollama.GenerateRequest)
+    assert refused(ollama.generate_params, fmt).info.param == "format"
+    ctx = msgspec.convert({"model": "m", "prompt": "hi", "context": [1, 2]}, ollama.GenerateRequest)
+    assert refused(ollama.generate_params, ctx).info.param == "context"
+    assert ollama.generate_params(msgspec.convert({"model": "m"}, ollama.GenerateRequest)) is None
+
+
+def test_responses_input_forms_and_refusals() -> None:
+    def req(**fields):
+        return msgspec.convert({"model": "m", "input": "hi", **fields}, openai_responses.ResponsesRequest)
+
+    p = openai_responses.responses_params(req(input=[
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+    ], store=False, reasoning={"effort": None}))
+    assert p.messages == (ChatMessage("system", "Be brief."), ChatMessage("user", "hi"), ChatMessage("assistant", "hello"))
+    for fields, param in [
+        ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format"), ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
+        ({"input": [], "instructions": "x"}, "input"),
+    ]:
+        assert refused(openai_responses.responses_params, req(**fields)).info.param == param
+
+
+def test_completions_prompt_forms_and_refusals() -> None:
+    def req(**fields):
+        return msgspec.convert({"model": "m", "prompt": "hi", **fields}, openai_completions.CompletionRequest)
+
+    assert openai_completions.completion_params(req(prompt=["once"])).prompt == "once"
+    for fields, param in [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"), ({"echo": True}, "echo"),
+                          ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of"), ({"n": 2}, "n"), ({"logprobs": 1}, "logprobs")]:
+        assert refused(openai_completions.completion_params, req(**fields)).info.param == param
