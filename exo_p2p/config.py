@@ -100,3 +100,7 @@ class NodeConfig(msgspec.Struct):
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    """API keys a client must present (``--api-key``/``--api-key-file``); empty = none needed."""
+    cors_origins: list[str] = msgspec.field(default_factory=list)
+    """Web origins browsers may call the API from (``--cors-origins``; ``*`` = any)."""

@@ -278,6 +278,7 @@ class Node:
 
     # --- main -----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from exo_p2p.api.access import AccessPolicy, is_loopback_host
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.models.store import ModelStore
@@ -342,7 +343,15 @@ class Node:
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
                 await self._wait_joined(15.0)
-                app = create_app(self, queue_limit=cfg.queue_limit)
+                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins)
+                if not access.api_keys and not is_loopback_host(cfg.api_host):
+                    warning = (
+                        f"the API listens on {cfg.api_host} without an API key: anyone who reaches "
+                        f"port {cfg.api_port} can use it; start with --api-key KEY to require one"
+                    )
+                    log.warning("api open to the network", api_host=cfg.api_host)
+                    print(f"warning: {warning}", file=sys.stderr)
+                app = create_app(self, queue_limit=cfg.queue_limit, access=access)
                 self.api_port = await nursery.start(serve, app, cfg.api_host, cfg.api_port)
                 log.info(
                     "node ready",

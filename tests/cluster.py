@@ -34,14 +34,17 @@ class NodeProcess:
         env: dict | None = None,
         cluster: str | None = None,
         mdns: bool = False,
+        api_key: str | None = None,
     ) -> None:
         """A node in its own cluster (``cluster`` name, random by default) so parallel and
-        sequential tests never meet; mDNS off unless asked (tests join by bootstrap)."""
+        sequential tests never meet; mDNS off unless asked (tests join by bootstrap). With
+        ``api_key`` the node requires it and ``get``/``post`` send it."""
         self.data_dir = data_dir
         self.cluster = cluster or f"test-{os.getpid()}-{id(self):x}"
         self.mdns = mdns
         self.api_port = free_port()
-        self.extra_args = list(extra_args or [])
+        self.extra_args = list(extra_args or []) + (["--api-key", api_key] if api_key else [])
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir / "node.log"
@@ -71,7 +74,7 @@ class NodeProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/state", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -137,10 +140,10 @@ class NodeProcess:
 
     # --- API helpers ----------------------------------------------------------------------
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=kw.pop("timeout", 30), **kw)
+        return httpx.get(self.url + path, timeout=kw.pop("timeout", 30), headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     def post(self, path: str, json=None, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, json=json, timeout=kw.pop("timeout", 120), **kw)
+        return httpx.post(self.url + path, json=json, timeout=kw.pop("timeout", 120), headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     def place_and_wait(self, model: str, timeout: float = 180.0, **body) -> dict:
         r = self.post("/instances", json={"model": model, **body})
@@ -207,7 +210,8 @@ class Cluster:
     def __init__(self, base: Path, n: int, *, extra_args: list[str] | None = None) -> None:
         self.base = base
         self.name = f"test-{os.getpid()}-{id(self):x}"
-        self.extra_args = list(extra_args or [])
+        self.extra_args = list(extra_args or []) + (["--api-key", api_key] if api_key else [])
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.nodes: list[NodeProcess] = []
         self.n = n
 
@@ -432,7 +436,7 @@ class NetnsNodeProcess(NodeProcess):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/state", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -456,7 +460,7 @@ def start_all(nodes: list[NodeProcess], timeout: float = 60.0) -> float:
             if node.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {node.proc.returncode}:\n{node.log_tail()}")
             try:
-                if httpx.get(f"{node.url}/state", timeout=2).status_code == 200:
+                if httpx.get(f"{node.url}/health", timeout=2).status_code == 200:
                     waiting.remove(node)
                     last = time.monotonic()
             except httpx.HTTPError:

@@ -60,6 +60,7 @@ BIG = "huge-model"
 TOKENS = ["Paris", " is", "", " the", " capital", "."]
 """The default scripted reply; the empty token must never become an SSE event."""
 FORBIDDEN_NULL_KEYS = {"tool_calls", "function_call", "name", "logprobs", "refusal"}
+JSON = {"content-type": "application/json"}
 Script = list[Chunk | float]
 """Scripted chunks for one task; a float is a pause of that many seconds."""
 
@@ -786,7 +787,7 @@ def test_unknown_path_wrong_method_and_internal_error_are_json() -> None:
 def test_body_limit_413_without_reading_the_whole_body() -> None:
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         big = b'{"model": "' + b"m" * 5000 + b'", "messages": []}'
-        error = assert_openai_error(await client.post("/v1/chat/completions", content=big), 413)
+        error = assert_openai_error(await client.post("/v1/chat/completions", content=big, headers=JSON), 413)
         assert "4096 bytes" in error["message"]
         pulled = 0
 
@@ -796,7 +797,7 @@ def test_body_limit_413_without_reading_the_whole_body() -> None:
                 pulled += 1
                 yield b" " * 1000
 
-        assert_openai_error(await client.post("/instances", content=chunked()), 413)
+        assert_openai_error(await client.post("/instances", content=chunked(), headers=JSON), 413)
         assert pulled < 10  # stopped reading at the limit, not after 1 MB
         assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
 
@@ -913,9 +914,9 @@ def test_bind_failure_is_a_clear_oserror() -> None:
 def test_real_server_413_then_keeps_serving() -> None:
     async def body(url: str, backend: FakeMaster) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-            r = await client.post("/v1/chat/completions", content=b"x" * 10_000_000)
+            r = await client.post("/v1/chat/completions", content=b"x" * 10_000_000, headers=JSON)
             assert assert_openai_error(r, 413)["code"] == "request_too_large"
-            r = await client.post("/v1/chat/completions", content=b'{"model": "\xff", "messages": []}')
+            r = await client.post("/v1/chat/completions", content=b'{"model": "\xff", "messages": []}', headers=JSON)
             assert "UTF-8" in assert_openai_error(r, 400)["message"]
             assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
 

@@ -13,13 +13,15 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from exo_p2p.api.access import AccessGuard, AccessPolicy
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
-from exo_p2p.api.errors import ApiError, error_info, error_response
+from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation import GenerationSettings, send_error
 from exo_p2p.api.routes import ApiConfig, api_routes
 from exo_p2p.dashboard import dashboard_routes
@@ -35,6 +37,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     generation: GenerationSettings | None = None,
     command_timeout: float = 30.0,
+    access: AccessPolicy | None = None,
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -42,10 +45,12 @@ def create_app(
     chat completions in flight in this API (beyond it: 429 at once; None = no limit);
     ``max_body_bytes`` bounds request bodies (413); ``generation`` holds the waits of a
     chat completion (seconds); ``command_timeout`` the wait for the master's answer to
-    place/delete (seconds).
+    place/delete (seconds); ``access`` the API keys and CORS origins
+    (``exo_p2p.api.access``; default: no key, no cross-origin browser access).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
+    access = access or AccessPolicy()
     config = ApiConfig(
         model_aliases=dict(model_aliases or {}),
         queue_limit=queue_limit,
@@ -55,14 +60,25 @@ def create_app(
     )
     return Starlette(
         routes=[*api_routes(backend, config), *dashboard_routes()],
-        middleware=[Middleware(CatchAll)],
+        middleware=[
+            Middleware(CatchAll),
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(access.cors_origins),
+                allow_methods=["*"],
+                allow_headers=["*"],
+                expose_headers=["retry-after", "x-should-retry"],
+                max_age=600,
+            ),
+            Middleware(AccessGuard, policy=access),
+        ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc.info)
+    return family_error_response(family_of(request.url.path), exc.info)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -73,7 +89,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         info = error_info(405, f"method {request.method} is not allowed on {request.url.path[:200]}", code="method_not_allowed")
     else:
         info = error_info(exc.status_code, exc.detail or "request failed")
-    return error_response(info, headers=dict(exc.headers or {}))
+    return family_error_response(family_of(request.url.path), info, headers=dict(exc.headers or {}))
 
 
 class CatchAll:

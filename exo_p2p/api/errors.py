@@ -8,7 +8,7 @@ as ``ApiError`` by ``decode_json`` and turned into 400s by the route.
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -27,6 +27,9 @@ _TYPE_BY_STATUS = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
 }
 _json = msgspec.json.Encoder()
@@ -53,11 +56,24 @@ def error_body(info: ErrorInfo) -> bytes:
     return _json.encode(ErrorBody(ErrorDetail(info.message, info.type, info.param, info.code)))
 
 
+def should_not_retry(info: ErrorInfo) -> bool:
+    """Whether retrying the same request cannot help: every 4xx but 408 and 429 (bad
+    request, auth, not found, not placed, too large, wrong media type), and a 503
+    ``out_of_memory``. Such errors carry ``x-should-retry: false``, which the OpenAI and
+    Anthropic SDKs obey (they would otherwise retry a 409 twice)."""
+    if 400 <= info.status < 500:
+        return info.status not in (408, 429)
+    return info.status == 503 and info.code == "out_of_memory"
+
+
 def error_headers(info: ErrorInfo) -> dict[str, str]:
     """Extra headers for an error: ``Retry-After`` on a 503 while the model is loading
-    (``code == "loading"``, or a message that says "loading" when the master set no code)."""
+    (``code == "loading"``, or a message that says "loading" when the master set no code);
+    ``x-should-retry: false`` when ``should_not_retry``."""
     if info.status == 503 and (info.code == "loading" or (info.code is None and "loading" in info.message.lower())):
         return {"retry-after": str(RETRY_AFTER_LOADING_S)}
+    if should_not_retry(info):
+        return {"x-should-retry": "false"}
     return {}
 
 
@@ -66,6 +82,57 @@ def error_response(info: ErrorInfo, headers: dict[str, str] | None = None) -> Re
     status = info.status if 400 <= info.status <= 599 else 500
     all_headers = {**error_headers(info), **(headers or {})}
     return Response(error_body(info), status_code=status, headers=all_headers, media_type="application/json")
+
+
+Family = Literal["openai", "anthropic", "ollama"]
+"""The API families served; each has its own error shape."""
+
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def family_of(path: str) -> Family:
+    """The API family a path belongs to: ``/v1/messages…`` is Anthropic, ``/api/…`` and
+    ``/`` are Ollama, everything else is OpenAI-shaped (including the cluster endpoints)."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    if path == "/" or path.startswith("/api/"):
+        return "ollama"
+    return "openai"
+
+
+def anthropic_error_body(info: ErrorInfo) -> bytes:
+    """``{"type": "error", "error": {"type", "message"}}`` (Anthropic's error shape)."""
+    kind = _ANTHROPIC_TYPE_BY_STATUS.get(info.status, "api_error" if info.status >= 500 else "invalid_request_error")
+    return _json.encode({"type": "error", "error": {"type": kind, "message": info.message}})
+
+
+def ollama_error_body(info: ErrorInfo) -> bytes:
+    """``{"error": "message"}`` (Ollama's error shape)."""
+    return _json.encode({"error": info.message})
+
+
+def family_error_body(family: str, info: ErrorInfo) -> bytes:
+    """The error body of ``info`` in ``family``'s shape."""
+    if family == "anthropic":
+        return anthropic_error_body(info)
+    if family == "ollama":
+        return ollama_error_body(info)
+    return error_body(info)
+
+
+def family_error_response(family: str, info: ErrorInfo, headers: dict[str, str] | None = None) -> Response:
+    """``error_response`` in ``family``'s error shape (status and headers the same)."""
+    status = info.status if 400 <= info.status <= 599 else 500
+    all_headers = {**error_headers(info), **(headers or {})}
+    return Response(family_error_body(family, info), status_code=status, headers=all_headers, media_type="application/json")
 
 
 def decode_json(body: bytes, type_: type[T]) -> T:

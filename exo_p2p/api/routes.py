@@ -2,7 +2,7 @@
 
 Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
-``GET /instances/previews``, ``GET|DELETE /instances/{id}``. Debug: ``GET /debug/event-times``
+``GET /instances/previews``, ``GET|DELETE /instances/{id}``, ``GET /health`` (no key needed). Debug: ``GET /debug/event-times``
 (``ApiBackend.event_times``). Errors are raised as
 ``ApiError`` and answered OpenAI-shaped by the app's handler.
 """
@@ -60,6 +60,9 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         body = await read_body(request, config.max_body_bytes)
         plan = chat_plan(decode_json(body, ChatCompletionRequest), config.model_aliases)
         return GenerationResponse(backend, plan, inflight, config.generation)
+
+    async def health(request: Request) -> Response:
+        return json_response({"status": "ok", "node_id": backend.node_id})
 
     async def list_models(request: Request) -> Response:
         return json_response(model_list(backend.state().model_cards.values(), started))
@@ -138,6 +141,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
         Route("/models", list_local_models, methods=["GET"]),
         Route("/state", get_state, methods=["GET"]),
         Route("/nodes", list_nodes, methods=["GET"]),

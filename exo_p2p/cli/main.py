@@ -218,6 +218,18 @@ def node(
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
+    api_key: Annotated[
+        Optional[list[str]],
+        typer.Option("--api-key", help="API key clients must send as Authorization: Bearer KEY (repeatable; /health needs none)."),
+    ] = None,
+    api_key_file: Annotated[
+        Optional[Path],
+        typer.Option("--api-key-file", help="File of API keys, one a line (with or instead of --api-key)."),
+    ] = None,
+    cors_origins: Annotated[
+        Optional[list[str]],
+        typer.Option("--cors-origins", help="Web origins browsers may call the API from, comma-separated or repeated; * = any (default: none)."),
+    ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
@@ -243,6 +255,9 @@ def node(
         queue_limit=queue_limit,
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
+        api_keys=api_key,
+        api_key_file=api_key_file,
+        cors_origins=cors_origins,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")

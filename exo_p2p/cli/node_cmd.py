@@ -32,15 +32,19 @@ def build_node_config(
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
     mdns: bool = True,
+    api_keys: list[str] | None = None,
+    api_key_file: Path | None = None,
+    cors_origins: list[str] | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
     a cluster-secret file that does not exist or is not a valid secret, or a priority out of
-    the 32-bit range.
+    the 32-bit range, an unreadable or empty ``api_key_file``, or a malformed CORS origin.
     """
     given: dict = {}
+    given.update(_access_flags(api_keys, api_key_file, cors_origins))
     if memory_limit is not None:
         try:
             given["memory_limit"] = parse_bytes(memory_limit)
@@ -98,6 +102,34 @@ def build_node_config(
         mdns=mdns,
         **given,
     )
+
+
+def _access_flags(api_keys: list[str] | None, api_key_file: Path | None, cors_origins: list[str] | None) -> dict:
+    """``api_keys``/``cors_origins`` of ``NodeConfig`` from ``--api-key`` (repeatable),
+    ``--api-key-file`` (one key a line) and ``--cors-origins`` (comma-separated, repeatable)."""
+    from exo_p2p.api.access import AccessPolicy, read_api_key_file
+
+    keys = [k.strip() for k in api_keys or [] if k.strip()]
+    if api_keys and not keys:
+        raise CliError("--api-key must not be empty", 2)
+    if api_key_file is not None:
+        try:
+            from_file = read_api_key_file(api_key_file.expanduser().read_text())
+        except (OSError, UnicodeDecodeError) as e:
+            raise CliError(f"--api-key-file {api_key_file}: {getattr(e, 'strerror', None) or e}", 2) from None
+        if not from_file:
+            raise CliError(f"--api-key-file {api_key_file} holds no key (one key a line)", 2)
+        keys += from_file
+    try:
+        policy = AccessPolicy.of(keys, cors_origins or [])
+    except ValueError as e:
+        raise CliError(f"--cors-origins: {e}", 2) from None
+    out: dict = {}
+    if keys:
+        out["api_keys"] = sorted(policy.api_keys)
+    if policy.cors_origins:
+        out["cors_origins"] = list(policy.cors_origins)
+    return out
 
 
 def _validate_network_flags(

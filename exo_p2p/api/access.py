@@ -1,0 +1,204 @@
+"""Who may use the API: API keys, CORS, and the refusal of cross-site requests.
+
+``AccessPolicy`` holds the settings (``--api-key``, ``--cors-origins``); ``AccessGuard`` is
+the ASGI middleware that applies them to every HTTP request before routing, answering in
+the error shape of the route's API family (``exo_p2p.api.errors.family_of``):
+
+1. A request whose ``Origin`` header is present and not allowed gets 403. Allowed: an origin
+   listed in ``cors_origins`` (``*`` allows every origin), or the API's own origin — the
+   ``Origin`` equals ``http://<Host header>`` and that host is an IP literal or
+   ``localhost`` (so a page the node itself serves can call it, while a DNS-rebinding page,
+   whose host is a domain name, cannot). A web page on another site therefore cannot place,
+   delete or chat through the user's browser, even with a form post that needs no preflight.
+2. ``POST``/``PUT``/``PATCH`` bodies must be ``application/json`` (415 otherwise): a
+   cross-site form post (``application/x-www-form-urlencoded``, ``multipart/form-data``,
+   ``text/plain``) never reaches a route.
+3. With API keys configured, every path but the public ones (``/health``, and the
+   dashboard: ``/`` and ``/dashboard/…``) needs
+   ``Authorization: Bearer KEY``; Anthropic routes (``/v1/messages…``) also accept
+   ``x-api-key: KEY``. Missing or wrong → 401. Keys are compared in constant time.
+
+CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered by
+Starlette's ``CORSMiddleware``, placed outside this guard.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from exo_p2p.api.errors import error_info, family_error_response, family_of
+from exo_p2p.dashboard.routes import ASSET_PREFIX
+
+PUBLIC_PATHS: frozenset[str] = frozenset({"/health", "/"})
+"""Paths served without an API key (``/``: the dashboard page or the Ollama banner; neither
+carries cluster data)."""
+PUBLIC_PREFIXES: tuple[str, ...] = (ASSET_PREFIX + "/",)
+"""Path prefixes served without an API key: the dashboard's static assets (the page is not
+secret; the data it then fetches is, and needs the key)."""
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+"""Methods whose body must be JSON."""
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """The access settings of one API.
+
+    ``api_keys``: accepted keys (empty: no key needed); ``cors_origins``: origins allowed to
+    call the API from a browser (``"*"`` = any; empty = none but the API's own);
+    ``public_paths``: paths that need no key.
+    """
+
+    api_keys: frozenset[str] = frozenset()
+    cors_origins: tuple[str, ...] = ()
+    public_paths: frozenset[str] = field(default=PUBLIC_PATHS)
+
+    @classmethod
+    def of(cls, api_keys: Iterable[str] = (), cors_origins: Iterable[str] = ()) -> AccessPolicy:
+        """A policy from flag values: keys stripped (empty ones dropped), origins split on
+        commas, stripped, trailing ``/`` removed. Raises ``ValueError`` for an origin that is
+        not ``*`` or ``scheme://host[:port]``."""
+        keys = frozenset(k.strip() for k in api_keys if k.strip())
+        origins: list[str] = []
+        for item in cors_origins:
+            for part in item.split(","):
+                origin = part.strip().rstrip("/")
+                if not origin:
+                    continue
+                if origin != "*":
+                    parts = urlsplit(origin)
+                    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+                        raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port], e.g. http://localhost:3000")
+                origins.append(origin)
+        return cls(api_keys=keys, cors_origins=tuple(dict.fromkeys(origins)))
+
+
+def read_api_key_file(text: str) -> list[str]:
+    """Keys from the text of an ``--api-key-file``: one per line; blank lines and lines
+    starting with ``#`` are skipped."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether an ``--api-host`` value only serves this machine (127.0.0.0/8, ::1, localhost)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(netloc: str) -> str:
+    """The host of ``host[:port]`` / ``[v6][:port]``, without brackets and port."""
+    if netloc.startswith("["):
+        return netloc[1:].split("]", 1)[0]
+    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+
+
+def _is_ip_or_localhost(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def origin_allowed(origin: str, host_header: str | None, cors_origins: Iterable[str]) -> bool:
+    """Rule 1 of the module docstring: may a browser page of ``origin`` call this API,
+    reached as ``host_header``?"""
+    allowed = tuple(cors_origins)
+    origin = origin.strip().rstrip("/")
+    if "*" in allowed or origin in allowed:
+        return True
+    if host_header:
+        for scheme in ("http", "https"):
+            if origin == f"{scheme}://{host_header.strip()}" and _is_ip_or_localhost(_host_name(host_header.strip())):
+                return True
+    return False
+
+
+def is_json_content_type(value: str | None) -> bool:
+    """``application/json`` (any parameters, any case) or a ``+json`` subtype."""
+    if not value:
+        return False
+    media = value.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def presented_keys(headers: Headers, family: str) -> list[str]:
+    """The keys a request presents: the ``Authorization: Bearer`` token, and on the
+    Anthropic family the ``x-api-key`` header too."""
+    keys: list[str] = []
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        keys.append(token.strip())
+    if family == "anthropic" and headers.get("x-api-key", "").strip():
+        keys.append(headers["x-api-key"].strip())
+    return keys
+
+
+def key_accepted(presented: Iterable[str], keys: frozenset[str]) -> bool:
+    """Whether any presented key is one of ``keys`` (constant-time per comparison)."""
+    for given in presented:
+        for key in keys:
+            if hmac.compare_digest(given.encode(), key.encode()):
+                return True
+    return False
+
+
+class AccessGuard:
+    """ASGI middleware applying an ``AccessPolicy`` (the rules of the module docstring) to
+    every HTTP request; other scopes pass through."""
+
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        method: str = scope.get("method", "GET").upper()
+        headers = Headers(scope=scope)
+        family = family_of(path)
+        problem = self._problem(path, method, headers, family)
+        if problem is not None:
+            await family_error_response(family, problem)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _problem(self, path: str, method: str, headers: Headers, family: str):  # -> ErrorInfo | None
+        origin = headers.get("origin")
+        if origin is not None and not origin_allowed(origin, headers.get("host"), self.policy.cors_origins):
+            return error_info(
+                403,
+                f"requests from origin {origin[:200]!r} are not allowed; start the node with --cors-origins to allow a web origin",
+                code="origin_not_allowed",
+            )
+        if self.policy.api_keys and path not in self.policy.public_paths and not path.startswith(PUBLIC_PREFIXES):
+            if not key_accepted(presented_keys(headers, family), self.policy.api_keys):
+                where = "Authorization: Bearer KEY" + (" or x-api-key: KEY" if family == "anthropic" else "")
+                given = bool(presented_keys(headers, family))
+                what = "invalid API key" if given else "missing API key"
+                return error_info(401, f"{what}: this node requires {where}", code="invalid_api_key")
+        if method in BODY_METHODS and not is_json_content_type(headers.get("content-type")):
+            got = headers.get("content-type")
+            return error_info(
+                415,
+                f"request body must be application/json, got {got[:100]!r}" if got else "request body must be application/json (no Content-Type given)",
+                code="unsupported_media_type",
+            )
+        return None
