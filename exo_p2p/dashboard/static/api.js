@@ -75,17 +75,17 @@ export async function call(method, path, { body, timeoutMs = 5000 } = {}) {
 }
 
 /**
- * Stream a chat completion. `onDelta(text)` for each content piece, `onUsage(usage)` for the
+ * Stream a chat completion (`params`: extra request fields such as max_tokens). `onDelta(text)` for each content piece, `onUsage(usage)` for the
  * usage event; resolves to the finish reason ("stop", "length", or "cancelled" when `signal`
  * aborted it). Raises ApiError / AuthRequired / Unreachable.
  */
-export async function streamChat({ model, messages, signal, onDelta, onUsage }) {
+export async function streamChat({ model, messages, params = {}, signal, onDelta, onUsage }) {
   let response;
   try {
     response = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
-      body: JSON.stringify({ model, messages, stream: true, stream_options: { include_usage: true } }),
+      body: JSON.stringify({ ...params, model, messages, stream: true, stream_options: { include_usage: true } }),
       signal,
     });
   } catch (exc) {

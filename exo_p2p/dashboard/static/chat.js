@@ -49,6 +49,8 @@ export class Chat {
     this.input = h("textarea", { id: "chat-input", rows: 2, placeholder: "Ask something… (Enter sends, Shift+Enter for a new line)" });
     this.send = h("button", { id: "chat-send", class: "primary", type: "submit" }, "Send");
     this.stop = h("button", { id: "chat-stop", type: "button", disabled: true, onclick: () => this.cancel() }, "Stop");
+    this.maxTokens = h("input", { id: "chat-max-tokens", type: "number", min: 1, placeholder: "default", "aria-label": "max tokens" });
+    this.temperature = h("input", { id: "chat-temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default", "aria-label": "temperature" });
     this.clear = h("button", { id: "chat-clear", class: "ghost", type: "button", onclick: () => this.reset() }, "New chat");
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey) {
@@ -60,6 +62,10 @@ export class Chat {
       this.input, h("div", { class: "chat-buttons" }, this.send, this.stop));
     this.root.replaceChildren(
       h("header", { class: "chat-head" }, h("h2", {}, "Chat"), this.select, this.clear),
+      h("div", { class: "chat-settings" },
+        h("label", {}, "max tokens ", this.maxTokens),
+        h("label", {}, "temperature ", this.temperature),
+      ),
       this.log,
       form,
     );
@@ -76,6 +82,16 @@ export class Chat {
     );
     if (models.includes(current)) this.select.value = current;
     this.updateButtons();
+  }
+
+  /** Sampling settings the user set (empty fields: the node's defaults). */
+  params() {
+    const out = {};
+    const max = parseInt(this.maxTokens.value, 10);
+    if (Number.isFinite(max) && max > 0) out.max_tokens = max;
+    const temperature = parseFloat(this.temperature.value);
+    if (Number.isFinite(temperature) && temperature >= 0) out.temperature = temperature;
+    return out;
   }
 
   get busy() {
@@ -164,6 +180,7 @@ export class Chat {
       answer.finish = await streamChat({
         model,
         messages: [...history, { role: "user", content: text }],
+        params: this.params(),
         signal: this.controller.signal,
         onDelta: (piece) => {
           const now = performance.now();
