@@ -60,7 +60,7 @@ def card(model_id: str, storage: int, n_layers: int) -> ModelCard:
 
 
 def synthetic_state(n_nodes: int = 8) -> State:
-    """``n_nodes`` nodes in a full mesh (node-0 master), 4 instances: a ready 2-rank, a ready
+    """``n_nodes`` (>= 7) nodes in a full mesh (node-0 master), 4 instances: a ready 2-rank, a ready
     4-rank, one loading (3 of 8 layers), one failed with ``FAILURE``; one task in flight."""
     ids = [NodeId(f"node-{i}") for i in range(n_nodes)]
     models = [card("llama-8b", 8 * GiB, 32), card("qwen-14b", 14 * GiB, 40), card("phi-3", 3 * GiB, 8),
