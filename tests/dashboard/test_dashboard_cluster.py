@@ -80,7 +80,8 @@ def test_page_shows_both_nodes_with_names_and_memory(shared_page, cluster):
     for node_id, profile in state["nodes"].items():
         card = page.locator(f'#nodes .node-card[data-node-id="{node_id}"]')
         assert profile["friendly_name"] in card.inner_text()
-        assert f"of {gib(profile['memory_total'])}" in card.locator(".mem-legend").inner_text()
+        assert f"{gib(profile['memory_total'])} memory" in card.locator("header").inner_text()
+        assert "free" in card.locator(".mem-legend").inner_text() and "shards" in card.locator(".mem-legend").inner_text()
         assert card.locator(".mem-bar .seg.other").count() == 1
         assert "tiny" in card.locator(".node-models").inner_text()
     master = page.locator("#nodes .node-card", has=page.locator(".badge.master"))

@@ -127,7 +127,7 @@ export class Chat {
   }
 
   messageNode(m) {
-    const content = h("div", { class: "content" }, m.content);
+    const content = h("div", { class: `content${!m.content && !m.streaming ? " empty" : ""}` }, m.content);
     const node = h("div", { class: `msg ${m.role}${m.streaming ? " streaming" : ""}` },
       h("div", { class: "who" }, m.role === "user" ? "you" : m.model || "assistant"),
       content,
@@ -192,6 +192,7 @@ export class Chat {
           lastAt = now;
           chunks += 1;
           answer.content += piece;
+          answer.contentNode.classList.remove("empty");
           answer.contentNode.append(document.createTextNode(piece));
           this.log.scrollTop = this.log.scrollHeight;
         },

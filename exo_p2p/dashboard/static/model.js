@@ -107,7 +107,7 @@ export function topologyLinks(state) {
 
 /**
  * Positions of `ids` on an ellipse filling a `width` x `height` box (SVG units) less `margin`
- * on each side, the first at the top; one node sits in the middle. Returns {id: {x, y}}.
+ * on each side, the first at the top; one node sits in the middle, two side by side. Returns {id: {x, y}}.
  */
 export function circleLayout(ids, width, height, margin = 60) {
   const out = {};
@@ -115,6 +115,12 @@ export function circleLayout(ids, width, height, margin = 60) {
   const cy = height / 2;
   if (ids.length === 1) {
     out[ids[0]] = { x: cx, y: cy };
+    return out;
+  }
+  if (ids.length === 2) {
+    const dx = Math.min(cx - margin * 1.5, 170);
+    out[ids[0]] = { x: cx - dx, y: cy };
+    out[ids[1]] = { x: cx + dx, y: cy };
     return out;
   }
   const ry = Math.max(10, cy - margin);

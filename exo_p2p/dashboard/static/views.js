@@ -17,22 +17,24 @@ import {
 
 const GRAPH_W = 560;
 const GRAPH_H = 320;
+const GRAPH_H_FEW = 190; // up to 3 nodes
 const LINK_LABELS_UP_TO = 3;
 
 /** The topology as an SVG graph: nodes on a circle, links between them, the master marked. */
 export function topologyGraph(state) {
   const ids = nodeOrder(state);
   const labels = nodeLabels(state);
-  const pos = circleLayout(ids, GRAPH_W, GRAPH_H, 62);
+  const height = ids.length <= 3 ? GRAPH_H_FEW : GRAPH_H;
+  const pos = circleLayout(ids, GRAPH_W, height, ids.length === 3 ? 50 : 62);
   const links = topologyLinks(state);
   const svg = s("svg", {
-    viewBox: `0 0 ${GRAPH_W} ${GRAPH_H}`,
+    viewBox: `0 0 ${GRAPH_W} ${height}`,
     class: "topology",
     role: "img",
     "aria-label": `topology of ${ids.length} nodes and ${links.length} links`,
   });
   if (ids.length === 0) {
-    svg.append(s("text", { x: GRAPH_W / 2, y: GRAPH_H / 2, class: "empty", "text-anchor": "middle" }, "no nodes in State yet"));
+    svg.append(s("text", { x: GRAPH_W / 2, y: height / 2, class: "empty", "text-anchor": "middle" }, "no nodes in State yet"));
     return svg;
   }
   for (const link of links) {
@@ -77,10 +79,9 @@ export function memoryBar(mem) {
       h("span", { class: "seg other", style: `width:${pct(mem.fractions.other)}` }),
     ),
     h("div", { class: "mem-legend" },
-      h("span", {}, h("i", { class: "dot ours" }), `our shards ${formatBytes(mem.ours)}`),
+      h("span", { title: "used by this cluster's shards" }, h("i", { class: "dot ours" }), `shards ${formatBytes(mem.ours)}`),
       h("span", {}, h("i", { class: "dot other" }), `other ${formatBytes(mem.other)}`),
       h("span", {}, h("i", { class: "dot free" }), `free ${formatBytes(mem.free)}`),
-      h("span", { class: "mem-total" }, `of ${formatBytes(mem.total)}`),
     ),
   );
 }
@@ -96,6 +97,7 @@ export function nodeCards(state) {
         h("span", { class: "node-name" }, labels[id]),
         id === state.master ? h("span", { class: "badge master" }, "master") : null,
         id === state.node_id ? h("span", { class: "badge self" }, "this node") : null,
+        h("span", { class: "mem-total" }, mem.total === null ? "" : `${formatBytes(mem.total)} memory`),
       ),
       h("div", { class: "node-facts", title: id }, `${shortId(id)} · ${n.cpu || "cpu ?"} × ${n.cpu_count || "?"} · ${n.os || "os ?"}`),
       memoryBar(mem),
