@@ -163,6 +163,9 @@ async def check_answer(response: httpx.Response) -> None:
         assert set(error) == {"message", "type", "param", "code"}
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
         assert response.text.endswith("data: [DONE]\n\n")
+    elif response.request.url.path == "/" or response.request.url.path.startswith("/dashboard/"):
+        # the dashboard page / Ollama banner and the page's assets (exo_p2p.dashboard)
+        assert response.headers["content-type"].startswith(("text/", "application/javascript"))
     else:
         json.loads(response.content)
 
