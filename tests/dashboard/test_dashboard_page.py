@@ -54,6 +54,21 @@ def test_root_is_the_page_for_browsers_and_the_ollama_banner_for_others(served):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
+def test_every_static_file_is_package_data():
+    """pyproject's package-data patterns cover every file of the page (else an installed,
+    non-editable node would serve 404s)."""
+    import fnmatch
+    import tomllib
+
+    from exo_p2p.dashboard import STATIC_DIR
+
+    pyproject = tomllib.loads((STATIC_DIR.parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["exo_p2p.dashboard"]
+    files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
+    assert "static/index.html" in files and "static/app.js" in files
+    assert [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
+
+
 def test_with_api_key_the_page_and_assets_need_none_but_the_data_does():
     server = ServedBackend(FakeCluster(synthetic_state(8)), access=AccessPolicy.of(["k1"])).start()
     try:
