@@ -128,7 +128,7 @@ def test_failed_instance_shows_why_and_refused_placement_shows_the_masters_reaso
     page.locator("#preview button.confirm").first.click()
     error = page.locator("#preview .placement-error")
     error.wait_for(timeout=5000)
-    assert REFUSAL in error.inner_text()
+    assert error.inner_text() == f"The master refused: {REFUSAL}"
     # an impossible preview is shown with its reason, without a Place button
     page.locator("#preview button.close").click()
     page.locator('#models tr[data-model="phi-3"] button.place').click()

@@ -84,7 +84,7 @@ async function openPreview(model) {
     if (ui.preview && ui.preview.model === model) ui.preview = { ...ui.preview, previews, loading: false };
   } catch (exc) {
     if (exc instanceof AuthRequired) return askForKey(true);
-    if (ui.preview && ui.preview.model === model) ui.preview = { ...ui.preview, loading: false, error: exc.message };
+    if (ui.preview && ui.preview.model === model) ui.preview = { ...ui.preview, loading: false, error: `no previews: ${exc.message}` };
   }
   render();
 }
@@ -103,7 +103,8 @@ async function confirmPlacement(preview) {
     poll();
   } catch (exc) {
     if (exc instanceof AuthRequired) return askForKey(true);
-    ui.preview = { ...ui.preview, placing: false, error: exc.message };
+    const why = exc instanceof ApiError ? `The master refused: ${exc.message}` : `Placement failed: ${exc.message}`;
+    ui.preview = { ...ui.preview, placing: false, error: why };
   }
   render();
 }

@@ -167,7 +167,7 @@ export function previewPanel(state, { model, previews, loading, error, placing }
   return h("section", { class: "preview-panel", dataset: { model } },
     h("header", {}, h("h3", {}, `Place ${model}`), h("button", { class: "ghost close", onclick: onClose }, "Close")),
     body,
-    error ? h("div", { class: "error placement-error", role: "alert" }, `The master refused: ${error}`) : null,
+    error ? h("div", { class: "error placement-error", role: "alert" }, error) : null,
   );
 }
 
