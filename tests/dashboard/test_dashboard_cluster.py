@@ -218,3 +218,22 @@ def test_api_key_page_shows_nothing_before_the_key_and_works_after(browser, tmp_
             assert page.locator("#key-dialog").is_hidden()
         finally:
             context.close()
+
+
+def test_failed_instance_shows_the_runners_reason(browser, tmp_path, models_dir):
+    """A runner that fails while loading (the node's test fault hook): the page shows the
+    instance failed and why, as the node reports it."""
+    with nodes_cleanup([]) as nodes:
+        node = NodeProcess(tmp_path / "faulty", extra_args=["--models-dir", str(models_dir), "--name", "faulty", "--fault-hook", "fail=loading"])
+        nodes.append(node.start())
+        context = browser.new_context()
+        page = context.new_page()
+        try:
+            page.goto(node.url + "/")
+            page.locator(f'#models tr[data-model="{MODEL}"] button.place').click()
+            page.locator("#preview button.confirm").first.click()
+            failed = page.locator('#instances .instance-card[data-status="failed"] .failure')
+            failed.first.wait_for(timeout=20000)
+            assert "fault hook: failure during load" in failed.first.inner_text()
+        finally:
+            context.close()
