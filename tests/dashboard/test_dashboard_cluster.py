@@ -43,7 +43,7 @@ def cluster(tmp_path_factory, models_dir):
         boot = [x for a in alpha.addrs() for x in ("--bootstrap", a)]
         beta = NodeProcess(base / "beta", cluster=name, extra_args=[*common, "--name", "beta", *boot]).start()
         nodes.append(beta)
-        wait_until(lambda: converged(nodes, 2), 40, what="2-node cluster")
+        wait_until(lambda: converged(nodes, 2), 60, what="2-node cluster")
         yield nodes
 
 
