@@ -272,6 +272,34 @@ class Node:
         if scope.cancelled_caught:
             log.warning("not joined yet; serving the API anyway", master=self.member.master)
 
+    async def count_tokens(self, model_id: str, params) -> int:  # type: ignore[no-untyped-def]
+        """``ApiBackend.count_tokens``: the prompt of ``params`` tokenized with the tokenizer of
+        this node's copy of ``model_id`` (loaded once, in a thread). Raises ``KeyError`` when
+        the model is not stored here, ``ValueError`` when its chat template fails."""
+        from exo_p2p.models.errors import ModelNotFoundError
+
+        cache: dict = self.__dict__.setdefault("_tokenizers", {})
+        tokenizer = cache.get(model_id)
+        if tokenizer is None:
+            from mlx_lm.utils import load_tokenizer
+
+            try:
+                path = await trio.to_thread.run_sync(self.store.resolve, model_id)
+            except ModelNotFoundError:
+                raise KeyError(model_id) from None
+            tokenizer = cache[model_id] = await trio.to_thread.run_sync(load_tokenizer, path)
+
+        def count() -> int:
+            if params.prompt is not None:
+                return len(tokenizer.encode(params.prompt))
+            messages = [{"role": m.role, "content": m.content} for m in params.messages]
+            try:
+                return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+                raise ValueError(f"the chat template of model {model_id} failed: {e}") from None
+
+        return await trio.to_thread.run_sync(count)
+
     async def _load_models(self) -> None:
         self._local_cards = await trio.to_thread.run_sync(self.store.list_cards)
         self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]

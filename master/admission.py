@@ -117,8 +117,9 @@ MAX_BYTES_PER_TOKEN`` bytes cannot fit the context, whatever its tokens."""
 
 
 def prompt_bytes(params: GenerationParams) -> int:
-    """UTF-8 bytes of every message's content."""
-    return sum(len(m.content.encode("utf-8", "surrogatepass")) for m in params.messages)
+    """UTF-8 bytes of every message's content (and of a raw ``prompt``)."""
+    raw = len(params.prompt.encode("utf-8", "surrogatepass")) if params.prompt is not None else 0
+    return raw + sum(len(m.content.encode("utf-8", "surrogatepass")) for m in params.messages)
 
 
 def oversized_prompt(params: GenerationParams, context_length: int) -> str | None:
@@ -139,6 +140,8 @@ def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
     message's role and content, ``TOKENS_PER_MESSAGE`` per message and ``TEMPLATE_TOKENS``,
     capped at ``context_length``."""
     total = TEMPLATE_TOKENS
+    if params.prompt is not None:
+        total += len(params.prompt.encode("utf-8", "surrogatepass"))
     for message in params.messages:
         total += TOKENS_PER_MESSAGE + len(message.role.encode()) + len(message.content.encode("utf-8", "surrogatepass"))
     return min(total, context_length)

@@ -4,8 +4,11 @@ fake backend of ``tests.test_api``; and the node's flags and start-up warning on
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -134,6 +137,41 @@ def test_keys_every_route_but_health_in_the_family_error_shape() -> None:
         assert r.status_code == 401 and set(r.json()) == {"error"} and "API key" in r.json()["error"]
 
     run_api(body, access=KEYED)
+
+
+def test_cli_client_sends_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exo_p2p.cli.client import API_KEY_ENV, ApiError as CliApiError, NodeClient
+    from tests.test_api import run_served
+
+    def use(url: str) -> tuple[Any, Any]:
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+        with NodeClient(url) as client:
+            try:
+                client.state()
+            except CliApiError as exc:
+                refused = exc
+        monkeypatch.setenv(API_KEY_ENV, KEY)
+        with NodeClient(url) as client:
+            return refused, client.state()
+
+    async def body(url: str, backend: FakeMaster) -> None:
+        refused, state = await trio.to_thread.run_sync(lambda: use(url))
+        assert "API key" in str(refused)
+        assert state["master"] == backend.node_id
+
+    run_served(body, access=KEYED)
+
+
+def test_should_not_retry_rule() -> None:
+    from exo_p2p.api.errors import error_headers, should_not_retry
+    from exo_p2p.types import ErrorInfo
+
+    for status in (400, 401, 403, 404, 409, 413, 415):
+        assert should_not_retry(ErrorInfo(status, "m", "t"))
+    for status, code in ((408, None), (429, "queue_full"), (500, None), (503, "loading"), (503, "instance_failed"), (504, "timeout")):
+        assert not should_not_retry(ErrorInfo(status, "m", "t", code=code))
+    assert error_headers(ErrorInfo(503, "no memory", "server_error", code="out_of_memory")) == {"x-should-retry": "false"}
+    assert error_headers(ErrorInfo(503, "loading", "server_error", code="loading")) == {"retry-after": "5"}
 
 
 # -------------------------------------------------------------------- cross-site requests

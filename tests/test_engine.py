@@ -385,6 +385,7 @@ def test_cancel_while_being_accepted_is_not_lost(loaded: LoadedModel) -> None:
 @given(n=st.integers(0, 10_000), max_tokens=st.integers(-2, 10_000), ctx=st.integers(1, 9_000))
 def test_context_rule(n: int, max_tokens: int, ctx: int) -> None:
     problem = validate_prompt(n, max_tokens, ctx)
-    assert (problem is None) == (n < ctx and max_tokens >= 1)
+    assert (problem is None) == (0 < n < ctx and max_tokens >= 1)
+    assert (validate_prompt(n, None, ctx) is None) == (0 < n < ctx)  # no max_tokens: no limit
     if n >= ctx:
         assert problem == f"prompt is {n} tokens but the model's context is {ctx} tokens"

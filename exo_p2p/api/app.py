@@ -7,7 +7,7 @@ Every answer is JSON or SSE (but the dashboard page and its assets, ``exo_p2p.da
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import structlog
 from starlette.applications import Starlette
@@ -16,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exo_p2p.api.access import AccessGuard, AccessPolicy
@@ -23,7 +24,8 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation import GenerationSettings, send_error
-from exo_p2p.api.routes import ApiConfig, api_routes
+from exo_p2p.api.context import ApiConfig
+from exo_p2p.api.routes import api_routes
 from exo_p2p.dashboard import dashboard_routes
 
 log = structlog.get_logger("exo_p2p.api")
@@ -38,6 +40,7 @@ def create_app(
     generation: GenerationSettings | None = None,
     command_timeout: float = 30.0,
     access: AccessPolicy | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -46,7 +49,9 @@ def create_app(
     ``max_body_bytes`` bounds request bodies (413); ``generation`` holds the waits of a
     chat completion (seconds); ``command_timeout`` the wait for the master's answer to
     place/delete (seconds); ``access`` the API keys and CORS origins
-    (``exo_p2p.api.access``; default: no key, no cross-origin browser access).
+    (``exo_p2p.api.access``; default: no key, no cross-origin browser access);
+    ``extra_routes`` are served too (e.g. a page route named ``dashboard``, which ``GET /``
+    serves to browsers; see ``exo_p2p.api.families.ollama``).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -59,7 +64,7 @@ def create_app(
         command_timeout=command_timeout,
     )
     return Starlette(
-        routes=[*api_routes(backend, config), *dashboard_routes()],
+        routes=[*api_routes(backend, config), *dashboard_routes(), *extra_routes],
         middleware=[
             Middleware(CatchAll),
             Middleware(
@@ -120,6 +125,7 @@ class CatchAll:
             log.exception("api.unhandled_error", method=scope.get("method"), path=scope.get("path"))
             if not started:
                 try:
-                    await send_error(send, error_info(500, "internal error; see the node's log", code="internal_error"))
+                    info = error_info(500, "internal error; see the node's log", code="internal_error")
+                    await send_error(send, info, family_of(scope.get("path", "")))
                 except Exception:  # the connection is gone too
                     log.debug("api.error_response_failed", path=scope.get("path"))

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from exo_p2p.types import Chunk, Command, CommandResult, ModelCard, NodeId, State, TaskId
+from exo_p2p.types import Chunk, Command, CommandResult, GenerationParams, ModelCard, ModelId, NodeId, State, TaskId
 
 
 class NodeSummary(msgspec.Struct, frozen=True):
@@ -63,6 +63,9 @@ class ApiBackend(Protocol):
     - ``event_times(since)``: the node's publish/receive/apply times of event indices
       ``since..`` (an ``exo_p2p.cluster.event_times.EventTimesView``; seconds of
       CLOCK_MONOTONIC), or None when the node records none.
+    - ``count_tokens(model_id, params)``: the prompt tokens of ``params`` with the model's
+      tokenizer and chat template; raises ``KeyError`` when this node holds no copy of the
+      model, ``ValueError`` when the template fails.
     """
 
     @property
@@ -85,3 +88,5 @@ class ApiBackend(Protocol):
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]: ...
 
     def event_times(self, since: int) -> Any: ...
+
+    async def count_tokens(self, model_id: ModelId, params: GenerationParams) -> int: ...

@@ -1,6 +1,8 @@
 """The endpoints of the HTTP API, as starlette routes bound to one ``ApiBackend``.
 
-Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cluster:
+Generations: the routes of each family in ``exo_p2p.api.families`` (OpenAI chat,
+completions and responses, Anthropic messages, Ollama), all answered through
+``exo_p2p.api.generation``; ``GET /v1/models/{id}``. Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
 ``GET /instances/previews``, ``GET|DELETE /instances/{id}``, ``GET /health`` (no key needed). Debug: ``GET /debug/event-times``
 (``ApiBackend.event_times``). Errors are raised as
@@ -9,22 +11,18 @@ Chat completions: ``POST /v1/chat/completions`` (``exo_p2p.api.generation``). Cl
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from exo_p2p.api.backend import ApiBackend
-from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
-from exo_p2p.api.chat_params import chat_plan
+from exo_p2p.api.body import read_body
+from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api.errors import ApiError, decode_json, error_response
-from exo_p2p.api.generation import GenerationResponse, GenerationSettings, InFlight
-from exo_p2p.api.schemas import ChatCompletionRequest, PlaceRequest
-from exo_p2p.api.views import instance_out, local_model, model_list, parse_nodes, state_document
+from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from exo_p2p.api.schemas import PlaceRequest
+from exo_p2p.api.views import instance_out, local_model, model_entry, model_list, parse_nodes, state_document
 from exo_p2p.state import instance_view
 from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
 
@@ -36,36 +34,29 @@ def json_response(value: object, status: int = 200) -> Response:
     return Response(_json.encode(value), status_code=status, media_type="application/json")
 
 
-@dataclass
-class ApiConfig:
-    """Settings of one API: model aliases (alias → model id), the in-flight generation limit
-    (None = unlimited), the request body limit in bytes, and the generation waits."""
-
-    model_aliases: Mapping[str, str]
-    queue_limit: int | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    generation: GenerationSettings = GenerationSettings()
-    command_timeout: float = 30.0
+__all__ = ["ApiConfig", "api_routes", "json_response"]
 
 
 def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     """The routes of the API, bound to ``backend`` (closures; no global state)."""
-    inflight = InFlight(config.queue_limit)
-    started = int(time.time())
+    ctx = ApiContext(backend, config)
+    started = ctx.started
 
     def _model_id(name: str) -> ModelId:
-        return ModelId(config.model_aliases.get(name, name))
-
-    async def chat_completions(request: Request) -> GenerationResponse:
-        body = await read_body(request, config.max_body_bytes)
-        plan = chat_plan(decode_json(body, ChatCompletionRequest), config.model_aliases)
-        return GenerationResponse(backend, plan, inflight, config.generation)
+        return ctx.model_id(name)
 
     async def health(request: Request) -> Response:
         return json_response({"status": "ok", "node_id": backend.node_id})
 
     async def list_models(request: Request) -> Response:
         return json_response(model_list(backend.state().model_cards.values(), started))
+
+    async def get_model(request: Request) -> Response:
+        name = request.path_params["model_id"]
+        card = ctx.card(name)
+        if card is None:
+            raise ApiError(404, f"The model `{name[:200]}` does not exist in this cluster", param="model", code="model_not_found")
+        return json_response(model_entry(card, started))
 
     async def list_local_models(request: Request) -> Response:
         return json_response([local_model(c) for c in sorted(backend.local_models(), key=lambda c: c.model_id)])
@@ -139,8 +130,13 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         return json_response(view)
 
     return [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *openai_chat.routes(ctx),
+        *openai_completions.routes(ctx),
+        *openai_responses.routes(ctx),
+        *anthropic.routes(ctx),
+        *ollama.routes(ctx),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/models", list_local_models, methods=["GET"]),
         Route("/state", get_state, methods=["GET"]),

@@ -1,10 +1,11 @@
 """HTTP request and response bodies as msgspec Structs: the type is the schema.
 
 Requests follow the OpenAI chat-completions schema (unknown fields are ignored; known
-parameters we do not support are decoded so that ``exo_p2p.api.chat_params`` can refuse them by
-name). Responses are encoded with ``msgspec.json``; fields the OpenAI schema does not allow
-to be ``null`` (``tool_calls``, ``function_call``, ``name``, ``logprobs``, ``refusal``) are
-simply not part of these types, and optional ones are omitted rather than sent as ``null``.
+parameters we do not support are decoded so that ``exo_p2p.api.families.openai_chat`` can
+refuse them by name). Responses are encoded with ``msgspec.json``. Stream chunks omit what
+they do not carry (``tool_calls``, ``function_call``, ``name``, ``logprobs``, ``refusal``
+never appear there); a non-streamed ``chat.completion`` carries the fields the spec
+requires even when null (``choices[].logprobs``, ``message.refusal``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ PositiveTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Seed = Annotated[int, msgspec.Meta(ge=0, le=SEED_LIMIT)]
-StopList = Annotated[list[str], msgspec.Meta(max_length=4)]
+StopList = list[str]
+"""Any number of stop strings (bounded only by the body size)."""
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+TopK = Annotated[int, msgspec.Meta(ge=0)]
+MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
@@ -66,6 +72,13 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     seed: Seed | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # Common extensions (vLLM, llama-server; the openai SDK sends them via ``extra_body``)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     # Known but unsupported: refused by name when not at their default.
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     tools: list[Any] | None = None
@@ -75,9 +88,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    logit_bias: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     audio: Any = None
     modalities: list[str] | None = None
 
@@ -139,12 +149,14 @@ class ChatCompletionChunk(msgspec.Struct, frozen=True, omit_defaults=True):
 class AssistantMessage(msgspec.Struct, frozen=True):
     role: str
     content: str
+    refusal: None = None
 
 
 class Choice(msgspec.Struct, frozen=True):
     index: int
     message: AssistantMessage
     finish_reason: str
+    logprobs: None = None
 
 
 class ChatCompletion(msgspec.Struct, frozen=True):

@@ -43,22 +43,24 @@ def instance_out(view: InstanceView) -> InstanceOut:
     )
 
 
+def model_entry(card: ModelCard, created: int) -> ModelEntry:
+    """``GET /v1/models/{id}`` (and each entry of ``GET /v1/models``); ``created`` in Unix
+    seconds."""
+    return ModelEntry(
+        id=card.model_id,
+        object="model",
+        created=created,
+        owned_by=OWNED_BY,
+        n_layers=card.n_layers,
+        storage_size=card.storage_size,
+        context_length=card.context_length,
+    )
+
+
 def model_list(cards: Iterable[ModelCard], created: int) -> ModelList:
     """``GET /v1/models``: every model card the cluster knows, sorted by id; ``created`` is
     Unix seconds (the cards carry no date, so the API's start time is used)."""
-    entries = [
-        ModelEntry(
-            id=c.model_id,
-            object="model",
-            created=created,
-            owned_by=OWNED_BY,
-            n_layers=c.n_layers,
-            storage_size=c.storage_size,
-            context_length=c.context_length,
-        )
-        for c in sorted(cards, key=lambda c: c.model_id)
-    ]
-    return ModelList(object="list", data=entries)
+    return ModelList(object="list", data=[model_entry(c, created) for c in sorted(cards, key=lambda c: c.model_id)])
 
 
 def local_model(card: ModelCard) -> LocalModel:

@@ -21,6 +21,8 @@ from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT
 
 DEFAULT_API = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 API_ENV = "EXO_P2P_API"
+API_KEY_ENV = "EXO_P2P_API_KEY"
+"""The API key the CLI sends (``Authorization: Bearer``) to a node started with ``--api-key``."""
 REQUEST_TIMEOUT = 30.0
 """Seconds to wait for a plain (non-streaming) API answer."""
 STREAM_READ_TIMEOUT = 600.0
@@ -163,8 +165,10 @@ class NodeClient:
 
     def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
         self.base_url = normalize_api_url(base_url)
+        key = os.environ.get(API_KEY_ENV, "").strip()
         self._http = httpx.Client(
             base_url=self.base_url,
+            headers={"authorization": f"Bearer {key}"} if key else None,
             timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT),
             transport=_transport,
             trust_env=False,

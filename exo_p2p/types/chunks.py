@@ -33,13 +33,15 @@ class TokenChunk(_Chunk, tag="token"):
 
 
 class FinishChunk(_Chunk, tag="finish"):
-    """The last chunk of a successful or cancelled generation; times in seconds."""
+    """The last chunk of a successful or cancelled generation; times in seconds.
+    ``stop_sequence`` is the stop string that ended it (None for an end-of-turn token)."""
 
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     ttft: float = 0.0
     decode_tokens_per_second: float = 0.0
+    stop_sequence: str | None = None
 
 
 class ErrorChunk(_Chunk, tag="error"):

@@ -26,18 +26,33 @@ class ChatMessage(msgspec.Struct, frozen=True):
 
 
 class GenerationParams(msgspec.Struct, frozen=True):
-    """Validated sampling parameters of one chat completion.
+    """Validated sampling parameters of one generation (every API family maps to these).
 
-    ``max_tokens`` counts completion tokens; ``temperature`` 0 is greedy; ``stop`` strings end
-    generation wherever they appear in the new text and are never emitted.
+    ``messages`` are rendered with the model's chat template; when ``prompt`` is set it is
+    the raw prompt text instead (``/v1/completions``, Ollama ``raw``) and ``messages`` is
+    empty. ``max_tokens`` counts completion tokens; None = until the model stops or the
+    context is full. ``temperature`` 0 is greedy; ``top_k`` 0, ``min_p`` 0, ``top_p`` 1 are
+    off. Penalties follow mlx-lm's logits processors over the last ``penalty_context``
+    tokens (prompt included): ``presence_penalty``/``frequency_penalty`` are additive (0 =
+    off), ``repetition_penalty`` multiplicative (1 = off). ``logit_bias`` is
+    ``((token_id, bias), …)`` added to the log-probabilities (-100 bans a token). ``stop``
+    strings end generation wherever they appear in the new text and are never emitted.
     """
 
     messages: tuple[ChatMessage, ...]
-    max_tokens: int = 512
+    max_tokens: int | None = None
     temperature: float = 0.7
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_context: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt: str | None = None
 
 
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):

@@ -19,7 +19,8 @@ while Python detokenizes and matches stop strings.
 Context rule (documented choice): a prompt of N tokens needs N < context; otherwise 400
 "prompt is N tokens but the model's context is M tokens". When N + max_tokens exceeds the
 context, max_tokens is clamped to context − N and generation ends with finish_reason
-"length" there.
+"length" there; no max_tokens (None) means until the model stops or the context is full.
+A request with a raw ``prompt`` is tokenized as is (no chat template, no template needed).
 
 Counting: ``completion_tokens`` counts generated tokens whose text is (or would be) output,
 up to and including the token that completes a stop string; an end-of-turn token is not
@@ -61,16 +62,26 @@ DEFAULT_PREFILL_CHUNK_SIZE = 256
 @dataclass(frozen=True)
 class GenerationRequest:
     """One chat completion to run. ``messages`` are ChatMessage or role/content mappings;
-    ``max_tokens`` counts completion tokens; ``temperature`` 0 is greedy; ``seed`` None →
-    derived from ``task_id`` (see ``sampling.seed_for``)."""
+    ``max_tokens`` counts completion tokens (None: until the model stops or the context is
+    full); ``temperature`` 0 is greedy; ``seed`` None → derived from ``task_id`` (see
+    ``sampling.seed_for``); the other sampling fields are ``GenerationParams``'; ``prompt``
+    (raw text, no chat template) replaces ``messages`` when set."""
 
     task_id: TaskId
     messages: Sequence[ChatMessage | Mapping[str, str]]
-    max_tokens: int = 512
+    max_tokens: int | None = None
     temperature: float = 0.7
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    penalty_context: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt: str | None = None
 
     @classmethod
     def from_params(cls, task_id: TaskId, params: GenerationParams) -> GenerationRequest:
@@ -83,6 +94,14 @@ class GenerationRequest:
             top_p=params.top_p,
             stop=tuple(params.stop),
             seed=params.seed,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            penalty_context=params.penalty_context,
+            logit_bias=tuple(params.logit_bias),
+            prompt=params.prompt,
         )
 
     def chat_messages(self) -> list[dict[str, str]]:
@@ -133,12 +152,14 @@ def _error(task_id: TaskId, status: int, message: str, *, param: str | None = No
                                                        type=kind, param=param, code=code))
 
 
-def validate_prompt(prompt_tokens: int, max_tokens: int, context_length: int) -> str | None:
+def validate_prompt(prompt_tokens: int, max_tokens: int | None, context_length: int) -> str | None:
     """The context rule: None when a prompt of ``prompt_tokens`` may run, else the 400
-    message. ``max_tokens`` beyond what is left is clamped, not an error."""
+    message. ``max_tokens`` beyond what is left is clamped, not an error (None: no limit)."""
     if prompt_tokens >= context_length:
         return f"prompt is {prompt_tokens} tokens but the model's context is {context_length} tokens"
-    if max_tokens < 1:
+    if prompt_tokens < 1:
+        return "the prompt is empty"
+    if max_tokens is not None and max_tokens < 1:
         return f"max_tokens must be at least 1, not {max_tokens}"
     return None
 
@@ -266,15 +287,18 @@ class Generator:
 
     def _accept(self, queued: _Queued) -> Chunk:
         req, tok = queued.request, self.loaded.tokenizer
-        if not tok.has_chat_template:
+        if req.prompt is not None:
+            ids = list(tok.encode(req.prompt))
+        elif not tok.has_chat_template:
             return _error(req.task_id, 400, f"model {self.model_id} has no chat template",
                           param="messages", code="no_chat_template")
-        try:
-            ids = tok.apply_chat_template(req.chat_messages(), add_generation_prompt=True)
-        except Exception as e:
-            return _error(req.task_id, 400,
-                          f"the chat template of model {self.model_id} failed: {e}",
-                          param="messages")
+        else:
+            try:
+                ids = tok.apply_chat_template(req.chat_messages(), add_generation_prompt=True)
+            except Exception as e:
+                return _error(req.task_id, 400,
+                              f"the chat template of model {self.model_id} failed: {e}",
+                              param="messages")
         if problem := validate_prompt(len(ids), req.max_tokens, self.loaded.context_length):
             code = "context_length_exceeded" if "context" in problem else None
             param = "messages" if code else "max_tokens"
@@ -282,13 +306,26 @@ class Generator:
         if req.temperature < 0:
             return _error(req.task_id, 400, f"temperature must be >= 0, not {req.temperature}",
                           param="temperature")
+        vocab = self._vocab_size()
+        for token_id, _bias in req.logit_bias:
+            if not 0 <= token_id < vocab:
+                return _error(req.task_id, 400, f"logit_bias token id {token_id} is not in the "
+                              f"vocabulary of model {self.model_id} (0..{vocab - 1})", param="logit_bias")
+        left = self.loaded.context_length - len(ids)
+        prompt = mx.array(ids, dtype=mx.int32)
         active = _Active(
             request=req,
             submitted_at=queued.submitted_at,
-            prompt=mx.array(ids, dtype=mx.int32),
-            max_new=min(req.max_tokens, self.loaded.context_length - len(ids)),
+            prompt=prompt,
+            max_new=left if req.max_tokens is None else min(req.max_tokens, left),
             cache=new_cache(self.loaded.model),
-            sampler=Sampler(req.temperature, req.top_p, seed_for(req.task_id, req.seed)),
+            sampler=Sampler(req.temperature, req.top_p, seed_for(req.task_id, req.seed),
+                            top_k=req.top_k, min_p=req.min_p,
+                            presence_penalty=req.presence_penalty,
+                            frequency_penalty=req.frequency_penalty,
+                            repetition_penalty=req.repetition_penalty,
+                            penalty_context=req.penalty_context,
+                            logit_bias=req.logit_bias, prompt=prompt),
             detokenizer=tok.detokenizer,
             stops=StopMatcher(req.stop),
         )
@@ -296,6 +333,12 @@ class Generator:
             active.cancel_requested = self._accepting_cancelled
             self._active = active
         return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(ids))
+
+    def _vocab_size(self) -> int:
+        """Rows of the model's output (the ids a logit bias may name)."""
+        args = getattr(self.loaded.model, "args", None)
+        size = getattr(args, "vocab_size", None)
+        return int(size) if size else len(self.loaded.tokenizer.get_vocab())
 
     def _sample(self, active: _Active, tokens: mx.array) -> mx.array:
         """Lazy next token [1] after feeding ``tokens`` [L] (as mlx-lm's ``_step``)."""
@@ -381,7 +424,8 @@ class Generator:
         self._end()
         return FinishChunk(task_id=active.request.task_id, finish_reason=reason,
                            prompt_tokens=active.prompt_tokens, completion_tokens=n,
-                           ttft=ttft, decode_tokens_per_second=tps)
+                           ttft=ttft, decode_tokens_per_second=tps,
+                           stop_sequence=active.stops.matched if reason == "stop" else None)
 
     def _end(self) -> None:
         with self._lock:

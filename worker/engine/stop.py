@@ -27,11 +27,17 @@ class StopMatcher:
         self._stops: tuple[str, ...] = tuple(s for s in dict.fromkeys(stops) if s)
         self._held = ""
         self._stopped = False
+        self._matched: str | None = None
 
     @property
     def stopped(self) -> bool:
         """Whether a stop string has matched."""
         return self._stopped
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string that matched (None before one has)."""
+        return self._matched
 
     def feed(self, text_delta: str) -> tuple[str, bool]:
         """Add newly generated text; return ``(text safe to emit now, stopped)``.
@@ -44,9 +50,10 @@ class StopMatcher:
         if not self._stops:
             return text_delta, False
         buf = self._held + text_delta
-        first = _first_completed(buf, self._stops)
+        first, stop = _first_completed(buf, self._stops)
         if first >= 0:
             self._stopped = True
+            self._matched = stop
             self._held = ""
             return buf[:first], True
         keep = _longest_suffix_prefix(buf, self._stops)
@@ -60,16 +67,17 @@ class StopMatcher:
         return "" if self._stopped else held
 
 
-def _first_completed(text: str, stops: Sequence[str]) -> int:
-    """Start index of the stop occurrence in ``text`` that completes first (smallest end;
-    on a tie the longest, so none of it is emitted), or -1. Generation stops as soon as a
-    stop string completes, so this choice does not depend on how the text was split."""
-    best: tuple[int, int] | None = None
+def _first_completed(text: str, stops: Sequence[str]) -> tuple[int, str | None]:
+    """Start index and string of the stop occurrence in ``text`` that completes first
+    (smallest end; on a tie the longest, so none of it is emitted), or ``(-1, None)``.
+    Generation stops as soon as a stop string completes, so this choice does not depend on
+    how the text was split."""
+    best: tuple[int, int, str] | None = None
     for stop in stops:
         i = text.find(stop)
-        if i >= 0 and (best is None or (i + len(stop), i) < best):
-            best = (i + len(stop), i)
-    return -1 if best is None else best[1]
+        if i >= 0 and (best is None or (i + len(stop), i) < best[:2]):
+            best = (i + len(stop), i, stop)
+    return (-1, None) if best is None else (best[1], best[2])
 
 
 def _longest_suffix_prefix(text: str, stops: Sequence[str]) -> int:

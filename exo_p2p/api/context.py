@@ -1,0 +1,81 @@
+"""What every route of the API shares: the backend, the settings, the in-flight counter.
+
+``ApiContext`` is built once per app by ``exo_p2p.api.routes.api_routes`` and handed to each
+family's routes (``exo_p2p.api.families``); ``read_json`` is the one way a route reads a
+request body into a Struct, and ``generate`` the one way it answers a generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from starlette.requests import Request
+
+from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
+from exo_p2p.api.errors import ApiError, decode_json
+from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
+from exo_p2p.types import GenerationParams, ModelCard, ModelId
+
+T = TypeVar("T")
+
+
+@dataclass
+class ApiConfig:
+    """Settings of one API: model aliases (alias → model id), the in-flight generation limit
+    (None = unlimited), the request body limit in bytes, and the generation waits."""
+
+    model_aliases: Mapping[str, str]
+    queue_limit: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    generation: GenerationSettings = GenerationSettings()
+    command_timeout: float = 30.0
+
+
+@dataclass
+class ApiContext:
+    """The backend and settings of one API, and the state its routes share: the in-flight
+    generation counter and the API's start time (Unix seconds, the ``created`` of models)."""
+
+    backend: ApiBackend
+    config: ApiConfig
+    inflight: InFlight = field(init=False)
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.inflight = InFlight(self.config.queue_limit)
+
+    def model_id(self, name: str) -> ModelId:
+        """The model id a client's model name stands for (aliases resolved)."""
+        return ModelId(self.config.model_aliases.get(name, name))
+
+    def card(self, name: str) -> ModelCard | None:
+        """The cluster's card of model ``name`` (aliases resolved), or None."""
+        return self.backend.state().model_cards.get(self.model_id(name))
+
+    async def read_json(self, request: Request, type_: type[T]) -> T:
+        """The request body decoded as ``type_`` (413 beyond the body limit, 400 when it does
+        not decode; see ``exo_p2p.api.errors.decode_json``)."""
+        return decode_json(await read_body(request, self.config.max_body_bytes), type_)
+
+    async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
+        """Prompt tokens of ``params`` for ``model_id`` (the backend's tokenizer); 404 when
+        this node holds no copy of the model (its tokenizer is needed)."""
+        try:
+            return await self.backend.count_tokens(ModelId(model_id), params)
+        except KeyError:
+            raise ApiError(
+                404,
+                f"model {model_id[:200]!r} is not stored on this node, and counting tokens needs its tokenizer; ask a node that holds it",
+                param="model",
+                code="model_not_local",
+            ) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)[:2000], param="messages") from None
+
+    def generate(self, job: GenerationJob) -> GenerationResponse:
+        """The ASGI app answering ``job`` through the shared path."""
+        return GenerationResponse(self.backend, job, self.inflight, self.config.generation)

@@ -1,0 +1,394 @@
+"""Ollama's native API: ``/api/chat``, ``/api/generate`` (NDJSON streams), ``/api/tags``,
+``/api/ps``, ``/api/show``, ``/api/version``, and ``HEAD /`` / ``GET /`` ("Ollama is running",
+which clients probe).
+
+``stream`` defaults to true, as in Ollama. ``options`` map to ours: ``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``num_predict`` (-1 / -2: until the model stops or the
+context is full), ``stop``, ``seed``, ``repeat_penalty``, ``repeat_last_n`` (the penalty
+window; 0 turns the penalties off), ``presence_penalty``, ``frequency_penalty``. Options that
+only tune Ollama's own runtime (``num_ctx``, ``num_thread``, ``num_gpu``, ``num_batch``, …) are
+ignored, as Ollama ignores options it does not know; sampling options we cannot honour
+(``mirostat``, ``tfs_z``, ``typical_p`` at non-default values) are refused by name. Defaults
+not given are ``GenerationParams``' own (Ollama's model files would set their own).
+``/api/generate`` with ``raw: true`` sends the prompt without the chat template; an empty
+prompt (or no messages) answers at once with ``done_reason: "load"``, as Ollama does. The
+last object of a stream (and a non-streamed body) has ``done: true``, ``done_reason``,
+``prompt_eval_count``, ``eval_count`` and durations in nanoseconds. Errors are
+``{"error": "…"}``; an error mid-stream is one such line, which ends the stream.
+
+``GET /`` is content-negotiated: a client that accepts ``text/html`` (a browser) gets the
+route named ``dashboard`` when the app has one, everyone else "Ollama is running".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from exo_p2p.api.context import ApiContext
+from exo_p2p.api.errors import ApiError, ollama_error_body
+from exo_p2p.api.families.common import check_range, refuse_set
+from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.schemas import NonEmptyStr
+from exo_p2p.state import instance_view
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ModelCard
+
+OLLAMA_VERSION = "0.12.0"
+"""The Ollama version ``/api/version`` reports (clients check for a recent enough one)."""
+NDJSON_MEDIA_TYPE = "application/x-ndjson"
+ROOT_TEXT = "Ollama is running"
+DASHBOARD_ROUTE = "dashboard"
+"""Name of the route ``GET /`` serves to browsers (registered by the dashboard, if any)."""
+RUNTIME_OPTIONS = frozenset({
+    "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+    "low_vram", "vocab_only", "num_keep", "f16_kv", "logits_all", "embedding_only", "penalize_newline",
+})
+"""Options that tune Ollama's runtime, not the sampled text: ignored."""
+_ROLES = ("system", "user", "assistant")
+_json = msgspec.json.Encoder()
+
+
+class OllamaMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str = ""
+    images: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+
+
+class ChatRequest(msgspec.Struct, frozen=True):
+    """``POST /api/chat`` (unknown fields ignored)."""
+
+    model: NonEmptyStr
+    messages: list[OllamaMessage] | None = None
+    stream: bool = True
+    format: Any = None
+    options: dict[str, Any] | None = None
+    keep_alive: Any = None
+    tools: list[Any] | None = None
+    think: Any = None
+
+
+class GenerateRequest(msgspec.Struct, frozen=True):
+    """``POST /api/generate`` (unknown fields ignored)."""
+
+    model: NonEmptyStr
+    prompt: str = ""
+    system: str | None = None
+    stream: bool = True
+    raw: bool = False
+    format: Any = None
+    options: dict[str, Any] | None = None
+    keep_alive: Any = None
+    suffix: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    images: list[Any] | None = None
+    think: Any = None
+
+
+class ShowRequest(msgspec.Struct, frozen=True):
+    """``POST /api/show``: ``model`` (or the older ``name``)."""
+
+    model: str | None = None
+    name: str | None = None
+    verbose: bool | None = None
+
+
+def _number(options: dict[str, Any], key: str, kind: type = float) -> Any:
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ApiError(400, f"options.{key} must be {'an integer' if kind is int else 'a number'}, got {value!r:.40}", param=f"options.{key}")
+    return kind(value)
+
+
+def options_fields(options: dict[str, Any] | None) -> dict[str, Any]:
+    """``GenerationParams`` fields from Ollama ``options`` (see the module docstring)."""
+    o = options or {}
+    refuse_set([
+        ("options.mirostat", bool(o.get("mirostat")), "mirostat sampling is not supported"),
+        ("options.tfs_z", o.get("tfs_z") not in (None, 1, 1.0), "tail-free sampling is not supported"),
+        ("options.typical_p", o.get("typical_p") not in (None, 1, 1.0), "typical sampling is not supported"),
+    ])
+    fields: dict[str, Any] = {}
+    temperature = _number(o, "temperature")
+    check_range("options.temperature", temperature, 0.0, 100.0)
+    top_p = _number(o, "top_p")
+    check_range("options.top_p", top_p, 0.0, 1.0, low_open=True)
+    top_k = _number(o, "top_k", int)
+    check_range("options.top_k", top_k, 0, 2**31)
+    min_p = _number(o, "min_p")
+    check_range("options.min_p", min_p, 0.0, 1.0)
+    repeat = _number(o, "repeat_penalty")
+    check_range("options.repeat_penalty", repeat, 0.0, 10.0, low_open=True)
+    presence, frequency = _number(o, "presence_penalty"), _number(o, "frequency_penalty")
+    check_range("options.presence_penalty", presence, -2.0, 2.0)
+    check_range("options.frequency_penalty", frequency, -2.0, 2.0)
+    seed = _number(o, "seed", int)
+    num_predict = _number(o, "num_predict", int)
+    last_n = _number(o, "repeat_last_n", int)
+    for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
+                       ("repetition_penalty", repeat), ("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if value is not None:
+            fields[key] = value
+    if seed is not None:
+        fields["seed"] = seed & ((1 << 63) - 1)
+    if num_predict is not None and num_predict >= 0:
+        if num_predict == 0:
+            raise ApiError(400, "options.num_predict must be at least 1 (or -1 for no limit)", param="options.num_predict")
+        fields["max_tokens"] = num_predict
+    if last_n is not None:
+        if last_n == 0:  # Ollama: 0 disables the repeat window
+            fields.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+        elif last_n > 0:
+            fields["penalty_context"] = last_n
+    stop = o.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise ApiError(400, "options.stop must be a list of strings", param="options.stop")
+        fields["stop"] = tuple(s for s in dict.fromkeys(stop) if s)
+    return fields
+
+
+def _refuse_common(fmt: Any, tools: list[Any] | None, think: Any) -> None:
+    refuse_set([
+        ("format", fmt not in (None, ""), "structured output (format) is not supported"),
+        ("tools", bool(tools), "tool calling is not supported"),
+        ("think", bool(think), "thinking is not supported by the models served"),
+    ])
+
+
+def chat_params(r: ChatRequest) -> GenerationParams | None:
+    """``GenerationParams`` of ``/api/chat``; None for a load request (no messages)."""
+    _refuse_common(r.format, r.tools, r.think)
+    fields = options_fields(r.options)
+    if not r.messages:
+        return None
+    messages = []
+    for i, m in enumerate(r.messages):
+        if m.role not in _ROLES:
+            raise ApiError(400, f"messages[{i}].role must be system, user or assistant, got {m.role[:64]!r}", param=f"messages[{i}].role")
+        if m.images:
+            raise ApiError(400, f"unsupported parameter 'messages[{i}].images': the models served take text only", param=f"messages[{i}].images")
+        if m.tool_calls:
+            raise ApiError(400, f"unsupported parameter 'messages[{i}].tool_calls': tool calling is not supported", param=f"messages[{i}].tool_calls")
+        messages.append(ChatMessage(m.role, m.content))
+    return GenerationParams(messages=tuple(messages), **fields)
+
+
+def generate_params(r: GenerateRequest) -> GenerationParams | None:
+    """``GenerationParams`` of ``/api/generate``; None for a load request (empty prompt)."""
+    _refuse_common(r.format, None, r.think)
+    refuse_set([
+        ("suffix", bool(r.suffix), "insertion (suffix) is not supported"),
+        ("template", bool(r.template), "custom prompt templates are not supported (use raw: true with a formatted prompt)"),
+        ("context", bool(r.context), "the token context of an earlier answer is not supported; use /api/chat"),
+        ("images", bool(r.images), "the models served take text only"),
+    ])
+    fields = options_fields(r.options)
+    if not r.prompt:
+        return None
+    if r.raw:
+        return GenerationParams(messages=(), prompt=r.prompt, **fields)
+    messages = ([ChatMessage("system", r.system)] if r.system else []) + [ChatMessage("user", r.prompt)]
+    return GenerationParams(messages=tuple(messages), **fields)
+
+
+def timestamp(unix: float | None = None) -> str:
+    """RFC 3339 UTC with microseconds, as Ollama's ``created_at``."""
+    moment = datetime.fromtimestamp(time.time() if unix is None else unix, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class OllamaEncoder:
+    """NDJSON of one generation: ``chat`` objects carry ``message``, ``generate`` objects
+    ``response``. Durations are nanoseconds, measured from the encoder's creation (the
+    request's arrival) and the runner's ``ttft`` / decode rate."""
+
+    family = "ollama"
+    media_type = NDJSON_MEDIA_TYPE
+
+    def __init__(self, model: str, kind: str) -> None:
+        self.model = model
+        self.kind = kind
+        self.t0 = time.monotonic()
+
+    def _object(self, text: str, done: bool, **extra: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = {"model": self.model, "created_at": timestamp()}
+        if self.kind == "chat":
+            doc["message"] = {"role": "assistant", "content": text}
+        else:
+            doc["response"] = text
+        doc["done"] = done
+        doc.update(extra)
+        return doc
+
+    def _line(self, doc: dict[str, Any]) -> bytes:
+        return _json.encode(doc) + b"\n"
+
+    def stats(self, chunk: FinishChunk) -> dict[str, Any]:
+        total = time.monotonic() - self.t0
+        decode = (chunk.completion_tokens - 1) / chunk.decode_tokens_per_second if chunk.decode_tokens_per_second > 0 else 0.0
+        return {
+            "done_reason": "length" if chunk.finish_reason == "length" else "stop",
+            "total_duration": int(total * 1e9),
+            "load_duration": 0,
+            "prompt_eval_count": chunk.prompt_tokens,
+            "prompt_eval_duration": int(chunk.ttft * 1e9),
+            "eval_count": chunk.completion_tokens,
+            "eval_duration": int(decode * 1e9),
+        }
+
+    def start(self, prompt_tokens: int | None) -> bytes:
+        return b""
+
+    def text(self, delta: str) -> bytes:
+        return self._line(self._object(delta, False))
+
+    def finish(self, chunk: FinishChunk) -> bytes:
+        return self._line(self._object("", True, **self.stats(chunk)))
+
+    def error(self, info: ErrorInfo) -> bytes:
+        return ollama_error_body(info) + b"\n"
+
+    def keepalive(self) -> bytes:
+        return self.text("")
+
+    def body(self, text: str, chunk: FinishChunk) -> bytes:
+        return _json.encode(self._object(text, True, **self.stats(chunk)))
+
+    def load_answer(self) -> Response:
+        """The answer to a load request (no prompt): done at once, ``done_reason: "load"``."""
+        doc = self._object("", True, done_reason="load")
+        return Response(_json.encode(doc) + b"\n", media_type="application/json")
+
+
+def _digest(model_id: str) -> str:
+    return hashlib.sha256(model_id.encode()).hexdigest()
+
+
+def _details(card: ModelCard) -> dict[str, Any]:
+    return {"parent_model": "", "format": "mlx", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
+
+
+def _entry(card: ModelCard, modified: str) -> dict[str, Any]:
+    return {"name": card.model_id, "model": card.model_id, "modified_at": modified, "size": card.storage_size,
+            "digest": _digest(card.model_id), "details": _details(card)}
+
+
+def _json_response(doc: Any) -> Response:
+    return Response(_json.encode(doc), media_type="application/json")
+
+
+def accepts_html(request: Request) -> bool:
+    """Whether the client says it takes ``text/html`` (a browser navigating to the page)."""
+    return "text/html" in request.headers.get("accept", "").lower()
+
+
+def _route_named(request: Request, name: str) -> Route | None:
+    for route in getattr(request.app, "routes", []):
+        if getattr(route, "name", None) == name and isinstance(route, Route):
+            return route
+    return None
+
+
+def routes(ctx: ApiContext) -> list[Route]:
+    """The Ollama routes (see the module docstring)."""
+
+    def known(model: str) -> ModelCard:
+        card = ctx.card(model)
+        if card is None:
+            raise ApiError(404, f"model '{model[:200]}' not found", param="model", code="model_not_found")
+        return card
+
+    async def chat(request: Request) -> Response | GenerationResponse:
+        r = await ctx.read_json(request, ChatRequest)
+        params = chat_params(r)
+        model_id = ctx.model_id(r.model)
+        encoder = OllamaEncoder(model_id, "chat")
+        if params is None:
+            known(r.model)
+            return encoder.load_answer()
+        return ctx.generate(GenerationJob(model_id=model_id, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
+
+    async def generate(request: Request) -> Response | GenerationResponse:
+        r = await ctx.read_json(request, GenerateRequest)
+        params = generate_params(r)
+        model_id = ctx.model_id(r.model)
+        encoder = OllamaEncoder(model_id, "generate")
+        if params is None:
+            known(r.model)
+            return encoder.load_answer()
+        return ctx.generate(GenerationJob(model_id=model_id, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
+
+    async def tags(request: Request) -> Response:
+        modified = timestamp(ctx.started)
+        cards = sorted(ctx.backend.state().model_cards.values(), key=lambda c: c.model_id)
+        return _json_response({"models": [_entry(c, modified) for c in cards]})
+
+    async def ps(request: Request) -> Response:
+        state = ctx.backend.state()
+        ready = sorted({inst.model_id for inst in state.instances.values() if instance_view(state, inst).status == "ready"})
+        expires = "2999-01-01T00:00:00Z"
+        models = []
+        for model_id in ready:
+            card = state.model_cards.get(model_id)
+            if card is None:
+                continue
+            entry = _entry(card, timestamp(ctx.started))
+            entry.pop("modified_at")
+            models.append({**entry, "expires_at": expires, "size_vram": 0, "context_length": card.context_length})
+        return _json_response({"models": models})
+
+    async def show(request: Request) -> Response:
+        r = await ctx.read_json(request, ShowRequest)
+        name = r.model or r.name
+        if not name:
+            raise ApiError(400, "model is required", param="model")
+        card = known(name)
+        info = {
+            "general.architecture": "llama",
+            "llama.context_length": card.context_length,
+            "llama.embedding_length": card.hidden_size,
+            "llama.block_count": card.n_layers,
+            "llama.attention.head_count": card.num_attention_heads,
+            "llama.attention.head_count_kv": card.num_key_value_heads,
+            "llama.vocab_size": card.vocab_size,
+        }
+        return _json_response({
+            "modelfile": "", "parameters": "", "template": "", "details": _details(card), "model_info": info,
+            "capabilities": ["completion"], "modified_at": timestamp(ctx.started),
+        })
+
+    async def version(request: Request) -> Response:
+        return _json_response({"version": OLLAMA_VERSION})
+
+    async def root(request: Request) -> Response | ASGIApp:
+        if request.method == "GET" and accepts_html(request):
+            page = _route_named(request, DASHBOARD_ROUTE)
+            if page is not None:
+                async def serve_page(scope: Scope, receive: Receive, send: Send) -> None:
+                    await page.handle(scope, receive, send)
+                return serve_page  # type: ignore[return-value]
+        return PlainTextResponse(ROOT_TEXT)
+
+    return [
+        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/api/chat", chat, methods=["POST"]),
+        Route("/api/generate", generate, methods=["POST"]),
+        Route("/api/tags", tags, methods=["GET"]),
+        Route("/api/ps", ps, methods=["GET"]),
+        Route("/api/show", show, methods=["POST"]),
+        Route("/api/version", version, methods=["GET"]),
+    ]

@@ -1,0 +1,195 @@
+"""OpenAI chat completions, ``POST /v1/chat/completions``.
+
+``chat_job(request, ctx)`` is the pure rule from the request to a ``GenerationJob``: it checks
+what msgspec's schema cannot (roles, content parts, unsupported parameters, empty messages)
+and raises ``ApiError(400)`` naming the parameter. Defaults not given by the client are
+``GenerationParams``' own (no ``max_tokens``: until the model stops or the context is full).
+``ChatEncoder`` turns our chunks into OpenAI bytes: a stream is ``role chunk, content
+chunks…, one finish chunk, [usage chunk], data: [DONE]``; exactly one event carries a
+non-null ``finish_reason``; an error after the stream began is ``data: {"error": …}`` then
+``data: [DONE]`` (the openai SDK raises it as ``APIError``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import msgspec
+from starlette.requests import Request
+from starlette.routing import Route
+
+from exo_p2p.api.context import ApiContext
+from exo_p2p.api.errors import ApiError, error_body
+from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
+from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    Delta,
+    MessageIn,
+    StreamChoice,
+    Usage,
+)
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
+
+ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "developer": "system"}
+"""Accepted roles and the role they are served as (``developer`` is OpenAI's newer ``system``)."""
+_NO_TOOLS = (None, "none", "auto")
+DONE = b"data: [DONE]\n\n"
+_json = msgspec.json.Encoder()
+
+
+def openai_finish_reason(reason: str) -> str:
+    """Our ``FinishReason`` as OpenAI's: ``cancelled`` → ``stop``; ``stop``/``length`` unchanged."""
+    return "stop" if reason == "cancelled" else reason
+
+
+def chat_params(request: ChatCompletionRequest) -> GenerationParams:
+    """Validate ``request`` and map it to ``GenerationParams``.
+
+    Raises ``ApiError(400, param=...)`` for: empty ``messages``; a ``tool``/``function`` or
+    unknown role; a content part other than text; an assistant message with tool calls; a
+    known unsupported parameter at a non-default value (``n`` > 1, ``tools``,
+    ``tool_choice``, ``functions``, ``function_call``, ``logprobs``, ``top_logprobs``,
+    ``response_format`` other than text, ``audio``, ``modalities`` other than text); a bad
+    ``logit_bias``. Empty stop strings are dropped.
+    """
+    _refuse_unsupported(request)
+    if not request.messages:
+        raise ApiError(400, "messages must contain at least one message", param="messages")
+    messages = tuple(message_of(i, m) for i, m in enumerate(request.messages))
+    fields: dict[str, object] = {"messages": messages, "stop": stop_strings(request.stop)}
+    max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    optional = {
+        "max_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "repetition_penalty": request.repetition_penalty,
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    fields["logit_bias"] = logit_bias_pairs(request.logit_bias)
+    return GenerationParams(**fields)  # type: ignore[arg-type]
+
+
+def chat_job(request: ChatCompletionRequest, aliases: Mapping[str, str] | None = None) -> GenerationJob:
+    """The ``GenerationJob`` of a chat completion (see ``chat_params``)."""
+    params = chat_params(request)
+    model_id = (aliases or {}).get(request.model, request.model)
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    task_id = new_task_id()
+    encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage)
+    return GenerationJob(model_id=model_id, params=params, stream=bool(request.stream), encoder=encoder, task_id=task_id)
+
+
+def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -> ChatMessage:
+    """One OpenAI message as a ``ChatMessage`` (text parts joined); 400 naming
+    ``messages[i]…`` for a role, content or tool call we cannot serve."""
+    where = f"{where_prefix}[{index}]"
+    role = ROLE_ALIASES.get(message.role)
+    if role is None:
+        if message.role in ("tool", "function"):
+            raise ApiError(400, f"{where}.role '{message.role}' is not supported: tool calling is not served", param=f"{where}.role")
+        raise ApiError(
+            400,
+            f"{where}.role '{message.role[:64]}' is unknown: expected system, user, assistant or developer",
+            param=f"{where}.role",
+        )
+    if message.tool_calls:
+        raise ApiError(400, f"{where}.tool_calls is not supported: tool calling is not served", param=f"{where}.tool_calls")
+    content = message.content
+    if content is None:
+        if role != "assistant":
+            raise ApiError(400, f"{where}.content is required for role '{message.role}'", param=f"{where}.content")
+        return ChatMessage(role=role, content="")
+    if isinstance(content, str):
+        return ChatMessage(role=role, content=content)
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text"):
+            raise ApiError(
+                400,
+                f"{where}.content[{j}] has type '{part.type[:64]}': only 'text' content parts are supported",
+                param=f"{where}.content[{j}].type",
+            )
+        if part.text is None:
+            raise ApiError(400, f"{where}.content[{j}].text is required", param=f"{where}.content[{j}].text")
+        texts.append(part.text)
+    return ChatMessage(role=role, content="".join(texts))
+
+
+def _refuse_unsupported(r: ChatCompletionRequest) -> None:
+    refuse_set([
+        ("n", r.n is not None and r.n > 1, "only n=1 is supported"),
+        ("tools", bool(r.tools), "tool calling is not supported"),
+        ("tool_choice", r.tool_choice not in _NO_TOOLS, "tool calling is not supported"),
+        ("functions", bool(r.functions), "function calling is not supported"),
+        ("function_call", r.function_call not in _NO_TOOLS, "function calling is not supported"),
+        ("logprobs", bool(r.logprobs), "logprobs are not supported"),
+        ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
+        ("response_format", r.response_format is not None and r.response_format.type != "text",
+         "only response_format type 'text' is supported"),
+        ("audio", r.audio is not None, "audio output is not supported"),
+        ("modalities", any(m != "text" for m in r.modalities or ()), "only the 'text' modality is supported"),
+    ])
+
+
+class ChatEncoder(msgspec.Struct, frozen=True):
+    """OpenAI chat bytes of one completion: ``id`` is ``chatcmpl-<task_id>``, ``created``
+    Unix seconds, ``model`` the model id served; ``include_usage`` adds the usage chunk."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+    family: str = "openai"
+    media_type: str = SSE_MEDIA_TYPE
+
+    def _chunk(self, delta: Delta, finish_reason: str | None) -> bytes:
+        choice = StreamChoice(index=0, delta=delta, finish_reason=finish_reason)
+        return sse(ChatCompletionChunk(self.id, "chat.completion.chunk", self.created, self.model, [choice]))
+
+    def start(self, prompt_tokens: int | None) -> bytes:
+        """The first event: ``delta: {"role": "assistant", "content": ""}``."""
+        return self._chunk(Delta(role="assistant", content=""), None)
+
+    def text(self, delta: str) -> bytes:
+        return self._chunk(Delta(content=delta), None)
+
+    def finish(self, chunk: FinishChunk) -> bytes:
+        """The one event with a non-null ``finish_reason`` (empty delta), [usage], [DONE]."""
+        tail = self._chunk(Delta(), openai_finish_reason(chunk.finish_reason))
+        if self.include_usage:
+            usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens)
+            tail += sse(ChatCompletionChunk(self.id, "chat.completion.chunk", self.created, self.model, [], usage))
+        return tail + DONE
+
+    def error(self, info: ErrorInfo) -> bytes:
+        return sse(error_body(info)) + DONE
+
+    def keepalive(self) -> bytes:
+        return SSE_KEEPALIVE
+
+    def body(self, text: str, chunk: FinishChunk) -> bytes:
+        """A whole non-streamed ``chat.completion`` JSON body."""
+        choice = Choice(index=0, message=AssistantMessage("assistant", text), finish_reason=openai_finish_reason(chunk.finish_reason))
+        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens)
+        return _json.encode(ChatCompletion(self.id, "chat.completion", self.created, self.model, [choice], usage))
+
+
+def routes(ctx: ApiContext) -> list[Route]:
+    """``POST /v1/chat/completions``."""
+
+    async def chat_completions(request: Request) -> GenerationResponse:
+        return ctx.generate(chat_job(await ctx.read_json(request, ChatCompletionRequest), ctx.config.model_aliases))
+
+    return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+
