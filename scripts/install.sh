@@ -8,11 +8,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 # System packages: command -> Debian package. iproute2 (ip, ss) and iptables are used by the
-# network-fault tests (network namespaces, dropped and reset links).
+# network-fault tests (network namespaces, dropped and reset links); chromium by the
+# dashboard's browser tests (Playwright drives Debian's chromium; never `playwright install`,
+# which downloads a browser of its own).
 SYSTEM_PACKAGES=(
   "ip:iproute2"
   "ss:iproute2"
   "iptables:iptables"
+  "chromium:chromium"
 )
 
 missing=()

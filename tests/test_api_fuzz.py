@@ -172,7 +172,11 @@ async def check_answer(response: httpx.Response) -> None:
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
         assert response.text.endswith("data: [DONE]\n\n")
     elif response.request.url.path == "/":
+        # the Ollama banner (the dashboard page only when the client accepts text/html)
         assert response.text == "Ollama is running" or response.request.method == "HEAD"
+    elif response.request.url.path.startswith("/dashboard/"):
+        # the dashboard's assets (exo_p2p.dashboard)
+        assert response.headers["content-type"].startswith(("text/", "application/javascript"))
     elif response.headers.get("content-type", "").startswith("application/x-ndjson"):
         assert all(json.loads(line) for line in response.text.splitlines())
     else:

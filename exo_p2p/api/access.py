@@ -13,7 +13,8 @@ the error shape of the route's API family (``exo_p2p.api.errors.family_of``):
 2. ``POST``/``PUT``/``PATCH`` bodies must be ``application/json`` (415 otherwise): a
    cross-site form post (``application/x-www-form-urlencoded``, ``multipart/form-data``,
    ``text/plain``) never reaches a route.
-3. With API keys configured, every path but the public ones (``/health``) needs
+3. With API keys configured, every path but the public ones (``/health``, and the
+   dashboard: ``/`` and ``/dashboard/…``) needs
    ``Authorization: Bearer KEY``; Anthropic routes (``/v1/messages…``) also accept
    ``x-api-key: KEY``. Missing or wrong → 401. Keys are compared in constant time.
 
@@ -34,9 +35,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.errors import error_info, family_error_response, family_of
 from exo_p2p.types import ErrorInfo
+from exo_p2p.dashboard.routes import ASSET_PREFIX
 
-PUBLIC_PATHS: frozenset[str] = frozenset({"/health"})
-"""Paths served without an API key."""
+PUBLIC_PATHS: frozenset[str] = frozenset({"/health", "/"})
+"""Paths served without an API key (``/``: the dashboard page or the Ollama banner; neither
+carries cluster data)."""
+PUBLIC_PREFIXES: tuple[str, ...] = (ASSET_PREFIX + "/",)
+"""Path prefixes served without an API key: the dashboard's static assets (the page is not
+secret; the data it then fetches is, and needs the key)."""
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods whose body must be JSON."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -183,7 +189,7 @@ class AccessGuard:
                 f"requests from origin {origin[:200]!r} are not allowed; start the node with --cors-origins to allow a web origin",
                 code="origin_not_allowed",
             )
-        if self.policy.api_keys and path not in self.policy.public_paths:
+        if self.policy.api_keys and path not in self.policy.public_paths and not path.startswith(PUBLIC_PREFIXES):
             if not key_accepted(presented_keys(headers, family), self.policy.api_keys):
                 where = "Authorization: Bearer KEY" + (" or x-api-key: KEY" if family == "anthropic" else "")
                 given = bool(presented_keys(headers, family))

@@ -1,6 +1,6 @@
 """``create_app``: the ASGI application of a node's HTTP API (starlette; runs on trio).
 
-Every answer is JSON or SSE: unknown paths are 404, wrong methods 405, request problems 4xx
+Every answer is JSON or SSE (but the dashboard page and its assets, ``exo_p2p.dashboard``): unknown paths are 404, wrong methods 405, request problems 4xx
 (OpenAI-shaped errors), and any unexpected exception is logged and answered with a generic
 500 JSON — never a traceback page.
 """
@@ -26,6 +26,7 @@ from exo_p2p.api.errors import ApiError, error_info, family_error_response, fami
 from exo_p2p.api.generation import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
 from exo_p2p.api.routes import api_routes
+from exo_p2p.dashboard import dashboard_routes
 
 log = structlog.get_logger("exo_p2p.api")
 
@@ -63,7 +64,7 @@ def create_app(
         command_timeout=command_timeout,
     )
     return Starlette(
-        routes=[*api_routes(backend, config), *extra_routes],
+        routes=[*api_routes(backend, config), *dashboard_routes(), *extra_routes],
         middleware=[
             Middleware(CatchAll),
             Middleware(

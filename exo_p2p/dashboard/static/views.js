@@ -1,0 +1,220 @@
+// Builders of the page's sections from State (GET /state) and instance views (GET /instances).
+// Each returns fresh DOM; app.js decides when to rebuild (dom.renderIfChanged).
+
+import { h, s } from "./dom.js";
+import {
+  circleLayout,
+  formatBytes,
+  loadFraction,
+  modelRows,
+  nodeLabels,
+  nodeMemory,
+  nodeOrder,
+  requestsInFlight,
+  shortId,
+  topologyLinks,
+} from "./model.js";
+
+const GRAPH_W = 560;
+const GRAPH_H = 320;
+const GRAPH_H_FEW = 190; // up to 3 nodes
+const LINK_LABELS_UP_TO = 3;
+
+/** The topology as an SVG graph: nodes on a circle, links between them, the master marked. */
+export function topologyGraph(state) {
+  const ids = nodeOrder(state);
+  const labels = nodeLabels(state);
+  const height = ids.length <= 3 ? GRAPH_H_FEW : GRAPH_H;
+  const pos = circleLayout(ids, GRAPH_W, height, ids.length === 3 ? 50 : 62);
+  const links = topologyLinks(state);
+  const svg = s("svg", {
+    viewBox: `0 0 ${GRAPH_W} ${height}`,
+    class: "topology",
+    role: "img",
+    "aria-label": `topology of ${ids.length} nodes and ${links.length} links`,
+  });
+  if (ids.length === 0) {
+    svg.append(s("text", { x: GRAPH_W / 2, y: height / 2, class: "empty", "text-anchor": "middle" }, "no nodes in State yet"));
+    return svg;
+  }
+  for (const link of links) {
+    const a = pos[link.a];
+    const b = pos[link.b];
+    const text = `${link.kinds.join("/")} · ${link.addresses.join(", ")}`;
+    const g = s("g", { class: `link${link.both ? "" : " one-way"}`, dataset: { link: `${link.a} ${link.b}` } },
+      s("title", {}, `${labels[link.a]} ⇄ ${labels[link.b]}: ${text}${link.both ? "" : " (one direction only)"}`),
+      s("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y }),
+    );
+    if (links.length <= LINK_LABELS_UP_TO) {
+      g.append(s("text", { x: (a.x + b.x) / 2, y: (a.y + b.y) / 2 - 8, "text-anchor": "middle", class: "link-label" }, text));
+    }
+    svg.append(g);
+  }
+  for (const id of ids) {
+    const p = pos[id];
+    const isMaster = id === state.master;
+    const isSelf = id === state.node_id;
+    const mem = nodeMemory(state, id);
+    const g = s("g", { class: `graph-node${isMaster ? " master" : ""}${isSelf ? " self" : ""}`, dataset: { nodeId: id } },
+      s("title", {}, `${labels[id]} (${id})${isMaster ? " — master" : ""}${isSelf ? " — serving this page" : ""}`),
+      s("circle", { cx: p.x, cy: p.y, r: 22 }),
+      isMaster ? s("text", { x: p.x, y: p.y + 6, "text-anchor": "middle", class: "node-initial" }, "★") : null,
+      s("text", { x: p.x, y: p.y + 40, "text-anchor": "middle", class: "node-label" }, labels[id]),
+      s("text", { x: p.x, y: p.y + 54, "text-anchor": "middle", class: "node-sub" },
+        mem.total === null ? "memory ?" : `${formatBytes(mem.free)} free`),
+    );
+    if (isMaster) g.append(s("text", { x: p.x, y: p.y - 30, "text-anchor": "middle", class: "master-mark" }, "master"));
+    svg.append(g);
+  }
+  return svg;
+}
+
+/** The memory bar of one node: our shards, other use, free (fractions of total). */
+export function memoryBar(mem) {
+  if (!mem.fractions) return h("div", { class: "mem-bar unknown" }, h("span", { class: "mem-text" }, "memory not reported yet"));
+  const pct = (f) => `${(f * 100).toFixed(2)}%`;
+  return h("div", { class: "mem" },
+    h("div", { class: "mem-bar", title: `ours ${formatBytes(mem.ours)}, other ${formatBytes(mem.other)}, free ${formatBytes(mem.free)} of ${formatBytes(mem.total)}` },
+      h("span", { class: "seg ours", style: `width:${pct(Math.max(mem.fractions.ours, mem.ours > 0 ? 0.006 : 0))}` }),
+      h("span", { class: "seg other", style: `width:${pct(mem.fractions.other)}` }),
+    ),
+    h("div", { class: "mem-legend" },
+      h("span", { title: "used by this cluster's shards" }, h("i", { class: "dot ours" }), `shards ${formatBytes(mem.ours)}`),
+      h("span", {}, h("i", { class: "dot other" }), `other ${formatBytes(mem.other)}`),
+      h("span", {}, h("i", { class: "dot free" }), `free ${formatBytes(mem.free)}`),
+    ),
+  );
+}
+
+/** One card per node: name, badges, host facts, memory bar, models held. */
+export function nodeCards(state) {
+  const labels = nodeLabels(state);
+  return nodeOrder(state).map((id) => {
+    const n = state.nodes[id];
+    const mem = nodeMemory(state, id);
+    return h("article", { class: "node-card", dataset: { nodeId: id } },
+      h("header", {},
+        h("span", { class: "node-name" }, labels[id]),
+        id === state.master ? h("span", { class: "badge master" }, "master") : null,
+        id === state.node_id ? h("span", { class: "badge self" }, "this node") : null,
+        h("span", { class: "mem-total" }, mem.total === null ? "" : `${formatBytes(mem.total)} memory`),
+      ),
+      h("div", { class: "node-facts", title: id }, `${shortId(id)} · ${n.cpu || "cpu ?"} × ${n.cpu_count || "?"} · ${n.os || "os ?"}`),
+      memoryBar(mem),
+      h("div", { class: "node-models" },
+        (n.models || []).length ? n.models.map((m) => h("span", { class: "chip" }, m)) : h("span", { class: "muted" }, "no models on disk"),
+      ),
+    );
+  });
+}
+
+/** The links as a list (the graph labels them only when there are few). */
+export function linkList(state) {
+  const labels = nodeLabels(state);
+  const links = topologyLinks(state);
+  if (links.length <= LINK_LABELS_UP_TO) return [];
+  return h("details", { class: "links" },
+    h("summary", {}, `${links.length} links`),
+    h("ul", {}, links.map((l) => h("li", {}, `${labels[l.a]} ⇄ ${labels[l.b]} · ${l.kinds.join("/")} · ${l.addresses.join(", ")}${l.both ? "" : " (one way)"}`))),
+  );
+}
+
+/** The models table; `onPlace(modelId)` opens the placement previews. */
+export function modelTable(state, onPlace) {
+  const labels = nodeLabels(state);
+  const rows = modelRows(state);
+  if (!rows.length) return h("p", { class: "muted" }, "No model known to the cluster (start a node with --models-dir).");
+  return h("table", { class: "models" },
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", {}, "size"), h("th", {}, "layers"), h("th", {}, "context"), h("th", {}, "on nodes"), h("th", {}, "instances"), h("th", {}))),
+    h("tbody", {}, rows.map((r) =>
+      h("tr", { dataset: { model: r.id } },
+        h("td", { class: "model-id" }, r.id),
+        h("td", {}, formatBytes(r.storage_size)),
+        h("td", {}, r.n_layers),
+        h("td", {}, r.context_length.toLocaleString("en")),
+        h("td", {}, r.holders.length ? r.holders.map((id) => labels[id]).join(", ") : h("span", { class: "muted" }, "none")),
+        h("td", {}, r.instances),
+        h("td", {}, h("button", { class: "place", onclick: () => onPlace(r.id) }, "Place…")),
+      ))),
+  );
+}
+
+/**
+ * The placement previews of `model` (GET /instances/previews answer) with a Place button each;
+ * `onConfirm(preview)` places it, `onClose()` hides the panel; `error` is the master's refusal.
+ */
+export function previewPanel(state, { model, previews, loading, error, placing }, onConfirm, onClose) {
+  const labels = nodeLabels(state);
+  const label = (id) => labels[id] || shortId(id);
+  let body;
+  if (loading) body = h("p", { class: "muted" }, "Asking the master for placements…");
+  else if (!previews || !previews.length) body = h("p", { class: "muted" }, "No placement is possible.");
+  else {
+    body = h("table", { class: "previews" },
+      h("thead", {}, h("tr", {}, h("th", {}, "sharding"), h("th", {}, "nodes"), h("th", {}, "layers per node"), h("th", {}, "memory per node"), h("th", {}))),
+      h("tbody", {}, previews.map((p, i) =>
+        h("tr", { class: p.error ? "impossible" : "", dataset: { preview: i } },
+          h("td", {}, p.sharding, h("span", { class: "muted" }, ` × ${p.world_size}`)),
+          h("td", {}, (p.nodes || []).map(label).join(" → ") || "—"),
+          h("td", {}, (p.layers || []).join(" + ") || "—"),
+          h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—"),
+          h("td", {}, p.error
+            ? h("span", { class: "why" }, p.error)
+            : h("button", { class: "confirm", disabled: placing, onclick: () => onConfirm(p) }, placing ? "Placing…" : "Place")),
+        ))),
+    );
+  }
+  return h("section", { class: "preview-panel", dataset: { model } },
+    h("header", {}, h("h3", {}, `Place ${model}`), h("button", { class: "ghost close", onclick: onClose }, "Close")),
+    body,
+    error ? h("div", { class: "error placement-error", role: "alert" }, error) : null,
+  );
+}
+
+const STATUS_CLASS = { ready: "ok", loading: "busy", failed: "bad" };
+
+/**
+ * One card per instance: status, load progress, failure reason, shards (rank, layers, node,
+ * runner status), requests in flight, last measured tokens/s, a Delete button.
+ * `ui` = {deleting: Set, deleteErrors: {id: message}, speeds: {model: tokens/s}, onDelete(id)}.
+ */
+export function instanceCards(state, views, ui) {
+  if (!views.length) return h("p", { class: "muted" }, "No instance placed. Place a model above.");
+  const labels = nodeLabels(state);
+  const inFlight = requestsInFlight(state);
+  return views.map((v) => {
+    const fraction = loadFraction(v);
+    const deleting = ui.deleting.has(v.instance_id);
+    const speed = ui.speeds[v.model];
+    return h("article", { class: `instance-card ${STATUS_CLASS[v.status] || ""}`, dataset: { instanceId: v.instance_id, status: v.status } },
+      h("header", {},
+        h("span", { class: "instance-model" }, v.model),
+        h("span", { class: "muted" }, ` ${v.sharding} · ${v.shards.length} ${v.shards.length === 1 ? "rank" : "ranks"} · ${v.instance_id.slice(0, 8)}`),
+        h("span", { class: `status ${STATUS_CLASS[v.status] || ""}` }, v.status),
+      ),
+      v.status === "failed"
+        ? h("div", { class: "error failure", role: "alert" }, v.reason || "failed (no reason given)")
+        : h("div", { class: "progress-row" },
+            h("progress", { class: "load", max: 1, value: fraction }),
+            h("span", { class: "progress-text" }, `${v.layers_loaded}/${v.layers_total} layers loaded`),
+          ),
+      h("table", { class: "shards" },
+        h("thead", {}, h("tr", {}, h("th", {}, "rank"), h("th", {}, "layers"), h("th", {}, "node"), h("th", {}, "memory"), h("th", {}, "runner"))),
+        h("tbody", {}, v.shards.map((sh) =>
+          h("tr", { dataset: { rank: sh.rank } },
+            h("td", {}, sh.rank),
+            h("td", {}, `${sh.start_layer}–${sh.end_layer}`),
+            h("td", { title: sh.node_id }, labels[sh.node_id] || `${shortId(sh.node_id)} (gone)`),
+            h("td", {}, formatBytes(sh.share_bytes)),
+            h("td", { class: `runner ${sh.status}` }, sh.status.replace("_", " ")),
+          ))),
+      ),
+      h("footer", {},
+        h("span", { class: "inflight" }, `requests in flight: ${inFlight[v.instance_id] || 0}`),
+        h("span", { class: "speed" }, speed ? `last answer ${speed.toFixed(1)} tokens/s` : ""),
+        ui.deleteErrors[v.instance_id] ? h("span", { class: "error inline" }, ui.deleteErrors[v.instance_id]) : null,
+        h("button", { class: "danger delete", disabled: deleting, onclick: () => ui.onDelete(v.instance_id) }, deleting ? "Deleting…" : "Delete"),
+      ),
+    );
+  });
+}
