@@ -37,6 +37,12 @@ class GenerationParams(msgspec.Struct, frozen=True):
     off), ``repetition_penalty`` multiplicative (1 = off). ``logit_bias`` is
     ``((token_id, bias), …)`` added to the log-probabilities (-100 bans a token). ``stop``
     strings end generation wherever they appear in the new text and are never emitted.
+
+    A resumed request (issue 14, ``exo_p2p.api.resume``): ``resume_tokens`` are the token ids
+    already generated (and sent to the client) by an earlier task of the same request; the
+    runner prefills prompt + them, replays them through detokenizer and stop matcher without
+    emitting their text, counts them as completion tokens, and continues. ``origin_task_id``
+    is the request's first task id (the seed of a request without ``seed`` derives from it).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -53,6 +59,8 @@ class GenerationParams(msgspec.Struct, frozen=True):
     penalty_context: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()
     prompt: str | None = None
+    resume_tokens: tuple[int, ...] = ()
+    origin_task_id: str | None = None
 
 
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):

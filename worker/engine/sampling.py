@@ -13,10 +13,12 @@ Semantics follow ``mlx_lm.sample_utils`` (``make_logits_processors`` then ``make
    ``apply_top_k`` (``0 < top_k < vocab``), in mlx-lm's order, then a categorical draw from
    ``logprobs / temperature``.
 
-Unlike mlx-lm, whose sampler draws from the process-global ``mx.random`` state, each
-``Sampler`` owns its own key (``mx.random.key(seed)``, split once per draw), so one seed
-always gives the same tokens whatever else the process samples, and pipeline ranks that share
-the seed draw the same token.
+Unlike mlx-lm, whose sampler draws from the process-global ``mx.random`` state, each draw's
+key is derived from (seed, position) alone (``step_key_seed``: the position of the drawn token in
+the whole sequence, prompt included), never from a running state. So one seed always gives
+the same tokens whatever else the process samples, pipeline ranks that share the seed draw
+the same token, and a request resumed elsewhere with prompt + the tokens already generated
+as its new prompt draws the same next tokens as the uninterrupted run (issue 14).
 """
 
 from __future__ import annotations
@@ -36,11 +38,27 @@ def seed_for(task_id: str, seed: int | None) -> int:
     return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "little") >> 1
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def step_key_seed(seed: int, position: int) -> int:
+    """The 63-bit key seed of the draw at sequence ``position`` (tokens, ≥ 0) for ``seed``:
+    splitmix64 of ``seed`` and ``position``, so neighbouring positions get unrelated keys."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    for _ in range(2):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z ^= z >> 31
+    return z >> 1
+
+
 class Sampler:
     """Draws one token id per call from log-probabilities ``[batch, vocab]`` → ``[batch]``.
 
     ``prompt`` (token ids) seeds the history the penalties look at; every drawn token is
-    appended to it. Calls are lazy (they only build the graph), so the generator can
+    appended to it. ``position`` is the sequence position of the first drawn token (default
+    ``len(prompt)``); each draw's key is ``step_key_seed(seed, position)``. Calls are lazy
+    (they only build the graph), so the generator can
     ``mx.async_eval`` the next token while the current one is detokenized. Not thread-safe:
     one per request. Raises ``ValueError`` for a negative temperature or penalty context.
     """
@@ -59,6 +77,7 @@ class Sampler:
         penalty_context: int = 64,
         logit_bias: Sequence[tuple[int, float]] = (),
         prompt: Sequence[int] | mx.array = (),
+        position: int | None = None,
     ) -> None:
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, not {temperature}")
@@ -68,7 +87,8 @@ class Sampler:
         self.top_p = float(top_p)
         self.top_k = int(top_k)
         self.min_p = float(min_p)
-        self._key = mx.random.key(seed) if self.temperature > 0 else None
+        self._seed = int(seed)
+        self._position = int(prompt.size if isinstance(prompt, mx.array) else len(prompt)) if position is None else int(position)
         self._processors = make_logits_processors(
             logit_bias=dict(logit_bias) or None,
             repetition_penalty=None if repetition_penalty == 1.0 else float(repetition_penalty),
@@ -101,7 +121,7 @@ class Sampler:
         return token
 
     def _draw(self, logprobs: mx.array) -> mx.array:
-        if self._key is None:
+        if self.temperature == 0:
             return mx.argmax(logprobs, axis=-1)
         if 0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
@@ -109,5 +129,6 @@ class Sampler:
             logprobs = apply_min_p(logprobs, self.min_p)
         if 0 < self.top_k < logprobs.shape[-1]:
             logprobs = apply_top_k(logprobs, self.top_k)
-        self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=sub)
+        key = mx.random.key(step_key_seed(self._seed, self._position))
+        self._position += 1
+        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key)
