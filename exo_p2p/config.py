@@ -98,6 +98,8 @@ class NodeConfig(msgspec.Struct):
     new_identity: bool = False
     friendly_name: str | None = None
     queue_limit: int | None = 64
+    max_moves: int = 2
+    """Times a request may move to another instance after a failure (``exo_p2p.api.resume``)."""
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
     compact_every: int = 20_000

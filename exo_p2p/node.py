@@ -18,6 +18,7 @@ import structlog
 import trio
 
 from exo_p2p.api.backend import NodeHealth, NodeSummary
+from exo_p2p.api.generation import GenerationSettings
 from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
 from exo_p2p.config import NO_PEERS_WARNING_AFTER, NodeConfig
@@ -392,7 +393,8 @@ class Node:
                     )
                     log.warning("api open to the network", api_host=cfg.api_host)
                     print(f"warning: {warning}", file=sys.stderr)
-                app = create_app(self, queue_limit=cfg.queue_limit, access=access)
+                app = create_app(self, queue_limit=cfg.queue_limit, access=access,
+                                 generation=GenerationSettings(max_moves=cfg.max_moves))
                 self.api_port = await nursery.start(serve, app, cfg.api_host, cfg.api_port)
                 log.info(
                     "node ready",

@@ -682,7 +682,7 @@ def test_models_state_and_nodes() -> None:
         assert state["state_hash"] == state_hash(backend.state()) and len(state["state_hash"]) == 64
         assert state["last_event_idx"] == backend.state().last_event_idx == 2
         assert state["term"] == 1 and state["node_id"] == "node-a" and state["master"] == "node-a"
-        assert state["warnings"] == ["no peers found for 12 s"] and state["counters"] == {"dropped": 3}
+        assert state["warnings"] == ["no peers found for 12 s"] and state["counters"] == {"dropped": 3, "requests_moved": 0, "requests_move_failed": 0}
         assert set(state["instances"]) == set(backend.state().instances)
         assert msgspec.convert({k: state[k] for k in State.__struct_fields__}, State) == backend.state()
         nodes = (await client.get("/nodes")).json()

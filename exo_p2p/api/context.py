@@ -18,6 +18,7 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
 from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
+from exo_p2p.api.resume import MoveCounters
 from exo_p2p.types import GenerationParams, ModelCard, ModelId
 
 T = TypeVar("T")
@@ -43,6 +44,8 @@ class ApiContext:
     backend: ApiBackend
     config: ApiConfig
     inflight: InFlight = field(init=False)
+    moves: MoveCounters = field(default_factory=MoveCounters)
+    """Requests this API moved after a failure, and those that then failed (``/state`` counters)."""
     started: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -78,4 +81,4 @@ class ApiContext:
 
     def generate(self, job: GenerationJob) -> GenerationResponse:
         """The ASGI app answering ``job`` through the shared path."""
-        return GenerationResponse(self.backend, job, self.inflight, self.config.generation)
+        return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves)

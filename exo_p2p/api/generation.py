@@ -20,6 +20,12 @@ written once for all families. Its contract:
 - A client that disconnects (streaming or not), or a wait that times out, makes it send
   ``CancelGeneration`` (shielded, bounded by ``cancel_timeout``).
 - With a queue limit, a request beyond it is answered 429 at once.
+- A task that fails on the serving side (its instance's node or runner died, chunks were
+  lost) does not end the request: it moves — a continuation task with the tokens already
+  sent is submitted, and the client's stream goes on from the continuation's chunks, with
+  keep-alives while it waits; at most ``max_moves`` times, each accepted within
+  ``move_bound`` seconds, else the failure's error is answered (rules: ``exo_p2p.api.resume``).
+  A cancellation or disconnect during a move cancels the current task.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import structlog
 import trio
 from starlette.types import Receive, Scope, Send
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.errors import Family, error_headers, error_info, family_error_body
+from exo_p2p.api.resume import MAX_MOVES, MOVE_BOUND, GiveUp, MoveCounters, model_given_up, movable, on_failure, on_refusal
 from exo_p2p.types import (
     CancelGeneration,
     Chunk,
@@ -62,13 +70,18 @@ class GenerationSettings:
     is generous; the node itself guarantees an ``ErrorChunk`` when a runner dies);
     ``command_timeout``: the wait for the master's answer to ``SubmitGeneration``;
     ``cancel_timeout``: the wait for ``CancelGeneration`` after a disconnect;
-    ``keepalive_interval``: the longest a stream stays silent (must be < 10).
+    ``keepalive_interval``: the longest a stream stays silent (must be < 10);
+    ``max_moves``: times a request may move to another instance after a failure (0: never);
+    ``move_bound``: the longest wait for a ready instance to accept a moved request
+    (``exo_p2p.api.resume``).
     """
 
     chunk_timeout: float = 600.0
     command_timeout: float = 30.0
     cancel_timeout: float = 5.0
     keepalive_interval: float = 5.0
+    max_moves: int = MAX_MOVES
+    move_bound: float = MOVE_BOUND
 
 
 class StreamEncoder(Protocol):
@@ -153,7 +166,8 @@ async def send_error(send: Send, info: ErrorInfo, family: str = "openai") -> Non
 class GenerationResponse:
     """The ASGI app answering one ``GenerationJob`` (see the module docstring)."""
 
-    def __init__(self, backend: ApiBackend, job: GenerationJob, inflight: InFlight, settings: GenerationSettings) -> None:
+    def __init__(self, backend: ApiBackend, job: GenerationJob, inflight: InFlight, settings: GenerationSettings,
+                 counters: MoveCounters | None = None) -> None:
         self.backend = backend
         self.job = job
         self.encoder = job.encoder
@@ -165,6 +179,11 @@ class GenerationResponse:
         self._outcome = "unanswered"
         self._streaming = False
         self._last_sent = 0.0
+        self.counters = counters if counters is not None else MoveCounters()
+        self._chunks: trio.MemoryReceiveChannel[Chunk] | None = None
+        self._sent_tokens: list[int] = []
+        """Token ids of the chunks handed to the client so far (what a move resumes from)."""
+        self._moves = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.inflight.try_acquire():
@@ -173,11 +192,11 @@ class GenerationResponse:
             await send_error(send, error_info(429, message, code="queue_full"), self.encoder.family)
             return
         try:
-            chunks = self.backend.open_chunks(self.task_id)
+            self._chunks = self.backend.open_chunks(self.task_id)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_disconnect, receive, nursery.cancel_scope)
-                    await self._answer(chunks, send)
+                    await self._answer(send)
                     nursery.cancel_scope.cancel()
             finally:
                 if self._submitted and not self._ended:
@@ -206,7 +225,7 @@ class GenerationResponse:
             except Exception:  # the client is gone; nobody to tell but the log
                 log.exception("api.cancel_failed", task_id=self.task_id)
 
-    async def _answer(self, chunks: trio.MemoryReceiveChannel[Chunk], send: Send) -> None:
+    async def _answer(self, send: Send) -> None:
         submit = SubmitGeneration(
             command_id=new_id(),
             task_id=self.task_id,
@@ -221,14 +240,14 @@ class GenerationResponse:
             self._outcome = f"refused {result.error.status}"
             await send_error(send, result.error, self.encoder.family)
             return
-        first = await self._next(chunks, send)
+        first = await self._next(send)
         if isinstance(first, ErrorChunk) and not self._streaming:
             self._outcome = f"error {first.error.status} before output"
             await send_error(send, first.error, self.encoder.family)
         elif self.job.stream:
-            await self._stream(first, chunks, send)
+            await self._stream(first, send)
         else:
-            await self._collect(first, chunks, send)
+            await self._collect(first, send)
 
     async def _begin_stream(self, send: Send, prompt_tokens: int | None) -> None:
         headers = [(b"content-type", self.encoder.media_type.encode())]
@@ -243,8 +262,74 @@ class GenerationResponse:
             await send({"type": "http.response.body", "body": body, "more_body": more})
             self._last_sent = trio.current_time()
 
-    async def _next(self, chunks: trio.MemoryReceiveChannel[Chunk], send: Send) -> Chunk:
-        """The next chunk; a synthetic ``ErrorChunk`` when none comes within ``chunk_timeout``
+    async def _next(self, send: Send) -> Chunk:
+        """The next chunk for the client, across moves: a movable failure of the current
+        task is replaced by the continuation's chunks (``_move``), or by the error to answer
+        when the request cannot move. Records the token ids handed out."""
+        while True:
+            chunk = await self._receive(send)
+            if isinstance(chunk, ErrorChunk) and movable(chunk.error):
+                error = await self._move(chunk.error, send)
+                if error is None:
+                    continue
+                return ErrorChunk(task_id=self.task_id, error=error)
+            if isinstance(chunk, TokenChunk) and chunk.token_id is not None:
+                self._sent_tokens.append(chunk.token_id)
+            return chunk
+
+    async def _move(self, failure: ErrorInfo, send: Send) -> ErrorInfo | None:
+        """Move the request after its task failed with ``failure``: submit continuations
+        until one is accepted (None) or the rules give up (the error to answer)."""
+        decision = on_failure(failure, tuple(self._sent_tokens), self._moves, self.settings.max_moves)
+        if isinstance(decision, GiveUp):
+            self.counters.failed += 1
+            return decision.error
+        started = trio.current_time()
+        await self._cancel()  # the failed task may still run (chunks lost on the way)
+        self.backend.close_chunks(self.task_id)
+        params = msgspec.structs.replace(self.job.params, resume_tokens=decision.resume_tokens, origin_task_id=self.job.task_id)
+        while True:
+            task_id = new_task_id()
+            # the continuation is the current task from its submission on: a disconnect
+            # while the master answers cancels it
+            self.task_id, self._chunks, self._ended = task_id, self.backend.open_chunks(task_id), False
+            submit = SubmitGeneration(command_id=new_id(), task_id=task_id, model_id=self.job.model_id, params=params,
+                                      api_node_id=NodeId(self.backend.node_id))
+            # bounded by the keep-alive interval, so a stream is never silent for long
+            timeout = min(self.settings.command_timeout, self.settings.keepalive_interval)
+            result = await self.backend.command(submit, timeout=timeout)
+            if result.error is None:
+                self._moves += 1
+                self.counters.moved += 1
+                log.info("api.request_moved", task_id=task_id, origin=self.job.task_id, instance_id=result.instance_id,
+                         resumed_tokens=len(decision.resume_tokens), moves=self._moves, reason=failure.message)
+                return None
+            self.backend.close_chunks(task_id)
+            self._ended = True
+            waited = trio.current_time() - started
+            given_up = model_given_up(self.backend.state(), self.job.model_id)
+            step = on_refusal(failure, result.error, waited=waited, bound=self.settings.move_bound, given_up=given_up)
+            if isinstance(step, GiveUp):
+                self.counters.failed += 1
+                log.info("api.request_not_moved", task_id=self.task_id, origin=self.job.task_id, error=step.error.message)
+                return step.error
+            await trio.sleep(step.delay)
+            await self._keepalive_if_due(send, started)
+
+    async def _keepalive_if_due(self, send: Send, quiet_since: float) -> None:
+        """During a move: a stream's keep-alive when ``keepalive_interval`` passed without
+        bytes (a stream not begun yet is begun, as ``_receive`` does)."""
+        if not self.job.stream:
+            return
+        now = trio.current_time()
+        if not self._streaming:
+            if now - quiet_since >= self.settings.keepalive_interval:
+                await self._begin_stream(send, None)
+        elif now - self._last_sent >= self.settings.keepalive_interval:
+            await self._send(send, self.encoder.keepalive())
+
+    async def _receive(self, send: Send) -> Chunk:
+        """The current task's next chunk; a synthetic ``ErrorChunk`` when none comes within ``chunk_timeout``
         (504) or the node closed the channel without a last chunk (503). A stream gets a
         keep-alive after every ``keepalive_interval`` without bytes (and is begun by the
         first one when it has not begun yet)."""
@@ -256,8 +341,9 @@ class GenerationResponse:
                 since = self._last_sent if self._streaming else now
                 wait = min(wait, max(0.0, since + self.settings.keepalive_interval - now))
             with trio.move_on_after(wait):
+                assert self._chunks is not None
                 try:
-                    chunk = await chunks.receive()
+                    chunk = await self._chunks.receive()
                 except (trio.EndOfChannel, trio.ClosedResourceError):
                     info = error_info(503, "the generation ended without a result (the node lost the task)")
                     return ErrorChunk(task_id=self.task_id, error=info)
@@ -272,7 +358,7 @@ class GenerationResponse:
             else:
                 await self._send(send, self.encoder.keepalive())
 
-    async def _stream(self, chunk: Chunk, chunks: trio.MemoryReceiveChannel[Chunk], send: Send) -> None:
+    async def _stream(self, chunk: Chunk, send: Send) -> None:
         if not self._streaming:
             await self._begin_stream(send, chunk.total if isinstance(chunk, PrefillProgressChunk) else None)
         while True:
@@ -289,9 +375,9 @@ class GenerationResponse:
                 return
             elif not isinstance(chunk, PrefillProgressChunk):  # pragma: no cover - a new chunk kind
                 log.warning("api.unknown_chunk", kind=type(chunk).__name__)
-            chunk = await self._next(chunks, send)
+            chunk = await self._next(send)
 
-    async def _collect(self, chunk: Chunk, chunks: trio.MemoryReceiveChannel[Chunk], send: Send) -> None:
+    async def _collect(self, chunk: Chunk, send: Send) -> None:
         texts: list[str] = []
         while True:
             if isinstance(chunk, TokenChunk):
@@ -304,4 +390,4 @@ class GenerationResponse:
                 self._outcome = f"error {chunk.error.status}"
                 await send_error(send, chunk.error, self.encoder.family)
                 return
-            chunk = await self._next(chunks, send)
+            chunk = await self._next(send)

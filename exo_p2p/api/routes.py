@@ -62,7 +62,10 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         return json_response([local_model(c) for c in sorted(backend.local_models(), key=lambda c: c.model_id)])
 
     async def get_state(request: Request) -> Response:
-        return json_response(state_document(backend.state(), backend.health()))
+        health = backend.health()
+        moves = {"requests_moved": ctx.moves.moved, "requests_move_failed": ctx.moves.failed}
+        health = msgspec.structs.replace(health, counters={**health.counters, **moves})
+        return json_response(state_document(backend.state(), health))
 
     async def list_nodes(request: Request) -> Response:
         return json_response(backend.nodes())

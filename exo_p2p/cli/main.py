@@ -214,6 +214,10 @@ def node(
         Optional[int],
         typer.Option(min=1, help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
     ] = None,
+    max_moves: Annotated[
+        Optional[int],
+        typer.Option(min=0, help="Times a request may move to another instance when its instance fails (default: 2; 0 = never)."),
+    ] = None,
     no_mdns: Annotated[
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
@@ -260,6 +264,7 @@ def node(
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
         compact_every=compact_every,
+        max_moves=max_moves,
         api_keys=api_key,
         api_key_file=api_key_file,
         cors_origins=cors_origins,

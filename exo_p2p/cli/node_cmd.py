@@ -32,6 +32,7 @@ def build_node_config(
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
     mdns: bool = True,
+    max_moves: int | None = None,
     compact_every: int | None = None,
     api_keys: list[str] | None = None,
     api_key_file: Path | None = None,
@@ -93,6 +94,7 @@ def build_node_config(
         ("queue_limit", queue_limit),
         ("prefill_chunk_size", prefill_chunk_size),
         ("compact_every", compact_every),
+        ("max_moves", max_moves),
     ):
         if value is not None:
             given[name] = value
