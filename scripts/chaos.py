@@ -27,7 +27,10 @@ Printed at the end:
   ``local_events_pending`` (sent, not yet seen indexed) must be 0, and in every node's
   on-disk event log the per-origin sequence numbers of each (origin, boot) are contiguous
   from 1 (a hole is a lost event);
-- the worst time from a fault to the error of a request that was open when it happened.
+- the worst time from a fault to the error of a request that was open when it happened;
+- requests moved to another instance after a failure and requests that failed after one
+  (issue 14), summed from every node's ``/state`` counters (sampled after each round, so a
+  node killed before it was sampled loses its last few counts).
 
 Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]``.
 Needs root for ``drop_link`` (``ss -K``); without root that fault is left out.
@@ -52,6 +55,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from exo_p2p.api.resume import MOVE_BOUND  # noqa: E402
 from exo_p2p.eventlog import EventLog  # noqa: E402
 from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
 from tests.cluster import (  # noqa: E402
@@ -102,6 +106,18 @@ class Run:
     faults: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+    moves: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+    """(node index, node boot as its counters' base) → last seen (requests_moved, requests_move_failed)."""
+
+
+def sample_moves(run: Run) -> None:
+    """Record every up node's move counters (a restarted node starts from 0: a new key)."""
+    for i, node in enumerate(run.nodes):
+        s = state_of(node, timeout=2)
+        if s is None or "requests_moved" not in s["counters"]:
+            continue
+        boot = str(node.proc.pid if node.proc is not None else 0)
+        run.moves[(i, boot)] = (s["counters"]["requests_moved"], s["counters"]["requests_move_failed"])
 
 
 def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None:
@@ -126,7 +142,7 @@ def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None
                 errored, req.detail = True, f"HTTP {r.status_code}: {r.read()[:200]!r}"
             else:
                 for line in r.iter_lines():
-                    if time.monotonic() - req.started > NO_FAULT_BOUND + SLACK:
+                    if time.monotonic() - req.started > NO_FAULT_BOUND + MOVE_BOUND + SLACK:
                         req.detail = "no end within the bound"
                         break
                     if not line.startswith("data: "):
@@ -246,13 +262,15 @@ def inject(run: Run, kind: str, rng: random.Random, down: float) -> Fault:
 
 def is_hung(run: Run, req: Request) -> bool:
     """A request is hung when it never ended (read timeout), or ended later than the §5c
-    bound + 5 s after the last fault injected while it was open, or later than 65 s after
-    it started when no fault hit it."""
+    bound + 5 s after the last fault injected while it was open (a request that completed,
+    moved to another instance: that bound + the move bound), or later than 65 s after it
+    started when no fault hit it."""
     if req.outcome == "hung" or req.ended is None:
         return True
     hits = [f for f in run.faults if req.started <= f.at <= req.ended]
     if hits:
-        return req.ended - hits[-1].at > BOUND[hits[-1].kind] + SLACK
+        moved = MOVE_BOUND if req.outcome == "completed" else 0.0
+        return req.ended - hits[-1].at > BOUND[hits[-1].kind] + moved + SLACK
     return req.ended - req.started > NO_FAULT_BOUND + SLACK
 
 
@@ -323,6 +341,7 @@ def main() -> int:
             fault = inject(run, kind, rng, args.down)
             try:
                 recover(run, 150)
+                sample_moves(run)
                 recoveries.append(time.monotonic() - fault.at)
                 print(f"round {r + 1}: {kind} on node {fault.target}; recovered {time.monotonic() - fault.at:.1f} s after the fault", flush=True)
             except TimeoutError as exc:
@@ -331,7 +350,8 @@ def main() -> int:
                 break
         run.stop.set()
         for t in threads:
-            t.join(max(BOUND.values()) + SLACK + 5)
+            t.join(max(BOUND.values()) + MOVE_BOUND + SLACK + 5)
+        sample_moves(run)
         elapsed = time.monotonic() - t_start
         # settle: every node's local events are indexed
         try:
@@ -367,6 +387,8 @@ def main() -> int:
         ("requests sent", str(len(reqs)), ""),
         ("completed", str(completed), ""),
         ("failed with an error", str(failed), "HTTP error, SSE error event or transport error"),
+        ("moved after a failure", str(sum(m for m, _ in run.moves.values())), "continuations accepted (node counters)"),
+        ("failed after a failure", str(sum(f for _, f in run.moves.values())), "could not move or moved too often (node counters)"),
         ("hung", str(hung), "must be 0 (no end within the §5c bound + 5 s)"),
         ("events lost", str(pending_left + holes), f"pending after settle {pending_left}, log holes {holes}; must be 0"),
         ("worst fault -> error", f"{worst_fault_to_error:.1f} s", "bound 10 s (node/runner), 15 s (link)"),

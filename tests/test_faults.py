@@ -11,6 +11,7 @@ from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (issue 14) are tested in test_resume*
 MODEL = "tiny"
 T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
 SLACK = 3.0
@@ -32,7 +33,7 @@ def _stream_in_background(node, max_tokens=2000):
 
 
 def test_node_killed_mid_generation_ends_request_with_error_and_model_is_replaced(tmp_path, models_dir):
-    cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models_dir)])
+    cluster = Cluster(tmp_path, 2, extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     try:
         cluster.start()
         master_id = states(cluster.nodes)[0]["master"]
@@ -71,7 +72,7 @@ def test_node_killed_mid_generation_ends_request_with_error_and_model_is_replace
 
 
 def test_runner_killed_fails_instance_with_reason_and_in_flight_request_errors(tmp_path, models_dir):
-    node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
+    node = NodeProcess(tmp_path / "n", extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     try:
         node.start()
         view = node.place_and_wait(MODEL, timeout=60)

@@ -41,6 +41,7 @@ from tests.cluster import (
 )
 
 pytestmark = pytest.mark.integration
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (issue 14) are tested in test_resume*
 MODEL = "tiny"
 T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
 T_LINK = 15.0  # design.md §5c: request error after a link between ranks drops
@@ -105,7 +106,7 @@ def test_ring_link_fault_mid_generation_fails_the_instance_within_bound(tmp_path
     packets silently vanish (iptables DROP on lo; a pulled cable, B16's wedge). The tools come
     from scripts/install.sh; a missing one is a failed set-up, not a reason to skip."""
     assert shutil.which(_tool_for(fault)), f"{_tool_for(fault)} missing: run scripts/install.sh as root"
-    cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models_dir)])
+    cluster = Cluster(tmp_path, 2, extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     added: list[list[str]] = []
     try:
         cluster.start()
@@ -174,7 +175,7 @@ def test_node_unreachable_for_30s_is_timed_out_its_request_fails_and_it_rejoins(
 
         def node(i: int, extra: list[str]) -> NetnsNodeProcess:
             return NetnsNodeProcess(tmp_path / f"n{i}", netns=lan.namespaces[i], listen_host=lan.lan_ip(i), api_host=lan.mgmt_ip(i),
-                                    cluster=name, extra_args=["--models-dir", str(models_dir), *extra])
+                                    cluster=name, extra_args=[*NO_MOVES, "--models-dir", str(models_dir), *extra])
 
         first = node(0, [])
         nodes.append(first)
@@ -232,7 +233,7 @@ def test_node_unreachable_for_30s_is_timed_out_its_request_fails_and_it_rejoins(
 
 
 def test_stopped_runner_is_killed_after_the_silence_bound(tmp_path, models_dir):
-    node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
+    node = NodeProcess(tmp_path / "n", extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     runner = None
     try:
         node.start()
@@ -264,7 +265,7 @@ def test_stopped_runner_is_killed_after_the_silence_bound(tmp_path, models_dir):
 
 
 def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, models_dir):
-    node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
+    node = NodeProcess(tmp_path / "n", extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     try:
         node.start()
         node.place_and_wait(MODEL, timeout=90)

@@ -262,3 +262,40 @@ def test_a_disconnect_during_a_move_cancels_the_continuation() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def _anthropic_text(raw: str) -> str:
+    out = []
+    for line in raw.splitlines():
+        if line.startswith("data: "):
+            event = json.loads(line[6:])
+            assert event.get("type") != "error", event
+            if event.get("type") == "content_block_delta":
+                out.append(event["delta"]["text"])
+    return "".join(out)
+
+
+def _ollama_text(raw: str) -> str:
+    out = []
+    for line in raw.splitlines():
+        if line.strip():
+            event = json.loads(line)
+            assert "error" not in event, event
+            out.append(event.get("message", {}).get("content", ""))
+    return "".join(out)
+
+
+def test_every_family_shares_the_move() -> None:
+    """Anthropic Messages and Ollama chat streams read as one answer across two moves."""
+
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        messages = [{"role": "user", "content": "hi"}]
+        backend.script, calls = failing_script({0: 1, 1: 4})
+        r = await client.post("/v1/messages", json={"model": MODEL, "max_tokens": 50, "messages": messages, "stream": True})
+        assert r.status_code == 200 and _anthropic_text(r.text) == "".join(WORDS)
+        backend.script, calls = failing_script({0: 3, 1: 2})
+        r = await client.post("/api/chat", json={"model": MODEL, "messages": messages, "stream": True})
+        assert r.status_code == 200 and _ollama_text(r.text) == "".join(WORDS)
+        assert [len(c.params.resume_tokens) for c in calls] == [0, 3, 5]
+
+    run_api(body)

@@ -52,6 +52,7 @@ from worker.plan import LocalRunner, plan
 
 MODEL = "tiny"
 T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
+NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (issue 14) are tested in test_resume*
 SILENT_LOADING = 60.0  # design.md §5c: runner killed when silent this long while loading/warming up
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3
@@ -222,7 +223,7 @@ def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
     required = math.ceil(storage * 11 / 10)
     limit = int(required * 0.45)  # 2 nodes: 0.9 × required (too little); 3 nodes: 1.35 ×
     assert limit >= 64 * 2**20, (storage, limit)
-    cluster = Cluster(tmp_path, 3, extra_args=["--models-dir", str(big_models_dir), "--memory-limit", str(limit)])
+    cluster = Cluster(tmp_path, 3, extra_args=[*NO_MOVES, "--models-dir", str(big_models_dir), "--memory-limit", str(limit)])
     try:
         cluster.start()
         api, _, victim = cluster.nodes

@@ -81,6 +81,8 @@ def on_failure(error: ErrorInfo, sent_tokens: tuple[int, ...], moves: int, max_m
     if not movable(error):
         return GiveUp(error)
     if moves >= max_moves:
+        if max_moves == 0:  # moving is off: the error as it was
+            return GiveUp(error)
         return GiveUp(_with_reason(error, f"not moved again: already moved {moves} times (at most {max_moves})"))
     return Move(tuple(sent_tokens))
 
