@@ -299,3 +299,13 @@ def test_every_family_shares_the_move() -> None:
         assert [len(c.params.resume_tokens) for c in calls] == [0, 3, 5]
 
     run_api(body)
+
+
+def test_resumed_tokens_count_in_the_prompt_bound_of_admission() -> None:
+    from exo_p2p.types import ChatMessage, GenerationParams
+    from master.admission import prompt_token_bound
+
+    params = GenerationParams(messages=(ChatMessage(role="user", content="hi"),))
+    resumed = GenerationParams(messages=params.messages, resume_tokens=tuple(range(300)))
+    assert prompt_token_bound(resumed, 8192) == prompt_token_bound(params, 8192) + 300
+    assert prompt_token_bound(resumed, 100) == 100
