@@ -190,7 +190,7 @@ def test_a_third_failure_is_answered_with_the_error_it_would_have_had() -> None:
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         backend.script, calls = failing_script({0: 1, 1: 1, 2: 1})
         r = await client.post("/v1/chat/completions", json=chat_body(stream=True))
-        events = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
+        events = [json.loads(e) for e in sse_events(_without_keepalives(r.text)) if e != "[DONE]"]
         assert "error" in events[-1] and FAILED.message in events[-1]["error"]["message"]
         assert len(calls) == 3  # moved twice (the default), not a third time
         assert (await client.get("/state")).json()["counters"]["requests_move_failed"] == 1

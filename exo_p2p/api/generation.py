@@ -285,6 +285,8 @@ class GenerationResponse:
             self.counters.failed += 1
             return decision.error
         started = trio.current_time()
+        if self._streaming:  # the waits below are bounded (5 s each): start each silence afresh
+            await self._send(send, self.encoder.keepalive())
         await self._cancel()  # the failed task may still run (chunks lost on the way)
         self.backend.close_chunks(self.task_id)
         params = msgspec.structs.replace(self.job.params, resume_tokens=decision.resume_tokens, origin_task_id=self.job.task_id)
@@ -297,6 +299,7 @@ class GenerationResponse:
                                       api_node_id=NodeId(self.backend.node_id))
             # bounded by the keep-alive interval, so a stream is never silent for long
             timeout = min(self.settings.command_timeout, self.settings.keepalive_interval)
+            await self._keepalive_if_due(send, started)
             result = await self.backend.command(submit, timeout=timeout)
             if result.error is None:
                 self._moves += 1
