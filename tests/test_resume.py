@@ -309,3 +309,15 @@ def test_resumed_tokens_count_in_the_prompt_bound_of_admission() -> None:
     resumed = GenerationParams(messages=params.messages, resume_tokens=tuple(range(300)))
     assert prompt_token_bound(resumed, 8192) == prompt_token_bound(params, 8192) + 300
     assert prompt_token_bound(resumed, 100) == 100
+
+
+def test_max_moves_is_a_node_setting() -> None:
+    from typer.testing import CliRunner
+
+    from exo_p2p.cli.main import app
+    from exo_p2p.cli.node_cmd import build_node_config
+
+    assert build_node_config().max_moves == 2
+    assert build_node_config(max_moves=0).max_moves == 0
+    result = CliRunner().invoke(app, ["node", "--max-moves", "-1"])
+    assert result.exit_code != 0 and "max-moves" in result.output
