@@ -182,3 +182,8 @@ class FaultyReceiver(Generic[T]):
                 continue
             self._take(f.flush(), before)  # the window's time is up
         return self._ready.popleft()
+
+
+HOOK_HEARTBEAT_GOSSIP_OFF = "heartbeat_gossip_off"
+"""``--fault-hook heartbeat_gossip_off=1``: the node publishes no heartbeat on gossip, as if
+GossipSub never delivered its heartbeats (its direct heartbeats to the master still go)."""

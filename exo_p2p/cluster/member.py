@@ -29,14 +29,18 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.cluster.election import ElectionView, decide
+from exo_p2p.cluster.claims import ClaimChecker, ClaimStatus, ProbeAnswer, probe_answer
+from exo_p2p.cluster.direct_heartbeat import DirectHeartbeats
+from exo_p2p.cluster.election import ElectionView, decide, support
 from exo_p2p.cluster.event_times import EventTimes
-from exo_p2p.cluster.faults import FaultyReceiver, gossip_faults_from_hooks, hold_from_hooks
+from exo_p2p.cluster.faults import HOOK_HEARTBEAT_GOSSIP_OFF, FaultyReceiver, gossip_faults_from_hooks, hold_from_hooks
 from exo_p2p.cluster.liveness import Liveness
+from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.cluster.messages import (
     CHUNKS_PROTOCOL,
     COMMAND_PROTOCOL,
     GLOBAL_EVENTS_TOPIC,
+    HEARTBEAT_PROTOCOL,
     HEARTBEATS_TOPIC,
     LOCAL_EVENTS_TOPIC,
     LOG_PROTOCOL,
@@ -156,6 +160,21 @@ class ClusterMember:
         self.is_master = False
         self._masterless_since: float | None = clock()
         self._started_at = clock()
+        self._master_since = clock()
+        """When this node last became master (the timeout grace of ``peer_timeouts``)."""
+        self._gossip_heard_at: dict[str, float] = {}
+        self.claims = ClaimChecker()
+        self.direct = DirectHeartbeats(
+            net,
+            own=self.own_heartbeat,
+            master=lambda: None if self.is_master else self.master,
+            on_heartbeat=self._on_heartbeat,
+            gossip_heard_at=self._gossip_heard_at.get,
+            clock=clock,
+            heartbeat_interval=self.s.heartbeat_interval,
+            peer_timeout=self.s.peer_timeout,
+            count=self._count,
+        )
         self._seq = 0
         self._pending: dict[int, LocalEvent] = {}
         self._sent_at: dict[int, float] = {}
@@ -196,14 +215,24 @@ class ClusterMember:
             level("message dropped (further drops of this kind are only counted)", kind=kind)
 
     def own_heartbeat(self) -> Heartbeat:
+        last = self.replica.last_idx
+        commit_idx, followers = last, 0
+        if self.is_master:
+            following = [p for p in self.live_peers() if p.master == self.node_id]
+            followers = len(following)
+            if following:  # committed: applied by a live follower (else persisted here, alone)
+                commit_idx = min(last, max(p.last_idx for p in following))
         return Heartbeat(
             node_id=self.node_id,
             boot_id=self.boot_id,
             term=self.term,
             master=self.master,
             priority=self.priority,
-            last_idx=self.replica.last_idx,
+            last_idx=last,
             last_term=self.replica.last_term,
+            commit_idx=commit_idx,
+            followers=followers,
+            chain=(self.replica.chain_at(last) or b"") if last else b"",
         )
 
     def reachable_nodes(self) -> set[str]:
@@ -233,12 +262,14 @@ class ClusterMember:
         self.net.set_request_handler(LOG_PROTOCOL, self._serve_log)
         self.net.set_request_handler(COMMAND_PROTOCOL, self._serve_command, timeout=self.s.command_timeout + 5)
         self.net.set_request_handler(CHUNKS_PROTOCOL, self._serve_chunks)
+        self.net.set_request_handler(HEARTBEAT_PROTOCOL, self.direct.serve)
         heartbeats = await self.net.subscribe(HEARTBEATS_TOPIC, include_own=True, buffer=4096)
         local_events = self._with_faults(await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096), LOCAL_EVENTS_TOPIC)
         global_events = self._with_faults(await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192), GLOBAL_EVENTS_TOPIC)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self.direct.run)
             nursery.start_soon(self._receive_heartbeats, heartbeats)
             nursery.start_soon(self._receive_local_events, local_events)
             nursery.start_soon(self._receive_global_events, global_events)
@@ -269,6 +300,9 @@ class ClusterMember:
 
     # --- heartbeats and liveness -----------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
+        gossip = self.s.fault_hooks.get(HOOK_HEARTBEAT_GOSSIP_OFF) is None
+        if not gossip:
+            log.warning("heartbeat gossip off (tests only): heartbeats go over direct streams only")
         last_sent = -math.inf
         while True:
             with trio.move_on_after(self.s.heartbeat_interval):
@@ -277,7 +311,8 @@ class ClusterMember:
             wait = 0.1 - (self.clock() - last_sent)  # at most 10 heartbeats/s (gossip is ~4 ms CPU per receiver)
             if wait > 0:
                 await trio.sleep(wait)
-            await self.net.publish(HEARTBEATS_TOPIC, encode(self.own_heartbeat()))
+            if gossip:
+                await self.net.publish(HEARTBEATS_TOPIC, encode(self.own_heartbeat()))
             last_sent = self.clock()
 
     async def _receive_heartbeats(self, channel) -> None:  # type: ignore[no-untyped-def]
@@ -297,13 +332,20 @@ class ClusterMember:
                 if hb.boot_id != self.boot_id:
                     self._duplicate(hb)
                 continue
-            self._heard.set()
-            self._heard = trio.Event()
-            if self.liveness.heard(hb, self.clock()):
-                log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
-                self._beat_now.set()
-            if hb.node_id == self.master and hb.last_idx > self.replica.last_idx:
-                self._sync_wake.set()
+            self._gossip_heard_at[hb.node_id] = self.clock()
+            self._on_heartbeat(hb)
+
+    def _on_heartbeat(self, hb: Heartbeat) -> None:
+        """Record a peer's heartbeat, received by gossip or over a direct stream."""
+        if hb.node_id == self.node_id:
+            return
+        self._heard.set()
+        self._heard = trio.Event()
+        if self.liveness.heard(hb, self.clock()):
+            log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
+            self._beat_now.set()
+        if hb.node_id == self.master and hb.last_idx > self.replica.last_idx:
+            self._sync_wake.set()
 
     def _duplicate(self, hb: Heartbeat) -> None:
         if self.duplicate_identity is None:
@@ -323,6 +365,9 @@ class ClusterMember:
             # last heartbeat is younger than ``peer_timeout`` (a killed master is noticed in
             # ~1.2 s, not 5 s; its stale claim must not hold up the election)
             peers = [p for p in self.live_peers() if not self._disconnected_for(p.node_id, now)]
+            # only admitted claims take part (``cluster.claims``): a claimer refused, or whose
+            # log is being probed, is left out (a pending one still holds off an election)
+            peers, pending = self._admitted(peers, now)
             # the followed master is alive while its heartbeat is live AND still claims: a
             # master that stepped down (or restarted within the disconnect grace) beats on
             # without claiming, and following it would wait forever
@@ -330,7 +375,7 @@ class ClusterMember:
             if self.master is not None and not master_alive:
                 log.warning("master gone", master=self.master)
                 await self._set_master(None, self.term)
-            claims = [p for p in peers if p.master == p.node_id]
+            claims = [p for p in peers if p.master == p.node_id] + pending
             if self.master is None and not claims and self._masterless_since is None:
                 self._masterless_since = now
             since = now if self._masterless_since is None else self._masterless_since
@@ -343,6 +388,55 @@ class ClusterMember:
                 if decision.follow != self.node_id:
                     await self._set_master(decision.follow, decision.term)
             await trio.sleep(0.1)
+
+    def _admitted(self, peers: list[Heartbeat], now: float) -> tuple[list[Heartbeat], list[Heartbeat]]:
+        """``peers`` without the master claims ``cluster.claims`` does not admit (yet), and
+        the pending claims (a probe of the claimer's log in flight or starting now)."""
+        everyone = [self.own_heartbeat(), *peers]
+        out: list[Heartbeat] = []
+        pending: list[Heartbeat] = []
+        for p in peers:
+            if p.master != p.node_id:
+                out.append(p)
+                continue
+            status = self.claims.status(
+                p,
+                side=support(everyone, p.node_id),
+                following=(self.master, self.term),
+                own_last_idx=self.replica.last_idx,
+                own_term=max(self.term, self.replica.last_term),
+                chain_at=self.replica.chain_at,
+                now=now,
+            )
+            if status is ClaimStatus.ADMITTED:
+                out.append(p)
+            elif status is ClaimStatus.REFUSED:
+                self._count("master_claim_refused")
+            else:
+                pending.append(p)
+                if status is ClaimStatus.PROBE and self._nursery is not None:
+                    self.claims.probe_started(p)
+                    self._nursery.start_soon(self._probe_claim, p)
+        return out, pending
+
+    async def _probe_claim(self, claim: Heartbeat) -> None:
+        """Ask a claimer for the events after our last index (``cluster.claims`` rule 3)."""
+        last = self.replica.last_idx
+        request = LogRequest(
+            from_idx=last + 1, max_events=1, prev_idx=last, prev_term=self.replica.last_term, prev_chain=self.replica.chain_at(last) or b""
+        )
+        response = None
+        try:
+            with trio.fail_after(3.0):
+                raw = await self.net.request(claim.node_id, LOG_PROTOCOL, encode(request), timeout=3.0)
+            response = log_response_decoder.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - no answer: refused (re-checked later)
+            log.debug("claim probe failed", claimer=claim.node_id, error=repr(exc))
+        finally:
+            answer = probe_answer(response)
+            self.claims.probe_done(claim, answer, self.clock())
+        if answer is not ProbeAnswer.EXTENDS:
+            log.info("master claim probed", claimer=claim.node_id, term=claim.term, answer=answer.value)
 
     def _start_settle(self) -> float:
         """Seconds to wait for a master after start: ``settle``, or ``known_settle`` when
@@ -370,6 +464,7 @@ class ClusterMember:
             self.term = max(term, self.replica.state.term + 1)
             self.master = self.node_id
             self.is_master = True
+            self._master_since = self.clock()
             self.replica.defer_sync = True  # group commit: synced before anything leaves
             self._masterless_since = None
             log.info("became master", term=self.term, last_idx=self.replica.last_idx)
@@ -387,7 +482,10 @@ class ClusterMember:
             if master != self.master:
                 log.info("following master", master=master, term=term)
             self.master = master
-            self.term = max(self.term, term)
+            # a follower takes its master's term, even a lower one: the winner of a healed
+            # partition may have the lower term (``election.master_rank``), and its events
+            # must not look stale here
+            self.term = term if master is not None else self.term
             self._masterless_since = None if master is not None else self.clock()
         self._signal_master_change()
         if master is not None:
@@ -644,15 +742,17 @@ class ClusterMember:
             if not self.is_master:
                 continue
             now = self.clock()
-            if now - self._started_at < self.s.peer_timeout:
-                continue
-            for node_id in list(self.replica.state.nodes):
-                if node_id == self.node_id:
-                    continue
-                heard = self.liveness.last_heard(node_id)
-                if heard is None or now - heard >= self.s.peer_timeout:
-                    log.warning("node timed out", node=node_id)
-                    await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
+            gone = timed_out(
+                list(self.replica.state.nodes),
+                self_id=self.node_id,
+                last_heard=self.liveness.last_heard,
+                master_since=max(self._master_since, self._started_at),
+                now=now,
+                timeout=self.s.peer_timeout,
+            )
+            for node_id in gone:
+                log.warning("node timed out", node=node_id)
+                await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
 
     async def wait_committed(self, idx: int) -> None:
         """Return once event ``idx`` is committed (design.md §5a): applied by some other
