@@ -51,7 +51,8 @@ class DirectHeartbeats:
     ``own()``: this node's heartbeat now; ``master()``: the node followed (None: none, or
     this node is master); ``on_heartbeat(hb)``: record a heartbeat received (the member's
     liveness path); ``gossip_heard_at(node)``: when that node's last gossiped heartbeat
-    arrived (monotonic seconds). ``count(kind)``: count a failure."""
+    arrived (monotonic seconds). ``count(kind)``: count a failure; ``tally(kind)``: count a
+    success (``direct_heartbeats_sent``/``direct_heartbeats_received``)."""
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class DirectHeartbeats:
         heartbeat_interval: float,
         peer_timeout: float,
         count: Callable[[str], None],
+        tally: Callable[[str], None] = lambda _kind: None,
     ) -> None:
         self.net = net
         self.own = own
@@ -75,7 +77,7 @@ class DirectHeartbeats:
         self.heartbeat_interval = heartbeat_interval
         self.peer_timeout = peer_timeout
         self.count = count
-        self.sent = 0
+        self.tally = tally
 
     async def run(self) -> None:
         fresh = False
@@ -93,7 +95,7 @@ class DirectHeartbeats:
                 self.count("direct_heartbeat_failed")
                 fresh = False
                 continue
-            self.sent += 1
+            self.tally("direct_heartbeats_sent")
             fresh = ack.gossip_fresh
             if ack.version == PROTOCOL_VERSION and ack.heartbeat.node_id == master and ack.heartbeat.version == PROTOCOL_VERSION:
                 self.on_heartbeat(ack.heartbeat)
@@ -114,5 +116,6 @@ class DirectHeartbeats:
             self.count("heartbeat_forged")
             raise ValueError("a heartbeat must be the sender's own")
         self.on_heartbeat(hb)
+        self.tally("direct_heartbeats_received")
         fresh = gossip_fresh(self.gossip_heard_at(peer), self.clock(), heartbeat_interval=self.heartbeat_interval)
         return encode(HeartbeatAck(self.own(), fresh))

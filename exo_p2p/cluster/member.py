@@ -174,6 +174,7 @@ class ClusterMember:
             heartbeat_interval=self.s.heartbeat_interval,
             peer_timeout=self.s.peer_timeout,
             count=self._count,
+            tally=lambda kind: self.counters.__setitem__(kind, self.counters.get(kind, 0) + 1),
         )
         self._seq = 0
         self._pending: dict[int, LocalEvent] = {}
