@@ -29,6 +29,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p.cluster.command_access import NOT_MEMBER, command_refusal
 from exo_p2p.cluster.claims import ClaimChecker, ClaimStatus, ProbeAnswer, probe_answer
 from exo_p2p.cluster.direct_heartbeat import DirectHeartbeats
 from exo_p2p.cluster.election import ElectionView, decide, support
@@ -909,6 +910,10 @@ class ClusterMember:
             if result.error is not None and result.error.code == "not_master":
                 await trio.sleep(0.1)
                 continue
+            if result.error is not None and result.error.code == NOT_MEMBER and trio.current_time() + 0.3 < deadline:
+                last_error = result.error.message  # our profile is not indexed yet: retry
+                await trio.sleep(0.2)
+                continue
             if result.event_idx:
                 with trio.move_on_after(max(0.0, min(5.0, deadline - trio.current_time()))):
                     await self.replica.wait_for_idx(result.event_idx)
@@ -921,6 +926,10 @@ class ClusterMember:
             raise ValueError(f"unsupported protocol version {envelope.version}")
         if not self.is_master:
             return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(503, "not the master", "server_error", code="not_master")))
+        refusal = command_refusal(peer, envelope.origin, self.replica.state.nodes)
+        if refusal is not None:
+            self._count("command_not_member")
+            return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(403, refusal, "permission_error", code=NOT_MEMBER)))
         return encode(await self.hooks.command(envelope.command))
 
     # --- chunks -------------------------------------------------------------------------------
