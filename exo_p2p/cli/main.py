@@ -20,7 +20,7 @@ import click
 import typer
 from rich.console import Console
 
-from exo_p2p.cli import render
+from exo_p2p.cli import invite_cmd, render
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import (
     API_ENV,
@@ -218,6 +218,10 @@ def node(
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
+    join: Annotated[
+        Optional[str],
+        typer.Option(help="Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is kept in the data dir: later starts need no flag)."),
+    ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
@@ -243,6 +247,7 @@ def node(
         queue_limit=queue_limit,
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
+        join=join,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")
@@ -277,6 +282,9 @@ def cluster_secret_cmd(
         f"wrote a new cluster secret to {file} (mode 0600); "
         f"start every node with --cluster-secret {file}"
     )
+
+
+app.command("invite")(handled(invite_cmd.invite))
 
 
 # -- listing --------------------------------------------------------------------------------
