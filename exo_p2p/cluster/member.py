@@ -973,9 +973,11 @@ class ClusterMember:
 
 
 def _ip_of(addrs: list[str]) -> str:
+    """The first concrete IPv4 address of ``addrs`` (never ``0.0.0.0``: a topology edge's IP
+    is where placement makes a ring rank listen)."""
     for a in addrs:
         parts = a.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
             return parts[2]
     return ""
 
