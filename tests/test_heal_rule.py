@@ -127,7 +127,7 @@ def test_forged_claim_with_a_huge_term_is_refused_without_the_clusters_log():
     ck.probe_done(rogue, probe_answer(None), now=0.0)
     assert _checker_status(ck, rogue, now=1.0) is ClaimStatus.REFUSED
     assert _checker_status(ck, rogue, now=5.1) is ClaimStatus.PROBE
-    ck.probe_done(rogue, probe_answer(LogResponse(snapshot=State(), last_idx=10**6)), now=6.0)
+    ck.probe_done(rogue, probe_answer(LogResponse(snapshot=State(), last_idx=10**6, diverged=True)), now=6.0)
     assert _checker_status(ck, rogue, now=6.5) is ClaimStatus.REFUSED
     # a rogue behind us with another log and a huge term: refused at once (no probe)
     behind = claim("rogue2", 10**6, last_idx=5, chain=b"other")
@@ -143,6 +143,12 @@ def test_claims_with_the_clusters_log_or_a_side_are_admitted():
     assert _checker_status(ck, ahead) is ClaimStatus.PROBE
     ck.probe_done(ahead, probe_answer(LogResponse(events=(), last_idx=50)), now=0.0)
     assert _checker_status(ck, ahead, now=100.0) is ClaimStatus.ADMITTED
+    # a master whose log has our next events compacted away answers with a snapshot that
+    # does not say "diverged": admitted, whatever its term (a fresh node joining an old cluster)
+    old = claim("m2", 40, last_idx=5000)
+    assert probe_answer(LogResponse(snapshot=State(), last_idx=5000)) is ProbeAnswer.COMPACTED
+    ck.probe_done(old, ProbeAnswer.COMPACTED, now=0.0)
+    assert _checker_status(ck, old, own_term=0, own_last=0, now=0.1) is ClaimStatus.ADMITTED
     huge = claim("x", 10**6, last_idx=10**6)
     assert _checker_status(ck, huge, side=2) is ClaimStatus.ADMITTED  # another node follows it
     assert _checker_status(ck, huge, following=("x", 10**6)) is ClaimStatus.ADMITTED

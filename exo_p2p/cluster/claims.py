@@ -13,8 +13,9 @@ announcing a huge term: it must either
    index``), its ``Heartbeat.chain`` must equal this node's chain digest at
    ``claim.last_idx`` (``exo_p2p.state.chain``; pure, checked on every pass); when it is
    ahead, it must answer a log request from this node's last index, with this node's chain
-   digest there, with events rather than a snapshot — the probe, done by the cluster member
-   over ``/exo-p2p/log/1``; or
+   digest there, with events rather than a snapshot (or with a snapshot because that range
+   is compacted away there, not because our tail diverged) — the probe, done by the cluster
+   member over ``/exo-p2p/log/1``; or
 4. have a log that diverged from this node's (its digest differs, or the probe was answered
    with a snapshot) while claiming no more than one term above what this node knows (the
    other side of a healed partition, where each side may be a single node, claimed the term
@@ -70,8 +71,11 @@ def log_prefix_check(claim: Heartbeat, own_last_idx: int, chain_at: Callable[[in
 class ProbeAnswer(Enum):
     EXTENDS = "extends"
     """The claimer answered with events after this node's last index: its log extends ours."""
+    COMPACTED = "compacted"
+    """The claimer answered with a snapshot because our next events are compacted away in
+    its log (nothing says our tail is not in it)."""
     DIVERGED = "diverged"
-    """The claimer answered with a snapshot: our tail is not in its log (or compacted away)."""
+    """The claimer answered with a snapshot because our tail is not in its log."""
     NO_ANSWER = "no_answer"
 
 
@@ -80,7 +84,9 @@ def probe_answer(response: LogResponse | None) -> ProbeAnswer:
     its chain digest there); None: no (decodable) answer."""
     if response is None:
         return ProbeAnswer.NO_ANSWER
-    return ProbeAnswer.EXTENDS if response.snapshot is None else ProbeAnswer.DIVERGED
+    if response.snapshot is None:
+        return ProbeAnswer.EXTENDS
+    return ProbeAnswer.DIVERGED if response.diverged else ProbeAnswer.COMPACTED
 
 
 @dataclass
@@ -122,7 +128,7 @@ class ClaimChecker:
         probed = self._probed.get(key)
         if probed is not None:
             answer, at = probed
-            if answer is ProbeAnswer.EXTENDS or (answer is ProbeAnswer.DIVERGED and plausible):
+            if answer in (ProbeAnswer.EXTENDS, ProbeAnswer.COMPACTED) or (answer is ProbeAnswer.DIVERGED and plausible):
                 return ClaimStatus.ADMITTED
             if now - at < self.recheck_after:
                 return ClaimStatus.REFUSED

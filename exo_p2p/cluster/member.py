@@ -385,7 +385,7 @@ class ClusterMember:
             settle = self._start_settle() if now - self._started_at < 2 * self._start_settle() else self.s.failover_settle
             decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
             if decision.claim:
-                await self._claim(decision.term)
+                await self._claim(decision.term, peers)
             elif decision.follow is not None and (decision.follow != self.master or decision.term != self.term):
                 if decision.follow != self.node_id:
                     await self._set_master(decision.follow, decision.term)
@@ -455,9 +455,11 @@ class ClusterMember:
         since = self._disconnected_at.get(peer)
         return since is not None and now - since >= self.s.disconnect_grace
 
-    async def _claim(self, term: int) -> None:
-        """Become master: fetch what live peers applied that we lack, then sequence."""
-        best = max(self.live_peers(), key=lambda p: p.last_idx, default=None)
+    async def _claim(self, term: int, peers: list[Heartbeat] | None = None) -> None:
+        """Become master: fetch what live peers (``peers``: those the election considered,
+        not a refused claimer) applied that we lack, then sequence."""
+        candidates = self.live_peers() if peers is None else peers
+        best = max(candidates, key=lambda p: p.last_idx, default=None)
         if best is not None and best.last_idx > self.replica.last_idx:
             await self._fetch_from(best.node_id)
             if self.replica.last_idx < best.last_idx:
@@ -730,7 +732,7 @@ class ClusterMember:
         diverged = tail_diverged(r, request)
         snapshot = LogResponse(snapshot=r.state, last_idx=r.last_idx, snapshot_chain=r.chain_at(r.last_idx) or b"")
         if diverged:
-            return encode(snapshot)
+            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx, snapshot_chain=snapshot.snapshot_chain, diverged=True))
         events = r.events_from(request.from_idx, min(request.max_events, 5000))
         if events is None:
             return encode(snapshot)

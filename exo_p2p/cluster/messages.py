@@ -105,6 +105,9 @@ class LogResponse(msgspec.Struct, frozen=True):
     last_idx: int = 0
     snapshot_chain: bytes = b""
     version: int = PROTOCOL_VERSION
+    diverged: bool = False
+    """With a snapshot: sent because the asker's tail is not in the responder's log (False:
+    because the asked range is compacted away)."""
 
 
 class ChunkBatch(msgspec.Struct, frozen=True):
