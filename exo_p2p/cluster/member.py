@@ -10,10 +10,13 @@ Guarantees (design.md §4, §5a, §5c):
 - indexed events are accepted only from the node this node follows as master, applied in
   order, gaps fetched over a direct stream (resuming from the last applied index; a
   snapshot when the range was compacted or this node's tail diverged);
-- a peer is gone after ``peer_timeout`` seconds without a heartbeat, by this node's
-  monotonic clock; the master then records ``NodeTimedOut``;
-- a master is elected by ``election.decide``; a new master first fetches events that live
-  peers applied and it lacks;
+- a peer is gone after ``peer_timeout`` seconds without a heartbeat (gossiped, or sent to
+  the master over a direct stream: ``direct_heartbeat``), by this node's monotonic clock;
+  the master then records ``NodeTimedOut``, never before a full timeout of its mastership
+  (``peer_timeouts``);
+- a master is elected by ``election.decide`` over the claims ``claims`` admits; a new
+  master first fetches events that live peers applied and it lacks;
+- commands are decided only for members (``command_access``);
 - commands reach the master over a request/response stream, retried across a failover,
   and are answered only once committed (applied by another node, or persisted when alone).
 """
