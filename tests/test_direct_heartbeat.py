@@ -51,3 +51,27 @@ def test_master_keeps_a_node_alive_whose_gossip_heartbeats_never_arrive(tmp_path
         assert counters.get("direct_heartbeats_received", 0) >= 2 * PEER_TIMEOUT  # ~every 0.5 s while gossip is quiet
         assert worst < 2.0
         assert agreement(nodes, 2)
+
+
+def test_local_events_reach_a_master_that_drops_every_gossiped_one(tmp_path):
+    """The master drops every local event it receives by gossip (``gossip_drop=1``), as when
+    GossipSub keeps a restarted node out of its mesh: a joining node's events (its profile)
+    still get indexed, re-sent over the direct stream ``/exo-p2p/local-events/1`` after the
+    first gossip attempt, so it is in State within a few seconds of starting."""
+    name = f"dl-{time.monotonic_ns() % 10**9}"
+    nodes: list[NodeProcess] = []
+    with nodes_cleanup(nodes):
+        master = NodeProcess(tmp_path / "m", cluster=name, extra_args=["--fault-hook", "gossip_drop=1"])
+        nodes.append(master)
+        master.start()
+        wait_until(lambda: (s := state_of(master)) is not None and s["master"] is not None, 30, what="first node elected")
+        joining = NodeProcess(tmp_path / "j", cluster=name, extra_args=["--bootstrap", master.addrs()[0]])
+        nodes.append(joining)
+        t0 = time.monotonic()
+        joining.start()
+        joining_id = self_id(joining)
+        wait_until(lambda: joining_id in state_of(master)["nodes"], 15 - (time.monotonic() - t0), what="joining node's profile indexed")
+        print(f"profile indexed {time.monotonic() - t0:.1f} s after start despite gossip loss")
+        wait_until(lambda: agreement(nodes, 2), 20, what="cluster of 2")
+        assert state_of(master)["counters"].get("fault_dropped:exo-p2p/local-events/1", 0) >= 1
+        assert state_of(joining)["counters"].get("local_events_direct", 0) >= 1

@@ -46,6 +46,7 @@ from exo_p2p.cluster.messages import (
     GLOBAL_EVENTS_TOPIC,
     HEARTBEAT_PROTOCOL,
     HEARTBEATS_TOPIC,
+    LOCAL_EVENTS_PROTOCOL,
     LOCAL_EVENTS_TOPIC,
     LOG_PROTOCOL,
     ChunkBatch,
@@ -268,6 +269,7 @@ class ClusterMember:
         self.net.set_request_handler(COMMAND_PROTOCOL, self._serve_command, timeout=self.s.command_timeout + 5)
         self.net.set_request_handler(CHUNKS_PROTOCOL, self._serve_chunks)
         self.net.set_request_handler(HEARTBEAT_PROTOCOL, self.direct.serve)
+        self.net.set_request_handler(LOCAL_EVENTS_PROTOCOL, self._serve_local_events)
         heartbeats = await self.net.subscribe(HEARTBEATS_TOPIC, include_own=True, buffer=4096)
         local_events = self._with_faults(await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096), LOCAL_EVENTS_TOPIC)
         global_events = self._with_faults(await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192), GLOBAL_EVENTS_TOPIC)
@@ -561,7 +563,9 @@ class ClusterMember:
         event goes out at once (only the new ones: re-sending every pending event whenever
         one more is queued made O(n²) gossip under bursts); one not seen indexed
         ``resend_interval`` seconds after it was last sent goes out again, and all of them
-        after a master change."""
+        after a master change. A first send goes by gossip; a re-send goes over a direct
+        stream to the master (gossip when that fails), so a node that GossipSub keeps out of
+        the master's mesh for a while (a restarted node) still gets its events indexed."""
         while True:
             with trio.move_on_after(self.s.resend_interval / 2):
                 await self._pending_wake.wait()
@@ -576,15 +580,52 @@ class ClusterMember:
             ]
             if not due:
                 continue
+            retries = [local for local in due if local.origin_seq in self._sent_at]
             for local in due:
                 self._sent_at[local.origin_seq] = now
             if self.is_master:
                 for local in due:
                     await self.hooks.accept_local(local)
                 continue
-            for i in range(0, len(due), self.s.max_local_batch):
-                batch = LocalEventBatch(tuple(due[i : i + self.s.max_local_batch]))
+            gossip = [local for local in due if local.origin_seq not in {r.origin_seq for r in retries}]
+            if retries and not await self._send_local_direct(retries):
+                gossip = due
+            for i in range(0, len(gossip), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(gossip[i : i + self.s.max_local_batch]))
                 await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
+
+    async def _send_local_direct(self, events: list[LocalEvent]) -> bool:
+        """Send re-sent local events to the master over a direct stream; False when it
+        did not take them (unreachable, or no longer master)."""
+        master = self.master
+        if master is None:
+            return False
+        try:
+            for i in range(0, len(events), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(events[i : i + self.s.max_local_batch]))
+                reply = await self.net.request(master, LOCAL_EVENTS_PROTOCOL, encode(batch), timeout=min(3.0, self.s.request_timeout))
+                if reply != b"ok":
+                    return False
+        except Exception as exc:  # noqa: BLE001 - fall back to gossip
+            log.debug("direct local events failed", master=master, error=repr(exc))
+            self._count("local_events_direct_failed")
+            return False
+        self.counters["local_events_direct"] = self.counters.get("local_events_direct", 0) + len(events)
+        return True
+
+    async def _serve_local_events(self, peer: str, data: bytes) -> bytes:
+        """As master: accept a peer's re-sent local events (its own only)."""
+        batch = local_batch_decoder.decode(data)
+        if batch.version != PROTOCOL_VERSION:
+            raise ValueError(f"unsupported protocol version {batch.version}")
+        if not self.is_master:
+            return b"not_master"
+        for local in batch.events:
+            if local.origin != peer or local.version != PROTOCOL_VERSION:
+                self._count("local_event_forged")
+                continue
+            await self.hooks.accept_local(local)
+        return b"ok"
 
     async def _receive_local_events(self, channel) -> None:  # type: ignore[no-untyped-def]
         async for sender, data in channel:

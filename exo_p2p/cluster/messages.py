@@ -20,6 +20,9 @@ COMMAND_PROTOCOL = "/exo-p2p/command/1"
 LOG_PROTOCOL = "/exo-p2p/log/1"
 CHUNKS_PROTOCOL = "/exo-p2p/chunks/1"
 EVENTS_PROTOCOL = "/exo-p2p/events/1"
+LOCAL_EVENTS_PROTOCOL = "/exo-p2p/local-events/1"
+"""A re-sent ``LocalEventBatch`` straight to the master (answer ``b"ok"``, or ``b"not_master"``):
+a local event not seen indexed after one gossip attempt does not wait for GossipSub."""
 HEARTBEAT_PROTOCOL = "/exo-p2p/heartbeat/1"
 """A follower's heartbeat sent straight to its master (``HeartbeatAck`` back), so liveness
 does not depend on GossipSub admitting the follower to the master's mesh."""
