@@ -265,3 +265,16 @@ def test_direct_heartbeat_cadence():
     assert not gossip_fresh(None, 10.0, heartbeat_interval=0.5)
     assert gossip_fresh(9.0, 10.0, heartbeat_interval=0.5) and not gossip_fresh(8.5, 10.0, heartbeat_interval=0.5)
     assert math.isclose(direct_delay(True, heartbeat_interval=0.5, peer_timeout=6.0), 2.0)
+
+
+# --- item 6: who may send commands ------------------------------------------------------------------
+
+
+def test_commands_only_from_members_in_their_own_name():
+    from exo_p2p.cluster.command_access import command_refusal
+
+    members, followers = {"a", "b"}, {"c"}
+    assert command_refusal("a", "a", members, followers) is None
+    assert command_refusal("c", "c", members, followers) is None  # follows us, profile on its way
+    assert "not a member" in command_refusal("rogue", "rogue", members, followers)
+    assert "origin" in command_refusal("rogue", "a", members, followers)

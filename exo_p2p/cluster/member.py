@@ -972,7 +972,8 @@ class ClusterMember:
             raise ValueError(f"unsupported protocol version {envelope.version}")
         if not self.is_master:
             return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(503, "not the master", "server_error", code="not_master")))
-        refusal = command_refusal(peer, envelope.origin, self.replica.state.nodes)
+        followers = {p.node_id for p in self.live_peers() if p.master == self.node_id}
+        refusal = command_refusal(peer, envelope.origin, self.replica.state.nodes, followers)
         if refusal is not None:
             self._count("command_not_member")
             return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(403, refusal, "permission_error", code=NOT_MEMBER)))
