@@ -405,6 +405,13 @@ class Node:
                 print(f"  api: http://{cfg.api_host}:{self.api_port}", file=sys.stderr)
                 for addr in net.listen_addrs():
                     print(f"  addr: {addr}", file=sys.stderr)
+                if secret is None:
+                    from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
+
+                    log.warning("open cluster", notice=OPEN_CLUSTER_NOTICE)
+                    print(f"  note: {OPEN_CLUSTER_NOTICE}", file=sys.stderr)
+                else:
+                    print("  cluster: closed (members share a cluster secret)", file=sys.stderr)
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()

@@ -20,7 +20,7 @@ import click
 import typer
 from rich.console import Console
 
-from exo_p2p.cli import render
+from exo_p2p.cli import invite_cmd, render
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import (
     API_ENV,
@@ -234,6 +234,10 @@ def node(
         Optional[list[str]],
         typer.Option("--cors-origins", help="Web origins browsers may call the API from, comma-separated or repeated; * = any (default: none)."),
     ] = None,
+    join: Annotated[
+        Optional[str],
+        typer.Option(help="Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is kept in the data dir: later starts need no flag)."),
+    ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
@@ -263,6 +267,7 @@ def node(
         api_keys=api_key,
         api_key_file=api_key_file,
         cors_origins=cors_origins,
+        join=join,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")
@@ -297,6 +302,9 @@ def cluster_secret_cmd(
         f"wrote a new cluster secret to {file} (mode 0600); "
         f"start every node with --cluster-secret {file}"
     )
+
+
+app.command("invite")(handled(invite_cmd.invite))
 
 
 # -- listing --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ def build_node_config(
     api_keys: list[str] | None = None,
     api_key_file: Path | None = None,
     cors_origins: list[str] | None = None,
+    join: str | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
@@ -43,6 +44,8 @@ def build_node_config(
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
     a cluster-secret file that does not exist or is not a valid secret, or a priority out of
     the 32-bit range, an unreadable or empty ``api_key_file``, or a malformed CORS origin.
+    ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
+    ``exo_p2p.cli.membership``.
     """
     given: dict = {}
     given.update(_access_flags(api_keys, api_key_file, cors_origins))
@@ -79,6 +82,19 @@ def build_node_config(
         except (OSError, ConfigError) as e:
             raise CliError(f"--cluster-secret {cluster_secret_file}: {getattr(e, 'strerror', None) or e}", 2) from None
         given["cluster_secret_file"] = cluster_secret_file
+    data_dir = (data_dir or default_data_dir()).expanduser()
+    from exo_p2p.cli.membership import MembershipError, resolve_membership
+
+    try:
+        membership = resolve_membership(data_dir, join=join, secret_file=given.get("cluster_secret_file"), cluster=cluster)
+    except MembershipError as e:
+        raise CliError(str(e), 2) from None
+    except OSError as e:
+        raise CliError(f"cannot keep the cluster secret in {data_dir}: {e.strerror or e}", 1) from None
+    if membership.secret_file is not None:
+        given["cluster_secret_file"] = membership.secret_file
+    cluster = membership.cluster
+    bootstrap = [*(bootstrap or []), *membership.bootstrap]
     if priority is not None and not -(2**31) <= priority < 2**31:
         raise CliError(f"--priority must be between {-(2**31)} and {2**31 - 1}, got {priority}", 2)
     _validate_network_flags(cluster, api_port, listen_port, bootstrap)
@@ -97,7 +113,7 @@ def build_node_config(
         if value is not None:
             given[name] = value
     return NodeConfig(
-        data_dir=(data_dir or default_data_dir()).expanduser(),
+        data_dir=data_dir,
         models_dirs=[d.expanduser() for d in models_dirs or []],
         bootstrap=list(bootstrap or []),
         new_identity=new_identity,
