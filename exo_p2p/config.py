@@ -23,6 +23,8 @@ work on the slowest node: ~32 tokens is 3–6 s for SmolLM2 on a loaded 2-core C
 (design.md §5c: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
 RUNNER_SILENT_GENERATING = 10.0
 """Seconds a runner may stay silent while generating before its supervisor kills it."""
+CPU_WEIGHTS = ("auto", "float32", "stored")
+"""``--cpu-weights``: what a CPU-only node's runners hold (``master.placement_split.rank_weights``)."""
 RUNNER_SILENT_LOADING = 60.0
 """Seconds a runner may stay silent while loading or warming up before it is killed."""
 
@@ -77,7 +79,8 @@ class NodeConfig(msgspec.Struct):
     Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
     (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
-    tokens. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    tokens. ``cpu_weights`` (one of ``CPU_WEIGHTS``) is published in the node profile.
+    ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
     """
 
@@ -99,4 +102,5 @@ class NodeConfig(msgspec.Struct):
     queue_limit: int | None = 64
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
+    cpu_weights: str = "auto"
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

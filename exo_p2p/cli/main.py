@@ -214,6 +214,10 @@ def node(
         Optional[int],
         typer.Option(min=1, help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
     ] = None,
+    cpu_weights: Annotated[
+        Optional[str],
+        typer.Option(help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
+    ] = None,
     no_mdns: Annotated[
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
@@ -243,6 +247,7 @@ def node(
         queue_limit=queue_limit,
         prefill_chunk_size=prefill_chunk_size,
         mdns=not no_mdns,
+        cpu_weights=cpu_weights,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")

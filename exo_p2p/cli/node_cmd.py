@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from exo_p2p.cli.client import CliError
-from exo_p2p.config import NodeConfig, default_data_dir, parse_bytes
+from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -32,12 +32,13 @@ def build_node_config(
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
     mdns: bool = True,
+    cpu_weights: str | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a cluster-secret file that does not exist or is not a valid secret, or a priority out of
+    a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist or is not a valid secret, or a priority out of
     the 32-bit range.
     """
     given: dict = {}
@@ -52,6 +53,10 @@ def build_node_config(
                 f"give a unit, e.g. {memory_limit}GiB",
                 exit_code=2,
             )
+    if cpu_weights is not None:
+        if cpu_weights not in CPU_WEIGHTS:
+            raise CliError(f"--cpu-weights must be one of {', '.join(CPU_WEIGHTS)}, got {cpu_weights!r}", 2)
+        given["cpu_weights"] = cpu_weights
     if log_format is not None:
         if log_format not in LOG_FORMATS:
             raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)
