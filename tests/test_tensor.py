@@ -89,7 +89,12 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
     world, rank = cfg["world_size"], cfg["rank"]
     group = init_ring(cfg["addresses"], rank, world) if world > 1 else None
-    loaded = load_all(cfg["model_dir"], tensor_group=group)
+    weights = cfg.get("weights") or ["stored"] * world
+    loaded = load_all(cfg["model_dir"], tensor_group=group, weights_dtype=weights[rank])
+    if group is not None and "float32" in weights:  # as the runner: one dtype between ranks
+        from worker.engine.dequantize import float32_wire
+
+        float32_wire(loaded.model)
     capture = FirstStepLogits()
     capture.inner = TensorStage(group, capture.forward) if group else LocalStage(capture.forward)
     tokens: dict[str, list[int]] = {}
@@ -121,7 +126,8 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ranks(model_dir: Path, world: int, tmp: Path, *, prompts=PROMPTS, max_tokens=MAX_TOKENS,
-              logits: bool = True, timeout: float = RANK_TIMEOUT) -> tuple[list[dict[str, Any]], np.ndarray | None]:
+              logits: bool = True, timeout: float = RANK_TIMEOUT,
+              weights: list[str] | None = None) -> tuple[list[dict[str, Any]], np.ndarray | None]:
     """Run ``world`` tensor ranks to completion: their results in rank order and rank 0's
     first-step logits ``[n_prompts, vocab]``. Raises ``AssertionError`` with the stderr of a
     rank that failed or timed out."""
@@ -132,7 +138,7 @@ def run_ranks(model_dir: Path, world: int, tmp: Path, *, prompts=PROMPTS, max_to
         for rank in range(world):
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "addresses": addresses,
                    "prompts": prompts, "chunk": CHUNK, "max_tokens": max_tokens,
-                   "logits_path": str(logits_path) if logits else None}
+                   "logits_path": str(logits_path) if logits else None, "weights": weights}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.test_tensor", json.dumps(cfg)], cwd=ROOT,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -202,6 +208,28 @@ def test_two_rank_tensor_equals_single_rank(tmp_path: Path, quantize: bool) -> N
             assert r["tokens"][f"p{i}"] == want, (r["rank"], i)
             assert r["finish"][f"p{i}"] == single["finish"][f"p{i}"]
         assert ranks[0]["texts"].get(f"p{i}", "") == single["texts"].get(f"p{i}", "")
+
+
+def test_tensor_ranks_with_different_weights(tmp_path: Path) -> None:
+    """Rank 0 holds float32 weights, rank 1 the stored 4-bit ones with float16 scales (it
+    computes in float16): every all-reduce sums in float32 (``dequantize.float32_wire``), so
+    the ranks exchange one dtype; they end every step with the same token, the first-step
+    logits are within 0.15 of one float32 rank's (rank 1's half of every sum is rounded to
+    float16: measured 0.076, logits up to ~10), and the first 8 greedy tokens equal its."""
+    from exo_p2p.models.synthetic import make_synthetic_model
+
+    model_dir = make_synthetic_model(tmp_path / "m", n_layers=4, num_attention_heads=4,
+                                     num_key_value_heads=2, quantize=True, dtype="float16")
+    (single,), want_logits = run_ranks(model_dir, 1, tmp_path, weights=["float32"])
+    ranks, logits = run_ranks(model_dir, 2, tmp_path, weights=["float32", "stored"], timeout=120)
+    assert want_logits is not None and logits is not None
+    diff = float(np.abs(logits - want_logits).max())
+    report("synthetic q4 float16, float32 + stored ranks", single, ranks, diff)
+    assert diff <= 0.15
+    for i in range(len(PROMPTS)):
+        tokens = ranks[0]["tokens"][f"p{i}"]
+        assert ranks[1]["tokens"][f"p{i}"] == tokens, i
+        assert tokens[:8] == single["tokens"][f"p{i}"][:8], i
 
 
 def test_tensor_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
