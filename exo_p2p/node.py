@@ -222,6 +222,7 @@ class Node:
                     "nodes": list(p.nodes),
                     "layers": list(p.layers_per_node),
                     "bytes": list(p.bytes_per_node),
+                    "weights": list(p.weights_per_node),
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }

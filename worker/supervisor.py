@@ -31,6 +31,7 @@ from exo_p2p.types import (
     Instance,
     RunnerFailed,
     RunnerIdle,
+    RunnerLoaded,
     RunnerShutdown,
     RunnerStatus,
     RunnerStatusUpdated,
@@ -189,6 +190,10 @@ class RunnerSupervisor:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, StatusMsg):
+            if isinstance(msg.status, RunnerLoaded):
+                log.info("runner loaded", runner_id=self.runner_id, rank=self.shard.rank,
+                         weights_dtype=self.shard.weights_dtype, share_bytes=self.shard.share_bytes,
+                         peak_memory_bytes=msg.status.peak_memory_bytes)
             self._set_status(msg.status)
         elif isinstance(msg, ChunkMsg):
             self._count_chunk(msg.chunk)
