@@ -25,6 +25,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.conftest import rank_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "hello",
@@ -129,7 +131,7 @@ def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.test_pipeline", json.dumps(cfg)], cwd=ROOT,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+                env=rank_env({"HF_HUB_OFFLINE": "1"})))
         results, problems = [], []
         deadline = time.monotonic() + timeout
         for rank, p in enumerate(procs):

@@ -28,6 +28,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.conftest import rank_env  # noqa: E402
+
 from tests.test_pipeline import RunnerProc, bring_up, free_ports, gen_task, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +144,7 @@ def run_ranks(model_dir: Path, world: int, tmp: Path, *, prompts=PROMPTS, max_to
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.test_tensor", json.dumps(cfg)], cwd=ROOT,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+                env=rank_env({"HF_HUB_OFFLINE": "1"})))
         results, problems = [], []
         deadline = time.monotonic() + timeout
         for rank, p in enumerate(procs):
