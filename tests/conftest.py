@@ -26,5 +26,6 @@ if "mlx.core" not in sys.modules and BLAS_LIBRARY is not None:
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a rank process started by a test: this one's, plus ``extra``, with
-    the optimised BLAS preloaded as the supervisor does for a runner."""
-    return blas.runner_environment({**os.environ, **(extra or {})}, BLAS_LIBRARY, blas.offered_cores())
+    the optimised BLAS preloaded as the supervisor does for a runner (one thread each, unless
+    ``OPENBLAS_NUM_THREADS`` is set: several ranks share this machine's cores)."""
+    return blas.runner_environment({**os.environ, **(extra or {})}, BLAS_LIBRARY, 1)
