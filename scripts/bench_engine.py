@@ -13,7 +13,9 @@ Columns, each run in its own fresh process (a BLAS can only be chosen before MLX
   on 2 cores); without it the column says "not installed".
 
 Each engine gets the same chat prompt (greedy, end-of-turn ignored so every run decodes
-exactly ``--max-tokens``), ``--runs`` times after one warm-up; the medians are printed.
+exactly ``--max-tokens``), ``--runs`` times after one warm-up, the engines' runs alternating
+(the processes stay up between runs) so load from other work drifts over all of them alike;
+the medians are printed.
 TTFT: seconds from the call (chat template included) to the first token; prefill tok/s:
 prompt tokens ÷ TTFT; decode tok/s: ``(n − 1) / (t_last − t_first)``. Then the ratios
 ours ÷ today (acceptance: prefill ≥ 10×, decode ≥ 1.8×) and ours ÷ llama.cpp.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,7 +68,7 @@ def _timed(first_and_times: list[float], t0: float, prompt_tokens: int) -> dict:
             "prompt_tokens": prompt_tokens}
 
 
-def run_today(model_dir: Path, max_tokens: int, chunk: int, runs: int) -> list[dict]:
+def run_today(model_dir: Path, max_tokens: int, chunk: int) -> Iterator[dict]:
     from mlx_lm.generate import stream_generate
 
     from worker.engine.loader import load_all
@@ -72,26 +76,23 @@ def run_today(model_dir: Path, max_tokens: int, chunk: int, runs: int) -> list[d
     loaded = load_all(model_dir)  # stored weights, MLX's own BLAS: the engine before issue 11
     tok = copy.copy(loaded.tokenizer)
     tok.eos_token_ids = set()
-    out = []
-    for _ in range(runs + 1):
+    while True:
         t0 = time.perf_counter()
         ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
         times: list[float] = []
         for _ in stream_generate(loaded.model, tok, ids, max_tokens=max_tokens, prefill_step_size=chunk):
             times.append(time.perf_counter())
-        out.append(_timed(times, t0, len(ids)))
-    return out[1:]
+        yield _timed(times, t0, len(ids))
 
 
-def run_ours(model_dir: Path, max_tokens: int, chunk: int, runs: int, weights: str) -> list[dict]:
+def run_ours(model_dir: Path, max_tokens: int, chunk: int, weights: str) -> Iterator[dict]:
     from exo_p2p.types.chunks import TokenChunk
     from worker.engine.generator import GenerationRequest, Generator
     from worker.engine.loader import load_all
 
     loaded = load_all(model_dir, weights_dtype=weights)
     prompt_tokens = len(loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
-    out = []
-    for i in range(runs + 1):
+    for i in itertools.count():
         gen = Generator(dataclasses.replace(loaded, eos_token_ids=frozenset()), prefill_chunk_size=chunk)
         t0 = time.perf_counter()
         gen.submit(GenerationRequest(f"bench-{i}", [{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0))
@@ -102,16 +103,14 @@ def run_ours(model_dir: Path, max_tokens: int, chunk: int, runs: int, weights: s
             for c in gen.step():
                 if isinstance(c, TokenChunk):
                     times.append(time.perf_counter())
-        out.append(_timed(times, t0, prompt_tokens))
-    return out[1:]
+        yield _timed(times, t0, prompt_tokens)
 
 
-def run_llama_cpp(gguf: Path, max_tokens: int, runs: int, threads: int) -> list[dict]:
+def run_llama_cpp(gguf: Path, max_tokens: int, threads: int) -> Iterator[dict]:
     from llama_cpp import Llama  # the optional benchmark extra
 
     llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
-    out = []
-    for _ in range(runs + 1):
+    while True:
         t0 = time.perf_counter()
         ids = llm.tokenize(("<|im_start|>user\n" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n").encode(), special=True)
         llm.reset()
@@ -120,34 +119,66 @@ def run_llama_cpp(gguf: Path, max_tokens: int, runs: int, threads: int) -> list[
             times.append(time.perf_counter())
             if len(times) >= max_tokens:
                 break
-        out.append(_timed(times, t0, len(ids)))
-    return out[1:]
+        yield _timed(times, t0, len(ids))
 
 
 def child(args: argparse.Namespace) -> None:
+    """Load, then one timed run per line read on stdin, one JSON line out per run."""
     if args.child == "today":
-        result = run_today(args.model_dir, args.max_tokens, args.prefill_chunk_size, args.runs)
+        runs = run_today(args.model_dir, args.max_tokens, args.prefill_chunk_size)
     elif args.child == "ours":
-        result = run_ours(args.model_dir, args.max_tokens, args.prefill_chunk_size, args.runs, args.weights)
+        runs = run_ours(args.model_dir, args.max_tokens, args.prefill_chunk_size, args.weights)
     else:
-        result = run_llama_cpp(args.gguf, args.max_tokens, args.runs, args.threads)
+        runs = run_llama_cpp(args.gguf, args.max_tokens, args.threads)
     from worker.blas import loaded_blas_libraries
 
-    print(json.dumps({"runs": result, "blas": [Path(p).name for p in loaded_blas_libraries()]}))
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        result = next(runs)
+        # the BLAS libraries mapped, but numpy's own (symbols prefixed, MLX never calls it)
+        result["blas"] = [Path(p).name for p in loaded_blas_libraries() if "scipy_openblas" not in p]
+        print(json.dumps(result), flush=True)
 
 
 # --- the parent ----------------------------------------------------------------------------------
 
-def _spawn(engine: str, args: argparse.Namespace, model_dir: Path, gguf: Path | None, env: dict[str, str]) -> dict | str:
-    cmd = [sys.executable, __file__, "--child", engine, "--model-dir", str(model_dir), "--runs", str(args.runs),
-           "--max-tokens", str(args.max_tokens), "--prefill-chunk-size", str(args.prefill_chunk_size),
-           "--weights", args.weights, "--threads", str(args.threads)]
-    if gguf is not None:
-        cmd += ["--gguf", str(gguf)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
-    if done.returncode != 0:
-        return f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class Engine:
+    """One engine's process (``--child``): ``run()`` asks it for one timed run."""
+
+    def __init__(self, engine: str, args: argparse.Namespace, model_dir: Path, gguf: Path | None, env: dict[str, str]) -> None:
+        cmd = [sys.executable, __file__, "--child", engine, "--model-dir", str(model_dir),
+               "--max-tokens", str(args.max_tokens), "--prefill-chunk-size", str(args.prefill_chunk_size),
+               "--weights", args.weights, "--threads", str(args.threads)]
+        if gguf is not None:
+            cmd += ["--gguf", str(gguf)]
+        self.name = engine
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.error: str | None = None
+        self.runs: list[dict] = []
+        self._read()
+
+    def _read(self) -> dict | None:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            self.error = f"failed (exit {self.proc.wait()})"
+            return None
+        return json.loads(line)
+
+    def run(self, keep: bool = True) -> None:
+        if self.error is not None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        result = self._read()
+        if result is not None and keep:
+            self.runs.append(result)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
 def main() -> None:
@@ -160,7 +191,6 @@ def main() -> None:
     ap.add_argument("--prefill-chunk-size", type=int, default=256)
     ap.add_argument("--weights", choices=("float32", "stored"), default="float32", help="what 'ours' loads (default float32)")
     ap.add_argument("--threads", type=int, default=blas.offered_cores(), help="BLAS / llama.cpp threads (default: the cores offered)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per engine process")
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--gguf", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -182,22 +212,35 @@ def main() -> None:
         print(f"model {model_dir.name}, {args.max_tokens} new tokens, prefill chunk {args.prefill_chunk_size}, "
               f"{args.runs} runs + 1 warm-up each; ours: {args.weights} weights, BLAS "
               f"{library if library else 'none found (' + blas.INSTALL_COMMAND + ')'}, {args.threads} threads")
-        results: dict[str, dict | str] = {}
-        results["today"] = _spawn("today", args, model_dir, gguf, plain)
-        results["ours"] = _spawn("ours", args, model_dir, gguf, blas.runner_environment(plain, library, args.threads))
-        import importlib.util
+        engines: list[Engine] = []
+        notes: dict[str, str] = {}
+        try:
+            engines.append(Engine("today", args, model_dir, gguf, plain))
+            engines.append(Engine("ours", args, model_dir, gguf, blas.runner_environment(plain, library, args.threads)))
+            import importlib.util
 
-        if gguf is None:
-            results["llama.cpp"] = "no GGUF (--model-dir given)"
-        elif importlib.util.find_spec("llama_cpp") is None:
-            results["llama.cpp"] = "not installed (pip install llama-cpp-python: builds llama.cpp)"
-        else:
-            results["llama.cpp"] = _spawn("llama.cpp", args, model_dir, gguf, plain)
+            if gguf is None:
+                notes["llama.cpp"] = "no GGUF (--model-dir given)"
+            elif importlib.util.find_spec("llama_cpp") is None:
+                notes["llama.cpp"] = "not installed (pip install llama-cpp-python: builds llama.cpp)"
+            else:
+                engines.append(Engine("llama.cpp", args, model_dir, gguf, plain))
+            for engine in engines:  # warm-up, not counted
+                engine.run(keep=False)
+            for i in range(args.runs):  # alternate, so drifting load from other work hits all alike
+                for engine in engines if i % 2 == 0 else engines[::-1]:
+                    engine.run()
+        finally:
+            for engine in engines:
+                engine.close()
+        results: dict[str, dict | str] = {e.name: e.error if e.error else {"runs": e.runs, "blas": e.runs[-1]["blas"]}
+                                          for e in engines if e.error or e.runs}
+        results.update(notes)
 
     medians: dict[str, dict[str, float]] = {}
     print(f"\n{'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'TTFT s':>8}  BLAS / note")
     for engine in ENGINES:
-        r = results[engine]
+        r = results.get(engine, "no runs")
         if isinstance(r, str):
             print(f"{engine:<10} {'-':>14} {'-':>13} {'-':>8}  {r}")
             continue
