@@ -209,3 +209,35 @@ def test_float32_greedy_output_equals_stored_weights(tmp_path: Path) -> None:
     for i in range(len(EQUALITY_PROMPTS)):
         assert len(tokens["stored"][f"p{i}"]) >= 4
         assert tokens["float32"][f"p{i}"] == tokens["stored"][f"p{i}"], (i, EQUALITY_PROMPTS[i])
+
+
+def test_pipeline_over_nodes_holding_different_weights(tmp_path: Path) -> None:
+    """Two nodes, one of which (100 MiB) fits only the stored weights of its rank (the last:
+    1 layer + the tied embedding, float32 ~127 MB + 10% > 100 MiB, stored ~34 MB): placement
+    gives its rank stored weights and the roomy node's rank float32; the runners load what placement
+    counted, exchange float32 activations, and answer greedily as one node does."""
+    roomy = NodeProcess(tmp_path / "roomy")
+    small = None
+    try:
+        roomy.start()
+        small = NodeProcess(tmp_path / "small", cluster=roomy.cluster,
+                            extra_args=["--memory-limit", "100MiB", *[a for addr in roomy.addrs() for a in ("--bootstrap", addr)]])
+        small.start()
+        wait_until(lambda: len(roomy.get("/state").json()["nodes"]) == 2 and all(
+            n.get("memory_total") for n in roomy.get("/state").json()["nodes"].values()), 60, what="both nodes in State")
+        view = roomy.place_and_wait(MODEL, timeout=300, min_nodes=2)
+        shards = {s["node_id"]: s for s in view["shards"]}
+        ids = {n["node_id"]: n for n in roomy.get("/nodes").json()}
+        roomy_id = next(i for i, n in ids.items() if n["is_self"])
+        small_id = next(i for i in ids if i != roomy_id)
+        assert shards[roomy_id]["weights_dtype"] == "float32" and shards[small_id]["weights_dtype"] == "stored", shards
+        for node, shard in ((roomy, shards[roomy_id]), (small, shards[small_id])):
+            loaded = _loaded_record(node)
+            assert loaded["weights_dtype"] == shard["weights_dtype"] and loaded["share_bytes"] == shard["share_bytes"]
+            assert 0.85 * shard["share_bytes"] <= loaded["peak_memory_bytes"] <= 1.15 * shard["share_bytes"], loaded
+        r = small.chat("What is the capital of France?", MODEL, temperature=0, max_tokens=12)
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"], r.text
+    finally:
+        if small is not None:
+            small.stop()
+        roomy.stop()

@@ -1,4 +1,5 @@
-"""This node's profile: memory, CPU, OS, addresses (design.md §4.1, §5 ``--memory-limit``)."""
+"""This node's profile: memory, CPU, OS, addresses, compute backend and ``--cpu-weights``
+(design.md §4.1, §5 ``--memory-limit``)."""
 
 from __future__ import annotations
 
