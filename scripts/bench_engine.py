@@ -9,8 +9,8 @@ Columns, each run in its own fresh process (a BLAS can only be chosen before MLX
   supervisor does (``worker.blas.runner_environment``: ``LD_PRELOAD`` + ``OPENBLAS_NUM_THREADS``);
 - **llama.cpp** — ``llama-cpp-python`` on the same GGUF (the embedded model's), when it is
   installed. It is a benchmark-only extra, never a dependency of the node or the tests, and
-  installing it builds llama.cpp from source (``pip install llama-cpp-python``: many minutes
-  on 2 cores); without it the column says "not installed".
+  installing it builds llama.cpp from source (``pip install -e '.[bench]'`` or ``pip install
+  llama-cpp-python``: many minutes on 2 cores); without it the column says "not installed".
 
 Each engine gets the same chat prompt (greedy, end-of-turn ignored so every run decodes
 exactly ``--max-tokens``), ``--runs`` times after one warm-up, the engines' runs alternating
