@@ -234,11 +234,27 @@ class Node:
                     "nodes": list(p.nodes),
                     "layers": list(p.layers_per_node),
                     "bytes": list(p.bytes_per_node),
+                    "weights": list(p.weights_per_node),
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
             )
         return out
+
+    def _runner_environment(self) -> dict[str, str]:
+        """The environment of this node's runners (``worker.blas``), logged once at start:
+        which BLAS they use and how many threads, or one warning naming the install command."""
+        from worker import blas
+
+        choice = blas.choose()
+        if choice.library is not None:
+            log.info("runners use an optimised BLAS", library=str(choice.library), threads=choice.threads,
+                     cpu_weights=self.config.cpu_weights)
+        elif choice.warning is not None:
+            log.warning(choice.warning)
+        else:
+            log.info("runners use MLX's own BLAS", cpu_weights=self.config.cpu_weights)
+        return blas.runner_environment(os.environ, choice.library, choice.threads)
 
     # --- loops ----------------------------------------------------------------------------
     async def _profile_loop(self) -> None:
@@ -256,6 +272,7 @@ class Node:
                 addrs=addrs,
                 models=tuple(sorted(c.model_id for c in self._local_cards)),
                 priority=self.config.priority,
+                cpu_weights=self.config.cpu_weights,
             )
             profile = _with_fault_hooks(profile, self.config.fault_hooks)
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
@@ -342,6 +359,7 @@ class Node:
             bootstrap=tuple(cfg.bootstrap),
             mdns=cfg.mdns,
         )
+        runner_env = self._runner_environment()
         self.worker = Worker(
             self.node_id,
             self.boot_id,
@@ -351,6 +369,7 @@ class Node:
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=cfg.prefill_chunk_size,
             fault_hooks=cfg.fault_hooks,
+            runner_env=runner_env,
         )
         self.replica.listeners.append(self._track_tasks)
         self.replica.listeners.append(self.router.on_event)

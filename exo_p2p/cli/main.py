@@ -214,6 +214,10 @@ def node(
         Optional[int],
         typer.Option(min=1, help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
     ] = None,
+    cpu_weights: Annotated[
+        Optional[str],
+        typer.Option(help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
+    ] = None,
     no_mdns: Annotated[
         bool,
         typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
@@ -268,6 +272,7 @@ def node(
         api_key_file=api_key_file,
         cors_origins=cors_origins,
         join=join,
+        cpu_weights=cpu_weights,
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")

@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from exo_p2p.cli.client import CliError
-from exo_p2p.config import NodeConfig, default_data_dir, parse_bytes
+from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -37,15 +37,16 @@ def build_node_config(
     api_key_file: Path | None = None,
     cors_origins: list[str] | None = None,
     join: str | None = None,
+    cpu_weights: str | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a cluster-secret file that does not exist or is not a valid secret, or a priority out of
-    the 32-bit range, an unreadable or empty ``api_key_file``, or a malformed CORS origin.
-    ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
-    ``exo_p2p.cli.membership``.
+    a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist
+    or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
+    ``api_key_file``, or a malformed CORS origin. ``join`` (a token of ``exo-p2p invite``) and
+    the secret stored in the data dir follow ``exo_p2p.cli.membership``.
     """
     given: dict = {}
     given.update(_access_flags(api_keys, api_key_file, cors_origins))
@@ -60,6 +61,10 @@ def build_node_config(
                 f"give a unit, e.g. {memory_limit}GiB",
                 exit_code=2,
             )
+    if cpu_weights is not None:
+        if cpu_weights not in CPU_WEIGHTS:
+            raise CliError(f"--cpu-weights must be one of {', '.join(CPU_WEIGHTS)}, got {cpu_weights!r}", 2)
+        given["cpu_weights"] = cpu_weights
     if log_format is not None:
         if log_format not in LOG_FORMATS:
             raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)
