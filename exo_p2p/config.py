@@ -77,7 +77,8 @@ class NodeConfig(msgspec.Struct):
     Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
     (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
-    tokens. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    tokens. ``log_file``: the log goes there (appended) instead of stderr.
+    ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
     """
 
@@ -90,6 +91,7 @@ class NodeConfig(msgspec.Struct):
     models_dirs: list[Path] = msgspec.field(default_factory=list)
     log_format: str = "console"
     log_level: str = "info"
+    log_file: Path | None = None
     cluster: str = "default"
     cluster_secret_file: Path | None = None
     bootstrap: list[str] = msgspec.field(default_factory=list)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import click
 import typer
+from typer._click.core import ParameterSource  # typer ships its own click
 from rich.console import Console
 
 from exo_p2p.cli import render
@@ -33,10 +34,29 @@ from exo_p2p.cli.client import (
     resolve_api_url,
 )
 from exo_p2p.cli.local_node import running_node
-from exo_p2p.cli.node_cmd import build_node_config, run_node
+from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file, run_node
 from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
+
+def _help_type(self: Any, ctx: click.Context) -> str | None:
+    """What ``--help`` shows after an option: its metavar (PORT, DIR, …), nothing for a flag
+    (typer 0.29 shows ``<bool>`` and Python types such as ``<list[Path]>``)."""
+    if self.metavar is not None:
+        return self.metavar or None
+    if getattr(self, "is_flag", False) or getattr(self, "count", False):
+        return None
+    shown = _typer_display_type(self, ctx) or ""
+    return _HELP_TYPES.get(shown, shown.strip("<>"))
+
+
+_HELP_TYPES = {"<int>": "N", "<int range>": "N", "<float>": "NUMBER", "<float range>": "NUMBER",
+               "<str>": "TEXT", "<path>": "PATH", "<list[str]>": "TEXT", "<list[Path]>": "PATH"}
+_typer_display_type = typer.core.TyperOption.display_type_rich
+
+
+typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
+typer.core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 PLACE_TIMEOUT = 900.0
 """Default seconds ``place`` and ``run`` wait for an instance to be ready."""
@@ -46,7 +66,7 @@ app = typer.Typer(
     help="Run LLMs across the machines of a home or lab. Start `exo-p2p node` on each machine; "
     "the other commands talk to a node's HTTP API.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -63,6 +83,7 @@ ApiOpt = Annotated[
     Optional[str],
     typer.Option(
         "--api",
+        metavar="URL",
         help=f"URL of the node's API (default ${API_ENV}, else {DEFAULT_API}).",
         show_default=False,
     ),
@@ -70,7 +91,7 @@ ApiOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts).")]
 NodesOpt = Annotated[
     Optional[str],
-    typer.Option("--nodes", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
+    typer.Option("--nodes", metavar="NODES", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
 ]
 
 
@@ -136,7 +157,7 @@ def root(
     ctx: typer.Context,
     api: Annotated[
         Optional[str],
-        typer.Option("--api", envvar=API_ENV, help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
+        typer.Option("--api", envvar=API_ENV, metavar="URL", help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
     ] = None,
 ) -> None:
     """Run LLMs across the machines of a home or lab."""
@@ -144,105 +165,129 @@ def root(
 
 
 # -- the node -------------------------------------------------------------------------------
+#
+# Every node flag is one parameter of ``node`` below: ``typer.Option(envvar=node_env("NAME"),
+# metavar=..., help=...)``. Its environment variable (``EXO_P2P_<NAME>``) is listed in
+# ``--help``; a value neither given on the command line nor in the environment comes from
+# the data dir's ``config.toml`` (``node_config_file``), keyed by the flag's name. Adding a
+# flag: one parameter here, one keyword to ``build_node_config``, one ``NodeConfig`` field.
+
+
+def node_env(name: str) -> str:
+    """The environment variable of a node flag: ``"API_PORT"`` → ``"EXO_P2P_API_PORT"``."""
+    return f"EXO_P2P_{name}"
 
 
 @app.command()
 @handled
 def node(
-    api_port: Annotated[Optional[int], typer.Option(help="HTTP API port (default: 52515).")] = None,
+    ctx: typer.Context,
+    api_port: Annotated[Optional[int], typer.Option(envvar=node_env("API_PORT"), metavar="PORT", help="HTTP API port (default: 52515).")] = None,
     api_host: Annotated[
         Optional[str],
-        typer.Option(help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
+        typer.Option(envvar=node_env("API_HOST"), metavar="HOST", help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
     ] = None,
     listen_port: Annotated[
         Optional[int],
-        typer.Option(help="libp2p listen port (default: 52514); 0 picks a free one."),
+        typer.Option(envvar=node_env("LISTEN_PORT"), metavar="PORT", help="libp2p listen port (default: 52514); 0 picks a free one."),
     ] = None,
     listen_host: Annotated[
         Optional[str],
-        typer.Option(help="libp2p listen address (default: 0.0.0.0)."),
+        typer.Option(envvar=node_env("LISTEN_HOST"), metavar="HOST", help="libp2p listen address (default: 0.0.0.0)."),
     ] = None,
     data_dir: Annotated[
         Optional[Path],
-        typer.Option(help="Identity, event log and models (default: $EXO_P2P_HOME, else the XDG data dir)."),
+        typer.Option(envvar="EXO_P2P_HOME", metavar="DIR", help="Identity, event log, models and config.toml (default: $XDG_DATA_HOME/exo-p2p, i.e. ~/.local/share/exo-p2p)."),
     ] = None,
     memory_limit: Annotated[
         Optional[str],
-        typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
+        typer.Option(envvar=node_env("MEMORY_LIMIT"), metavar="SIZE", help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
     ] = None,
     models_dir: Annotated[
         Optional[list[Path]],
-        typer.Option(help="A directory of models to serve (repeatable)."),
+        typer.Option(envvar=node_env("MODELS_DIR"), metavar="DIR", help="A directory of models to serve (repeatable; in the variable, separated by spaces)."),
     ] = None,
     log_format: Annotated[
         Optional[LogFormat],
-        typer.Option(help="Log format (default: console)."),
+        typer.Option(envvar=node_env("LOG_FORMAT"), metavar="console|json", help="Log format; json: every line is one JSON object (default: console)."),
     ] = None,
     log_level: Annotated[
         Optional[str],
-        typer.Option(help="debug, info, warning or error (default: info)."),
+        typer.Option(envvar=node_env("LOG_LEVEL"), metavar="LEVEL", help="debug, info, warning or error (default: info)."),
+    ] = None,
+    log_file: Annotated[
+        Optional[Path],
+        typer.Option(envvar=node_env("LOG_FILE"), metavar="FILE", help="Append the log to FILE instead of stderr."),
     ] = None,
     cluster: Annotated[
         Optional[str],
-        typer.Option(help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
+        typer.Option(envvar=node_env("CLUSTER"), metavar="NAME", help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
     ] = None,
     cluster_secret: Annotated[
         Optional[Path],
-        typer.Option(help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
+        typer.Option(envvar=node_env("CLUSTER_SECRET"), metavar="FILE", help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
     ] = None,
     bootstrap: Annotated[
         Optional[list[str]],
-        typer.Option(help="Multiaddr of a peer to dial (repeatable), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
+        typer.Option(envvar=node_env("BOOTSTRAP"), metavar="MULTIADDR", help="Address of a peer to dial (repeatable; in the variable, separated by spaces), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
     ] = None,
     priority: Annotated[
         Optional[int],
-        typer.Option(help="Election priority; higher wins a vacant master seat (default: 0)."),
+        typer.Option(envvar=node_env("PRIORITY"), metavar="N", help="Election priority; higher wins a vacant master seat (default: 0)."),
     ] = None,
     new_identity: Annotated[
         bool,
-        typer.Option("--new-identity", help="Make a new node identity instead of the saved one."),
+        typer.Option("--new-identity", envvar=node_env("NEW_IDENTITY"), help="Make a new node identity instead of the saved one."),
     ] = False,
     name: Annotated[
         Optional[str],
-        typer.Option(help="Friendly name shown by `exo-p2p nodes` (default: the host name)."),
+        typer.Option(envvar=node_env("NAME"), metavar="NAME", help="Friendly name shown by `exo-p2p nodes` and in log lines (default: the host name)."),
     ] = None,
     queue_limit: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Chat requests in flight on this API before 429 (default: 64)."),
+        typer.Option(min=1, envvar=node_env("QUEUE_LIMIT"), metavar="N", help="Chat requests in flight on this API before 429 (default: 64)."),
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
+        typer.Option(min=1, envvar=node_env("PREFILL_CHUNK_SIZE"), metavar="TOKENS", help="Prompt tokens per prefill step (default: 32; every node of a cluster should use the same)."),
     ] = None,
     no_mdns: Annotated[
         bool,
-        typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
+        typer.Option("--no-mdns", envvar=node_env("NO_MDNS"), help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
     ] = None,
 ) -> None:
-    """Run a node on this machine until Ctrl-C."""
+    """Run a node on this machine until Ctrl-C.
+
+    Every flag can also come from its EXO_P2P_... environment variable or from config.toml
+    in the data dir (keys are the flag names, e.g. api-port = 52525); the command line wins,
+    then the environment, then the file.
+    """
+    values = node_flag_values(ctx, fault_hook=fault_hook)
+    log_format = values["log_format"]
     config = build_node_config(
-        data_dir=data_dir,
-        api_host=api_host,
-        api_port=api_port,
-        listen_host=listen_host,
-        listen_port=listen_port,
-        memory_limit=memory_limit,
-        models_dirs=models_dir,
-        log_format=log_format.value if log_format else None,
-        log_level=log_level,
-        cluster=cluster,
-        cluster_secret_file=cluster_secret,
-        bootstrap=bootstrap,
-        priority=priority,
-        new_identity=new_identity,
-        friendly_name=name,
-        queue_limit=queue_limit,
-        prefill_chunk_size=prefill_chunk_size,
-        mdns=not no_mdns,
+        data_dir=values["data_dir"],
+        api_host=values["api_host"],
+        api_port=values["api_port"],
+        listen_host=values["listen_host"],
+        listen_port=values["listen_port"],
+        memory_limit=values["memory_limit"],
+        models_dirs=values["models_dir"],
+        log_format=getattr(log_format, "value", log_format),
+        log_level=values["log_level"],
+        log_file=values["log_file"],
+        cluster=values["cluster"],
+        cluster_secret_file=values["cluster_secret"],
+        bootstrap=values["bootstrap"],
+        priority=values["priority"],
+        new_identity=values["new_identity"],
+        friendly_name=values["name"],
+        queue_limit=values["queue_limit"],
+        prefill_chunk_size=values["prefill_chunk_size"],
+        mdns=not values["no_mdns"],
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")
@@ -254,12 +299,39 @@ def node(
         raise typer.Exit(code)
 
 
+def node_flag_values(ctx: typer.Context, **skip: Any) -> dict[str, Any]:
+    """The ``node`` command's flag values by parameter name, with the data dir's
+    ``config.toml`` filling in every flag the command line and environment left at its
+    default. Raises ``CliError`` (exit 2) for an unreadable file, an unknown key or a bad
+    value (naming the file and the key)."""
+    values = dict(ctx.params)
+    data_dir = (values.get("data_dir") or default_data_dir()).expanduser()
+    from_file = read_node_config_file(data_dir / NODE_CONFIG_FILE)
+    if not from_file:
+        return values
+    params = {p.name: p for p in ctx.command.params if p.name and p.name not in skip}
+    for key, raw in from_file.items():
+        name = key.replace("-", "_")
+        param = params.get(name)
+        if param is None or name in ("data_dir", "help") or getattr(param, "hidden", False):
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: unknown setting {key!r} (keys are `exo-p2p node` flag names, e.g. api-port)", 2)
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            continue  # the command line or the environment wins
+        if getattr(param, "multiple", False) and not isinstance(raw, list):
+            raw = [raw]
+        try:
+            values[name] = param.type_cast_value(ctx, raw)
+        except (click.BadParameter, typer.BadParameter) as e:
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: {key}: {e.message}", 2) from None
+    return values
+
+
 @app.command("cluster-secret")
 @handled
 def cluster_secret_cmd(
     file: Annotated[
         Optional[Path],
-        typer.Argument(help="Write the secret here (mode 0600); print it when omitted."),
+        typer.Argument(metavar="FILE", help="Write the secret here (mode 0600); print it when omitted."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
 ) -> None:
@@ -334,7 +406,7 @@ def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> 
 @handled
 def previews(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
     nodes: NodesOpt = None,
     api: ApiOpt = None,
     json: JsonOpt = False,
@@ -356,7 +428,7 @@ def previews(
 @handled
 def place(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
     min_nodes: Annotated[
         Optional[int],
         typer.Option(min=1, help="Use at least this many nodes (default: 1)."),
@@ -425,6 +497,32 @@ def delete(
     click.echo(f"deleted instance {instance_id}")
 
 
+@app.command()
+@handled
+def stop(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id whose instances to delete.")],
+    api: ApiOpt = None,
+) -> None:
+    """Delete every instance of MODEL (by name; `delete ID` deletes one instance)."""
+    with _client(ctx, api) as client:
+        ids = [str(i["instance_id"]) for i in client.instances() if i.get("model") == model]
+        if not ids:
+            raise CliError(f"no instance of {model} is placed (see `exo-p2p instances`)")
+        for instance_id in ids:
+            try:
+                client.delete_instance(instance_id)
+            except ApiError as e:
+                if e.status != 404:  # gone meanwhile (re-placed or deleted): nothing to stop
+                    raise
+            click.echo(f"deleted instance {instance_id} of {model}")
+
+
+# the habits of ollama/docker users: `ps` and `ls` (never `rm`, which deletes files in ollama)
+app.command("ps", help="Same as `instances`.")(instances)
+app.command("ls", help="Same as `models`.")(models)
+
+
 # -- chatting -------------------------------------------------------------------------------
 
 ModelOpt = Annotated[
@@ -445,7 +543,7 @@ def chat(
     ctx: typer.Context,
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
     ] = None,
     model: ModelOpt = None,
     max_tokens: MaxTokensOpt = None,
@@ -489,10 +587,10 @@ def ensure_ready_instance(
 @handled
 def run(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id.")] = EMBEDDED_MODEL,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id.")] = EMBEDDED_MODEL,
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
     ] = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
