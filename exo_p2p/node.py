@@ -280,6 +280,7 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
+        from exo_p2p.logging import console_note
         from exo_p2p.models.store import ModelStore
         from exo_p2p.cluster.member import ClusterMember, ClusterSettings, MasterHooks
         from exo_p2p.net import NetConfig, load_or_create_identity, new_boot_id, open_host
@@ -351,10 +352,10 @@ class Node:
                     addrs=net.listen_addrs(),
                     data_dir=str(self.data_dir),
                 )
-                print(f"exo-p2p node {self.node_id} ready", file=sys.stderr)
-                print(f"  api: http://{cfg.api_host}:{self.api_port}", file=sys.stderr)
-                for addr in net.listen_addrs():
-                    print(f"  addr: {addr}", file=sys.stderr)
+                console_note(
+                    "\n".join([f"exo-p2p node {self.node_id} ready", f"  api: http://{cfg.api_host}:{self.api_port}"]
+                              + [f"  addr: {addr}" for addr in net.listen_addrs()])
+                )
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
@@ -453,30 +454,34 @@ def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start)."""
-    from exo_p2p.logging import configure_logging
+    from exo_p2p.logging import configure_logging, report_error
 
-    configure_logging(config.log_format, config.log_level)
+    try:
+        configure_logging(config.log_format, config.log_level, node_name=config.friendly_name or _default_name(), log_file=config.log_file)
+    except OSError as exc:
+        print(f"error: cannot write the log file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     try:
         lock = check_can_start(config)
     except StartupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(str(exc))
         return 1
     node = Node(config)
     try:
         trio.run(_run_until_signal, node)
     except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(str(exc))
         return 1
     except BaseExceptionGroup as group:  # noqa: F821 - Python 3.11 builtin
         oserrors, rest = group.split(OSError)
         if rest is None and oserrors is not None:
-            print(f"error: {oserrors.exceptions[0]}", file=sys.stderr)
+            report_error(str(oserrors.exceptions[0]))
             return 1
         raise
     finally:
         node.close()
         lock.close()
     if getattr(node, "exit_reason", None):
-        print(f"error: {node.exit_reason}", file=sys.stderr)
+        report_error(node.exit_reason)
         return 1
     return 0

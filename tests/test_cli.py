@@ -408,13 +408,13 @@ def test_previews_table_shows_placement_or_why_not(served):
     result = invoke(["previews", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 0, result.output
     assert "not possible: tensor sharding needs 9 heads divisible by 2" in result.stdout
-    assert "alpha: layers [0, 30), 0.1 GiB" in result.stdout
+    assert "alpha: layers [0, 30), 113.3 MiB" in result.stdout
 
 
 def test_models_and_instances_tables(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     models = invoke(["models", "--api", served.url])
-    assert models.exit_code == 0 and "smollm2-135m-instruct" in models.stdout and "0.1 GiB" in models.stdout
+    assert models.exit_code == 0 and "smollm2-135m-instruct" in models.stdout and "103.0 MiB" in models.stdout
     insts = invoke(["instances", "--api", served.url])
     assert insts.exit_code == 0, insts.output
     assert "loading 0/30 layers" in insts.stdout
@@ -578,7 +578,7 @@ def test_place_waits_with_progress_until_ready(served):
 def test_place_no_wait_returns_at_once(served):
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
     assert result.exit_code == 0, result.output
-    assert [p for p in served.paths("GET")] == []
+    assert served.paths("GET") == ["/instances"]  # only the replica check, no polling
     assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout
 
 
@@ -729,7 +729,8 @@ def test_chat_deltas_concatenate_and_stop_at_done(pieces):
 def _fake_node_command(monkeypatch):
     from exo_p2p.cli import local_node
 
-    def command(api_port: int, data_dir: Path) -> list[str]:
+    def command(api_port: int, data_dir: Path, private: bool = True) -> list[str]:
+        (data_dir / "private").write_text(str(private))
         return [sys.executable, __file__, "--api-port", str(api_port), "--data-dir", str(data_dir)]
 
     monkeypatch.setattr(local_node, "node_command", command)
@@ -743,11 +744,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _no_default_node(monkeypatch) -> str:
+    """Point the default API URL at a closed port (tests never use the real default)."""
+    from exo_p2p.cli import client
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setattr(client, "DEFAULT_API", url)
+    return url
+
+
 def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     _fake_node_command(monkeypatch)
-    url = f"http://127.0.0.1:{closed_port()}"
+    _no_default_node(monkeypatch)
     result = invoke(["run", "smollm2-135m-instruct", "What is the capital of France?", "--max-tokens", "5",
-                     "--api", url, "--data-dir", str(tmp_path)])  # fmt: skip
+                     "--data-dir", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.stdout == "The capital of France is Paris.\n"
     assert "starting one for this command" in result.stderr and "30/30" in result.stderr
@@ -768,22 +778,56 @@ def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
 def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
     from exo_p2p.cli import local_node
 
-    monkeypatch.setattr(
-        local_node,
-        "node_command",
-        lambda port, data_dir: [sys.executable, "-c", "import sys; print('boom: address in use'); sys.exit(3)"],
-    )
-    url = f"http://127.0.0.1:{closed_port()}"
-    result = invoke(["run", "m", "hi", "--api", url, "--data-dir", str(tmp_path)])
+    code = "import sys; print('loading things'); print('error: API port 1 on 127.0.0.1 is not available'); sys.exit(3)"
+    monkeypatch.setattr(local_node, "node_command", lambda port, data_dir, private=True: [sys.executable, "-c", code])
+    _no_default_node(monkeypatch)
+    (tmp_path / "run-node.log").write_text("".join(f"stale line {i} of an earlier run\n" for i in range(30)))
+    result = invoke(["run", "m", "hi", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert "error: could not start a node: the node exited with code 3" in result.stderr
-    assert "boom: address in use" in result.stderr
+    first = error_lines(result)[1]  # after "no node answers …; starting one"
+    # the reason first, then only this run's lines
+    assert first.startswith("error: could not start a node: API port 1 on 127.0.0.1 is not available (the node exited with code 3)"), first
+    assert "loading things" in result.stderr and "stale line" not in result.stderr
 
 
 def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
     result = invoke(["run", "m", "hi", "--api", "http://192.0.2.1:9", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert error_lines(result)[0].startswith("error: cannot reach the exo-p2p node at http://192.0.2.1:9")
+    assert error_lines(result)[0].startswith("error: nothing answers at http://192.0.2.1:9")
+
+
+def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, tmp_path):
+    """Issue 17 item 7: an explicit --api (or EXO_P2P_API) that answers nothing is an error,
+    not a reason to start a node elsewhere."""
+    _fake_node_command(monkeypatch)
+    url = f"http://127.0.0.1:{closed_port()}"
+    for args, env in (([ "--api", url], None), ([], {"EXO_P2P_API": url})):
+        result = invoke(["run", "m", "hi", *args, "--data-dir", str(tmp_path)], env=env)
+        assert result.exit_code == 1
+        (line,) = error_lines(result)
+        assert line.startswith(f"error: nothing answers at {url}")
+        assert not (tmp_path / "private").exists()  # no node was started
+
+
+def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
+    """Issue 17 item 10: the node `run` starts is private (own cluster, no mDNS, loopback)."""
+    from exo_p2p.cli.local_node import node_command
+
+    argv = node_command(5000, tmp_path)
+    assert "--no-mdns" in argv and argv[argv.index("--listen-host") + 1] == "127.0.0.1"
+    cluster = argv[argv.index("--cluster") + 1]
+    assert cluster.startswith("run-") and cluster != node_command(5000, tmp_path)[argv.index("--cluster") + 1]
+    lan = node_command(5000, tmp_path, private=False)
+    assert "--no-mdns" not in lan and "--cluster" not in lan and "--listen-host" not in lan
+    # and `run` asks for the private one unless --lan
+    _fake_node_command(monkeypatch)
+    _no_default_node(monkeypatch)
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "private").read_text() == "True" and "private: loopback only, no mDNS" in result.stderr
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--lan", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "private").read_text() == "False"
 
 
 def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_path):
@@ -861,10 +905,11 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
     env["HF_HUB_OFFLINE"] = "1"
-    url = f"http://127.0.0.1:{closed_port()}"
     proc = subprocess.run(
-        [sys.executable, "-m", "exo_p2p", "run", "smollm2-135m-instruct", "What is the capital of France?",
-         "--temperature", "0", "--max-tokens", "24", "--api", url, "--data-dir", str(tmp_path)],
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import client, main; "
+         f"client.DEFAULT_API = 'http://127.0.0.1:{closed_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
+         "run", "smollm2-135m-instruct", "What is the capital of France?",
+         "--temperature", "0", "--max-tokens", "24", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr + (tmp_path / "run-node.log").read_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from enum import Enum
@@ -21,6 +22,7 @@ import typer
 from typer._click.core import ParameterSource  # typer ships its own click
 from rich.console import Console
 
+from exo_p2p.cli import client as client_module
 from exo_p2p.cli import render
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import (
@@ -130,7 +132,8 @@ def _stdout() -> Console:
 
 
 def _stderr() -> Console:
-    return Console(stderr=True)
+    """Progress and notes; not wrapped at 80 columns when stderr is not a terminal."""
+    return Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def _client(ctx: typer.Context, api: str | None) -> NodeClient:
@@ -446,10 +449,32 @@ def place(
         float,
         typer.Option(min=0, help="Seconds to wait for ready."),
     ] = PLACE_TIMEOUT,
+    replica: Annotated[
+        bool,
+        typer.Option("--replica", help="Place it even when the model already has an instance (one more copy in memory)."),
+    ] = False,
     api: ApiOpt = None,
 ) -> None:
-    """Place MODEL on the cluster and wait until it is ready to serve."""
+    """Place MODEL on the cluster and wait until it is ready to serve.
+
+    With --min-nodes N it first waits up to 20 s for N nodes to be in the cluster (nodes
+    that were just started). A model that already has an instance gets another one (a
+    replica, the same memory again): pass --replica, or confirm in a terminal.
+    """
+    console = _stderr()
     with _client(ctx, api) as client:
+        client.on_wait = console.print
+        existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
+        if existing and not replica:
+            ids = ", ".join(render.short_ids([str(i["instance_id"]) for i in existing]).values())
+            notice = (f"{model} already has {len(existing)} instance{'s' if len(existing) > 1 else ''} ({ids}); "
+                      "placing it again adds a replica, using its memory again")
+            if not (sys.stdin.isatty() and sys.stderr.isatty()):
+                raise CliError(f"{notice}: pass --replica to do that", 1)
+            if not typer.confirm(f"{notice}. Place a replica?", default=False, err=True):
+                raise typer.Exit(1)
+        if min_nodes and min_nodes > 1:
+            _wait_for_nodes(client, min_nodes, console)
         inst = client.place(
             model,
             min_nodes=min_nodes,
@@ -463,8 +488,32 @@ def place(
         )
         if no_wait:
             return
-        wait_until_ready(client, inst, timeout=timeout, console=_stderr())
+        try:
+            wait_until_ready(client, inst, timeout=timeout, console=console)
+        except KeyboardInterrupt:
+            console.print(
+                f"stopped waiting; instance {inst['instance_id']} stays placed and keeps loading "
+                f"(see `exo-p2p instances`; remove it with `exo-p2p delete {inst['instance_id']}`)"
+            )
+            raise
     click.echo(f"instance {inst['instance_id']} is ready")
+
+
+NODES_WAIT = 20.0
+"""Seconds ``place --min-nodes N`` waits for N nodes to be in the cluster."""
+
+
+def _wait_for_nodes(client: NodeClient, wanted: int, console: Console) -> None:
+    """Return once the cluster lists ``wanted`` nodes, or after ``NODES_WAIT`` seconds (the
+    placement then says what is missing)."""
+    deadline = time.monotonic() + NODES_WAIT
+    count = len(client.nodes())
+    if count >= wanted:
+        return
+    with console.status(f"waiting up to {NODES_WAIT:.0f} s for {wanted} nodes (the cluster has {count})…"):
+        while count < wanted and time.monotonic() < deadline:
+            time.sleep(0.5)
+            count = len(client.nodes())
 
 
 @app.command()
@@ -603,11 +652,18 @@ def run(
         float,
         typer.Option(min=0, help="Seconds to wait for the model to be ready."),
     ] = PLACE_TIMEOUT,
+    lan: Annotated[
+        bool,
+        typer.Option("--lan", help="The node started for this command joins the LAN's default cluster (mDNS) instead of staying private."),
+    ] = False,
     api: ApiOpt = None,
 ) -> None:
     """Answer PROMPT with MODEL (or chat), like `ollama run`.
 
-    Uses the node at --api when it answers, else runs one here for this command.
+    Uses the node at --api (or $EXO_P2P_API) and fails when nothing answers there; without
+    either, uses the local node at the default address, else runs a private node here for
+    this command (its own cluster name, no mDNS, loopback only; --lan makes it join the
+    LAN's default cluster instead).
 
     Places MODEL first when it is not placed yet; stops what it started on exit: a node it
     started, and the instance it placed on that node (so a later run or node does not bring
@@ -615,19 +671,24 @@ def run(
     `place`) and it says so.
     """
     globals_ = ctx.find_object(Globals)
-    api_url = resolve_api_url(api, globals_.api if globals_ else None)
+    explicit = api or (globals_.api if globals_ else None)
+    api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
     console = _stderr()
     with ExitStack() as stack:
         probe = stack.enter_context(NodeClient(api_url))
         started_node = False
         if not probe.ping():
-            if not is_local_url(api_url):
-                raise NodeUnreachable(f"cannot reach the exo-p2p node at {api_url}")
+            if explicit:
+                raise NodeUnreachable(
+                    f"nothing answers at {api_url} (the --api given); start a node there, "
+                    "or leave out --api to run a node for this command"
+                )
             directory = (data_dir or default_data_dir()).expanduser()
+            where = "joining the LAN's default cluster" if lan else "private: loopback only, no mDNS"
             console.print(
-                f"no node answers at {api_url}; starting one for this command (data dir {directory})"
+                f"no node answers at {api_url}; starting one for this command ({where}; data dir {directory})"
             )
-            api_url = stack.enter_context(running_node(directory, console))
+            api_url = stack.enter_context(running_node(directory, console, private=not lan))
             started_node = True
         client = stack.enter_context(NodeClient(api_url))
 
