@@ -121,6 +121,9 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(lvl)
+    # loggers that do not propagate and have no handler (py-libp2p's "libp2p") end in
+    # logging's last-resort handler, which writes bare messages: ours renders them too
+    logging.lastResort = handler
     logging.captureWarnings(True)
     # stdlib records of other libraries: warnings and above unless debugging
     for name in ("hypercorn", "exo_p2p.api.server", "asyncio", "httpx", "httpcore", "multiaddr"):

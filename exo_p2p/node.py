@@ -163,6 +163,10 @@ class Node:
             warnings.append(self.member.duplicate_identity)
         if self.member.master is None:
             warnings.append("no master elected yet")
+        redialer = getattr(self.net, "_redialer", None)
+        for addr, error in sorted(getattr(redialer, "failing", {}).items()):
+            # the prefix is what `exo-p2p doctor` looks for
+            warnings.append(f"bootstrap peer unreachable: {addr}: {error}")
         counters = dict(self.net.counters)
         counters.update(self.member.counters)
         counters["local_events_pending"] = self.member.local_events_pending

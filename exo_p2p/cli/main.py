@@ -416,7 +416,15 @@ def previews(
 ) -> None:
     """The best placement of MODEL per sharding and size, memory per node, or why none."""
     with _client(ctx, api) as client:
-        listed = client.previews(model, _split_nodes(nodes))
+        try:
+            listed = client.previews(model, _split_nodes(nodes))
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            known = sorted(str(m.get("model")) for m in client.models() if m.get("model"))
+            if model in known:
+                raise
+            raise CliError(f"{e.message}; known models: {', '.join(known) or 'none'} (see `exo-p2p models`)") from None
         names = {} if json else _node_names(client)
     if json:
         click.echo(render.dumps(listed))
@@ -532,15 +540,17 @@ def delete(
         except ApiError as e:
             if e.status != 404:
                 raise
-            full = [
-                i["instance_id"]
-                for i in client.instances()
-                if str(i.get("instance_id", "")).startswith(instance_id)
-            ]
+            listed = client.instances()
+            full = [i["instance_id"] for i in listed if str(i.get("instance_id", "")).startswith(instance_id)]
             if len(full) > 1:
                 raise CliError(f"instance prefix {instance_id!r} is ambiguous: it matches {', '.join(sorted(full))}", 1) from None
             if len(full) != 1:
-                raise
+                if any(i.get("model") == instance_id for i in listed):
+                    raise CliError(
+                        f"{instance_id} is a model, not an instance id: `exo-p2p stop {instance_id}` deletes its "
+                        "instances; `exo-p2p instances` lists the ids"
+                    ) from None
+                raise CliError(f"{e.message} (`exo-p2p instances` lists the ids)") from None
             instance_id = full[0]
             client.delete_instance(instance_id)
     click.echo(f"deleted instance {instance_id}")
@@ -570,6 +580,44 @@ def stop(
 # the habits of ollama/docker users: `ps` and `ls` (never `rm`, which deletes files in ollama)
 app.command("ps", help="Same as `instances`.")(instances)
 app.command("ls", help="Same as `models`.")(models)
+
+
+@app.command()
+@handled
+def doctor(
+    ctx: typer.Context,
+    mdns_seconds: Annotated[
+        float,
+        typer.Option("--mdns-seconds", min=0, metavar="SECONDS", help="How long to listen for mDNS announcements (0: skip)."),
+    ] = 2.0,
+    api: ApiOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Why machines do not see each other: this node's addresses and ports, mDNS, which
+    peers are known, reachable or refused (another cluster secret), firewall hints."""
+    from exo_p2p.cli import doctor as checks
+
+    with _client(ctx, api) as client:
+        state = client.state()
+        listed = client.nodes()
+    findings = checks.Findings(api_url=client.base_url, state=state, nodes=listed, mdns_seconds=mdns_seconds)
+    for host, port in checks.addresses_to_probe(state, listed):
+        findings.tcp[(host, port)] = checks.tcp_probe(host, port)
+    if mdns_seconds > 0:
+        with _stderr().status(f"listening for mDNS announcements for {mdns_seconds:g} s…"):
+            findings.mdns_types = checks.mdns_service_types(mdns_seconds)
+    lines = checks.diagnose(findings)
+    if json:
+        click.echo(render.dumps({
+            "node_id": state.get("node_id"),
+            "nodes": listed,
+            "warnings": state.get("warnings") or [],
+            "tcp": [{"host": h, "port": p, "result": r} for (h, p), r in findings.tcp.items()],
+            "mdns_service_types": findings.mdns_types,
+            "report": lines,
+        }))
+    else:
+        click.echo("\n".join(lines))
 
 
 # -- chatting -------------------------------------------------------------------------------
