@@ -123,7 +123,10 @@ def configure_logging(
     root.setLevel(lvl)
     # loggers that do not propagate and have no handler (py-libp2p's "libp2p") end in
     # logging's last-resort handler, which writes bare messages: ours renders them too
-    logging.lastResort = handler
+    last_resort = logging.StreamHandler(stream)
+    last_resort.setFormatter(formatter)
+    last_resort.setLevel(max(lvl, logging.WARNING))  # as logging's own last resort
+    logging.lastResort = last_resort
     logging.captureWarnings(True)
     # stdlib records of other libraries: warnings and above unless debugging
     for name in ("hypercorn", "exo_p2p.api.server", "asyncio", "httpx", "httpcore", "multiaddr"):

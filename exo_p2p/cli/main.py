@@ -138,7 +138,9 @@ def _stderr() -> Console:
 
 def _client(ctx: typer.Context, api: str | None) -> NodeClient:
     globals_ = ctx.find_object(Globals)
-    return NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
+    client = NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
+    client.on_wait = lambda text: click.echo(text, err=True)
+    return client
 
 
 def _split_nodes(nodes: str | None) -> list[str] | None:
@@ -323,7 +325,7 @@ def node_flag_values(ctx: typer.Context, **skip: Any) -> dict[str, Any]:
         if getattr(param, "multiple", False) and not isinstance(raw, list):
             raw = [raw]
         try:
-            values[name] = param.type_cast_value(ctx, raw)
+            values[name] = param.process_value(ctx, raw)
         except (click.BadParameter, typer.BadParameter) as e:
             raise CliError(f"{data_dir / NODE_CONFIG_FILE}: {key}: {e.message}", 2) from None
     return values
@@ -471,7 +473,6 @@ def place(
     """
     console = _stderr()
     with _client(ctx, api) as client:
-        client.on_wait = console.print
         existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
         if existing and not replica:
             ids = ", ".join(render.short_ids([str(i["instance_id"]) for i in existing]).values())
@@ -649,6 +650,7 @@ def chat(
     api: ApiOpt = None,
 ) -> None:
     """Chat with a placed model; the answer streams as it is generated."""
+    _refuse_empty(prompt)
     with _client(ctx, api) as client:
         chosen = choose_model(client, model)
         params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
@@ -718,6 +720,7 @@ def run(
     it back). On a node that was already running, a placement it made stays (like any
     `place`) and it says so.
     """
+    _refuse_empty(prompt)
     globals_ = ctx.find_object(Globals)
     explicit = api or (globals_.api if globals_ else None)
     api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
@@ -754,6 +757,12 @@ def run(
             chat_once(client, model, prompt, **params)
         else:
             repl(client, model, **params)
+
+
+def _refuse_empty(prompt: str | None) -> None:
+    """A given prompt must say something (a model asked nothing rambles for minutes)."""
+    if prompt is not None and not prompt.strip():
+        raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
 
 
 def _delete_quietly(client: NodeClient, instance_id: str) -> None:

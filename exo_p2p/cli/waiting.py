@@ -82,9 +82,15 @@ def wait_until_ready(
         transient=False,
     ) as progress:
         task = progress.add_task(str(instance.get("model", instance_id)), total=None, phase=instance_phase(instance))
+        shown_phase = None
         while True:
             total = current.get("layers_total") or None
-            progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=instance_phase(current))
+            phase = instance_phase(current)
+            progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase)
+            if phase != shown_phase and not console.is_terminal:
+                # no live bar outside a terminal: one line per phase instead
+                console.print(f"{instance.get('model', instance_id)}: {phase}")
+            shown_phase = phase
             status = current.get("status")
             if status == "ready":
                 if total:
