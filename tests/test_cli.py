@@ -896,12 +896,17 @@ def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
             [sys.executable, "-m", "exo_p2p", "place", "m", "--api", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
-        assert cli.stdout.readline().startswith("placed m as instance")
+        placed = cli.stdout.readline()
+        assert placed.startswith("placed m as instance")
         time.sleep(0.5)
         cli.send_signal(signal.SIGINT)
         out, err = cli.communicate(timeout=30)
         assert cli.returncode == 130
         assert "Traceback" not in err and "error" not in err
+        # issue 17 item 9: it says the instance stays placed and how to delete it
+        instance_id = placed.split("as instance ", 1)[1].split()[0]
+        assert f"instance {instance_id} stays placed and keeps loading" in err, err
+        assert f"exo-p2p delete {instance_id}" in err
     finally:
         for proc in (cli, node):
             if proc is not None and proc.poll() is None:
