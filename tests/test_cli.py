@@ -968,7 +968,7 @@ def test_place_bar_shows_phases_and_keeps_its_clock(served):
     phases = [line.split(": ", 1)[1] for line in result.stderr.splitlines() if line.startswith("smollm2-135m-instruct: ")]
     assert phases == ["loading layers", "warming up", "ready"]
     shard = lambda status: {"status": status}  # noqa: E731
-    assert instance_phase({"status": "loading", "shards": [shard("pending"), shard("loading")]}) == "starting runners"
+    assert instance_phase({"status": "loading", "shards": [shard("pending"), shard("loading")]}) == "preparing"
     assert instance_phase({"status": "loading", "shards": [shard("connecting"), shard("loading")]}) == "connecting ranks"
     assert instance_phase({"status": "loading", "shards": [shard("loaded"), shard("loading")]}) == "loading layers"
     assert instance_phase({"status": "loading", "shards": [shard("warming_up"), shard("ready")]}) == "warming up"

@@ -1,4 +1,4 @@
-"""Wait for a placed instance to be ready, showing its phase (starting runners, connecting
+"""Wait for a placed instance to be ready, showing its phase (preparing, connecting
 ranks, loading layers, warming up) and layers loaded / total as a progress bar whose clock
 keeps running until the instance is ready."""
 
@@ -20,7 +20,7 @@ POLL_INTERVAL = 0.5
 
 
 PHASES = (
-    ("starting runners", ("pending",)),
+    ("preparing", ("pending",)),  # importing the model file if needed, starting runners
     ("connecting ranks", ("idle", "connecting", "connected")),
     ("loading layers", ("loading",)),
     ("warming up", ("loaded", "warming_up")),
