@@ -174,7 +174,8 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
     id), model, sharding, status / progress, shards."""
     table = Table(title="instances", title_justify="left")
     table.add_column("id", no_wrap=True)
-    table.add_column("model")
+    # the model name is copied too (`exo-p2p stop MODEL`): never cut
+    table.add_column("model", min_width=max((len(str(i.get("model", ""))) for i in instances), default=5))
     table.add_column("sharding")
     table.add_column("status")
     table.add_column("shards", overflow="fold")
