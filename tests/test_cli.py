@@ -1121,6 +1121,11 @@ def test_node_flags_from_env_and_config_file(monkeypatch, tmp_path):
     assert (file_only.api_port, file_only.friendly_name, file_only.queue_limit, file_only.mdns) == (6001, "from-env", 9, False)
     assert file_only.models_dirs == [Path("/m")] and file_only.data_dir == data and file_only.log_file == tmp_path / "n.log"
     assert flag.friendly_name == "from-flag"  # the command line, then the environment, then the file
+    started.clear()
+    assert invoke(["node"], env={**env, "EXO_P2P_MODELS_DIR": "/a:/b", "EXO_P2P_NO_MDNS": "0", "EXO_P2P_PRIORITY": "4"}).exit_code == 0
+    (from_env,) = started
+    assert from_env.models_dirs == [Path("/a"), Path("/b")] and from_env.priority == 4 and from_env.mdns is True
+    started[:] = [file_only, flag]
     (data / "config.toml").write_text("api_prot = 1\n")
     result = invoke(["node"], env=env)
     assert result.exit_code == 2 and "unknown setting 'api_prot'" in error_lines(result)[0]

@@ -210,7 +210,7 @@ def node(
     ] = None,
     models_dir: Annotated[
         Optional[list[Path]],
-        typer.Option(envvar=node_env("MODELS_DIR"), metavar="DIR", help="A directory of models to serve (repeatable; in the variable, separated by spaces)."),
+        typer.Option(envvar=node_env("MODELS_DIR"), metavar="DIR", help="A directory of models to serve (repeatable; in the variable, separated by colons like PATH)."),
     ] = None,
     log_format: Annotated[
         Optional[LogFormat],
@@ -318,7 +318,9 @@ def node_flag_values(ctx: typer.Context, **skip: Any) -> dict[str, Any]:
     for key, raw in from_file.items():
         name = key.replace("-", "_")
         param = params.get(name)
-        if param is None or name in ("data_dir", "help") or getattr(param, "hidden", False):
+        if name == "data_dir":
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: data-dir cannot be set in the data dir's own file", 2)
+        if param is None or name == "help" or getattr(param, "hidden", False):
             raise CliError(f"{data_dir / NODE_CONFIG_FILE}: unknown setting {key!r} (keys are `exo-p2p node` flag names, e.g. api-port)", 2)
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             continue  # the command line or the environment wins
