@@ -1029,6 +1029,39 @@ def test_placing_a_model_twice_needs_replica(served):
     assert result.exit_code == 0 and len(served.node.instances) == 2
 
 
+def test_placing_a_model_twice_asks_in_a_terminal(served):
+    """Issue 17 item 8, in a terminal: `place` asks before adding a replica; "n" places
+    nothing, "y" places the replica."""
+    import pty
+
+    served.node.place({"model": "smollm2-135m-instruct"})
+    env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+    for answer, placed in ((b"n\n", 1), (b"y\n", 2)):
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the CLI on the pty's terminal
+            os.execve(sys.executable, [sys.executable, "-m", "exo_p2p", "place", "smollm2-135m-instruct", "--no-wait",
+                                       "--api", served.url], env)  # fmt: skip
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"Place a replica?" not in seen and time.monotonic() < deadline:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+        assert b"already has" in seen and b"adds a replica" in seen, seen
+        os.write(fd, answer)
+        while True:
+            try:
+                if not os.read(fd, 4096):
+                    break
+            except OSError:
+                break
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        assert os.waitstatus_to_exitcode(status) == (1 if answer == b"n\n" else 0)
+        assert len(served.node.instances) == placed
+
+
 def test_api_url_with_a_path_names_the_right_url(served):
     result = invoke(["models", "--api", served.url + "/v1"])
     assert result.exit_code == 2
@@ -1218,6 +1251,19 @@ def test_node_log_lines_carry_the_node_name_and_json_parses(tmp_path):
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert records and all(r["node"] == "alpha" for r in records)
     assert any(r["level"] == "error" and "API port" in r["event"] for r in records)
+    # the console format names the node too
+    console_log = tmp_path / "console.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "exo_p2p", "node", "--name", "alpha", "--api-port", str(taken.getsockname()[1]),
+             "--listen-port", "0", "--data-dir", str(tmp_path / "d"), "--log-file", str(console_log), "--no-mdns"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith("error: API port")
+    lines = console_log.read_text().splitlines()
+    assert lines and all("node=alpha" in line for line in lines), lines
 
 
 # -- the stand-in node process for `run` ---------------------------------------------------
