@@ -195,11 +195,11 @@ class _JsonLines(io.TextIOBase):
 
 
 def configure_runner_output() -> None:
-    """In a runner process: when its node logs JSON, turn everything the runner writes to
-    stdout and stderr into JSON lines on the node's log stream (the runner's inherited
-    stderr): Python-level writes (prints, warnings, tracebacks) through ``sys.stdout`` /
-    ``sys.stderr``, and C-level writes to fds 1 and 2 (MLX's ring backend) through a pipe
-    read by a thread. Does nothing for the console format or outside a node."""
+    """In a runner process: when its node logs JSON, turn what the runner writes through
+    ``sys.stdout`` / ``sys.stderr`` (prints, warnings, tracebacks) into JSON lines on the
+    node's log stream (the runner's inherited stderr). C-level writes to fds 1 and 2 (MLX's
+    ring backend: "[ring] Socket … was closed by the peer") stay as they are. Does nothing
+    for the console format or outside a node."""
     try:
         settings = json.loads(os.environ.get(RUNNER_LOG_ENV) or "{}")
     except ValueError:
@@ -210,28 +210,3 @@ def configure_runner_output() -> None:
     target = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
     sys.stdout = _JsonLines(target, "stdout", node)  # type: ignore[assignment]
     sys.stderr = _JsonLines(target, "stderr", node)  # type: ignore[assignment]
-    read_fd, write_fd = os.pipe()
-    os.dup2(write_fd, 1)
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
-    raw = _JsonLines(target, "stderr", node)
-
-    def forward() -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            for line in pipe:
-                raw.write(line.decode("utf-8", errors="replace"))
-        raw.flush()
-
-    reader = threading.Thread(target=forward, name="runner-output", daemon=True)
-    reader.start()
-
-    def drain() -> None:  # at a normal exit: close the pipe's write ends, let the reader finish
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(target.fileno(), 1)
-        os.dup2(target.fileno(), 2)
-        reader.join(timeout=1.0)
-
-    import atexit
-
-    atexit.register(drain)
