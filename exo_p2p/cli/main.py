@@ -214,7 +214,7 @@ def node(
     ] = None,
     log_format: Annotated[
         Optional[LogFormat],
-        typer.Option(envvar=node_env("LOG_FORMAT"), metavar="console|json", help="Log format; json: every line is one JSON object (default: console)."),
+        typer.Option(envvar=node_env("LOG_FORMAT"), metavar="console|json", help="Log format; json: one JSON object per line, libraries and runners included (default: console)."),
     ] = None,
     log_level: Annotated[
         Optional[str],
