@@ -81,7 +81,8 @@ class NodeConfig(msgspec.Struct):
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
     tokens. ``compact_every`` is the number of events in the log at which it is compacted
     into a snapshot of State (``exo_p2p.replica``). ``cpu_weights`` (one of ``CPU_WEIGHTS``)
-    is published in the node profile. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    is published in the node profile. ``log_file``: the log goes there (appended) instead of
+    stderr. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
     """
 
@@ -94,6 +95,7 @@ class NodeConfig(msgspec.Struct):
     models_dirs: list[Path] = msgspec.field(default_factory=list)
     log_format: str = "console"
     log_level: str = "info"
+    log_file: Path | None = None
     cluster: str = "default"
     cluster_secret_file: Path | None = None
     bootstrap: list[str] = msgspec.field(default_factory=list)

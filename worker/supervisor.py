@@ -217,7 +217,10 @@ class RunnerSupervisor:
         sent (a cancelled task reports at most what it sent plus the steps in flight)."""
         last = self._finished.pop(task_id, None)
         sent = self._tokens_sent.pop(task_id, None)
-        log.info(
+        # a task that completed on a rank that sends no chunks has nothing to say: routine
+        routine = last is None and sent is None and status == "complete"
+        level = log.debug if routine else log.info
+        level(
             "runner task ended",
             runner_id=self.runner_id,
             rank=self.shard.rank,

@@ -8,6 +8,8 @@ from pathlib import Path
 from exo_p2p.cli.client import CliError
 from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 
+NODE_CONFIG_FILE = "config.toml"
+"""The optional file of ``exo-p2p node`` settings in the data dir (TOML; keys are flag names)."""
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -23,6 +25,7 @@ def build_node_config(
     models_dirs: list[Path] | None = None,
     log_format: str | None = None,
     log_level: str | None = None,
+    log_file: Path | None = None,
     cluster: str | None = None,
     cluster_secret_file: Path | None = None,
     bootstrap: list[str] | None = None,
@@ -74,6 +77,7 @@ def build_node_config(
             raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", 2)
         given["log_level"] = log_level.lower()
     if cluster_secret_file is not None:
+        cluster_secret_file = Path(cluster_secret_file).expanduser()
         if not cluster_secret_file.is_file():
             raise CliError(
                 f"--cluster-secret: no such file {cluster_secret_file} "
@@ -117,9 +121,11 @@ def build_node_config(
     ):
         if value is not None:
             given[name] = value
+    if log_file is not None:
+        given["log_file"] = Path(log_file).expanduser()
     return NodeConfig(
-        data_dir=data_dir,
-        models_dirs=[d.expanduser() for d in models_dirs or []],
+        data_dir=Path(data_dir or default_data_dir()).expanduser(),
+        models_dirs=[Path(d).expanduser() for d in models_dirs or []],
         bootstrap=list(bootstrap or []),
         new_identity=new_identity,
         mdns=mdns,
@@ -182,6 +188,23 @@ def _validate_network_flags(
                 "(`exo-p2p nodes` on that node prints them)",
                 2,
             ) from e
+
+
+def read_node_config_file(path: Path) -> dict:
+    """The settings in the TOML file at ``path`` (``{}`` when there is no such file).
+    Raises ``CliError`` (exit 2) naming the file when it cannot be read or parsed."""
+    import tomllib
+
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or e}", 2) from None
+    try:
+        return tomllib.loads(text.decode("utf-8", errors="replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"{path} is not valid TOML: {e}", 2) from None
 
 
 def run_node(config: NodeConfig) -> int:

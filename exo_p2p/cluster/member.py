@@ -217,7 +217,7 @@ class ClusterMember:
         if n == 1:
             # drops that happen in normal operation (gossip from the master arriving before
             # this node follows it, a duplicate relayed by two peers) are not warnings
-            level = log.info if kind in _ROUTINE_DROPS else log.warning
+            level = log.debug if kind in _ROUTINE_DROPS else log.warning
             level("message dropped (further drops of this kind are only counted)", kind=kind)
 
     def own_heartbeat(self) -> Heartbeat:

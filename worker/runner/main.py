@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    from exo_p2p.logging import configure_runner_output
+
+    configure_runner_output()  # the node's log format for prints, warnings, tracebacks
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
