@@ -23,6 +23,8 @@ work on the slowest node: ~32 tokens is 3–6 s for SmolLM2 on a loaded 2-core C
 (design.md §5c: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
 RUNNER_SILENT_GENERATING = 10.0
 """Seconds a runner may stay silent while generating before its supervisor kills it."""
+CPU_WEIGHTS = ("auto", "float32", "stored")
+"""``--cpu-weights``: what a CPU-only node's runners hold (``master.placement_split.rank_weights``)."""
 RUNNER_SILENT_LOADING = 60.0
 """Seconds a runner may stay silent while loading or warming up before it is killed."""
 
@@ -78,7 +80,9 @@ class NodeConfig(msgspec.Struct):
     (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
     tokens. ``compact_every`` is the number of events in the log at which it is compacted
-    into a snapshot of State (``exo_p2p.replica``). ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
+    into a snapshot of State (``exo_p2p.replica``). ``cpu_weights`` (one of ``CPU_WEIGHTS``)
+    is published in the node profile. ``log_file``: the log goes there (appended) instead of
+    stderr. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
     """
 
@@ -91,6 +95,7 @@ class NodeConfig(msgspec.Struct):
     models_dirs: list[Path] = msgspec.field(default_factory=list)
     log_format: str = "console"
     log_level: str = "info"
+    log_file: Path | None = None
     cluster: str = "default"
     cluster_secret_file: Path | None = None
     bootstrap: list[str] = msgspec.field(default_factory=list)
@@ -103,6 +108,7 @@ class NodeConfig(msgspec.Struct):
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     mdns: bool = True
     compact_every: int = 20_000
+    cpu_weights: str = "auto"
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
     api_keys: list[str] = msgspec.field(default_factory=list)
     """API keys a client must present (``--api-key``/``--api-key-file``); empty = none needed."""

@@ -174,6 +174,10 @@ class Node:
             warnings.append(self.member.duplicate_identity)
         if self.member.master is None:
             warnings.append("no master elected yet")
+        redialer = getattr(self.net, "_redialer", None)
+        for addr, error in sorted(getattr(redialer, "failing", {}).items()):
+            # the prefix is what `exo-p2p doctor` looks for
+            warnings.append(f"bootstrap peer unreachable: {addr}: {error}")
         counters = dict(self.net.counters)
         counters.update(self.member.counters)
         counters["local_events_pending"] = self.member.local_events_pending
@@ -235,11 +239,27 @@ class Node:
                     "nodes": list(p.nodes),
                     "layers": list(p.layers_per_node),
                     "bytes": list(p.bytes_per_node),
+                    "weights": list(p.weights_per_node),
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
             )
         return out
+
+    def _runner_environment(self) -> dict[str, str]:
+        """The environment of this node's runners (``worker.blas``), logged once at start:
+        which BLAS they use and how many threads, or one warning naming the install command."""
+        from worker import blas
+
+        choice = blas.choose()
+        if choice.library is not None:
+            log.info("runners use an optimised BLAS", library=str(choice.library), threads=choice.threads,
+                     cpu_weights=self.config.cpu_weights)
+        elif choice.warning is not None:
+            log.warning(choice.warning)
+        else:
+            log.info("runners use MLX's own BLAS", cpu_weights=self.config.cpu_weights)
+        return blas.runner_environment(os.environ, choice.library, choice.threads)
 
     # --- loops ----------------------------------------------------------------------------
     async def _profile_loop(self) -> None:
@@ -257,6 +277,7 @@ class Node:
                 addrs=addrs,
                 models=tuple(sorted(c.model_id for c in self._local_cards)),
                 priority=self.config.priority,
+                cpu_weights=self.config.cpu_weights,
             )
             profile = _with_fault_hooks(profile, self.config.fault_hooks)
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
@@ -322,6 +343,7 @@ class Node:
         from exo_p2p.api.access import AccessPolicy, is_loopback_host
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
+        from exo_p2p.logging import console_note
         from exo_p2p.models.store import ModelStore
         from exo_p2p.cluster.member import ClusterMember, ClusterSettings, MasterHooks
         from exo_p2p.net import NetConfig, load_or_create_identity, new_boot_id, open_host
@@ -343,6 +365,7 @@ class Node:
             bootstrap=tuple(cfg.bootstrap),
             mdns=cfg.mdns,
         )
+        runner_env = self._runner_environment()
         self.worker = Worker(
             self.node_id,
             self.boot_id,
@@ -352,6 +375,7 @@ class Node:
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=cfg.prefill_chunk_size,
             fault_hooks=cfg.fault_hooks,
+            runner_env=runner_env,
         )
         self.replica.listeners.append(self._track_tasks)
         self.replica.listeners.append(self.router.on_event)
@@ -403,10 +427,16 @@ class Node:
                     addrs=net.listen_addrs(),
                     data_dir=str(self.data_dir),
                 )
-                print(f"exo-p2p node {self.node_id} ready", file=sys.stderr)
-                print(f"  api: http://{cfg.api_host}:{self.api_port}", file=sys.stderr)
-                for addr in net.listen_addrs():
-                    print(f"  addr: {addr}", file=sys.stderr)
+                banner = [f"exo-p2p node {self.node_id} ready", f"  api: http://{cfg.api_host}:{self.api_port}"]
+                banner += [f"  addr: {addr}" for addr in net.listen_addrs()]
+                if secret is None:
+                    from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
+
+                    log.warning("open cluster", notice=OPEN_CLUSTER_NOTICE)
+                    banner.append(f"  note: {OPEN_CLUSTER_NOTICE}")
+                else:
+                    banner.append("  cluster: closed (members share a cluster secret)")
+                console_note("\n".join(banner))
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
@@ -523,30 +553,34 @@ def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start)."""
-    from exo_p2p.logging import configure_logging
+    from exo_p2p.logging import configure_logging, report_error
 
-    configure_logging(config.log_format, config.log_level)
+    try:
+        configure_logging(config.log_format, config.log_level, node_name=config.friendly_name or _default_name(), log_file=config.log_file)
+    except OSError as exc:
+        print(f"error: cannot write the log file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     try:
         lock = check_can_start(config)
     except StartupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(str(exc))
         return 1
     node = Node(config)
     try:
         trio.run(_run_until_signal, node)
     except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(str(exc))
         return 1
     except BaseExceptionGroup as group:  # noqa: F821 - Python 3.11 builtin
         oserrors, rest = group.split(OSError)
         if rest is None and oserrors is not None:
-            print(f"error: {oserrors.exceptions[0]}", file=sys.stderr)
+            report_error(str(oserrors.exceptions[0]))
             return 1
         raise
     finally:
         node.close()
         lock.close()
     if getattr(node, "exit_reason", None):
-        print(f"error: {node.exit_reason}", file=sys.stderr)
+        report_error(node.exit_reason)
         return 1
     return 0

@@ -9,7 +9,7 @@ A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
                    + C × vocab × 4  (last rank only: logits)
 
 where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim × 2 (K and V) × b``
-and ``b`` is bytes per activation element. A pipeline rank holds only its layers
+and ``b`` is bytes per activation element (4 on a rank holding float32 weights). A pipeline rank holds only its layers
 ``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
 heads. The rank is admitted when that sum is ≤ its node's usable memory in State
 (``master.memory.usable_memory``: the reported available memory, already capped by
@@ -69,8 +69,12 @@ class RankNeed(msgspec.Struct, frozen=True):
         return self.free_bytes is None or self.need_bytes <= self.free_bytes
 
 
-def dtype_bytes(card: ModelCard) -> int:
-    """Bytes per activation / KV-cache element of ``card`` (its field, else float32's 4)."""
+def dtype_bytes(card: ModelCard, shard: ShardMetadata | None = None) -> int:
+    """Bytes per activation / KV-cache element of ``card`` on ``shard``: 4 on a shard whose
+    runner holds float32 weights (``weights_dtype``; it computes in float32), else the
+    card's field, else float32's 4."""
+    if shard is not None and shard.weights_dtype == "float32":
+        return 4
     return card.activation_dtype_bytes or DEFAULT_ACTIVATION_DTYPE_BYTES
 
 
@@ -91,7 +95,7 @@ def kv_bytes_per_token(card: ModelCard, shard: ShardMetadata | None = None, shar
             kv_heads = -(-kv_heads // max(1, shard.world_size))
         else:
             layers = shard.end_layer - shard.start_layer
-    return layers * kv_heads * head_dim(card) * 2 * dtype_bytes(card)
+    return layers * kv_heads * head_dim(card) * 2 * dtype_bytes(card, shard)
 
 
 def activation_bytes(
@@ -107,7 +111,7 @@ def activation_bytes(
         last = shard.rank == shard.world_size - 1 or sharding == "tensor"
         if sharding == "tensor":
             heads = -(-heads // max(1, shard.world_size))
-    hidden = chunk * card.hidden_size * ACTIVATION_VECTORS * dtype_bytes(card)
+    hidden = chunk * card.hidden_size * ACTIVATION_VECTORS * dtype_bytes(card, shard)
     scores = chunk * prompt_tokens * heads * 4
     logits = chunk * card.vocab_size * 4 if last else 0
     return hidden + scores + logits

@@ -26,6 +26,11 @@ Rules, in the order they are applied:
   used instead of "sorted node ids" because the search can bound it from a path prefix.
 - **Ranks**: rank 0 is the member with the most usable memory (ties: smallest node id); ranks
   follow the cycle's direction from there. Shares: ``placement_split``.
+- **Weights per rank**: each node's profile says what its runners may hold
+  (``cpu_weights``: auto / float32 / stored; a Metal node and an old profile say stored). An
+  auto rank holds float32 when its float32 share fits its usable memory with the 10%
+  headroom, else the stored weights; the shard records it (``weights_dtype``) and its
+  ``share_bytes`` are in those bytes (``placement_split.pipeline_shares``).
 - **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the address
   of the edge (rank r-1 → rank r) — the address at which its ring neighbour reaches it, chosen
   once here so both neighbours see the same — and ``port`` is the lowest port >=
@@ -93,7 +98,8 @@ class Preview(msgspec.Struct, frozen=True):
 
     ``instance`` is exactly what ``place_instance(..., min_nodes=world_size)`` returns for the
     same inputs (instance id ``"preview"``). ``nodes``, ``bytes_per_node`` (bytes each rank
-    loads) and ``layers_per_node`` are in rank order; empty when ``error`` is set.
+    loads, in the weights it holds), ``layers_per_node`` and ``weights_per_node`` (``"stored"``
+    or ``"float32"``) are in rank order; empty when ``error`` is set.
     """
 
     sharding: Sharding
@@ -103,6 +109,7 @@ class Preview(msgspec.Struct, frozen=True):
     bytes_per_node: tuple[int, ...] = ()
     layers_per_node: tuple[int, ...] = ()
     error: str | None = None
+    weights_per_node: tuple[str, ...] = ()
 
 
 def required_bytes(storage_size: int) -> int:
@@ -290,8 +297,15 @@ def _search(ctx: _Context, mode: int, rank_links: bool = True) -> tuple[CycleSea
     return ctx.searches[key], modes[mode]
 
 
-def _shares(card: ModelCard, sharding: Sharding, usable: list[int]) -> list[RankShare] | Overflow:
-    return tensor_shares(card, usable) if sharding == "tensor" else pipeline_shares(card, usable)
+def _shares(card: ModelCard, sharding: Sharding, usable: list[int], policies: list[str] | None = None) -> list[RankShare] | Overflow:
+    if sharding == "tensor":
+        return tensor_shares(card, usable, policies)
+    return pipeline_shares(card, usable, policies)
+
+
+def _policies(state: State, cycle: Iterable[NodeId]) -> list[str]:
+    """Per rank, the weights its node's runners may hold (``NodeProfile.cpu_weights``)."""
+    return [state.nodes[n].cpu_weights for n in cycle]
 
 
 def _fits(ctx: _Context, sharding: Sharding, weights: dict[NodeId, int]) -> Callable[[tuple[NodeId, ...]], tuple[tuple[int, ...], list[RankShare]] | None]:
@@ -299,7 +313,7 @@ def _fits(ctx: _Context, sharding: Sharding, weights: dict[NodeId, int]) -> Call
 
     def accept(cycle: tuple[NodeId, ...]) -> tuple[tuple[int, ...], list[RankShare]] | None:
         usable = [weights[n] for n in cycle]
-        shares = _shares(ctx.card, sharding, usable)
+        shares = _shares(ctx.card, sharding, usable, _policies(ctx.state, cycle))
         return None if isinstance(shares, Overflow) else (tuple(usable), shares)
 
     return accept
@@ -429,6 +443,7 @@ def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) 
             share_bytes=share.share_bytes,
             boot_id=ctx.state.nodes[node].boot_id,
             ring_address=addresses[rank],
+            weights_dtype=share.weights_dtype,
         )
         for rank, (node, share) in enumerate(zip(plan.cycle, plan.shares, strict=True))
     )
@@ -482,7 +497,7 @@ def _explain(ctx: _Context, sharding: Sharding, min_size: int, sizes: list[int])
                     f"the largest candidate cycle ({names}) has {gib(total)} ({total} bytes)"
                 )
             else:
-                over = _shares(card, sharding, usable)
+                over = _shares(card, sharding, usable, _policies(state, cycle))
                 assert isinstance(over, Overflow)
                 message = (
                     f"no candidate cycle holds every rank's share; on the largest candidate cycle ({names}) "
@@ -518,4 +533,5 @@ def _preview(ctx: _Context, sharding: Sharding, size: int) -> Preview:
         nodes=plan.cycle,
         bytes_per_node=tuple(s.share_bytes for s in plan.shares),
         layers_per_node=tuple(s.end_layer - s.start_layer for s in plan.shares),
+        weights_per_node=tuple(s.weights_dtype for s in plan.shares),
     )

@@ -12,11 +12,37 @@ from exo_p2p.types import ModelCard, Sharding
 
 @dataclass(frozen=True)
 class RankShare:
-    """One rank's part: layers ``[start_layer, end_layer)`` and ``share_bytes`` it loads."""
+    """One rank's part: layers ``[start_layer, end_layer)``, the weights its runner holds
+    (``weights_dtype``: ``"stored"`` or ``"float32"``) and ``share_bytes`` it loads, in
+    those weights' bytes."""
 
     start_layer: int
     end_layer: int
     share_bytes: int
+    weights_dtype: str = "stored"
+
+
+WEIGHT_POLICIES = ("auto", "float32", "stored")
+"""A node's ``cpu_weights`` (its profile): what its runners may hold."""
+
+
+def headroom_bytes(share: int) -> int:
+    """Bytes a node must offer to hold ``share`` bytes with the 10% headroom rule:
+    ``ceil(1.1 × share)`` in integers (the same rule as a cycle's ``required_bytes``)."""
+    return -(-share * 11 // 10)
+
+
+def effective_policies(card: ModelCard, policies: list[str] | None, world: int) -> list[str]:
+    """Per rank, the policy placement applies: the node's ``cpu_weights`` (None: all
+    ``"stored"``, as nodes from before the setting), ``"stored"`` when the card has no
+    float32 sizes (``ModelCard.expandable``) or the policy is unknown."""
+    if policies is None:
+        return ["stored"] * world
+    if len(policies) != world:
+        raise ValueError(f"{len(policies)} weight policies for {world} ranks")
+    if not card.expandable:
+        return ["stored"] * world
+    return [p if p in WEIGHT_POLICIES else "stored" for p in policies]
 
 
 @dataclass(frozen=True)
@@ -85,24 +111,56 @@ def split_layers(n_layers: int, weights: list[int]) -> list[int] | None:
     return counts
 
 
-def pipeline_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Overflow:
-    """Pipeline shares of ranks with ``usable`` bytes (rank order): layers split in proportion
-    to the usable bytes left after each rank's non-layer tensors, contiguous in rank order.
-    Returns ``Overflow`` (the first rank whose share exceeds its usable bytes, or rank -1 when
-    the model has fewer layers than ranks)."""
+def _pipeline_split(card: ModelCard, usable: list[int], dtypes: list[str]) -> list[RankShare] | None:
+    """Pipeline shares for fixed per-rank weights (no fit check), None when the model has
+    fewer layers than ranks. Layers are split in proportion to each rank's capacity: its
+    usable bytes left after its non-layer tensors, in stored-weight bytes (a float32 rank's
+    bytes scaled by stored ÷ float32 layer bytes), so with every rank stored the split is in
+    proportion to the usable bytes left, as before float32 ranks existed."""
     world = len(usable)
-    extras = [non_layer_bytes_of_rank(card, r, world, "pipeline") for r in range(world)]
-    counts = split_layers(card.n_layers, [u - e for u, e in zip(usable, extras, strict=True)])
+    cards = [card.sized_for(d) for d in dtypes]
+    stored_layers = max(1, sum(card.layer_bytes))
+    weights = []
+    for r in range(world):
+        left = usable[r] - non_layer_bytes_of_rank(cards[r], r, world, "pipeline")
+        weights.append(left if dtypes[r] == "stored" else left * stored_layers // max(1, sum(cards[r].layer_bytes)))
+    counts = split_layers(card.n_layers, weights)
     if counts is None:
-        return Overflow(-1, card.n_layers, world)
+        return None
     shares: list[RankShare] = []
     start = 0
     for r, n in enumerate(counts):
-        share = extras[r] + sum(card.layer_bytes[start : start + n])
-        if share > usable[r]:
-            return Overflow(r, share, usable[r])
-        shares.append(RankShare(start, start + n, share))
+        share = non_layer_bytes_of_rank(cards[r], r, world, "pipeline") + sum(cards[r].layer_bytes[start : start + n])
+        shares.append(RankShare(start, start + n, share, dtypes[r]))
         start += n
+    return shares
+
+
+def pipeline_shares(card: ModelCard, usable: list[int], policies: list[str] | None = None) -> list[RankShare] | Overflow:
+    """Pipeline shares of ranks with ``usable`` bytes (rank order), contiguous in rank order
+    (split: ``_pipeline_split``). ``policies`` per rank (``effective_policies``): a
+    ``"float32"`` rank holds float32, a ``"stored"`` rank the stored weights, an ``"auto"``
+    rank float32 while its float32 share fits its usable bytes with headroom
+    (``headroom_bytes``), else stored — decided by splitting with every auto rank in float32,
+    moving the auto ranks that do not fit to stored, and splitting again until none moves (at
+    most one round per rank). Returns ``Overflow`` (the first rank whose share exceeds its
+    usable bytes, or rank -1 when the model has fewer layers than ranks)."""
+    world = len(usable)
+    policies = effective_policies(card, policies, world)
+    dtypes = ["stored" if p == "stored" else "float32" for p in policies]
+    for _ in range(world + 1):
+        shares = _pipeline_split(card, usable, dtypes)
+        if shares is None:
+            return Overflow(-1, card.n_layers, world)
+        moved = [r for r, sh in enumerate(shares)
+                 if policies[r] == "auto" and dtypes[r] == "float32" and headroom_bytes(sh.share_bytes) > usable[r]]
+        if not moved:
+            break
+        for r in moved:
+            dtypes[r] = "stored"
+    for r, sh in enumerate(shares):
+        if sh.share_bytes > usable[r]:
+            return Overflow(r, sh.share_bytes, usable[r])
     return shares
 
 
@@ -137,13 +195,22 @@ def tensor_share_bytes(card: ModelCard, world_size: int) -> int:
     return -(-sum(card.layer_bytes) // world_size) + non_layer_bytes_of_rank(card, 0, world_size, "tensor")
 
 
-def tensor_shares(card: ModelCard, usable: list[int]) -> list[RankShare] | Overflow:
-    """Tensor shares (``tensor_share_bytes`` on every rank, all layers). ``Overflow`` names the
-    first rank that does not fit its usable bytes."""
-    share = tensor_share_bytes(card, len(usable))
+def tensor_shares(card: ModelCard, usable: list[int], policies: list[str] | None = None) -> list[RankShare] | Overflow:
+    """Tensor shares (``tensor_share_bytes`` of the rank's weights, all layers). ``policies``
+    as in ``pipeline_shares``: an ``"auto"`` rank holds float32 when its float32 share fits
+    its usable bytes with headroom, else stored. ``Overflow`` names the first rank that does
+    not fit its usable bytes."""
+    world = len(usable)
+    policies = effective_policies(card, policies, world)
+    stored = tensor_share_bytes(card, world)
+    expanded = tensor_share_bytes(card.sized_for("float32"), world) if card.expandable else stored
     shares: list[RankShare] = []
     for r, have in enumerate(usable):
+        dtype = policies[r]
+        if dtype == "auto":
+            dtype = "float32" if headroom_bytes(expanded) <= have else "stored"
+        share = expanded if dtype == "float32" else stored
         if share > have:
             return Overflow(r, share, have)
-        shares.append(RankShare(0, card.n_layers, share))
+        shares.append(RankShare(0, card.n_layers, share, dtype))
     return shares

@@ -1,15 +1,28 @@
-"""Benchmark our engine's Generator against raw mlx-lm ``stream_generate`` on the same weights.
+"""One model, three engines side by side on this machine: prefill tok/s, decode tok/s, TTFT.
 
-Runs (a) ``mlx_lm.generate.stream_generate`` and (b) ``worker.engine.Generator`` alternately,
-``--runs`` times each after one warm-up of each, greedy, same prompt, same prefill chunk size,
-end-of-turn tokens ignored on both sides so both decode exactly ``--max-tokens`` tokens.
-Prints the medians (and best-of) of TTFT (seconds, from the call / submit to the first token) and decode
-tokens/s (``(n − 1) / (t_last − t_first)``) and the ratios ours / mlx-lm
-(targets: decode ≥ 0.95, TTFT ≤ 1.05).
+Columns, each run in its own fresh process (a BLAS can only be chosen before MLX loads):
 
-    python scripts/bench_engine.py                     # tiny synthetic model (made in a temp dir)
-    python scripts/bench_engine.py --model-dir DIR     # any MLX-format model dir (e.g. the
-                                                       # imported embedded SmolLM2)
+- **today** — raw mlx-lm ``stream_generate`` on the stored (quantized) weights with MLX's
+  own BLAS: the engine before issue 11 (on Linux the ``mlx[cpu]`` wheel's reference BLAS);
+- **ours** — this project's ``Generator`` on weights loaded the way a CPU runner loads them
+  (``--weights float32``: expanded at load) with the optimised BLAS preloaded as the
+  supervisor does (``worker.blas.runner_environment``: ``LD_PRELOAD`` + ``OPENBLAS_NUM_THREADS``);
+- **llama.cpp** — ``llama-cpp-python`` on the same GGUF (the embedded model's), when it is
+  installed. It is a benchmark-only extra, never a dependency of the node or the tests, and
+  installing it builds llama.cpp from source (``pip install -e '.[bench]'`` or ``pip install
+  llama-cpp-python``: many minutes on 2 cores); without it the column says "not installed".
+
+Each engine gets the same chat prompt (greedy, end-of-turn ignored so every run decodes
+exactly ``--max-tokens``), ``--runs`` times after one warm-up, the engines' runs alternating
+(the processes stay up between runs) so load from other work drifts over all of them alike;
+the medians are printed.
+TTFT: seconds from the call (chat template included) to the first token; prefill tok/s:
+prompt tokens ÷ TTFT; decode tok/s: ``(n − 1) / (t_last − t_first)``. Then the ratios
+ours ÷ today (acceptance: prefill ≥ 10×, decode ≥ 1.8×) and ours ÷ llama.cpp.
+
+    .venv/bin/python scripts/bench_engine.py                  # the embedded SmolLM2-135M
+    .venv/bin/python scripts/bench_engine.py --runs 1 --max-tokens 24   # short
+    .venv/bin/python scripts/bench_engine.py --model-dir DIR  # any MLX model dir (no llama.cpp column)
 """
 
 from __future__ import annotations
@@ -17,99 +30,230 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from mlx_lm.generate import stream_generate  # noqa: E402
+PROMPT = (
+    "Here are some notes about the sky. During the day the sky looks blue because sunlight is "
+    "scattered by the molecules of the air, and blue light is scattered much more than red "
+    "light. At sunset the light crosses much more air before it reaches us, so most of the "
+    "blue is scattered away and the remaining light looks orange and red. Clouds look white "
+    "because their droplets scatter every colour about equally. On the Moon there is no air, "
+    "so the sky is black even in daytime. Using these notes, explain in a few short "
+    "paragraphs why the sky is blue during the day and red at sunset, and what Rayleigh "
+    "scattering has to do with it."
+)
+ENGINES = ("today", "ours", "llama.cpp")
 
-from exo_p2p.types.chunks import TokenChunk  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 
-PROMPT = ("Explain, in a few short paragraphs, why the sky is blue during the day and red at "
-          "sunset, and what Rayleigh scattering has to do with it.")
+# --- the engines (each in its own process) ------------------------------------------------------
+
+def _timed(first_and_times: list[float], t0: float, prompt_tokens: int) -> dict:
+    times = first_and_times
+    ttft = times[0] - t0
+    decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return {"ttft": ttft, "prefill_tps": prompt_tokens / ttft, "decode_tps": decode, "tokens": len(times),
+            "prompt_tokens": prompt_tokens}
 
 
-def run_mlx_lm(loaded: LoadedModel, prompt: str, max_tokens: int, chunk: int) -> tuple[float, float, int]:
+def run_today(model_dir: Path, max_tokens: int, chunk: int) -> Iterator[dict]:
+    from mlx_lm.generate import stream_generate
+
+    from worker.engine.loader import load_all
+
+    loaded = load_all(model_dir)  # stored weights, MLX's own BLAS: the engine before issue 11
     tok = copy.copy(loaded.tokenizer)
     tok.eos_token_ids = set()
-    t0 = time.perf_counter()  # both sides apply the chat template inside the timed span
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    times: list[float] = []
-    for _ in stream_generate(loaded.model, tok, ids, max_tokens=max_tokens, prefill_step_size=chunk):
-        times.append(time.perf_counter())
-    return times[0] - t0, (len(times) - 1) / (times[-1] - times[0]), len(times)
+    while True:
+        t0 = time.perf_counter()
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+        times: list[float] = []
+        for _ in stream_generate(loaded.model, tok, ids, max_tokens=max_tokens, prefill_step_size=chunk):
+            times.append(time.perf_counter())
+        yield _timed(times, t0, len(ids))
 
 
-def run_ours(loaded: LoadedModel, prompt: str, max_tokens: int, chunk: int, i: int) -> tuple[float, float, int]:
-    gen = Generator(dataclasses.replace(loaded, eos_token_ids=frozenset()), prefill_chunk_size=chunk)
-    t0 = time.perf_counter()
-    gen.submit(GenerationRequest(f"bench-{i}", [{"role": "user", "content": prompt}],
-                                 max_tokens=max_tokens, temperature=0))
-    times: list[float] = []
-    for _ in range(100_000):
-        if not gen.has_work():
-            break
-        for c in gen.step():
-            if isinstance(c, TokenChunk):
-                times.append(time.perf_counter())
-    return times[0] - t0, (len(times) - 1) / (times[-1] - times[0]), len(times)
+def run_ours(model_dir: Path, max_tokens: int, chunk: int, weights: str) -> Iterator[dict]:
+    from exo_p2p.types.chunks import TokenChunk
+    from worker.engine.generator import GenerationRequest, Generator
+    from worker.engine.loader import load_all
+
+    loaded = load_all(model_dir, weights_dtype=weights)
+    prompt_tokens = len(loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+    for i in itertools.count():
+        gen = Generator(dataclasses.replace(loaded, eos_token_ids=frozenset()), prefill_chunk_size=chunk)
+        t0 = time.perf_counter()
+        gen.submit(GenerationRequest(f"bench-{i}", [{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0))
+        times: list[float] = []
+        for _ in range(100_000):
+            if not gen.has_work():
+                break
+            for c in gen.step():
+                if isinstance(c, TokenChunk):
+                    times.append(time.perf_counter())
+        yield _timed(times, t0, prompt_tokens)
+
+
+def run_llama_cpp(gguf: Path, max_tokens: int, threads: int) -> Iterator[dict]:
+    from llama_cpp import Llama  # the optional benchmark extra
+
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
+    while True:
+        t0 = time.perf_counter()
+        ids = llm.tokenize(("<|im_start|>user\n" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n").encode(), special=True)
+        llm.reset()
+        times: list[float] = []
+        for _ in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            times.append(time.perf_counter())
+            if len(times) >= max_tokens:
+                break
+        yield _timed(times, t0, len(ids))
+
+
+def child(args: argparse.Namespace) -> None:
+    """Load, then one timed run per line read on stdin, one JSON line out per run."""
+    if args.child == "today":
+        runs = run_today(args.model_dir, args.max_tokens, args.prefill_chunk_size)
+    elif args.child == "ours":
+        runs = run_ours(args.model_dir, args.max_tokens, args.prefill_chunk_size, args.weights)
+    else:
+        runs = run_llama_cpp(args.gguf, args.max_tokens, args.threads)
+    from worker.blas import loaded_blas_libraries
+
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        result = next(runs)
+        # the BLAS libraries mapped, but numpy's own (symbols prefixed, MLX never calls it)
+        result["blas"] = [Path(p).name for p in loaded_blas_libraries() if "scipy_openblas" not in p]
+        print(json.dumps(result), flush=True)
+
+
+# --- the parent ----------------------------------------------------------------------------------
+
+class Engine:
+    """One engine's process (``--child``): ``run()`` asks it for one timed run."""
+
+    def __init__(self, engine: str, args: argparse.Namespace, model_dir: Path, gguf: Path | None, env: dict[str, str]) -> None:
+        cmd = [sys.executable, __file__, "--child", engine, "--model-dir", str(model_dir),
+               "--max-tokens", str(args.max_tokens), "--prefill-chunk-size", str(args.prefill_chunk_size),
+               "--weights", args.weights, "--threads", str(args.threads)]
+        if gguf is not None:
+            cmd += ["--gguf", str(gguf)]
+        self.name = engine
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.error: str | None = None
+        self.runs: list[dict] = []
+        self._read()
+
+    def _read(self) -> dict | None:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            self.error = f"failed (exit {self.proc.wait()})"
+            return None
+        return json.loads(line)
+
+    def run(self, keep: bool = True) -> None:
+        if self.error is not None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        result = self._read()
+        if result is not None and keep:
+            self.runs.append(result)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
 def main() -> None:
+    from worker import blas
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", type=Path, default=None)
-    ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--model-dir", type=Path, default=None, help="MLX model dir (default: the embedded SmolLM2, imported to a temp dir)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prefill-chunk-size", type=int, default=256)
+    ap.add_argument("--weights", choices=("float32", "stored"), default="float32", help="what 'ours' loads (default float32)")
+    ap.add_argument("--threads", type=int, default=blas.offered_cores(), help="BLAS / llama.cpp threads (default: the cores offered)")
+    ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
 
+    library = blas.find_optimised_blas()
+    plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model_dir is None:
-            from exo_p2p.models.synthetic import make_synthetic_model
+        gguf: Path | None = None
+        model_dir = args.model_dir
+        if model_dir is None:
+            from exo_p2p.models.embedded import find_embedded_gguf
+            from exo_p2p.models.gguf_import import import_gguf
 
-            model_dir = make_synthetic_model(Path(tmp) / "synthetic", n_layers=8, hidden_size=256,
-                                             intermediate_size=768, num_attention_heads=8,
-                                             num_key_value_heads=4)
-            max_tokens = args.max_tokens or 200
-        else:
-            model_dir = args.model_dir
-            max_tokens = args.max_tokens or 48
-        loaded = load_all(model_dir)
-        ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
-                                                   add_generation_prompt=True)
-        print(f"model {model_dir.name}: {loaded.n_layers} layers, prompt {len(ids)} tokens, "
-              f"{max_tokens} new tokens, prefill chunk {args.prefill_chunk_size}, "
-              f"load peak {loaded.peak_memory_bytes} bytes")
-        chunk = args.prefill_chunk_size
-        run_mlx_lm(loaded, PROMPT, max_tokens, chunk)  # warm-up
-        run_ours(loaded, PROMPT, max_tokens, chunk, -1)
-        raw: list[tuple[float, float, int]] = []
-        ours: list[tuple[float, float, int]] = []
-        for i in range(args.runs):
-            if i % 2:  # alternate which side goes first, so drifting load hits both alike
-                ours.append(run_ours(loaded, PROMPT, max_tokens, chunk, i))
-                raw.append(run_mlx_lm(loaded, PROMPT, max_tokens, chunk))
+            gguf = find_embedded_gguf()
+            model_dir = import_gguf(gguf, Path(tmp) / "smollm2")
+        print(f"model {model_dir.name}, {args.max_tokens} new tokens, prefill chunk {args.prefill_chunk_size}, "
+              f"{args.runs} runs + 1 warm-up each; ours: {args.weights} weights, BLAS "
+              f"{library if library else 'none found (' + blas.INSTALL_COMMAND + ')'}, {args.threads} threads")
+        engines: list[Engine] = []
+        notes: dict[str, str] = {}
+        try:
+            engines.append(Engine("today", args, model_dir, gguf, plain))
+            engines.append(Engine("ours", args, model_dir, gguf, blas.runner_environment(plain, library, args.threads)))
+            import importlib.util
+
+            if gguf is None:
+                notes["llama.cpp"] = "no GGUF (--model-dir given)"
+            elif importlib.util.find_spec("llama_cpp") is None:
+                notes["llama.cpp"] = "not installed (pip install llama-cpp-python: builds llama.cpp)"
             else:
-                raw.append(run_mlx_lm(loaded, PROMPT, max_tokens, chunk))
-                ours.append(run_ours(loaded, PROMPT, max_tokens, chunk, i))
-            print(f"run {i}: mlx-lm ttft {raw[-1][0]:.4f}s {raw[-1][1]:.1f} tok/s ({raw[-1][2]} tokens) | "
-                  f"ours ttft {ours[-1][0]:.4f}s {ours[-1][1]:.1f} tok/s ({ours[-1][2]} tokens)")
-    med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
-    r_ttft, o_ttft, r_tps, o_tps = med(raw, 0), med(ours, 0), med(raw, 1), med(ours, 1)
-    print(f"median TTFT   mlx-lm {r_ttft:.4f}s  ours {o_ttft:.4f}s  ratio {o_ttft / r_ttft:.3f} (target <= 1.05)")
-    print(f"median decode mlx-lm {r_tps:.1f} tok/s  ours {o_tps:.1f} tok/s  ratio {o_tps / r_tps:.3f} (target >= 0.95)")
-    # Best-of figures are less sensitive to other processes sharing the CPU.
-    b_rt, b_ot = min(x[0] for x in raw), min(x[0] for x in ours)
-    b_rd, b_od = max(x[1] for x in raw), max(x[1] for x in ours)
-    print(f"best   TTFT ratio {b_ot / b_rt:.3f}  decode ratio {b_od / b_rd:.3f}")
+                engines.append(Engine("llama.cpp", args, model_dir, gguf, plain))
+            for engine in engines:  # warm-up, not counted
+                engine.run(keep=False)
+            for i in range(args.runs):  # alternate, so drifting load from other work hits all alike
+                for engine in engines if i % 2 == 0 else engines[::-1]:
+                    engine.run()
+        finally:
+            for engine in engines:
+                engine.close()
+        results: dict[str, dict | str] = {e.name: e.error if e.error else {"runs": e.runs, "blas": e.runs[-1]["blas"]}
+                                          for e in engines if e.error or e.runs}
+        results.update(notes)
+
+    medians: dict[str, dict[str, float]] = {}
+    print(f"\n{'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13} {'TTFT s':>8}  BLAS / note")
+    for engine in ENGINES:
+        r = results.get(engine, "no runs")
+        if isinstance(r, str):
+            print(f"{engine:<10} {'-':>14} {'-':>13} {'-':>8}  {r}")
+            continue
+        m = {k: statistics.median(run[k] for run in r["runs"]) for k in ("prefill_tps", "decode_tps", "ttft")}
+        medians[engine] = m
+        print(f"{engine:<10} {m['prefill_tps']:>14.1f} {m['decode_tps']:>13.1f} {m['ttft']:>8.3f}  "
+              f"{', '.join(r['blas']) or '-'} (prompt {r['runs'][0]['prompt_tokens']} tokens)")
+    if "ours" in medians:
+        for other, targets in (("today", " (targets: prefill >= 10, decode >= 1.8)"), ("llama.cpp", "")):
+            if other in medians:
+                o, t = medians["ours"], medians[other]
+                print(f"ours / {other}: prefill {o['prefill_tps'] / t['prefill_tps']:.2f}x, decode "
+                      f"{o['decode_tps'] / t['decode_tps']:.2f}x, TTFT {o['ttft'] / t['ttft']:.3f}{targets}")
 
 
 if __name__ == "__main__":

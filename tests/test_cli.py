@@ -23,6 +23,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 GIB = 1024**3
 SELF_ID = "12D3KooWSelfSelfSelfSelfSelfSelfSelfSelfSelfSelfSelf"
@@ -45,6 +47,8 @@ class FakeNode:
         self.chat_error_after: int | None = None
         self.warnings = ["no peers found for 12 s"]
         self.next_id = 0
+        self.finish_reason = "stop"
+        self.warmup_polls = 0  # polls a fully loaded instance stays "warming_up" before ready
 
     # -- routes -------------------------------------------------------------------------
 
@@ -153,7 +157,12 @@ class FakeNode:
             else:
                 loaded = min(inst["layers_total"], inst["layers_loaded"] + self.layers_per_poll)
                 inst["layers_loaded"] = loaded
-                if loaded == inst["layers_total"]:
+                warming = inst.setdefault("_warmup_left", self.warmup_polls)
+                if loaded == inst["layers_total"] and warming > 0:
+                    inst["_warmup_left"] -= 1
+                    for shard in inst["shards"]:
+                        shard["status"] = "warming_up"
+                elif loaded == inst["layers_total"]:
                     inst["status"] = "ready"
                     for shard in inst["shards"]:
                         shard["status"] = "ready"
@@ -180,7 +189,7 @@ class FakeNode:
         final = {
             "id": "chatcmpl-1",
             "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason}],
         }
         return events + [json.dumps(final), "[DONE]"]
 
@@ -221,6 +230,8 @@ def make_handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
                 if method == "GET" and path == "/instances":
                     return self._send(200, list(node.instances.values()))
                 if method == "GET" and path == "/instances/previews":
+                    if query.get("model") not in {m["model"] for m in node.models()}:
+                        return self._send(404, _error(f"unknown model {query.get('model')}"))
                     return self._send(200, node.previews())
                 if method == "GET" and path.startswith("/instances/"):
                     return self._send(*node.poll(path.removeprefix("/instances/")))
@@ -408,13 +419,13 @@ def test_previews_table_shows_placement_or_why_not(served):
     result = invoke(["previews", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 0, result.output
     assert "not possible: tensor sharding needs 9 heads divisible by 2" in result.stdout
-    assert "alpha: layers [0, 30), 0.1 GiB" in result.stdout
+    assert "alpha: layers [0, 30), 113.3 MiB" in result.stdout
 
 
 def test_models_and_instances_tables(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     models = invoke(["models", "--api", served.url])
-    assert models.exit_code == 0 and "smollm2-135m-instruct" in models.stdout and "0.1 GiB" in models.stdout
+    assert models.exit_code == 0 and "smollm2-135m-instruct" in models.stdout and "103.0 MiB" in models.stdout
     insts = invoke(["instances", "--api", served.url])
     assert insts.exit_code == 0, insts.output
     assert "loading 0/30 layers" in insts.stdout
@@ -578,7 +589,7 @@ def test_place_waits_with_progress_until_ready(served):
 def test_place_no_wait_returns_at_once(served):
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
     assert result.exit_code == 0, result.output
-    assert [p for p in served.paths("GET")] == []
+    assert served.paths("GET") == ["/instances"]  # only the replica check, no polling
     assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout
 
 
@@ -608,7 +619,7 @@ def test_delete_by_id_and_unique_prefix(served):
     assert result.exit_code == 0, result.output
     assert served.node.instances == {}
     result = invoke(["delete", "inst0002", "--api", served.url])
-    assert result.exit_code == 1 and error_lines(result) == ["error: no instance inst0002"]
+    assert result.exit_code == 1 and error_lines(result) == ["error: no instance inst0002 (`exo-p2p instances` lists the ids)"]
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -729,7 +740,8 @@ def test_chat_deltas_concatenate_and_stop_at_done(pieces):
 def _fake_node_command(monkeypatch):
     from exo_p2p.cli import local_node
 
-    def command(api_port: int, data_dir: Path) -> list[str]:
+    def command(api_port: int, data_dir: Path, private: bool = True) -> list[str]:
+        (data_dir / "private").write_text(str(private))
         return [sys.executable, __file__, "--api-port", str(api_port), "--data-dir", str(data_dir)]
 
     monkeypatch.setattr(local_node, "node_command", command)
@@ -743,11 +755,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _no_default_node(monkeypatch) -> str:
+    """Point the default API URL at a closed port (tests never use the real default)."""
+    from exo_p2p.cli import client
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setattr(client, "DEFAULT_API", url)
+    return url
+
+
 def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     _fake_node_command(monkeypatch)
-    url = f"http://127.0.0.1:{closed_port()}"
+    _no_default_node(monkeypatch)
     result = invoke(["run", "smollm2-135m-instruct", "What is the capital of France?", "--max-tokens", "5",
-                     "--api", url, "--data-dir", str(tmp_path)])  # fmt: skip
+                     "--data-dir", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.stdout == "The capital of France is Paris.\n"
     assert "starting one for this command" in result.stderr and "30/30" in result.stderr
@@ -768,22 +789,56 @@ def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
 def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
     from exo_p2p.cli import local_node
 
-    monkeypatch.setattr(
-        local_node,
-        "node_command",
-        lambda port, data_dir: [sys.executable, "-c", "import sys; print('boom: address in use'); sys.exit(3)"],
-    )
-    url = f"http://127.0.0.1:{closed_port()}"
-    result = invoke(["run", "m", "hi", "--api", url, "--data-dir", str(tmp_path)])
+    code = "import sys; print('loading things'); print('error: API port 1 on 127.0.0.1 is not available'); sys.exit(3)"
+    monkeypatch.setattr(local_node, "node_command", lambda port, data_dir, private=True: [sys.executable, "-c", code])
+    _no_default_node(monkeypatch)
+    (tmp_path / "run-node.log").write_text("".join(f"stale line {i} of an earlier run\n" for i in range(30)))
+    result = invoke(["run", "m", "hi", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert "error: could not start a node: the node exited with code 3" in result.stderr
-    assert "boom: address in use" in result.stderr
+    first = error_lines(result)[1]  # after "no node answers …; starting one"
+    # the reason first, then only this run's lines
+    assert first.startswith("error: could not start a node: API port 1 on 127.0.0.1 is not available (the node exited with code 3)"), first
+    assert "loading things" in result.stderr and "stale line" not in result.stderr
 
 
 def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
     result = invoke(["run", "m", "hi", "--api", "http://192.0.2.1:9", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert error_lines(result)[0].startswith("error: cannot reach the exo-p2p node at http://192.0.2.1:9")
+    assert error_lines(result)[0].startswith("error: nothing answers at http://192.0.2.1:9")
+
+
+def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, tmp_path):
+    """Issue 17 item 7: an explicit --api (or EXO_P2P_API) that answers nothing is an error,
+    not a reason to start a node elsewhere."""
+    _fake_node_command(monkeypatch)
+    url = f"http://127.0.0.1:{closed_port()}"
+    for args, env in (([ "--api", url], None), ([], {"EXO_P2P_API": url})):
+        result = invoke(["run", "m", "hi", *args, "--data-dir", str(tmp_path)], env=env)
+        assert result.exit_code == 1
+        (line,) = error_lines(result)
+        assert line.startswith(f"error: nothing answers at {url}")
+        assert not (tmp_path / "private").exists()  # no node was started
+
+
+def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
+    """Issue 17 item 10: the node `run` starts is private (own cluster, no mDNS, loopback)."""
+    from exo_p2p.cli.local_node import node_command
+
+    argv = node_command(5000, tmp_path)
+    assert "--no-mdns" in argv and argv[argv.index("--listen-host") + 1] == "127.0.0.1"
+    cluster = argv[argv.index("--cluster") + 1]
+    assert cluster.startswith("run-") and cluster != node_command(5000, tmp_path)[argv.index("--cluster") + 1]
+    lan = node_command(5000, tmp_path, private=False)
+    assert "--no-mdns" not in lan and "--cluster" not in lan and "--listen-host" not in lan
+    # and `run` asks for the private one unless --lan
+    _fake_node_command(monkeypatch)
+    _no_default_node(monkeypatch)
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "private").read_text() == "True" and "private: loopback only, no mDNS" in result.stderr
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--lan", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "private").read_text() == "False"
 
 
 def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_path):
@@ -841,12 +896,17 @@ def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
             [sys.executable, "-m", "exo_p2p", "place", "m", "--api", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
-        assert cli.stdout.readline().startswith("placed m as instance")
+        placed = cli.stdout.readline()
+        assert placed.startswith("placed m as instance")
         time.sleep(0.5)
         cli.send_signal(signal.SIGINT)
         out, err = cli.communicate(timeout=30)
         assert cli.returncode == 130
         assert "Traceback" not in err and "error" not in err
+        # issue 17 item 9: it says the instance stays placed and how to delete it
+        instance_id = placed.split("as instance ", 1)[1].split()[0]
+        assert f"instance {instance_id} stays placed and keeps loading" in err, err
+        assert f"exo-p2p delete {instance_id}" in err
     finally:
         for proc in (cli, node):
             if proc is not None and proc.poll() is None:
@@ -861,16 +921,347 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
     env["HF_HUB_OFFLINE"] = "1"
-    url = f"http://127.0.0.1:{closed_port()}"
     proc = subprocess.run(
-        [sys.executable, "-m", "exo_p2p", "run", "smollm2-135m-instruct", "What is the capital of France?",
-         "--temperature", "0", "--max-tokens", "24", "--api", url, "--data-dir", str(tmp_path)],
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import client, main; "
+         f"client.DEFAULT_API = 'http://127.0.0.1:{closed_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
+         "run", "smollm2-135m-instruct", "What is the capital of France?",
+         "--temperature", "0", "--max-tokens", "24", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr + (tmp_path / "run-node.log").read_text()
     assert "Paris" in proc.stdout
     left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+# -- issue 17: a command line a new user trusts ---------------------------------------------
+
+
+def test_length_limit_is_said_on_stderr(served):
+    served.node.finish_reason = "length"
+    result = invoke(["chat", "hi", "--max-tokens", "4", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "The capital of France is Paris.\n"  # stdout keeps only the answer
+    assert "cut at the length limit of 4 tokens" in result.stderr and "--max-tokens 16" in result.stderr
+    served.node.finish_reason = "stop"
+    result = invoke(["chat", "hi", "--api", served.url])
+    assert "length limit" not in result.stderr
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t"])
+def test_empty_prompt_is_refused(served, prompt):
+    for command in (["chat", prompt], ["run", "smollm2-135m-instruct", prompt]):
+        served.node.place({"model": "smollm2-135m-instruct"})
+        result = invoke([*command, "--api", served.url])
+        assert result.exit_code == 2
+        (line,) = error_lines(result)
+        assert line.startswith("error: the prompt is empty")
+    assert served.paths("POST").count("/v1/chat/completions") == 0
+
+
+def test_place_bar_shows_phases_and_keeps_its_clock(served):
+    from exo_p2p.cli.waiting import instance_phase
+
+    served.node.warmup_polls = 3
+    result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    phases = [line.split(": ", 1)[1] for line in result.stderr.splitlines() if line.startswith("smollm2-135m-instruct: ")]
+    assert phases == ["loading layers", "warming up", "ready"]
+    shard = lambda status: {"status": status}  # noqa: E731
+    assert instance_phase({"status": "loading", "shards": [shard("pending"), shard("loading")]}) == "preparing"
+    assert instance_phase({"status": "loading", "shards": [shard("connecting"), shard("loading")]}) == "connecting ranks"
+    assert instance_phase({"status": "loading", "shards": [shard("loaded"), shard("loading")]}) == "loading layers"
+    assert instance_phase({"status": "loading", "shards": [shard("warming_up"), shard("ready")]}) == "warming up"
+    assert instance_phase({"status": "ready", "shards": [shard("ready")]}) == "ready"
+
+
+def test_bar_clock_runs_when_the_bar_is_full():
+    from rich.progress import Progress
+
+    from exo_p2p.cli.waiting import _Clock
+
+    now = [0.0]
+    progress = Progress(get_time=lambda: now[0])
+    task_id = progress.add_task("m", total=6)
+    now[0] = 5.0
+    progress.update(task_id, completed=6)  # full: rich's TimeElapsedColumn stops here
+    now[0] = 9.0
+    task = progress.tasks[0]
+    assert str(_Clock().render(task)) == "0:00:09"
+
+
+ids = st.text(alphabet="0123456789abcdef-", min_size=1, max_size=40)
+
+
+@given(st.lists(ids, min_size=1, max_size=30, unique=True))
+def test_short_ids_are_unique_prefixes(values):
+    from exo_p2p.cli.render import SHORT_ID, short_ids
+
+    short = short_ids(values)
+    for ident, prefix in short.items():
+        assert ident.startswith(prefix) and len(prefix) >= min(SHORT_ID, len(ident))
+        # a prefix names one id only (unless the id itself is a prefix of another)
+        matches = [o for o in values if o.startswith(prefix)]
+        assert matches == [ident] or prefix == ident
+
+
+def test_instances_table_shows_short_ids_on_one_line_and_json_the_full_ids(served):
+    for _ in range(3):
+        served.node.place({"model": "smollm2-135m-instruct"})
+    full = sorted(served.node.instances)
+    result = invoke(["instances", "--api", served.url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    for ident in full:
+        assert ident not in result.stdout  # the whole id is too long for the table
+    assert "inst0001" in result.stdout and "inst0002" in result.stdout
+    as_json = invoke(["ps", "--json", "--api", served.url])
+    assert sorted(i["instance_id"] for i in json.loads(as_json.stdout)) == full
+
+
+def test_placing_a_model_twice_needs_replica(served):
+    assert invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url]).exit_code == 0
+    result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
+    assert result.exit_code == 1
+    (line,) = error_lines(result)
+    assert "already has 1 instance (inst0001)" in line and "adds a replica" in line and "pass --replica" in line
+    assert len(served.node.instances) == 1
+    result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--replica", "--api", served.url])
+    assert result.exit_code == 0 and len(served.node.instances) == 2
+
+
+def test_placing_a_model_twice_asks_in_a_terminal(served):
+    """Issue 17 item 8, in a terminal: `place` asks before adding a replica; "n" places
+    nothing, "y" places the replica."""
+    import pty
+
+    served.node.place({"model": "smollm2-135m-instruct"})
+    env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+    for answer, placed in ((b"n\n", 1), (b"y\n", 2)):
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the CLI on the pty's terminal
+            os.execve(sys.executable, [sys.executable, "-m", "exo_p2p", "place", "smollm2-135m-instruct", "--no-wait",
+                                       "--api", served.url], env)  # fmt: skip
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"Place a replica?" not in seen and time.monotonic() < deadline:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                break
+        assert b"already has" in seen and b"adds a replica" in seen, seen
+        os.write(fd, answer)
+        while True:
+            try:
+                if not os.read(fd, 4096):
+                    break
+            except OSError:
+                break
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        assert os.waitstatus_to_exitcode(status) == (1 if answer == b"n\n" else 0)
+        assert len(served.node.instances) == placed
+
+
+def test_api_url_with_a_path_names_the_right_url(served):
+    result = invoke(["models", "--api", served.url + "/v1"])
+    assert result.exit_code == 2
+    (line,) = error_lines(result)
+    assert line == f"error: --api {served.url}/v1: give the node's address without a path: --api {served.url} (OpenAI clients take …/v1; exo-p2p commands take the node's address)"
+    assert served.paths() == []
+
+
+def test_stderr_is_not_wrapped_when_it_is_not_a_terminal(monkeypatch, tmp_path):
+    _fake_node_command(monkeypatch)
+    _no_default_node(monkeypatch)
+    long_dir = tmp_path / ("a-long-directory-name-" * 4)
+    long_dir.mkdir()
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--data-dir", str(long_dir)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.stderr.splitlines() if "starting one for this command" in line]
+    assert line.endswith(f"data dir {long_dir})")
+
+
+def test_ps_ls_aliases_and_stop_model(served):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    served.node.place({"model": "smollm2-135m-instruct"})
+    served.node.place({"model": "other"})
+    assert invoke(["ps", "--api", served.url]).stdout == invoke(["instances", "--api", served.url]).stdout
+    assert invoke(["ls", "--api", served.url]).stdout == invoke(["models", "--api", served.url]).stdout
+    result = invoke(["stop", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert list(served.node.instances) == ["inst0003-other"]
+    assert result.stdout.count("deleted instance") == 2
+    result = invoke(["stop", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 1 and error_lines(result) == ["error: no instance of smollm2-135m-instruct is placed (see `exo-p2p instances`)"]
+    assert invoke(["rm", "x", "--api", served.url]).exit_code == 2  # no `rm`: it deletes files in ollama
+
+
+def test_delete_with_a_model_name_hints_at_stop(served):
+    served.node.place({"model": "smollm2-135m-instruct"})
+    result = invoke(["delete", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 1
+    (line,) = error_lines(result)
+    assert "is a model, not an instance id: `exo-p2p stop smollm2-135m-instruct`" in line
+    result = invoke(["delete", "nope", "--api", served.url])
+    assert error_lines(result) == ["error: no instance nope (`exo-p2p instances` lists the ids)"]
+
+
+def test_previews_of_an_unknown_model_lists_the_known_ones(served):
+    result = invoke(["previews", "gpt-5", "--api", served.url])
+    assert result.exit_code == 1
+    (line,) = error_lines(result)
+    assert line == "error: unknown model gpt-5; known models: smollm2-135m-instruct (see `exo-p2p models`)"
+
+
+def test_sizes_under_a_gib_are_in_mib():
+    from exo_p2p.cli.render import gib
+
+    assert gib(98_000_000) == "93.5 MiB" and gib(49_000_000) == "46.7 MiB"
+    assert gib(16 * GIB) == "16.0 GiB" and gib(None) == "unknown"
+
+
+def test_help_shows_no_python_types_and_lists_the_env_vars():
+    from exo_p2p.cli.main import app
+
+    commands = ["node", "place", "run", "chat", "models", "instances", "previews", "delete", "stop", "doctor", "nodes", "cluster-secret"]
+    for command in commands + []:
+        result = invoke([command, "--help"])
+        assert result.exit_code == 0
+        for bad in ("<bool>", "<int", "<str>", "<float", "list[", "<path>"):
+            assert bad not in result.stdout, (command, bad)
+    node_help = invoke(["node", "--help"], env={"COLUMNS": "400"}).stdout
+    import typer.main
+
+    params = [p for p in typer.main.get_command(app).commands["node"].params if not p.hidden and p.name != "help"]
+    for param in params:
+        assert param.envvar and (param.envvar.startswith("EXO_P2P_")), param.name
+        assert param.envvar in node_help, param.envvar
+    assert "--install-completion" in invoke(["--help"]).stdout
+
+
+def test_node_flags_from_env_and_config_file(monkeypatch, tmp_path):
+    from exo_p2p.cli import main
+
+    started = []
+    monkeypatch.setattr(main, "run_node", started.append)
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "config.toml").write_text('api-port = 6001\nname = "from-file"\nbootstrap = []\nno-mdns = true\nmodels_dir = ["/m"]\n')
+    env = {"EXO_P2P_HOME": str(data), "EXO_P2P_NAME": "from-env", "EXO_P2P_QUEUE_LIMIT": "9", "EXO_P2P_LOG_FILE": str(tmp_path / "n.log")}
+    assert invoke(["node"], env=env).exit_code == 0
+    assert invoke(["node", "--name", "from-flag"], env=env).exit_code == 0
+    file_only, flag = started
+    assert (file_only.api_port, file_only.friendly_name, file_only.queue_limit, file_only.mdns) == (6001, "from-env", 9, False)
+    assert file_only.models_dirs == [Path("/m")] and file_only.data_dir == data and file_only.log_file == tmp_path / "n.log"
+    assert flag.friendly_name == "from-flag"  # the command line, then the environment, then the file
+    started.clear()
+    assert invoke(["node"], env={**env, "EXO_P2P_MODELS_DIR": "/a:/b", "EXO_P2P_NO_MDNS": "0", "EXO_P2P_PRIORITY": "4"}).exit_code == 0
+    (from_env,) = started
+    assert from_env.models_dirs == [Path("/a"), Path("/b")] and from_env.priority == 4 and from_env.mdns is True
+    started[:] = [file_only, flag]
+    (data / "config.toml").write_text("api_prot = 1\n")
+    result = invoke(["node"], env=env)
+    assert result.exit_code == 2 and "unknown setting 'api_prot'" in error_lines(result)[0]
+    (data / "config.toml").write_text('api-port = "many"\n')
+    result = invoke(["node"], env=env)
+    assert result.exit_code == 2 and "config.toml: api-port:" in error_lines(result)[0]
+    assert len(started) == 2
+
+
+def test_repl_leaves_a_newline_on_ctrl_c(served):
+    from exo_p2p.cli.chat import repl
+    from exo_p2p.cli.client import NodeClient
+
+    notes = []
+
+    def read(prompt):
+        raise KeyboardInterrupt
+
+    with NodeClient(served.url) as client, pytest.raises(KeyboardInterrupt):
+        repl(client, "m", read=read, note=notes.append)
+    assert notes[-1] == ""
+
+
+def test_client_waits_for_a_local_node_that_is_starting(tmp_path):
+    """Issue 17 item 1: `exo-p2p node & exo-p2p models` — the client waits (a few seconds)
+    for the node that is starting instead of failing with "connection refused"."""
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    # a process that looks like `exo-p2p node --api-port PORT` while the API is not up yet
+    looks_like_a_node = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "exo_p2p", "node", "--api-port", str(port)]
+    )
+    late = {}
+    starter = threading.Timer(1.5, lambda: late.setdefault("served", Served(port)))
+    try:
+        starter.start()
+        started = time.monotonic()
+        result = invoke(["models", "--api", url])
+        assert result.exit_code == 0, result.output
+        assert "waiting up to 20 s for the node at" in result.stderr
+        assert 1.0 < time.monotonic() - started < 15
+    finally:
+        starter.cancel()
+        looks_like_a_node.kill()
+        looks_like_a_node.wait()
+        if "served" in late:
+            late["served"].close()
+    # no such process: fails at once, as before
+    started = time.monotonic()
+    result = invoke(["models", "--api", f"http://127.0.0.1:{closed_port()}"])
+    assert result.exit_code == 1 and time.monotonic() - started < 3
+
+
+def test_runner_output_becomes_json_lines(tmp_path):
+    """Issue 17 item 2: with --log-format json a runner's prints, warnings and traceback are
+    JSON lines too (the node sets the runner's log settings in its environment)."""
+    code = (
+        "from exo_p2p.logging import configure_runner_output; configure_runner_output(); "
+        "print('hello from a runner'); import os, sys; print('to stderr', file=sys.stderr); "
+        "raise ValueError('boom')"
+    )
+    env = {**os.environ, "EXO_P2P_RUNNER_LOG": json.dumps({"format": "json", "node": "alpha"})}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    records = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert {r["node"] for r in records} == {"alpha"}
+    lines = [r["line"] for r in records]
+    assert "hello from a runner" in lines and "to stderr" in lines and any("ValueError: boom" in x for x in lines)
+
+
+def test_node_log_lines_carry_the_node_name_and_json_parses(tmp_path):
+    """Issue 17 item 2, in a real node process that cannot start (its port is taken): every
+    line of its JSON log file parses and names the node; the terminal gets the one-line
+    error only."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log_file = tmp_path / "node.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EXO_P2P_")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "exo_p2p", "node", "--name", "alpha", "--api-port", str(port), "--listen-port", "0",
+             "--data-dir", str(tmp_path / "d"), "--log-format", "json", "--log-file", str(log_file), "--no-mdns"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: API port") and len(proc.stderr.strip().splitlines()) == 1
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert records and all(r["node"] == "alpha" for r in records)
+    assert any(r["level"] == "error" and "API port" in r["event"] for r in records)
+    # the console format names the node too
+    console_log = tmp_path / "console.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "exo_p2p", "node", "--name", "alpha", "--api-port", str(taken.getsockname()[1]),
+             "--listen-port", "0", "--data-dir", str(tmp_path / "d"), "--log-file", str(console_log), "--no-mdns"],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith("error: API port")
+    lines = console_log.read_text().splitlines()
+    assert lines and all("node=alpha" in line for line in lines), lines
 
 
 # -- the stand-in node process for `run` ---------------------------------------------------

@@ -14,12 +14,16 @@ import time
 
 import pytest
 
+from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import NetnsLan, NetnsNodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"),
 ]
+
+
+MODEL = "tiny"
 
 
 def unique_cluster(tag: str) -> str:
@@ -50,15 +54,29 @@ def test_zero_config_three_nodes_find_each_other_by_mdns(tmp_path):
             assert not any("no peers" in w for w in state_of(n)["warnings"])
 
 
-def test_partition_then_heal_converges_to_one_master_and_one_log(tmp_path):
-    """3 nodes split 1|2 by taking a follower's link down: both sides have a master; after
-    the link comes back the cluster has one master, the higher ``(term, priority, node id)``
-    of the two (design.md §5a), and one log (same last index and State hash everywhere)."""
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    make_synthetic_model(d / MODEL, n_layers=2, seed=4)
+    return d
+
+
+def test_partition_then_heal_keeps_the_majoritys_work(tmp_path, models_dir):
+    """3 nodes split 1|2 by taking a follower's link down: the lone node claims mastership
+    alone at a higher term, while the pair's master keeps going and places an instance.
+    After the link comes back the cluster has one master, the pair's (the side that kept the
+    cluster going wins: more live nodes, then more committed events, then the term; issue 9
+    item 5), and one log: the pair's events are kept (same or higher last index, the
+    instance placed during the partition still ready), the lone node's are dropped. Under the
+    old (term, priority, node id) rule the lone node won and the instance was deleted."""
     name = unique_cluster("ph")
     nodes: list[NetnsNodeProcess] = []
     with NetnsLan(3, multicast=False, mgmt=True) as lan, nodes_cleanup(nodes):
         def node(i: int, extra: list[str]) -> NetnsNodeProcess:
-            return NetnsNodeProcess(tmp_path / f"n{i}", netns=lan.namespaces[i], listen_host=lan.lan_ip(i), api_host=lan.mgmt_ip(i), cluster=name, extra_args=extra)
+            return NetnsNodeProcess(
+                tmp_path / f"n{i}", netns=lan.namespaces[i], listen_host=lan.lan_ip(i), api_host=lan.mgmt_ip(i), cluster=name,
+                extra_args=["--models-dir", str(models_dir), *extra],
+            )
 
         first = node(0, [])
         nodes.append(first)
@@ -86,22 +104,30 @@ def test_partition_then_heal_converges_to_one_master_and_one_log(tmp_path):
 
         lone_s, pair_a = wait_until(split, 30, what="a master on each side of the partition")
         print(f"partition: both sides have a master after {time.monotonic() - t_cut:.1f} s")
-        # let both sides sequence a little (timeouts, topology) so the logs diverge
-        time.sleep(3)
-        lone_s, pair_s = state_of(lone), state_of(pair[0])
-        assert lone_s["master"] == ids[lone_i] and pair_s["master"] == pair_a[0]
-        candidates = [
-            (lone_s["term"], 0, lone_s["master"]),
-            (pair_s["term"], 0, pair_s["master"]),
-        ]
-        expected = max(candidates)[2]
+        # the pair's side keeps working: it places an instance on one of its nodes
+        host = pair[1] if self_id(pair[0]) == pair_a[0] else pair[0]
+        r = pair[0].post("/instances", json={"model": MODEL, "nodes": [self_id(host)]}, timeout=60)
+        assert r.status_code == 201, r.text
+        instance_id = r.json()["instance_id"]
+        wait_until(lambda: pair[0].get(f"/instances/{instance_id}").json()["status"] == "ready", 90, what="instance ready on the pair side")
+        # let both sides sequence a little more (timeouts, topology) so the logs diverge
+        time.sleep(2)
+        lone_s = state_of(lone)
+        pair_a = wait_until(lambda: agreement(pair), 10, what="the pair agrees")
+        pair_master, pair_term, pair_idx, _ = pair_a
+        assert lone_s["master"] == ids[lone_i] and pair_master != ids[lone_i]
+        assert lone_s["term"] > pair_term, "the lone node claimed a higher term (else the old rule would pass too)"
+        assert instance_id not in lone_s["instances"]
 
         lan.heal(lone_i)
         t_heal = time.monotonic()
         final = wait_until(lambda: agreement(nodes, 3), 60, interval=0.25, what="one master and one log after heal")
         print(f"heal: one master ({'lone side' if final[0] == ids[lone_i] else 'pair side'}) and one log after {time.monotonic() - t_heal:.1f} s")
-        assert final[0] == expected, (final, candidates)
-        assert final[1] >= max(c[0] for c in candidates)
-        assert final[1] > term0
+        assert final[0] == pair_master, (final, pair_a, lone_s["term"])
+        assert final[1] == pair_term  # the majority's term: nobody re-elected
+        assert final[2] >= pair_idx  # no committed event of the majority was dropped
         for n in nodes:
+            s = state_of(n)
+            assert instance_id in s["instances"], "the instance placed during the partition was lost"
             assert sum(e["is_master"] for e in n.get("/nodes").json()) == 1
+        assert pair[0].get(f"/instances/{instance_id}").json()["status"] == "ready"

@@ -58,9 +58,9 @@ STATE_DIR = Path(__file__).resolve().parents[1] / "exo_p2p" / "state"
 
 
 def hb(node: str, term: int = 0, master: str | None = None, priority: int = 0, last_idx: int = 0,
-       last_term: int = 0, boot: str = "boot-1") -> Heartbeat:
+       last_term: int = 0, boot: str = "boot-1", commit_idx: int = 0, chain: bytes = b"") -> Heartbeat:
     return Heartbeat(node_id=node, boot_id=boot, term=term, master=master, priority=priority,
-                     last_idx=last_idx, last_term=last_term)
+                     last_idx=last_idx, last_term=last_term, commit_idx=commit_idx, chain=chain)
 
 
 def claim(node: str, term: int, **kw) -> Heartbeat:  # type: ignore[no-untyped-def]
@@ -92,8 +92,10 @@ class SimNode:
         return hb(self.node_id, self.term, self.master, self.priority, self.last_idx)
 
     def _set(self, master: str | None, term: int, now: float) -> None:
-        changed = master != self.master or max(self.term, term) != self.term
-        self.master, self.term = master, max(self.term, term)
+        # a follower takes its master's term (member.py ``_set_master``)
+        new_term = term if master is not None else self.term
+        changed = master != self.master or new_term != self.term
+        self.master, self.term = master, new_term
         self.masterless_since = None if master is not None else now
         if changed:
             self.history.append((now, self.master, self.term))
@@ -276,12 +278,15 @@ def test_late_claim_at_any_time_changes_master_at_most_once(late_at, receivers, 
 def test_same_term_claims_pick_one_master_for_every_listener(term, prio_m, prio_x, observers):
     """B10 (3): M leads at term T and X claims the same term T (two cut-off sides both
     claimed T without votes). Every node that holds both claims, whatever it followed before
-    and whatever its own term, follows the claim with the higher ``(priority, node_id)`` and
-    takes term T; the losing master itself steps down. No campaign state is needed for the
-    second claim to be evaluated: ``decide`` sees it on the next pass."""
+    and whatever its own term, follows the claim with the larger side (more of the held
+    heartbeats follow it: issue 9 item 5), then the higher ``(priority, node_id)``, and takes
+    term T; the losing master itself steps down. No campaign state is needed for the second
+    claim to be evaluated: ``decide`` sees it on the next pass."""
     m, x = claim("node-m", term, priority=prio_m), claim("node-x", term, priority=prio_x)
-    winner = "node-x" if (prio_x, "node-x") > (prio_m, "node-m") else "node-m"
     obs = [hb(f"node-o{i}", min(t, term), None if f is None else f"node-{f}") for i, (f, t) in enumerate(observers)]
+    side_m = 1 + sum(o.master == "node-m" for o in obs)
+    side_x = 1 + sum(o.master == "node-x" for o in obs)
+    winner = "node-x" if (side_x, prio_x, "node-x") > (side_m, prio_m, "node-m") else "node-m"
     everyone = [m, x, *obs]
     for own in everyone:
         peers = tuple(p for p in everyone if p is not own)
@@ -368,16 +373,19 @@ def _views(hbs: list[Heartbeat], masterless_for: float, rotate: int) -> list[Ele
 @given(hbs=heartbeat_sets(), masterless_for=st.floats(0, 10), settle=st.floats(0.1, 5), rotate=st.integers(0, 5))
 def test_every_node_holding_the_same_heartbeats_decides_alike(hbs, masterless_for, settle, rotate):
     """For any set of heartbeats, every node holding that set agrees on whom to follow:
-    with live claims, all follow the claim with the highest (term, priority, node_id) at its
-    term; without, nobody acts before ``settle`` s of masterlessness, and after it exactly one
+    with live claims, all follow the claim with the highest (side, committed, term,
+    priority, node_id) at its term (side: how many held heartbeats follow it); without, nobody acts before ``settle`` s of masterlessness, and after it exactly one
     node (the highest (priority, last_idx, node_id)) claims, with a term above every term
     heard, while the others wait for its claim."""
     decisions = [decide(v, settle=settle) for v in _views(hbs, masterless_for, rotate)]
     claims = [h for h in hbs if h.master == h.node_id]
     if claims:
-        best = max(claims, key=lambda h: (h.term, h.priority, h.node_id))
+        def side(h: Heartbeat) -> int:
+            return sum(x.master == h.node_id for x in hbs)
+
+        best = max(claims, key=lambda h: (side(h), min(h.commit_idx, h.last_idx), h.term, h.priority, h.node_id))
         assert all((d.follow, d.term, d.claim) == (best.node_id, best.term, False) for d in decisions)
-        assert master_rank(best) == max(map(master_rank, claims))
+        assert master_rank(best, side(best)) == max(master_rank(c, side(c)) for c in claims)
         return
     if masterless_for < settle:
         assert all(d.follow is None and not d.claim for d in decisions)
@@ -494,11 +502,11 @@ def test_member_fresh_node_alone_elects_after_settle(tmp_path):
 
 # --- B13 (1)(2): liveness by the receiver's monotonic clock ------------------------------------
 def test_heartbeat_carries_no_time():
-    """Heartbeats have nothing time-related: only ids, terms, priority and indices (ints and
-    strings), so no receiver can ever compare a sender's wall clock; its encoding does not
-    depend on the wall clock."""
+    """Heartbeats have nothing time-related: only ids, terms, priority, indices and the log's
+    chain digest (ints, strings, bytes), so no receiver can ever compare a sender's wall
+    clock; its encoding does not depend on the wall clock."""
     fields = msgspec.structs.fields(Heartbeat)
-    allowed = {int, str, str | None}
+    allowed = {int, str, str | None, bytes}
     assert all(f.type in allowed for f in fields), [(f.name, f.type) for f in fields]
     assert not [f.name for f in fields if any(w in f.name for w in ("time", "clock", "stamp", "wall", "_at", "date"))]
     h = claim("node-a", 3, last_idx=7)

@@ -104,8 +104,8 @@ def _tool_for(fault: str) -> str:
 def test_ring_link_fault_mid_generation_fails_the_instance_within_bound(tmp_path, models_dir, fault):
     """``reset``: both ends of the ranks' sockets get an RST (``ss -K``); ``drop``: their
     packets silently vanish (iptables DROP on lo; a pulled cable, B16's wedge). The tools come
-    from scripts/install.sh; a missing one is a failed set-up, not a reason to skip."""
-    assert shutil.which(_tool_for(fault)), f"{_tool_for(fault)} missing: run scripts/install.sh as root"
+    from scripts/install.sh --test; a missing one is a failed set-up, not a reason to skip."""
+    assert shutil.which(_tool_for(fault)), f"{_tool_for(fault)} missing: run scripts/install.sh --test as root"
     cluster = Cluster(tmp_path, 2, extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     added: list[list[str]] = []
     try:

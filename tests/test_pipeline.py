@@ -25,6 +25,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.conftest import rank_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "hello",
@@ -54,11 +56,15 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     group = None
     if world > 1:
         group = init_ring(cfg.get("addresses"), rank, world, timeout=cfg.get("connect_timeout", 45.0))
-    loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"])
+    weights = cfg.get("weights") or ["stored"] * world
+    loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"], weights_dtype=weights[rank])
     stage = None
     if group is not None:
         hidden = int(loaded.config["hidden_size"])
-        stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
+        if "float32" in weights:  # as the runner: one dtype between ranks whose weights differ
+            stage = PipelineStage(group, hidden, mx.float32, wire_dtype=mx.float32)
+        else:
+            stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
     tokens: dict[str, list[int]] = {}
     gen = Generator(loaded, prefill_chunk_size=cfg["chunk"], stage=stage,
                     on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
@@ -109,9 +115,11 @@ def layer_split(n_layers: int, world: int) -> list[tuple[int, int]]:
 
 def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_tokens=MAX_TOKENS,
               n_layers: int = 4, drop_hostfile_rank: int | None = None,
-              timeout: float = RANK_TIMEOUT, connect_timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Run ``world`` rank processes to completion; their results in rank order. Raises
-    ``AssertionError`` with the stderr of a rank that failed or timed out."""
+              timeout: float = RANK_TIMEOUT, connect_timeout: float = 30.0,
+              weights: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run ``world`` rank processes to completion; their results in rank order. ``weights``:
+    per rank, ``"stored"`` or ``"float32"`` (default all stored). Raises ``AssertionError``
+    with the stderr of a rank that failed or timed out."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
     procs = []
     try:
@@ -119,11 +127,11 @@ def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start,
                    "end": end, "prompts": prompts, "chunk": chunk, "max_tokens": max_tokens,
                    "addresses": None if rank == drop_hostfile_rank else addresses,
-                   "connect_timeout": connect_timeout}
+                   "connect_timeout": connect_timeout, "weights": weights}
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.test_pipeline", json.dumps(cfg)], cwd=ROOT,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+                env=rank_env({"HF_HUB_OFFLINE": "1"})))
         results, problems = [], []
         deadline = time.monotonic() + timeout
         for rank, p in enumerate(procs):
@@ -436,3 +444,27 @@ if __name__ == "__main__":
         sys.stderr.flush()
         os._exit(1)  # a ring-init thread may still be blocked in MLX: do not wait for it
     os._exit(0)
+
+
+# --- ranks holding different weights (float32 next to stored float16) --------------------
+
+@pytest.fixture(scope="module")
+def half_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4-bit synthetic model with float16 scales: stored ranks compute in float16."""
+    from exo_p2p.models.synthetic import make_synthetic_model
+
+    return make_synthetic_model(tmp_path_factory.mktemp("half") / "synthetic", n_layers=4, quantize=True, dtype="float16")
+
+
+@pytest.mark.parametrize("weights", [["float32", "stored"], ["stored", "float32", "float32"]], ids=["f32-stored", "stored-f32-f32"])
+def test_pipeline_ranks_with_different_weights(half_dir: Path, weights: list[str]) -> None:
+    """A pipeline whose ranks hold different weights runs, every rank ends each step with the
+    same token, and the text follows one rank's (greedy tokens of the first steps equal a
+    single float32 rank's; later ones may differ where float16 rounding flips a near tie)."""
+    want = run_ranks(half_dir, 1, weights=["float32"])[0]
+    results = run_ranks(half_dir, len(weights), weights=weights)
+    for i in range(len(PROMPTS)):
+        tokens = results[0]["tokens"][f"p{i}"]
+        assert all(r["tokens"][f"p{i}"] == tokens for r in results), i
+        assert results[0]["finish"][f"p{i}"][0] == want["finish"][f"p{i}"][0]
+        assert tokens[:8] == want["tokens"][f"p{i}"][:8], i

@@ -1,4 +1,5 @@
-"""This node's profile: memory, CPU, OS, addresses (design.md §4.1, §5 ``--memory-limit``)."""
+"""This node's profile: memory, CPU, OS, addresses, compute backend and ``--cpu-weights``
+(design.md §4.1, §5 ``--memory-limit``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ def capped_memory(physical_total: int, physical_available: int, limit: int | Non
     return min(physical_total, limit), max(0, min(physical_available, limit - hosted_bytes))
 
 
+def compute_backend(system: str | None = None, machine: str | None = None) -> str:
+    """Where this node's runners compute: ``"metal"`` on Apple-silicon macOS (MLX's GPU
+    backend), else ``"cpu"`` (the ``mlx[cpu]`` wheel)."""
+    system = system or platform.system()
+    machine = machine or platform.machine()
+    return "metal" if system == "Darwin" and machine in ("arm64", "aarch64") else "cpu"
+
+
+def published_cpu_weights(backend: str, cpu_weights: str) -> str:
+    """The ``cpu_weights`` a node publishes: its ``--cpu-weights`` on a CPU node, ``"stored"``
+    on a Metal node (expanding helps only the CPU's BLAS)."""
+    return cpu_weights if backend == "cpu" else "stored"
+
+
 def measure_profile(
     node_id: str,
     boot_id: str,
@@ -29,11 +44,14 @@ def measure_profile(
     addrs: tuple[NetworkAddress, ...] = (),
     models: tuple[str, ...] = (),
     priority: int = 0,
+    cpu_weights: str = "auto",
 ) -> NodeProfile:
     """Measure memory with psutil and build this node's ``NodeProfile``.
 
     ``hosted_bytes`` is the sum of ``share_bytes`` of the shards placed on this node.
+    ``cpu_weights`` is the node's ``--cpu-weights`` (published as ``published_cpu_weights``).
     """
+    backend = compute_backend()
     vm = psutil.virtual_memory()
     total, available = capped_memory(int(vm.total), int(vm.available), memory_limit, hosted_bytes)
     return NodeProfile(
@@ -48,6 +66,8 @@ def measure_profile(
         addrs=addrs,
         models=models,
         priority=priority,
+        backend=backend,
+        cpu_weights=published_cpu_weights(backend, cpu_weights),
     )
 
 

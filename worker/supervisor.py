@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -31,6 +31,7 @@ from exo_p2p.types import (
     Instance,
     RunnerFailed,
     RunnerIdle,
+    RunnerLoaded,
     RunnerShutdown,
     RunnerStatus,
     RunnerStatusUpdated,
@@ -66,6 +67,8 @@ class RunnerSupervisor:
     ``emit(event)`` receives ``RunnerStatusUpdated`` / ``TaskStatusUpdated`` events,
     ``on_chunk(chunk)`` the runner's chunks; both are plain callbacks that must not block.
     ``status`` is the latest status; ``sent`` the keys of tasks sent (see ``worker.plan``).
+    ``env``: the runner's environment (None: the node's own); the worker passes
+    ``worker.blas.runner_environment`` so the runner loads the optimised BLAS.
     """
 
     def __init__(
@@ -81,8 +84,10 @@ class RunnerSupervisor:
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
+        self._env = dict(env) if env is not None else None
         self.instance = instance
         self.shard = shard
         self.runner_id = shard.runner_id
@@ -126,6 +131,7 @@ class RunnerSupervisor:
                 [sys.executable, "-m", "worker.runner.main", "--in-fd", str(in_r), "--out-fd", str(out_w)],
                 pass_fds=(in_r, out_w),
                 stdin=subprocess.DEVNULL,
+                env=self._env,
             )
         finally:
             os.close(in_r)
@@ -184,6 +190,10 @@ class RunnerSupervisor:
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, StatusMsg):
+            if isinstance(msg.status, RunnerLoaded):
+                log.info("runner loaded", runner_id=self.runner_id, rank=self.shard.rank,
+                         weights_dtype=self.shard.weights_dtype, share_bytes=self.shard.share_bytes,
+                         peak_memory_bytes=msg.status.peak_memory_bytes)
             self._set_status(msg.status)
         elif isinstance(msg, ChunkMsg):
             self._count_chunk(msg.chunk)
@@ -207,7 +217,10 @@ class RunnerSupervisor:
         sent (a cancelled task reports at most what it sent plus the steps in flight)."""
         last = self._finished.pop(task_id, None)
         sent = self._tokens_sent.pop(task_id, None)
-        log.info(
+        # a task that completed on a rank that sends no chunks has nothing to say: routine
+        routine = last is None and sent is None and status == "complete"
+        level = log.debug if routine else log.info
+        level(
             "runner task ended",
             runner_id=self.runner_id,
             rank=self.shard.rank,

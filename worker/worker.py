@@ -53,8 +53,10 @@ class Worker:
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
+        runner_env: dict[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
+        self._runner_env = runner_env
         self.boot_id = boot_id
         self._get_state = get_state
         self._emit_event = emit
@@ -194,6 +196,7 @@ class Worker:
             fault_hooks=self._fault_hooks,
             silent_generating=self._silent[0],
             silent_loading=self._silent[1],
+            env=self._runner_env,
         )
         self.supervisors[shard.runner_id] = sup
         await self._nursery.start(sup.run)

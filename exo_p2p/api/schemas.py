@@ -205,6 +205,8 @@ class ShardView(msgspec.Struct, frozen=True):
     end_layer: int
     share_bytes: int
     status: str
+    weights_dtype: str = "stored"
+    """What the shard's runner holds: ``stored`` (as on disk) or ``float32`` (a CPU node)."""
 
 
 class InstanceOut(msgspec.Struct, frozen=True):

@@ -28,6 +28,7 @@ def instance_out(view: InstanceView) -> InstanceOut:
             end_layer=s.end_layer,
             share_bytes=s.share_bytes,
             status=view.runner_statuses[i] if i < len(view.runner_statuses) else "pending",
+            weights_dtype=s.weights_dtype,
         )
         for i, s in enumerate(inst.shards)
     ]

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
-from exo_p2p.cli.client import ApiError, NodeClient
+from exo_p2p.cli.client import ApiError, CliError, NodeClient
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """The model every node can serve without downloads (design.md §7)."""
@@ -41,13 +41,28 @@ def request_body(
     return body
 
 
-def stream_answer(client: NodeClient, body: dict, out: IO[str] | None = None) -> str:
+def length_notice(max_tokens: int | None) -> str:
+    """What the CLI says (on stderr) when an answer ended at its length limit."""
+    limit = f"of {max_tokens} tokens " if max_tokens else ""
+    more = f"--max-tokens {max_tokens * 4}" if max_tokens else "--max-tokens N"
+    return f"(the answer was cut at the length limit {limit}— pass {more} for a longer one)"
+
+
+def stream_answer(
+    client: NodeClient,
+    body: dict,
+    out: IO[str] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> str:
     """Write the answer's text to ``out`` (stdout) as it arrives; end the line; return the
-    whole text. Errors from the node raise ``CliError``; Ctrl-C closes the stream (the node
+    whole text. When the answer ends at the length limit, ``note`` (stderr) says so and how
+    to get more. Errors from the node raise ``CliError``; Ctrl-C closes the stream (the node
     cancels the generation) and propagates."""
     out = out or sys.stdout
+    note = note or (lambda text: print(text, file=sys.stderr, flush=True))
     pieces: list[str] = []
-    stream = client.chat_stream(body)
+    reasons: list[str] = []
+    stream = client.chat_stream(body, on_finish=reasons.append)
     try:
         for delta in stream:
             pieces.append(delta)
@@ -58,6 +73,8 @@ def stream_answer(client: NodeClient, body: dict, out: IO[str] | None = None) ->
         if pieces and not pieces[-1].endswith("\n"):
             out.write("\n")
             out.flush()
+    if "length" in reasons:
+        note(length_notice(body.get("max_tokens")))
     return "".join(pieces)
 
 
@@ -75,7 +92,10 @@ def chat_once(
     max_tokens: int | None = None,
     temperature: float | None = None,
 ) -> str:
-    """Answer one prompt, streamed to stdout; returns the answer."""
+    """Answer one prompt, streamed to stdout; returns the answer. Raises ``CliError``
+    (exit 2) for an empty or blank prompt (a model asked nothing rambles for minutes)."""
+    if not prompt.strip():
+        raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
     messages = start_messages(system) + [{"role": "user", "content": prompt}]
     body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
     return stream_answer(client, body)
@@ -103,6 +123,9 @@ def repl(
             line = read(">>> ")
         except EOFError:
             return answers
+        except KeyboardInterrupt:
+            note("")  # leave the terminal on a fresh line
+            raise
         text = line.strip()
         if not text:
             continue
@@ -115,7 +138,7 @@ def repl(
         messages.append({"role": "user", "content": line})
         body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
         try:
-            answer = stream_answer(client, body)
+            answer = stream_answer(client, body, note=note)
         except KeyboardInterrupt:
             messages.pop()
             note("(answer interrupted)")

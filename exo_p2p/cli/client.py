@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT
+from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT, DEFAULT_LISTEN_PORT
 
 DEFAULT_API = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 API_ENV = "EXO_P2P_API"
@@ -31,6 +33,10 @@ slow CPU prefills for minutes; the node itself errors a dead request within 10 s
 CONNECT_TIMEOUT = 5.0
 PING_TIMEOUT = 5.0
 """Seconds ``ping`` waits for ``GET /state`` (a refused connection returns at once)."""
+
+STARTUP_WAIT = 20.0
+"""Seconds a client command waits for a node on this machine that is still starting (its
+process runs, its API does not answer yet), e.g. right after `exo-p2p node &`."""
 
 _transport: httpx.BaseTransport | None = None
 
@@ -67,7 +73,13 @@ def normalize_api_url(url: str) -> str:
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    return url.rstrip("/")
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.path or parts.query:
+        base = f"{parts.scheme}://{parts.netloc}"
+        hint = " (OpenAI clients take …/v1; exo-p2p commands take the node's address)" if parts.path.rstrip("/").endswith("/v1") else ""
+        raise CliError(f"--api {url}: give the node's address without a path: --api {base}{hint}", 2)
+    return url
 
 
 def resolve_api_url(*candidates: str | None) -> str:
@@ -83,6 +95,40 @@ def is_local_url(url: str) -> bool:
     """True when the API URL points at this machine (loopback or ``localhost``)."""
     host = urlsplit(url).hostname or ""
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _api_port(url: str) -> int:
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def local_node_starting(url: str) -> bool:
+    """True when ``url`` is on this machine and a process here is an ``exo-p2p node`` whose
+    API port is the URL's (``--api-port``, ``EXO_P2P_API_PORT`` or the default): a node that
+    is starting and will answer soon."""
+    if not is_local_url(url):
+        return False
+    import psutil
+
+    port = _api_port(url)
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            argv = proc.info["cmdline"] or []
+            if "node" not in argv or not any("exo_p2p" in a or "exo-p2p" in a for a in argv[: argv.index("node")]):
+                continue
+            given = None
+            for i, arg in enumerate(argv):
+                if arg == "--api-port" and i + 1 < len(argv):
+                    given = argv[i + 1]
+                elif arg.startswith("--api-port="):
+                    given = arg.split("=", 1)[1]
+            if given is None:
+                given = (proc.info.get("environ") or {}).get("EXO_P2P_API_PORT") or str(DEFAULT_API_PORT)
+            if given == str(port):
+                return True
+        except (psutil.Error, ValueError):
+            continue
+    return False
 
 
 def error_message(response: httpx.Response) -> str:
@@ -130,10 +176,11 @@ def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
-def chat_deltas(payloads: Iterable[str]) -> Iterator[str]:
+def chat_deltas(payloads: Iterable[str], on_finish: Callable[[str], None] | None = None) -> Iterator[str]:
     """Text deltas of an OpenAI chat-completion stream, given its SSE ``data`` payloads.
 
-    Stops at ``[DONE]``. Raises ``ApiError`` (status 500) for a chunk carrying an
+    Stops at ``[DONE]``. ``on_finish(reason)`` is called with each choice's
+    ``finish_reason`` ("stop", "length", …) when a chunk carries one. Raises ``ApiError`` (status 500) for a chunk carrying an
     ``error`` object (the node reports failures mid-stream that way) or for a payload that
     is not JSON.
     """
@@ -154,6 +201,8 @@ def chat_deltas(payloads: Iterable[str]) -> Iterator[str]:
             content = (choice.get("delta") or {}).get("content")
             if content:
                 yield content
+            if choice.get("finish_reason") and on_finish is not None:
+                on_finish(str(choice["finish_reason"]))
 
 
 class NodeClient:
@@ -173,6 +222,9 @@ class NodeClient:
             transport=_transport,
             trust_env=False,
         )
+        self._start_deadline: float | None = None
+        self.on_wait: Callable[[str], None] | None = None
+        """Called with a one-line note when the client starts waiting for a starting node."""
 
     def close(self) -> None:
         self._http.close()
@@ -191,18 +243,41 @@ class NodeClient:
             "(start one with `exo-p2p node`)"
         )
 
+    def _may_wait_for_start(self) -> bool:
+        """After a refused connection: True (having slept a moment) while a node on this
+        machine is starting and ``STARTUP_WAIT`` seconds have not passed since the first
+        refusal; then the caller retries."""
+        now = time.monotonic()
+        if self._start_deadline is None:
+            if not local_node_starting(self.base_url):
+                return False
+            self._start_deadline = now + STARTUP_WAIT
+            if self.on_wait is not None:
+                self.on_wait(f"waiting up to {STARTUP_WAIT:.0f} s for the node at {self.base_url} to start…")
+        if now >= self._start_deadline:
+            return False
+        time.sleep(0.25)
+        return True
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One call; the decoded JSON body (None when empty)."""
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise self._unreachable(e) from e
-        except httpx.TimeoutException as e:
-            raise CliError(
-                f"the node at {self.base_url} did not answer {method} {path} in time"
-            ) from e
-        except httpx.HTTPError as e:
-            raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
+        """One call; the decoded JSON body (None when empty). A node on this machine that
+        is still starting is waited for (``STARTUP_WAIT``)."""
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                if self._may_wait_for_start():
+                    continue
+                raise self._unreachable(e) from e
+            except httpx.RemoteProtocolError as e:
+                raise CliError(not_http_message(self.base_url, e)) from e
+            except httpx.TimeoutException as e:
+                raise CliError(
+                    f"the node at {self.base_url} did not answer {method} {path} in time"
+                ) from e
+            except httpx.HTTPError as e:
+                raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
         if response.status_code >= 400:
             raise ApiError(error_message(response), response.status_code)
         if not response.content:
@@ -266,12 +341,13 @@ class NodeClient:
             params["nodes"] = ",".join(nodes)
         return self.request("GET", "/instances/previews", params=params)
 
-    def chat_stream(self, body: dict) -> Iterator[str]:
+    def chat_stream(self, body: dict, on_finish: Callable[[str], None] | None = None) -> Iterator[str]:
         """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they
         arrive. Closing the generator closes the connection (the node cancels the
         generation)."""
         body = {**body, "stream": True}
         timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=CONNECT_TIMEOUT)
+        self.request("GET", "/state")  # waits for a starting node; names a wrong URL
         try:
             with self._http.stream(
                 "POST", "/v1/chat/completions", json=body, timeout=timeout
@@ -279,7 +355,7 @@ class NodeClient:
                 if response.status_code >= 400:
                     response.read()
                     raise ApiError(error_message(response), response.status_code)
-                yield from chat_deltas(iter_sse_data(response.iter_lines()))
+                yield from chat_deltas(iter_sse_data(response.iter_lines()), on_finish)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise self._unreachable(e) from e
         except httpx.TimeoutException as e:
@@ -288,6 +364,15 @@ class NodeClient:
             ) from e
         except httpx.HTTPError as e:
             raise CliError(f"the answer from {self.base_url} broke off: {_reason(e)}") from e
+
+
+def not_http_message(url: str, e: Exception) -> str:
+    """The error for a URL that answers, but not HTTP: most likely a node's libp2p port."""
+    parts = urlsplit(url)
+    right = f"{parts.scheme}://{parts.hostname}:{DEFAULT_API_PORT}"
+    return (f"{url} does not answer HTTP ({_reason(e)}): it is probably a node's libp2p port "
+            f"(--listen-port, default {DEFAULT_LISTEN_PORT}), not its API (--api-port, default "
+            f"{DEFAULT_API_PORT}); try --api {right}")
 
 
 def _reason(e: Exception) -> str:

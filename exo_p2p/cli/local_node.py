@@ -9,6 +9,7 @@ error or Ctrl-C: SIGTERM, wait ``STOP_TIMEOUT`` seconds, then SIGKILL.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,24 +38,42 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def node_command(api_port: int, data_dir: Path) -> list[str]:
+def node_command(api_port: int, data_dir: Path, private: bool = True) -> list[str]:
     """The argv of the node started by ``run``: API on ``api_port`` (127.0.0.1), libp2p on a
-    free port chosen by the node, state in ``data_dir``."""
-    return [
+    free port chosen by the node, state in ``data_dir``. ``private``: a cluster of its own
+    (a random cluster name), no mDNS, libp2p on loopback only, so its placements never land
+    on other machines; else the LAN's default cluster, found by mDNS."""
+    argv = [
         sys.executable, "-m", "exo_p2p", "node",
         "--api-port", str(api_port),
         "--listen-port", "0",
         "--data-dir", str(data_dir),
     ]  # fmt: skip
+    if private:
+        argv += ["--cluster", f"run-{secrets.token_hex(6)}", "--no-mdns", "--listen-host", "127.0.0.1"]
+    return argv
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of the log at ``path`` ("" when there is none)."""
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, start: int = 0) -> str:
+    """The last ``lines`` lines of the log at ``path`` from byte ``start`` on (what this run
+    appended); "" when there is none."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def start_failure(what: str, log_path: Path, start: int = 0) -> str:
+    """The error for a node that did not come up: the node's own reason first (its last
+    ``error:`` line of this run), then where its log is and this run's last lines."""
+    tail = log_tail(log_path, start=start)
+    reasons = [line.removeprefix("error:").strip() for line in tail.splitlines() if line.startswith("error:")]
+    text = f"could not start a node: {reasons[-1]} ({what})" if reasons else f"could not start a node: {what}"
+    text += f"; its log is {log_path}"
+    return f"{text}; this run's last lines:\n{tail}" if tail else text
 
 
 def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
@@ -76,7 +95,7 @@ def stop_process(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> No
 
 
 def _wait_for_api(
-    process: subprocess.Popen, api_url: str, log_path: Path, timeout: float, console: Console
+    process: subprocess.Popen, api_url: str, log_path: Path, timeout: float, console: Console, start: int = 0
 ) -> None:
     """Poll ``GET /state`` until it answers; ``CliError`` with the log tail if the process
     exits or ``timeout`` seconds pass first."""
@@ -87,23 +106,17 @@ def _wait_for_api(
                 return
             code = process.poll()
             if code is not None:
-                raise CliError(_start_failure(f"the node exited with code {code}", log_path))
+                raise CliError(start_failure(f"the node exited with code {code}", log_path, start))
             if time.monotonic() >= deadline:
                 raise CliError(
-                    _start_failure(f"the node did not answer within {timeout:g} s", log_path)
+                    start_failure(f"the node did not answer within {timeout:g} s", log_path, start)
                 )
             time.sleep(0.2)
 
 
-def _start_failure(what: str, log_path: Path) -> str:
-    tail = log_tail(log_path)
-    text = f"could not start a node: {what}; its log is {log_path}"
-    return f"{text}; last lines:\n{tail}" if tail else text
-
-
 @contextmanager
 def running_node(
-    data_dir: Path, console: Console, *, start_timeout: float = START_TIMEOUT
+    data_dir: Path, console: Console, *, start_timeout: float = START_TIMEOUT, private: bool = True
 ) -> Iterator[str]:
     """Start a node with its state in ``data_dir``, wait until its API answers, yield the API
     URL; stop the node (and reap it) on leaving, however the block ends.
@@ -116,8 +129,9 @@ def running_node(
     log_path = data_dir / LOG_NAME
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log_path, "ab") as log:
+        start = log.tell()
         process = subprocess.Popen(
-            node_command(api_port, data_dir),
+            node_command(api_port, data_dir, private),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -125,7 +139,7 @@ def running_node(
             start_new_session=True,
         )
     try:
-        _wait_for_api(process, api_url, log_path, start_timeout, console)
+        _wait_for_api(process, api_url, log_path, start_timeout, console, start)
         yield api_url
     finally:
         with console.status("stopping the node…"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from enum import Enum
@@ -18,9 +19,11 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 
 import click
 import typer
+from typer._click.core import ParameterSource  # typer ships its own click
 from rich.console import Console
 
-from exo_p2p.cli import render
+from exo_p2p.cli import client as client_module
+from exo_p2p.cli import invite_cmd, render
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import (
     API_ENV,
@@ -33,10 +36,29 @@ from exo_p2p.cli.client import (
     resolve_api_url,
 )
 from exo_p2p.cli.local_node import running_node
-from exo_p2p.cli.node_cmd import build_node_config, run_node
+from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file, run_node
 from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
+
+def _help_type(self: Any, ctx: click.Context) -> str | None:
+    """What ``--help`` shows after an option: its metavar (PORT, DIR, …), nothing for a flag
+    (typer 0.29 shows ``<bool>`` and Python types such as ``<list[Path]>``)."""
+    if self.metavar is not None:
+        return self.metavar or None
+    if getattr(self, "is_flag", False) or getattr(self, "count", False):
+        return None
+    shown = _typer_display_type(self, ctx) or ""
+    return _HELP_TYPES.get(shown, shown.strip("<>"))
+
+
+_HELP_TYPES = {"<int>": "N", "<int range>": "N", "<float>": "NUMBER", "<float range>": "NUMBER",
+               "<str>": "TEXT", "<path>": "PATH", "<list[str]>": "TEXT", "<list[Path]>": "PATH"}
+_typer_display_type = typer.core.TyperOption.display_type_rich
+
+
+typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
+typer.core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 PLACE_TIMEOUT = 900.0
 """Default seconds ``place`` and ``run`` wait for an instance to be ready."""
@@ -46,7 +68,7 @@ app = typer.Typer(
     help="Run LLMs across the machines of a home or lab. Start `exo-p2p node` on each machine; "
     "the other commands talk to a node's HTTP API.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -63,6 +85,7 @@ ApiOpt = Annotated[
     Optional[str],
     typer.Option(
         "--api",
+        metavar="URL",
         help=f"URL of the node's API (default ${API_ENV}, else {DEFAULT_API}).",
         show_default=False,
     ),
@@ -70,7 +93,7 @@ ApiOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts).")]
 NodesOpt = Annotated[
     Optional[str],
-    typer.Option("--nodes", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
+    typer.Option("--nodes", metavar="NODES", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
 ]
 
 
@@ -109,12 +132,15 @@ def _stdout() -> Console:
 
 
 def _stderr() -> Console:
-    return Console(stderr=True)
+    """Progress and notes; not wrapped at 80 columns when stderr is not a terminal."""
+    return Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def _client(ctx: typer.Context, api: str | None) -> NodeClient:
     globals_ = ctx.find_object(Globals)
-    return NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
+    client = NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
+    client.on_wait = lambda text: click.echo(text, err=True)
+    return client
 
 
 def _split_nodes(nodes: str | None) -> list[str] | None:
@@ -136,7 +162,7 @@ def root(
     ctx: typer.Context,
     api: Annotated[
         Optional[str],
-        typer.Option("--api", envvar=API_ENV, help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
+        typer.Option("--api", envvar=API_ENV, metavar="URL", help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
     ] = None,
 ) -> None:
     """Run LLMs across the machines of a home or lab."""
@@ -144,130 +170,164 @@ def root(
 
 
 # -- the node -------------------------------------------------------------------------------
+#
+# Every node flag is one parameter of ``node`` below: ``typer.Option(envvar=node_env("NAME"),
+# metavar=..., help=...)``. Its environment variable (``EXO_P2P_<NAME>``) is listed in
+# ``--help``; a value neither given on the command line nor in the environment comes from
+# the data dir's ``config.toml`` (``node_config_file``), keyed by the flag's name. Adding a
+# flag: one parameter here, one keyword to ``build_node_config``, one ``NodeConfig`` field.
+
+
+def node_env(name: str) -> str:
+    """The environment variable of a node flag: ``"API_PORT"`` → ``"EXO_P2P_API_PORT"``."""
+    return f"EXO_P2P_{name}"
 
 
 @app.command()
 @handled
 def node(
-    api_port: Annotated[Optional[int], typer.Option(help="HTTP API port (default: 52515).")] = None,
+    ctx: typer.Context,
+    api_port: Annotated[Optional[int], typer.Option(envvar=node_env("API_PORT"), metavar="PORT", help="HTTP API port (default: 52515).")] = None,
     api_host: Annotated[
         Optional[str],
-        typer.Option(help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
+        typer.Option(envvar=node_env("API_HOST"), metavar="HOST", help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
     ] = None,
     listen_port: Annotated[
         Optional[int],
-        typer.Option(help="libp2p listen port (default: 52514); 0 picks a free one."),
+        typer.Option(envvar=node_env("LISTEN_PORT"), metavar="PORT", help="libp2p listen port (default: 52514); 0 picks a free one."),
     ] = None,
     listen_host: Annotated[
         Optional[str],
-        typer.Option(help="libp2p listen address (default: 0.0.0.0)."),
+        typer.Option(envvar=node_env("LISTEN_HOST"), metavar="HOST", help="libp2p listen address (default: 0.0.0.0)."),
     ] = None,
     data_dir: Annotated[
         Optional[Path],
-        typer.Option(help="Identity, event log and models (default: $EXO_P2P_HOME, else the XDG data dir)."),
+        typer.Option(envvar="EXO_P2P_HOME", metavar="DIR", help="Identity, event log, models and config.toml (default: $XDG_DATA_HOME/exo-p2p, i.e. ~/.local/share/exo-p2p)."),
     ] = None,
     memory_limit: Annotated[
         Optional[str],
-        typer.Option(help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
+        typer.Option(envvar=node_env("MEMORY_LIMIT"), metavar="SIZE", help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
     ] = None,
     models_dir: Annotated[
         Optional[list[Path]],
-        typer.Option(help="A directory of models to serve (repeatable)."),
+        typer.Option(envvar=node_env("MODELS_DIR"), metavar="DIR", help="A directory of models to serve (repeatable; in the variable, separated by colons like PATH)."),
     ] = None,
     log_format: Annotated[
         Optional[LogFormat],
-        typer.Option(help="Log format (default: console)."),
+        typer.Option(envvar=node_env("LOG_FORMAT"), metavar="console|json", help="Log format; json: one JSON object per line, libraries and runners included (default: console)."),
     ] = None,
     log_level: Annotated[
         Optional[str],
-        typer.Option(help="debug, info, warning or error (default: info)."),
+        typer.Option(envvar=node_env("LOG_LEVEL"), metavar="LEVEL", help="debug, info, warning or error (default: info)."),
+    ] = None,
+    log_file: Annotated[
+        Optional[Path],
+        typer.Option(envvar=node_env("LOG_FILE"), metavar="FILE", help="Append the log to FILE instead of stderr."),
     ] = None,
     cluster: Annotated[
         Optional[str],
-        typer.Option(help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
+        typer.Option(envvar=node_env("CLUSTER"), metavar="NAME", help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
     ] = None,
     cluster_secret: Annotated[
         Optional[Path],
-        typer.Option(help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
+        typer.Option(envvar=node_env("CLUSTER_SECRET"), metavar="FILE", help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
     ] = None,
     bootstrap: Annotated[
         Optional[list[str]],
-        typer.Option(help="Multiaddr of a peer to dial (repeatable), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
+        typer.Option(envvar=node_env("BOOTSTRAP"), metavar="MULTIADDR", help="Address of a peer to dial (repeatable; in the variable, separated by spaces), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
     ] = None,
     priority: Annotated[
         Optional[int],
-        typer.Option(help="Election priority; higher wins a vacant master seat (default: 0)."),
+        typer.Option(envvar=node_env("PRIORITY"), metavar="N", help="Election priority; higher wins a vacant master seat (default: 0)."),
     ] = None,
     new_identity: Annotated[
         bool,
-        typer.Option("--new-identity", help="Make a new node identity instead of the saved one."),
+        typer.Option("--new-identity", envvar=node_env("NEW_IDENTITY"), help="Make a new node identity instead of the saved one."),
     ] = False,
     name: Annotated[
         Optional[str],
-        typer.Option(help="Friendly name shown by `exo-p2p nodes` (default: the host name)."),
+        typer.Option(envvar=node_env("NAME"), metavar="NAME", help="Friendly name shown by `exo-p2p nodes` and in log lines (default: the host name)."),
     ] = None,
     queue_limit: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Chat requests in flight on this API before 429 (default: 64)."),
+        typer.Option(min=1, envvar=node_env("QUEUE_LIMIT"), metavar="N", help="Chat requests in flight on this API before 429 (default: 64)."),
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
+        typer.Option(min=1, envvar=node_env("PREFILL_CHUNK_SIZE"), metavar="TOKENS", help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
+    ] = None,
+    cpu_weights: Annotated[
+        Optional[str],
+        typer.Option(envvar=node_env("CPU_WEIGHTS"), metavar="auto|float32|stored", help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
     ] = None,
     max_moves: Annotated[
         Optional[int],
-        typer.Option(min=0, help="Times a request may move to another instance when its instance fails (default: 2; 0 = never)."),
+        typer.Option(min=0, envvar=node_env("MAX_MOVES"), help="Times a request may move to another instance when its instance fails (default: 2; 0 = never)."),
     ] = None,
     no_mdns: Annotated[
         bool,
-        typer.Option("--no-mdns", help="Do not discover peers on the LAN (use --bootstrap)."),
+        typer.Option("--no-mdns", envvar=node_env("NO_MDNS"), help="Do not discover peers on the LAN (use --bootstrap)."),
     ] = False,
     compact_every: Annotated[
         Optional[int],
-        typer.Option(min=1, help="Compact the event log into a snapshot of State once it holds this many events (default: 20000)."),
+        typer.Option(min=1, envvar=node_env("COMPACT_EVERY"), metavar="N", help="Compact the event log into a snapshot of State once it holds this many events (default: 20000)."),
     ] = None,
     api_key: Annotated[
         Optional[list[str]],
-        typer.Option("--api-key", help="API key clients must send as Authorization: Bearer KEY (repeatable; /health needs none)."),
+        typer.Option("--api-key", envvar=node_env("API_KEY"), metavar="KEY", help="API key clients must send as Authorization: Bearer KEY (repeatable; /health needs none)."),
     ] = None,
     api_key_file: Annotated[
         Optional[Path],
-        typer.Option("--api-key-file", help="File of API keys, one a line (with or instead of --api-key)."),
+        typer.Option("--api-key-file", envvar=node_env("API_KEY_FILE"), metavar="FILE", help="File of API keys, one a line (with or instead of --api-key)."),
     ] = None,
     cors_origins: Annotated[
         Optional[list[str]],
-        typer.Option("--cors-origins", help="Web origins browsers may call the API from, comma-separated or repeated; * = any (default: none)."),
+        typer.Option("--cors-origins", envvar=node_env("CORS_ORIGINS"), metavar="ORIGINS", help="Web origins browsers may call the API from, comma-separated or repeated; * = any (default: none)."),
+    ] = None,
+    join: Annotated[
+        Optional[str],
+        typer.Option(envvar=node_env("JOIN"), metavar="TOKEN", help="Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is kept in the data dir: later starts need no flag)."),
     ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
         typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
     ] = None,
 ) -> None:
-    """Run a node on this machine until Ctrl-C."""
+    """Run a node on this machine until Ctrl-C.
+
+    Every flag can also come from its EXO_P2P_... environment variable or from config.toml
+    in the data dir (keys are the flag names, e.g. api-port = 52525); the command line wins,
+    then the environment, then the file.
+    """
+    values = node_flag_values(ctx, fault_hook=fault_hook)
+    log_format = values["log_format"]
     config = build_node_config(
-        data_dir=data_dir,
-        api_host=api_host,
-        api_port=api_port,
-        listen_host=listen_host,
-        listen_port=listen_port,
-        memory_limit=memory_limit,
-        models_dirs=models_dir,
-        log_format=log_format.value if log_format else None,
-        log_level=log_level,
-        cluster=cluster,
-        cluster_secret_file=cluster_secret,
-        bootstrap=bootstrap,
-        priority=priority,
-        new_identity=new_identity,
-        friendly_name=name,
-        queue_limit=queue_limit,
-        prefill_chunk_size=prefill_chunk_size,
-        mdns=not no_mdns,
-        compact_every=compact_every,
-        max_moves=max_moves,
-        api_keys=api_key,
-        api_key_file=api_key_file,
-        cors_origins=cors_origins,
+        data_dir=values["data_dir"],
+        api_host=values["api_host"],
+        api_port=values["api_port"],
+        listen_host=values["listen_host"],
+        listen_port=values["listen_port"],
+        memory_limit=values["memory_limit"],
+        models_dirs=values["models_dir"],
+        log_format=getattr(log_format, "value", log_format),
+        log_level=values["log_level"],
+        log_file=values["log_file"],
+        cluster=values["cluster"],
+        cluster_secret_file=values["cluster_secret"],
+        bootstrap=values["bootstrap"],
+        priority=values["priority"],
+        new_identity=values["new_identity"],
+        friendly_name=values["name"],
+        queue_limit=values["queue_limit"],
+        prefill_chunk_size=values["prefill_chunk_size"],
+        mdns=not values["no_mdns"],
+        compact_every=values["compact_every"],
+        max_moves=values["max_moves"],
+        api_keys=values["api_key"],
+        api_key_file=values["api_key_file"],
+        cors_origins=values["cors_origins"],
+        join=values["join"],
+        cpu_weights=values["cpu_weights"],
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")
@@ -279,12 +339,41 @@ def node(
         raise typer.Exit(code)
 
 
+def node_flag_values(ctx: typer.Context, **skip: Any) -> dict[str, Any]:
+    """The ``node`` command's flag values by parameter name, with the data dir's
+    ``config.toml`` filling in every flag the command line and environment left at its
+    default. Raises ``CliError`` (exit 2) for an unreadable file, an unknown key or a bad
+    value (naming the file and the key)."""
+    values = dict(ctx.params)
+    data_dir = (values.get("data_dir") or default_data_dir()).expanduser()
+    from_file = read_node_config_file(data_dir / NODE_CONFIG_FILE)
+    if not from_file:
+        return values
+    params = {p.name: p for p in ctx.command.params if p.name and p.name not in skip}
+    for key, raw in from_file.items():
+        name = key.replace("-", "_")
+        param = params.get(name)
+        if name == "data_dir":
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: data-dir cannot be set in the data dir's own file", 2)
+        if param is None or name == "help" or getattr(param, "hidden", False):
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: unknown setting {key!r} (keys are `exo-p2p node` flag names, e.g. api-port)", 2)
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            continue  # the command line or the environment wins
+        if getattr(param, "multiple", False) and not isinstance(raw, list):
+            raw = [raw]
+        try:
+            values[name] = param.process_value(ctx, raw)
+        except (click.BadParameter, typer.BadParameter) as e:
+            raise CliError(f"{data_dir / NODE_CONFIG_FILE}: {key}: {e.message}", 2) from None
+    return values
+
+
 @app.command("cluster-secret")
 @handled
 def cluster_secret_cmd(
     file: Annotated[
         Optional[Path],
-        typer.Argument(help="Write the secret here (mode 0600); print it when omitted."),
+        typer.Argument(metavar="FILE", help="Write the secret here (mode 0600); print it when omitted."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
 ) -> None:
@@ -302,6 +391,9 @@ def cluster_secret_cmd(
         f"wrote a new cluster secret to {file} (mode 0600); "
         f"start every node with --cluster-secret {file}"
     )
+
+
+app.command("invite")(handled(invite_cmd.invite))
 
 
 # -- listing --------------------------------------------------------------------------------
@@ -359,14 +451,22 @@ def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> 
 @handled
 def previews(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
     nodes: NodesOpt = None,
     api: ApiOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """The best placement of MODEL per sharding and size, memory per node, or why none."""
     with _client(ctx, api) as client:
-        listed = client.previews(model, _split_nodes(nodes))
+        try:
+            listed = client.previews(model, _split_nodes(nodes))
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            known = sorted(str(m.get("model")) for m in client.models() if m.get("model"))
+            if model in known:
+                raise
+            raise CliError(f"{e.message}; known models: {', '.join(known) or 'none'} (see `exo-p2p models`)") from None
         names = {} if json else _node_names(client)
     if json:
         click.echo(render.dumps(listed))
@@ -381,7 +481,7 @@ def previews(
 @handled
 def place(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
     min_nodes: Annotated[
         Optional[int],
         typer.Option(min=1, help="Use at least this many nodes (default: 1)."),
@@ -399,10 +499,31 @@ def place(
         float,
         typer.Option(min=0, help="Seconds to wait for ready."),
     ] = PLACE_TIMEOUT,
+    replica: Annotated[
+        bool,
+        typer.Option("--replica", help="Place it even when the model already has an instance (one more copy in memory)."),
+    ] = False,
     api: ApiOpt = None,
 ) -> None:
-    """Place MODEL on the cluster and wait until it is ready to serve."""
+    """Place MODEL on the cluster and wait until it is ready to serve.
+
+    With --min-nodes N it first waits up to 20 s for N nodes to be in the cluster (nodes
+    that were just started). A model that already has an instance gets another one (a
+    replica, the same memory again): pass --replica, or confirm in a terminal.
+    """
+    console = _stderr()
     with _client(ctx, api) as client:
+        existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
+        if existing and not replica:
+            ids = ", ".join(render.short_ids([str(i["instance_id"]) for i in existing]).values())
+            notice = (f"{model} already has {len(existing)} instance{'s' if len(existing) > 1 else ''} ({ids}); "
+                      "placing it again adds a replica, using its memory again")
+            if not (sys.stdin.isatty() and sys.stderr.isatty()):
+                raise CliError(f"{notice}: pass --replica to do that", 1)
+            if not typer.confirm(f"{notice}. Place a replica?", default=False, err=True):
+                raise typer.Exit(1)
+        if min_nodes and min_nodes > 1:
+            _wait_for_nodes(client, min_nodes, console)
         inst = client.place(
             model,
             min_nodes=min_nodes,
@@ -416,8 +537,32 @@ def place(
         )
         if no_wait:
             return
-        wait_until_ready(client, inst, timeout=timeout, console=_stderr())
+        try:
+            wait_until_ready(client, inst, timeout=timeout, console=console)
+        except KeyboardInterrupt:
+            console.print(
+                f"stopped waiting; instance {inst['instance_id']} stays placed and keeps loading "
+                f"(see `exo-p2p instances`; remove it with `exo-p2p delete {inst['instance_id']}`)"
+            )
+            raise
     click.echo(f"instance {inst['instance_id']} is ready")
+
+
+NODES_WAIT = 20.0
+"""Seconds ``place --min-nodes N`` waits for N nodes to be in the cluster."""
+
+
+def _wait_for_nodes(client: NodeClient, wanted: int, console: Console) -> None:
+    """Return once the cluster lists ``wanted`` nodes, or after ``NODES_WAIT`` seconds (the
+    placement then says what is missing)."""
+    deadline = time.monotonic() + NODES_WAIT
+    count = len(client.nodes())
+    if count >= wanted:
+        return
+    with console.status(f"waiting up to {NODES_WAIT:.0f} s for {wanted} nodes (the cluster has {count})…"):
+        while count < wanted and time.monotonic() < deadline:
+            time.sleep(0.5)
+            count = len(client.nodes())
 
 
 @app.command()
@@ -436,18 +581,84 @@ def delete(
         except ApiError as e:
             if e.status != 404:
                 raise
-            full = [
-                i["instance_id"]
-                for i in client.instances()
-                if str(i.get("instance_id", "")).startswith(instance_id)
-            ]
+            listed = client.instances()
+            full = [i["instance_id"] for i in listed if str(i.get("instance_id", "")).startswith(instance_id)]
             if len(full) > 1:
                 raise CliError(f"instance prefix {instance_id!r} is ambiguous: it matches {', '.join(sorted(full))}", 1) from None
             if len(full) != 1:
-                raise
+                if any(i.get("model") == instance_id for i in listed):
+                    raise CliError(
+                        f"{instance_id} is a model, not an instance id: `exo-p2p stop {instance_id}` deletes its "
+                        "instances; `exo-p2p instances` lists the ids"
+                    ) from None
+                raise CliError(f"{e.message} (`exo-p2p instances` lists the ids)") from None
             instance_id = full[0]
             client.delete_instance(instance_id)
     click.echo(f"deleted instance {instance_id}")
+
+
+@app.command()
+@handled
+def stop(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id whose instances to delete.")],
+    api: ApiOpt = None,
+) -> None:
+    """Delete every instance of MODEL (by name; `delete ID` deletes one instance)."""
+    with _client(ctx, api) as client:
+        ids = [str(i["instance_id"]) for i in client.instances() if i.get("model") == model]
+        if not ids:
+            raise CliError(f"no instance of {model} is placed (see `exo-p2p instances`)")
+        for instance_id in ids:
+            try:
+                client.delete_instance(instance_id)
+            except ApiError as e:
+                if e.status != 404:  # gone meanwhile (re-placed or deleted): nothing to stop
+                    raise
+            click.echo(f"deleted instance {instance_id} of {model}")
+
+
+# the habits of ollama/docker users: `ps` and `ls` (never `rm`, which deletes files in ollama)
+app.command("ps", help="Same as `instances`.")(instances)
+app.command("ls", help="Same as `models`.")(models)
+
+
+@app.command()
+@handled
+def doctor(
+    ctx: typer.Context,
+    mdns_seconds: Annotated[
+        float,
+        typer.Option("--mdns-seconds", min=0, metavar="SECONDS", help="How long to listen for mDNS announcements (0: skip)."),
+    ] = 2.0,
+    api: ApiOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Why machines do not see each other: this node's addresses and ports, mDNS, which
+    peers are known, reachable or refused (another cluster secret), firewall hints."""
+    from exo_p2p.cli import doctor as checks
+
+    with _client(ctx, api) as client:
+        state = client.state()
+        listed = client.nodes()
+    findings = checks.Findings(api_url=client.base_url, state=state, nodes=listed, mdns_seconds=mdns_seconds)
+    for host, port in checks.addresses_to_probe(state, listed):
+        findings.tcp[(host, port)] = checks.tcp_probe(host, port)
+    if mdns_seconds > 0:
+        with _stderr().status(f"listening for mDNS announcements for {mdns_seconds:g} s…"):
+            findings.mdns_types = checks.mdns_service_types(mdns_seconds)
+    lines = checks.diagnose(findings)
+    if json:
+        click.echo(render.dumps({
+            "node_id": state.get("node_id"),
+            "nodes": listed,
+            "warnings": state.get("warnings") or [],
+            "tcp": [{"host": h, "port": p, "result": r} for (h, p), r in findings.tcp.items()],
+            "mdns_service_types": findings.mdns_types,
+            "report": lines,
+        }))
+    else:
+        click.echo("\n".join(lines))
 
 
 # -- chatting -------------------------------------------------------------------------------
@@ -470,7 +681,7 @@ def chat(
     ctx: typer.Context,
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
     ] = None,
     model: ModelOpt = None,
     max_tokens: MaxTokensOpt = None,
@@ -479,6 +690,7 @@ def chat(
     api: ApiOpt = None,
 ) -> None:
     """Chat with a placed model; the answer streams as it is generated."""
+    _refuse_empty(prompt)
     with _client(ctx, api) as client:
         chosen = choose_model(client, model)
         params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
@@ -514,10 +726,10 @@ def ensure_ready_instance(
 @handled
 def run(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="Model id.")] = EMBEDDED_MODEL,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id.")] = EMBEDDED_MODEL,
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="Ask this and exit; chat interactively when omitted."),
+        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
     ] = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
@@ -530,31 +742,44 @@ def run(
         float,
         typer.Option(min=0, help="Seconds to wait for the model to be ready."),
     ] = PLACE_TIMEOUT,
+    lan: Annotated[
+        bool,
+        typer.Option("--lan", help="The node started for this command joins the LAN's default cluster (mDNS) instead of staying private."),
+    ] = False,
     api: ApiOpt = None,
 ) -> None:
     """Answer PROMPT with MODEL (or chat), like `ollama run`.
 
-    Uses the node at --api when it answers, else runs one here for this command.
+    Uses the node at --api (or $EXO_P2P_API) and fails when nothing answers there; without
+    either, uses the local node at the default address, else runs a private node here for
+    this command (its own cluster name, no mDNS, loopback only; --lan makes it join the
+    LAN's default cluster instead).
 
     Places MODEL first when it is not placed yet; stops what it started on exit: a node it
     started, and the instance it placed on that node (so a later run or node does not bring
     it back). On a node that was already running, a placement it made stays (like any
     `place`) and it says so.
     """
+    _refuse_empty(prompt)
     globals_ = ctx.find_object(Globals)
-    api_url = resolve_api_url(api, globals_.api if globals_ else None)
+    explicit = api or (globals_.api if globals_ else None)
+    api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
     console = _stderr()
     with ExitStack() as stack:
         probe = stack.enter_context(NodeClient(api_url))
         started_node = False
         if not probe.ping():
-            if not is_local_url(api_url):
-                raise NodeUnreachable(f"cannot reach the exo-p2p node at {api_url}")
+            if explicit:
+                raise NodeUnreachable(
+                    f"nothing answers at {api_url} (the --api given); start a node there, "
+                    "or leave out --api to run a node for this command"
+                )
             directory = (data_dir or default_data_dir()).expanduser()
+            where = "joining the LAN's default cluster" if lan else "private: loopback only, no mDNS"
             console.print(
-                f"no node answers at {api_url}; starting one for this command (data dir {directory})"
+                f"no node answers at {api_url}; starting one for this command ({where}; data dir {directory})"
             )
-            api_url = stack.enter_context(running_node(directory, console))
+            api_url = stack.enter_context(running_node(directory, console, private=not lan))
             started_node = True
         client = stack.enter_context(NodeClient(api_url))
 
@@ -572,6 +797,12 @@ def run(
             chat_once(client, model, prompt, **params)
         else:
             repl(client, model, **params)
+
+
+def _refuse_empty(prompt: str | None) -> None:
+    """A given prompt must say something (a model asked nothing rambles for minutes)."""
+    if prompt is not None and not prompt.strip():
+        raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
 
 
 def _delete_quietly(client: NodeClient, instance_id: str) -> None:

@@ -6,8 +6,10 @@ import inspect
 from pathlib import Path
 
 from exo_p2p.cli.client import CliError
-from exo_p2p.config import NodeConfig, default_data_dir, parse_bytes
+from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 
+NODE_CONFIG_FILE = "config.toml"
+"""The optional file of ``exo-p2p node`` settings in the data dir (TOML; keys are flag names)."""
 LOG_FORMATS = ("json", "console")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -23,6 +25,7 @@ def build_node_config(
     models_dirs: list[Path] | None = None,
     log_format: str | None = None,
     log_level: str | None = None,
+    log_file: Path | None = None,
     cluster: str | None = None,
     cluster_secret_file: Path | None = None,
     bootstrap: list[str] | None = None,
@@ -37,13 +40,17 @@ def build_node_config(
     api_keys: list[str] | None = None,
     api_key_file: Path | None = None,
     cors_origins: list[str] | None = None,
+    join: str | None = None,
+    cpu_weights: str | None = None,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a cluster-secret file that does not exist or is not a valid secret, or a priority out of
-    the 32-bit range, an unreadable or empty ``api_key_file``, or a malformed CORS origin.
+    a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist
+    or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
+    ``api_key_file``, or a malformed CORS origin. ``join`` (a token of ``exo-p2p invite``) and
+    the secret stored in the data dir follow ``exo_p2p.cli.membership``.
     """
     given: dict = {}
     given.update(_access_flags(api_keys, api_key_file, cors_origins))
@@ -58,6 +65,10 @@ def build_node_config(
                 f"give a unit, e.g. {memory_limit}GiB",
                 exit_code=2,
             )
+    if cpu_weights is not None:
+        if cpu_weights not in CPU_WEIGHTS:
+            raise CliError(f"--cpu-weights must be one of {', '.join(CPU_WEIGHTS)}, got {cpu_weights!r}", 2)
+        given["cpu_weights"] = cpu_weights
     if log_format is not None:
         if log_format not in LOG_FORMATS:
             raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)
@@ -67,6 +78,7 @@ def build_node_config(
             raise CliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}", 2)
         given["log_level"] = log_level.lower()
     if cluster_secret_file is not None:
+        cluster_secret_file = Path(cluster_secret_file).expanduser()
         if not cluster_secret_file.is_file():
             raise CliError(
                 f"--cluster-secret: no such file {cluster_secret_file} "
@@ -80,6 +92,19 @@ def build_node_config(
         except (OSError, ConfigError) as e:
             raise CliError(f"--cluster-secret {cluster_secret_file}: {getattr(e, 'strerror', None) or e}", 2) from None
         given["cluster_secret_file"] = cluster_secret_file
+    data_dir = (data_dir or default_data_dir()).expanduser()
+    from exo_p2p.cli.membership import MembershipError, resolve_membership
+
+    try:
+        membership = resolve_membership(data_dir, join=join, secret_file=given.get("cluster_secret_file"), cluster=cluster)
+    except MembershipError as e:
+        raise CliError(str(e), 2) from None
+    except OSError as e:
+        raise CliError(f"cannot keep the cluster secret in {data_dir}: {e.strerror or e}", 1) from None
+    if membership.secret_file is not None:
+        given["cluster_secret_file"] = membership.secret_file
+    cluster = membership.cluster
+    bootstrap = [*(bootstrap or []), *membership.bootstrap]
     if priority is not None and not -(2**31) <= priority < 2**31:
         raise CliError(f"--priority must be between {-(2**31)} and {2**31 - 1}, got {priority}", 2)
     _validate_network_flags(cluster, api_port, listen_port, bootstrap)
@@ -98,9 +123,11 @@ def build_node_config(
     ):
         if value is not None:
             given[name] = value
+    if log_file is not None:
+        given["log_file"] = Path(log_file).expanduser()
     return NodeConfig(
-        data_dir=(data_dir or default_data_dir()).expanduser(),
-        models_dirs=[d.expanduser() for d in models_dirs or []],
+        data_dir=Path(data_dir or default_data_dir()).expanduser(),
+        models_dirs=[Path(d).expanduser() for d in models_dirs or []],
         bootstrap=list(bootstrap or []),
         new_identity=new_identity,
         mdns=mdns,
@@ -163,6 +190,23 @@ def _validate_network_flags(
                 "(`exo-p2p nodes` on that node prints them)",
                 2,
             ) from e
+
+
+def read_node_config_file(path: Path) -> dict:
+    """The settings in the TOML file at ``path`` (``{}`` when there is no such file).
+    Raises ``CliError`` (exit 2) naming the file when it cannot be read or parsed."""
+    import tomllib
+
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or e}", 2) from None
+    try:
+        return tomllib.loads(text.decode("utf-8", errors="replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"{path} is not valid TOML: {e}", 2) from None
 
 
 def run_node(config: NodeConfig) -> int:

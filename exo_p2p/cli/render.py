@@ -20,11 +20,35 @@ SHARD_FIELDS = ("node_id", "rank", "start_layer", "end_layer")
 MODEL_FIELDS = ("model", "n_layers", "storage_size")
 
 
+MIB = 1024**2
+
+
 def gib(n_bytes: int | float | None) -> str:
-    """``17179869184`` → ``"16.0 GiB"``; None → ``"unknown"``."""
+    """A size for people: ``17179869184`` → ``"16.0 GiB"``, under 1 GiB in MiB
+    (``98_000_000`` → ``"93.5 MiB"``); None → ``"unknown"``."""
     if n_bytes is None:
         return "unknown"
+    if abs(n_bytes) < GIB:
+        return f"{n_bytes / MIB:.1f} MiB"
     return f"{n_bytes / GIB:.1f} GiB"
+
+
+SHORT_ID = 8
+"""Fewest characters of an instance id shown in tables (like git's short hashes)."""
+
+
+def short_ids(ids: list[str], minimum: int = SHORT_ID) -> dict[str, str]:
+    """Each id → its shortest prefix of at least ``minimum`` characters that no other id in
+    ``ids`` starts with (the whole id when it is a prefix of another). ``delete`` and
+    ``--nodes`` accept such a prefix."""
+    out = {}
+    unique = set(ids)
+    for ident in unique:
+        n = min(minimum, len(ident))
+        while n < len(ident) and any(o != ident and o.startswith(ident[:n]) for o in unique):
+            n += 1
+        out[ident] = ident[:n]
+    return out
 
 
 def ago(seconds: float | None) -> str:
@@ -73,7 +97,7 @@ def short_id(node_id: str | None, names: dict[str, str] | None = None) -> str:
         return "-"
     if names and names.get(node_id):
         return names[node_id]
-    return node_id
+    return id_prefix(node_id)
 
 
 ID_PREFIX = 16
@@ -146,17 +170,20 @@ def shard_line(shard: dict, names: dict[str, str] | None = None) -> str:
 
 
 def instances_table(instances: list[dict], names: dict[str, str] | None = None) -> Table:
-    """One row per instance: id, model, sharding, status / progress, shards."""
+    """One row per instance: id (a unique prefix, never wrapped; ``--json`` has the whole
+    id), model, sharding, status / progress, shards."""
     table = Table(title="instances", title_justify="left")
-    table.add_column("instance id", overflow="fold")
-    table.add_column("model")
+    table.add_column("id", no_wrap=True)
+    # the model name is copied too (`exo-p2p stop MODEL`): never cut
+    table.add_column("model", min_width=max((len(str(i.get("model", ""))) for i in instances), default=5))
     table.add_column("sharding")
     table.add_column("status")
     table.add_column("shards", overflow="fold")
+    prefixes = short_ids([str(i.get("instance_id", "")) for i in instances])
     for inst in instances:
         shards = "\n".join(shard_line(s, names) for s in inst.get("shards") or []) or "-"
         table.add_row(
-            str(inst.get("instance_id", "")),
+            prefixes[str(inst.get("instance_id", ""))],
             str(inst.get("model", "")),
             str(inst.get("sharding", "")),
             instance_progress(inst),

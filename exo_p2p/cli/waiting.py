@@ -1,4 +1,6 @@
-"""Wait for a placed instance to be ready, showing layers loaded / total as a progress bar."""
+"""Wait for a placed instance to be ready, showing its phase (preparing, connecting
+ranks, loading layers, warming up) and layers loaded / total as a progress bar whose clock
+keeps running until the instance is ready."""
 
 from __future__ import annotations
 
@@ -6,12 +8,45 @@ import time
 from collections.abc import Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from datetime import timedelta
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.text import Text
 
 from exo_p2p.cli.client import ApiError, CliError, NodeClient
 
 POLL_INTERVAL = 0.5
 """Seconds between two ``GET /instances/{id}`` while waiting."""
+
+
+PHASES = (
+    ("preparing", ("pending",)),  # importing the model file if needed, starting runners
+    ("connecting ranks", ("idle", "connecting", "connected")),
+    ("loading layers", ("loading",)),
+    ("warming up", ("loaded", "warming_up")),
+    ("ready", ("ready", "running")),
+)
+"""Phases of a loading instance, in order, with the runner statuses that are in each."""
+
+
+def instance_phase(instance: dict) -> str:
+    """The phase of ``instance`` (an ``/instances`` item): that of its least advanced shard
+    (``PHASES``); ``"ready"`` once the instance is; ``"loading layers"`` when the shards'
+    statuses are unknown."""
+    if instance.get("status") == "ready":
+        return "ready"
+    order = {status: i for i, (_, statuses) in enumerate(PHASES) for status in statuses}
+    ranks = [order[s["status"]] for s in instance.get("shards") or [] if s.get("status") in order]
+    return PHASES[min(ranks)][0] if ranks else "loading layers"
+
+
+class _Clock(ProgressColumn):
+    """Time since the wait began; unlike rich's ``TimeElapsedColumn`` it does not stop when
+    the bar is full (all layers loaded, warming up)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed or 0.0
+        return Text(str(timedelta(seconds=int(elapsed))), style="progress.elapsed")
 
 
 def wait_until_ready(
@@ -37,18 +72,25 @@ def wait_until_ready(
     deadline = clock() + timeout
     current = instance
     with Progress(
-        TextColumn("[bold]loading {task.description}"),
+        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.fields[phase]}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("layers"),
-        TimeElapsedColumn(),
+        _Clock(),
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task(str(instance.get("model", instance_id)), total=None)
+        task = progress.add_task(str(instance.get("model", instance_id)), total=None, phase=instance_phase(instance))
+        shown_phase = None
         while True:
             total = current.get("layers_total") or None
-            progress.update(task, total=total, completed=current.get("layers_loaded") or 0)
+            phase = instance_phase(current)
+            progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase)
+            if phase != shown_phase and not console.is_terminal:
+                # no live bar outside a terminal: one line per phase instead
+                console.print(f"{instance.get('model', instance_id)}: {phase}")
+            shown_phase = phase
             status = current.get("status")
             if status == "ready":
                 if total:

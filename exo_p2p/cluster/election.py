@@ -3,11 +3,18 @@
 Rules (design.md §4.8, §5a; issue 3 "Election"):
 
 1. **Follow a sitting master.** Among the nodes heard from within the liveness timeout
-   (this node included) that claim to be master, follow the one with the highest
-   ``(term, priority, node_id)``. There is no preemption: a node with a higher priority, or
-   a restarted former master, never unseats a live master. When two masters meet (a healed
-   partition, or a lone node joining), the lower one steps down and follows the higher one;
-   its divergent events are dropped (the follower's log sync replaces them).
+   (this node included) that claim to be master, follow the one ranked highest by
+   ``master_rank``: the side that kept the cluster going wins — more live nodes following it
+   (``support``: the heartbeats in the view that name it as master, its own included), then
+   more committed events (``Heartbeat.commit_idx``, at most its ``last_idx``), then the
+   higher ``(term, priority, node_id)``. There is no preemption: a node with a higher
+   priority, or a restarted former master, never unseats a live master. When two masters
+   meet (a healed partition, or a lone node joining), the lower one steps down and follows
+   the higher one; its divergent events are dropped (the follower's log sync replaces them).
+   So a single node that was cut off (a laptop that slept) and claimed mastership alone, at a
+   higher term, never makes the majority drop its committed events (issue 9, item 5).
+   Support is counted from the heartbeats this node holds, not from the claimer's own word,
+   so a late (stale) claim of a former master counts only itself.
 2. **Elect when there is none.** When no live node claims mastership, and this node has
    been in that situation for ``settle`` seconds (so heartbeats of an existing master have
    had time to arrive), the live node with the highest ``(priority, last_idx, node_id)``
@@ -47,9 +54,17 @@ class Decision:
     claim: bool = False
 
 
-def master_rank(hb: Heartbeat) -> tuple[int, int, str]:
-    """Order among masters that meet: higher ``(term, priority, node_id)`` wins."""
-    return (hb.term, hb.priority, hb.node_id)
+def support(heartbeats: Iterable[Heartbeat], master: str) -> int:
+    """How many of ``heartbeats`` (one per node) name ``master`` as the master they follow
+    (the master's own claim included): the live nodes of its side, as this node sees them."""
+    return sum(1 for hb in heartbeats if hb.master == master)
+
+
+def master_rank(hb: Heartbeat, side: int = 1) -> tuple[int, int, int, int, str]:
+    """Order among masters that meet: higher ``(side, committed, term, priority, node_id)``
+    wins, where ``side`` is the claim's ``support`` and ``committed`` is
+    ``min(hb.commit_idx, hb.last_idx)`` (a claimer cannot count events it does not hold)."""
+    return (side, min(hb.commit_idx, hb.last_idx), hb.term, hb.priority, hb.node_id)
 
 
 def candidate_rank(hb: Heartbeat) -> tuple[int, int, str]:
@@ -62,7 +77,7 @@ def decide(view: ElectionView, *, settle: float) -> Decision:
     everyone = (view.own, *view.peers)
     masters = [hb for hb in everyone if hb.master == hb.node_id]
     if masters:
-        best = max(masters, key=master_rank)
+        best = max(masters, key=lambda m: master_rank(m, support(everyone, m.node_id)))
         return Decision(follow=best.node_id, term=best.term)
     if view.masterless_for < settle:
         return Decision()

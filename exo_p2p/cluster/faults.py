@@ -256,3 +256,6 @@ class FaultyChunkSender:
             await trio.sleep(self.hold / 4)
             if self._held_since is not None and trio.current_time() - self._held_since >= self.hold:
                 self._release(self.faults.flush)
+HOOK_HEARTBEAT_GOSSIP_OFF = "heartbeat_gossip_off"
+"""``--fault-hook heartbeat_gossip_off=1``: the node publishes no heartbeat on gossip, as if
+GossipSub never delivered its heartbeats (its direct heartbeats to the master still go)."""

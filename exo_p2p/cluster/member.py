@@ -10,10 +10,13 @@ Guarantees (design.md §4, §5a, §5c):
 - indexed events are accepted only from the node this node follows as master, applied in
   order, gaps fetched over a direct stream (resuming from the last applied index; a
   snapshot when the range was compacted or this node's tail diverged);
-- a peer is gone after ``peer_timeout`` seconds without a heartbeat, by this node's
-  monotonic clock; the master then records ``NodeTimedOut``;
-- a master is elected by ``election.decide``; a new master first fetches events that live
-  peers applied and it lacks;
+- a peer is gone after ``peer_timeout`` seconds without a heartbeat (gossiped, or sent to
+  the master over a direct stream: ``direct_heartbeat``), by this node's monotonic clock;
+  the master then records ``NodeTimedOut``, never before a full timeout of its mastership
+  (``peer_timeouts``);
+- a master is elected by ``election.decide`` over the claims ``claims`` admits; a new
+  master first fetches events that live peers applied and it lacks;
+- commands are decided only for members (``command_access``);
 - commands reach the master over a request/response stream, retried across a failover,
   and are answered only once committed (applied by another node, or persisted when alone).
 """
@@ -29,15 +32,21 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.cluster.election import ElectionView, decide
+from exo_p2p.cluster.command_access import NOT_MEMBER, command_refusal
+from exo_p2p.cluster.claims import ClaimChecker, ClaimStatus, ProbeAnswer, probe_answer
+from exo_p2p.cluster.direct_heartbeat import DirectHeartbeats
+from exo_p2p.cluster.election import ElectionView, decide, support
 from exo_p2p.cluster.event_times import EventTimes
-from exo_p2p.cluster.faults import FaultyReceiver, gossip_faults_from_hooks, hold_from_hooks
+from exo_p2p.cluster.faults import HOOK_HEARTBEAT_GOSSIP_OFF, FaultyReceiver, gossip_faults_from_hooks, hold_from_hooks
 from exo_p2p.cluster.liveness import Liveness
+from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.cluster.messages import (
     CHUNKS_PROTOCOL,
     COMMAND_PROTOCOL,
     GLOBAL_EVENTS_TOPIC,
+    HEARTBEAT_PROTOCOL,
     HEARTBEATS_TOPIC,
+    LOCAL_EVENTS_PROTOCOL,
     LOCAL_EVENTS_TOPIC,
     LOG_PROTOCOL,
     ChunkBatch,
@@ -156,6 +165,22 @@ class ClusterMember:
         self.is_master = False
         self._masterless_since: float | None = clock()
         self._started_at = clock()
+        self._master_since = clock()
+        """When this node last became master (the timeout grace of ``peer_timeouts``)."""
+        self._gossip_heard_at: dict[str, float] = {}
+        self.claims = ClaimChecker()
+        self.direct = DirectHeartbeats(
+            net,
+            own=self.own_heartbeat,
+            master=lambda: None if self.is_master else self.master,
+            on_heartbeat=self._on_heartbeat,
+            gossip_heard_at=self._gossip_heard_at.get,
+            clock=clock,
+            heartbeat_interval=self.s.heartbeat_interval,
+            peer_timeout=self.s.peer_timeout,
+            count=self._count,
+            tally=lambda kind: self.counters.__setitem__(kind, self.counters.get(kind, 0) + 1),
+        )
         self._seq = 0
         self._pending: dict[int, LocalEvent] = {}
         self._sent_at: dict[int, float] = {}
@@ -192,18 +217,28 @@ class ClusterMember:
         if n == 1:
             # drops that happen in normal operation (gossip from the master arriving before
             # this node follows it, a duplicate relayed by two peers) are not warnings
-            level = log.info if kind in _ROUTINE_DROPS else log.warning
+            level = log.debug if kind in _ROUTINE_DROPS else log.warning
             level("message dropped (further drops of this kind are only counted)", kind=kind)
 
     def own_heartbeat(self) -> Heartbeat:
+        last = self.replica.last_idx
+        commit_idx, followers = last, 0
+        if self.is_master:
+            following = [p for p in self.live_peers() if p.master == self.node_id]
+            followers = len(following)
+            if following:  # committed: applied by a live follower (else persisted here, alone)
+                commit_idx = min(last, max(p.last_idx for p in following))
         return Heartbeat(
             node_id=self.node_id,
             boot_id=self.boot_id,
             term=self.term,
             master=self.master,
             priority=self.priority,
-            last_idx=self.replica.last_idx,
+            last_idx=last,
             last_term=self.replica.last_term,
+            commit_idx=commit_idx,
+            followers=followers,
+            chain=(self.replica.chain_at(last) or b"") if last else b"",
         )
 
     def reachable_nodes(self) -> set[str]:
@@ -233,12 +268,15 @@ class ClusterMember:
         self.net.set_request_handler(LOG_PROTOCOL, self._serve_log)
         self.net.set_request_handler(COMMAND_PROTOCOL, self._serve_command, timeout=self.s.command_timeout + 5)
         self.net.set_request_handler(CHUNKS_PROTOCOL, self._serve_chunks)
+        self.net.set_request_handler(HEARTBEAT_PROTOCOL, self.direct.serve)
+        self.net.set_request_handler(LOCAL_EVENTS_PROTOCOL, self._serve_local_events)
         heartbeats = await self.net.subscribe(HEARTBEATS_TOPIC, include_own=True, buffer=4096)
         local_events = self._with_faults(await self.net.subscribe(LOCAL_EVENTS_TOPIC, buffer=4096), LOCAL_EVENTS_TOPIC)
         global_events = self._with_faults(await self.net.subscribe(GLOBAL_EVENTS_TOPIC, buffer=8192), GLOBAL_EVENTS_TOPIC)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self.direct.run)
             nursery.start_soon(self._receive_heartbeats, heartbeats)
             nursery.start_soon(self._receive_local_events, local_events)
             nursery.start_soon(self._receive_global_events, global_events)
@@ -269,6 +307,9 @@ class ClusterMember:
 
     # --- heartbeats and liveness -----------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
+        gossip = self.s.fault_hooks.get(HOOK_HEARTBEAT_GOSSIP_OFF) is None
+        if not gossip:
+            log.warning("heartbeat gossip off (tests only): heartbeats go over direct streams only")
         last_sent = -math.inf
         while True:
             with trio.move_on_after(self.s.heartbeat_interval):
@@ -277,7 +318,8 @@ class ClusterMember:
             wait = 0.1 - (self.clock() - last_sent)  # at most 10 heartbeats/s (gossip is ~4 ms CPU per receiver)
             if wait > 0:
                 await trio.sleep(wait)
-            await self.net.publish(HEARTBEATS_TOPIC, encode(self.own_heartbeat()))
+            if gossip:
+                await self.net.publish(HEARTBEATS_TOPIC, encode(self.own_heartbeat()))
             last_sent = self.clock()
 
     async def _receive_heartbeats(self, channel) -> None:  # type: ignore[no-untyped-def]
@@ -297,13 +339,20 @@ class ClusterMember:
                 if hb.boot_id != self.boot_id:
                     self._duplicate(hb)
                 continue
-            self._heard.set()
-            self._heard = trio.Event()
-            if self.liveness.heard(hb, self.clock()):
-                log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
-                self._beat_now.set()
-            if hb.node_id == self.master and hb.last_idx > self.replica.last_idx:
-                self._sync_wake.set()
+            self._gossip_heard_at[hb.node_id] = self.clock()
+            self._on_heartbeat(hb)
+
+    def _on_heartbeat(self, hb: Heartbeat) -> None:
+        """Record a peer's heartbeat, received by gossip or over a direct stream."""
+        if hb.node_id == self.node_id:
+            return
+        self._heard.set()
+        self._heard = trio.Event()
+        if self.liveness.heard(hb, self.clock()):
+            log.info("peer up", peer=hb.node_id, master=hb.master, term=hb.term, last_idx=hb.last_idx)
+            self._beat_now.set()
+        if hb.node_id == self.master and hb.last_idx > self.replica.last_idx:
+            self._sync_wake.set()
 
     def _duplicate(self, hb: Heartbeat) -> None:
         if self.duplicate_identity is None:
@@ -323,6 +372,9 @@ class ClusterMember:
             # last heartbeat is younger than ``peer_timeout`` (a killed master is noticed in
             # ~1.2 s, not 5 s; its stale claim must not hold up the election)
             peers = [p for p in self.live_peers() if not self._disconnected_for(p.node_id, now)]
+            # only admitted claims take part (``cluster.claims``): a claimer refused, or whose
+            # log is being probed, is left out (a pending one still holds off an election)
+            peers, pending = self._admitted(peers, now)
             # the followed master is alive while its heartbeat is live AND still claims: a
             # master that stepped down (or restarted within the disconnect grace) beats on
             # without claiming, and following it would wait forever
@@ -330,7 +382,7 @@ class ClusterMember:
             if self.master is not None and not master_alive:
                 log.warning("master gone", master=self.master)
                 await self._set_master(None, self.term)
-            claims = [p for p in peers if p.master == p.node_id]
+            claims = [p for p in peers if p.master == p.node_id] + pending
             if self.master is None and not claims and self._masterless_since is None:
                 self._masterless_since = now
             since = now if self._masterless_since is None else self._masterless_since
@@ -338,11 +390,60 @@ class ClusterMember:
             settle = self._start_settle() if now - self._started_at < 2 * self._start_settle() else self.s.failover_settle
             decision = decide(ElectionView(self.own_heartbeat(), tuple(peers), masterless_for), settle=settle)
             if decision.claim:
-                await self._claim(decision.term)
+                await self._claim(decision.term, peers)
             elif decision.follow is not None and (decision.follow != self.master or decision.term != self.term):
                 if decision.follow != self.node_id:
                     await self._set_master(decision.follow, decision.term)
             await trio.sleep(0.1)
+
+    def _admitted(self, peers: list[Heartbeat], now: float) -> tuple[list[Heartbeat], list[Heartbeat]]:
+        """``peers`` without the master claims ``cluster.claims`` does not admit (yet), and
+        the pending claims (a probe of the claimer's log in flight or starting now)."""
+        everyone = [self.own_heartbeat(), *peers]
+        out: list[Heartbeat] = []
+        pending: list[Heartbeat] = []
+        for p in peers:
+            if p.master != p.node_id:
+                out.append(p)
+                continue
+            status = self.claims.status(
+                p,
+                side=support(everyone, p.node_id),
+                following=(self.master, self.term),
+                own_last_idx=self.replica.last_idx,
+                own_term=max(self.term, self.replica.last_term),
+                chain_at=self.replica.chain_at,
+                now=now,
+            )
+            if status is ClaimStatus.ADMITTED:
+                out.append(p)
+            elif status is ClaimStatus.REFUSED:
+                self._count("master_claim_refused")
+            else:
+                pending.append(p)
+                if status is ClaimStatus.PROBE and self._nursery is not None:
+                    self.claims.probe_started(p)
+                    self._nursery.start_soon(self._probe_claim, p)
+        return out, pending
+
+    async def _probe_claim(self, claim: Heartbeat) -> None:
+        """Ask a claimer for the events after our last index (``cluster.claims`` rule 3)."""
+        last = self.replica.last_idx
+        request = LogRequest(
+            from_idx=last + 1, max_events=1, prev_idx=last, prev_term=self.replica.last_term, prev_chain=self.replica.chain_at(last) or b""
+        )
+        response = None
+        try:
+            with trio.fail_after(3.0):
+                raw = await self.net.request(claim.node_id, LOG_PROTOCOL, encode(request), timeout=3.0)
+            response = log_response_decoder.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - no answer: refused (re-checked later)
+            log.debug("claim probe failed", claimer=claim.node_id, error=repr(exc))
+        finally:
+            answer = probe_answer(response)
+            self.claims.probe_done(claim, answer, self.clock())
+        if answer is not ProbeAnswer.EXTENDS:
+            log.info("master claim probed", claimer=claim.node_id, term=claim.term, answer=answer.value)
 
     def _start_settle(self) -> float:
         """Seconds to wait for a master after start: ``settle``, or ``known_settle`` when
@@ -359,9 +460,11 @@ class ClusterMember:
         since = self._disconnected_at.get(peer)
         return since is not None and now - since >= self.s.disconnect_grace
 
-    async def _claim(self, term: int) -> None:
-        """Become master: fetch what live peers applied that we lack, then sequence."""
-        best = max(self.live_peers(), key=lambda p: p.last_idx, default=None)
+    async def _claim(self, term: int, peers: list[Heartbeat] | None = None) -> None:
+        """Become master: fetch what live peers (``peers``: those the election considered,
+        not a refused claimer) applied that we lack, then sequence."""
+        candidates = self.live_peers() if peers is None else peers
+        best = max(candidates, key=lambda p: p.last_idx, default=None)
         if best is not None and best.last_idx > self.replica.last_idx:
             await self._fetch_from(best.node_id)
             if self.replica.last_idx < best.last_idx:
@@ -370,6 +473,7 @@ class ClusterMember:
             self.term = max(term, self.replica.state.term + 1)
             self.master = self.node_id
             self.is_master = True
+            self._master_since = self.clock()
             self.replica.defer_sync = True  # group commit: synced before anything leaves
             self._masterless_since = None
             log.info("became master", term=self.term, last_idx=self.replica.last_idx)
@@ -387,7 +491,10 @@ class ClusterMember:
             if master != self.master:
                 log.info("following master", master=master, term=term)
             self.master = master
-            self.term = max(self.term, term)
+            # a follower takes its master's term, even a lower one: the winner of a healed
+            # partition may have the lower term (``election.master_rank``), and its events
+            # must not look stale here
+            self.term = term if master is not None else self.term
             self._masterless_since = None if master is not None else self.clock()
         self._signal_master_change()
         if master is not None:
@@ -456,7 +563,9 @@ class ClusterMember:
         event goes out at once (only the new ones: re-sending every pending event whenever
         one more is queued made O(n²) gossip under bursts); one not seen indexed
         ``resend_interval`` seconds after it was last sent goes out again, and all of them
-        after a master change."""
+        after a master change. A first send goes by gossip; a re-send goes over a direct
+        stream to the master (gossip when that fails), so a node that GossipSub keeps out of
+        the master's mesh for a while (a restarted node) still gets its events indexed."""
         while True:
             with trio.move_on_after(self.s.resend_interval / 2):
                 await self._pending_wake.wait()
@@ -471,15 +580,52 @@ class ClusterMember:
             ]
             if not due:
                 continue
+            retries = [local for local in due if local.origin_seq in self._sent_at]
             for local in due:
                 self._sent_at[local.origin_seq] = now
             if self.is_master:
                 for local in due:
                     await self.hooks.accept_local(local)
                 continue
-            for i in range(0, len(due), self.s.max_local_batch):
-                batch = LocalEventBatch(tuple(due[i : i + self.s.max_local_batch]))
+            gossip = [local for local in due if local.origin_seq not in {r.origin_seq for r in retries}]
+            if retries and not await self._send_local_direct(retries):
+                gossip = due
+            for i in range(0, len(gossip), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(gossip[i : i + self.s.max_local_batch]))
                 await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
+
+    async def _send_local_direct(self, events: list[LocalEvent]) -> bool:
+        """Send re-sent local events to the master over a direct stream; False when it
+        did not take them (unreachable, or no longer master)."""
+        master = self.master
+        if master is None:
+            return False
+        try:
+            for i in range(0, len(events), self.s.max_local_batch):
+                batch = LocalEventBatch(tuple(events[i : i + self.s.max_local_batch]))
+                reply = await self.net.request(master, LOCAL_EVENTS_PROTOCOL, encode(batch), timeout=min(3.0, self.s.request_timeout))
+                if reply != b"ok":
+                    return False
+        except Exception as exc:  # noqa: BLE001 - fall back to gossip
+            log.debug("direct local events failed", master=master, error=repr(exc))
+            self._count("local_events_direct_failed")
+            return False
+        self.counters["local_events_direct"] = self.counters.get("local_events_direct", 0) + len(events)
+        return True
+
+    async def _serve_local_events(self, peer: str, data: bytes) -> bytes:
+        """As master: accept a peer's re-sent local events (its own only)."""
+        batch = local_batch_decoder.decode(data)
+        if batch.version != PROTOCOL_VERSION:
+            raise ValueError(f"unsupported protocol version {batch.version}")
+        if not self.is_master:
+            return b"not_master"
+        for local in batch.events:
+            if local.origin != peer or local.version != PROTOCOL_VERSION:
+                self._count("local_event_forged")
+                continue
+            await self.hooks.accept_local(local)
+        return b"ok"
 
     async def _receive_local_events(self, channel) -> None:  # type: ignore[no-untyped-def]
         async for sender, data in channel:
@@ -630,7 +776,7 @@ class ClusterMember:
         diverged = tail_diverged(r, request)
         snapshot = LogResponse(snapshot=r.state, last_idx=r.last_idx, snapshot_chain=r.chain_at(r.last_idx) or b"")
         if diverged:
-            return encode(snapshot)
+            return encode(LogResponse(snapshot=r.state, last_idx=r.last_idx, snapshot_chain=snapshot.snapshot_chain, diverged=True))
         events = r.events_from(request.from_idx, min(request.max_events, 5000))
         if events is None:
             return encode(snapshot)
@@ -644,15 +790,17 @@ class ClusterMember:
             if not self.is_master:
                 continue
             now = self.clock()
-            if now - self._started_at < self.s.peer_timeout:
-                continue
-            for node_id in list(self.replica.state.nodes):
-                if node_id == self.node_id:
-                    continue
-                heard = self.liveness.last_heard(node_id)
-                if heard is None or now - heard >= self.s.peer_timeout:
-                    log.warning("node timed out", node=node_id)
-                    await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
+            gone = timed_out(
+                list(self.replica.state.nodes),
+                self_id=self.node_id,
+                last_heard=self.liveness.last_heard,
+                master_since=max(self._master_since, self._started_at),
+                now=now,
+                timeout=self.s.peer_timeout,
+            )
+            for node_id in gone:
+                log.warning("node timed out", node=node_id)
+                await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
 
     async def wait_committed(self, idx: int) -> None:
         """Return once event ``idx`` is committed (design.md §5a): applied by some other
@@ -808,6 +956,10 @@ class ClusterMember:
             if result.error is not None and result.error.code == "not_master":
                 await trio.sleep(0.1)
                 continue
+            if result.error is not None and result.error.code == NOT_MEMBER and trio.current_time() + 0.3 < deadline:
+                last_error = result.error.message  # our profile is not indexed yet: retry
+                await trio.sleep(0.2)
+                continue
             if result.event_idx:
                 with trio.move_on_after(max(0.0, min(5.0, deadline - trio.current_time()))):
                     await self.replica.wait_for_idx(result.event_idx)
@@ -820,6 +972,11 @@ class ClusterMember:
             raise ValueError(f"unsupported protocol version {envelope.version}")
         if not self.is_master:
             return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(503, "not the master", "server_error", code="not_master")))
+        followers = {p.node_id for p in self.live_peers() if p.master == self.node_id}
+        refusal = command_refusal(peer, envelope.origin, self.replica.state.nodes, followers)
+        if refusal is not None:
+            self._count("command_not_member")
+            return encode(CommandResult(envelope.command.command_id, error=ErrorInfo(403, refusal, "permission_error", code=NOT_MEMBER)))
         return encode(await self.hooks.command(envelope.command))
 
     # --- chunks -------------------------------------------------------------------------------
@@ -864,9 +1021,11 @@ class ClusterMember:
 
 
 def _ip_of(addrs: list[str]) -> str:
+    """The first concrete IPv4 address of ``addrs`` (never ``0.0.0.0``: a topology edge's IP
+    is where placement makes a ring rank listen)."""
     for a in addrs:
         parts = a.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
             return parts[2]
     return ""
 

@@ -20,6 +20,12 @@ COMMAND_PROTOCOL = "/exo-p2p/command/1"
 LOG_PROTOCOL = "/exo-p2p/log/1"
 CHUNKS_PROTOCOL = "/exo-p2p/chunks/1"
 EVENTS_PROTOCOL = "/exo-p2p/events/1"
+LOCAL_EVENTS_PROTOCOL = "/exo-p2p/local-events/1"
+"""A re-sent ``LocalEventBatch`` straight to the master (answer ``b"ok"``, or ``b"not_master"``):
+a local event not seen indexed after one gossip attempt does not wait for GossipSub."""
+HEARTBEAT_PROTOCOL = "/exo-p2p/heartbeat/1"
+"""A follower's heartbeat sent straight to its master (``HeartbeatAck`` back), so liveness
+does not depend on GossipSub admitting the follower to the master's mesh."""
 
 
 class Heartbeat(msgspec.Struct, frozen=True):
@@ -27,7 +33,15 @@ class Heartbeat(msgspec.Struct, frozen=True):
 
     ``master`` is the node it follows (itself when it is master), ``term`` that master's
     term, ``last_idx``/``last_term`` the last event it applied, ``priority`` its election
-    priority (``--priority``)."""
+    priority (``--priority``).
+
+    ``commit_idx``: for a master, the highest index it knows committed (applied by a live
+    follower, or persisted when it is alone; ``election.master_rank`` compares it when two
+    masters meet); for a follower, its ``last_idx``. ``followers``: for a master, how many
+    live peers follow it (shown in logs; the election counts support from the heartbeats it
+    holds). ``chain``: the chain digest of this node's log at ``last_idx``
+    (``exo_p2p.state.chain``, 16 bytes; empty at 0), so a receiver can tell whether a claimer's
+    log is a prefix of its own (``cluster.claims``)."""
 
     node_id: str
     boot_id: str
@@ -36,6 +50,19 @@ class Heartbeat(msgspec.Struct, frozen=True):
     priority: int
     last_idx: int
     last_term: int
+    version: int = PROTOCOL_VERSION
+    commit_idx: int = 0
+    followers: int = 0
+    chain: bytes = b""
+
+
+class HeartbeatAck(msgspec.Struct, frozen=True):
+    """The answer to a direct heartbeat: the answering node's own heartbeat, and whether it
+    heard the asker's gossiped heartbeat recently (``gossip_fresh``; when not, the asker
+    sends its heartbeat directly every heartbeat interval)."""
+
+    heartbeat: Heartbeat
+    gossip_fresh: bool
     version: int = PROTOCOL_VERSION
 
 
@@ -81,6 +108,9 @@ class LogResponse(msgspec.Struct, frozen=True):
     last_idx: int = 0
     snapshot_chain: bytes = b""
     version: int = PROTOCOL_VERSION
+    diverged: bool = False
+    """With a snapshot: sent because the asker's tail is not in the responder's log (False:
+    because the asked range is compacted away)."""
 
 
 class ChunkBatch(msgspec.Struct, frozen=True):
@@ -94,6 +124,7 @@ class ChunkBatch(msgspec.Struct, frozen=True):
 
 
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
+heartbeat_ack_decoder = msgspec.msgpack.Decoder(HeartbeatAck)
 local_batch_decoder = msgspec.msgpack.Decoder(LocalEventBatch)
 indexed_decoder = msgspec.msgpack.Decoder(IndexedEvent)
 indexed_batch_decoder = msgspec.msgpack.Decoder(IndexedEventBatch)

@@ -55,6 +55,57 @@ def read_safetensors_sizes(path: Path) -> dict[str, int]:
             for name, info in header.items() if name != "__metadata__"}
 
 
+def read_safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, from the header of one ``.safetensors`` file (same errors as
+    :func:`read_safetensors_sizes`)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise UnsupportedModelError(f"{path}: truncated safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        data = f.read(length)
+    try:
+        header = json.loads(data)
+    except ValueError as e:
+        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    return {name: tuple(int(d) for d in info["shape"]) for name, info in header.items() if name != "__metadata__"}
+
+
+def _quant_bits(config: Mapping[str, Any], module: str) -> int | None:
+    """Bits of ``module``'s quantized weight from the config's ``quantization`` (a
+    per-module override wins), None when the model is not quantized."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None
+    override = q.get(module)
+    if isinstance(override, Mapping) and override.get("bits"):
+        return int(override["bits"])
+    return int(q["bits"]) if q.get("bits") else None
+
+
+def float32_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Tensor name -> bytes once the model is expanded to float32 at load (a CPU node's
+    float32 weights, ``worker.engine.dequantize``): a quantized ``X.weight`` (it has an
+    ``X.scales``) holds ``rows × packed_columns × 32 / bits`` elements of 4 bytes and its
+    ``X.scales`` / ``X.biases`` disappear (0 bytes); every other tensor holds its elements
+    in 4 bytes each. Pure: shapes from the safetensors header or the GGUF's MLX layout."""
+    out: dict[str, int] = {}
+    for name, shape in shapes.items():
+        elements = 1
+        for d in shape:
+            elements *= d
+        prefix, _, leaf = name.rpartition(".")
+        quantized = f"{prefix}.scales" in shapes
+        if quantized and leaf in ("scales", "biases"):
+            out[name] = 0
+        elif quantized and leaf == "weight":
+            bits = _quant_bits(config, prefix) or 4
+            out[name] = elements * 32 // bits * 4
+        else:
+            out[name] = elements * 4
+    return out
+
+
 def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     """The card of an MLX-format model directory (``config.json`` + ``model*.safetensors``).
 
@@ -73,9 +124,11 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     if not weight_files:
         raise UnsupportedModelError(f"{model_dir}: no {WEIGHT_GLOB} files")
     sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in weight_files:
         sizes.update(read_safetensors_sizes(path))
-    return card_from_config(config, sizes, model_id)
+        shapes.update(read_safetensors_shapes(path))
+    return card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
 
 
 def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
@@ -95,7 +148,8 @@ def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
     quantization = quantization_from_shapes({n: shape for n, (shape, _) in tensors.items()}, in_features)
     if quantization is not None:
         config["quantization"] = quantization
-    return card_from_config(config, {n: nbytes for n, (_, nbytes) in tensors.items()}, model_id)
+    return card_from_config(config, {n: nbytes for n, (_, nbytes) in tensors.items()}, model_id,
+                            float32=float32_sizes(config, {n: shape for n, (shape, _) in tensors.items()}))
 
 
 #: bytes per element of a config's ``torch_dtype`` (the activations' dtype in mlx-lm)
@@ -111,23 +165,9 @@ def _group_size(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def card_from_config(
-    config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str
-) -> ModelCard:
-    """The card of a model given its mlx-lm config and tensor name -> bytes (pure).
-
-    Tensors named ``….layers.{i}.…`` count for layer ``i`` (weights, ``.scales``,
-    ``.biases``); ``….embed_tokens.…`` for the embedding; ``lm_head.…`` for the head; every
-    other tensor (the final norm) for ``norm_bytes``, so the parts sum to ``storage_size``.
-    ``head_dim`` comes from the config when it states one (else None: hidden ÷ heads), and
-    ``activation_dtype_bytes`` from ``torch_dtype`` (None when absent).
-
-    Raises:
-        UnsupportedModelError: a layer index outside ``num_hidden_layers`` or a layer with no
-            tensors.
-    """
-    args = {**config.get("text_config", {}), **config}
-    n_layers = int(args["num_hidden_layers"])
+def _parts(sizes: Mapping[str, int], n_layers: int) -> tuple[list[int], int, int, int]:
+    """(bytes per layer, embedding, head, other) of tensor name -> bytes (see
+    :func:`card_from_config`)."""
     layer_bytes = [0] * n_layers
     embedding = head = norm = 0
     for name, nbytes in sizes.items():
@@ -143,6 +183,31 @@ def card_from_config(
             head += nbytes
         else:
             norm += nbytes
+    return layer_bytes, embedding, head, norm
+
+
+def card_from_config(
+    config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str,
+    float32: Mapping[str, int] | None = None,
+) -> ModelCard:
+    """The card of a model given its mlx-lm config and tensor name -> bytes (pure).
+
+    Tensors named ``….layers.{i}.…`` count for layer ``i`` (weights, ``.scales``,
+    ``.biases``); ``….embed_tokens.…`` for the embedding; ``lm_head.…`` for the head; every
+    other tensor (the final norm) for ``norm_bytes``, so the parts sum to ``storage_size``.
+    ``head_dim`` comes from the config when it states one (else None: hidden ÷ heads), and
+    ``activation_dtype_bytes`` from ``torch_dtype`` (None when absent). ``float32`` (tensor
+    name -> bytes once expanded, :func:`float32_sizes`) gives the card's ``float32_*``
+    sizes, split the same way (None: the card cannot say, and no node expands it).
+
+    Raises:
+        UnsupportedModelError: a layer index outside ``num_hidden_layers`` or a layer with no
+            tensors.
+    """
+    args = {**config.get("text_config", {}), **config}
+    n_layers = int(args["num_hidden_layers"])
+    layer_bytes, embedding, head, norm = _parts(sizes, n_layers)
+    f32_layers, f32_embedding, f32_head, f32_norm = _parts(float32, n_layers) if float32 else ([], 0, 0, 0)
     if empty := [i for i, b in enumerate(layer_bytes) if b == 0]:
         raise UnsupportedModelError(f"layers {empty[:5]} have no tensors")
     heads = args.get("num_attention_heads")
@@ -170,6 +235,10 @@ def card_from_config(
         activation_dtype_bytes=dtype_bytes,
         intermediate_size=int(args["intermediate_size"]) if args.get("intermediate_size") else None,
         quant_group_size=_group_size(config),
+        float32_layer_bytes=tuple(f32_layers),
+        float32_embedding_bytes=f32_embedding,
+        float32_head_bytes=f32_head,
+        float32_norm_bytes=f32_norm,
     )
 
 

@@ -133,6 +133,7 @@ def make_synthetic_model(
     chat_template: ChatTemplateWhere = "config",
     tie_word_embeddings: bool = True,
     quantize: bool = False,
+    dtype: str = "float32",
 ) -> Path:
     """Write a tiny random llama model in the MLX format into ``out_dir`` and return it.
 
@@ -140,7 +141,9 @@ def make_synthetic_model(
     ``"jinja"`` in a separate chat_template.jinja, ``None`` leaves the model without one.
     ``quantize``: 4-bit affine group 32 for the linears and 8-bit for the embedding (a
     per-module override in config.json's ``quantization``, like the embedded SmolLM2).
-    Weights are float32; ``hidden_size`` and ``intermediate_size`` must be multiples of 32
+    ``dtype``: the weights' dtype (``"float32"``, ``"float16"`` or ``"bfloat16"``; quantized
+    weights then have scales and biases of that dtype, like a GGUF import's float16 ones).
+    ``hidden_size`` and ``intermediate_size`` must be multiples of 32
     when quantizing. Deterministic for a given set of arguments.
     """
     from mlx_lm.models.llama import Model, ModelArgs
@@ -161,6 +164,8 @@ def make_synthetic_model(
     )
     model = Model(ModelArgs.from_dict(config))
     weights = _random_weights(model, seed, hidden_size)
+    if dtype != "float32":
+        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
     if quantize:
         model.load_weights(list(weights.items()))
         overrides = {"model.embed_tokens": {"group_size": 32, "bits": 8}}

@@ -23,6 +23,15 @@ MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 4096
 MAX_CLUSTER_NAME = 64
 PSK_SALT = b"exo-p2p/psk/v1"
+
+OPEN_CLUSTER_NOTICE = (
+    "the cluster is open: any host that reaches this node's libp2p port can join it and send it commands. "
+    "To close it: `exo-p2p cluster-secret FILE` on one machine, copy FILE to every node and restart each "
+    "with --cluster-secret FILE (the secret is then kept in the data dir); new machines join with "
+    "`exo-p2p node --join TOKEN` (TOKEN from `exo-p2p invite` on a member)"
+)
+"""What a node without a cluster secret says at start (README "Security")."""
+
 MDNS_SALT = b"exo-p2p/mdns/v1\0"
 
 

@@ -76,6 +76,8 @@ class Redialer:
         self._counters = counters
         self._targets: dict[str, _Target] = {}  # key: peer id
         self._in_flight: set[str] = set()
+        self.failing: dict[str, str] = {}
+        """Bootstrap address → the error of its last dial, while it fails (for ``doctor``)."""
         for addr in bootstrap:
             self._targets[peer_of(addr)] = _Target(addr, 0.0, 0.0, None)
 
@@ -123,9 +125,13 @@ class Redialer:
             if target.warned:
                 log.info("bootstrap peer reached", addr=target.addr)
                 target.warned = False
+            if target.addr is not None:
+                self.failing.pop(target.addr, None)
             target.backoff = 0.0
         except Exception as exc:  # any dial failure: back off and retry later
             self._counters["redial_failed"] = self._counters.get("redial_failed", 0) + 1
+            if target.addr is not None:
+                self.failing[target.addr] = str(exc)[:300] or type(exc).__name__
             if target.addr is not None and not target.warned:
                 # a wrong --bootstrap (dead port, another node's id, another cluster's secret)
                 # is said once, loudly; the node keeps retrying with backoff

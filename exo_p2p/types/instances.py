@@ -20,7 +20,9 @@ class ShardMetadata(msgspec.Struct, frozen=True):
     this rank loads (layers + non-layer tensors). ``boot_id`` is the node's boot id at
     placement time: a node restarted since never runs this shard (design.md §5b).
     ``ring_address`` is ``ip:port`` where this rank listens for its ring neighbours (empty
-    for single-rank instances).
+    for single-rank instances). ``weights_dtype`` is what its runner holds, decided by
+    placement: ``"stored"`` (as on disk, quantized or not) or ``"float32"`` (expanded at load,
+    a CPU node); ``share_bytes`` is in those bytes, i.e. what the runner of this shard holds.
     """
 
     node_id: NodeId
@@ -33,6 +35,7 @@ class ShardMetadata(msgspec.Struct, frozen=True):
     share_bytes: Bytes
     boot_id: str
     ring_address: str = ""
+    weights_dtype: str = "stored"
 
 
 class RankSettings(msgspec.Struct, frozen=True):

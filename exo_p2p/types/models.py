@@ -24,6 +24,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     ``intermediate_size`` (MLP width) and ``quant_group_size`` (elements per quantization
     group of the layers' linears; None = not quantized) let placement refuse a tensor split
     the runner could not load (``master.placement_split.tensor_divisibility_problem``).
+    ``float32_*`` are the same parts' bytes once expanded to float32 at load (a CPU-only
+    node's runner, ``--cpu-weights``); empty / 0 on cards from before them (never expanded).
     """
 
     model_id: ModelId
@@ -45,6 +47,39 @@ class ModelCard(msgspec.Struct, frozen=True):
     activation_dtype_bytes: int | None = None
     intermediate_size: int | None = None
     quant_group_size: int | None = None
+    float32_layer_bytes: tuple[int, ...] = ()
+    float32_embedding_bytes: Bytes = 0
+    float32_head_bytes: Bytes = 0
+    float32_norm_bytes: Bytes = 0
+
+    @property
+    def expandable(self) -> bool:
+        """The card knows the model's float32 sizes (a CPU node may then hold it in float32)."""
+        return len(self.float32_layer_bytes) == self.n_layers and self.n_layers > 0
+
+    def sized_for(self, weights_dtype: str) -> ModelCard:
+        """This card with the sizes of the weights a runner holds: ``"stored"`` → itself;
+        ``"float32"`` → the ``float32_*`` sizes in ``layer_bytes``, ``embedding_bytes``,
+        ``head_bytes``, ``norm_bytes`` and ``storage_size`` (activations then 4 bytes;
+        ``quant_group_size`` stays: a tensor rank shards the stored tensors before it expands
+        them), so every share rule of ``master.placement_split`` applies unchanged. Raises
+        ``ValueError`` for float32 on a card that is not ``expandable``, or another dtype."""
+        if weights_dtype == "stored":
+            return self
+        if weights_dtype != "float32":
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use stored or float32")
+        if not self.expandable:
+            raise ValueError(f"model {self.model_id}'s card has no float32 sizes")
+        return msgspec.structs.replace(
+            self,
+            layer_bytes=self.float32_layer_bytes,
+            embedding_bytes=self.float32_embedding_bytes,
+            head_bytes=self.float32_head_bytes,
+            norm_bytes=self.float32_norm_bytes,
+            storage_size=sum(self.float32_layer_bytes) + self.float32_embedding_bytes
+            + self.float32_head_bytes + self.float32_norm_bytes,
+            activation_dtype_bytes=4,
+        )
 
     @property
     def non_layer_bytes(self) -> int:

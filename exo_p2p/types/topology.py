@@ -27,6 +27,11 @@ class NodeProfile(msgspec.Struct, frozen=True):
     (design.md §5); ``None`` means *not measured yet* and is never treated as 0 bytes.
     ``boot_id`` changes on every start of the node process: runners are tied to it.
     ``models`` lists the model ids this node holds (their cards are in ``State.model_cards``).
+    ``backend`` is where its runners compute: ``"cpu"`` or ``"metal"`` (``""``: not said, as
+    from nodes before it). ``cpu_weights`` is what a CPU node's runners hold (``--cpu-weights``):
+    ``"auto"`` (float32 when the float32 share fits, else as stored), ``"float32"`` or
+    ``"stored"``; a Metal node, and a profile from before the field, say ``"stored"``.
+    Placement reads both (``master.placement_split.rank_weights``).
     """
 
     node_id: NodeId
@@ -40,6 +45,8 @@ class NodeProfile(msgspec.Struct, frozen=True):
     addrs: tuple[NetworkAddress, ...] = ()
     models: tuple[str, ...] = ()
     priority: int = 0
+    backend: str = ""
+    cpu_weights: str = "stored"
 
 
 class TopologyEdge(msgspec.Struct, frozen=True):

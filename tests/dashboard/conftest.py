@@ -1,5 +1,5 @@
 """Fixtures of the dashboard's browser tests: one headless chromium per test module (Debian's
-``chromium`` package driven by Playwright; ``scripts/install.sh`` installs it), a fresh page
+``chromium`` package driven by Playwright; ``scripts/install.sh --test`` installs it), a fresh page
 (own storage) per test."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        # scripts/install.sh installs it wherever it can (root with apt): there a missing
+        # scripts/install.sh --test installs it wherever it can (root with apt): there a missing
         # browser is a broken set-up, not a reason to skip.
         if os.geteuid() == 0 and shutil.which("apt-get"):
-            pytest.fail(f"no chromium at {CHROMIUM}: run scripts/install.sh (it installs Debian's package)")
+            pytest.fail(f"no chromium at {CHROMIUM}: run scripts/install.sh --test (it installs Debian's package)")
         pytest.skip(f"no chromium at {CHROMIUM} (install Debian's chromium package as root)")
     from playwright import sync_api
     with sync_api.sync_playwright() as p:

@@ -38,14 +38,22 @@ CONNECT_TIMEOUT = 45.0
 a silent connecting runner, so our error is the one reported)."""
 
 
+UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
 def hostfile_entries(ring_addresses: Sequence[str]) -> list[list[str]]:
     """The ring hostfile content for ``ring_addresses`` (one ``"ip:port"`` per rank, rank
-    order). Raises ``ValueError`` for an empty or malformed address."""
+    order). MLX's ring binds each rank's listener to its own entry, so the ring listens only
+    at the address placement chose (its traffic is plain TCP: README "Security"). Raises
+    ``ValueError`` for an empty or malformed address, or an unspecified one (``0.0.0.0``,
+    ``::``), which would listen on every interface."""
     entries = []
     for rank, address in enumerate(ring_addresses):
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"rank {rank} has no ring address 'ip:port' (got {address!r})")
+        if host in UNSPECIFIED_HOSTS:
+            raise ValueError(f"rank {rank} has the unspecified ring address {address!r}: the ring must listen at one interface's address")
         entries.append([address])
     return entries
 

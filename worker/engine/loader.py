@@ -30,6 +30,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config, load_tokenizer
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
+from worker.engine.dequantize import WEIGHTS_DTYPES, expand_to_float32
+
 END_OF_TURN_TOKENS: tuple[str, ...] = (
     "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
 )
@@ -57,7 +59,8 @@ class LoadedModel:
     and ``lm_head`` when not last). ``eos_token_ids``: every end-of-turn token id.
     ``context_length`` in tokens; ``peak_memory_bytes`` is ``mx.get_peak_memory()`` over the
     load (reset at its start). ``tensor_world_size`` > 1: every layer holds only this rank's
-    1/tensor_world_size (``engine.tensor``).
+    1/tensor_world_size (``engine.tensor``). ``weights_dtype``: ``"stored"`` (as on disk) or
+    ``"float32"`` (expanded at load, ``engine.dequantize``).
     """
 
     model: nn.Module
@@ -71,6 +74,7 @@ class LoadedModel:
     end_layer: int
     config: dict[str, Any] = field(repr=False, default_factory=dict)
     tensor_world_size: int = 1
+    weights_dtype: str = "stored"
 
     @property
     def is_first(self) -> bool:
@@ -146,12 +150,15 @@ def _shard_modules(model: nn.Module, start: int, end: int, n_layers: int, tied: 
 
 def load_model(
     model_dir: Path | str, *, start_layer: int = 0, end_layer: int | None = None,
-    tensor_group: mx.distributed.Group | None = None,
+    tensor_group: mx.distributed.Group | None = None, weights_dtype: str = "stored",
 ) -> Iterator[LoadProgress | LoadedModel]:
     """Load layers ``[start_layer, end_layer)`` (default: all) of the MLX-format model in
     ``model_dir`` and the tensors that rank needs; yield ``LoadProgress(0, n)`` first, then
     one ``LoadProgress`` per layer in memory, then the ``LoadedModel``. With ``tensor_group``
     (a group of 2 or more ranks; all layers only) load this rank's tensor shard of every layer.
+    ``weights_dtype``: ``"stored"`` keeps the weights as on disk; ``"float32"`` expands them
+    at load (``engine.dequantize.expand_to_float32``, layer by layer, after the rank's
+    modules are chosen and sharded).
 
     Raises ``FileNotFoundError`` (no config.json / safetensors) and ``ValueError`` (bad layer
     range, unknown architecture) from the first ``next()``; ``ValueError`` for a model that
@@ -159,6 +166,8 @@ def load_model(
     tensor is read.
     """
     model_dir = Path(model_dir)
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ValueError(f"unknown weights dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}")
     config = load_config(model_dir)
     n_layers = int(_text_config(config)["num_hidden_layers"])
     end = n_layers if end_layer is None else end_layer
@@ -186,6 +195,8 @@ def load_model(
 
         assert tensor_group is not None
         shard_model(model, tensor_group)
+    if weights_dtype == "float32":
+        expand_to_float32(model)
 
     layers = model.layers
     layer_ids = {id(p) for layer in layers for _, p in _flat(layer.parameters())}
@@ -212,6 +223,7 @@ def load_model(
         end_layer=end,
         config=config,
         tensor_world_size=tensor_group.size() if tensor and tensor_group is not None else 1,
+        weights_dtype=weights_dtype,
     )
 
 

@@ -102,10 +102,15 @@ class PipelineStage:
 
     Construct it on every rank at the same point (``hidden_dtype`` may be found with
     ``probe_hidden_dtype``, a collective). ``hidden_size`` is the model's hidden size.
+    ``wire_dtype``: every rank casts the hidden states it sends to this dtype (then every
+    rank's ``hidden_dtype`` is it too): one dtype between ranks whose weights differ (a
+    float32 rank next to a stored float16 one). None: send what the layers computed.
     """
 
-    def __init__(self, group: mx.distributed.Group, hidden_size: int, hidden_dtype: mx.Dtype) -> None:
+    def __init__(self, group: mx.distributed.Group, hidden_size: int, hidden_dtype: mx.Dtype,
+                 wire_dtype: mx.Dtype | None = None) -> None:
         self.group = group
+        self.wire_dtype = wire_dtype
         self.rank = group.rank()
         self.world_size = group.size()
         self.hidden_size = hidden_size
@@ -121,6 +126,8 @@ class PipelineStage:
             h = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
         h = run_layers(model, h, cache)
         if not self.is_last:
+            if self.wire_dtype is not None:
+                h = h.astype(self.wire_dtype)
             h = mx.distributed.send(h, self.rank + 1, group=self.group)
         return h
 

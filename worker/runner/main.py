@@ -275,7 +275,7 @@ class RunnerProcess:
         loaded = None
         tensor_group = self.group if self.multi and self.setup.instance.sharding == "tensor" else None
         for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer,
-                               tensor_group=tensor_group):
+                               tensor_group=tensor_group, weights_dtype=shard.weights_dtype):
             if isinstance(item, LoadProgress):
                 self.set_status(RunnerLoading(item.layers_loaded, item.layers_total))
             else:
@@ -320,15 +320,26 @@ class RunnerProcess:
         from worker.engine.forward import generation_stream
         from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
         from worker.engine.tensor import TensorStage
+        import mlx.core as mx
 
         assert self.generator is not None and self.group is not None and self.loaded is not None
         assert self.setup is not None
+        # one dtype between ranks: float32 when any rank holds float32 weights, else what the
+        # stored weights compute in (as before float32 ranks existed)
+        float32 = any(s.weights_dtype == "float32" for s in self.setup.instance.shards)
         if self.setup.instance.sharding == "tensor":
+            if float32:
+                from worker.engine.dequantize import float32_wire
+
+                float32_wire(self.loaded.model)
             self.generator.stage = TensorStage(self.group)
         else:
             cfg = self.loaded.config.get("text_config", self.loaded.config)
             hidden = int(cfg["hidden_size"])
-            self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
+            if float32:
+                self.generator.stage = PipelineStage(self.group, hidden, mx.float32, wire_dtype=mx.float32)
+            else:
+                self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
         self.all_gather = ring_all_gather(self.group, generation_stream)
         self.agreement = TaskAgreement()
 
@@ -433,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    from exo_p2p.logging import configure_runner_output
+
+    configure_runner_output()  # the node's log format for prints, warnings, tracebacks
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

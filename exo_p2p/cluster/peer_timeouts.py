@@ -1,0 +1,36 @@
+"""When the master times a node out (pure; issue 9 item 8).
+
+The master records ``NodeTimedOut`` for a node of State it has not heard from for
+``timeout`` seconds — counted from the node's last heartbeat, or from the moment this node
+became master when that is later (or the node was never heard). A new master thus gives
+every node a full timeout from the moment it becomes master: it never times out a node only
+because its own clock started earlier (at node start) or because it heard that node's last
+heartbeat, long ago, while still a follower whose view was not yet complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+
+def timed_out(
+    nodes: Iterable[str],
+    *,
+    self_id: str,
+    last_heard: Callable[[str], float | None],
+    master_since: float,
+    now: float,
+    timeout: float,
+) -> list[str]:
+    """The nodes of ``nodes`` (not ``self_id``) with ``now - max(last heard, master_since)
+    >= timeout``, in the order given. Times are the master's monotonic seconds;
+    ``last_heard(node)`` is None for a node never heard."""
+    out = []
+    for node in nodes:
+        if node == self_id:
+            continue
+        heard = last_heard(node)
+        since = master_since if heard is None else max(heard, master_since)
+        if now - since >= timeout:
+            out.append(node)
+    return out
