@@ -321,3 +321,61 @@ def test_max_moves_is_a_node_setting() -> None:
     assert build_node_config(max_moves=0).max_moves == 0
     result = CliRunner().invoke(app, ["node", "--max-moves", "-1"])
     assert result.exit_code != 0 and "max-moves" in result.output
+
+
+RUNNER_500 = ErrorInfo(500, "generation failed: RuntimeError('[ring] connection to a peer was lost')", "server_error")
+
+
+def _runner_error_script(fail_after: int):
+    inner, calls = failing_script({0: fail_after})
+
+    def script(cmd: SubmitGeneration) -> list:
+        out = inner(cmd)
+        if len(calls) == 1:  # the first task ends with the runner's own 500 instead
+            out[-1] = ErrorChunk(task_id=cmd.task_id, error=RUNNER_500)
+        return out
+
+    return script, calls
+
+
+def test_a_runner_error_moves_when_its_instance_fails() -> None:
+    """FakeMaster's instance ``inst-1`` is not in its State: it counts as failed."""
+
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script, calls = _runner_error_script(2)
+        r = await client.post("/v1/chat/completions", json=chat_body(stream=True))
+        text, _ = _stream_text(r)
+        assert text == "".join(WORDS) and [len(c.params.resume_tokens) for c in calls] == [0, 2]
+
+    run_api(body, generation=GenerationSettings(fail_wait=1.0))
+
+
+def test_a_runner_error_on_a_healthy_instance_is_the_models_own() -> None:
+    from exo_p2p.api import create_app
+
+    class HealthyInstance(FakeMaster):
+        def state(self) -> State:
+            from exo_p2p.types import Instance
+
+            inst = Instance(instance_id="inst-1", model_id=MODEL, sharding="pipeline", shards=())  # type: ignore[arg-type]
+            return msgspec_replace(super().state(), instances={"inst-1": inst})
+
+    import msgspec
+
+    msgspec_replace = msgspec.structs.replace
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            backend = HealthyInstance(nursery)
+            backend.script, calls = _runner_error_script(0)
+            transport = httpx.ASGITransport(app=create_app(backend, generation=GenerationSettings(fail_wait=1.0)))
+            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+                with trio.fail_after(10):
+                    t0 = trio.current_time()
+                    r = await client.post("/v1/chat/completions", json=chat_body())
+                    assert 0.9 <= trio.current_time() - t0 < 3.0
+            assert r.status_code == 500 and r.json()["error"]["message"] == RUNNER_500.message
+            assert len(calls) == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

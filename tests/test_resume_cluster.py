@@ -159,15 +159,20 @@ def test_1_requests_on_a_killed_node_move_to_the_other_instance(cluster):
     moved_before = _moves(api)
     print(f"\nrate {rate:.0f} tokens/s, max_tokens {max_tokens}, reference lengths {[e[2] for e in expected]}")
 
-    # every request on node 1's instance (the only one while they are submitted)
-    running = [_in_background(api, max_tokens, k) for k in kinds]
-    wait_until(lambda: running[0][1]["tokens"] >= 3, 60, interval=0.02, what="the first stream producing tokens")
+    # every request on node 1's instance (the only one while they are submitted): the seeded
+    # stream first (it is the one mid-stream at the kill), then the others, queued behind it
+    running = [_in_background(api, max_tokens, kinds[0])]
+    wait_until(lambda: len(state_of(api)["tasks"]) == 1, 10, interval=0.02, what="the first task in State")
+    running += [_in_background(api, max_tokens, k) for k in kinds[1:]]
     running.append(_in_background(api, max_tokens, GREEDY, stream=False))
-    wait_until(lambda: len(state_of(api)["tasks"]) >= 5, 5, interval=0.05, what="5 tasks in State")
-    tasks = state_of(api)["tasks"].values()
-    assert {rec["task"]["instance_id"] for rec in tasks} == {on_n1}
-    _place(api, [api_id])  # the instance they will move to
-    assert running[0][1]["ended_at"] is None and running[-1][1]["ended_at"] is None, "raise STREAM_SECONDS"
+    wait_until(lambda: len(state_of(api)["tasks"]) == 5, 10, interval=0.02, what="5 tasks in State")
+    assert {rec["task"]["instance_id"] for rec in state_of(api)["tasks"].values()} == {on_n1}
+    wait_until(lambda: running[0][1]["tokens"] >= 3, 60, interval=0.02, what="the seeded stream producing tokens")
+    # the instance they will move to: placed now, ready only after the kill (the moves wait
+    # for it: the master refuses them while it loads)
+    r = api.post("/instances", json={"model": MODEL, "nodes": [api_id], "min_nodes": 1})
+    assert r.status_code == 201, r.text
+    assert all(res["ended_at"] is None for _, res in running), "raise STREAM_SECONDS"
     sent_before_kill = running[0][1]["tokens"]
     t_kill = time.monotonic()
     n1.kill()

@@ -40,7 +40,20 @@ from starlette.types import Receive, Scope, Send
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.errors import Family, error_headers, error_info, family_error_body
-from exo_p2p.api.resume import MAX_MOVES, MOVE_BOUND, GiveUp, MoveCounters, model_given_up, movable, on_failure, on_refusal
+from exo_p2p.api.resume import (
+    FAIL_WAIT,
+    MAX_MOVES,
+    MOVABLE_CODE,
+    MOVE_BOUND,
+    GiveUp,
+    MoveCounters,
+    instance_failed,
+    model_given_up,
+    movable,
+    on_failure,
+    on_refusal,
+    suspect,
+)
 from exo_p2p.types import (
     CancelGeneration,
     Chunk,
@@ -72,8 +85,9 @@ class GenerationSettings:
     ``cancel_timeout``: the wait for ``CancelGeneration`` after a disconnect;
     ``keepalive_interval``: the longest a stream stays silent (must be < 10);
     ``max_moves``: times a request may move to another instance after a failure (0: never);
-    ``move_bound``: the longest wait for a ready instance to accept a moved request
-    (``exo_p2p.api.resume``).
+    ``move_bound``: the longest wait for a ready instance to accept a moved request;
+    ``fail_wait``: how long a runner's 500 waits for its instance to fail before it is
+    answered (``exo_p2p.api.resume``).
     """
 
     chunk_timeout: float = 600.0
@@ -82,6 +96,7 @@ class GenerationSettings:
     keepalive_interval: float = 5.0
     max_moves: int = MAX_MOVES
     move_bound: float = MOVE_BOUND
+    fail_wait: float = FAIL_WAIT
 
 
 class StreamEncoder(Protocol):
@@ -184,6 +199,8 @@ class GenerationResponse:
         self._sent_tokens: list[int] = []
         """Token ids of the chunks handed to the client so far (what a move resumes from)."""
         self._moves = 0
+        self._instance_id: str | None = None
+        """The instance the master gave the current task to."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.inflight.try_acquire():
@@ -235,6 +252,7 @@ class GenerationResponse:
         )
         self._submitted = True
         result = await self.backend.command(submit, timeout=self.settings.command_timeout)
+        self._instance_id = result.instance_id
         if result.error is not None:
             self._ended = True
             self._outcome = f"refused {result.error.status}"
@@ -268,6 +286,9 @@ class GenerationResponse:
         when the request cannot move. Records the token ids handed out."""
         while True:
             chunk = await self._receive(send)
+            if isinstance(chunk, ErrorChunk) and self.settings.max_moves and suspect(chunk.error) and await self._instance_fails(send):
+                info = chunk.error
+                chunk = ErrorChunk(task_id=chunk.task_id, error=ErrorInfo(503, info.message, info.type, info.param, MOVABLE_CODE))
             if isinstance(chunk, ErrorChunk) and movable(chunk.error):
                 error = await self._move(chunk.error, send)
                 if error is None:
@@ -276,6 +297,17 @@ class GenerationResponse:
             if isinstance(chunk, TokenChunk) and chunk.token_id is not None:
                 self._sent_tokens.append(chunk.token_id)
             return chunk
+
+    async def _instance_fails(self, send: Send) -> bool:
+        """Whether the current task's instance fails within ``fail_wait`` seconds (polled
+        from State; keep-alives meanwhile)."""
+        started = trio.current_time()
+        while trio.current_time() - started < self.settings.fail_wait:
+            if instance_failed(self.backend.state(), self._instance_id):
+                return True
+            await trio.sleep(0.25)
+            await self._keepalive_if_due(send, started)
+        return False
 
     async def _move(self, failure: ErrorInfo, send: Send) -> ErrorInfo | None:
         """Move the request after its task failed with ``failure``: submit continuations
@@ -302,6 +334,7 @@ class GenerationResponse:
             await self._keepalive_if_due(send, started)
             result = await self.backend.command(submit, timeout=timeout)
             if result.error is None:
+                self._instance_id = result.instance_id
                 self._moves += 1
                 self.counters.moved += 1
                 log.info("api.request_moved", task_id=task_id, origin=self.job.task_id, instance_id=result.instance_id,

@@ -12,9 +12,12 @@ sees one uninterrupted answer: no repeated or missing text, usage as without the
 Rules (``on_failure``, ``on_refusal``):
 
 - only failures of the serving side move: the router's ``ErrorChunk`` with
-  ``code="generation_failed"`` (status 503: instance failed, task lost, chunks lost). A
-  runner's own error (a 400 for a prompt beyond the context, a 500 from the model), a
-  timeout waiting for output (504) or a refusal are answered as before;
+  ``code="generation_failed"`` (status 503: instance failed, task lost, chunks lost), and a
+  runner's 500 (an exception while generating, e.g. "[ring] connection to a peer was lost"
+  when another rank's node died) when the task's instance fails within ``FAIL_WAIT``
+  seconds of it (``suspect``): the cluster, not the request, failed then. A runner's 500
+  whose instance stays healthy (the model's own error), a 400 (a prompt beyond the
+  context), a timeout waiting for output (504) or a refusal are answered as before;
 - a request moves at most ``max_moves`` times (default ``MAX_MOVES``); one more failure is
   answered with that failure's error;
 - a continuation the master refuses because nothing is ready yet (503 while the
@@ -45,6 +48,10 @@ the client gets the failure's error."""
 RETRY_INTERVAL = 0.5
 """Seconds between two submissions of a continuation the master refused for now."""
 
+FAIL_WAIT = 12.0
+"""Seconds a runner's 500 waits for its instance to fail (a dead node is timed out after 5 s;
+slack for a loaded machine) before it is answered as the model's own error."""
+
 MOVABLE_CODE = "generation_failed"
 """``ErrorInfo.code`` of the failures of the serving side (``exo_p2p.chunk_router``)."""
 
@@ -73,6 +80,20 @@ class GiveUp:
 def movable(error: ErrorInfo) -> bool:
     """Whether ``error`` is a failure of the serving side (a continuation may succeed)."""
     return error.code == MOVABLE_CODE and error.status == 503
+
+
+def suspect(error: ErrorInfo) -> bool:
+    """Whether ``error`` may be a failure of the serving side: a runner's 500 (it moves when
+    the task's instance fails within ``FAIL_WAIT`` seconds)."""
+    return error.status == 500
+
+
+def instance_failed(state: State, instance_id: str | None) -> bool:
+    """Whether ``instance_id`` failed or is gone from ``state`` (None: unknown, False)."""
+    if instance_id is None:
+        return False
+    instance = state.instances.get(instance_id)
+    return instance is None or instance.failed_reason is not None
 
 
 def on_failure(error: ErrorInfo, sent_tokens: tuple[int, ...], moves: int, max_moves: int) -> Move | GiveUp:
