@@ -13,8 +13,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from starlette.responses import HTMLResponse
-from starlette.routing import Route
 
 from exo_p2p.api.access import AccessPolicy
 from exo_p2p.api.generation import GenerationSettings
@@ -201,23 +199,20 @@ def test_ollama_ps_lists_ready_models_and_root_probe() -> None:
 
 
 def test_get_root_serves_the_dashboard_route_to_browsers_only() -> None:
-    async def page(request):
-        return HTMLResponse("<html>dashboard</html>")
+    """``GET /`` is negotiated: a browser (Accept: text/html) gets the page of the route named
+    ``dashboard`` (the node's own dashboard is always registered), every other client the
+    Ollama banner it probes for."""
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         browser = {"accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
         r = await client.get("/", headers=browser)
-        assert r.status_code == 200 and r.text == "<html>dashboard</html>"
-        r = await client.get("/", headers={"accept": "*/*"})
-        assert r.text == "Ollama is running"
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert r.text.lower().startswith("<!doctype html") and "dashboard" in r.text.lower()
+        for accept in ("*/*", "application/json"):
+            r = await client.get("/", headers={"accept": accept})
+            assert r.text == "Ollama is running"
 
-    run_api(body, extra_routes=[Route("/dashboard", page, name="dashboard")])
-
-    async def without(client: httpx.AsyncClient, backend: FakeMaster) -> None:
-        r = await client.get("/", headers={"accept": "text/html"})
-        assert r.text == "Ollama is running"
-
-    run_api(without)
+    run_api(body)
 
 
 # --------------------------------------------------------------------------------- OpenAI
