@@ -8,13 +8,15 @@ from pathlib import Path
 
 import msgspec
 
+from exo_p2p import defaults
+
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 52515
 DEFAULT_LISTEN_PORT = 52514
 NO_PEERS_WARNING_AFTER = 10.0
 """Seconds without any peer before a node warns "no peers found" (design.md §5c)."""
-PEER_TIMEOUT = 5.0
-"""Seconds without a heartbeat after which a peer is considered gone (design.md §5c)."""
+PEER_TIMEOUT = defaults.PEER_TIMEOUT
+"""Seconds without a heartbeat after which a peer is considered gone (``exo_p2p.defaults``)."""
 DEFAULT_PREFILL_CHUNK = 32
 """Prompt tokens per prefill step. A runner heartbeats after each step and is killed when
 silent for ``RUNNER_SILENT_GENERATING`` seconds, and in a pipeline a rank waits for the

@@ -282,11 +282,11 @@ class Node:
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
             # also re-publish when State's copy differs from what we published (we were timed
             # out, our log was replaced by another master's) once nothing of ours is in flight
-            stale = last is not None and published != last and self.member.master is not None and not self.member._pending
+            stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
             if profile_changed(last, profile) or stale:
                 self.emit_local(NodeProfileUpdated(profile))
                 last = profile
-            if published is not None and published.models != profile.models and not self.member._pending:
+            if published is not None and published.models != profile.models and self.member.outbox.idle:
                 self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
             await trio.sleep(2.0)
 
