@@ -1,4 +1,4 @@
-"""The composition root: one ``exo-p2p node`` process (design.md §2).
+"""The composition root: one ``exo-p2p node`` process (docs/architecture.md#layers).
 
 Wires the libp2p host, the cluster membership (heartbeats, election, log replication),
 the replica of the event log, the master role (while this node is master), the worker and

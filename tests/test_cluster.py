@@ -99,7 +99,7 @@ def test_lone_node_warns_no_peers(tmp_path, models_dir):
     n = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
     try:
         n.start()
-        # the warning appears after the §5c bound (10 s) plus slack
+        # the warning appears after the bound of docs/architecture.md#defaults (10 s) plus slack
         wait_until(lambda: any("no peers" in w for w in n.get("/state").json()["warnings"]), 15, what="no-peers warning")
     finally:
         n.stop()

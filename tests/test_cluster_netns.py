@@ -1,4 +1,4 @@
-"""Clusters on a LAN made of network namespaces (root; design.md §8; issue 3 "Partition and
+"""Clusters on a LAN made of network namespaces (root; docs/architecture.md#testing; issue 3 "Partition and
 heal", "Zero configuration"; field case B18).
 
 Each node runs in its own namespace (``ip netns exec``) with one veth on a Linux bridge; the

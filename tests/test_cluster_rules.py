@@ -298,3 +298,17 @@ def test_layers():
         str(p.relative_to(ROOT)) for p in (ROOT / "exo_p2p" / "cli").rglob("*.py")))
     for folder in ("exo_p2p/types", "exo_p2p/state", "exo_p2p/net", "exo_p2p/cluster"):
         assert not _violations(folder, ("exo_p2p.api", "exo_p2p.cli", "exo_p2p.node")), folder
+
+
+def test_no_reference_to_documents_outside_the_repository():
+    """Code, tests, scripts and docs point at docs/architecture.md or module docstrings only."""
+    outside = [name + ".md" for name in ("design", "cases", "style", "libp2p-notes", "cluster-split")] + ["/work/" + "shared", "../" + "shared"]
+    hits = []
+    for folder in ("exo_p2p", "master", "worker", "tests", "scripts", "docs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in {".py", ".sh", ".md", ".js", ".html", ".toml"} and path.is_file():
+                text = path.read_text(errors="replace")
+                hits += [(str(path.relative_to(ROOT)), word) for word in outside if word in text]
+    readme = (ROOT / "README.md").read_text()
+    hits += [("README.md", word) for word in outside if word in readme]
+    assert not hits, hits

@@ -1,5 +1,5 @@
 """Election and liveness rules, as pure unit tests (no processes, no sockets): field cases
-B10 (parts 2 and 3) and B13 of /work/shared/cases.md.
+B10 (parts 2 and 3) and B13 (user-reported failure scenarios).
 
 How the field cases map onto this design (no campaign messages; a claim rides in a heartbeat,
 ``hb.master == hb.node_id``; a term is claimed without votes, election rule 2; logs are
@@ -645,7 +645,7 @@ def test_state_modules_read_no_clock():
 
 def test_state_and_events_hold_no_wall_clock_field():
     """No field of State or of any event is a date/time type, and no float field has a
-    time-like name (design.md §5a: no wall-clock fields in State)."""
+    time-like name (docs/architecture.md#log-guarantees: no wall-clock fields in State)."""
     seen: set[int] = set()
     bad: list[str] = []
 

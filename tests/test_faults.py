@@ -1,4 +1,4 @@
-"""Failures end in a bounded error or a recovery, never a hang (issue 6, design.md §5b/§5c)."""
+"""Failures end in a bounded error or a recovery, never a hang (issue 6, docs/architecture.md#instance-lifecycle)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wa
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
+T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
 SLACK = 3.0
 
 

@@ -1,5 +1,5 @@
 """Link and process faults injected from outside (issue 6 "Links", field cases B07, B16, B28;
-design.md §5b, §5c).
+docs/architecture.md#instance-lifecycle).
 
 - the TCP connection between two pipeline ranks is reset mid-generation (``ss -K``; the
   nodes' libp2p links stay up): the request ends with an error within T_link, the
@@ -42,10 +42,10 @@ from tests.cluster import (
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
-T_LINK = 15.0  # design.md §5c: request error after a link between ranks drops
-T_GONE = 5.0  # design.md §5c: peer considered gone after no heartbeat for
-RUNNER_SILENT = 10.0  # design.md §5c: runner killed when silent this long while generating
+T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
+T_LINK = 15.0  # docs/architecture.md#defaults: request error after a link between ranks drops
+T_GONE = 5.0  # docs/architecture.md#defaults: peer considered gone after no heartbeat for
+RUNNER_SILENT = 10.0  # docs/architecture.md#defaults: runner killed when silent this long while generating
 SLACK = 4.0  # 2 shared cores, several helpers
 
 

@@ -1,5 +1,5 @@
-"""B07 (shared/cases.md): a dead runner's instance is never chosen again, and with no healthy
-instance left a request gets a 503 at once (issue 6, failure 2; design.md §5b/§5c).
+"""Field case B07: a dead runner's instance is never chosen again, and with no healthy
+instance left a request gets a 503 at once (issue 6, failure 2; docs/architecture.md#instance-lifecycle).
 
 One node serves two 1-node instances I1, I2 of the tiny model. I1's runner is aborted
 (SIGABRT) while idle; once its failure is in State, 5 sequential requests all succeed and
@@ -22,7 +22,7 @@ from tests.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
+T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
 SLACK = 3.0
 
 

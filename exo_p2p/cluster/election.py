@@ -1,6 +1,6 @@
 """Who is master: deterministic rules over the heartbeats a node has heard (pure).
 
-Rules (design.md §4.8, §5a; issue 3 "Election"):
+Rules (docs/architecture.md#request-flow; issue 3 "Election"):
 
 1. **Follow a sitting master.** Among the nodes heard from within the liveness timeout
    (this node included) that claim to be master, follow the one ranked highest by

@@ -1,5 +1,5 @@
 """``apply(State, IndexedEvent) -> State``: the one pure rule by which every node builds the
-replicated State (design.md §4.4). Deterministic, no I/O, no clocks; the input State is
+replicated State (docs/architecture.md#request-flow). Deterministic, no I/O, no clocks; the input State is
 never mutated (a new State is returned)."""
 
 from __future__ import annotations

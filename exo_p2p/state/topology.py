@@ -1,4 +1,4 @@
-"""The topology graph and the cycle search placement uses (design.md §3 "topology", "cycle").
+"""The topology graph and the cycle search placement uses (docs/architecture.md#vocabulary "topology", "cycle").
 
 A ``Topology`` is the directed reachability graph of State restricted to some nodes: an edge
 A→B exists when State holds ``edges[A][B]`` with an address at which B can be dialled (an IP,

@@ -1,4 +1,4 @@
-"""The runner process: holds one shard of one instance and runs it (design.md §3, §5).
+"""The runner process: holds one shard of one instance and runs it (docs/architecture.md#vocabulary).
 
 Started by the worker's supervisor as ``python -m worker.runner.main --in-fd N --out-fd M``.
 It reads ``RunnerSetup`` and then tasks from ``in-fd``, and writes status, chunks and
@@ -20,7 +20,7 @@ decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SEC
 decode even when the machine slows down after warm-up (case B15). Every rank reports task status; rank 0 alone emits the chunks (every rank
 holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
 sent from the main loop only: a rank blocked in a collective because a peer died falls
-silent and its supervisor kills it (design.md §5c).
+silent and its supervisor kills it (docs/architecture.md#defaults).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ IDLE_ROUND_INTERVAL = 0.1
 request waits before every rank has agreed on it, plus delivery skew)."""
 
 CHECK_SECONDS = 1.0
-"""Target seconds of decode between agreement rounds (design.md: a check at least every ~2 s;
+"""Target seconds of decode between agreement rounds (docs/architecture.md#rules: a check at least every ~2 s;
 1 s leaves room for decode slowing down between two rounds, and a round — one all-gather of
 a few hundred bytes — costs about a millisecond)."""
 
