@@ -76,6 +76,11 @@ class Network:
         self._subscribers: dict[str, list[_Subscriber]] = {}
         host.get_network().register_notifee(self._peers)
 
+    @property
+    def bootstrap_failures(self) -> dict[str, str]:
+        """Bootstrap addresses that cannot be dialled now, with the last error of each."""
+        return dict(self._redialer.failing) if self._redialer is not None else {}
+
     # -- identity and addresses -------------------------------------------------------------
     @property
     def node_id(self) -> str:
