@@ -16,6 +16,8 @@ HEARTBEAT_MIN_GAP = 0.1
 10 heartbeats/s, as a gossiped heartbeat costs each receiver ~4 ms of CPU."""
 PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
+DIRECT_HEARTBEAT_TIMEOUT = 2.0
+"""Seconds a direct heartbeat to the master may take at most (and at most half ``PEER_TIMEOUT``)."""
 DISCONNECT_GRACE = 1.0
 """Seconds a peer whose last connection closed still counts as reachable: a killed process
 is noticed in ~0.2 s, a brief reconnect is tolerated."""
@@ -33,6 +35,8 @@ ELECTION_TICK = 0.1
 """Seconds between two passes of the election loop."""
 CLAIM_PROBE_TIMEOUT = 3.0
 """Seconds a node waits for a master claimer to answer for its log (``cluster.claims``)."""
+CLAIM_RECHECK_AFTER = 5.0
+"""Seconds after which a refused master claim is probed again (the claimer may have caught up)."""
 
 # --- local events and the replicated log --------------------------------------------------------
 RESEND_INTERVAL = 1.0
