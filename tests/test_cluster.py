@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, converged, states, wait_until
 
 pytestmark = pytest.mark.integration
@@ -16,9 +16,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, seed=1)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, seed=1)
 
 
 def node_ids(cluster):

@@ -7,20 +7,12 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import T_FAIL
 from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
 SLACK = 3.0
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _self_id(node):

@@ -24,7 +24,7 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import T_FAIL, T_GONE, T_LINK
 from tests.cluster import (
     REPO,
     Cluster,
@@ -42,18 +42,8 @@ from tests.cluster import (
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
-T_LINK = 15.0  # docs/architecture.md#defaults: request error after a link between ranks drops
-T_GONE = 5.0  # docs/architecture.md#defaults: peer considered gone after no heartbeat for
 RUNNER_SILENT = 10.0  # docs/architecture.md#defaults: runner killed when silent this long while generating
 SLACK = 4.0  # 2 shared cores, several helpers
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _stream(node, max_tokens: int = 4000) -> tuple[threading.Thread, dict]:
@@ -110,10 +100,7 @@ def test_ring_link_fault_mid_generation_fails_the_instance_within_bound(tmp_path
     try:
         cluster.start()
         a, b = cluster.nodes
-        r = a.post("/instances", json={"model": MODEL, "min_nodes": 2})
-        assert r.status_code == 201, r.text
-        iid = r.json()["instance_id"]
-        wait_until(lambda: a.get(f"/instances/{iid}").json()["status"] == "ready", 120, what="2-rank instance ready")
+        iid = a.place_and_wait(MODEL, timeout=120, min_nodes=2)["instance_id"]  # both ranks ready
         runners = a.children() + b.children()
         assert len(runners) == 2
         ring = _ring_connections(runners)

@@ -17,14 +17,12 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import NEW_MASTER, T_GONE as PEER_GONE, tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
 PROMPT = "tell me a long story about the sea"
-PEER_GONE = 5.0  # docs/architecture.md#defaults: peer considered gone after no heartbeat for
-NEW_MASTER = 5.0  # docs/architecture.md#defaults: new master agreed, after the old one is gone, within
 SLACK = 5.0  # load on a shared 2-core machine
 CONTEXT = 8192  # tokens: room for streams that outlive the election
 STREAM_SECONDS = 8.0  # how long one stream should last at the measured rate
@@ -32,9 +30,7 @@ STREAM_SECONDS = 8.0  # how long one stream should last at the measured rate
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5, context_length=CONTEXT)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=6, hidden_size=128, intermediate_size=256, seed=5, context_length=CONTEXT)
 
 
 def _body(max_tokens: int, stream: bool) -> dict:

@@ -47,23 +47,16 @@ from exo_p2p.types import (
     ShardMetadata,
     State,
 )
+from tests.conftest import T_FAIL
 from tests.cluster import Cluster, NodeProcess, wait_until
 from worker.plan import LocalRunner, plan
 
 MODEL = "tiny"
-T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
 SILENT_LOADING = 60.0  # docs/architecture.md#defaults: runner killed when silent this long while loading/warming up
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3
 RUNNER_MODULE = "worker.runner.main"
 DEAD = ("shutdown", "failed")
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 BIG = "tiny-wide"

@@ -17,20 +17,17 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import T_FAIL, tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # docs/architecture.md#defaults: request error after a node or runner process dies
 SLACK = 3.0
 
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
 
 
 def _log_records(node: NodeProcess, event: str) -> list[dict]:
