@@ -7,7 +7,7 @@ router also watches the replicated State: a task of ours whose instance failed g
 ``ErrorChunk`` (503) naming the reason at once; a task a runner failed, or one that
 disappears, gets it when its own last chunk has not arrived within ``failed_grace`` /
 ``grace`` seconds (the runner's error chunk, e.g. a 400 for a prompt longer than the
-context, may arrive after the event) — so no request waits forever (design.md §5b, §5c).
+context, may arrive after the event) — so no request waits forever (docs/architecture.md#instance-lifecycle).
 
 Chunks from another node carry their position in the task's stream; they pass through the
 task's ``exo_p2p.chunk_order.ChunkOrder`` (in order, each once) and a gap that does not fill

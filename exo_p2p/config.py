@@ -1,4 +1,4 @@
-"""Node settings and their defaults (design.md §5c). Every default is configurable."""
+"""Node settings and their defaults (docs/architecture.md#defaults). Every default is configurable."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ from pathlib import Path
 
 import msgspec
 
+from exo_p2p import defaults
+
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 52515
 DEFAULT_LISTEN_PORT = 52514
 NO_PEERS_WARNING_AFTER = 10.0
-"""Seconds without any peer before a node warns "no peers found" (design.md §5c)."""
-PEER_TIMEOUT = 5.0
-"""Seconds without a heartbeat after which a peer is considered gone (design.md §5c)."""
+"""Seconds without any peer before a node warns "no peers found" (docs/architecture.md#defaults)."""
+PEER_TIMEOUT = defaults.PEER_TIMEOUT
+"""Seconds without a heartbeat after which a peer is considered gone (``exo_p2p.defaults``)."""
 DEFAULT_PREFILL_CHUNK = 32
 """Prompt tokens per prefill step. A runner heartbeats after each step and is killed when
 silent for ``RUNNER_SILENT_GENERATING`` seconds, and in a pipeline a rank waits for the
 whole chunk to pass the ranks before it, so a chunk must stay well under that bound of
 work on the slowest node: ~32 tokens is 3–6 s for SmolLM2 on a loaded 2-core CPU
-(design.md §5c: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
+(docs/architecture.md#defaults: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
 RUNNER_SILENT_GENERATING = 10.0
 """Seconds a runner may stay silent while generating before its supervisor kills it."""
 CPU_WEIGHTS = ("auto", "float32", "stored")
@@ -31,7 +33,7 @@ RUNNER_SILENT_LOADING = 60.0
 
 def default_data_dir() -> Path:
     """``$EXO_P2P_HOME``, else ``$XDG_DATA_HOME/exo-p2p``, else ``~/.local/share/exo-p2p``
-    (design.md §5c; ``--data-dir`` wins over all of these)."""
+    (docs/architecture.md#defaults; ``--data-dir`` wins over all of these)."""
     env = os.environ.get("EXO_P2P_HOME")
     if env:
         return Path(env).expanduser()
@@ -77,7 +79,7 @@ class NodeConfig(msgspec.Struct):
     """Everything ``exo-p2p node`` is started with.
 
     Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
-    (design.md §5). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
+    (docs/architecture.md#rules). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
     in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
     tokens. ``compact_every`` is the number of events in the log at which it is compacted
     into a snapshot of State (``exo_p2p.replica``). ``cpu_weights`` (one of ``CPU_WEIGHTS``)

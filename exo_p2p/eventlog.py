@@ -62,7 +62,7 @@ class EventLog:
 
     ``EventLog(path)`` opens (creating) the file, truncates a torn tail and loads the
     events; ``events`` holds them in file order. ``append`` writes one frame and, with
-    ``sync=True``, fsyncs so the event survives a crash (design.md §5a: in a one-node cluster
+    ``sync=True``, fsyncs so the event survives a crash (docs/architecture.md#log-guarantees: in a one-node cluster
     an event is committed once persisted). Not safe for use by two processes at once.
     """
 
@@ -101,7 +101,7 @@ class EventLog:
 
     def truncate_after(self, idx: int) -> None:
         """Drop every event with index > ``idx`` (used when a node's tail diverges from the
-        master's log, design.md §5a)."""
+        master's log, docs/architecture.md#log-guarantees)."""
         keep = [e for e in self.events if e.idx <= idx]
         if len(keep) == len(self.events):
             return

@@ -1,4 +1,4 @@
-"""The composition root: one ``exo-p2p node`` process (design.md §2).
+"""The composition root: one ``exo-p2p node`` process (docs/architecture.md#layers).
 
 Wires the libp2p host, the cluster membership (heartbeats, election, log replication),
 the replica of the event log, the master role (while this node is master), the worker and
@@ -59,18 +59,64 @@ class Node:
     """One node process. ``await Node(config).run()`` serves until cancelled or signalled."""
 
     def __init__(self, config: NodeConfig) -> None:
+        """Build every part that needs no network: identity, replica, model store, worker and
+        the master hooks. ``run`` opens the libp2p host and builds the cluster member on it.
+        Raises ``OSError`` when the data dir cannot be read."""
+        from exo_p2p.cluster.member import ClusterMember, MasterHooks
+        from exo_p2p.models.store import ModelStore
+        from exo_p2p.net import Network, load_or_create_identity, new_boot_id
+        from master.role import MasterRole
+        from worker.worker import Worker
+
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.router = ChunkRouter()
         self.started = trio.Event()
-        self.master = None
+        self.exit_reason: str | None = None
+        """Why the node gave up (a duplicate identity), or None."""
+        self.api_port: int | None = None
+        self.chunks_refused = 0
         self._task_api_node: dict[str, str] = {}
         self._task_rank0: dict[str, str] = {}
-        self.chunks_refused = 0
         self._chunk_numbering = ChunkNumbering()
-        self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
         self._local_cards: list[ModelCard] = []
-        self.api_port: int | None = None
+        # identity and storage
+        self.identity = load_or_create_identity(self.data_dir, new=config.new_identity)
+        self.node_id: str = self.identity.node_id
+        self.boot_id: str = new_boot_id()
+        self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
+        self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs])
+        # the worker, fed by the replica
+        self.worker = Worker(
+            self.node_id,
+            self.boot_id,
+            self.state,
+            self.emit_local,
+            self.route_chunk,
+            lambda model_id: self.store.resolve(model_id),
+            prefill_chunk_size=config.prefill_chunk_size,
+            fault_hooks=config.fault_hooks,
+            runner_env=self._runner_environment(),
+        )
+        self.replica.listeners.append(self._track_tasks)
+        self.replica.listeners.append(self.router.on_event)
+        self.replica.snapshot_listeners.append(lambda _s: self.worker.wake())
+        self.replica.listeners.append(lambda _e, _s: self.worker.wake())
+        # the master role, driven by the cluster member while this node is master
+        self.master: MasterRole | None = None
+        self.hooks = MasterHooks(
+            start=self._start_master,
+            stop=self._stop_master,
+            accept_local=self._master_accept,
+            command=self._master_command,
+            emit=self._master_emit,
+        )
+        # built in run(), on the open libp2p host
+        self.net: Network | None = None
+        self.member: ClusterMember | None = None
+        self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
+        self._nursery: trio.Nursery | None = None
+        self._master_scope: trio.CancelScope | None = None
 
     # --- events -------------------------------------------------------------------------
     def emit_local(self, event: Event) -> None:
@@ -94,6 +140,7 @@ class Node:
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()
+        assert self._nursery is not None
         self._nursery.start_soon(self._run_master_duties, self.master, self._master_scope)
 
     async def _run_master_duties(self, master, scope: trio.CancelScope) -> None:  # type: ignore[no-untyped-def]
@@ -102,9 +149,8 @@ class Node:
 
     async def _stop_master(self) -> None:
         self.master = None
-        scope = getattr(self, "_master_scope", None)
-        if scope is not None:
-            scope.cancel()
+        if self._master_scope is not None:
+            self._master_scope.cancel()
 
     async def _master_accept(self, local: LocalEvent) -> None:
         if self.master is not None:
@@ -174,8 +220,7 @@ class Node:
             warnings.append(self.member.duplicate_identity)
         if self.member.master is None:
             warnings.append("no master elected yet")
-        redialer = getattr(self.net, "_redialer", None)
-        for addr, error in sorted(getattr(redialer, "failing", {}).items()):
+        for addr, error in sorted(self.net.bootstrap_failures.items()):
             # the prefix is what `exo-p2p doctor` looks for
             warnings.append(f"bootstrap peer unreachable: {addr}: {error}")
         counters = dict(self.net.counters)
@@ -283,11 +328,11 @@ class Node:
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
             # also re-publish when State's copy differs from what we published (we were timed
             # out, our log was replaced by another master's) once nothing of ours is in flight
-            stale = last is not None and published != last and self.member.master is not None and not self.member._pending
+            stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
             if profile_changed(last, profile) or stale:
                 self.emit_local(NodeProfileUpdated(profile))
                 last = profile
-            if published is not None and published.models != profile.models and not self.member._pending:
+            if published is not None and published.models != profile.models and self.member.outbox.idle:
                 self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
             await trio.sleep(2.0)
 
@@ -343,50 +388,20 @@ class Node:
         from exo_p2p.api.access import AccessPolicy, is_loopback_host
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
+        from exo_p2p.cluster.member import ClusterMember, ClusterSettings
         from exo_p2p.logging import console_note
-        from exo_p2p.models.store import ModelStore
-        from exo_p2p.cluster.member import ClusterMember, ClusterSettings, MasterHooks
-        from exo_p2p.net import NetConfig, load_or_create_identity, new_boot_id, open_host
-        from worker.worker import Worker
+        from exo_p2p.net import NetConfig, open_host
 
         cfg = self.config
-        identity = load_or_create_identity(self.data_dir, new=cfg.new_identity)
-        self.node_id = identity.node_id
-        self.boot_id = new_boot_id()
-        self.replica = Replica(self.data_dir / "events.log", compact_every=cfg.compact_every)
-        self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs])
         secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
         net_config = NetConfig(
-            identity=identity,
+            identity=self.identity,
             listen_host=cfg.listen_host,
             listen_port=cfg.listen_port,
             cluster=cfg.cluster,
             cluster_secret=secret,
             bootstrap=tuple(cfg.bootstrap),
             mdns=cfg.mdns,
-        )
-        runner_env = self._runner_environment()
-        self.worker = Worker(
-            self.node_id,
-            self.boot_id,
-            self.state,
-            self.emit_local,
-            self.route_chunk,
-            lambda model_id: self.store.resolve(model_id),
-            prefill_chunk_size=cfg.prefill_chunk_size,
-            fault_hooks=cfg.fault_hooks,
-            runner_env=runner_env,
-        )
-        self.replica.listeners.append(self._track_tasks)
-        self.replica.listeners.append(self.router.on_event)
-        self.replica.snapshot_listeners.append(lambda _s: self.worker.wake())
-        self.replica.listeners.append(lambda _e, _s: self.worker.wake())
-        hooks = MasterHooks(
-            start=self._start_master,
-            stop=self._stop_master,
-            accept_local=self._master_accept,
-            command=self._master_command,
-            emit=self._master_emit,
         )
         async with open_host(net_config) as net:
             self.net = net
@@ -395,7 +410,7 @@ class Node:
                 self.replica,
                 self.node_id,
                 self.boot_id,
-                hooks,
+                self.hooks,
                 priority=cfg.priority,
                 settings=ClusterSettings(fault_hooks=dict(cfg.fault_hooks)),  # gossip faults: tests only
                 on_chunks=self._receive_chunks,
@@ -466,8 +481,7 @@ class Node:
             node_scope.cancel()
 
     def close(self) -> None:
-        if hasattr(self, "replica"):
-            self.replica.close()
+        self.replica.close()
 
 
 def _with_fault_hooks(profile: NodeProfile, hooks: dict[str, str]) -> NodeProfile:
@@ -565,7 +579,12 @@ def run_node(config: NodeConfig) -> int:
     except StartupError as exc:
         report_error(str(exc))
         return 1
-    node = Node(config)
+    try:
+        node = Node(config)
+    except OSError as exc:
+        report_error(str(exc))
+        lock.close()
+        return 1
     try:
         trio.run(_run_until_signal, node)
     except OSError as exc:
@@ -580,7 +599,7 @@ def run_node(config: NodeConfig) -> int:
     finally:
         node.close()
         lock.close()
-    if getattr(node, "exit_reason", None):
+    if node.exit_reason:
         report_error(node.exit_reason)
         return 1
     return 0

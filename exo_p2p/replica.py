@@ -1,4 +1,4 @@
-"""A node's copy of the replicated log and State (design.md §4.4, §5a).
+"""A node's copy of the replicated log and State (docs/architecture.md#request-flow).
 
 Indexed events are applied strictly in ``idx`` order: a duplicate is ignored, an event
 ahead of the next index is buffered until the gap is filled. Every applied event is
@@ -9,7 +9,7 @@ back.
 While this node is master (``defer_sync``), offers are written to the log at once but fsynced
 only by ``sync()``, which the cluster member calls before an event leaves the node (publish,
 log fetch, the commit of a lone node): one fsync per burst the master sequences, and nothing
-another node or a client sees was not persisted first (design.md §5a).
+another node or a client sees was not persisted first (docs/architecture.md#log-guarantees).
 The log is compacted: ``snapshot.msgpack`` holds the State as of some index and the log
 holds only the events after it; a node far behind installs a peer's snapshot instead of
 replaying every event. Waiters are woken on every change.
@@ -152,7 +152,7 @@ class Replica:
         self._notify()
 
     def truncate_after(self, idx: int) -> None:
-        """Drop applied events after ``idx`` and rebuild State (design.md §5a: a node whose
+        """Drop applied events after ``idx`` and rebuild State (docs/architecture.md#log-guarantees: a node whose
         log holds indices the master's log does not takes the master's)."""
         if idx < self.base_idx:
             raise ValueError(f"cannot truncate to {idx}: events up to {self.base_idx} are in the snapshot")

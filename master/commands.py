@@ -1,4 +1,4 @@
-"""Command handling: the master's pure decision for each command (design.md §4.3, §5b).
+"""Command handling: the master's pure decision for each command (docs/architecture.md#request-flow).
 
 ``handle_command(state, command) -> Decision``: the events to sequence and the answer for
 the caller. No I/O; the master role sequences the events, waits for them to commit and only

@@ -1,4 +1,4 @@
-"""Placement: choose a cycle of nodes and a shard per node for a model (design.md §5, issue 4).
+"""Placement: choose a cycle of nodes and a shard per node for a model (docs/architecture.md#rules, issue 4).
 
 Pure functions of ``State`` and a ``ModelCard``; no I/O, no clock, no randomness: the same input
 always gives the same ``Instance``.
@@ -114,7 +114,7 @@ class Preview(msgspec.Struct, frozen=True):
 
 def required_bytes(storage_size: int) -> int:
     """Bytes a cycle must offer for a model of ``storage_size`` bytes: ``ceil(1.1 * size)``,
-    in integers (the seed's 10% headroom, design.md §5)."""
+    in integers (10% headroom, docs/architecture.md#rules)."""
     return -(-storage_size * 11 // 10)
 
 

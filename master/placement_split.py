@@ -1,4 +1,4 @@
-"""How one cycle's ranks share a model: pipeline layer split and tensor shares (design.md §5).
+"""How one cycle's ranks share a model: pipeline layer split and tensor shares (docs/architecture.md#rules).
 
 Pure arithmetic on integers (bytes, layers); no State. A rank's *share* is the bytes it loads.
 """

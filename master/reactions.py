@@ -1,4 +1,4 @@
-"""What the master does on its own after applying an event (pure; design.md §5b).
+"""What the master does on its own after applying an event (pure; docs/architecture.md#instance-lifecycle).
 
 ``react(state, event) -> tuple[Event, ...]`` is called by the master role after each event
 it indexed, with the State that includes it. Returned events are sequenced right after.
@@ -29,7 +29,7 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
       and the instance's unfinished tasks fail and are removed;
     - a node that timed out fails every instance with a shard on it;
     - a node that restarted (its profile carries a new boot id) fails every instance with a
-      shard placed on its previous boot: runners are never revived (design.md §5b).
+      shard placed on its previous boot: runners are never revived (docs/architecture.md#instance-lifecycle).
     """
     if isinstance(event, TaskStatusUpdated) and event.status in FINISHED_TASK_STATUSES:
         return (TaskDeleted(event.task_id),) if event.task_id in state.tasks else ()

@@ -1,4 +1,4 @@
-"""Automatic re-placement of failed instances (design.md §5b).
+"""Automatic re-placement of failed instances (docs/architecture.md#instance-lifecycle).
 
 A failed instance is re-placed (new instance id, ``replaces`` = the failed one, ``attempt``
 + 1) after a backoff of ``BACKOFF_BASE * 2**attempt`` seconds, when the model fits

@@ -1,4 +1,4 @@
-"""The master role: the single writer of the replicated log (design.md §4.3).
+"""The master role: the single writer of the replicated log (docs/architecture.md#request-flow).
 
 It accepts local events (de-duplicated per origin), decides commands, indexes every
 resulting event with ``(term, idx)``, hands it to the node's replica (which persists and
@@ -39,7 +39,7 @@ class MasterRole:
 
     ``replica`` is this node's replica (the master's State is the replica's State);
     ``publish`` is awaited for every indexed event (never raises: gossip counts its own
-    drops); ``wait_committed(idx)`` returns once event ``idx`` is committed (design.md §5a:
+    drops); ``wait_committed(idx)`` returns once event ``idx`` is committed (docs/architecture.md#log-guarantees:
     persisted in a one-node cluster, applied by another node otherwise).
     """
 

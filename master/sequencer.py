@@ -1,4 +1,4 @@
-"""Per-origin de-duplication of local events (design.md §4.3, §5a).
+"""Per-origin de-duplication of local events (docs/architecture.md#request-flow).
 
 Each node numbers the events it produces ``1, 2, 3, …`` per boot and re-sends every event
 until it sees it come back indexed, so the master receives duplicates and, after a loss,

@@ -19,7 +19,7 @@ a new one, as a user would) before the next round.
 Printed at the end:
 - requests sent, completed, failed with an error (HTTP error status, SSE error event, or a
   transport error such as the API node itself being killed), hung;
-- hung: a request that did not end within its bound: the design.md §5c bound of the last
+- hung: a request that did not end within its bound: the docs/architecture.md#defaults bound of the last
   fault injected while it was open plus 5 s (10 s for node/runner deaths, 15 s for a link),
   or 60 s without any fault. Must be 0;
 - events lost (must be 0): a local event a node sent that never appears in the log. After
@@ -71,7 +71,7 @@ from tests.cluster import (  # noqa: E402
 )
 
 MODEL = "tiny"
-#: design.md §5c: a request ends with an error within 10 s of a node or runner death, 15 s of
+#: docs/architecture.md#defaults: a request ends with an error within 10 s of a node or runner death, 15 s of
 #: a link drop; the chaos run allows 5 s more (the acceptance of issue 6).
 BOUND = {"kill_node": 10.0, "kill_master": 10.0, "kill_runner": 10.0, "drop_link": 15.0}
 SLACK = 5.0
@@ -261,10 +261,10 @@ def inject(run: Run, kind: str, rng: random.Random, down: float) -> Fault:
 
 
 def is_hung(run: Run, req: Request) -> bool:
-    """A request is hung when it never ended (read timeout), or ended later than the §5c
-    bound + 5 s after the last fault injected while it was open (a request that completed,
-    moved to another instance: that bound + the move bound), or later than 65 s after it
-    started when no fault hit it."""
+    """A request is hung when it never ended (read timeout), or ended later than the bound of
+    docs/architecture.md#defaults + 5 s after the last fault injected while it was open (a
+    request that completed, moved to another instance: that bound + the move bound), or later
+    than 65 s after it started when no fault hit it."""
     if req.outcome == "hung" or req.ended is None:
         return True
     hits = [f for f in run.faults if req.started <= f.at <= req.ended]
@@ -389,7 +389,7 @@ def main() -> int:
         ("failed with an error", str(failed), "HTTP error, SSE error event or transport error"),
         ("moved after a failure", str(sum(m for m, _ in run.moves.values())), "continuations accepted (node counters)"),
         ("failed after a failure", str(sum(f for _, f in run.moves.values())), "could not move or moved too often (node counters)"),
-        ("hung", str(hung), "must be 0 (no end within the §5c bound + 5 s)"),
+        ("hung", str(hung), "must be 0 (no end within the bound of docs/architecture.md#defaults + 5 s)"),
         ("events lost", str(pending_left + holes), f"pending after settle {pending_left}, log holes {holes}; must be 0"),
         ("worst fault -> error", f"{worst_fault_to_error:.1f} s", "bound 10 s (node/runner), 15 s (link)"),
         ("recovery (median / max)", f"{sorted(recoveries)[len(recoveries) // 2]:.1f} / {max(recoveries):.1f} s" if recoveries else "-", f"fault -> 3 nodes agree and an instance is ready (a killed node is down {args.down:.0f} s)"),

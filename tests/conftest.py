@@ -1,4 +1,7 @@
-"""Test-process setup: the optimised BLAS, as a runner has it (``worker/blas.py``).
+"""Shared test setup: the optimised BLAS, the bounds tests assert, and the fixtures many test
+modules need (a models dir with a tiny synthetic model, a node with the embedded model placed).
+
+The BLAS (``worker/blas.py``), as a runner has it:
 
 A runner is started with the optimised BLAS preloaded (``LD_PRELOAD``); this process was
 not, so it loads the same library with ``RTLD_GLOBAL`` before anything imports
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+import pytest
 
 from worker import blas
 
@@ -29,3 +35,53 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     the optimised BLAS preloaded as the supervisor does for a runner (one thread each, unless
     ``OPENBLAS_NUM_THREADS`` is set: several ranks share this machine's cores)."""
     return blas.runner_environment({**os.environ, **(extra or {})}, BLAS_LIBRARY, 1)
+
+
+# --- bounds (docs/architecture.md#defaults, "Bounds the tests assert") ----------------------------
+T_FAIL = 10.0
+"""Seconds within which a request ends with an error after a node or runner process dies."""
+T_LINK = 15.0
+"""Seconds within which a request ends with an error after a link between ranks drops."""
+T_GONE = 5.0
+"""Seconds without a heartbeat after which a peer is gone (``exo_p2p.defaults.PEER_TIMEOUT``)."""
+NEW_MASTER = 5.0
+"""Seconds within which a new master is agreed after the old one is gone."""
+
+# --- models -----------------------------------------------------------------------------------------
+TINY_MODEL = "tiny"
+"""The synthetic model's id in the ``models_dir`` fixtures."""
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+"""The real model every node can serve without downloads (slow on CPU: a handful of e2e tests)."""
+STREAMING_MODEL = {"n_layers": 6, "hidden_size": 128, "intermediate_size": 256, "seed": 5}
+"""Parameters of a tiny model slow enough on CPU that a long generation streams for seconds."""
+
+
+def tiny_models_dir(tmp_path_factory, model: str = TINY_MODEL, **params) -> Path:  # type: ignore[no-untyped-def]
+    """A fresh models dir holding one synthetic model ``model`` made with ``params``
+    (``exo_p2p.models.synthetic.make_synthetic_model``)."""
+    from exo_p2p.models.synthetic import make_synthetic_model
+
+    directory = tmp_path_factory.mktemp("models")
+    make_synthetic_model(directory / model, **params)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """A models dir with the streaming tiny model (``STREAMING_MODEL``); a module that needs
+    another model defines its own ``models_dir`` with ``tiny_models_dir``."""
+    return tiny_models_dir(tmp_path_factory, **STREAMING_MODEL)
+
+
+@pytest.fixture(scope="module")
+def embedded_node(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One node process with the embedded model placed and ready (stopped at the end)."""
+    from tests.cluster import NodeProcess
+
+    node = NodeProcess(tmp_path_factory.mktemp("node"))
+    try:
+        node.start()
+        node.place_and_wait(EMBEDDED_MODEL, timeout=300)
+        yield node
+    finally:
+        node.stop()

@@ -1,5 +1,5 @@
 """The HTTP API against a fake node backend: OpenAI chat completions (SSE and JSON), error
-mapping (design.md §5b), disconnect → cancel, queue limit, cluster endpoints, and the real
+mapping (docs/architecture.md#instance-lifecycle), disconnect → cancel, queue limit, cluster endpoints, and the real
 hypercorn server with the official ``openai`` client.
 
 Tests are sync functions that call ``trio.run``; every wait is bounded by ``trio.fail_after``.

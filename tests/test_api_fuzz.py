@@ -1,6 +1,6 @@
 """Hostile requests against every endpoint of the HTTP API (hypothesis).
 
-Properties: no answer is a 5xx (with the fake backend every model is ready, so design.md §5b
+Properties: no answer is a 5xx (with the fake backend every model is ready, so docs/architecture.md#instance-lifecycle
 prescribes none), every error is OpenAI-shaped JSON, and after any sequence of hostile
 requests the API still serves a good chat completion — with a queue limit of 1, so a
 generation slot leaked by a bad request would show up as a 429.

@@ -23,7 +23,6 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import Cluster, states, wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,13 +31,6 @@ STOP_BOUND = 5.0  # B15: runners back to Ready within 5 s of the client closing
 CYCLES = 20
 READ_TOKENS = 5
 LONG = 1000
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _stream_then_close(node, n_tokens: int) -> tuple[str, int, float]:
@@ -115,10 +107,7 @@ def test_cancel_stops_both_ranks_and_twenty_cancels_leave_nothing_behind(tmp_pat
     try:
         cluster.start()
         a, b = cluster.nodes
-        r = a.post("/instances", json={"model": MODEL, "min_nodes": 2})
-        assert r.status_code == 201, r.text
-        iid = r.json()["instance_id"]
-        wait_until(lambda: a.get(f"/instances/{iid}").json()["status"] == "ready", 90, what="2-rank instance ready")
+        iid = a.place_and_wait(MODEL, timeout=90, min_nodes=2)["instance_id"]  # both ranks ready
         assert len(a.get(f"/instances/{iid}").json()["shards"]) == 2
 
         def greedy():

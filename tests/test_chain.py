@@ -1,5 +1,5 @@
 """The event log's hash chain (exo_p2p.state.chain) and the log check that uses it
-(``exo_p2p.cluster.member.tail_diverged``): two masters that claimed the same term produce
+(``exo_p2p.cluster.log_sync.tail_diverged``): two masters that claimed the same term produce
 logs with equal (idx, term) pairs but different events; a follower of one that starts
 following the other must see that its tail diverged (found by scripts/chaos.py: a restarted
 master, alone for the settle time, claimed the term the others had already used)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.cluster.member import tail_diverged
+from exo_p2p.cluster.log_sync import tail_diverged
 from exo_p2p.cluster.messages import LogRequest
 from exo_p2p.replica import Replica
 from exo_p2p.state.chain import chain_base, chain_step

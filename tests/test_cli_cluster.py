@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import tiny_models_dir
 from tests.cluster import REPO, NodeProcess, converged, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -25,9 +25,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=3)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, hidden_size=64, intermediate_size=128, seed=3)
 
 
 def readme_two_node_recipe() -> str:

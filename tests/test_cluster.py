@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, converged, states, wait_until
 
 pytestmark = pytest.mark.integration
@@ -16,9 +16,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, seed=1)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, seed=1)
 
 
 def node_ids(cluster):
@@ -99,7 +97,7 @@ def test_lone_node_warns_no_peers(tmp_path, models_dir):
     n = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir)])
     try:
         n.start()
-        # the warning appears after the §5c bound (10 s) plus slack
+        # the warning appears after the bound of docs/architecture.md#defaults (10 s) plus slack
         wait_until(lambda: any("no peers" in w for w in n.get("/state").json()["warnings"]), 15, what="no-peers warning")
     finally:
         n.stop()

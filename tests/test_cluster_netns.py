@@ -1,4 +1,4 @@
-"""Clusters on a LAN made of network namespaces (root; design.md §8; issue 3 "Partition and
+"""Clusters on a LAN made of network namespaces (root; docs/architecture.md#testing; issue 3 "Partition and
 heal", "Zero configuration"; field case B18).
 
 Each node runs in its own namespace (``ip netns exec``) with one veth on a Linux bridge; the
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import tiny_models_dir
 from tests.cluster import NetnsLan, NetnsNodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until
 
 pytestmark = [
@@ -56,9 +56,7 @@ def test_zero_config_three_nodes_find_each_other_by_mdns(tmp_path):
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=2, seed=4)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=2, seed=4)
 
 
 def test_partition_then_heal_keeps_the_majoritys_work(tmp_path, models_dir):

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.eventlog import scan_frames
-from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.replica import Replica
 from exo_p2p.state import state_hash
 from exo_p2p.types import IndexedEvent, LocalEvent, State, TaskDeleted
 from master.role import MasterRole
 from master.sequencer import OriginSeqs
+from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, nodes_cleanup, self_id, state_of, wait_until
 
 _NOOP = TaskDeleted("gone")  # applies as a no-op: only the origin fields matter here
@@ -98,9 +98,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=2, hidden_size=64, seed=11)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=2, hidden_size=64, seed=11)
 
 
 @pytest.mark.integration

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster import NodeProcess
 
 pytestmark = pytest.mark.e2e
 anthropic = pytest.importorskip("anthropic")
@@ -21,14 +20,9 @@ MSGS = [{"role": "user", "content": QUESTION}]
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    n = NodeProcess(tmp_path_factory.mktemp("node"))
-    try:
-        n.start()
-        n.place_and_wait(MODEL, timeout=300)
-        yield n
-    finally:
-        n.stop()
+def node(embedded_node):  # type: ignore[no-untyped-def]
+    """The node with the embedded model placed (``tests/conftest.py``)."""
+    return embedded_node
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,9 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    n = NodeProcess(tmp_path_factory.mktemp("node"))
-    try:
-        n.start()
-        n.place_and_wait(MODEL, timeout=300)
-        yield n
-    finally:
-        n.stop()
+def node(embedded_node):  # type: ignore[no-untyped-def]
+    """The node with the embedded model placed (``tests/conftest.py``)."""
+    return embedded_node
 
 
 def test_non_streaming_greedy_answer_contains_paris(node):

@@ -1,5 +1,5 @@
 """Election and liveness rules, as pure unit tests (no processes, no sockets): field cases
-B10 (parts 2 and 3) and B13 of /work/shared/cases.md.
+B10 (parts 2 and 3) and B13 (user-reported failure scenarios).
 
 How the field cases map onto this design (no campaign messages; a claim rides in a heartbeat,
 ``hb.master == hb.node_id``; a term is claimed without votes, election rule 2; logs are
@@ -12,14 +12,14 @@ matched by a hash chain because two cut-off nodes can claim the same term):
   ``decide`` is evaluated on every pass of the election loop over whatever heartbeats are
   live, so a second claim at the same term is always evaluated, and every node that holds both
   claims picks the same one. "Stale-clock messages get a reply carrying the current term": a
-  node with a stale term that hears a live master's higher term adopts it (``Decision.term``).
+  node with a stale term that hears a live master's higher term adopts it (``ElectionDecision.term``).
 - B13: liveness is stamped with the receiver's monotonic clock (``Liveness``; heartbeats carry
   no time), and ``apply`` reads no clock, so replay gives the same State hash on any machine.
 
-``Sim`` below is a small deterministic simulator of the election loop of
-``exo_p2p.cluster.member.ClusterMember._election_loop`` (settle after start vs after a loss,
-master-gone check, follow/claim) over ``decide`` and ``Liveness`` with an injected clock and
-scripted message delays. Two tests drive the real ``_election_loop`` under trio's MockClock.
+``Sim`` below is a small deterministic simulator of many nodes, each stepping the real
+election step ``exo_p2p.cluster.election.election_step`` (settle after start vs after a loss,
+master-gone check, follow/claim) over ``Liveness`` with an injected clock and scripted
+message delays. Some tests drive the real ``role.RoleKeeper`` loop under trio's MockClock.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 import exo_p2p.cluster.election as election_module
 import exo_p2p.cluster.liveness as liveness_module
-from exo_p2p.cluster.election import ElectionView, candidate_rank, decide, master_rank
+from exo_p2p.cluster.election import ElectionView, Seat, candidate_rank, decide, election_step, master_rank, settle_for
 from exo_p2p.cluster.liveness import Liveness
 from exo_p2p.cluster.member import ClusterMember, ClusterSettings, MasterHooks
 from exo_p2p.cluster.messages import Heartbeat, encode
@@ -74,7 +74,7 @@ def no_wall_clock(*_a, **_k):  # type: ignore[no-untyped-def]
 # --- a small simulator of the election loop ------------------------------------------------------
 @dataclass
 class SimNode:
-    """One node's election state, stepped like ``ClusterMember._election_loop``."""
+    """One node's election state, stepped by ``election_step`` as ``role.RoleKeeper`` does."""
 
     node_id: str
     term: int = 0
@@ -92,7 +92,7 @@ class SimNode:
         return hb(self.node_id, self.term, self.master, self.priority, self.last_idx)
 
     def _set(self, master: str | None, term: int, now: float) -> None:
-        # a follower takes its master's term (member.py ``_set_master``)
+        # a follower takes its master's term (``role.RoleKeeper.set_master``)
         new_term = term if master is not None else self.term
         changed = master != self.master or new_term != self.term
         self.master, self.term = master, new_term
@@ -101,25 +101,20 @@ class SimNode:
             self.history.append((now, self.master, self.term))
 
     def step(self, now: float) -> bool:
-        """One pass of the loop at ``now`` s; True when master or term changed."""
+        """One pass of the real election step (``election.election_step``) at ``now`` s, with
+        the enactment of ``role.RoleKeeper.enact``; True when master or term changed."""
         before = (self.master, self.term)
         peers = [p for p in self.liveness.alive(now) if p.node_id != self.node_id]
-        if self.master not in (None, self.node_id) and all(p.node_id != self.master for p in peers):
+        settle = settle_for(now, self.started_at, self.start_settle, SETTINGS.failover_settle)
+        step = election_step(Seat(self.master, self.term, self.masterless_since), self.heartbeat(), peers, (), now, settle=settle)
+        self.masterless_since = step.seat.masterless_since
+        if step.lost:
             self._set(None, self.term, now)
-        claims = [p for p in peers if p.master == p.node_id]
-        if self.master is None and not claims and self.masterless_since is None:
-            self.masterless_since = now
-        # (member.py writes ``now - (since or now)``, which reads a ``since`` of 0.0 as unset:
-        # see test_member_fresh_node_elects_when_its_clock_starts_at_zero)
-        since = now if self.masterless_since is None else self.masterless_since
-        masterless_for = 0.0 if (claims or self.master is not None) else now - since
-        settle = self.start_settle if now - self.started_at < 2 * self.start_settle else SETTINGS.failover_settle
-        d = decide(ElectionView(self.heartbeat(), tuple(peers), masterless_for), settle=settle)
-        if d.claim:
+        if step.claim is not None:
             self.claims_at.append(now)
-            self._set(self.node_id, d.term, now)
-        elif d.follow is not None and d.follow != self.node_id and (d.follow, d.term) != (self.master, self.term):
-            self._set(d.follow, d.term, now)
+            self._set(self.node_id, step.claim, now)
+        elif step.follow is not None:
+            self._set(step.follow, step.term, now)
         return (self.master, self.term) != before
 
 
@@ -441,7 +436,7 @@ async def _noop(*_a):  # type: ignore[no-untyped-def]
 
 def _drive_member(tmp_path: Path, feed: Callable[[int], Heartbeat | None], seconds: float,
                   offset: float = 1000.0) -> ClusterMember:
-    """Run ``ClusterMember._election_loop`` of node-b alone (no network) for ``seconds`` of
+    """Run the election loop (``RoleKeeper.run``) of node-b alone (no network) for ``seconds`` of
     MockClock time (its clock reads MockClock time + ``offset`` s), feeding it ``feed(k)``
     (A's heartbeat, None: silent) every 0.5 s."""
 
@@ -451,7 +446,7 @@ def _drive_member(tmp_path: Path, feed: Callable[[int], Heartbeat | None], secon
         clock = lambda: trio.current_time() + offset  # noqa: E731
         member = ClusterMember(None, replica, "node-b", "boot-b", hooks, clock=clock)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(member._election_loop)
+            nursery.start_soon(member.roles.run)
             for k in range(int(seconds / 0.5)):
                 if (h := feed(k)) is not None:
                     member.liveness.heard(h, clock())
@@ -480,7 +475,7 @@ def test_member_stops_following_a_peer_that_no_longer_claims(tmp_path):
     a_after = hb("node-a", 3, None)
     # A's own view: it waits for B (B ranks higher), so only B can end the deadlock
     d_a = decide(ElectionView(a_after, (hb("node-b", 3, "node-a"),), masterless_for=60.0), settle=SETTINGS.failover_settle)
-    assert d_a == election_module.Decision()
+    assert d_a == election_module.ElectionDecision()
     m = _drive_member(tmp_path, lambda k: claim("node-a", 3) if k < 2 else a_after, 15.0)
     assert m.is_master or m.master != "node-a"
 
@@ -650,7 +645,7 @@ def test_state_modules_read_no_clock():
 
 def test_state_and_events_hold_no_wall_clock_field():
     """No field of State or of any event is a date/time type, and no float field has a
-    time-like name (design.md §5a: no wall-clock fields in State)."""
+    time-like name (docs/architecture.md#log-guarantees: no wall-clock fields in State)."""
     seen: set[int] = set()
     bad: list[str] = []
 

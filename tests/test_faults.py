@@ -1,4 +1,4 @@
-"""Failures end in a bounded error or a recovery, never a hang (issue 6, design.md §5b/§5c)."""
+"""Failures end in a bounded error or a recovery, never a hang (issue 6, docs/architecture.md#instance-lifecycle)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,13 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import T_FAIL
 from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
 NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (issue 14) are tested in test_resume*
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
 SLACK = 3.0
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _self_id(node):

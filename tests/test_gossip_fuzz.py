@@ -1,4 +1,4 @@
-"""Bad input on gossip topics and request/response streams (issue 6 "Bad input", design.md §6).
+"""Bad input on gossip topics and request/response streams (issue 6 "Bad input", docs/architecture.md#wire-and-storage).
 
 A rogue peer (``tests/rogue_peer.py``: its own libp2p identity, so it can only sign as
 itself) joins a real cluster of node processes and sends hostile traffic on every topic and
@@ -35,7 +35,6 @@ from exo_p2p.cluster.messages import (
     LogRequest,
     LogResponse,
 )
-from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types import (
     CommandEnvelope,
     FinishChunk,
@@ -53,6 +52,7 @@ from exo_p2p.types import (
     TopologyEdge,
     TopologyEdgeCreated,
 )
+from tests.conftest import tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 from tests.rogue_peer import RogueProcess
 
@@ -64,9 +64,7 @@ ROGUE_BOOT = "rogue-boot"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
 
 
 def _counters(node: NodeProcess) -> dict[str, int]:

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from exo_p2p.cluster.faults import FaultyReceiver, GossipFaults, gossip_faults_from_hooks
 from exo_p2p.cluster.messages import GLOBAL_EVENTS_TOPIC, LOCAL_EVENTS_TOPIC
 from exo_p2p.eventlog import EventLog
-from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types import MasterElected
 from tests.cluster import Cluster, agreement, self_id, state_of, wait_until
 
@@ -142,13 +141,6 @@ LOSSY = ["gossip_drop=0.05", "gossip_dup=0.05", "gossip_reorder=3", "gossip_seed
 GEN_TOKENS = 500
 LOAD_TIMEOUT = 45.0
 SETTLE_TIMEOUT = 20.0
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _stream(node, result: dict) -> None:

@@ -182,8 +182,7 @@ def test_master_alone_ignores_a_forged_claim_with_a_huge_term(tmp_path: Path):
         member = ClusterMember(_NoLogNet(), replica, "node-b", "boot-b", hooks, clock=clock)
         rogue = claim("rogue", 10**6, last_idx=10**6, commit_idx=10**6)
         async with trio.open_nursery() as nursery:
-            member._nursery = nursery
-            nursery.start_soon(member._election_loop)
+            nursery.start_soon(member.roles.run)
             await trio.sleep(3 * SETTINGS.settle)
             assert member.is_master and member.term == 1
             for _ in range(20):
@@ -245,9 +244,9 @@ def test_new_master_times_out_a_silent_node_only_a_full_timeout_after_it_became_
             await trio.sleep(heard_at)
             member.liveness.heard(hb("node-x", 0, None), trio.current_time())
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(member._timeout_loop)
+            nursery.start_soon(member.sequencer.timeout_loop)
             await trio.sleep(6.0 - trio.current_time())
-            await member._claim(1)
+            await member.roles.claim(1)
             assert member.is_master
             await trio.sleep(10.0)
             nursery.cancel_scope.cancel()

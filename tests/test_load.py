@@ -9,7 +9,7 @@ import httpx
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -18,9 +18,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=2, seed=3)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=2, seed=3)
 
 
 def _rss_total(node: NodeProcess) -> int:

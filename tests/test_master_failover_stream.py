@@ -4,7 +4,7 @@ Three nodes; the instances live on the two followers and the requests enter thro
 follower's API, so neither the API node nor a node of any instance dies. Tokens travel from
 rank 0's node to the API node over a direct stream (not via the master) and task events are
 re-sent to whichever node is master, so the requests must complete exactly as without the
-kill, a new master must be agreed within the design.md §5c bound, and the instances must
+kill, a new master must be agreed within the docs/architecture.md#defaults bound, and the instances must
 keep their ids and serve again.
 """
 
@@ -17,14 +17,12 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import NEW_MASTER, T_GONE as PEER_GONE, tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
 PROMPT = "tell me a long story about the sea"
-PEER_GONE = 5.0  # design.md §5c: peer considered gone after no heartbeat for
-NEW_MASTER = 5.0  # design.md §5c: new master agreed, after the old one is gone, within
 SLACK = 5.0  # load on a shared 2-core machine
 CONTEXT = 8192  # tokens: room for streams that outlive the election
 STREAM_SECONDS = 8.0  # how long one stream should last at the measured rate
@@ -32,9 +30,7 @@ STREAM_SECONDS = 8.0  # how long one stream should last at the measured rate
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5, context_length=CONTEXT)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=6, hidden_size=128, intermediate_size=256, seed=5, context_length=CONTEXT)
 
 
 def _body(max_tokens: int, stream: bool) -> dict:
@@ -141,7 +137,7 @@ def test_master_killed_while_followers_stream_requests_complete_and_cluster_keep
         # and one submitted while there is no master: its command waits for the next one
         streams.append(_stream(f2, max_tokens))
 
-        # a new master among the survivors, agreed by both, within the §5c bound
+        # a new master among the survivors, agreed by both, within the bound of docs/architecture.md#defaults
         survivors = [f1, f2]
 
         def new_master():

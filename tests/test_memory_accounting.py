@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.models.card import card_from_model_dir
-from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.state import apply
 from exo_p2p.types import (
     DeleteInstance,
@@ -24,6 +23,7 @@ from master.admission import rank_needs
 from master.commands import handle_command
 from master.memory import placed_bytes, usable_memory
 from master.placement import PlacementError, place_instance, placement_previews, required_bytes
+from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 from tests.test_placement import card, cluster
 
@@ -125,10 +125,8 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
     # ~21 MB: three copies plus headroom are above the 64 MiB floor of --memory-limit
-    make_synthetic_model(d / MODEL, n_layers=5, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2, seed=7)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=5, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2, seed=7)
 
 
 @pytest.mark.integration

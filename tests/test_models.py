@@ -34,7 +34,7 @@ from exo_p2p.models.store import ModelStore, is_complete_import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = Path("/work/shared/reference/smollm2-tokenizer.json")
+REFERENCE = Path(__file__).resolve().parent / "data" / "smollm2-tokenizer.json"
 REFERENCE_CASES = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.exists() else []
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 

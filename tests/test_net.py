@@ -280,7 +280,7 @@ async def _flood(a, b, n: int) -> int:  # type: ignore[no-untyped-def]
 
 def test_flat_out_publish_is_paced_and_unpaced_drops_are_counted(tmp_path: Path) -> None:
     """Pacing keeps every message; without it libp2p drops silently, and our counter sees
-    exactly the messages that did not arrive (libp2p-notes §3)."""
+    exactly the messages that did not arrive (docs/architecture.md#networking-notes, note 3)."""
     from exo_p2p.net import GossipParams
 
     async def body() -> None:

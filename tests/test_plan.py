@@ -1,4 +1,4 @@
-"""The worker's pure planner (design.md §5 "Plan", field case B08)."""
+"""The worker's pure planner (docs/architecture.md#rules "Plan", field case B08)."""
 
 from __future__ import annotations
 

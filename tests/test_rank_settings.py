@@ -8,12 +8,12 @@ import httpx
 import msgspec
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.state import apply
 from exo_p2p.types import IndexedEvent, InstanceCreated, InstanceFailed, PlaceInstance, RankSettings
 from master.admission import PREFILL_CHUNK_BOUND, activation_bytes, memory_refusal, prompt_token_bound
 from master.commands import handle_command
 from master.replace import replacement
+from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.test_placement import card, cluster
 from worker.rank_settings import runner_rank_settings
@@ -73,9 +73,7 @@ PROMPTS = ["one two three four five six seven eight nine ten eleven twelve " * 4
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=9)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, hidden_size=64, intermediate_size=128, seed=9)
 
 
 def _chat(node, content: str) -> str:

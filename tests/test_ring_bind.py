@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.cluster.member import _ip_of
+from exo_p2p.cluster.mesh import ip_of
 from tests.cluster import REPO, free_port
 from worker.engine.distributed import hostfile_entries
 
@@ -25,8 +25,8 @@ def test_hostfile_refuses_an_unspecified_address(bad):
 
 
 def test_topology_edge_ip_is_never_unspecified():
-    assert _ip_of(["/ip4/0.0.0.0/tcp/1", "/ip4/10.0.0.7/tcp/1"]) == "10.0.0.7"
-    assert _ip_of(["/ip4/0.0.0.0/tcp/1"]) == ""
+    assert ip_of(["/ip4/0.0.0.0/tcp/1", "/ip4/10.0.0.7/tcp/1"]) == "10.0.0.7"
+    assert ip_of(["/ip4/0.0.0.0/tcp/1"]) == ""
 
 
 _RANK0 = """

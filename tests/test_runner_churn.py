@@ -8,14 +8,14 @@
   in a row, each time as soon as ``/state`` shows it Connecting (or, when the poll misses
   that short status, at the first status after it). A sampler checks ``/state`` and the
   process table throughout; chat requests are sent throughout and must each end within the
-  design.md §5c bound. Then the last re-placement (the 3rd and last allowed) must converge.
+  docs/architecture.md#defaults bound. Then the last re-placement (the 3rd and last allowed) must converge.
 - ``test_plan_under_churn_returns_one_task_and_never_recreates_a_killed_runner``: the
   worker's pure ``plan`` over the churn sequence (same input twice → the same single task;
   a killed runner is never re-created or re-sent a task; its successor is created once).
   tests/test_plan.py already covers idempotence in general; this covers the churn steps.
 - ``test_runner_stalled_in_warmup_is_killed_by_its_silence_and_fails`` (issue 6, failure 3;
   tests/test_faults.py covers death and failure in load, not a stall): a runner blocked in
-  warm-up (``--fault-hook stall=warmup``) is killed when silent for 60 s (design.md §5c),
+  warm-up (``--fault-hook stall=warmup``) is killed when silent for 60 s (docs/architecture.md#defaults),
   fails with the reason in State and the API, requests meanwhile end with an error, and the
   master re-places the instance by the normal rules.
 """
@@ -47,24 +47,17 @@ from exo_p2p.types import (
     ShardMetadata,
     State,
 )
+from tests.conftest import T_FAIL
 from tests.cluster import Cluster, NodeProcess, wait_until
 from worker.plan import LocalRunner, plan
 
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
 NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (issue 14) are tested in test_resume*
-SILENT_LOADING = 60.0  # design.md §5c: runner killed when silent this long while loading/warming up
+SILENT_LOADING = 60.0  # docs/architecture.md#defaults: runner killed when silent this long while loading/warming up
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3
 RUNNER_MODULE = "worker.runner.main"
 DEAD = ("shutdown", "failed")
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 BIG = "tiny-wide"

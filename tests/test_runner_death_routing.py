@@ -1,5 +1,5 @@
-"""B07 (shared/cases.md): a dead runner's instance is never chosen again, and with no healthy
-instance left a request gets a 503 at once (issue 6, failure 2; design.md §5b/§5c).
+"""Field case B07: a dead runner's instance is never chosen again, and with no healthy
+instance left a request gets a 503 at once (issue 6, failure 2; docs/architecture.md#instance-lifecycle).
 
 One node serves two 1-node instances I1, I2 of the tiny model. I1's runner is aborted
 (SIGABRT) while idle; once its failure is in State, 5 sequential requests all succeed and
@@ -17,20 +17,17 @@ import time
 import psutil
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.conftest import T_FAIL, tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-T_FAIL = 10.0  # design.md §5c: request error after a node or runner process dies
 SLACK = 3.0
 
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
-    return d
+    return tiny_models_dir(tmp_path_factory, n_layers=4, hidden_size=64, intermediate_size=128, seed=7)
 
 
 def _log_records(node: NodeProcess, event: str) -> list[dict]:

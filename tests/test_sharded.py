@@ -8,19 +8,11 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import Cluster, states, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
 PROMPTS = ["hello there", "the quick brown fox", "one two three four five six seven eight nine ten " * 6]
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    make_synthetic_model(d / MODEL, n_layers=6, hidden_size=128, intermediate_size=256, seed=5)
-    return d
 
 
 def _chat(node, content, max_tokens=12):

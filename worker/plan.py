@@ -1,4 +1,4 @@
-"""The worker's pure planner: ``plan(...) -> Task | None`` (design.md §4.6, §5 "Plan").
+"""The worker's pure planner: ``plan(...) -> Task | None`` (docs/architecture.md#request-flow "Plan").
 
 Called in a loop with the replicated State and this node's view of its own runners; returns
 the next task to execute, or None when there is nothing to do. Idempotent: a task recorded

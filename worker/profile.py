@@ -1,5 +1,5 @@
 """This node's profile: memory, CPU, OS, addresses, compute backend and ``--cpu-weights``
-(design.md §4.1, §5 ``--memory-limit``)."""
+(docs/architecture.md#request-flow ``--memory-limit``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from exo_p2p.types import NetworkAddress, NodeProfile
 
 
 def capped_memory(physical_total: int, physical_available: int, limit: int | None, hosted_bytes: int) -> tuple[int, int]:
-    """``(memory_total, memory_available)`` in bytes under a memory limit (design.md §5):
+    """``(memory_total, memory_available)`` in bytes under a memory limit (docs/architecture.md#rules):
     ``total = min(physical total, L)``, ``available = min(physical available, L − bytes of
     the shards this node hosts)``, never below 0. Without a limit, physical values."""
     if limit is None:

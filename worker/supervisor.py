@@ -1,8 +1,7 @@
 """Runner supervision: start a runner subprocess, relay its messages, notice its death.
 
 One ``RunnerSupervisor`` per runner. It turns the runner's messages into events (runner
-status, task status) and chunks, kills a runner that stays silent past its bound (design.md
-§5c: 10 s while generating, 60 s while loading or warming up), and reports ``Failed`` with
+status, task status) and chunks, kills a runner that stays silent past its bound (docs/architecture.md#defaults: 10 s while generating, 60 s while loading or warming up), and reports ``Failed`` with
 the reason when the process dies on its own. Closing the node's end of the task pipe makes
 the runner exit; so does the parent-death signal when the node is killed.
 """

@@ -1,4 +1,4 @@
-"""The worker: runs ``plan`` in a loop and executes the tasks it returns (design.md §4.6)."""
+"""The worker: runs ``plan`` in a loop and executes the tasks it returns (docs/architecture.md#request-flow)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The contract between the HTTP API and the node that serves it.
 
-The API is the one door for CLI and OpenAI clients (design.md §1); it never touches the
+The API is the one door for CLI and OpenAI clients (docs/architecture.md#layers); it never touches the
 network, the master or the worker directly, only this protocol, which the node (the
 composition root) implements. Tests implement it with fakes.
 """

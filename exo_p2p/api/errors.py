@@ -1,5 +1,5 @@
 """OpenAI-shaped error answers (``{"error": {"message", "type", "param", "code"}}``) with the
-status codes of design.md §5b, and the decoding edge where request bytes become Structs.
+status codes of docs/architecture.md#instance-lifecycle, and the decoding edge where request bytes become Structs.
 
 Every error the API answers goes through ``error_response``; request-body problems are raised
 as ``ApiError`` by ``decode_json`` and turned into 400s by the route.
@@ -19,7 +19,7 @@ from exo_p2p.types import ErrorInfo
 T = TypeVar("T")
 
 RETRY_AFTER_LOADING_S = 5
-"""``Retry-After`` (seconds) on a 503 for a model that is still loading (design.md §5b)."""
+"""``Retry-After`` (seconds) on a 503 for a model that is still loading (docs/architecture.md#instance-lifecycle)."""
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",

@@ -210,7 +210,7 @@ class ShardView(msgspec.Struct, frozen=True):
 
 
 class InstanceOut(msgspec.Struct, frozen=True):
-    """An instance as ``/instances`` shows it (status as design.md §5b)."""
+    """An instance as ``/instances`` shows it (status as docs/architecture.md#instance-lifecycle)."""
 
     instance_id: str
     model: str

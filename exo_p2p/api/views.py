@@ -79,7 +79,7 @@ def local_model(card: ModelCard) -> LocalModel:
 
 def state_document(state: State, health: NodeHealth) -> dict[str, Any]:
     """``GET /state``: the replicated State as plain JSON values plus ``last_event_idx``,
-    ``term``, ``state_hash`` (design.md §5a) and the node-local ``node_id``, ``master``,
+    ``term``, ``state_hash`` (docs/architecture.md#log-guarantees) and the node-local ``node_id``, ``master``,
     ``warnings`` and ``counters`` (not part of the hash)."""
     doc: dict[str, Any] = msgspec.to_builtins(state)
     doc.update(

@@ -1,5 +1,5 @@
 """The ``exo-p2p`` command line: ``node`` starts a node; every other command is a client of
-a node's HTTP API (design.md §1: the API is the one door for the CLI and OpenAI clients).
+a node's HTTP API (docs/architecture.md#layers: the API is the one door for the CLI and OpenAI clients).
 
 Modules: ``client`` (HTTP calls and their errors), ``render`` (tables and ``--json``
 shapes), ``waiting`` (wait for an instance to be ready, with progress), ``chat`` (streamed

@@ -9,7 +9,7 @@ from typing import IO, Any
 from exo_p2p.cli.client import ApiError, CliError, NodeClient
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
-"""The model every node can serve without downloads (design.md §7)."""
+"""The model every node can serve without downloads (docs/architecture.md#wire-and-storage)."""
 
 REPL_HELP = "type a message; /clear forgets the conversation; /bye or Ctrl-D leaves"
 

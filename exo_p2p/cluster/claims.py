@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from exo_p2p import defaults
 from exo_p2p.cluster.messages import Heartbeat, LogResponse
 
 
@@ -94,7 +95,7 @@ class ClaimChecker:
     """Probe results per claim, by ``(node_id, boot_id, term)``, stamped with the caller's
     monotonic ``now`` (seconds)."""
 
-    recheck_after: float = 5.0
+    recheck_after: float = defaults.CLAIM_RECHECK_AFTER
     _probed: dict[tuple[str, str, int], tuple[ProbeAnswer, float]] = field(default_factory=dict)
     _in_flight: set[tuple[str, str, int]] = field(default_factory=set)
 

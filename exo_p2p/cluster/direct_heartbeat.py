@@ -20,6 +20,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p import defaults
 from exo_p2p.cluster.messages import (
     HEARTBEAT_PROTOCOL,
     Heartbeat,
@@ -88,7 +89,7 @@ class DirectHeartbeats:
                 fresh = False
                 continue
             try:
-                raw = await self.net.request(master, HEARTBEAT_PROTOCOL, encode(self.own()), timeout=min(2.0, self.peer_timeout / 2))
+                raw = await self.net.request(master, HEARTBEAT_PROTOCOL, encode(self.own()), timeout=min(defaults.DIRECT_HEARTBEAT_TIMEOUT, self.peer_timeout / 2))
                 ack = heartbeat_ack_decoder.decode(raw)
             except Exception as exc:  # noqa: BLE001 - master unreachable now; gossip may still work
                 log.debug("direct heartbeat failed", master=master, error=repr(exc))

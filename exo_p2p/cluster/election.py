@@ -1,6 +1,6 @@
 """Who is master: deterministic rules over the heartbeats a node has heard (pure).
 
-Rules (design.md §4.8, §5a; issue 3 "Election"):
+Rules (docs/architecture.md#request-flow; issue 3 "Election"):
 
 1. **Follow a sitting master.** Among the nodes heard from within the liveness timeout
    (this node included) that claim to be master, follow the one ranked highest by
@@ -24,12 +24,20 @@ Rules (design.md §4.8, §5a; issue 3 "Election"):
    (the cluster role does that).
 3. Nodes with another ``boot_id`` for this node's own id are duplicates, not peers (the
    cluster role refuses to join then).
+
+``election_step`` is one pass of the election loop (``role.RoleKeeper``) over these rules:
+the followed master is lost when no reachable, admitted peer still claims it (a master that
+stepped down beats on without claiming; following it would wait forever); the masterless
+time counts from the moment no claim is heard; then ``decide``. ``settle_for`` picks the
+settle time: the start settle during twice its length after start, else the failover one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import msgspec
 
 from exo_p2p.cluster.messages import Heartbeat
 
@@ -45,7 +53,7 @@ class ElectionView:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ElectionDecision:
     """``follow``: the node to follow (possibly this node) with its ``term``; ``claim``: this
     node should become master now with ``term``; neither: wait."""
 
@@ -72,20 +80,71 @@ def candidate_rank(hb: Heartbeat) -> tuple[int, int, str]:
     return (hb.priority, hb.last_idx, hb.node_id)
 
 
-def decide(view: ElectionView, *, settle: float) -> Decision:
+def decide(view: ElectionView, *, settle: float) -> ElectionDecision:
     """Apply the rules above to ``view``; see the module docstring."""
     everyone = (view.own, *view.peers)
     masters = [hb for hb in everyone if hb.master == hb.node_id]
     if masters:
         best = max(masters, key=lambda m: master_rank(m, support(everyone, m.node_id)))
-        return Decision(follow=best.node_id, term=best.term)
+        return ElectionDecision(follow=best.node_id, term=best.term)
     if view.masterless_for < settle:
-        return Decision()
+        return ElectionDecision()
     winner = max(everyone, key=candidate_rank)
     if winner.node_id != view.own.node_id:
-        return Decision()
-    return Decision(follow=view.own.node_id, term=max_term(everyone) + 1, claim=True)
+        return ElectionDecision()
+    return ElectionDecision(follow=view.own.node_id, term=max_term(everyone) + 1, claim=True)
 
 
 def max_term(heartbeats: Iterable[Heartbeat]) -> int:
     return max((hb.term for hb in heartbeats), default=0)
+
+
+@dataclass(frozen=True)
+class Seat:
+    """What this node believes: the master it follows (None: none), the term, and since when
+    (its monotonic clock, seconds) it has had no master and heard no claim."""
+
+    master: str | None
+    term: int
+    masterless_since: float | None
+
+
+@dataclass(frozen=True)
+class ElectionStep:
+    """The outcome of one pass: the new ``seat``; ``lost``: the followed master is gone;
+    ``claim``: become master with this term; ``follow``: follow this other node at ``term``."""
+
+    seat: Seat
+    lost: bool = False
+    claim: int | None = None
+    follow: str | None = None
+    term: int = 0
+
+
+def election_step(seat: Seat, own: Heartbeat, peers: Sequence[Heartbeat], pending: Sequence[Heartbeat],
+                  now: float, *, settle: float) -> ElectionStep:
+    """One pass of the election loop at ``now`` (module docstring). ``own``: this node's
+    heartbeat; ``peers``: the reachable peers whose claims (if any) are admitted;
+    ``pending``: claims still being checked (they hold off an election). Reads no clock."""
+    me = own.node_id
+    lost = seat.master not in (None, me) and not any(p.node_id == seat.master and p.master == p.node_id for p in peers)
+    if lost:
+        seat = Seat(None, seat.term, now)
+    claims = [p for p in peers if p.master == p.node_id] + list(pending)
+    if seat.master is None and not claims and seat.masterless_since is None:
+        seat = replace(seat, masterless_since=now)
+    since = now if seat.masterless_since is None else seat.masterless_since
+    masterless_for = 0.0 if (claims or seat.master is not None) else now - since
+    own = msgspec.structs.replace(own, master=seat.master, term=seat.term)
+    decision = decide(ElectionView(own, tuple(peers), masterless_for), settle=settle)
+    if decision.claim:
+        return ElectionStep(seat, lost, claim=decision.term, term=decision.term)
+    changed = decision.follow != seat.master or decision.term != seat.term
+    if decision.follow is not None and decision.follow != me and changed:
+        return ElectionStep(seat, lost, follow=decision.follow, term=decision.term)
+    return ElectionStep(seat, lost)
+
+
+def settle_for(now: float, started_at: float, start_settle: float, failover_settle: float) -> float:
+    """Seconds of masterless time before an election at ``now`` (module docstring)."""
+    return start_settle if now - started_at < 2 * start_settle else failover_settle

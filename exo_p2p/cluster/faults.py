@@ -20,7 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import structlog
 import trio
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -113,6 +116,17 @@ def gossip_faults_from_hooks(hooks: Mapping[str, str], topic: str) -> GossipFaul
         raise ValueError(f"bad gossip fault hook: {exc}") from None
     topic_salt = sum(ord(c) * 31**i for i, c in enumerate(topic)) % 2**32  # stable across runs (unlike hash())
     return GossipFaults(drop=drop, dup=dup, reorder=reorder, seed=seed * 2**32 + topic_salt)
+
+
+def with_gossip_faults(channel, hooks: Mapping[str, str], topic: str, count: Callable[[str, int], None]):  # type: ignore[no-untyped-def]
+    """``channel`` with the gossip faults of ``hooks`` applied (counted by ``count(key, n)``
+    as ``fault_dropped:<topic>``, ``fault_duplicated:<topic>``, ``fault_reordered:<topic>``);
+    ``channel`` itself when no such hook is set."""
+    faults = gossip_faults_from_hooks(hooks, topic)
+    if faults is None:
+        return channel
+    log.warning("gossip fault injection on (tests only)", topic=topic, drop=faults.drop, dup=faults.dup, reorder=faults.reorder)
+    return FaultyReceiver(channel, faults, hold=hold_from_hooks(hooks), on_count=lambda kind, n: count(f"fault_{kind}:{topic}", n))
 
 
 def hold_from_hooks(hooks: Mapping[str, str], default: float = 0.3) -> float:

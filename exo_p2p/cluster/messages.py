@@ -1,4 +1,4 @@
-"""Messages nodes exchange to form a cluster (design.md §4, §5a, §6).
+"""Messages nodes exchange to form a cluster (docs/architecture.md#request-flow).
 
 Gossip carries only small messages (heartbeats, local events, indexed events); anything
 large or that must arrive goes over a request/response stream: commands, log catch-up,

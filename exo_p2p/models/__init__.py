@@ -1,5 +1,5 @@
 """The model store: the embedded model, GGUF import into the MLX format, model cards
-(design.md §7)."""
+(docs/architecture.md#wire-and-storage)."""
 
 from exo_p2p.models.card import card_from_gguf, card_from_model_dir
 from exo_p2p.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf

@@ -1,4 +1,4 @@
-"""Model cards (design.md §3) derived from a model's files, never from a hard-coded list.
+"""Model cards (docs/architecture.md#vocabulary) derived from a model's files, never from a hard-coded list.
 
 A card is computed from ``config.json`` and the safetensors *headers* (8-byte little-endian
 header length, then a JSON header with each tensor's ``data_offsets``); weights are never

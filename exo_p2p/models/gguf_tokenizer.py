@@ -4,7 +4,7 @@ Produces ``tokenizer.json`` (a byte-level BPE for the ``tokenizers`` library),
 ``tokenizer_config.json`` (with the GGUF's ``tokenizer.chat_template``),
 ``special_tokens_map.json`` and ``generation_config.json``. Token ids match llama.cpp's
 tokenizer on the same GGUF with special tokens parsed (checked against
-``shared/reference/smollm2-tokenizer.json``): control tokens such as ``<|im_start|>`` are
+``tests/data/smollm2-tokenizer.json``): control tokens such as ``<|im_start|>`` are
 added tokens, so they stay single tokens.
 
 Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE) with the pre-tokenizers in

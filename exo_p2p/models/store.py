@@ -1,4 +1,4 @@
-"""A node's model store (design.md §7): which models this node holds, their cards, and the
+"""A node's model store (docs/architecture.md#wire-and-storage): which models this node holds, their cards, and the
 MLX-format directory of each, importing GGUFs on first use.
 
 Sources, in order (the first source of an id wins):

@@ -1,4 +1,4 @@
-"""A tiny random llama model in the MLX format, for tests and benchmarks (design.md §8).
+"""A tiny random llama model in the MLX format, for tests and benchmarks (docs/architecture.md#testing).
 
 ``make_synthetic_model`` writes a directory that ``mlx_lm.utils.load`` and our engine's
 loader both read: ``config.json``, ``model.safetensors`` (random weights from a seeded numpy

@@ -41,7 +41,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class GossipParams:
-    """GossipSub settings for a small LAN cluster (libp2p-notes §2).
+    """GossipSub settings for a small LAN cluster (docs/architecture.md#networking-notes, note 2).
 
     The py-libp2p defaults are for the public internet: a 120 s heartbeat, spam protection
     that silently drops more than 10 msg/s per (peer, topic), and eclipse protection that prunes
@@ -71,7 +71,7 @@ class NetConfig:
     """Everything ``open_host`` needs.
 
     listen_host: "127.0.0.1", "0.0.0.0" (listens on each concrete IPv4 interface so what is
-    advertised is dialable, libp2p-notes §7) or a specific IPv4 address.
+    advertised is dialable, docs/architecture.md#networking-notes, note 7) or a specific IPv4 address.
     listen_port: 0 picks a free port (all interfaces then share it).
     cluster_secret: raw bytes (16..4096) or None for an open cluster.
     bootstrap: multiaddrs ``/ip4/A/tcp/P/p2p/<node_id>`` dialled at start and re-dialled with

@@ -7,7 +7,7 @@ A non-bootstrap peer gone for ``forget_after`` seconds is dropped from the list 
 address lingers). Each dial is bounded by the dialler's own timeout; at most
 ``MAX_PARALLEL_DIALS`` run at once.
 
-mDNS (libp2p-notes §6): py-libp2p's discovery callback runs on zeroconf's thread; it is handed
+mDNS (docs/architecture.md#networking-notes, note 6): py-libp2p's discovery callback runs on zeroconf's thread; it is handed
 to trio with ``TrioToken.run_sync_soon`` (non-blocking: zeroconf's thread never waits on trio,
 so stopping zeroconf from trio cannot deadlock). Only the side with the smaller peer id dials
 at once, so a pair gets one connection; the other side dials too if still unconnected after

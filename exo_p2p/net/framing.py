@@ -3,7 +3,7 @@
 A frame is a 4-byte big-endian unsigned length followed by that many bytes. A response frame's
 payload starts with one status byte (``STATUS_OK`` or ``STATUS_ERROR``; the rest of an error
 payload is a UTF-8 message). Reads loop until the whole frame arrived (``stream.read(n)``
-returns *up to* n bytes); writes go in chunks of ``WRITE_CHUNK`` bytes (libp2p-notes §12).
+returns *up to* n bytes); writes go in chunks of ``WRITE_CHUNK`` bytes (docs/architecture.md#networking-notes, note 12).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The libp2p host of a node: gossip topics, request/response streams, peers, discovery.
 
 ``open_host(config)`` is the only way in; it yields a ``Network`` and tears everything down in
-the order libp2p-notes §1 requires (Pubsub and GossipSub services entered first, ``host.run``
+the order docs/architecture.md#networking-notes, note 1 requires (Pubsub and GossipSub services entered first, ``host.run``
 innermost; on exit, under a shielded scope, the host's addresses are pinned, the swarm's
 auto-connector is stopped and its listeners are closed, see ``_quiesce``). Transport security
-is Noise only (plaintext peers are refused, notes §5); a cluster secret adds a PSK private
-network (notes §9).
+is Noise only (plaintext peers are refused, docs/architecture.md#networking-notes, note 5); a cluster secret adds a PSK private
+network (docs/architecture.md#networking-notes, note 9).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Network:
     Guarantees: ``publish`` never raises and never blocks longer than
     ``gossip.publish_max_wait`` seconds; every dial and request is bounded by its timeout;
     undecodable or oversized input is dropped and counted in ``counters``, never raised into
-    the node. Gossip is lossy (notes §3): anything that must arrive needs an acknowledgement or a
+    the node. Gossip is lossy (docs/architecture.md#networking-notes, note 3): anything that must arrive needs an acknowledgement or a
     request/response stream.
     """
 
@@ -75,6 +75,11 @@ class Network:
         self._redialer: Redialer | None = None
         self._subscribers: dict[str, list[_Subscriber]] = {}
         host.get_network().register_notifee(self._peers)
+
+    @property
+    def bootstrap_failures(self) -> dict[str, str]:
+        """Bootstrap addresses that cannot be dialled now, with the last error of each."""
+        return dict(self._redialer.failing) if self._redialer is not None else {}
 
     # -- identity and addresses -------------------------------------------------------------
     @property
@@ -114,7 +119,7 @@ class Network:
 
     def peer_events(self, buffer: int = 256) -> trio.MemoryReceiveChannel[PeerEvent]:
         """A new channel of ``(peer_id, connected)``: first the peers connected now, then one
-        event per peer change (not per connection, notes §11). A consumer that falls ``buffer``
+        event per peer change (not per connection, docs/architecture.md#networking-notes, note 11). A consumer that falls ``buffer``
         events behind loses events (counted as ``peer_event_dropped``)."""
         return self._peers.open_listener(buffer)
 
@@ -133,7 +138,7 @@ class Network:
         """Connect to ``/ip4/A/tcp/P/p2p/<node_id>``; returns the node id.
 
         Raises DialError on a bad address, a refused or failed connection, or when ``timeout``
-        seconds pass (a PSK mismatch hangs ~40 s without this bound, notes §9).
+        seconds pass (a PSK mismatch hangs ~40 s without this bound, docs/architecture.md#networking-notes, note 9).
         """
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
@@ -351,7 +356,7 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     """
     libdrops.install()
     params = config.gossip
-    # Raise the library's per-subscription queue before any subscribe (notes §3).
+    # Raise the library's per-subscription queue before any subscribe (docs/architecture.md#networking-notes, note 3).
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = max(
         pubsub_module.SUBSCRIPTION_CHANNEL_SIZE, params.subscription_channel_size
     )
@@ -361,7 +366,7 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     listen = _listen_multiaddrs(config.listen_host, config.listen_port)
     host = new_host(
         key_pair=key_pair,
-        sec_opt={NOISE_PROTOCOL_ID: noise},  # Noise only: plaintext is refused (notes §5)
+        sec_opt={NOISE_PROTOCOL_ID: noise},  # Noise only: plaintext is refused (docs/architecture.md#networking-notes, note 5)
         listen_addrs=listen,
         psk=psk,
         connection_config=_connection_config(config),
@@ -439,7 +444,7 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
 async def _quiesce(host: IHost, swarm) -> None:  # type: ignore[no-untyped-def]
     """Stop what dials and pin the host's addresses before the listeners close.
 
-    Beyond notes §1: GossipSub reads the host's addresses for every message it forwards
+    Beyond networking note 1 (docs/architecture.md): GossipSub reads the host's addresses for every message it forwards
     (``env_to_send_in_RPC`` → ``get_addrs`` → ``getsockname`` of each listener socket). A
     message forwarded while a listener is closing hits a closed socket (EBADF), which fails the
     Pubsub service and the whole ``trio.run`` (seen in 1 of ~20 shutdowns under traffic). The
@@ -457,7 +462,7 @@ async def _quiesce(host: IHost, swarm) -> None:  # type: ignore[no-untyped-def]
 async def _mdns_dialer(
     net: Network, discovered: trio.MemoryReceiveChannel[PeerInfo], timeout: float
 ) -> None:
-    """Dial peers found by mDNS (notes §6): the smaller peer id at once, the other side after
+    """Dial peers found by mDNS (docs/architecture.md#networking-notes, note 6): the smaller peer id at once, the other side after
     ``MDNS_FALLBACK_DELAY`` s if the pair is still apart. Failed peers go to the re-dialler."""
     async with trio.open_nursery() as nursery:
         async for info in discovered:

@@ -1,4 +1,4 @@
-"""Per-peer connect/disconnect notifications (libp2p-notes §11).
+"""Per-peer connect/disconnect notifications (docs/architecture.md#networking-notes, note 11).
 
 libp2p notifies per *connection*; a peer may hold several. ``PeerTracker`` turns that into
 one ``(peer_id, True)`` when a peer's first connection opens and one ``(peer_id, False)`` when

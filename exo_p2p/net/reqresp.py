@@ -1,4 +1,4 @@
-"""Request/response over one libp2p stream per request (libp2p-notes §12).
+"""Request/response over one libp2p stream per request (docs/architecture.md#networking-notes, note 12).
 
 The requester opens a stream on the protocol, writes one frame (the request) and reads one frame
 (status byte + reply, see ``framing``). The server reads the request under a timeout (a peer

@@ -1,5 +1,5 @@
 """``apply(State, IndexedEvent) -> State``: the one pure rule by which every node builds the
-replicated State (design.md §4.4). Deterministic, no I/O, no clocks; the input State is
+replicated State (docs/architecture.md#request-flow). Deterministic, no I/O, no clocks; the input State is
 never mutated (a new State is returned)."""
 
 from __future__ import annotations
@@ -73,14 +73,14 @@ def _apply_event(event: Event, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: NodeProfileUpdated, state: State) -> State:
+def _apply_node_profile_updated(event: NodeProfileUpdated, state: State) -> State:
     nodes = dict(state.nodes)
     nodes[event.profile.node_id] = event.profile
     return replace(state, nodes=nodes)
 
 
 @_apply_event.register
-def _(event: NodeModelsUpdated, state: State) -> State:
+def _apply_node_models_updated(event: NodeModelsUpdated, state: State) -> State:
     cards = dict(state.model_cards)
     for card in event.cards:
         cards[card.model_id] = card
@@ -92,7 +92,7 @@ def _(event: NodeModelsUpdated, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: NodeTimedOut, state: State) -> State:
+def _apply_node_timed_out(event: NodeTimedOut, state: State) -> State:
     nodes = {k: v for k, v in state.nodes.items() if k != event.node_id}
     edges = {
         src: {dst: e for dst, e in sinks.items() if dst != event.node_id}
@@ -105,7 +105,7 @@ def _(event: NodeTimedOut, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: TopologyEdgeCreated, state: State) -> State:
+def _apply_topology_edge_created(event: TopologyEdgeCreated, state: State) -> State:
     edges = dict(state.edges)
     sinks = dict(edges.get(event.edge.source, {}))
     sinks[event.edge.sink] = event.edge
@@ -114,7 +114,7 @@ def _(event: TopologyEdgeCreated, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: TopologyEdgeDeleted, state: State) -> State:
+def _apply_topology_edge_deleted(event: TopologyEdgeDeleted, state: State) -> State:
     if event.sink not in state.edges.get(event.source, {}):
         return state
     edges = dict(state.edges)
@@ -127,19 +127,19 @@ def _(event: TopologyEdgeDeleted, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: MasterElected, state: State) -> State:
+def _apply_master_elected(event: MasterElected, state: State) -> State:
     return replace(state, master=event.node_id, term=max(state.term, event.term))
 
 
 @_apply_event.register
-def _(event: InstanceCreated, state: State) -> State:
+def _apply_instance_created(event: InstanceCreated, state: State) -> State:
     instances = dict(state.instances)
     instances[event.instance.instance_id] = event.instance
     return replace(state, instances=instances)
 
 
 @_apply_event.register
-def _(event: InstanceDeleted, state: State) -> State:
+def _apply_instance_deleted(event: InstanceDeleted, state: State) -> State:
     if event.instance_id not in state.instances:
         return state
     instances = {k: v for k, v in state.instances.items() if k != event.instance_id}
@@ -148,7 +148,7 @@ def _(event: InstanceDeleted, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: InstanceFailed, state: State) -> State:
+def _apply_instance_failed(event: InstanceFailed, state: State) -> State:
     instance = state.instances.get(event.instance_id)
     if instance is None or instance.gave_up or (instance.failed_reason is not None and not event.final):
         return state
@@ -158,7 +158,7 @@ def _(event: InstanceFailed, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: RunnerStatusUpdated, state: State) -> State:
+def _apply_runner_status_updated(event: RunnerStatusUpdated, state: State) -> State:
     if event.instance_id not in state.instances:
         return state
     runners = dict(state.runners)
@@ -176,21 +176,21 @@ def _(event: RunnerStatusUpdated, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: RunnerDeleted, state: State) -> State:
+def _apply_runner_deleted(event: RunnerDeleted, state: State) -> State:
     if event.runner_id not in state.runners:
         return state
     return replace(state, runners={k: v for k, v in state.runners.items() if k != event.runner_id})
 
 
 @_apply_event.register
-def _(event: TaskCreated, state: State) -> State:
+def _apply_task_created(event: TaskCreated, state: State) -> State:
     tasks = dict(state.tasks)
     tasks[event.task.task_id] = TaskRecord(task=event.task)
     return replace(state, tasks=tasks)
 
 
 @_apply_event.register
-def _(event: TaskStatusUpdated, state: State) -> State:
+def _apply_task_status_updated(event: TaskStatusUpdated, state: State) -> State:
     record = state.tasks.get(event.task_id)
     if record is None or record.status in ("complete", "failed", "cancelled"):
         return state
@@ -200,7 +200,7 @@ def _(event: TaskStatusUpdated, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: TaskCancelRequested, state: State) -> State:
+def _apply_task_cancel_requested(event: TaskCancelRequested, state: State) -> State:
     record = state.tasks.get(event.task_id)
     if record is None or record.cancel_requested:
         return state
@@ -210,7 +210,7 @@ def _(event: TaskCancelRequested, state: State) -> State:
 
 
 @_apply_event.register
-def _(event: TaskDeleted, state: State) -> State:
+def _apply_task_deleted(event: TaskDeleted, state: State) -> State:
     if event.task_id not in state.tasks:
         return state
     return replace(state, tasks={k: v for k, v in state.tasks.items() if k != event.task_id})

@@ -1,4 +1,4 @@
-"""Canonical encoding and hash of State (design.md §5a: sha256 of the canonical msgpack)."""
+"""Canonical encoding and hash of State (docs/architecture.md#log-guarantees: sha256 of the canonical msgpack)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The topology graph and the cycle search placement uses (design.md §3 "topology", "cycle").
+"""The topology graph and the cycle search placement uses (docs/architecture.md#vocabulary "topology", "cycle").
 
 A ``Topology`` is the directed reachability graph of State restricted to some nodes: an edge
 A→B exists when State holds ``edges[A][B]`` with an address at which B can be dialled (an IP,
@@ -409,7 +409,7 @@ class _Search(Generic[T]):
         budget: int | None,
         better_than: CycleKey | None,
     ) -> None:
-        self.g = graph
+        self.graph = graph
         self.size = size
         self.count = count
         self.accept = accept
@@ -421,89 +421,89 @@ class _Search(Generic[T]):
         self.req_list = [i for i in range(count) if req_mask >> i & 1]
         self.best: Found[T] | None = None
         self.spent = 0
-        self.s = -1
+        self.start = -1
         self.path: list[int] = []
         self.dist: list[int] = []
 
     def offer(self, cycle_idx: list[int], key: CycleKey) -> None:
         if self.limit is not None and key >= self.limit:
             return
-        cycle = tuple(self.g.order[i] for i in cycle_idx)
+        cycle = tuple(self.graph.order[i] for i in cycle_idx)
         payload = self.accept(cycle)
         if payload is not None:
             self.best = Found(key, cycle, payload)
             self.limit = key
 
-    def run(self, s: int) -> None:
-        """Every cycle whose rank-0 node is ``s``."""
-        g, size = self.g, self.size
-        head_w = sum(g.w[s : s + size])
-        lb3 = (-g.single_rank if size == 1 else -g.max_rank, -size * g.max_rank, -head_w)
-        self.s = s
-        self.path = [s]
-        if self._beaten(lb3):
+    def run(self, start: int) -> None:
+        """Every cycle whose rank-0 node is ``start``."""
+        graph, size = self.graph, self.size
+        head_w = sum(graph.w[start : start + size])
+        head_bound = (-graph.single_rank if size == 1 else -graph.max_rank, -size * graph.max_rank, -head_w)
+        self.start = start
+        self.path = [start]
+        if self._beaten(head_bound):
             return
-        self.dist = g._distances(s)
-        self._go(1 << s, g.w[s], g.max_rank, 0)
+        self.dist = graph._distances(start)
+        self._go(1 << start, graph.w[start], graph.max_rank, 0)
 
-    def _beaten(self, lb3: tuple[int, int, int]) -> bool:
-        """True when no completion of the current path (optimistic head ``lb3``) can beat the
+    def _beaten(self, head_bound: tuple[int, int, int]) -> bool:
+        """True when no completion of the current path (optimistic head ``head_bound``) can beat the
         best so far: the rank-order tuple of any completion starts with the path's."""
         bound = self.limit
         if bound is None:
             return False
         head = bound[:3]
-        if lb3 != head:
-            return lb3 > head
-        w, order = self.g.w, self.g.order
+        if head_bound != head:
+            return head_bound > head
+        w, order = self.graph.w, self.graph.order
         return tuple((-w[i], order[i]) for i in self.path) > bound[3]
 
     def _heaviest_free(self, taken: int, n: int, need_host: bool) -> tuple[list[int], int | None]:
-        """The heaviest ``n`` nodes after s not in ``taken`` (weight order; all of them when
+        """The heaviest ``n`` nodes after start not in ``taken`` (weight order; all of them when
         fewer), extended to the first host when ``need_host``; and that host's position."""
         free: list[int] = []
         first_host = None
-        hm = self.host_mask
-        i = self.s + 1
+        host_mask = self.host_mask
+        i = self.start + 1
         while i < self.count and (len(free) < n or (need_host and first_host is None)):
             if not taken >> i & 1:
-                if need_host and first_host is None and hm >> i & 1:
+                if need_host and first_host is None and host_mask >> i & 1:
                     first_host = len(free)
                 free.append(i)
             i += 1
         return free, first_host
 
     def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
-        g, s, path, w = self.g, self.s, self.path, self.g.w
+        graph, start, path, w = self.graph, self.start, self.path, self.graph.w
         last = path[-1]
         remaining = self.size - len(path)
         if remaining == 0:
-            closing = g.rank_of[last].get(s)
+            closing = graph.rank_of[last].get(start)
             if closing is None or (self.host_mask != -1 and not self.host_mask & mask):
                 return
-            seq = tuple((-w[i], g.order[i]) for i in path)
+            seq = tuple((-w[i], graph.order[i]) for i in path)
             key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, seq)
             self.offer(path, key)
             return
         left = remaining - 1
         # Optimistic weight of a completion through child j: the path, j, the required nodes
-        # still missing ("forced"), and the heaviest other nodes after s ("free", weight
+        # still missing ("forced"), and the heaviest other nodes after start ("free", weight
         # order) for the slots left — with a host among them when one is still needed.
         # Computed once per path, when its first child passes the cheap checks.
         forced_mask = self.req_mask & ~mask
-        hm = self.host_mask
-        need_host = hm != -1 and not hm & (mask | forced_mask)
+        host_mask = self.host_mask
+        need_host = host_mask != -1 and not host_mask & (mask | forced_mask)
         prepared = False
-        max_rank = g.max_rank
-        for j, rank in g.succ[last]:
-            if j <= s or j >= self.count or mask >> j & 1 or self.dist[j] > remaining:
+        max_rank = graph.max_rank
+        for j, rank in graph.succ[last]:
+            if j <= start or j >= self.count or mask >> j & 1 or self.dist[j] > remaining:
                 continue
             self.spent += 1
             if self.budget is not None and self.spent > self.budget:
                 raise _BudgetSpent
             if not prepared:
                 prepared = True
-                forced = [i for i in self.req_list if i > s and forced_mask >> i & 1]
+                forced = [i for i in self.req_list if i > start and forced_mask >> i & 1]
                 forced_w = sum(w[i] for i in forced)
                 free, first_host = self._heaviest_free(mask | forced_mask, left - len(forced) + 2, need_host)
                 prefix = [0]
@@ -512,14 +512,14 @@ class _Search(Generic[T]):
                 pos = {i: p for p, i in enumerate(free)}
             j_forced = forced_mask >> j & 1
             slots = left - (len(forced) - j_forced)  # free slots after j
-            pj = None if j_forced else pos.get(j)
-            if slots < 0 or len(free) - (pj is not None) < slots:
+            j_free_pos = None if j_forced else pos.get(j)
+            if slots < 0 or len(free) - (j_free_pos is not None) < slots:
                 continue
-            if pj is not None and pj < slots:
+            if j_free_pos is not None and j_free_pos < slots:
                 end, window = slots + 1, prefix[slots + 1] - w[j]
             else:
                 end, window = slots, prefix[slots]
-            if need_host and not hm >> j & 1:
+            if need_host and not host_mask >> j & 1:
                 if first_host is None or slots == 0:
                     continue
                 if first_host >= end:
@@ -528,12 +528,12 @@ class _Search(Generic[T]):
             if ub_w < self.min_weight:
                 continue
             new_min = min(cur_min, rank)
-            lb3 = (-new_min, -(cur_sum + rank + (left + 1) * max_rank), -ub_w)
-            if self.limit is not None and lb3 >= self.limit[:3]:
-                if lb3 > self.limit[:3]:
+            head_bound = (-new_min, -(cur_sum + rank + (left + 1) * max_rank), -ub_w)
+            if self.limit is not None and head_bound >= self.limit[:3]:
+                if head_bound > self.limit[:3]:
                     continue
                 path.append(j)
-                beaten = self._beaten(lb3)
+                beaten = self._beaten(head_bound)
                 path.pop()
                 if beaten:
                     continue

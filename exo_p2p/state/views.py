@@ -15,7 +15,7 @@ from exo_p2p.types import (
 
 
 class InstanceView(msgspec.Struct, frozen=True):
-    """An instance with its derived status (design.md §5b): ``loading`` while some runner is
+    """An instance with its derived status (docs/architecture.md#instance-lifecycle): ``loading`` while some runner is
     not Ready/Running, ``ready`` when all are, ``failed`` with ``reason``. ``layers_loaded``
     / ``layers_total`` sum the loading progress of its runners."""
 

@@ -1,4 +1,4 @@
-"""All wire and state types of exo-p2p: msgspec Structs, no I/O (design.md §2, §6)."""
+"""All wire and state types of exo-p2p: msgspec Structs, no I/O (docs/architecture.md#layers)."""
 
 from exo_p2p.types.chunks import Chunk, ErrorChunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
 from exo_p2p.types.commands import (

@@ -1,5 +1,5 @@
 """Chunks: pieces of a response, streamed from rank 0's runner to the API node that owns
-the request (never through the replicated State; design.md §4.7)."""
+the request (never through the replicated State; docs/architecture.md#request-flow)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Commands: requests to the master, answered over a direct request/response stream with a
-``CommandResult`` (design.md §3, §4.2)."""
+``CommandResult`` (docs/architecture.md#vocabulary)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class CommandEnvelope(msgspec.Struct, frozen=True):
 class CommandResult(msgspec.Struct, frozen=True):
     """The master's answer: ``error`` is None on success; ``instance`` is set by a placement,
     ``instance_id`` by a generation (the instance chosen), ``event_idx`` is the index of the
-    event the answer depends on (committed before the answer is sent, design.md §5a)."""
+    event the answer depends on (committed before the answer is sent, docs/architecture.md#log-guarantees)."""
 
     command_id: CommandId
     error: ErrorInfo | None = None

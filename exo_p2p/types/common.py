@@ -35,7 +35,7 @@ def new_id() -> str:
 class ErrorInfo(msgspec.Struct, frozen=True):
     """An error a caller sees, shaped for OpenAI-style JSON.
 
-    ``status`` is the HTTP status the API answers with (design.md §5b), ``type`` the OpenAI
+    ``status`` is the HTTP status the API answers with (docs/architecture.md#instance-lifecycle), ``type`` the OpenAI
     error type (``invalid_request_error``, ``not_found_error``, ``server_error``, ...),
     ``param`` the offending request field when there is one.
     """

@@ -1,4 +1,4 @@
-"""Events: facts, applied in the master's index order by every node (design.md §3, §4)."""
+"""Events: facts, applied in the master's index order by every node (docs/architecture.md#vocabulary)."""
 
 from __future__ import annotations
 

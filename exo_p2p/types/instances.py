@@ -1,4 +1,4 @@
-"""Placed models: instances and their shards (design.md §3 "instance", "shard")."""
+"""Placed models: instances and their shards (docs/architecture.md#vocabulary "instance", "shard")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class ShardMetadata(msgspec.Struct, frozen=True):
     Pipeline: layers ``[start_layer, end_layer)``; tensor: all layers, ``1/world_size`` of
     each (``start_layer=0, end_layer=n_layers``). ``share_bytes`` is what placement computed
     this rank loads (layers + non-layer tensors). ``boot_id`` is the node's boot id at
-    placement time: a node restarted since never runs this shard (design.md §5b).
+    placement time: a node restarted since never runs this shard (docs/architecture.md#instance-lifecycle).
     ``ring_address`` is ``ip:port`` where this rank listens for its ring neighbours (empty
     for single-rank instances). ``weights_dtype`` is what its runner holds, decided by
     placement: ``"stored"`` (as on disk, quantized or not) or ``"float32"`` (expanded at load,

@@ -1,4 +1,4 @@
-"""What placement and the API need to know about a model (design.md §3 "model card")."""
+"""What placement and the API need to know about a model (docs/architecture.md#vocabulary "model card")."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ class ModelCard(msgspec.Struct, frozen=True):
 
     ``layer_bytes[i]`` is the storage size of transformer layer ``i`` in bytes;
     ``embedding_bytes`` the token embedding (loaded by rank 0), ``head_bytes`` the output head
-    (0 when ``tie_word_embeddings``: the last rank then loads the embedding again, design.md
-    §5), ``norm_bytes`` the final norm (last rank). ``storage_size`` is the sum of every
+    (0 when ``tie_word_embeddings``: the last rank then loads the embedding again, docs/architecture.md#rules), ``norm_bytes`` the final norm (last rank). ``storage_size`` is the sum of every
     tensor's bytes on disk, so ``storage_size = sum(layer_bytes) + embedding_bytes +
     head_bytes + norm_bytes``. ``context_length`` is in tokens.
 

@@ -1,4 +1,4 @@
-"""Runner states (design.md §5): Idle → Connecting → Connected → Loading → Loaded →
+"""Runner states (docs/architecture.md#rules): Idle → Connecting → Connected → Loading → Loaded →
 WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown; Failed from anywhere."""
 
 from __future__ import annotations

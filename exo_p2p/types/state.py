@@ -1,4 +1,4 @@
-"""The replicated State: what every node knows, built only by ``apply`` (design.md §4)."""
+"""The replicated State: what every node knows, built only by ``apply`` (docs/architecture.md#request-flow)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class State(msgspec.Struct, frozen=True):
     """The cluster's replicated state after applying events ``1..last_event_idx``.
 
     Holds no node-local or wall-clock fields, so every node that applied the same events has
-    the same ``state_hash`` (design.md §5a). ``edges[source][sink]`` is the edge source→sink.
+    the same ``state_hash`` (docs/architecture.md#log-guarantees). ``edges[source][sink]`` is the edge source→sink.
     Finished generation tasks are removed, so State does not grow with traffic.
 
     ``origin_seqs[origin][origin_boot]`` is the highest ``origin_seq`` indexed from that

@@ -1,4 +1,4 @@
-"""Tasks: units of work a worker gives its runner (design.md §3 "task").
+"""Tasks: units of work a worker gives its runner (docs/architecture.md#vocabulary "task").
 
 Runner lifecycle tasks (CreateRunner … Shutdown) are planned locally by each worker from the
 replicated State; generation tasks are created by the master (``TaskCreated``) and live in

@@ -1,4 +1,4 @@
-"""Nodes as the cluster sees them: profiles and reachability edges (design.md §3, §4.1)."""
+"""Nodes as the cluster sees them: profiles and reachability edges (docs/architecture.md#vocabulary)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class NodeProfile(msgspec.Struct, frozen=True):
     """A node's self-description, published periodically and on change.
 
     ``memory_total``/``memory_available`` are bytes already capped by ``--memory-limit``
-    (design.md §5); ``None`` means *not measured yet* and is never treated as 0 bytes.
+    (docs/architecture.md#rules); ``None`` means *not measured yet* and is never treated as 0 bytes.
     ``boot_id`` changes on every start of the node process: runners are tied to it.
     ``models`` lists the model ids this node holds (their cards are in ``State.model_cards``).
     ``backend`` is where its runners compute: ``"cpu"`` or ``"metal"`` (``""``: not said, as

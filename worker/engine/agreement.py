@@ -1,4 +1,4 @@
-"""Task agreement between the ranks of one instance (design.md §5; seeds 000/002).
+"""Task agreement between the ranks of one instance (docs/architecture.md#rules).
 
 A rank may receive generation tasks in another order than its peers, or not yet at all, and
 a cancel may reach only some ranks. Before a rank starts work it all-gathers what it holds:

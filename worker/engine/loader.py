@@ -6,7 +6,7 @@ with one ``LoadedModel``. Model classes, ``sanitize`` and quantization (config.j
 with ``lazy=True``): ``mx.load`` of a safetensors file only maps tensors, and a tensor is
 read when it is evaluated. We then keep only the modules this rank needs and evaluate them
 one layer at a time, so memory grows progressively and a pipeline rank never reads the
-other ranks' layers (design.md §5 "share"): layers ``[start_layer, end_layer)``, plus the
+other ranks' layers (docs/architecture.md#rules "share"): layers ``[start_layer, end_layer)``, plus the
 token embedding on the first rank and the final norm and head on the last (with tied
 embeddings the head *is* the embedding).
 

@@ -6,7 +6,7 @@ Sharding is mlx-lm's own (``Model.shard(group)``, e.g. ``mlx_lm/models/llama.py`
 its kv heads, its slice of the MLP) and ``o_proj`` / ``down_proj`` become *sharded-to-all*
 (each rank keeps ``in/N`` input columns and the layer ends with an ``all_sum``), so after
 every attention and MLP block all ranks hold the same hidden states. The embedding, the norms
-and the head stay whole on every rank (the non-layer tensors, design.md §5).
+and the head stay whole on every rank (the non-layer tensors, docs/architecture.md#rules).
 
 Quantized linears shard through ``QuantizedAllToShardedLinear`` /
 ``QuantizedShardedToAllLinear``: the packed ``weight [out, in·bits/32]``, ``scales`` and

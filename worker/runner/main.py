@@ -1,4 +1,4 @@
-"""The runner process: holds one shard of one instance and runs it (design.md §3, §5).
+"""The runner process: holds one shard of one instance and runs it (docs/architecture.md#vocabulary).
 
 Started by the worker's supervisor as ``python -m worker.runner.main --in-fd N --out-fd M``.
 It reads ``RunnerSetup`` and then tasks from ``in-fd``, and writes status, chunks and
@@ -20,7 +20,7 @@ decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SEC
 decode even when the machine slows down after warm-up (case B15). Every rank reports task status; rank 0 alone emits the chunks (every rank
 holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
 sent from the main loop only: a rank blocked in a collective because a peer died falls
-silent and its supervisor kills it (design.md §5c).
+silent and its supervisor kills it (docs/architecture.md#defaults).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from exo_p2p.types import (
     StartWarmup,
     TextGeneration,
 )
+from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.protocol import (
     ChunkMsg,
     HeartbeatMsg,
@@ -78,7 +79,7 @@ IDLE_ROUND_INTERVAL = 0.1
 request waits before every rank has agreed on it, plus delivery skew)."""
 
 CHECK_SECONDS = 1.0
-"""Target seconds of decode between agreement rounds (design.md: a check at least every ~2 s;
+"""Target seconds of decode between agreement rounds (docs/architecture.md#rules: a check at least every ~2 s;
 1 s leaves room for decode slowing down between two rounds, and a round — one all-gather of
 a few hundred bytes — costs about a millisecond)."""
 
@@ -205,18 +206,17 @@ class RunnerProcess:
 
     def handle(self, task: object) -> str | None:
         assert self.setup is not None
-        hooks = self.setup.fault_hooks
+        faults = RunnerFaults.from_hooks(self.setup.fault_hooks) if self.setup.fault_hooks else NO_FAULTS
         if isinstance(task, ConnectToGroup):
             if self.multi:
-                self.connect(hooks)
+                self.connect(faults)
             return None
         if isinstance(task, LoadModel):
-            self.load(hooks)
+            self.load(faults)
             return None
         if isinstance(task, StartWarmup):
             self.set_status(RunnerWarmingUp())
-            if hooks.get("stall") == "warmup":
-                time.sleep(3600)
+            faults.at(STAGE_WARMUP)
             self.warmup()
             self.set_status(RunnerReady())
             return None
@@ -242,9 +242,9 @@ class RunnerProcess:
             return None
         raise TypeError(f"unexpected task {type(task).__name__}")
 
-    def connect(self, hooks: dict[str, str]) -> None:
-        """Join the instance's ring (bounded; see ``engine.distributed.init_ring``). Fault
-        hook ``ring=no_hostfile`` drops the host list (case B17)."""
+    def connect(self, faults: RunnerFaults) -> None:
+        """Join the instance's ring (bounded; see ``engine.distributed.init_ring``); test
+        faults may drop the host list (``worker.runner.faults``)."""
         from worker.engine.distributed import init_ring
 
         assert self.setup is not None
@@ -252,14 +252,14 @@ class RunnerProcess:
         if instance.sharding not in ("pipeline", "tensor"):
             raise RuntimeError(f"{instance.sharding} sharding is not supported by this runner")
         self.set_status(RunnerConnecting())
-        addresses = None if hooks.get("ring") == "no_hostfile" else [s.ring_address for s in instance.shards]
+        addresses = faults.ring_addresses([s.ring_address for s in instance.shards])
         self.group = init_ring(
             addresses, shard.rank, shard.world_size,
             timeout_report=lambda m: (self.out_fd, frame(StatusMsg(RunnerFailed(m)))),
         )
         self.set_status(RunnerConnected())
 
-    def load(self, hooks: dict[str, str]) -> None:
+    def load(self, faults: RunnerFaults) -> None:
         import mlx.core as mx
 
         from worker.engine.loader import LoadProgress, load_model
@@ -268,10 +268,7 @@ class RunnerProcess:
         shard = self.setup.shard
         total = shard.end_layer - shard.start_layer
         self.set_status(RunnerLoading(0, total))
-        if hooks.get("fail") == "loading":
-            raise RuntimeError("fault hook: failure during load")
-        if hooks.get("stall") == "loading":
-            time.sleep(3600)
+        faults.at(STAGE_LOADING)
         loaded = None
         tensor_group = self.group if self.multi and self.setup.instance.sharding == "tensor" else None
         for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer,

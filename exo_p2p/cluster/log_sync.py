@@ -1,0 +1,180 @@
+"""Log following: apply the master's indexed events in order, fetch what gossip missed, and
+serve this node's log to others.
+
+Rules:
+- ``global_batch_verdict``: indexed events are taken only from the node this node follows
+  as master (never while master itself), of this protocol version; events of an older term
+  than this node's are dropped (counted ``global_event_stale_term``).
+- A follower fetches from its master over a direct stream when the master's heartbeat shows
+  events it lacks, when its replica has a gap, and once after following a new master (to
+  check its tail agrees); when the master is unreachable, from up to
+  ``LOG_FETCH_FALLBACK_PEERS`` peers following the same master in the same term, most
+  advanced first (``fetch_sources``). A fetch resumes from the last applied index.
+- ``tail_diverged`` / ``log_answer``: the server answers with its State as a snapshot when
+  the asker's tail is not a prefix of its log or the range was compacted, else the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p import defaults
+from exo_p2p.cluster.common import Counters, Role, Wake
+from exo_p2p.cluster.event_times import EventTimes
+from exo_p2p.cluster.heartbeats import PeerView
+from exo_p2p.cluster.messages import (
+    LOG_PROTOCOL, Heartbeat, IndexedEventBatch, LogRequest, LogResponse, decode_global, encode, log_request_decoder,
+    log_response_decoder,
+)
+from exo_p2p.cluster.settings import ClusterSettings
+from exo_p2p.replica import Replica
+from exo_p2p.types import PROTOCOL_VERSION
+
+log = structlog.get_logger(__name__)
+
+
+def global_batch_verdict(batch: IndexedEventBatch, sender: str, role: Role) -> str | None:
+    """None to take ``batch`` from ``sender``; else the drop kind (module docstring)."""
+    if batch.version != PROTOCOL_VERSION or any(e.version != PROTOCOL_VERSION for e in batch.events):
+        return "global_event_version"
+    if sender != role.master or role.is_master:
+        return "global_event_not_from_master"
+    return None
+
+
+def fetch_sources(master: str, term: int, peers: Sequence[Heartbeat], n: int) -> list[str]:
+    """Peers to fetch from when ``master`` is unreachable: following it at ``term``, most
+    advanced first, ``n`` at most."""
+    same = sorted((p for p in peers if p.master == master and p.term == term and p.node_id != master), key=lambda p: -p.last_idx)
+    return [p.node_id for p in same[:n]]
+
+
+def tail_diverged(replica: Replica, request: LogRequest) -> bool:
+    """Whether the asker's log, ending at ``request.prev_idx`` with term ``prev_term`` and
+    chain digest ``prev_chain``, is not a prefix of ``replica``'s log (pure). True when the
+    asker is ahead of us, or our log holds another term or another chain digest at its last
+    index (the digest catches logs of two masters that claimed the same term)."""
+    if request.prev_idx > replica.last_idx:
+        return True
+    if request.prev_idx > 0 and replica.term_at(request.prev_idx) != request.prev_term:
+        return True
+    mine = replica.chain_at(request.prev_idx)
+    return bool(request.prev_chain) and mine is not None and mine != request.prev_chain
+
+
+def log_answer(replica: Replica, request: LogRequest) -> LogResponse:
+    """The answer to ``request`` (module docstring); events at most ``LOG_SERVE_MAX_EVENTS``."""
+    chain = replica.chain_at(replica.last_idx) or b""
+    if tail_diverged(replica, request):
+        return LogResponse(snapshot=replica.state, last_idx=replica.last_idx, snapshot_chain=chain, diverged=True)
+    events = replica.events_from(request.from_idx, min(request.max_events, defaults.LOG_SERVE_MAX_EVENTS))
+    if events is None:
+        return LogResponse(snapshot=replica.state, last_idx=replica.last_idx, snapshot_chain=chain)
+    return LogResponse(events=tuple(events), last_idx=replica.last_idx)
+
+
+class LogFollower:
+    """``run(channel)``: take gossiped indexed events and keep up by fetching; ``fetch_from``;
+    ``serve`` (the ``LOG_PROTOCOL`` handler); ``wake()`` to check for a fetch now."""
+
+    def __init__(self, net, replica: Replica, role: Role, peers: PeerView, settings: ClusterSettings,  # type: ignore[no-untyped-def]
+                 counters: Counters, event_times: EventTimes) -> None:
+        self.net, self.replica, self.role, self.peers = net, replica, role, peers
+        self.settings, self.counters, self.event_times = settings, counters, event_times
+        self.wake_up = Wake()
+        self.checked: tuple[str | None, int] | None = None
+        """(master, term) this node last fetched from: its tail agrees with that master's log."""
+
+    def wake(self, *_args: object) -> None:
+        self.wake_up.set()
+
+    async def run(self, channel) -> None:  # type: ignore[no-untyped-def]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_loop, channel)
+            nursery.start_soon(self._sync_loop)
+
+    async def _receive_loop(self, channel) -> None:  # type: ignore[no-untyped-def]
+        async for sender, data in channel:
+            try:
+                batch = decode_global(data)
+            except msgspec.DecodeError:
+                self.counters.drop("global_event_undecodable")
+                continue
+            if (verdict := global_batch_verdict(batch, sender, self.role)) is not None:
+                self.counters.drop(verdict)
+                continue
+            fresh = [e for e in batch.events if e.term >= self.role.term]
+            if len(fresh) < len(batch.events):
+                self.counters.drop("global_event_stale_term")
+            for e in fresh:
+                if e.idx > self.replica.last_idx:
+                    self.event_times.received(e.idx)
+            outcomes = self.replica.offer_many(fresh)
+            if "buffered" in outcomes:
+                self.wake()
+            if "duplicate" in outcomes:
+                self.counters.drop("global_event_duplicate")
+
+    def _behind(self, master: str) -> bool:
+        hb = self.peers.liveness.get(master)
+        ahead = hb is not None and hb.last_idx > self.replica.last_idx
+        return ahead or self.replica.missing_range() is not None or self.checked != (master, self.role.term)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self.wake_up.wait(defaults.LOG_SYNC_POLL)
+            master = self.role.master
+            if master is None or self.role.is_master or not self._behind(master):
+                continue
+            if await self.fetch_from(master):
+                continue
+            sources = fetch_sources(master, self.role.term, self.peers.live_peers(), defaults.LOG_FETCH_FALLBACK_PEERS)
+            for peer in sources:
+                if await self.fetch_from(peer):
+                    break
+
+    async def _request(self, peer: str) -> LogResponse | None:
+        last = self.replica.last_idx
+        request = LogRequest(from_idx=last + 1, prev_idx=last, prev_term=self.replica.last_term, prev_chain=self.replica.chain_at(last) or b"")
+        timeout = self.settings.request_timeout
+        try:
+            with trio.fail_after(timeout):
+                raw = await self.net.request(peer, LOG_PROTOCOL, encode(request), timeout=timeout)
+            return log_response_decoder.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - unreachable, too slow, undecodable
+            log.warning("log fetch failed", peer=peer, error=repr(exc))
+            self.counters.drop("log_fetch_failed")
+            return None
+
+    async def fetch_from(self, peer: str) -> bool:
+        """Fetch events after our last index from ``peer`` (the master, or a peer following
+        it) until caught up, installing its snapshot when our tail diverged from its log.
+        Returns False when the exchange failed (peer unreachable, bad answer)."""
+        master = self.role.master
+        for _ in range(defaults.LOG_FETCH_MAX_ROUNDS):
+            response = await self._request(peer)
+            if response is None:
+                return False
+            if response.snapshot is not None:
+                log.info("installing snapshot", peer=peer, idx=response.snapshot.last_event_idx)
+                self.replica.install_snapshot(response.snapshot, response.snapshot_chain or None)
+            before = self.replica.last_idx
+            self.replica.offer_many(list(response.events))
+            if self.replica.last_idx > before:  # gaps recovered by fetch, not gossip
+                self.counters.add("log_fetch_applied", self.replica.last_idx - before)
+            self.checked = (master, self.role.term)
+            if (not response.events and response.snapshot is None) or self.replica.last_idx >= response.last_idx:
+                return True
+        return True
+
+    async def serve(self, _peer: str, data: bytes) -> bytes:
+        """The ``LOG_PROTOCOL`` handler: what we serve is persisted here first (the master
+        defers its fsyncs)."""
+        request = log_request_decoder.decode(data)
+        self.replica.sync()
+        return encode(log_answer(self.replica, request))
+

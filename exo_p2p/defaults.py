@@ -1,0 +1,117 @@
+"""Every time bound and size default of the cluster core, named once with its unit and why.
+
+The cluster modules (``exo_p2p.cluster``) and ``ClusterSettings`` read these; the README's
+defaults table and docs/architecture.md ("Defaults") quote them. Times are seconds of this
+node's monotonic clock (heartbeats carry no time); sizes are counts or bytes as named.
+Pure data: no imports, so any layer may read it.
+"""
+
+from __future__ import annotations
+
+# --- liveness ---------------------------------------------------------------------------------
+HEARTBEAT_INTERVAL = 0.5
+"""Seconds between two heartbeats of a node (gossiped, and direct to the master)."""
+HEARTBEAT_MIN_GAP = 0.1
+"""Seconds between two heartbeats at least, even when a change asks for one at once: at most
+10 heartbeats/s, as a gossiped heartbeat costs each receiver ~4 ms of CPU."""
+PEER_TIMEOUT = 5.0
+"""Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
+DIRECT_HEARTBEAT_TIMEOUT = 2.0
+"""Seconds a direct heartbeat to the master may take at most (and at most half ``PEER_TIMEOUT``)."""
+DISCONNECT_GRACE = 1.0
+"""Seconds a peer whose last connection closed still counts as reachable: a killed process
+is noticed in ~0.2 s, a brief reconnect is tolerated."""
+
+# --- election ---------------------------------------------------------------------------------
+START_SETTLE = 2.0
+"""Seconds a masterless node waits after it starts before an election, so the heartbeats of
+an existing master reach it first."""
+KNOWN_SETTLE = 5.0
+"""``START_SETTLE`` for a node whose State lists other nodes: its dials to their known
+addresses get time before it may claim a term they may have used."""
+FAILOVER_SETTLE = 0.5
+"""Seconds to wait after losing a master before electing (every node decides alike)."""
+ELECTION_TICK = 0.1
+"""Seconds between two passes of the election loop."""
+CLAIM_PROBE_TIMEOUT = 3.0
+"""Seconds a node waits for a master claimer to answer for its log (``cluster.claims``)."""
+CLAIM_RECHECK_AFTER = 5.0
+"""Seconds after which a refused master claim is probed again (the claimer may have caught up)."""
+
+# --- local events and the replicated log --------------------------------------------------------
+RESEND_INTERVAL = 1.0
+"""Seconds after which a local event not seen indexed is sent again."""
+DIRECT_SEND_TIMEOUT = 3.0
+"""Seconds a re-send of local events over a direct stream to the master may take."""
+REQUEST_TIMEOUT = 10.0
+"""Seconds a log fetch request may take."""
+MAX_LOCAL_BATCH = 64
+"""Local events per gossip message or direct request at most."""
+MAX_GLOBAL_BATCH = 64
+"""Indexed events per gossip message at most (a burst is published as one message)."""
+MAX_OUTBOX = 4096
+"""Indexed events waiting to be published at most; beyond it the master's sequencing waits."""
+LOG_SYNC_POLL = 1.0
+"""Seconds between two checks of a follower that it is not behind its master."""
+LOG_FETCH_FALLBACK_PEERS = 3
+"""Peers following the same master asked for the log when the master is unreachable."""
+LOG_FETCH_MAX_ROUNDS = 1000
+"""Requests of one catch-up at most (each returns up to ``LOG_SERVE_MAX_EVENTS`` events)."""
+LOG_SERVE_MAX_EVENTS = 5000
+"""Events one log response carries at most."""
+TIMEOUT_CHECK_INTERVAL = 0.5
+"""Seconds between two checks of the master for nodes to time out."""
+COMMIT_POLL = 0.05
+"""Seconds between two checks of ``wait_committed`` when no heartbeat arrives."""
+
+# --- subscriptions (messages buffered per topic before the receiver reads them) ----------------
+HEARTBEATS_BUFFER = 4096
+LOCAL_EVENTS_BUFFER = 4096
+GLOBAL_EVENTS_BUFFER = 8192
+
+# --- mesh and topology edges --------------------------------------------------------------------
+MESH_TICK = 0.5
+"""Seconds between two passes over the nodes in State to dial."""
+MESH_DIAL_TIMEOUT = 3.0
+"""Seconds one dial of a peer's address may take."""
+MESH_STAGGER = 3.0
+"""Seconds the larger node id waits before dialling a new node (the smaller dials first, so a
+pair does not open two connections at once)."""
+MESH_BACKOFF_FIRST = 0.5
+"""Seconds before the second dial of an unreachable node (doubling after each failure)."""
+MESH_BACKOFF_MAX = 30.0
+"""Seconds between dials of an unreachable node at most."""
+EDGE_RECONCILE_PERIOD = 1.0
+"""Seconds between two comparisons of State's edges from this node with its connections."""
+EDGE_RETRACT_GRACE = 2.0
+"""Seconds a peer stays disconnected before its edge is retracted (a replaced connection or a
+hiccup is not a topology change worth two events)."""
+EDGE_ADDRESS_POLL = 0.2
+"""Seconds between two looks for a connected peer's IP address."""
+EDGE_ADDRESS_WAIT = 10.0
+"""Seconds to wait for a peer's IP address before giving up its edge (logged)."""
+
+# --- commands --------------------------------------------------------------------------------
+COMMAND_TIMEOUT = 30.0
+"""Seconds a command may take, failovers included; then a 503 ``no_master`` result."""
+COMMAND_SERVE_SLACK = 5.0
+"""Seconds the master's command handler gets beyond ``COMMAND_TIMEOUT``."""
+COMMAND_RETRY_PAUSE = 0.2
+"""Seconds before a command is sent again after the master did not answer."""
+NOT_MASTER_PAUSE = 0.1
+"""Seconds before a command refused by a former master is sent again."""
+NOT_MEMBER_MIN_LEFT = 0.3
+"""Seconds of the command's time that must be left to retry a ``not_member`` refusal (this
+node's profile may not be indexed yet)."""
+COMMAND_APPLY_WAIT = 5.0
+"""Seconds a command's caller waits for its event to be applied here at most."""
+
+# --- chunks ------------------------------------------------------------------------------------
+CHUNK_BATCH_MAX = 256
+"""Chunks per direct request at most."""
+CHUNK_ATTEMPTS = 3
+"""Tries of one chunk batch before it is counted lost (``chunks_lost``)."""
+CHUNK_REQUEST_TIMEOUT = 5.0
+"""Seconds one chunk batch request may take."""
+CHUNK_RETRY_PAUSE = 0.2
+"""Seconds between two tries of a chunk batch."""
