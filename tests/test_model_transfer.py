@@ -232,3 +232,54 @@ def test_dead_source_resumes_from_disk_and_from_another_holder(tmp_path: Path, m
         report = _run(fetch_chunks, p, wanted, ["b"], peers.get, limits=limits)
         assert p.complete
     assert report.chunks_fetched == n_chunks - 3 == peers.calls["b"]
+
+
+class FakeNet:
+    """The two calls the bulk client makes on ``exo_p2p.net.Network``, wired to a server."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def peer_addrs(self, peer: str) -> list[str]:
+        return ["/ip4/127.0.0.1/tcp/1/p2p/x"]
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        return await self.server.serve_ticket(peer, data)
+
+
+def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Path, model: Path) -> None:
+    from exo_p2p.models.bulk import BulkConnection, BulkError, BulkServer, bulk_chunk_getter
+    from exo_p2p.models.peer_transfer import ChunkRequest, LocalModel
+
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    source = LocalModel(model, m)
+    server = BulkServer(lambda d: source if d == m.digest else None)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, "127.0.0.1")
+            get, close = bulk_chunk_getter(FakeNet(server), m.digest, timeout=5.0)
+            wanted = shard_chunks(m, start_layer=0, end_layer=4, n_layers=4, tied=False)
+            with PartialModel(tmp_path / "c", m) as p:
+                await fetch_chunks(p, wanted, ["holder"], get)
+                assert p.complete
+            await close()
+            # a token opens one connection only
+            ticket = server.issue("peer", m.digest)
+            first = await BulkConnection.open("127.0.0.1", ticket)
+            assert await first.get(ChunkRequest(m.digest, "config.json", 0)) == (model / "config.json").read_bytes()
+            second = await BulkConnection.open("127.0.0.1", ticket)
+            with pytest.raises(BulkError):
+                await second.get(ChunkRequest(m.digest, "config.json", 0))
+            # a ticket serves its own model only (refused with a reason, connection kept)
+            with pytest.raises(BulkError, match="another model"):
+                await first.get(ChunkRequest("0" * 64, "config.json", 0))
+            await first.aclose()
+            await second.aclose()
+            with pytest.raises(LookupError):
+                server.issue("peer", "0" * 64)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    for f in m.files:
+        assert (tmp_path / "c" / f.path).read_bytes() == (model / f.path).read_bytes()
