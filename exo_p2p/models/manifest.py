@@ -240,6 +240,11 @@ def shard_chunks(
     return out
 
 
+def all_chunks(manifest: ModelManifest) -> dict[str, tuple[int, ...]]:
+    """Every chunk of every (non-empty) file: what a whole-model pull fetches."""
+    return {f.path: tuple(range(len(f.chunks))) for f in manifest.files if f.chunks}
+
+
 def chunk_bytes_of(manifest: ModelManifest, chunks: Mapping[str, Iterable[int]]) -> int:
     """Total bytes of the given chunks (``path -> indices``)."""
     total = 0

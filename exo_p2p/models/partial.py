@@ -2,7 +2,7 @@
 
 Layout of one copy (a directory, one per manifest digest)::
 
-    manifest.json        the manifest (its digest names the directory)
+    .manifest.json       the manifest (its digest names the directory)
     <path>.part          a file not yet complete: verified chunks at their offsets, holes elsewhere
     <path>               a file whose every chunk is verified (renamed from <path>.part)
     .verified            journal: one line "<chunk index> <path>" per verified chunk
@@ -30,7 +30,7 @@ from exo_p2p.models.manifest import chunk_span
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = ".manifest.json"
 
 
 class ChunkVerificationError(ValueError):

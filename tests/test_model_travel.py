@@ -1,0 +1,72 @@
+"""Models travel between real node processes (issue 13): a model only on node A is pulled by
+node B over the cluster (bulk path opened by a libp2p ticket, every chunk verified), listed
+with its holders, and removed again. The tiny synthetic model keeps it quick."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from exo_p2p.models.manifest import build_manifest
+from exo_p2p.models.synthetic import make_synthetic_model
+from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
+
+pytestmark = pytest.mark.integration
+MODEL = "tiny-travel"
+
+
+@pytest.fixture()
+def nodes():
+    with nodes_cleanup([]) as listed:
+        yield listed
+
+
+def _held(node: NodeProcess, holder: str) -> list:
+    state = node.get("/state").json()
+    profile = state.get("nodes", {}).get(holder) or {}
+    return profile.get("held_models") or []
+
+
+def test_pull_copies_a_model_from_its_only_holder(tmp_path, nodes) -> None:
+    models = tmp_path / "models"
+    make_synthetic_model(models / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=4)
+    manifest = build_manifest(models / MODEL, MODEL)
+    a = NodeProcess(tmp_path / "a", extra_args=["--models-dir", str(models)]).start()
+    nodes.append(a)
+    b = NodeProcess(tmp_path / "b", cluster=a.cluster,
+                    extra_args=[x for addr in a.addrs() for x in ("--bootstrap", addr)]).start()
+    nodes.append(b)
+    wait_until(lambda: converged([a, b], 2), 30, what="2-node cluster")
+    a_id = self_id(a)
+    wait_until(lambda: [MODEL, manifest.digest, True] in _held(b, a_id), 30, what="A's manifest in B's State")
+
+    listed = b.get("/models/cluster").json()
+    entry = next(m for m in listed if m["model"] == MODEL)
+    assert entry["manifests"] == [{"digest": manifest.digest, "complete": [a_id], "partial": []}]
+
+    reply = b.post("/models/pull", json={"model": MODEL})
+    assert reply.status_code == 201, reply.text
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 409  # already running
+
+    def pull_status() -> dict | None:
+        pulls = {p["model"]: p for p in b.get("/models/pulls").json()}
+        status = pulls.get(MODEL)
+        return status if status and status["state"] != "running" else None
+
+    status = wait_until(pull_status, 60, what="pull finished")
+    assert status["state"] == "done", status
+    assert status["bytes_total"] == status["bytes_done"] == manifest.total_bytes
+    assert status["bytes_by_peer"] == {a_id: manifest.total_bytes}
+    pulled = tmp_path / "b" / "models" / "pulled" / MODEL
+    for f in manifest.files:
+        assert (pulled / f.path).read_bytes() == (models / MODEL / f.path).read_bytes()
+    wait_until(lambda: any(m["model"] == MODEL for m in b.get("/models").json()), 20, what="B lists the model")
+    b_id = self_id(b)
+    wait_until(lambda: [MODEL, manifest.digest, True] in _held(a, b_id), 30, what="B holds it in State")
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 409  # already here
+    assert b.post("/models/pull", json={"model": "nope"}).status_code == 400
+
+    removed = httpx.delete(f"{b.url}/models/{MODEL}", timeout=10)
+    assert removed.status_code == 200, removed.text
+    assert not pulled.exists()
+    wait_until(lambda: not any(m["model"] == MODEL for m in b.get("/models").json()), 20, what="B forgot the model")
