@@ -1098,7 +1098,8 @@ def test_ps_ls_aliases_and_stop_model(served):
     assert result.stdout.count("deleted instance") == 2
     result = invoke(["stop", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 1 and error_lines(result) == ["error: no instance of smollm2-135m-instruct is placed (see `exo-p2p instances`)"]
-    assert invoke(["rm", "x", "--api", served.url]).exit_code == 2  # no `rm`: it deletes files in ollama
+    # `rm` deletes a model's pulled/fetched files from this node (issue 13), as in ollama
+    assert invoke(["rm", "x", "--api", served.url]).exit_code == 1
 
 
 def test_delete_with_a_model_name_hints_at_stop(served):
