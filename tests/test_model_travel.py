@@ -70,3 +70,64 @@ def test_pull_copies_a_model_from_its_only_holder(tmp_path, nodes) -> None:
     assert removed.status_code == 200, removed.text
     assert not pulled.exists()
     wait_until(lambda: not any(m["model"] == MODEL for m in b.get("/models").json()), 20, what="B forgot the model")
+
+
+def _two_nodes(tmp_path, nodes, a_extra: list[str]):
+    """A (holding the model, slowed by ``a_extra`` fault hooks) and B joined to it; returns
+    (a, b, manifest, models dir) once B sees A's manifest."""
+    models = tmp_path / "models"
+    make_synthetic_model(models / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=4)
+    manifest = build_manifest(models / MODEL, MODEL)
+    a = NodeProcess(tmp_path / "a", extra_args=["--models-dir", str(models), *a_extra]).start()
+    nodes.append(a)
+    b = NodeProcess(tmp_path / "b", cluster=a.cluster,
+                    extra_args=[x for addr in a.addrs() for x in ("--bootstrap", addr)]).start()
+    nodes.append(b)
+    wait_until(lambda: converged([a, b], 2), 30, what="2-node cluster")
+    wait_until(lambda: [MODEL, manifest.digest, True] in _held(b, self_id(a)), 30, what="A's manifest in B's State")
+    return a, b, manifest, models
+
+
+def _journal(b: NodeProcess, digest: str) -> list[tuple[str, int]]:
+    path = b.data_dir / "models" / ".fetched" / digest / ".verified"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(name, int(index)) for index, _, name in (ln.partition(" ") for ln in lines) if index.isdigit() and name]
+
+
+def _finished(b: NodeProcess):
+    def check() -> dict | None:
+        status = {p["model"]: p for p in b.get("/models/pulls").json()}.get(MODEL)
+        return status if status and status["state"] != "running" else None
+    return check
+
+
+def test_restarted_node_resumes_a_pull_without_refetching_verified_chunks(tmp_path, nodes) -> None:
+    a, b, manifest, models = _two_nodes(tmp_path, nodes, ["--fault-hook", "model_serve_delay=0.1"])
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 201
+    wait_until(lambda: len(_journal(b, manifest.digest)) >= 5, 30, what="some chunks verified")
+    b.kill()  # SIGKILL mid-transfer
+    verified = set(_journal(b, manifest.digest))
+    n_chunks = sum(len(f.chunks) for f in manifest.files)
+    assert 5 <= len(verified) < n_chunks
+    verified_bytes = sum(manifest.file(p).chunks[i].end - manifest.file(p).chunks[i].start for p, i in verified)
+    b.start()
+    # the restarted node publishes its partial copy, then a new pull fetches only the rest
+    wait_until(lambda: [MODEL, manifest.digest, False] in _held(a, self_id(b)), 30, what="B's partial copy in State")
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 201
+    status = wait_until(_finished(b), 60, what="resumed pull finished")
+    assert status["state"] == "done", status
+    assert status["bytes_by_peer"] == {self_id(a): manifest.total_bytes - verified_bytes}
+    for f in manifest.files:
+        assert (b.data_dir / "models" / "pulled" / MODEL / f.path).read_bytes() == (models / MODEL / f.path).read_bytes()
+
+
+def test_pull_fails_with_the_reason_when_its_only_source_dies(tmp_path, nodes) -> None:
+    a, b, manifest, _ = _two_nodes(tmp_path, nodes, ["--fault-hook", "model_serve_delay=0.1"])
+    a_id = self_id(a)
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 201
+    wait_until(lambda: len(_journal(b, manifest.digest)) >= 3, 30, what="some chunks verified")
+    a.kill()
+    status = wait_until(_finished(b), 40, what="pull given up")
+    assert status["state"] == "failed"
+    assert "could not be fetched" in status["error"] and a_id in status["error"], status["error"]
+    assert not (b.data_dir / "models" / "pulled" / MODEL).exists()

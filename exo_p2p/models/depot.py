@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,18 +40,22 @@ from exo_p2p.types.manifest import HeldModel, ModelManifest
 
 log = structlog.get_logger(__name__)
 
+HOOK_SERVE_DELAY = "model_serve_delay"
 PULLED_DIR = "pulled"
 FETCHED_DIR = ".fetched"
 
 
-class _CorruptingSource:
-    """Tests only (``--fault-hook model_corrupt_chunks=N``): the first N chunks read are
-    served with one bit flipped."""
+class _FaultySource:
+    """Tests only: ``--fault-hook model_corrupt_chunks=N`` serves the first N chunks read with
+    one bit flipped; ``--fault-hook model_serve_delay=S`` sleeps S seconds before each chunk
+    (a slow holder, so a test can stop a transfer midway). Reads run in worker threads."""
 
-    def __init__(self, inner: ChunkSource, budget: list[int]) -> None:
-        self.inner, self.manifest, self._budget = inner, inner.manifest, budget
+    def __init__(self, inner: ChunkSource, budget: list[int], delay: float) -> None:
+        self.inner, self.manifest, self._budget, self._delay = inner, inner.manifest, budget, delay
 
     def read_chunk(self, path: str, index: int) -> bytes:
+        if self._delay > 0:
+            time.sleep(self._delay)
         data = self.inner.read_chunk(path, index)
         if self._budget[0] > 0 and data:
             self._budget[0] -= 1
@@ -75,6 +80,7 @@ class ModelDepot:
         self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (name, source)
         self._partials: dict[str, PartialModel] = {}
         self._corrupt = [int((fault_hooks or {}).get(HOOK_CORRUPT_CHUNKS, 0))]
+        self._delay = float((fault_hooks or {}).get(HOOK_SERVE_DELAY, 0))
         self.bulk = BulkServer(self.source)
         self.server = ModelServer(self.source)
 
@@ -132,8 +138,8 @@ class ModelDepot:
         """What to serve ``digest`` from: the complete local model, else the partial copy."""
         with self._lock:
             source: ChunkSource | None = self._local[digest][1] if digest in self._local else self._partials.get(digest)
-        if source is not None and self._corrupt[0] > 0:
-            return _CorruptingSource(source, self._corrupt)
+        if source is not None and (self._corrupt[0] > 0 or self._delay > 0):
+            return _FaultySource(source, self._corrupt, self._delay)
         return source
 
     # -- serving ---------------------------------------------------------------------------
