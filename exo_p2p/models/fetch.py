@@ -121,7 +121,8 @@ async def fetch_chunks(
             try:
                 with trio.fail_after(limits.chunk_timeout):
                     data = await get_chunk(peer, path, index)
-                fresh = partial.write_chunk(path, index, data)
+                # hash + write in a thread: the next chunks keep arriving meanwhile
+                fresh = await trio.to_thread.run_sync(partial.write_chunk, path, index, data)
             except ChunkVerificationError as exc:
                 report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
                 excluded.setdefault(key, set()).add(peer)

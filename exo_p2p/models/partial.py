@@ -7,9 +7,13 @@ Layout of one copy (a directory, one per manifest digest)::
     <path>               a file whose every chunk is verified (renamed from <path>.part)
     .verified            journal: one line "<chunk index> <path>" per verified chunk
 
-Write order makes a restart safe: a chunk's bytes are written and ``fdatasync``-ed before its
-journal line is appended and flushed, so every journal line names bytes on disk; a torn last
-line is ignored. Nothing is written before it matched the manifest's hash
+Write order makes a restart safe: verified chunks are journaled in checkpoints (every
+``CHECKPOINT_BYTES`` written or ``CHECKPOINT_SECONDS`` passed, before a file is renamed, and
+on ``close``): the files written
+since the last checkpoint are ``fdatasync``-ed first, then their journal lines are appended
+and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at most
+one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
+ignored. Nothing is written before it matched the manifest's hash
 (``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
 ``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
 journal — the holes of a ``.part`` file are never read by a rank that does not need them
@@ -21,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -30,6 +36,10 @@ from exo_p2p.models.manifest import chunk_span
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
+CHECKPOINT_BYTES = 64 * 1024 * 1024
+CHECKPOINT_SECONDS = 0.5
+"""Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
+refetches at most that much."""
 MANIFEST_FILE = ".manifest.json"
 
 
@@ -40,8 +50,9 @@ class ChunkVerificationError(ValueError):
 class PartialModel:
     """A copy of ``manifest`` at ``root`` (created if missing; reopened with its journal).
 
-    Not thread-safe: one fetch writes to it at a time (the node runs one fetch per digest).
-    Raises ``ValueError`` when ``root`` holds another manifest.
+    ``write_chunk`` may run in several threads at once (hashing and writing in parallel; the
+    journal and the held set are updated under a lock). Raises ``ValueError`` when ``root``
+    holds another manifest.
     """
 
     def __init__(self, root: Path, manifest: ModelManifest) -> None:
@@ -59,6 +70,10 @@ class PartialModel:
             tmp.write_bytes(msgspec.json.encode(manifest))
             os.replace(tmp, saved)
         self._held: dict[str, set[int]] = {f.path: set() for f in manifest.files}
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, int]] = []  # written, not journaled yet
+        self._pending_bytes = 0
+        self._last_checkpoint = time.monotonic()
         self._read_journal()
         self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")
         for f in manifest.files:  # empty files are complete from the start
@@ -66,7 +81,30 @@ class PartialModel:
                 self._finish_file(f.path)
 
     def close(self) -> None:
-        self._journal.close()
+        with self._lock:
+            if not self._journal.closed:
+                self._checkpoint()
+                self._journal.close()
+
+    def _checkpoint(self) -> None:
+        """Make the pending chunks durable, then journal them (caller holds the lock)."""
+        if not self._pending:
+            return
+        for path in sorted({p for p, _ in self._pending}):
+            target = self.root / f"{path}.part"
+            if not target.exists():
+                target = self.root / path
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self._journal.write("".join(f"{i} {p}\n" for p, i in self._pending))
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._last_checkpoint = time.monotonic()
 
     def __enter__(self) -> PartialModel:
         return self
@@ -135,22 +173,28 @@ class PartialModel:
                 f"chunk {index} of {path}: {len(data)} bytes, expected {end - start}")
         if hashlib.sha256(data).hexdigest() != entry.chunks[index].sha256:
             raise ChunkVerificationError(f"chunk {index} of {path}: hash mismatch")
-        if index in self._held[path]:
-            return False
-        part = self.root / f"{path}.part"
-        part.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+        with self._lock:
+            if index in self._held[path]:
+                return False
+            part = self.root / f"{path}.part"
+            part.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, data, start)
-            os.fdatasync(fd)
         finally:
             os.close(fd)
-        self._journal.write(f"{index} {path}\n")
-        self._journal.flush()
-        os.fsync(self._journal.fileno())
-        self._held[path].add(index)
-        if len(self._held[path]) == len(entry.chunks):
-            self._finish_file(path)
+        with self._lock:
+            if index in self._held[path]:
+                return False
+            self._held[path].add(index)
+            self._pending.append((path, index))
+            self._pending_bytes += len(data)
+            if len(self._held[path]) == len(entry.chunks):
+                self._checkpoint()
+                self._finish_file(path)
+            elif (self._pending_bytes >= CHECKPOINT_BYTES
+                  or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
+                self._checkpoint()
         return True
 
     def _finish_file(self, path: str) -> None:
