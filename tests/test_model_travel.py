@@ -131,3 +131,21 @@ def test_pull_fails_with_the_reason_when_its_only_source_dies(tmp_path, nodes) -
     assert status["state"] == "failed"
     assert "could not be fetched" in status["error"] and a_id in status["error"], status["error"]
     assert not (b.data_dir / "models" / "pulled" / MODEL).exists()
+
+
+def test_corrupted_chunks_are_refetched_from_another_holder(tmp_path, nodes) -> None:
+    # A and C hold the same files (one models dir); A corrupts the first 3 chunks it serves
+    a, b, manifest, models = _two_nodes(tmp_path, nodes, ["--fault-hook", "model_corrupt_chunks=3"])
+    c = NodeProcess(tmp_path / "c", cluster=a.cluster,
+                    extra_args=["--models-dir", str(models), *[x for addr in a.addrs() for x in ("--bootstrap", addr)]]).start()
+    nodes.append(c)
+    wait_until(lambda: converged([a, b, c], 3), 30, what="3-node cluster")
+    wait_until(lambda: [MODEL, manifest.digest, True] in _held(b, self_id(c)), 30, what="C's manifest in B's State")
+    assert b.post("/models/pull", json={"model": MODEL}).status_code == 201
+    status = wait_until(_finished(b), 60, what="pull finished")
+    assert status["state"] == "done", status
+    assert status["bad_chunks_by_peer"] == {self_id(a): 3}
+    assert sum(status["bytes_by_peer"].values()) == manifest.total_bytes
+    for f in manifest.files:
+        assert (b.data_dir / "models" / "pulled" / MODEL / f.path).read_bytes() == (models / MODEL / f.path).read_bytes()
+    assert "chunk failed verification" in b.log_path.read_text()

@@ -41,6 +41,9 @@ from exo_p2p.types.manifest import HeldModel, ModelManifest
 log = structlog.get_logger(__name__)
 
 HOOK_SERVE_DELAY = "model_serve_delay"
+REFRESH_SECONDS = 30.0
+"""How often the node re-scans its models (new GGUF imports, changed files); cheap when
+nothing changed (manifests are cached by path, size and mtime)."""
 PULLED_DIR = "pulled"
 FETCHED_DIR = ".fetched"
 
@@ -144,14 +147,21 @@ class ModelDepot:
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self, net, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        """Register the protocols on ``net``, scan once, serve bulk connections until cancelled."""
+        """Register the protocols on ``net`` and serve bulk connections until cancelled;
+        re-scan the models every ``REFRESH_SECONDS`` (the first scan hashes new models in a
+        thread after start, so a node with large models is not held up)."""
         self.server.register(net)
         self.bulk.register(net)
-        await trio.to_thread.run_sync(self.refresh)
         async with trio.open_nursery() as nursery:
             host = listen_host if listen_host not in ("", "0.0.0.0") else None
             await nursery.start(self.bulk.run, host)
             task_status.started()
+            while True:
+                try:
+                    await trio.to_thread.run_sync(self.refresh)
+                except Exception as exc:  # a scan failure must not stop serving
+                    log.warning("model scan failed", error=repr(exc))
+                await trio.sleep(REFRESH_SECONDS)
 
     # -- fetching --------------------------------------------------------------------------
     def partial(self, manifest: ModelManifest) -> PartialModel:

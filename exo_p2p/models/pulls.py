@@ -33,7 +33,8 @@ class PullError(ValueError):
 
 class PullStatus(msgspec.Struct):
     """Progress of one pull: ``state`` is ``running``, ``done`` or ``failed`` (``error``
-    says why); bytes of the model's chunks, done and total; seconds since it started."""
+    says why); bytes of the model's chunks, done and total; seconds since it started; bytes
+    received per holder and chunks that failed verification per sender."""
 
     model: str
     digest: str
@@ -44,6 +45,7 @@ class PullStatus(msgspec.Struct):
     elapsed: float = 0.0
     error: str | None = None
     bytes_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
+    bad_chunks_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def holders_of(state: State, name: str, me: str, from_node: str | None = None) -> tuple[str, list[str]]:
@@ -112,6 +114,7 @@ class PullManager:
             wanted = all_chunks(manifest)
             report = await self._depot.fetch(self._net, manifest, wanted, list(status.holders), on_progress=progress)
             status.bytes_by_peer = dict(report.bytes_by_peer)
+            status.bad_chunks_by_peer = dict(report.bad_chunks_by_peer)
             await trio.to_thread.run_sync(self._depot.promote, status.digest)
             await trio.to_thread.run_sync(self._depot.refresh)
             await self._on_done()
