@@ -4,6 +4,9 @@ with its holders, and removed again. The tiny synthetic model keeps it quick."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 
@@ -70,6 +73,20 @@ def test_pull_copies_a_model_from_its_only_holder(tmp_path, nodes) -> None:
     assert removed.status_code == 200, removed.text
     assert not pulled.exists()
     wait_until(lambda: not any(m["model"] == MODEL for m in b.get("/models").json()), 20, what="B forgot the model")
+
+    # the same through the CLI: pull (progress bar, then a summary line), models, rm
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "exo_p2p", *args, "--api", b.url],
+                              capture_output=True, text=True, timeout=120)
+
+    pulled_cli = cli("pull", MODEL, "--from", a_id[:16])
+    assert pulled_cli.returncode == 0, pulled_cli.stderr
+    assert f"pulled {MODEL}" in pulled_cli.stdout and pulled.is_dir()
+    listing = cli("models")
+    assert listing.returncode == 0 and "models in the cluster" in listing.stdout and MODEL in listing.stdout
+    unknown = cli("pull", "no-such-model")
+    assert unknown.returncode == 1 and "not held completely" in unknown.stderr
+    assert cli("rm", MODEL).returncode == 0 and not pulled.exists()
 
 
 def _two_nodes(tmp_path, nodes, a_extra: list[str]):
