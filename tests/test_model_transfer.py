@@ -283,3 +283,21 @@ def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Pat
     trio.run(main)
     for f in m.files:
         assert (tmp_path / "c" / f.path).read_bytes() == (model / f.path).read_bytes()
+
+
+def test_only_checkpointed_chunks_survive_a_crash(tmp_path: Path, model: Path, monkeypatch) -> None:
+    import exo_p2p.models.partial as partial_mod
+
+    monkeypatch.setattr(partial_mod, "CHECKPOINT_SECONDS", 3600.0)
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    st = m.file("model.safetensors")
+    p = PartialModel(tmp_path / "c", m)
+    p.write_chunk(st.path, 0, _chunk(model, m, st.path, 0))
+    assert p.held() == {st.path: (0,)}
+    # a crash now (no close, no checkpoint): a new process does not trust the unjournaled chunk
+    with PartialModel(tmp_path / "c", m) as reopened:
+        assert reopened.held() == {}
+    p.close()  # close checkpoints: data synced, then journaled
+    with PartialModel(tmp_path / "c", m) as reopened:
+        assert reopened.held() == {st.path: (0,)}
+        assert reopened.read_chunk(st.path, 0) == _chunk(model, m, st.path, 0)
