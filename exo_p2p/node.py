@@ -85,7 +85,11 @@ class Node:
         self.node_id: str = self.identity.node_id
         self.boot_id: str = new_boot_id()
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
-        self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs])
+        self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
+                                + [self.data_dir / "models" / "pulled"])  # pulled from peers (issue 13)
+        from exo_p2p.models.depot import ModelDepot
+
+        self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=config.fault_hooks)
         # the worker, fed by the replica
         self.worker = Worker(
             self.node_id,
@@ -114,6 +118,7 @@ class Node:
         # built in run(), on the open libp2p host
         self.net: Network | None = None
         self.member: ClusterMember | None = None
+        self.pulls = None  # exo_p2p.models.pulls.PullManager once the host is up (issue 13)
         self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
         self._nursery: trio.Nursery | None = None
         self._master_scope: trio.CancelScope | None = None
@@ -325,6 +330,9 @@ class Node:
                 cpu_weights=self.config.cpu_weights,
             )
             profile = _with_fault_hooks(profile, self.config.fault_hooks)
+            profile = msgspec.structs.replace(  # models travel between nodes (issue 13)
+                profile, held_models=self.depot.held(), models_disk_free=self.depot.disk_free() >> 30 << 30)
+            # (free disk rounded down to whole GiB: other writers on the disk must not churn it)
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
             # also re-publish when State's copy differs from what we published (we were timed
             # out, our log was replaced by another master's) once nothing of ours is in flight
@@ -379,6 +387,10 @@ class Node:
 
         return await trio.to_thread.run_sync(count)
 
+    async def models_changed(self) -> None:
+        """Re-list this node's models after a pull or a removal (issue 13)."""
+        await self._load_models()
+
     async def _load_models(self) -> None:
         self._local_cards = await trio.to_thread.run_sync(self.store.list_cards)
         self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
@@ -421,6 +433,11 @@ class Node:
                 self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 await self._load_models()
+                await nursery.start(self.depot.run, net, cfg.listen_host)  # models travel: issue 13
+                from exo_p2p.models.pulls import PullManager
+
+                self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
+                                         nursery, self.models_changed)
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
                 await self._wait_joined(15.0)

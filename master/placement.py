@@ -9,7 +9,9 @@ Rules, in the order they are applied:
   a cycle) with ``len >= min_nodes``, containing every required node, in which every node
   reports its memory (``memory_total`` and ``memory_available`` not None — never counted as 0)
   and holds the model (``model_id`` in ``NodeProfile.models``), and every link of the ring has
-  an address (an edge without one does not count).
+  an address (an edge without one does not count). A node holding other files under the
+  model's name than most holders (another manifest digest, ``master.model_identity``) is
+  not a candidate: placement never mixes two models that share a name.
 - **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
   ``sum(usable) >= required_bytes(storage_size) = ceil(storage_size * 11 / 10)`` (for an
   integer sum the two are the same). ``usable(n)`` is ``memory_total`` when no node of the
@@ -64,6 +66,7 @@ import msgspec
 from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.memory import usable_memory
+from master.model_identity import mismatched_nodes
 from master.placement_split import (
     Overflow,
     RankShare,
@@ -250,6 +253,9 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
             excluded[node] = "memory not yet reported"
         elif card.model_id not in profile.models:
             excluded[node] = f"does not hold model {card.model_id}"
+    # one manifest per name: nodes with other files under the name are not candidates (issue 13)
+    for node, reason in mismatched_nodes(state, card.model_id).items():
+        excluded.setdefault(node, reason)
     eligible = tuple(n for n in sorted(state.nodes) if n not in excluded)
     blocking = None
     bad = sorted(n for n in required if n in excluded)

@@ -21,6 +21,7 @@ from exo_p2p.api.body import read_body
 from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from exo_p2p.api.model_routes import model_routes
 from exo_p2p.api.schemas import PlaceRequest
 from exo_p2p.api.views import instance_out, local_model, model_entry, model_list, parse_nodes, state_document
 from exo_p2p.state import instance_view
@@ -150,4 +151,5 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         Route("/instances/{instance_id}", get_instance, methods=["GET"]),
         Route("/instances/{instance_id}", delete_instance, methods=["DELETE"]),
         Route("/debug/event-times", event_times, methods=["GET"]),
+        *model_routes(backend, config.max_body_bytes),  # models travel between nodes (issue 13)
     ]

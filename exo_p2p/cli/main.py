@@ -423,13 +423,21 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None
 @app.command()
 @handled
 def models(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
-    """Models this node can serve, with layers and size."""
+    """Models this node can serve, with layers and size; then every model in the cluster with
+    the nodes holding it (complete or part of it)."""
     with _client(ctx, api) as client:
         listed = client.models()
+        try:
+            cluster = client.request("GET", "/models/cluster")
+        except ApiError:  # a node without models travelling between nodes (issue 13)
+            cluster = None
+        names = {} if json or not cluster else _node_names(client)
     if json:
         click.echo(render.dumps(render.models_json(listed)))
     else:
         _stdout().print(render.models_table(listed))
+        if cluster:
+            _stdout().print(transfer_cmds.cluster_models_table(cluster, names))
 
 
 @app.command()
@@ -831,3 +839,6 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(code)
     app(prog_name="exo-p2p")
+
+
+from exo_p2p.cli import transfer_cmds  # noqa: E402,F401  (registers `pull` and `rm`, issue 13)

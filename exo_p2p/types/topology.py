@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from exo_p2p.types.common import Bytes, NodeId
+from exo_p2p.types.manifest import HeldModel
 
 InterfaceType = Literal["thunderbolt", "ethernet", "wifi", "loopback", "other"]
 
@@ -32,6 +33,9 @@ class NodeProfile(msgspec.Struct, frozen=True):
     ``"auto"`` (float32 when the float32 share fits, else as stored), ``"float32"`` or
     ``"stored"``; a Metal node, and a profile from before the field, say ``"stored"``.
     Placement reads both (``master.placement_split.rank_weights``).
+    ``held_models`` lists the manifests this node holds, complete or partial (issue 13,
+    ``exo_p2p.models.depot``); ``models_disk_free`` is the free bytes of its models dir (rounded down to whole GiB)
+    (None: not said, as from nodes before it).
     """
 
     node_id: NodeId
@@ -47,6 +51,8 @@ class NodeProfile(msgspec.Struct, frozen=True):
     priority: int = 0
     backend: str = ""
     cpu_weights: str = "stored"
+    held_models: tuple[HeldModel, ...] = ()
+    models_disk_free: Bytes | None = None
 
 
 class TopologyEdge(msgspec.Struct, frozen=True):

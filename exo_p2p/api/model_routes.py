@@ -1,0 +1,101 @@
+"""Endpoints of models travelling between nodes (issue 13).
+
+``POST /models/pull`` (body ``{"model": NAME, "from": NODE|null}``) starts copying a model
+another node holds onto this node (201 with its ``PullStatus``; 400 when no node holds it
+completely or the name is ambiguous, 409 when it is already here or being pulled);
+``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/cluster``
+lists every model name held in the cluster with its manifests and holders (complete or
+partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
+(409 while an instance on this node uses it; 404 when this node has none).
+
+Bound to a backend with ``pulls`` (``exo_p2p.models.pulls.PullManager``), ``depot``
+(``exo_p2p.models.depot.ModelDepot``), ``state()`` and ``node_id``; a backend without them
+(test doubles) gets no such routes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from exo_p2p.api.body import read_body
+from exo_p2p.api.errors import ApiError, decode_json
+from exo_p2p.types import State
+
+_json = msgspec.json.Encoder()
+
+
+class PullRequest(msgspec.Struct, frozen=True, rename={"from_node": "from"}):
+    model: str
+    from_node: str | None = None
+
+
+def _response(value: object, status: int = 200) -> Response:
+    return Response(_json.encode(value), status_code=status, media_type="application/json")
+
+
+def cluster_models(state: State) -> list[dict]:
+    """Every model name in ``state``'s profiles: ``{"model", "manifests": [{"digest",
+    "complete": [node ids], "partial": [node ids]}]}``, sorted (pure)."""
+    by_name: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for node_id, profile in sorted(state.nodes.items()):
+        for held in profile.held_models:
+            entry = by_name.setdefault(held.name, {}).setdefault(held.digest, {"complete": [], "partial": []})
+            entry["complete" if held.complete else "partial"].append(node_id)
+    return [{"model": name, "manifests": [{"digest": d, **v} for d, v in sorted(m.items())]}
+            for name, m in sorted(by_name.items())]
+
+
+def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[no-untyped-def]
+    """The routes above, or none when ``backend`` has no ``pulls``/``depot``."""
+    if not (hasattr(backend, "pulls") and hasattr(backend, "depot")):
+        return []
+    from exo_p2p.models.pulls import PullError
+
+    async def start_pull(request: Request) -> Response:
+        req = decode_json(await read_body(request, max_body_bytes), PullRequest)
+        from_node = None
+        if req.from_node:
+            from master.placement import PlacementError, resolve_nodes
+
+            try:
+                (from_node,) = resolve_nodes(backend.state(), [req.from_node])
+            except PlacementError as exc:
+                raise ApiError(400, str(exc)[:2000], param="from") from None
+        try:
+            status = backend.pulls.start(req.model, from_node)
+        except PullError as exc:
+            code = 409 if "already" in str(exc) else 400
+            raise ApiError(code, str(exc)[:2000], param="model") from None
+        return _response(status, 201)
+
+    async def list_pulls(request: Request) -> Response:
+        return _response(sorted(backend.pulls.pulls.values(), key=lambda s: s.model))
+
+    async def list_cluster_models(request: Request) -> Response:
+        return _response(cluster_models(backend.state()))
+
+    async def remove_model(request: Request) -> Response:
+        name = request.path_params["name"]
+        state = backend.state()
+        using = sorted(i for i, inst in state.instances.items() if inst.model_id == name and inst.failed_reason is None
+                       and any(s.node_id == backend.node_id for s in inst.shards))
+        if using:
+            raise ApiError(409, f"model {name!r} is used by instance(s) {', '.join(using)} on this node; "
+                           f"delete them first", param="model")
+        removed = backend.depot.remove(name)
+        if not removed:
+            raise ApiError(404, f"this node holds no pulled or fetched copy of {name!r} (models in "
+                           f"--models-dir dirs are never removed)", param="model")
+        backend.depot.refresh()
+        await backend.models_changed()
+        return _response({"removed": name, "paths": [str(p) for p in removed]})
+
+    return [
+        Route("/models/pull", start_pull, methods=["POST"]),
+        Route("/models/pulls", list_pulls, methods=["GET"]),
+        Route("/models/cluster", list_cluster_models, methods=["GET"]),
+        Route("/models/{name:path}", remove_model, methods=["DELETE"]),
+    ]

@@ -1,0 +1,82 @@
+"""``exo-p2p pull`` and ``exo-p2p rm``, and the cluster-wide models table (issue 13).
+
+``pull MODEL [--from NODE]`` asks this node (``POST /models/pull``) to copy a model another
+node holds, then polls ``GET /models/pulls`` and draws a progress bar with speed until it is
+done (exit 0) or failed (one-line reason, exit 1). ``rm MODEL`` removes this node's pulled and
+fetched copies (``DELETE /models/MODEL``; refused while an instance on this node uses them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import click
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from exo_p2p.cli.client import CliError
+from exo_p2p.cli.main import ApiOpt, _client, app, handled
+
+POLL_SECONDS = 0.5
+PULL_TIMEOUT = 24 * 3600.0
+"""``pull`` gives up waiting after this many seconds (the node keeps pulling)."""
+
+
+def cluster_models_table(models: list[dict], names: dict[str, str] | None = None) -> Table:
+    """model, manifest digest (12 hex), nodes holding it complete, nodes holding part of it."""
+    names = names or {}
+    table = Table(title="models in the cluster", title_justify="left")
+    for col in ("model", "manifest", "complete on", "partial on"):
+        table.add_column(col, overflow="fold")
+    for m in models:
+        for entry in m.get("manifests", []):
+            table.add_row(str(m.get("model", "")), str(entry.get("digest", ""))[:12],
+                          ", ".join(names.get(n, n[:12]) for n in entry.get("complete", [])) or "-",
+                          ", ".join(names.get(n, n[:12]) for n in entry.get("partial", [])) or "-")
+    return table
+
+
+@app.command()
+@handled
+def pull(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model name another node holds.")],
+    from_node: Annotated[str | None, typer.Option("--from", help="Copy from this node (id, name or id prefix).")] = None,
+    api: ApiOpt = None,
+) -> None:
+    """Copy a whole model from the nodes that hold it onto this node (verified, resumable)."""
+    if not model.strip():
+        raise CliError("pull needs a model name (see `exo-p2p models`)", 2)
+    with _client(ctx, api) as client:
+        status = client.request("POST", "/models/pull", json={"model": model, "from": from_node})
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn())
+        deadline = time.monotonic() + PULL_TIMEOUT
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(f"pull {model}", total=status.get("bytes_total") or None)
+            while status.get("state") == "running" and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+                pulls = {p["model"]: p for p in client.request("GET", "/models/pulls")}
+                status = pulls.get(model, status)
+                bar.update(task, completed=status.get("bytes_done", 0), total=status.get("bytes_total") or None)
+    if status.get("state") == "failed":
+        raise CliError(f"pull of {model} failed: {status.get('error')}", 1)
+    if status.get("state") != "done":
+        raise CliError(f"pull of {model} still running after {PULL_TIMEOUT:.0f} s; see GET /models/pulls", 1)
+    peers = ", ".join(f"{p[:12]}: {b / 1e6:.1f} MB" for p, b in sorted(status.get("bytes_by_peer", {}).items()))
+    click.echo(f"pulled {model} ({status.get('bytes_total', 0) / 1e6:.1f} MB from {peers or 'cache'})")
+
+
+@app.command("rm")
+@handled
+def rm(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model whose pulled/fetched files to delete.")],
+    api: ApiOpt = None,
+) -> None:
+    """Remove a model's pulled and fetched files from this node (refused while in use)."""
+    with _client(ctx, api) as client:
+        reply = client.request("DELETE", f"/models/{model}")
+    click.echo(f"removed {model} from this node ({len(reply.get('paths', []))} dirs)")

@@ -1,0 +1,243 @@
+"""A node's side of models travelling between nodes (issue 13): what it can serve, what it
+holds (complete or partial), and fetching chunks from peers.
+
+Layout under ``data_dir/models``:
+
+- ``.manifests/<name>.manifest.json``: cached manifests of local models (``cached_manifest``);
+- ``.fetched/<digest>/``: a copy being fetched (``PartialModel``; kept when an instance is
+  deleted, so a later placement reuses its chunks);
+- ``pulled/<name>/``: a complete copy made by a pull (renamed from ``.fetched``); the node
+  lists it as a local model (the store scans this dir like a ``--models-dir``).
+
+Serving: ``ModelServer`` (libp2p chunk protocol) and ``BulkServer`` (ticket + TCP) read from
+``source(digest)``: a complete local model or the verified chunks of a partial copy.
+Fetching (``fetch``): bulk path first, per peer; a peer whose ticket request fails (an older
+node, no bulk port) is asked over the libp2p chunk protocol instead. Limits:
+``exo_p2p.models.fetch.FetchLimits``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.models.bulk import BulkServer, bulk_chunk_getter
+from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
+from exo_p2p.models.gguf_import import IMPORT_MARKER
+from exo_p2p.models.manifest import cached_manifest
+from exo_p2p.models.partial import MANIFEST_FILE, PartialModel
+from exo_p2p.models.peer_transfer import HOOK_CORRUPT_CHUNKS, ChunkSource, LocalModel, ModelServer, chunk_getter
+from exo_p2p.models.store import ModelStore, is_mlx_model_dir
+from exo_p2p.types.manifest import HeldModel, ModelManifest
+
+log = structlog.get_logger(__name__)
+
+HOOK_SERVE_DELAY = "model_serve_delay"
+REFRESH_SECONDS = 30.0
+"""How often the node re-scans its models (new GGUF imports, changed files); cheap when
+nothing changed (manifests are cached by path, size and mtime)."""
+PULLED_DIR = "pulled"
+FETCHED_DIR = ".fetched"
+
+
+class _FaultySource:
+    """Tests only: ``--fault-hook model_corrupt_chunks=N`` serves the first N chunks read with
+    one bit flipped; ``--fault-hook model_serve_delay=S`` sleeps S seconds before each chunk
+    (a slow holder, so a test can stop a transfer midway). Reads run in worker threads."""
+
+    def __init__(self, inner: ChunkSource, budget: list[int], delay: float) -> None:
+        self.inner, self.manifest, self._budget, self._delay = inner, inner.manifest, budget, delay
+
+    def read_chunk(self, path: str, index: int) -> bytes:
+        if self._delay > 0:
+            time.sleep(self._delay)
+        data = self.inner.read_chunk(path, index)
+        if self._budget[0] > 0 and data:
+            self._budget[0] -= 1
+            log.warning("fault hook: serving a corrupted chunk", path=path, index=index)
+            return bytes([data[0] ^ 1]) + data[1:]
+        return data
+
+
+class ModelDepot:
+    """Manifests and copies of one node's models (layout and rules: module docstring).
+
+    ``refresh`` (blocking: hashes new models; run it in a thread) recomputes what is held;
+    every other method only reads what it found. Thread-safe for that split.
+    """
+
+    def __init__(self, store: ModelStore, data_dir: Path, *, fault_hooks: Mapping[str, str] | None = None) -> None:
+        self.store = store
+        self.models_dir = Path(data_dir) / "models"
+        self.fetched_dir = self.models_dir / FETCHED_DIR
+        self.pulled_dir = self.models_dir / PULLED_DIR
+        self._lock = threading.Lock()
+        self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (name, source)
+        self._partials: dict[str, PartialModel] = {}
+        self._corrupt = [int((fault_hooks or {}).get(HOOK_CORRUPT_CHUNKS, 0))]
+        self._delay = float((fault_hooks or {}).get(HOOK_SERVE_DELAY, 0))
+        self.bulk = BulkServer(self.source)
+        self.server = ModelServer(self.source)
+
+    # -- what this node holds -------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-scan the store's models (manifests cached by path, size, mtime) and the partial
+        copies. A model whose manifest cannot be built is logged and left out."""
+        local: dict[str, tuple[str, LocalModel]] = {}
+        for model_id, src in sorted(self.store.sources().items()):
+            model_dir = src.path if src.kind == "mlx_dir" else self.models_dir / model_id
+            if src.kind == "gguf" and not (model_dir / IMPORT_MARKER).exists():
+                continue  # not imported yet: its manifest needs the imported files
+            if not is_mlx_model_dir(model_dir):
+                continue
+            try:
+                manifest = cached_manifest(model_dir, model_id, self.models_dir / ".manifests")
+            except (OSError, ValueError) as exc:
+                log.warning("model has no manifest", model_id=model_id, error=str(exc))
+                continue
+            local.setdefault(manifest.digest, (model_id, LocalModel(model_dir, manifest)))
+        with self._lock:
+            self._local = local
+            for root in sorted(self.fetched_dir.glob("*")) if self.fetched_dir.is_dir() else []:
+                if root.name in self._partials or not (root / MANIFEST_FILE).is_file():
+                    continue
+                try:
+                    manifest = msgspec.json.decode((root / MANIFEST_FILE).read_bytes(), type=ModelManifest)
+                    self._partials[manifest.digest] = PartialModel(root, manifest)
+                except (OSError, ValueError, msgspec.DecodeError) as exc:
+                    log.warning("unreadable partial model copy", path=str(root), error=str(exc))
+
+    def held(self) -> tuple[HeldModel, ...]:
+        """What the profile publishes: every complete local model, every partial copy."""
+        with self._lock:
+            out = {(name, d): True for d, (name, _) in self._local.items()}
+            for d, p in self._partials.items():
+                out.setdefault((p.manifest.name, d), p.complete)
+        return tuple(HeldModel(n, d, c) for (n, d), c in sorted(out.items()))
+
+    def disk_free(self) -> int:
+        """Free bytes on the file system of the models dir."""
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        return shutil.disk_usage(self.models_dir).free
+
+    def manifest(self, digest: str) -> ModelManifest | None:
+        source = self.source(digest)
+        return source.manifest if source is not None else None
+
+    def local_digest(self, name: str) -> str | None:
+        """The digest of the complete local model called ``name`` (None: not held)."""
+        with self._lock:
+            return next((d for d, (n, _) in self._local.items() if n == name), None)
+
+    def source(self, digest: str) -> ChunkSource | None:
+        """What to serve ``digest`` from: the complete local model, else the partial copy."""
+        with self._lock:
+            source: ChunkSource | None = self._local[digest][1] if digest in self._local else self._partials.get(digest)
+        if source is not None and (self._corrupt[0] > 0 or self._delay > 0):
+            return _FaultySource(source, self._corrupt, self._delay)
+        return source
+
+    # -- serving ---------------------------------------------------------------------------
+    async def run(self, net, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        """Register the protocols on ``net`` and serve bulk connections until cancelled;
+        re-scan the models every ``REFRESH_SECONDS`` (the first scan hashes new models in a
+        thread after start, so a node with large models is not held up)."""
+        self.server.register(net)
+        self.bulk.register(net)
+        async with trio.open_nursery() as nursery:
+            host = listen_host if listen_host not in ("", "0.0.0.0") else None
+            await nursery.start(self.bulk.run, host)
+            task_status.started()
+            while True:
+                try:
+                    await trio.to_thread.run_sync(self.refresh)
+                except Exception as exc:  # a scan failure must not stop serving
+                    log.warning("model scan failed", error=repr(exc))
+                await trio.sleep(REFRESH_SECONDS)
+
+    # -- fetching --------------------------------------------------------------------------
+    def partial(self, manifest: ModelManifest) -> PartialModel:
+        """The partial copy of ``manifest`` (created on first use)."""
+        with self._lock:
+            p = self._partials.get(manifest.digest)
+            if p is None:
+                p = PartialModel(self.fetched_dir / manifest.digest, manifest)
+                self._partials[manifest.digest] = p
+            return p
+
+    async def fetch(
+        self,
+        net,  # type: ignore[no-untyped-def]
+        manifest: ModelManifest,
+        wanted: Mapping[str, Sequence[int]],
+        holders: Sequence[str],
+        *,
+        limits: FetchLimits = DEFAULT_LIMITS,
+        on_progress: Progress | None = None,
+    ) -> FetchReport:
+        """Fetch ``wanted`` chunks of ``manifest`` from ``holders`` into its partial copy
+        (``fetch_chunks``; raises its ``FetchError``)."""
+        from exo_p2p.net import RequestError
+
+        partial = self.partial(manifest)
+        bulk_get, bulk_close = bulk_chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
+        p2p_get = chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
+        no_bulk: set[str] = set()
+
+        async def get(peer: str, path: str, index: int) -> bytes:
+            if peer not in no_bulk:
+                try:
+                    return await bulk_get(peer, path, index)
+                except RequestError as exc:  # the ticket request: no bulk path to this peer
+                    log.info("no bulk path, using the libp2p stream", peer=peer, error=str(exc))
+                    no_bulk.add(peer)
+            return await p2p_get(peer, path, index)
+
+        try:
+            return await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress)
+        finally:
+            await bulk_close()
+
+    def promote(self, digest: str) -> Path:
+        """Move a complete partial copy to ``pulled/<name>`` (a local model from now on) and
+        return its dir. Raises ``ValueError`` when it is not complete or the name is taken."""
+        with self._lock:
+            p = self._partials.get(digest)
+            if p is None or not p.complete:
+                raise ValueError(f"model {digest[:12]} is not completely fetched")
+            target = self.pulled_dir / p.manifest.name
+            if target.exists():
+                raise ValueError(f"{target} already exists")
+            p.close()
+            shutil.rmtree(p.root / ".views", ignore_errors=True)
+            for name in (".verified",):
+                (p.root / name).unlink(missing_ok=True)
+            self.pulled_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(p.root, target)
+            del self._partials[digest]
+        return target
+
+    def remove(self, name: str) -> list[Path]:
+        """Delete this node's fetched and pulled copies of ``name``; the removed dirs. Models
+        in ``--models-dir`` dirs and the embedded model are never deleted (not ours)."""
+        removed = []
+        with self._lock:
+            for digest, p in list(self._partials.items()):
+                if p.manifest.name == name:
+                    p.close()
+                    shutil.rmtree(p.root, ignore_errors=True)
+                    removed.append(p.root)
+                    del self._partials[digest]
+        target = self.pulled_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+            removed.append(target)
+        return removed

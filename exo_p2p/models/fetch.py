@@ -1,0 +1,164 @@
+"""Fetch the chunks a node lacks from the peers that hold them (issue 13).
+
+``fetch_chunks`` runs ``streams_per_peer`` workers per holder; every worker takes the next
+missing chunk that its peer has not failed, asks for it with ``get_chunk(peer, path, index)``
+under ``chunk_timeout`` seconds and hands the bytes to ``PartialModel.write_chunk``, which
+verifies them against the manifest before writing. Several holders thus share one shard's
+chunks, a fast peer taking more of them.
+
+Failures, and what bounds them:
+
+- a chunk failing verification: the sender is logged (``chunk failed verification``) and
+  excluded for that chunk; the chunk goes back to the queue for another holder;
+- a request error or a timeout (a stalled peer): the chunk goes back to the queue and the
+  peer gets a strike; after ``max_peer_failures`` strikes in a row the peer is dropped for
+  the rest of the fetch (a stalled peer costs at most ``max_peer_failures × chunk_timeout``
+  seconds per worker, never the whole placement);
+- when no usable holder is left for some chunk, ``FetchError`` says which chunks are missing
+  and why each holder was dropped. Chunks verified so far stay on disk (the journal), so a
+  later fetch — from other holders, or after a restart — asks only for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from exo_p2p.models.manifest import chunk_span, missing_chunks
+from exo_p2p.models.partial import ChunkVerificationError, PartialModel
+
+log = structlog.get_logger(__name__)
+
+GetChunk = Callable[[str, str, int], Awaitable[bytes]]
+"""``get_chunk(peer_id, path, index) -> bytes``; may raise anything (counted as a failure)."""
+Progress = Callable[[int, int], None]
+"""``on_progress(bytes_done, bytes_total)`` of the chunks this fetch wanted."""
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds of one fetch: ``streams_per_peer`` requests in flight per holder,
+    ``chunk_timeout`` seconds per chunk request, ``max_peer_failures`` failed requests in a
+    row before a holder is dropped (see module docstring). Defaults: ``exo_p2p.models.fetch``
+    ``DEFAULT_LIMITS``."""
+
+    streams_per_peer: int = 2
+    chunk_timeout: float = 30.0
+    max_peer_failures: int = 2
+
+
+DEFAULT_LIMITS = FetchLimits()
+
+
+class FetchError(RuntimeError):
+    """The fetch cannot finish: no usable holder is left for some chunk (message says why)."""
+
+
+@dataclass
+class FetchReport:
+    """What a fetch did: bytes and chunks received and verified, per peer; chunks that failed
+    verification, per sender; why holders were dropped."""
+
+    bytes_fetched: int = 0
+    chunks_fetched: int = 0
+    bytes_by_peer: dict[str, int] = field(default_factory=dict)
+    bad_chunks_by_peer: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+
+
+async def fetch_chunks(
+    partial: PartialModel,
+    wanted: Mapping[str, Sequence[int]],
+    holders: Sequence[str],
+    get_chunk: GetChunk,
+    *,
+    limits: FetchLimits = DEFAULT_LIMITS,
+    on_progress: Progress | None = None,
+) -> FetchReport:
+    """Fetch every chunk of ``wanted`` (path -> indices) that ``partial`` does not hold yet.
+
+    ``on_progress`` counts chunks already held as done (a resumed fetch starts past 0).
+    Raises ``FetchError`` (module docstring); chunks verified before it stay held.
+    """
+    report = FetchReport()
+    total = sum(e - s for p, idx in wanted.items() for s, e in
+                (chunk_span(partial.manifest, p, i) for i in idx))
+    todo = [(p, i) for p, idx in missing_chunks(wanted, partial.held()).items() for i in idx]
+    done = total - sum(e - s for s, e in (chunk_span(partial.manifest, p, i) for p, i in todo))
+    if on_progress:
+        on_progress(done, total)
+    if not todo:
+        return report
+    excluded: dict[tuple[str, int], set[str]] = {}
+    strikes = {peer: 0 for peer in holders}
+    live = set(holders)
+    in_flight: set[tuple[str, int]] = set()
+    state = {"done": done, "changed": trio.Event()}
+
+    def changed() -> None:
+        state["changed"].set()
+        state["changed"] = trio.Event()
+
+    def next_for(peer: str) -> tuple[str, int] | None:
+        for key in todo:
+            if key not in in_flight and peer not in excluded.get(key, ()):
+                return key
+        return None
+
+    async def worker(peer: str) -> None:
+        while peer in live and todo:
+            key = next_for(peer)
+            if key is None:
+                if not in_flight:
+                    return
+                await state["changed"].wait()
+                continue
+            in_flight.add(key)
+            path, index = key
+            try:
+                with trio.fail_after(limits.chunk_timeout):
+                    data = await get_chunk(peer, path, index)
+                # hash + write in a thread: the next chunks keep arriving meanwhile
+                fresh = await trio.to_thread.run_sync(partial.write_chunk, path, index, data)
+            except ChunkVerificationError as exc:
+                report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
+                excluded.setdefault(key, set()).add(peer)
+                log.warning("chunk failed verification", peer=peer, path=path, index=index,
+                            error=str(exc))
+            except (trio.TooSlowError, Exception) as exc:  # any failure of one request
+                strikes[peer] += 1
+                reason = (f"no answer within {limits.chunk_timeout} s"
+                          if isinstance(exc, trio.TooSlowError) else f"{exc}")
+                log.info("chunk request failed", peer=peer, path=path, index=index, error=reason)
+                if strikes[peer] >= limits.max_peer_failures and peer in live:
+                    live.discard(peer)
+                    report.dropped[peer] = f"{strikes[peer]} failed requests in a row, last: {reason}"
+            else:
+                strikes[peer] = 0
+                todo.remove(key)
+                if fresh:
+                    size = len(data)
+                    report.bytes_fetched += size
+                    report.chunks_fetched += 1
+                    report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + size
+                    state["done"] += size
+                    if on_progress:
+                        on_progress(state["done"], total)
+            finally:
+                in_flight.discard(key)
+                changed()
+
+    async with trio.open_nursery() as nursery:
+        for peer in holders:
+            for _ in range(max(1, limits.streams_per_peer)):
+                nursery.start_soon(worker, peer)
+    if todo:
+        why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
+        bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))
+        reasons = "; ".join(x for x in (why, bad) if x) or "no holders"
+        raise FetchError(f"{len(todo)} chunks of {partial.manifest.name} could not be fetched "
+                         f"(holders {', '.join(holders) or 'none'}: {reasons})")
+    return report

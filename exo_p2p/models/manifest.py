@@ -1,0 +1,269 @@
+"""Manifests of model directories and the chunks a shard needs (issue 13).
+
+Verification design (what every transfer relies on): a file is cut into chunks of at most
+the manifest's ``chunk_bytes``; in a safetensors file the cuts also fall on the header's end
+and on every tensor's start and end, so no chunk holds bytes of two tensors. The manifest
+lists each chunk's byte range and SHA-256. A receiver checks each chunk on arrival against
+that list, alone, so a transfer can resume chunk by chunk, take chunks from several peers, and
+pin a bad chunk on its sender. The manifest itself is trusted by its digest
+(``ModelManifest.digest``), which is what placement and the profiles name; a manifest fetched
+from a peer is accepted only when its digest is the one asked for.
+
+Which chunks a pipeline rank needs (``shard_chunks``): every chunk of every file that is not
+a safetensors file (config, tokenizer, generation config, templates), the header of each
+safetensors file, and the chunks of the tensors of its layers ``[start, end)``, plus the
+embedding (``embed_tokens``) on rank 0, and on the last rank the final norm and every other
+non-layer tensor and the head (``lm_head``, or the embedding when tied). Since chunks never
+cross a tensor boundary, a rank fetches exactly its tensors' bytes.
+
+Pure functions apart from ``build_manifest`` (reads the files once; ``cached_manifest``
+keeps the result next to the data, keyed by every file's path, size and mtime).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
+
+MIN_CHUNK_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+"""Chunk size bounds (bytes; a tensor smaller than the chunk size is one shorter chunk). 8 MiB: one request/response frame per chunk keeps a stream's
+reader busy (a Yamux stream idle ~5 s is reset) and loses little work on a resume."""
+TARGET_CHUNKS = 512
+"""``choose_chunk_bytes`` aims at about this many chunks per model (fine-grained shards on
+small models, few requests on large ones)."""
+
+EXCLUDED_NAMES = frozenset({".exo-import.json"})
+"""Files that describe where a local copy came from, not the model (never in a manifest)."""
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
+_HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
+
+
+def choose_chunk_bytes(total_bytes: int) -> int:
+    """A power of two in ``[MIN_CHUNK_BYTES, MAX_CHUNK_BYTES]`` near ``total / TARGET_CHUNKS``."""
+    want = max(1, total_bytes // TARGET_CHUNKS)
+    size = MIN_CHUNK_BYTES
+    while size < want and size < MAX_CHUNK_BYTES:
+        size *= 2
+    return size
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """Regular files under ``model_dir`` that belong to the model, sorted by relative path:
+    no hidden files or directories, no :data:`EXCLUDED_NAMES`, no ``*.part`` leftovers."""
+    out = []
+    for path in sorted(model_dir.rglob("*")):
+        rel = path.relative_to(model_dir)
+        if any(part.startswith(".") for part in rel.parts) or path.name in EXCLUDED_NAMES:
+            continue
+        if path.suffix == ".part" or not path.is_file():
+            continue
+        out.append(path)
+    return out
+
+
+def safetensors_layout(path: Path) -> tuple[int, tuple[TensorRange, ...]]:
+    """``(header_end, tensors)`` of a safetensors file: absolute byte ranges, sorted by start.
+
+    Raises:
+        UnsupportedModelError: a truncated or non-JSON header, or a tensor outside the file.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise UnsupportedModelError(f"{path}: truncated safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if 8 + length > size:
+            raise UnsupportedModelError(f"{path}: safetensors header longer than the file")
+        data = f.read(length)
+    try:
+        header = json.loads(data)
+    except ValueError as e:
+        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    base = 8 + length
+    ranges = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = (base + int(o) for o in info["data_offsets"])
+        if not base <= start <= end <= size:
+            raise UnsupportedModelError(f"{path}: tensor {name} lies outside the file")
+        ranges.append(TensorRange(name, start, end))
+    ranges.sort(key=lambda t: (t.start, t.name))
+    return base, tuple(ranges)
+
+
+def chunk_bounds(size: int, cuts: Iterable[int], chunk_bytes: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges tiling ``[0, size)``: cut at every offset of ``cuts`` and
+    then every ``chunk_bytes`` within each piece (pure)."""
+    points = sorted({0, size, *(c for c in cuts if 0 < c < size)})
+    out = []
+    for a, b in zip(points, points[1:]):
+        for start in range(a, b, chunk_bytes):
+            out.append((start, min(b, start + chunk_bytes)))
+    return out
+
+
+def hash_chunks(path: Path, bounds: list[tuple[int, int]]) -> tuple[Chunk, ...]:
+    """The ``Chunk`` (range + hex SHA-256) of each range of ``bounds`` in ``path``."""
+    out = []
+    with open(path, "rb") as f:
+        for start, end in bounds:
+            f.seek(start)
+            out.append(Chunk(start, end, hashlib.sha256(f.read(end - start)).hexdigest()))
+    return tuple(out)
+
+
+def build_manifest(model_dir: Path, name: str, chunk_bytes: int | None = None) -> ModelManifest:
+    """The manifest of ``model_dir`` (reads every byte once to hash it).
+
+    ``chunk_bytes`` defaults to ``choose_chunk_bytes`` of the directory's total size.
+
+    Raises:
+        UnsupportedModelError: an unreadable safetensors header (``safetensors_layout``).
+    """
+    files = model_files(model_dir)
+    if chunk_bytes is None:
+        chunk_bytes = choose_chunk_bytes(sum(p.stat().st_size for p in files))
+    entries = []
+    for path in files:
+        header_end, tensors = (safetensors_layout(path) if path.suffix == ".safetensors"
+                               else (0, ()))
+        size = path.stat().st_size
+        cuts = [header_end, *(t.start for t in tensors), *(t.end for t in tensors)]
+        entries.append(ManifestFile(
+            path=path.relative_to(model_dir).as_posix(),
+            size=size,
+            chunks=hash_chunks(path, chunk_bounds(size, cuts, chunk_bytes)),
+            header_end=header_end,
+            tensors=tensors,
+        ))
+    return ModelManifest(name=name, chunk_bytes=chunk_bytes, files=tuple(entries))
+
+
+def _stamp(model_dir: Path) -> list[list]:
+    return [[p.relative_to(model_dir).as_posix(), p.stat().st_size, p.stat().st_mtime_ns]
+            for p in model_files(model_dir)]
+
+
+def cached_manifest(model_dir: Path, name: str, cache_dir: Path) -> ModelManifest:
+    """``build_manifest(model_dir, name)``, reusing the copy in ``cache_dir`` while every
+    file's path, size and mtime are unchanged (one JSON file per model name).
+
+    Raises: as ``build_manifest``."""
+    cache = cache_dir / f"{name}.manifest.json"
+    stamp = _stamp(model_dir)
+    try:
+        saved = json.loads(cache.read_text())
+        if saved["stamp"] == stamp:
+            return msgspec.convert(saved["manifest"], ModelManifest)
+    except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError):
+        pass
+    manifest = build_manifest(model_dir, name)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_bytes(msgspec.json.encode({"stamp": stamp, "manifest": manifest}))
+    os.replace(tmp, cache)
+    return manifest
+
+
+def chunk_span(manifest: ModelManifest, path: str, index: int) -> tuple[int, int]:
+    """``[start, end)`` bytes of chunk ``index`` of ``path``. Raises ``KeyError`` (unknown
+    path) or ``IndexError`` (no such chunk)."""
+    entry = manifest.file(path)
+    if not 0 <= index < len(entry.chunks):
+        raise IndexError(f"{path} has no chunk {index}")
+    chunk = entry.chunks[index]
+    return chunk.start, chunk.end
+
+
+def _chunks_of_range(chunks: Sequence[Chunk], start: int, end: int) -> list[int]:
+    """Indices of the chunks overlapping ``[start, end)`` (chunks sorted by start)."""
+    first = bisect.bisect_right([c.end for c in chunks], start)
+    out = []
+    for i in range(first, len(chunks)):
+        if chunks[i].start >= end:
+            break
+        out.append(i)
+    return out
+
+
+def tensor_wanted(name: str, *, start_layer: int, end_layer: int, n_layers: int, tied: bool) -> bool:
+    """Whether the pipeline rank holding layers ``[start_layer, end_layer)`` of ``n_layers``
+    loads tensor ``name`` (rule: module docstring)."""
+    first, last = start_layer == 0, end_layer == n_layers
+    if m := _LAYER_RE.search(name):
+        return start_layer <= int(m.group(1)) < end_layer
+    if _EMBEDDING_RE.search(name):
+        return first or (last and tied)
+    if _HEAD_RE.search(name):
+        return last
+    return last
+
+
+def shard_chunks(
+    manifest: ModelManifest, *, start_layer: int, end_layer: int, n_layers: int, tied: bool
+) -> dict[str, tuple[int, ...]]:
+    """File path -> sorted chunk indices a pipeline rank with layers ``[start_layer,
+    end_layer)`` needs (rule: module docstring). ``start_layer=0, end_layer=n_layers``
+    gives every chunk of every file. Files with no needed chunk are left out.
+
+    Raises ``ValueError`` for a layer range outside ``[0, n_layers]`` or empty."""
+    if not 0 <= start_layer < end_layer <= n_layers:
+        raise ValueError(f"bad layer range [{start_layer}, {end_layer}) of {n_layers} layers")
+    out: dict[str, tuple[int, ...]] = {}
+    for entry in manifest.files:
+        if not entry.tensors and entry.header_end == 0:
+            wanted = set(range(len(entry.chunks)))
+        else:
+            wanted = set(_chunks_of_range(entry.chunks, 0, entry.header_end))
+            for t in entry.tensors:
+                if tensor_wanted(t.name, start_layer=start_layer, end_layer=end_layer,
+                                 n_layers=n_layers, tied=tied):
+                    wanted.update(_chunks_of_range(entry.chunks, t.start, t.end))
+        if wanted:
+            out[entry.path] = tuple(sorted(wanted))
+    return out
+
+
+def all_chunks(manifest: ModelManifest) -> dict[str, tuple[int, ...]]:
+    """Every chunk of every (non-empty) file: what a whole-model pull fetches."""
+    return {f.path: tuple(range(len(f.chunks))) for f in manifest.files if f.chunks}
+
+
+def chunk_bytes_of(manifest: ModelManifest, chunks: Mapping[str, Iterable[int]]) -> int:
+    """Total bytes of the given chunks (``path -> indices``)."""
+    total = 0
+    for path, indices in chunks.items():
+        for i in indices:
+            start, end = chunk_span(manifest, path, i)
+            total += end - start
+    return total
+
+
+def missing_chunks(
+    wanted: Mapping[str, Iterable[int]], held: Mapping[str, Iterable[int]]
+) -> dict[str, tuple[int, ...]]:
+    """``wanted`` minus ``held`` (both ``path -> chunk indices``); files left with nothing to
+    fetch are dropped."""
+    out = {}
+    for path, indices in wanted.items():
+        have = set(held.get(path, ()))
+        rest = tuple(i for i in indices if i not in have)
+        if rest:
+            out[path] = rest
+    return out

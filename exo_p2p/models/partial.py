@@ -1,0 +1,237 @@
+"""The on-disk copy of a model being fetched from peers, chunk by chunk (issue 13).
+
+Layout of one copy (a directory, one per manifest digest)::
+
+    .manifest.json       the manifest (its digest names the directory)
+    <path>.part          a file not yet complete: verified chunks at their offsets, holes elsewhere
+    <path>               a file whose every chunk is verified (renamed from <path>.part)
+    .verified            journal: one line "<chunk index> <path>" per verified chunk
+
+Write order makes a restart safe: verified chunks are journaled in checkpoints (every
+``CHECKPOINT_BYTES`` written or ``CHECKPOINT_SECONDS`` passed, before a file is renamed, and
+on ``close``): the files written
+since the last checkpoint are ``fdatasync``-ed first, then their journal lines are appended
+and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at most
+one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
+ignored. Nothing is written before it matched the manifest's hash
+(``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
+``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
+journal — the holes of a ``.part`` file are never read by a rank that does not need them
+(mlx-lm maps safetensors lazily and a rank evaluates only its own tensors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import msgspec
+
+from exo_p2p.models.manifest import chunk_span
+from exo_p2p.types.manifest import ModelManifest
+
+JOURNAL = ".verified"
+CHECKPOINT_BYTES = 64 * 1024 * 1024
+CHECKPOINT_SECONDS = 0.5
+"""Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
+refetches at most that much."""
+MANIFEST_FILE = ".manifest.json"
+
+
+class ChunkVerificationError(ValueError):
+    """A chunk's bytes do not match the manifest's hash (or length); nothing was written."""
+
+
+class PartialModel:
+    """A copy of ``manifest`` at ``root`` (created if missing; reopened with its journal).
+
+    ``write_chunk`` may run in several threads at once (hashing and writing in parallel; the
+    journal and the held set are updated under a lock). Raises ``ValueError`` when ``root``
+    holds another manifest.
+    """
+
+    def __init__(self, root: Path, manifest: ModelManifest) -> None:
+        self.root = Path(root)
+        self.manifest = manifest
+        self.root.mkdir(parents=True, exist_ok=True)
+        saved = self.root / MANIFEST_FILE
+        if saved.exists():
+            other = msgspec.json.decode(saved.read_bytes(), type=ModelManifest)
+            if other.digest != manifest.digest:
+                raise ValueError(f"{self.root} holds manifest {other.digest[:12]}, "
+                                 f"not {manifest.digest[:12]}")
+        else:
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_bytes(msgspec.json.encode(manifest))
+            os.replace(tmp, saved)
+        self._held: dict[str, set[int]] = {f.path: set() for f in manifest.files}
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, int]] = []  # written, not journaled yet
+        self._pending_bytes = 0
+        self._last_checkpoint = time.monotonic()
+        self._read_journal()
+        self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")
+        for f in manifest.files:  # empty files are complete from the start
+            if not f.chunks:
+                self._finish_file(f.path)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._journal.closed:
+                self._checkpoint()
+                self._journal.close()
+
+    def _checkpoint(self) -> None:
+        """Make the pending chunks durable, then journal them (caller holds the lock)."""
+        if not self._pending:
+            return
+        for path in sorted({p for p, _ in self._pending}):
+            target = self.root / f"{path}.part"
+            if not target.exists():
+                target = self.root / path
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self._journal.write("".join(f"{i} {p}\n" for p, i in self._pending))
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._last_checkpoint = time.monotonic()
+
+    def __enter__(self) -> PartialModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read_journal(self) -> None:
+        path = self.root / JOURNAL
+        if not path.exists():
+            return
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            index, _, name = line.partition(" ")
+            if name in self._held and index.isdigit():
+                entry = self.manifest.file(name)
+                if int(index) < len(entry.chunks) and self._file_exists(name):
+                    self._held[name].add(int(index))
+
+    def _file_exists(self, path: str) -> bool:
+        return (self.root / path).exists() or (self.root / f"{path}.part").exists()
+
+    # -- what is held -----------------------------------------------------------------------
+    def held(self) -> dict[str, tuple[int, ...]]:
+        """Verified chunks: path -> sorted indices (files with none are left out)."""
+        return {p: tuple(sorted(s)) for p, s in self._held.items() if s}
+
+    def has(self, chunks: Mapping[str, Iterable[int]]) -> bool:
+        """Whether every chunk of ``chunks`` (path -> indices) is verified."""
+        return all(set(idx) <= self._held.get(p, set()) for p, idx in chunks.items())
+
+    @property
+    def complete(self) -> bool:
+        """Every chunk of every file is verified (and every file renamed to its name)."""
+        return all(len(self._held[f.path]) == len(f.chunks) for f in self.manifest.files)
+
+    def verified_bytes(self) -> int:
+        """Bytes of the verified chunks."""
+        return sum(e - s for p, idx in self._held.items() for s, e in
+                   (chunk_span(self.manifest, p, i) for i in idx))
+
+    # -- reading and writing ----------------------------------------------------------------
+    def read_chunk(self, path: str, index: int) -> bytes:
+        """The bytes of a verified chunk (to serve it to a peer). Raises ``KeyError`` when
+        the chunk is not verified here."""
+        if index not in self._held.get(path, set()):
+            raise KeyError(f"chunk {index} of {path} is not held")
+        start, end = chunk_span(self.manifest, path, index)
+        target = self.root / path
+        if not target.exists():
+            target = self.root / f"{path}.part"
+        with open(target, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def write_chunk(self, path: str, index: int, data: bytes) -> bool:
+        """Verify ``data`` against the manifest and store it; True when it was new.
+
+        Raises:
+            ChunkVerificationError: wrong length or hash (nothing written).
+            KeyError / IndexError: a path or chunk the manifest does not list.
+        """
+        start, end = chunk_span(self.manifest, path, index)
+        entry = self.manifest.file(path)
+        if len(data) != end - start:
+            raise ChunkVerificationError(
+                f"chunk {index} of {path}: {len(data)} bytes, expected {end - start}")
+        if hashlib.sha256(data).hexdigest() != entry.chunks[index].sha256:
+            raise ChunkVerificationError(f"chunk {index} of {path}: hash mismatch")
+        with self._lock:
+            if index in self._held[path]:
+                return False
+            part = self.root / f"{path}.part"
+            part.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, data, start)
+        finally:
+            os.close(fd)
+        with self._lock:
+            if index in self._held[path]:
+                return False
+            self._held[path].add(index)
+            self._pending.append((path, index))
+            self._pending_bytes += len(data)
+            if len(self._held[path]) == len(entry.chunks):
+                self._checkpoint()
+                self._finish_file(path)
+            elif (self._pending_bytes >= CHECKPOINT_BYTES
+                  or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
+                self._checkpoint()
+        return True
+
+    def _finish_file(self, path: str) -> None:
+        """Rename a fully verified ``<path>.part`` to ``<path>`` (size fixed to the manifest's)."""
+        part, final = self.root / f"{path}.part", self.root / path
+        entry = self.manifest.file(path)
+        if final.exists():
+            return
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if not part.exists():
+            part.touch()
+        os.truncate(part, entry.size)
+        os.replace(part, final)
+
+    def shard_view(self, chunks: Mapping[str, Iterable[int]], name: str) -> Path:
+        """A directory a loader can read for a shard needing ``chunks``: one symlink per
+        manifest file that the shard touches, named as in the manifest, pointing at the
+        complete file or at its ``.part``; ``<root>/.views/<name>``, rebuilt each call.
+
+        Raises ``ValueError`` when a needed chunk is not verified yet (nothing unverified is
+        ever handed to a loader)."""
+        missing = {p: sorted(set(idx) - self._held.get(p, set())) for p, idx in chunks.items()}
+        missing = {p: m for p, m in missing.items() if m}
+        if missing:
+            some = ", ".join(f"{p}: {len(m)} chunks" for p, m in sorted(missing.items()))
+            raise ValueError(f"shard not fully verified yet ({some})")
+        view = self.root / ".views" / name
+        shutil.rmtree(view, ignore_errors=True)
+        view.mkdir(parents=True)
+        for path in chunks:
+            target = self.root / path
+            if not target.exists():
+                target = self.root / f"{path}.part"
+                # a .part is sparse up to its last written chunk: give it the full length
+                if target.stat().st_size < self.manifest.file(path).size:
+                    os.truncate(target, self.manifest.file(path).size)
+            link = view / path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target.resolve())
+        return view

@@ -1,0 +1,127 @@
+"""Whole-model pulls: copy a model another node holds onto this node (issue 13, ``exo-p2p pull``).
+
+``holders_of`` is the rule (pure, from State): the nodes whose profile lists a *complete*
+manifest of that name (partial copies serve shards, not pulls), narrowed to ``from_node`` when
+given; several different manifests under one name are refused as ambiguous unless
+``from_node`` picks one. ``PullManager`` runs one pull per model name at a time in the
+node's nursery and keeps its progress (``PullStatus``) for the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.fetch import FetchError
+from exo_p2p.models.manifest import all_chunks
+from exo_p2p.models.peer_transfer import fetch_manifest
+from exo_p2p.types import State
+
+log = structlog.get_logger(__name__)
+
+MANIFEST_TIMEOUT = 30.0
+"""Seconds to get a manifest from one holder."""
+
+
+class PullError(ValueError):
+    """A pull cannot start: unknown model, no holder, ambiguous name (message says why)."""
+
+
+class PullStatus(msgspec.Struct):
+    """Progress of one pull: ``state`` is ``running``, ``done`` or ``failed`` (``error``
+    says why); bytes of the model's chunks, done and total; seconds since it started; bytes
+    received per holder and chunks that failed verification per sender."""
+
+    model: str
+    digest: str
+    holders: tuple[str, ...]
+    state: str = "running"
+    bytes_done: int = 0
+    bytes_total: int = 0
+    elapsed: float = 0.0
+    error: str | None = None
+    bytes_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
+    bad_chunks_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def holders_of(state: State, name: str, me: str, from_node: str | None = None) -> tuple[str, list[str]]:
+    """``(digest, holder node ids)`` of model ``name`` for a pull by node ``me`` (rule:
+    module docstring). Raises ``PullError``."""
+    by_digest: dict[str, list[str]] = {}
+    for node_id, profile in sorted(state.nodes.items()):
+        if node_id == me or (from_node is not None and node_id != from_node):
+            continue
+        for held in profile.held_models:
+            if held.name == name and held.complete:
+                by_digest.setdefault(held.digest, []).append(node_id)
+    if not by_digest:
+        where = f" on node {from_node}" if from_node else " on any other node"
+        raise PullError(f"model {name!r} is not held completely{where}")
+    if len(by_digest) > 1:
+        listing = "; ".join(f"{d[:12]} on {', '.join(n)}" for d, n in sorted(by_digest.items()))
+        raise PullError(f"model {name!r} names different files on different nodes ({listing}); "
+                        f"choose one with --from NODE")
+    ((digest, nodes),) = by_digest.items()
+    return digest, nodes
+
+
+class PullManager:
+    """Runs pulls for one node (see module docstring). ``on_done`` runs after a pull's copy
+    became a local model (the node re-lists its models)."""
+
+    def __init__(self, depot: ModelDepot, net, me: str, state: Callable[[], State],  # type: ignore[no-untyped-def]
+                 nursery: trio.Nursery, on_done: Callable[[], Awaitable[None]]) -> None:
+        self._depot, self._net, self._me, self._state = depot, net, me, state
+        self._nursery, self._on_done = nursery, on_done
+        self.pulls: dict[str, PullStatus] = {}
+
+    def start(self, name: str, from_node: str | None = None) -> PullStatus:
+        """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous,
+        already held here, already running)."""
+        if self._depot.local_digest(name) is not None:
+            raise PullError(f"model {name!r} is already on this node")
+        current = self.pulls.get(name)
+        if current is not None and current.state == "running":
+            raise PullError(f"model {name!r} is already being pulled")
+        digest, holders = holders_of(self._state(), name, self._me, from_node)
+        status = PullStatus(model=name, digest=digest, holders=tuple(holders))
+        self.pulls[name] = status
+        self._nursery.start_soon(self._run, status)
+        return status
+
+    async def _run(self, status: PullStatus) -> None:
+        start = trio.current_time()
+
+        def progress(done: int, total: int) -> None:
+            status.bytes_done, status.bytes_total = done, total
+            status.elapsed = trio.current_time() - start
+
+        try:
+            manifest = None
+            errors = []
+            for peer in status.holders:
+                try:
+                    manifest = await fetch_manifest(self._net, peer, status.digest, timeout=MANIFEST_TIMEOUT)
+                    break
+                except Exception as exc:  # try the next holder
+                    errors.append(f"{peer}: {exc}")
+            if manifest is None:
+                raise FetchError(f"no holder sent the manifest ({'; '.join(errors)})")
+            wanted = all_chunks(manifest)
+            report = await self._depot.fetch(self._net, manifest, wanted, list(status.holders), on_progress=progress)
+            status.bytes_by_peer = dict(report.bytes_by_peer)
+            status.bad_chunks_by_peer = dict(report.bad_chunks_by_peer)
+            await trio.to_thread.run_sync(self._depot.promote, status.digest)
+            await trio.to_thread.run_sync(self._depot.refresh)
+            await self._on_done()
+            status.state = "done"
+            log.info("model pulled", model=status.model, bytes=status.bytes_total, peers=status.bytes_by_peer)
+        except Exception as exc:
+            status.state, status.error = "failed", str(exc)
+            log.warning("model pull failed", model=status.model, error=str(exc))
+        finally:
+            status.elapsed = trio.current_time() - start
