@@ -272,6 +272,20 @@ class Node:
     def event_times(self, since: int):  # type: ignore[no-untyped-def]
         return self.member.event_times.since(since)
 
+    def resolve_node(self, name: str) -> str:
+        """The node id for ``name`` (a node id, a friendly name or a unique id prefix).
+
+        Raises ``ValueError`` naming an unknown or ambiguous name (the API answers 400)."""
+        from master.placement import PlacementError, resolve_nodes
+
+        try:
+            resolved = resolve_nodes(self.replica.state, [name])
+        except PlacementError as exc:
+            raise ValueError(str(exc)) from None
+        if not resolved:
+            raise ValueError("an empty node name")
+        return resolved[0]
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         from master.placement import placement_previews, resolve_nodes
 

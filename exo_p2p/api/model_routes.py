@@ -58,11 +58,9 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
         req = decode_json(await read_body(request, max_body_bytes), PullRequest)
         from_node = None
         if req.from_node:
-            from master.placement import PlacementError, resolve_nodes
-
             try:
-                (from_node,) = resolve_nodes(backend.state(), [req.from_node])
-            except PlacementError as exc:
+                from_node = backend.resolve_node(req.from_node)
+            except ValueError as exc:
                 raise ApiError(400, str(exc)[:2000], param="from") from None
         try:
             status = backend.pulls.start(req.model, from_node)
