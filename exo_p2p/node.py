@@ -481,6 +481,7 @@ class Node:
                     log.warning("open cluster", notice=OPEN_CLUSTER_NOTICE)
                     banner.append(f"  note: {OPEN_CLUSTER_NOTICE}")
                 else:
+                    log.info("closed cluster", detail="members share a cluster secret")
                     banner.append("  cluster: closed (members share a cluster secret)")
                 console_note("\n".join(banner))
                 self.started.set()

@@ -41,7 +41,7 @@ def test_invite_then_join_then_restart_without_flags(tmp_path):
         newcomer.start()
         wait_until(lambda: agreement(nodes, 2), 30, what="the newcomer joined")
         assert (tmp_path / "b" / "cluster.secret").read_bytes().strip() == secret.read_bytes().strip()
-        assert "cluster: closed" in newcomer.log_tail(200) and "the cluster is open" not in newcomer.log_tail(200)
+        assert '"event": "closed cluster"' in newcomer.log_tail(200) and "the cluster is open" not in newcomer.log_tail(200)
         newcomer_id = self_id(newcomer)
         newcomer.stop()
         # restart with no flag at all: the kept secret, and the peers in its State, bring it back
