@@ -185,16 +185,23 @@ class Generator:
     clock: Callable[[], float] = time.perf_counter
     on_token: Callable[[TaskId, int], None] | None = None
     stage: Stage | None = None
+    max_batch: int = 1
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
     _accepting: TaskId | None = field(default=None, init=False, repr=False)
     _accepting_cancelled: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _prefilling: _Active | None = field(default=None, init=False, repr=False)
+    _rows: list[_Active] = field(default_factory=list, init=False, repr=False)
+    _batch_cache: list[Any] | None = field(default=None, init=False, repr=False)
+    _batch_y: mx.array | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_size < 1:
             raise ValueError(f"prefill_chunk_size must be >= 1, not {self.prefill_chunk_size}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, not {self.max_batch}")
         if not self.model_id:
             self.model_id = self.loaded.model_dir.name
         self._eos = frozenset(self.loaded.eos_token_ids)
@@ -219,9 +226,10 @@ class Generator:
                     self._outbox.append(FinishChunk(task_id=task_id, finish_reason="cancelled",
                                                     prompt_tokens=0, completion_tokens=0))
                     return True
-            if self._active is not None and self._active.request.task_id == task_id:
-                self._active.cancel_requested = True
-                return True
+            for running in self._running():
+                if running.request.task_id == task_id:
+                    running.cancel_requested = True
+                    return True
             if self._accepting == task_id:  # being accepted by step() right now
                 self._accepting_cancelled = True
                 return True
@@ -231,15 +239,36 @@ class Generator:
         """Whether ``step`` has anything to do (a request queued or running, or chunks to
         deliver)."""
         with self._lock:
-            return bool(self._queue or self._outbox or self._active is not None)
+            return bool(self._queue or self._outbox or self._running())
+
+    def _running(self) -> list[_Active]:
+        """Every accepted, unfinished sequence (call with the lock held)."""
+        running = list(self._rows)
+        for one in (self._active, self._prefilling):
+            if one is not None:
+                running.append(one)
+        return running
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences accepted and not finished: decoding in the batch or prefilling."""
+        with self._lock:
+            return len(self._running())
 
     @property
     def in_prefill(self) -> bool:
         """Whether the next ``step`` accepts a request or prefills a chunk (agreement points
         are taken before each of these steps)."""
         with self._lock:
+            if self.max_batch > 1:
+                return self._prefilling is not None or (bool(self._queue) and self._room())
             active = self._active
             return (active is None and bool(self._queue)) or (active is not None and active.next_token is None)
+
+    def _room(self) -> bool:
+        """Whether a queued request may be accepted now (lock held): nothing prefilling and
+        fewer than ``max_batch`` sequences in the batch."""
+        return self._prefilling is None and len(self._rows) < self.max_batch
 
     @property
     def active_task_id(self) -> TaskId | None:
@@ -255,7 +284,10 @@ class Generator:
 
     def step(self) -> list[Chunk]:
         """Do one bounded unit of work (accept a request, one prefill chunk, or one decode
-        step) and return the chunks produced, in order."""
+        step) and return the chunks produced, in order. With ``max_batch > 1`` one step is
+        the batch's step (see ``_batch_step``)."""
+        if self.max_batch > 1:
+            return self._batch_step()
         with self._lock:
             out, self._outbox = self._outbox, []
             active = self._active
@@ -331,7 +363,10 @@ class Generator:
         )
         with self._lock:
             active.cancel_requested = self._accepting_cancelled
-            self._active = active
+            if self.max_batch > 1:
+                self._prefilling = active
+            else:
+                self._active = active
         return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(ids))
 
     def _vocab_size(self) -> int:
@@ -365,7 +400,6 @@ class Generator:
         return out
 
     def _decode_step(self, active: _Active) -> list[Chunk]:
-        req = active.request
         y = active.next_token
         assert y is not None
         if active.completion_tokens + 1 < active.max_new:
@@ -375,7 +409,15 @@ class Generator:
         else:
             next_y = None
         token = y.item()
-        now = self.clock()
+        out, done = self._consume(active, token, self.clock())
+        if not done:
+            active.next_token = next_y
+        return out
+
+    def _consume(self, active: _Active, token: int, now: float) -> tuple[list[Chunk], bool]:
+        """The chunks for ``active``'s sampled ``token`` (read at ``now``) and whether the
+        sequence ended with it (its ``FinishChunk`` is then among the chunks)."""
+        req = active.request
         if self.on_token is not None:
             self.on_token(req.task_id, token)
         out: list[Chunk] = []
@@ -388,7 +430,7 @@ class Generator:
                 out.append(TokenChunk(task_id=req.task_id, text=text,
                                       completion_tokens=active.completion_tokens))
             out.append(self._finish(active, "stop"))
-            return out
+            return out, True
         active.t_last = now
         active.completion_tokens += 1
         active.detokenizer.add_token(token)
@@ -401,11 +443,10 @@ class Generator:
                               completion_tokens=active.completion_tokens))
         if stopped or at_limit:
             out.append(self._finish(active, "stop" if stopped else "length"))
-            return out
-        active.next_token = next_y
+            return out, True
         if active.completion_tokens % 256 == 1:
             mx.clear_cache()
-        return out
+        return out, False
 
     def _final_text(self, active: _Active) -> str:
         """Flush the detokenizer and the stop matcher when generation ends: the text held
@@ -430,3 +471,121 @@ class Generator:
     def _end(self) -> None:
         with self._lock:
             self._active = None
+
+    # -- the batch (max_batch > 1) ---------------------------------------------------------
+
+    def _batch_step(self) -> list[Chunk]:
+        """One step of the batch, in this order (the same on every rank, since every rank
+        holds the same requests in the same order and the same tokens):
+
+        1. sequences cancelled since the last step leave (their ``FinishChunk``);
+        2. when nothing prefills and the batch has room, the next queued request is accepted;
+        3. the prefilling sequence (its own KV cache, batch size 1) prefills one chunk;
+        4. one decode step of the batch: a sequence whose prefill just ended joins (its cache
+           merged in as a new left-padded row), every row is fed its last token in one
+           forward pass, each row's token is read and consumed, and rows that ended leave
+           at once (their KV rows dropped).
+        """
+        with self._lock:
+            out, self._outbox = self._outbox, []
+            queued = self._queue.popleft() if self._queue and self._room() else None
+            if queued is not None:
+                self._accepting, self._accepting_cancelled = queued.request.task_id, False
+        try:
+            gone = [i for i, row in enumerate(self._rows) if row.cancel_requested]
+            for i in gone:
+                out.append(self._finish(self._rows[i], "cancelled"))
+            self._drop_rows(gone)
+            pre = self._prefilling
+            if pre is not None and pre.cancel_requested:
+                out.append(self._finish(pre, "cancelled"))
+                self._set_prefilling(None)
+            if queued is not None:
+                try:
+                    out.append(self._accept(queued))
+                except Exception as e:
+                    out.append(_error(queued.request.task_id, 500, f"generation failed: {e!r}"))
+        finally:
+            if queued is not None:
+                with self._lock:
+                    self._accepting = None
+        pre = self._prefilling
+        if pre is not None and pre.cancel_requested:
+            out.append(self._finish(pre, "cancelled"))
+            self._set_prefilling(None)
+        elif pre is not None and pre.next_token is None and queued is None:
+            try:
+                out.extend(self._prefill_step(pre))
+            except Exception as e:
+                self._set_prefilling(None)
+                out.append(_error(pre.request.task_id, 500, f"generation failed: {e!r}"))
+        if self._rows or (self._prefilling is not None and self._prefilling.next_token is not None):
+            try:
+                out.extend(self._batch_decode())
+            except Exception as e:  # the batch's forward failed: every row ends failed
+                for row in self._rows:
+                    out.append(_error(row.request.task_id, 500, f"generation failed: {e!r}"))
+                self._drop_rows(list(range(len(self._rows))))
+        return out
+
+    def _set_prefilling(self, active: _Active | None) -> None:
+        with self._lock:
+            self._prefilling = active
+
+    def _join(self) -> None:
+        """The prefilled sequence becomes the batch's last row (its KV cache merged in)."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        pre = self._prefilling
+        assert pre is not None and pre.next_token is not None
+        rows = [BatchKVCache.merge([c]) for c in pre.cache]
+        if self._batch_cache is None:
+            self._batch_cache, self._batch_y = rows, pre.next_token.reshape(-1)
+        else:
+            assert self._batch_y is not None
+            for batch, row in zip(self._batch_cache, rows, strict=True):
+                batch.extend(row)
+            self._batch_y = mx.concatenate([self._batch_y, pre.next_token.reshape(-1)])
+        pre.cache = []  # the batch holds its KV now
+        with self._lock:
+            self._rows.append(pre)
+            self._prefilling = None
+
+    def _drop_rows(self, indices: list[int]) -> None:
+        """Rows ``indices`` leave the batch and free their KV."""
+        if not indices:
+            return
+        keep = [i for i in range(len(self._rows)) if i not in set(indices)]
+        with self._lock:
+            self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._batch_cache, self._batch_y = None, None
+            mx.clear_cache()
+            return
+        assert self._batch_cache is not None and self._batch_y is not None
+        index = mx.array(keep, dtype=mx.int32)
+        for c in self._batch_cache:
+            c.filter(index)
+        self._batch_y = self._batch_y[index]
+
+    def _batch_decode(self) -> list[Chunk]:
+        if self._prefilling is not None and self._prefilling.next_token is not None:
+            self._join()
+        assert self._batch_cache is not None and self._batch_y is not None and self.stage is not None
+        y = self._batch_y
+        with mx.stream(generation_stream):
+            next_y = self.stage.next_tokens(self.loaded.model, y[:, None], self._batch_cache,
+                                            [row.sampler for row in self._rows])
+        mx.async_eval(next_y)
+        tokens = y.tolist()
+        now = self.clock()
+        out: list[Chunk] = []
+        ended = []
+        for i, (row, token) in enumerate(zip(self._rows, tokens, strict=True)):
+            chunks, done = self._consume(row, int(token), now)
+            out.extend(chunks)
+            if done:
+                ended.append(i)
+        self._batch_y = next_y
+        self._drop_rows(ended)
+        return out
