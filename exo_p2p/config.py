@@ -104,6 +104,8 @@ class NodeConfig(msgspec.Struct):
     friendly_name: str | None = None
     queue_limit: int | None = 64
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
+    max_batch: int = 16
+    """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
     mdns: bool = True
     compact_every: int = 20_000
     cpu_weights: str = "auto"

@@ -89,7 +89,7 @@ class Node:
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
-            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size),
+            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size, max_batch=self.config.max_batch),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()
@@ -373,6 +373,7 @@ class Node:
             self.route_chunk,
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=cfg.prefill_chunk_size,
+            max_batch=cfg.max_batch,
             fault_hooks=cfg.fault_hooks,
             runner_env=runner_env,
         )

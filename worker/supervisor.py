@@ -81,6 +81,7 @@ class RunnerSupervisor:
         on_chunk: Callable[[Chunk], None],
         *,
         prefill_chunk_size: int = 32,
+        max_batch: int = 1,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
@@ -108,6 +109,7 @@ class RunnerSupervisor:
             shard=shard,
             model_dir=str(model_dir),
             prefill_chunk_size=prefill_chunk_size,
+            max_batch=max_batch,
             fault_hooks=dict(fault_hooks or {}),
         )
         self._silent_generating = silent_generating

@@ -34,6 +34,7 @@ def build_node_config(
     friendly_name: str | None = None,
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
+    max_batch: int | None = None,
     mdns: bool = True,
     compact_every: int | None = None,
     api_keys: list[str] | None = None,
@@ -117,6 +118,7 @@ def build_node_config(
         ("friendly_name", friendly_name),
         ("queue_limit", queue_limit),
         ("prefill_chunk_size", prefill_chunk_size),
+        ("max_batch", max_batch),
         ("compact_every", compact_every),
     ):
         if value is not None:
