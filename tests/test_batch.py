@@ -173,3 +173,34 @@ def test_pipeline_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[s
     finally:
         for r in runners:
             r.close()
+
+
+def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
+    """Load is unfinished tasks ÷ the instance's batch limit: an instance batching 16 with 3
+    tasks in flight (3/16) takes the next request before one serving 1 at a time with 1
+    (1/1), which the old fewest-tasks rule would have picked."""
+    import msgspec
+
+    from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitGeneration,
+                               TaskCreated)
+    from master.commands import handle_command, instance_load
+    from tests.test_memory_admission import CARD8, GIB, _cluster, _params, _pipeline, _run
+
+    batched = msgspec.structs.replace(_pipeline(CARD8, [], ["a"]), instance_id="b-batched",
+                                      settings=RankSettings(prefill_chunk_size=32, max_batch=16))
+    single = msgspec.structs.replace(_pipeline(CARD8, [], ["b"]), instance_id="a-single",
+                                     settings=RankSettings(prefill_chunk_size=32, max_batch=1))
+    state = _cluster(CARD8, {"a": 8 * GIB, "b": 8 * GIB}, batched)
+    state = _run(state, [InstanceCreated(single), RunnerStatusUpdated("r0", "a-single", "b", RunnerReady())])
+
+    def submit(task_id: str):
+        nonlocal state
+        d = handle_command(state, SubmitGeneration("c", task_id, "m", _params("hi"), "a"))
+        assert d.result.error is None and isinstance(d.events[0], TaskCreated)
+        state = _run(state, d.events)
+        return d.events[0].task.instance_id
+
+    assert submit("t0") == "a-single"  # both empty: ties by instance id
+    assert [submit(f"t{i}") for i in range(1, 4)] == ["b-batched"] * 3
+    assert instance_load(state, batched) == 3 / 16 and instance_load(state, single) == 1.0
+    assert submit("t4") == "b-batched"
