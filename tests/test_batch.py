@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -204,3 +206,77 @@ def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
     assert [submit(f"t{i}") for i in range(1, 4)] == ["b-batched"] * 3
     assert instance_load(state, batched) == 3 / 16 and instance_load(state, single) == 1.0
     assert submit("t4") == "b-batched"
+
+
+# --- batch bookkeeping across simulated ranks ---------------------------------------------
+
+_schedules = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 8), min_size=2, max_size=2),  # delivery tick on rank 0, 1
+        st.integers(2, 10),  # max_tokens
+        st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(0, 30))),  # cancel: rank, tick
+        st.sampled_from(range(len(PROMPTS))),
+    ),
+    min_size=1, max_size=6,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=_schedules)
+def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule) -> None:
+    """Two simulated ranks (a generator each, ``max_batch`` 3, the runner's round rule and a
+    simulated all-gather): tasks reach the ranks at different ticks, cancels reach one rank
+    only. After every step both ranks hold the same rows in the same order, the same
+    prefilling sequence and queue, and every task ends the same way on both."""
+    import numpy as np
+
+    from worker.engine.agreement import TaskAgreement, encode_row
+
+    world = 2
+    gens = [Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3) for _ in range(world)]
+    deals: list[TaskAgreement[GenerationRequest]] = [TaskAgreement() for _ in range(world)]
+    ended: list[dict[str, str]] = [{} for _ in range(world)]
+    reqs = [GenerationRequest(task_id=f"s{i}", messages=[{"role": "user", "content": PROMPTS[p]}],
+                              max_tokens=n, temperature=0.0) for i, (_, n, _, p) in enumerate(schedule)]
+    check_every, since_round = 2, 0
+    for tick in range(2_000):
+        for i, (ticks, _, cancel, _) in enumerate(schedule):
+            for r in range(world):
+                if ticks[r] == tick and not deals[r].add(reqs[i].task_id, i, reqs[i]):
+                    assert deals[r].was_cancelled(reqs[i].task_id)  # the runner ends it Cancelled
+                    ended[r][reqs[i].task_id] = "cancelled"
+            if cancel is not None and cancel[1] == tick:
+                deals[cancel[0]].want_cancel(reqs[i].task_id)
+        wants = [not g.has_work() or g.in_prefill or since_round >= check_every for g in gens]
+        assert len(set(wants)) == 1  # a collective: every rank reaches it at the same point
+        if wants[0]:
+            rows = np.stack([encode_row(d.view()) for d in deals])
+            for r in range(world):
+                result = deals[r].round(lambda row: rows)
+                for req in result.start:
+                    gens[r].submit(req)
+                for task_id in result.cancel:
+                    gens[r].cancel(task_id)
+                for req in result.dropped:
+                    ended[r][req.task_id] = "cancelled"
+            since_round = 0
+        busy = [g.has_work() for g in gens]
+        assert len(set(busy)) == 1
+        if busy[0]:
+            for r in range(world):
+                for chunk in gens[r].step():
+                    if isinstance(chunk, (FinishChunk, ErrorChunk)):
+                        deals[r].finished(chunk.task_id)
+                        ended[r][chunk.task_id] = getattr(chunk, "finish_reason", "error")
+            since_round += 1
+        seen = [([row.request.task_id for row in g._rows],
+                 None if g._prefilling is None else g._prefilling.request.task_id, g.queued_task_ids) for g in gens]
+        assert seen[0] == seen[1], seen
+        if tick > 40 and all(len(e) == len(reqs) for e in ended):
+            break
+    else:
+        raise AssertionError(f"tasks did not all end: {ended}")
+    assert ended[0] == ended[1]
+    for i, (_, _, cancel, _) in enumerate(schedule):
+        if cancel is None:
+            assert ended[0][f"s{i}"] == "length" or ended[0][f"s{i}"] == "stop"
