@@ -96,10 +96,16 @@ def solo(loaded: LoadedModel) -> dict[str, dict[str, Any]]:
 def test_batch_equals_solo_token_for_token(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
     """12 concurrent requests in one batch: each one's tokens, text and finish equal its
     solo run's, and the batch really held several sequences at once."""
+    import mlx.core as mx
+
     gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    mx.clear_cache()
+    idle = mx.get_active_memory()
     for req in requests():
         gen.submit(req)
     got = drive(gen)
+    mx.clear_cache()
+    assert mx.get_active_memory() <= idle + 64 * 1024  # KV freed: back to idle (slack: sampler keys)
     assert got["largest"] >= 4
     for task_id, alone in solo.items():
         assert got["ids"][task_id] == alone["ids"][task_id], task_id
