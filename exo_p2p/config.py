@@ -105,6 +105,9 @@ class NodeConfig(msgspec.Struct):
     queue_limit: int | None = 64
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
     max_batch: int = 16
+    prompt_cache_bytes: int = 0
+    """Bytes of finished conversations' KV a single-rank runner keeps for reuse
+    (``--prompt-cache-bytes``; 0: no prompt cache)."""
     """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
     mdns: bool = True
     compact_every: int = 20_000

@@ -374,6 +374,7 @@ class Node:
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=cfg.prefill_chunk_size,
             max_batch=cfg.max_batch,
+            prompt_cache_bytes=cfg.prompt_cache_bytes,
             fault_hooks=cfg.fault_hooks,
             runner_env=runner_env,
         )

@@ -286,3 +286,35 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule) -> No
     for i, (_, _, cancel, _) in enumerate(schedule):
         if cancel is None:
             assert ended[0][f"s{i}"] == "length" or ended[0][f"s{i}"] == "stop"
+
+
+# --- the prompt cache ------------------------------------------------------------------------
+
+def test_second_turn_prefills_only_the_new_tokens(loaded: LoadedModel) -> None:
+    """With the prompt cache, the second turn of a conversation feeds only the tokens after
+    the longest cached prefix (asserted exactly) and answers as it does without the cache."""
+    first = [{"role": "user", "content": PROMPTS[2]}]
+
+    def turn(gen: Generator, task_id: str, messages) -> tuple[list[int], int]:
+        before = gen.prefilled_tokens
+        gen.submit(GenerationRequest(task_id=task_id, messages=messages, max_tokens=12, temperature=0.0))
+        got = drive(gen)
+        return got["ids"][task_id], gen.prefilled_tokens - before, got["texts"].get(task_id, "")
+
+    cold = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4)
+    warm = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4, prompt_cache_bytes=64 * 2**20)
+    ids1, n1, text1 = turn(cold, "c1", first)
+    ids1w, n1w, _ = turn(warm, "w1", first)
+    assert ids1w == ids1 and n1w == n1  # nothing cached yet
+    assert warm.prompt_cache_nbytes > 0
+    second = [*first, {"role": "assistant", "content": text1}, {"role": "user", "content": "and then?"}]
+    prompt2 = loaded.tokenizer.apply_chat_template(second, add_generation_prompt=True)
+    prompt1 = loaded.tokenizer.apply_chat_template(first, add_generation_prompt=True)
+    cached = prompt1 + ids1  # the first turn's KV: its prompt and every token fed after it
+    common = next((i for i, (a, b) in enumerate(zip(cached, prompt2)) if a != b), min(len(cached), len(prompt2)))
+    assert common >= len(prompt1)
+    ids2, n2, _ = turn(cold, "c2", second)
+    ids2w, n2w, _ = turn(warm, "w2", second)
+    assert n2 == len(prompt2)
+    assert n2w == len(prompt2) - min(common, len(prompt2) - 1)
+    assert n2w < n2 and ids2w == ids2

@@ -35,6 +35,7 @@ def build_node_config(
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
     max_batch: int | None = None,
+    prompt_cache_bytes: int | None = None,
     mdns: bool = True,
     compact_every: int | None = None,
     api_keys: list[str] | None = None,
@@ -119,6 +120,7 @@ def build_node_config(
         ("queue_limit", queue_limit),
         ("prefill_chunk_size", prefill_chunk_size),
         ("max_batch", max_batch),
+        ("prompt_cache_bytes", prompt_cache_bytes),
         ("compact_every", compact_every),
     ):
         if value is not None:

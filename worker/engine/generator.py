@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,10 +133,21 @@ class _Active:
     t_first: float | None = None
     t_last: float | None = None
     cancel_requested: bool = False
+    fed: list[int] = field(default_factory=list)  # tokens in the KV after the prompt (batch path)
+    reused: int = 0  # prompt tokens taken from the prompt cache
 
     @property
     def prompt_tokens(self) -> int:
         return int(self.prompt.size)
+
+
+@dataclass
+class _CachedPrefix:
+    """A finished sequence's KV: the ``tokens`` it holds and one ``KVCache`` per layer."""
+
+    tokens: list[int]
+    cache: list[Any]
+    nbytes: int
 
 
 @dataclass
@@ -186,6 +197,9 @@ class Generator:
     on_token: Callable[[TaskId, int], None] | None = None
     stage: Stage | None = None
     max_batch: int = 1
+    prompt_cache_bytes: int = 0
+    """Bytes of finished sequences' KV kept for reuse (LRU; 0: no prompt cache). Batch path on
+    a single rank only (``LocalStage``): ranks would have to agree on the reused length."""
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
@@ -196,6 +210,9 @@ class Generator:
     _rows: list[_Active] = field(default_factory=list, init=False, repr=False)
     _batch_cache: list[Any] | None = field(default=None, init=False, repr=False)
     _batch_y: mx.array | None = field(default=None, init=False, repr=False)
+    _prefixes: OrderedDict[int, _CachedPrefix] = field(default_factory=OrderedDict, init=False, repr=False)
+    prefilled_tokens: int = field(default=0, init=False)
+    """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
 
     def __post_init__(self) -> None:
         if self.prefill_chunk_size < 1:
@@ -361,6 +378,8 @@ class Generator:
             detokenizer=tok.detokenizer,
             stops=StopMatcher(req.stop),
         )
+        if self.max_batch > 1:
+            self._reuse_prefix(active, ids)
         with self._lock:
             active.cancel_requested = self._accepting_cancelled
             if self.max_batch > 1:
@@ -390,10 +409,12 @@ class Generator:
                 assert self.stage is not None
                 self.stage.prefill(self.loaded.model, chunk[None], active.cache)
                 active.processed += n
+                self.prefilled_tokens += n
                 out.append(PrefillProgressChunk(task_id=active.request.task_id,
                                                 processed=active.processed, total=total))
                 mx.clear_cache()
             if total - active.processed == 1:
+                self.prefilled_tokens += 1
                 active.next_token = self._sample(active, active.prompt[total - 1 :])
                 mx.async_eval(active.next_token)
                 active.processed = total
@@ -582,10 +603,68 @@ class Generator:
         out: list[Chunk] = []
         ended = []
         for i, (row, token) in enumerate(zip(self._rows, tokens, strict=True)):
+            row.fed.append(int(token))  # this step's forward fed it into the KV
             chunks, done = self._consume(row, int(token), now)
             out.extend(chunks)
             if done:
                 ended.append(i)
+                self._keep_prefix(i, row)
         self._batch_y = next_y
         self._drop_rows(ended)
         return out
+
+    # -- the prompt cache (batch path, single rank) ------------------------------------------
+
+    @property
+    def _caching(self) -> bool:
+        return self.prompt_cache_bytes > 0 and isinstance(self.stage, LocalStage)
+
+    @property
+    def prompt_cache_nbytes(self) -> int:
+        """Bytes of KV the prompt cache holds now."""
+        return sum(p.nbytes for p in self._prefixes.values())
+
+    def _keep_prefix(self, index: int, row: _Active) -> None:
+        """Keep row ``index``'s KV (prompt + fed tokens) in the LRU prompt cache, evicting the
+        least recently used entries beyond ``prompt_cache_bytes``."""
+        if not self._caching or self._batch_cache is None:
+            return
+        cache = [c.extract(index) for c in self._batch_cache]
+        tokens = [int(t) for t in row.prompt.tolist()] + row.fed
+        if cache and cache[0].offset != len(tokens):
+            return  # not the tokens we think it holds: never reuse it
+        nbytes = sum(c.nbytes for c in cache)
+        if nbytes > self.prompt_cache_bytes:
+            return
+        mx.eval([c.state for c in cache])
+        self._prefixes[id(cache[0])] = _CachedPrefix(tokens, cache, nbytes)
+        while self.prompt_cache_nbytes > self.prompt_cache_bytes:
+            self._prefixes.popitem(last=False)
+
+    def _reuse_prefix(self, active: _Active, ids: Sequence[int]) -> None:
+        """Start ``active`` from the cached entry sharing the longest prefix with its prompt
+        ``ids`` (at most all but the last prompt token: that one yields the first token)."""
+        if not self._caching or not self._prefixes:
+            return
+        best_key, best = None, 0
+        for key, entry in self._prefixes.items():
+            n = 0
+            for a, b in zip(entry.tokens, ids):
+                if a != b:
+                    break
+                n += 1
+            if n > best:
+                best_key, best = key, n
+        best = min(best, len(ids) - 1)
+        if best_key is None or best < 1:
+            return
+        self._prefixes.move_to_end(best_key)
+        from mlx_lm.models.cache import KVCache
+
+        cache = []
+        for c in self._prefixes[best_key].cache:
+            copy = KVCache()
+            copy.keys, copy.values = c.keys[..., :best, :], c.values[..., :best, :]
+            copy.offset = best
+            cache.append(copy)
+        active.cache, active.processed, active.reused = cache, best, best
