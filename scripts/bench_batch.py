@@ -9,12 +9,16 @@ Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded m
   the round ÷ (last token − first token of the round), and its ratio to 1 stream; per-stream
   decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and its ratio
   to a lone stream;
-- TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance).
+- TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance);
+- with ``--prompt-cache-bytes`` > 0 (1 node): second-turn TTFT of a conversation whose
+  first turn ran (its KV cached) vs a second turn of the same length whose first turn never
+  ran here (nothing cached: the whole prompt is prefilled).
 
 Targets (issue 12, float32 + BLAS engine): 8 streams ≥ 4× one, 16 ≥ 6×, per-stream decode
 at 8 ≥ 0.5× a lone stream, joining TTFT ≤ 2× alone.
 
     .venv/bin/python scripts/bench_batch.py [--max-tokens 48] [--nodes 1|2] [--max-batch 16]
+        [--prompt-cache-bytes 268435456]
 """
 
 from __future__ import annotations
@@ -46,14 +50,16 @@ TOPICS = ["a robot who learns to paint", "the sea at night", "a city of glass", 
 class Stream:
     """One streaming chat completion, timed by this process's clock (seconds)."""
 
-    def __init__(self, url: str, topic: str, max_tokens: int) -> None:
+    def __init__(self, url: str, topic: str, max_tokens: int, messages: list | None = None) -> None:
         self.url, self.topic, self.max_tokens = url, topic, max_tokens
+        self.messages = messages or [{"role": "user", "content": f"Write a short story about {topic}."}]
+        self.text = ""
         self.t0 = self.t_first = self.t_last = 0.0
         self.completion = 0
         self.error: str | None = None
 
     def run(self) -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": f"Write a short story about {self.topic}."}],
+        body = {"model": MODEL, "messages": self.messages,
                 "temperature": 0, "max_tokens": self.max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}}
         self.t0 = time.perf_counter()
@@ -69,6 +75,7 @@ class Stream:
                     if chunk.get("usage"):
                         self.completion = chunk["usage"]["completion_tokens"]
                     if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        self.text += chunk["choices"][0]["delta"]["content"]
                         now = time.perf_counter()
                         self.t_first = self.t_first or now
                         self.t_last = now
@@ -124,16 +131,40 @@ def joining_ttft(url: str, max_tokens: int) -> tuple[float, float]:
     return alone.ttft, joiner.ttft
 
 
+def second_turn_ttft(url: str) -> tuple[float, float]:
+    """(second-turn TTFT with the first turn cached, a same-size second turn with nothing
+    cached), seconds."""
+    def long_first(topic: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Here are my notes on {topic}: " + f"{topic} is worth a story. " * 40
+                 + "Write a short story from them."}]
+
+    def run(messages: list, max_tokens: int) -> Stream:
+        s = Stream(url, "", max_tokens, messages)
+        s.run()
+        if s.error:
+            raise RuntimeError(s.error)
+        return s
+
+    first = long_first("a paper boat")
+    reply = run(first, 24).text
+    cached = run([*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Make it sadder."}], 4)
+    other = long_first("a glass boat")  # same length, never run: nothing to reuse
+    cold = run([*other, {"role": "assistant", "content": reply}, {"role": "user", "content": "Make it sadder."}], 4)
+    return cached.ttft, cold.ttft
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--nodes", type=int, default=1, choices=[1, 2])
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--prompt-cache-bytes", type=int, default=0)
+    ap.add_argument("--only-prompt-cache", action="store_true", help="skip the concurrency and joining parts")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        extra = ["--max-batch", str(args.max_batch)]
+        extra = ["--max-batch", str(args.max_batch), "--prompt-cache-bytes", str(args.prompt_cache_bytes)]
         a = NodeProcess(Path(tmp) / "a", extra_args=extra)
         nodes = [a]
         with nodes_cleanup(nodes):
@@ -146,6 +177,12 @@ def main() -> int:
                 wait_until(lambda: converged(nodes, 2), 60, what="2-node cluster")
             a.place_and_wait(MODEL, timeout=900, **({"min_nodes": 2} if args.nodes == 2 else {}))
             concurrent(a.url, 1, 4)  # warm up
+            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 and args.nodes == 1 else None
+            if turns is not None:
+                print(f"second turn TTFT: first turn cached {turns[0]:.3f} s, nothing cached {turns[1]:.3f} s, "
+                      f"ratio {turns[0] / turns[1]:.2f}", flush=True)
+            if args.only_prompt_cache:
+                return 0
             rows = []
             for n in args.streams:
                 streams = concurrent(a.url, n, args.max_tokens, offset=n)
