@@ -139,8 +139,27 @@ def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict
     assert all(got["ids"][t] == solo[t]["ids"][t] for t in solo)
 
 
-def test_pipeline_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
-    """Two pipeline runner ranks with --max-batch 16: 12 concurrent tasks delivered in
+def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
+    from exo_p2p.types.instances import Instance, ShardMetadata
+    from exo_p2p.types.tasks import ConnectToGroup
+    from tests.test_pipeline import RunnerProc, free_ports
+    from worker.runner.protocol import RunnerSetup
+
+    ports = free_ports(2)
+    shards = tuple(ShardMetadata(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=2, start_layer=0,
+                                 end_layer=4, n_layers=4, share_bytes=0, boot_id="b",
+                                 ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
+    instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), prefill_chunk_size=CHUNK,
+                                      heartbeat_interval=0.5, max_batch=max_batch)) for s in shards]
+    for r in runners:
+        r.send(ConnectToGroup(runner_id="x"))
+    return runners
+
+
+@pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
+def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]], sharding: str) -> None:
+    """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in
     different orders; one cancelled on rank 1 only once it streams. Every other task's text
     equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s."""
     from exo_p2p.types.tasks import CancelTask, ChatMessage, GenerationParams, Shutdown, TextGeneration
@@ -154,7 +173,10 @@ def test_pipeline_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[s
                                     temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
 
     tasks = [task(i, r) for i, r in enumerate(requests())]
-    runners = start_runners(loaded.model_dir, 2, max_batch=16)
+    if sharding == "tensor":
+        runners = _tensor_runners(loaded.model_dir, 16)
+    else:
+        runners = start_runners(loaded.model_dir, 2, max_batch=16)
     try:
         bring_up(runners)
         for t in tasks:
