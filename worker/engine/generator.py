@@ -1,6 +1,7 @@
 """The generator: chat-completion requests are submitted to it and it is stepped.
 
-Requests are served one after another in submission order (batching comes later). Each
+With ``max_batch`` 1 requests are served one after another in submission order; with
+``max_batch`` > 1 they are batched (continuous batching: see "The batch" below). Each
 ``step()`` does one bounded unit of work and returns the chunks it produced:
 
 1. accept the next queued request: apply the chat template, check it against the context,
@@ -21,6 +22,19 @@ Context rule (documented choice): a prompt of N tokens needs N < context; otherw
 context, max_tokens is clamped to context − N and generation ends with finish_reason
 "length" there; no max_tokens (None) means until the model stops or the context is full.
 A request with a raw ``prompt`` is tokenized as is (no chat template, no template needed).
+
+The batch (``max_batch`` > 1): a request is accepted when nothing prefills and fewer than
+``max_batch`` sequences decode; it prefills alone (its own KV cache, batch size 1), one chunk
+per step, then joins the batch as its last row (mlx-lm's left-padded ``BatchKVCache``: the
+padding is masked, each row keeps its own RoPE offset). Each step feeds every row its last
+token in one forward pass ``[B, 1]`` and samples row ``i`` with its own ``Sampler``; a row that
+ends (end-of-turn, stop string, max_tokens, cancel) leaves at once and its KV rows are
+dropped. Greedy and seeded output equals the request's output alone, token for token
+(tests/test_batch.py). Every rank of a multi-rank instance holds the same rows in the same
+order: the steps only depend on the agreed requests, cancels and the shared tokens.
+Choice (not measured against per-sequence caches): left-padding, since one batched
+attention call per layer keeps the decode step one forward pass; the padding costs at most
+the length difference between the longest and the shortest row.
 
 Counting: ``completion_tokens`` counts generated tokens whose text is (or would be) output,
 up to and including the token that completes a stop string; an end-of-turn token is not
