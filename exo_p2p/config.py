@@ -108,6 +108,11 @@ class NodeConfig(msgspec.Struct):
     max_moves: int = 2
     """Times a request may move to another instance after a failure (``exo_p2p.api.resume``)."""
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
+    max_batch: int = 1
+    prompt_cache_bytes: int = 0
+    """Bytes of finished conversations' KV a single-rank runner keeps for reuse
+    (``--prompt-cache-bytes``; 0: no prompt cache)."""
+    """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
     mdns: bool = True
     compact_every: int = 20_000
     cpu_weights: str = "auto"

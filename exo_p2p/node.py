@@ -99,6 +99,8 @@ class Node:
             self.route_chunk,
             lambda model_id: self.store.resolve(model_id),
             prefill_chunk_size=config.prefill_chunk_size,
+            max_batch=config.max_batch,
+            prompt_cache_bytes=config.prompt_cache_bytes,
             fault_hooks=config.fault_hooks,
             runner_env=self._runner_environment(),
         )
@@ -141,7 +143,7 @@ class Node:
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
-            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size),
+            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size, max_batch=self.config.max_batch),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()

@@ -60,7 +60,7 @@ def handle_command(
       no ready instance whose ranks have the free memory for the prompt → 503
       ``code="out_of_memory"`` (``master.admission``, case B27); ``queue_limit`` unfinished
       tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
-      those with the memory, with the fewest unfinished tasks (ties: instance id).
+      those with the memory, with the least load (ties: instance id; see ``instance_load``).
     - ``CancelGeneration``: ``TaskCancelRequested`` for a known unfinished task; an unknown
       task is tolerated (it may have just finished): success, no event.
     - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
@@ -119,6 +119,14 @@ def _delete(state: State, command: DeleteInstance) -> Decision:
     return Decision(tuple(events), CommandResult(command.command_id, instance_id=command.instance_id))
 
 
+def instance_load(state: State, instance: Instance) -> float:
+    """How full ``instance`` is: its unfinished tasks (sequences in flight or queued) ÷ its
+    batch limit (``RankSettings.max_batch``; 1 for an instance placed without settings),
+    so an instance decoding 8 of 16 is as loaded as one serving 1 of 2."""
+    limit = instance.settings.max_batch if instance.settings is not None else 1
+    return _unfinished(state, instance.instance_id) / max(1, limit)
+
+
 def _unfinished(state: State, instance_id: str) -> int:
     return sum(
         1
@@ -160,7 +168,7 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) ->
     if not fitting:
         first = min(refusals.items())[1]
         return _error(command, 503, str(first), type_="server_error", param="messages", code="out_of_memory")
-    chosen: Instance = min(fitting, key=lambda i: (_unfinished(state, i.instance_id), i.instance_id))
+    chosen: Instance = min(fitting, key=lambda i: (instance_load(state, i), i.instance_id))
     if queue_limit is not None and _unfinished(state, chosen.instance_id) >= queue_limit:
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"

@@ -332,7 +332,8 @@ def make_instance(model_dir: Path, world: int, n_layers: int = 4):
     return Instance(instance_id="i1", model_id="synthetic", sharding="pipeline", shards=shards)
 
 
-def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] | None = None) -> list[RunnerProc]:
+def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] | None = None,
+                  max_batch: int = 1) -> list[RunnerProc]:
     from exo_p2p.types.tasks import ConnectToGroup
     from worker.runner.protocol import RunnerSetup
 
@@ -340,7 +341,7 @@ def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] 
     runners = []
     for shard in instance.shards:
         runners.append(RunnerProc(RunnerSetup(instance=instance, shard=shard, model_dir=str(model_dir),
-                                              prefill_chunk_size=CHUNK, heartbeat_interval=0.5,
+                                              prefill_chunk_size=CHUNK, heartbeat_interval=0.5, max_batch=max_batch,
                                               fault_hooks=(hooks or {}).get(shard.rank, {}))))
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))

@@ -80,6 +80,8 @@ class RunnerSupervisor:
         on_chunk: Callable[[Chunk], None],
         *,
         prefill_chunk_size: int = 32,
+        max_batch: int = 1,
+        prompt_cache_bytes: int = 0,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
@@ -107,6 +109,8 @@ class RunnerSupervisor:
             shard=shard,
             model_dir=str(model_dir),
             prefill_chunk_size=prefill_chunk_size,
+            max_batch=max_batch,
+            prompt_cache_bytes=prompt_cache_bytes,
             fault_hooks=dict(fault_hooks or {}),
         )
         self._silent_generating = silent_generating

@@ -50,6 +50,8 @@ class Worker:
         resolve_model: Callable[[str], Path],
         *,
         prefill_chunk_size: int = 32,
+        max_batch: int = 1,
+        prompt_cache_bytes: int = 0,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
@@ -63,6 +65,8 @@ class Worker:
         self._on_chunk = on_chunk
         self._resolve_model = resolve_model
         self._prefill_chunk_size = prefill_chunk_size
+        self._max_batch = max_batch
+        self._prompt_cache_bytes = prompt_cache_bytes
         self._fault_hooks = dict(fault_hooks or {})
         self._silent = (silent_generating, silent_loading)
         self.supervisors: dict[str, RunnerSupervisor] = {}
@@ -192,7 +196,9 @@ class Worker:
             model_dir,
             self._emit,
             self._on_chunk,
-            prefill_chunk_size=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size)).prefill_chunk_size,
+            prefill_chunk_size=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).prefill_chunk_size,
+            max_batch=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).max_batch,
+            prompt_cache_bytes=self._prompt_cache_bytes,
             fault_hooks=self._fault_hooks,
             silent_generating=self._silent[0],
             silent_loading=self._silent[1],

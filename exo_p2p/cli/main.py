@@ -256,6 +256,14 @@ def node(
         Optional[int],
         typer.Option(min=1, envvar=node_env("PREFILL_CHUNK_SIZE"), metavar="TOKENS", help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
     ] = None,
+    max_batch: Annotated[
+        Optional[int],
+        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 1, one request at a time; 16 is a good value: batching is opt-in until a joining sequence's KV is checked against memory); the master fixes its value in each instance it places, for every rank."),
+    ] = None,
+    prompt_cache_bytes: Annotated[
+        Optional[int],
+        typer.Option(min=0, envvar=node_env("PROMPT_CACHE_BYTES"), metavar="BYTES", help="KV of finished conversations a single-rank runner keeps (LRU) so a request extending one prefills only its new tokens (default: 0, off)."),
+    ] = None,
     cpu_weights: Annotated[
         Optional[str],
         typer.Option(envvar=node_env("CPU_WEIGHTS"), metavar="auto|float32|stored", help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
@@ -320,6 +328,8 @@ def node(
         friendly_name=values["name"],
         queue_limit=values["queue_limit"],
         prefill_chunk_size=values["prefill_chunk_size"],
+        max_batch=values["max_batch"],
+        prompt_cache_bytes=values["prompt_cache_bytes"],
         mdns=not values["no_mdns"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],

@@ -34,6 +34,8 @@ def build_node_config(
     friendly_name: str | None = None,
     queue_limit: int | None = None,
     prefill_chunk_size: int | None = None,
+    max_batch: int | None = None,
+    prompt_cache_bytes: int | None = None,
     mdns: bool = True,
     max_moves: int | None = None,
     compact_every: int | None = None,
@@ -118,6 +120,8 @@ def build_node_config(
         ("friendly_name", friendly_name),
         ("queue_limit", queue_limit),
         ("prefill_chunk_size", prefill_chunk_size),
+        ("max_batch", max_batch),
+        ("prompt_cache_bytes", prompt_cache_bytes),
         ("compact_every", compact_every),
         ("max_moves", max_moves),
     ):

@@ -42,9 +42,12 @@ class RankSettings(msgspec.Struct, frozen=True):
     """Settings every rank of an instance must share, fixed once when the instance is placed
     (from the placing master's node settings) so ranks on nodes started with other values
     still agree: ranks that prefill in chunks of different sizes meet at different collective
-    points and deadlock. ``prefill_chunk_size``: prompt tokens per prefill step (tokens)."""
+    points and deadlock. ``prefill_chunk_size``: prompt tokens per prefill step (tokens).
+    ``max_batch``: sequences a runner decodes together in one forward pass (1: one request at
+    a time; every rank must run the same batch, see ``worker.engine.generator``)."""
 
     prefill_chunk_size: int
+    max_batch: int = 1
 
 
 class Instance(msgspec.Struct, frozen=True):

@@ -23,6 +23,7 @@ Supported layouts: the llama family of mlx-lm (``model.model.embed_tokens / laye
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -46,6 +47,22 @@ class Stage(Protocol):
         """Feed ``tokens [1, L]`` and return the lazy next token ``[1]`` (int)."""
         ...
 
+    def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
+                    samplers: Sequence[Sampler]) -> mx.array:
+        """Feed ``tokens [B, L]`` (one row per sequence of a batch, ``cache`` a batch cache)
+        and return the lazy next tokens ``[B]`` (int), row ``i`` drawn by ``samplers[i]``."""
+        ...
+
+
+def sample_rows(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
+    """Row ``i`` of ``logprobs [B, vocab]`` drawn by ``samplers[i]`` → ``[B]`` (lazy): every
+    sequence of a batch keeps its own sampling parameters, key and penalty history."""
+    if len(samplers) != logprobs.shape[0]:
+        raise ValueError(f"{len(samplers)} samplers for {logprobs.shape[0]} rows")
+    if len(samplers) == 1:
+        return samplers[0](logprobs)
+    return mx.concatenate([s(logprobs[i : i + 1]).reshape(-1) for i, s in enumerate(samplers)])
+
 
 def logprobs_of(logits: mx.array) -> mx.array:
     """Log-probabilities of the last position: ``[1, L, vocab] -> [1, vocab]``."""
@@ -65,6 +82,10 @@ class LocalStage:
 
     def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
         return sampler(logprobs_of(self.forward(model, tokens, cache)))
+
+    def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
+                    samplers: Sequence[Sampler]) -> mx.array:
+        return sample_rows(samplers, logprobs_of(self.forward(model, tokens, cache)))
 
 
 def _layers_of(model: nn.Module) -> Any:
@@ -136,9 +157,13 @@ class PipelineStage:
         mx.eval(h, [c.state for c in cache])
 
     def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
+        return self.next_tokens(model, tokens, cache, [sampler])
+
+    def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
+                    samplers: Sequence[Sampler]) -> mx.array:
         h = self._hidden(model, tokens, cache)
         if self.is_last:
-            token = sampler(logprobs_of(head(model, h))).astype(mx.int32)
+            token = sample_rows(samplers, logprobs_of(head(model, h))).astype(mx.int32)
         else:
             token = mx.depends(mx.zeros((tokens.shape[0],), dtype=mx.int32), h)
         return mx.distributed.all_sum(token, group=self.group)

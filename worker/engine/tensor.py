@@ -26,13 +26,14 @@ differences the reductions might leave (same rule as ``pipeline.PipelineStage``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from worker.engine.forward import Forward, forward
-from worker.engine.pipeline import logprobs_of
+from worker.engine.pipeline import logprobs_of, sample_rows
 from worker.engine.sampling import Sampler
 
 _ALL_TO_SHARDED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -122,8 +123,13 @@ class TensorStage:
 
     def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
         """The lazy next token ``[1]`` (int32), the same on every rank: rank 0's sample."""
+        return self.next_tokens(model, tokens, cache, [sampler])
+
+    def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
+                    samplers: Sequence[Sampler]) -> mx.array:
+        """The lazy next tokens ``[B]`` (int32) of a batch, the same on every rank: rank 0's."""
         if self.rank == 0:
-            token = sampler(logprobs_of(self.forward(model, tokens, cache))).astype(mx.int32)
+            token = sample_rows(samplers, logprobs_of(self.forward(model, tokens, cache))).astype(mx.int32)
         else:
             h = model.model(tokens, cache=cache)  # no head: only rank 0 samples
             token = mx.depends(mx.zeros((tokens.shape[0],), dtype=mx.int32), h)

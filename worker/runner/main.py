@@ -281,7 +281,9 @@ class RunnerProcess:
         self.loaded = loaded
         from worker.engine.generator import Generator
 
-        self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size)
+        self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size,
+                                   max_batch=self.setup.max_batch,
+                                   prompt_cache_bytes=self.setup.prompt_cache_bytes)
         mx.synchronize()
         self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
 

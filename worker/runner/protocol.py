@@ -21,12 +21,16 @@ MAX_FRAME = 64 * 1024 * 1024
 
 class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     """What a runner needs before any task: its instance and shard, the model directory,
-    the prefill chunk size (tokens), the heartbeat interval (seconds), and test fault hooks."""
+    the prefill chunk size (tokens), the batch limit (sequences), the prompt cache's bound
+    (bytes; single rank only), the heartbeat interval
+    (seconds), and test fault hooks."""
 
     instance: Instance
     shard: ShardMetadata
     model_dir: str
     prefill_chunk_size: int = 32
+    max_batch: int = 1
+    prompt_cache_bytes: int = 0
     heartbeat_interval: float = 1.0
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 

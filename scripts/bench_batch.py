@@ -1,0 +1,204 @@
+"""Continuous batching through the HTTP API (issue 12): aggregate decode speed by concurrency,
+and the TTFT of a request joining a busy batch.
+
+Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded model, or a
+2-node pipeline instance with ``--nodes 2``, and measures, with streaming chat completions
+(greedy, each stream its own prompt):
+
+- aggregate decode tokens/s for 1, 4, 8, 16 concurrent streams: all completion tokens of
+  the round ÷ (last token − first token of the round), and its ratio to 1 stream; per-stream
+  decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and its ratio
+  to a lone stream;
+- TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance);
+- with ``--prompt-cache-bytes`` > 0 (1 node): second-turn TTFT of a conversation whose
+  first turn ran (its KV cached) vs a second turn of the same length whose first turn never
+  ran here (nothing cached: the whole prompt is prefilled).
+
+Targets (issue 12, float32 + BLAS engine): 8 streams ≥ 4× one, 16 ≥ 6×, per-stream decode
+at 8 ≥ 0.5× a lone stream, joining TTFT ≤ 2× alone.
+
+    .venv/bin/python scripts/bench_batch.py [--max-tokens 48] [--nodes 1|2] [--max-batch 16]
+        [--prompt-cache-bytes 268435456]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+TOPICS = ["a robot who learns to paint", "the sea at night", "a city of glass", "an old clock",
+          "a fox and a crow", "the first snow", "a lighthouse keeper", "a lost key", "a desert train",
+          "a garden on the moon", "a library of echoes", "a baker's dawn", "a paper boat", "a quiet war",
+          "a mountain choir", "the last bus", "a cat detective"]
+
+
+class Stream:
+    """One streaming chat completion, timed by this process's clock (seconds)."""
+
+    def __init__(self, url: str, topic: str, max_tokens: int, messages: list | None = None) -> None:
+        self.url, self.topic, self.max_tokens = url, topic, max_tokens
+        self.messages = messages or [{"role": "user", "content": f"Write a short story about {topic}."}]
+        self.text = ""
+        self.t0 = self.t_first = self.t_last = 0.0
+        self.completion = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        body = {"model": MODEL, "messages": self.messages,
+                "temperature": 0, "max_tokens": self.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
+        self.t0 = time.perf_counter()
+        try:
+            with httpx.stream("POST", self.url + "/v1/chat/completions", json=body, timeout=600) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise RuntimeError(str(chunk["error"]))
+                    if chunk.get("usage"):
+                        self.completion = chunk["usage"]["completion_tokens"]
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        self.text += chunk["choices"][0]["delta"]["content"]
+                        now = time.perf_counter()
+                        self.t_first = self.t_first or now
+                        self.t_last = now
+        except Exception as e:  # reported in the table
+            self.error = f"{type(e).__name__}: {e}"
+
+    @property
+    def ttft(self) -> float:
+        return self.t_first - self.t0
+
+    @property
+    def decode(self) -> float:
+        return (self.completion - 1) / (self.t_last - self.t_first) if self.t_last > self.t_first else 0.0
+
+
+def concurrent(url: str, n: int, max_tokens: int, offset: int = 0) -> list[Stream]:
+    streams = [Stream(url, TOPICS[(offset + i) % len(TOPICS)], max_tokens) for i in range(n)]
+    threads = [threading.Thread(target=s.run) for s in streams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    errors = [s.error for s in streams if s.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {n} streams failed: {errors[0]}")
+    return streams
+
+
+def aggregate(streams: list[Stream]) -> float:
+    """All completion tokens ÷ (last token − first token of the round), tokens/s."""
+    span = max(s.t_last for s in streams) - min(s.t_first for s in streams)
+    return sum(s.completion for s in streams) / span if span > 0 else 0.0
+
+
+def joining_ttft(url: str, max_tokens: int) -> tuple[float, float]:
+    """(TTFT alone, TTFT while 8 streams decode), seconds."""
+    alone = Stream(url, TOPICS[16], 4)
+    alone.run()
+    busy = [Stream(url, TOPICS[i], max_tokens * 4) for i in range(8)]
+    threads = [threading.Thread(target=s.run) for s in busy]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not all(s.t_first for s in busy):
+        time.sleep(0.05)
+    joiner = Stream(url, TOPICS[16], 4)
+    joiner.run()
+    for t in threads:
+        t.join(timeout=900)
+    for s in (alone, joiner, *busy):
+        if s.error:
+            raise RuntimeError(s.error)
+    return alone.ttft, joiner.ttft
+
+
+def second_turn_ttft(url: str) -> tuple[float, float]:
+    """(second-turn TTFT with the first turn cached, a same-size second turn with nothing
+    cached), seconds."""
+    def long_first(topic: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Here are my notes on {topic}: " + f"{topic} is worth a story. " * 40
+                 + "Write a short story from them."}]
+
+    def run(messages: list, max_tokens: int) -> Stream:
+        s = Stream(url, "", max_tokens, messages)
+        s.run()
+        if s.error:
+            raise RuntimeError(s.error)
+        return s
+
+    first = long_first("a paper boat")
+    reply = run(first, 24).text
+    cached = run([*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Make it sadder."}], 4)
+    other = long_first("a glass boat")  # same length, never run: nothing to reuse
+    cold = run([*other, {"role": "assistant", "content": reply}, {"role": "user", "content": "Make it sadder."}], 4)
+    return cached.ttft, cold.ttft
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--nodes", type=int, default=1, choices=[1, 2])
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--prompt-cache-bytes", type=int, default=0)
+    ap.add_argument("--only-prompt-cache", action="store_true", help="skip the concurrency and joining parts")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = ["--max-batch", str(args.max_batch), "--prompt-cache-bytes", str(args.prompt_cache_bytes)]
+        a = NodeProcess(Path(tmp) / "a", extra_args=extra)
+        nodes = [a]
+        with nodes_cleanup(nodes):
+            a.start()
+            if args.nodes == 2:
+                boot = [x for addr in a.addrs() for x in ("--bootstrap", addr)]
+                b = NodeProcess(Path(tmp) / "b", cluster=a.cluster, extra_args=[*extra, *boot])
+                nodes.append(b)
+                b.start()
+                wait_until(lambda: converged(nodes, 2), 60, what="2-node cluster")
+            a.place_and_wait(MODEL, timeout=900, **({"min_nodes": 2} if args.nodes == 2 else {}))
+            concurrent(a.url, 1, 4)  # warm up
+            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 and args.nodes == 1 else None
+            if turns is not None:
+                print(f"second turn TTFT: first turn cached {turns[0]:.3f} s, nothing cached {turns[1]:.3f} s, "
+                      f"ratio {turns[0] / turns[1]:.2f}", flush=True)
+            if args.only_prompt_cache:
+                return 0
+            rows = []
+            for n in args.streams:
+                streams = concurrent(a.url, n, args.max_tokens, offset=n)
+                rows.append((n, aggregate(streams), statistics.median(s.decode for s in streams),
+                             statistics.median(s.ttft for s in streams)))
+                print(f"{n:>2} streams: aggregate {rows[-1][1]:.1f} tok/s, per-stream {rows[-1][2]:.1f} tok/s, "
+                      f"median TTFT {rows[-1][3]:.3f} s", flush=True)
+            alone, joined = joining_ttft(a.url, args.max_tokens)
+    base, lone = rows[0][1], rows[0][2]
+    print(f"\n{MODEL}, {args.nodes} node(s), --max-batch {args.max_batch}, max_tokens {args.max_tokens}")
+    print("streams  aggregate tok/s  ratio to 1  per-stream tok/s  ratio to lone")
+    for n, agg, per, _ in rows:
+        print(f"{n:>7}  {agg:>15.1f}  {agg / base:>10.2f}  {per:>16.1f}  {per / lone:>13.2f}")
+    print(f"TTFT alone {alone:.3f} s, joining 8 decoding streams {joined:.3f} s: ratio {joined / alone:.2f} (target <= 2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Continuous batching (issue 12): the generator's batch path on the tiny synthetic model,
+in process and across two pipeline runner ranks.
+
+Every request of a batch must produce exactly the tokens it produces alone (greedy and
+seeded sampling alike), a cancelled sequence leaves at once and frees its KV rows, and the
+batch never exceeds ``max_batch``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
+from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
+from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+
+MAX_STEPS = 20_000
+CHUNK = 16
+PROMPTS = [
+    "hello",
+    "What is the capital of France?",
+    "and the cat sat on the mat, " * 10,  # several prefill chunks of 16
+    "héllo wörld 日本語 🙂",
+]
+
+
+def requests(n: int = 12) -> list[GenerationRequest]:
+    """``n`` requests with different prompt lengths, max_tokens, stop strings, seeds and
+    temperatures (every third one sampled with its seed, the rest greedy)."""
+    return [
+        GenerationRequest(
+            task_id=f"t{i}",
+            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)] + f" {i}"}],
+            max_tokens=8 + 5 * i,
+            temperature=0.8 if i % 3 == 0 else 0.0,
+            seed=100 + i,
+            stop=("e",) if i % 4 == 1 else (),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_all(make_synthetic_model(tmp_path_factory.mktemp("batch") / "synthetic", n_layers=4))
+
+
+def drive(gen: Generator, *, cancel_after: dict[str, int] | None = None) -> dict[str, Any]:
+    """Step ``gen`` until idle: token ids, text and finish per task, and the largest batch
+    seen. ``cancel_after``: task id → cancel it once it has that many tokens."""
+    ids: dict[str, list[int]] = {}
+    gen.on_token = lambda t, tok: ids.setdefault(t, []).append(tok)
+    texts: dict[str, str] = {}
+    finish: dict[str, Any] = {}
+    largest = 0
+    for _ in range(MAX_STEPS):
+        if not gen.has_work():
+            break
+        for chunk in gen.step():
+            if isinstance(chunk, TokenChunk):
+                texts[chunk.task_id] = texts.get(chunk.task_id, "") + chunk.text
+            elif isinstance(chunk, FinishChunk):
+                finish[chunk.task_id] = (chunk.finish_reason, chunk.completion_tokens)
+            elif isinstance(chunk, ErrorChunk):
+                finish[chunk.task_id] = ("error", chunk.error.message)
+        largest = max(largest, gen.batch_size)
+        for task_id, n in (cancel_after or {}).items():
+            if len(ids.get(task_id, ())) >= n:
+                gen.cancel(task_id)
+    else:
+        raise AssertionError(f"generator still busy after {MAX_STEPS} steps")
+    return {"ids": ids, "texts": texts, "finish": finish, "largest": largest}
+
+
+@pytest.fixture(scope="module")
+def solo(loaded: LoadedModel) -> dict[str, dict[str, Any]]:
+    """Each request alone on the one-request-at-a-time path."""
+    out = {}
+    for req in requests():
+        gen = Generator(loaded, prefill_chunk_size=CHUNK)
+        gen.submit(req)
+        out[req.task_id] = drive(gen)
+    return out
+
+
+def test_batch_equals_solo_token_for_token(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
+    """12 concurrent requests in one batch: each one's tokens, text and finish equal its
+    solo run's, and the batch really held several sequences at once."""
+    import mlx.core as mx
+
+    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    mx.clear_cache()
+    idle = mx.get_active_memory()
+    for req in requests():
+        gen.submit(req)
+    got = drive(gen)
+    mx.clear_cache()
+    assert mx.get_active_memory() <= idle + 64 * 1024  # KV freed: back to idle (slack: sampler keys)
+    assert got["largest"] >= 4
+    for task_id, alone in solo.items():
+        assert got["ids"][task_id] == alone["ids"][task_id], task_id
+        assert got["texts"].get(task_id, "") == alone["texts"].get(task_id, ""), task_id
+        assert got["finish"][task_id] == alone["finish"][task_id], task_id
+    assert any(f[0] == "stop" for f in got["finish"].values())  # a stop string ended one
+    assert gen._batch_cache is None and gen.batch_size == 0  # every KV row freed
+
+
+def test_cancelled_row_leaves_and_others_are_unchanged(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
+    """A sequence cancelled midway ends Cancelled at the next step; the rows around it
+    still equal their solo runs."""
+    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    for req in requests():
+        gen.submit(req)
+    got = drive(gen, cancel_after={"t10": 5})
+    reason, n = got["finish"]["t10"]
+    assert reason == "cancelled" and 5 <= n < 8 + 5 * 10
+    for task_id, alone in solo.items():
+        if task_id != "t10":
+            assert got["ids"][task_id] == alone["ids"][task_id], task_id
+    assert gen._batch_cache is None and gen.batch_size == 0
+
+
+def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
+    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3)
+    for req in requests():
+        gen.submit(req)
+    got = drive(gen)
+    assert got["largest"] == 3
+    assert all(got["ids"][t] == solo[t]["ids"][t] for t in solo)
+
+
+def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
+    from exo_p2p.types.instances import Instance, ShardMetadata
+    from exo_p2p.types.tasks import ConnectToGroup
+    from tests.test_pipeline import RunnerProc, free_ports
+    from worker.runner.protocol import RunnerSetup
+
+    ports = free_ports(2)
+    shards = tuple(ShardMetadata(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=2, start_layer=0,
+                                 end_layer=4, n_layers=4, share_bytes=0, boot_id="b",
+                                 ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
+    instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), prefill_chunk_size=CHUNK,
+                                      heartbeat_interval=0.5, max_batch=max_batch)) for s in shards]
+    for r in runners:
+        r.send(ConnectToGroup(runner_id="x"))
+    return runners
+
+
+@pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
+def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]], sharding: str) -> None:
+    """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in
+    different orders; one cancelled on rank 1 only once it streams. Every other task's text
+    equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s."""
+    from exo_p2p.types.tasks import CancelTask, ChatMessage, GenerationParams, Shutdown, TextGeneration
+    from tests.test_pipeline import bring_up, start_runners, wait_for
+
+    def task(i: int, req: GenerationRequest) -> TextGeneration:
+        m = req.messages[0]
+        return TextGeneration(
+            task_id=req.task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=i,
+            params=GenerationParams(messages=(ChatMessage("user", str(m["content"])),), max_tokens=req.max_tokens,
+                                    temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
+
+    tasks = [task(i, r) for i, r in enumerate(requests())]
+    if sharding == "tensor":
+        runners = _tensor_runners(loaded.model_dir, 16)
+    else:
+        runners = start_runners(loaded.model_dir, 2, max_batch=16)
+    try:
+        bring_up(runners)
+        for t in tasks:
+            runners[0].send(t)
+        for t in reversed(tasks):
+            runners[1].send(t)
+        wait_for(lambda: any(isinstance(c, TokenChunk) for c in runners[0].chunks("t10")), 60, "t10 tokens")
+        runners[1].send(CancelTask(runner_id="x", task_id="t10"))
+        t0 = time.monotonic()
+        wait_for(lambda: all("cancelled" in r.task_status("t10") for r in runners), 5, "t10 cancelled on both")
+        assert time.monotonic() - t0 < 5
+        for t in tasks:
+            if t.task_id != "t10":
+                wait_for(lambda t=t: all("complete" in r.task_status(t.task_id) for r in runners), 60, f"{t.task_id} complete")
+        for t in tasks:
+            if t.task_id == "t10":
+                continue
+            text = "".join(c.text for c in runners[0].chunks(t.task_id) if isinstance(c, TokenChunk))
+            assert text == solo[t.task_id]["texts"].get(t.task_id, ""), t.task_id
+        runners[0].send(Shutdown(runner_id="x"))
+        for r in runners:
+            r.proc.wait(timeout=15)
+            assert r.proc.returncode == 0
+    finally:
+        for r in runners:
+            r.close()
+
+
+def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
+    """Load is unfinished tasks ÷ the instance's batch limit: an instance batching 16 with 3
+    tasks in flight (3/16) takes the next request before one serving 1 at a time with 1
+    (1/1), which the old fewest-tasks rule would have picked."""
+    import msgspec
+
+    from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitGeneration,
+                               TaskCreated)
+    from master.commands import handle_command, instance_load
+    from tests.test_memory_admission import CARD8, GIB, _cluster, _params, _pipeline, _run
+
+    batched = msgspec.structs.replace(_pipeline(CARD8, [], ["a"]), instance_id="b-batched",
+                                      settings=RankSettings(prefill_chunk_size=32, max_batch=16))
+    single = msgspec.structs.replace(_pipeline(CARD8, [], ["b"]), instance_id="a-single",
+                                     settings=RankSettings(prefill_chunk_size=32, max_batch=1))
+    state = _cluster(CARD8, {"a": 8 * GIB, "b": 8 * GIB}, batched)
+    state = _run(state, [InstanceCreated(single), RunnerStatusUpdated("r0", "a-single", "b", RunnerReady())])
+
+    def submit(task_id: str):
+        nonlocal state
+        d = handle_command(state, SubmitGeneration("c", task_id, "m", _params("hi"), "a"))
+        assert d.result.error is None and isinstance(d.events[0], TaskCreated)
+        state = _run(state, d.events)
+        return d.events[0].task.instance_id
+
+    assert submit("t0") == "a-single"  # both empty: ties by instance id
+    assert [submit(f"t{i}") for i in range(1, 4)] == ["b-batched"] * 3
+    assert instance_load(state, batched) == 3 / 16 and instance_load(state, single) == 1.0
+    assert submit("t4") == "b-batched"
+
+
+# --- batch bookkeeping across simulated ranks ---------------------------------------------
+
+_schedules = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 8), min_size=2, max_size=2),  # delivery tick on rank 0, 1
+        st.integers(2, 10),  # max_tokens
+        st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(0, 30))),  # cancel: rank, tick
+        st.sampled_from(range(len(PROMPTS))),
+    ),
+    min_size=1, max_size=6,
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=_schedules)
+def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule) -> None:
+    """Two simulated ranks (a generator each, ``max_batch`` 3, the runner's round rule and a
+    simulated all-gather): tasks reach the ranks at different ticks, cancels reach one rank
+    only. After every step both ranks hold the same rows in the same order, the same
+    prefilling sequence and queue, and every task ends the same way on both."""
+    import numpy as np
+
+    from worker.engine.agreement import TaskAgreement, encode_row
+
+    world = 2
+    gens = [Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3) for _ in range(world)]
+    deals: list[TaskAgreement[GenerationRequest]] = [TaskAgreement() for _ in range(world)]
+    ended: list[dict[str, str]] = [{} for _ in range(world)]
+    reqs = [GenerationRequest(task_id=f"s{i}", messages=[{"role": "user", "content": PROMPTS[p]}],
+                              max_tokens=n, temperature=0.0) for i, (_, n, _, p) in enumerate(schedule)]
+    check_every, since_round = 2, 0
+    for tick in range(2_000):
+        for i, (ticks, _, cancel, _) in enumerate(schedule):
+            for r in range(world):
+                if ticks[r] == tick and not deals[r].add(reqs[i].task_id, i, reqs[i]):
+                    assert deals[r].was_cancelled(reqs[i].task_id)  # the runner ends it Cancelled
+                    ended[r][reqs[i].task_id] = "cancelled"
+            if cancel is not None and cancel[1] == tick:
+                deals[cancel[0]].want_cancel(reqs[i].task_id)
+        wants = [not g.has_work() or g.in_prefill or since_round >= check_every for g in gens]
+        assert len(set(wants)) == 1  # a collective: every rank reaches it at the same point
+        if wants[0]:
+            rows = np.stack([encode_row(d.view()) for d in deals])
+            for r in range(world):
+                result = deals[r].round(lambda row: rows)
+                for req in result.start:
+                    gens[r].submit(req)
+                for task_id in result.cancel:
+                    gens[r].cancel(task_id)
+                for req in result.dropped:
+                    ended[r][req.task_id] = "cancelled"
+            since_round = 0
+        busy = [g.has_work() for g in gens]
+        assert len(set(busy)) == 1
+        if busy[0]:
+            for r in range(world):
+                for chunk in gens[r].step():
+                    if isinstance(chunk, (FinishChunk, ErrorChunk)):
+                        deals[r].finished(chunk.task_id)
+                        ended[r][chunk.task_id] = getattr(chunk, "finish_reason", "error")
+            since_round += 1
+        seen = [([row.request.task_id for row in g._rows],
+                 None if g._prefilling is None else g._prefilling.request.task_id, g.queued_task_ids) for g in gens]
+        assert seen[0] == seen[1], seen
+        if tick > 40 and all(len(e) == len(reqs) for e in ended):
+            break
+    else:
+        raise AssertionError(f"tasks did not all end: {ended}")
+    assert ended[0] == ended[1]
+    for i, (_, _, cancel, _) in enumerate(schedule):
+        if cancel is None:
+            assert ended[0][f"s{i}"] == "length" or ended[0][f"s{i}"] == "stop"
+
+
+# --- the prompt cache ------------------------------------------------------------------------
+
+def test_second_turn_prefills_only_the_new_tokens(loaded: LoadedModel) -> None:
+    """With the prompt cache, the second turn of a conversation feeds only the tokens after
+    the longest cached prefix (asserted exactly) and answers as it does without the cache."""
+    first = [{"role": "user", "content": PROMPTS[2]}]
+
+    def turn(gen: Generator, task_id: str, messages) -> tuple[list[int], int]:
+        before = gen.prefilled_tokens
+        gen.submit(GenerationRequest(task_id=task_id, messages=messages, max_tokens=12, temperature=0.0))
+        got = drive(gen)
+        return got["ids"][task_id], gen.prefilled_tokens - before, got["texts"].get(task_id, "")
+
+    cold = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4)
+    warm = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4, prompt_cache_bytes=64 * 2**20)
+    ids1, n1, text1 = turn(cold, "c1", first)
+    ids1w, n1w, _ = turn(warm, "w1", first)
+    assert ids1w == ids1 and n1w == n1  # nothing cached yet
+    assert warm.prompt_cache_nbytes > 0
+    second = [*first, {"role": "assistant", "content": text1}, {"role": "user", "content": "and then?"}]
+    prompt2 = loaded.tokenizer.apply_chat_template(second, add_generation_prompt=True)
+    prompt1 = loaded.tokenizer.apply_chat_template(first, add_generation_prompt=True)
+    cached = prompt1 + ids1  # the first turn's KV: its prompt and every token fed after it
+    common = next((i for i, (a, b) in enumerate(zip(cached, prompt2)) if a != b), min(len(cached), len(prompt2)))
+    assert common >= len(prompt1)
+    ids2, n2, _ = turn(cold, "c2", second)
+    ids2w, n2w, _ = turn(warm, "w2", second)
+    assert n2 == len(prompt2)
+    assert n2w == len(prompt2) - min(common, len(prompt2) - 1)
+    assert n2w < n2 and ids2w == ids2
