@@ -50,7 +50,8 @@ def test_master_keeps_a_node_alive_whose_gossip_heartbeats_never_arrive(tmp_path
         print(f"direct heartbeats received by the master: {counters.get('direct_heartbeats_received')}, worst last_seen {worst:.2f} s")
         assert counters.get("direct_heartbeats_received", 0) >= 2 * PEER_TIMEOUT  # ~every 0.5 s while gossip is quiet
         assert worst < 2.0
-        assert agreement(nodes, 2)
+        # the two nodes still form one cluster (a snapshot may catch an event in flight)
+        wait_until(lambda: agreement(nodes, 2), 10, what="the two nodes agree")
 
 
 def test_local_events_reach_a_master_that_drops_every_gossiped_one(tmp_path):

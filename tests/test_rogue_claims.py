@@ -74,7 +74,7 @@ def test_open_cluster_refuses_a_forged_master_claim_and_commands_from_a_non_memb
                 time.sleep(0.5)
             assert second is not None
             wait_until(lambda: agreement(nodes, 2), 30, what="the joining node follows the real master")
-            assert agreement(nodes, 2)[:2] == (first_id, term0)
+            assert wait_until(lambda: agreement(nodes, 2), 10, what="agreement")[:2] == (first_id, term0)
             assert state_of(first)["counters"].get("master_claim_refused", 0) >= 1
             assert state_of(second)["counters"].get("master_claim_refused", 0) >= 1
             # commands: a non-member (not a node in State) is refused, in its name or another's
