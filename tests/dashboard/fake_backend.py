@@ -71,6 +71,7 @@ def synthetic_state(n_nodes: int = 8) -> State:
             memory_available=(10 + 4 * (i % 3)) * GiB, cpu="arm64", cpu_count=8, os="Linux 6.8",
             addrs=(NetworkAddress(f"/ip4/10.0.0.{i + 1}/tcp/52514/p2p/{nid}", f"10.0.0.{i + 1}", "eth0", "ethernet"),),
             models=tuple(m.model_id for j, m in enumerate(models) if (i + j) % 2 == 0),
+            models_disk_free=(100 + 10 * i) * GiB,
         )
         for i, nid in enumerate(ids)
     }

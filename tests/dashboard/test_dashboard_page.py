@@ -100,6 +100,7 @@ def test_eight_nodes_and_four_instances_stay_usable(page, served):
     assert "3/8 layers loaded" in loading.inner_text()
     assert abs(float(loading.locator("progress.load").evaluate("p => p.value")) - 3 / 8) < 1e-9
     assert "requests in flight: 1" in page.locator("#instances").inner_text()
+    assert "disk 100 GiB free" in page.locator("#nodes").inner_text()  # the models dir's free disk
     # node cards lie in a grid: no card overlaps another, none leaves the viewport's width
     boxes = [c.bounding_box() for c in page.locator("#nodes .node-card").all()]
     for i, a in enumerate(boxes):

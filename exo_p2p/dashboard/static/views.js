@@ -99,7 +99,8 @@ export function nodeCards(state) {
         id === state.node_id ? h("span", { class: "badge self" }, "this node") : null,
         h("span", { class: "mem-total" }, mem.total === null ? "" : `${formatBytes(mem.total)} memory`),
       ),
-      h("div", { class: "node-facts", title: id }, `${shortId(id)} · ${n.cpu || "cpu ?"} × ${n.cpu_count || "?"} · ${n.os || "os ?"}`),
+      h("div", { class: "node-facts", title: id }, `${shortId(id)} · ${n.cpu || "cpu ?"} × ${n.cpu_count || "?"} · ${n.os || "os ?"}`
+        + (n.models_disk_free == null ? "" : ` · disk ${formatBytes(n.models_disk_free)} free`)),
       memoryBar(mem),
       h("div", { class: "node-models" },
         (n.models || []).length ? n.models.map((m) => h("span", { class: "chip" }, m)) : h("span", { class: "muted" }, "no models on disk"),
