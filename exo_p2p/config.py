@@ -29,6 +29,9 @@ CPU_WEIGHTS = ("auto", "float32", "stored")
 """``--cpu-weights``: what a CPU-only node's runners hold (``master.placement_split.rank_weights``)."""
 RUNNER_SILENT_LOADING = 60.0
 """Seconds a runner may stay silent while loading or warming up before it is killed."""
+RUNNER_OUTPUT_DRAIN = 2.0
+"""Seconds a supervisor keeps relaying a runner's fd 1/2 output after the runner exited (its
+last lines; ``worker.runner_output``), in JSON log mode."""
 
 
 def default_data_dir() -> Path:

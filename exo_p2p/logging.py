@@ -197,8 +197,9 @@ class _JsonLines(io.TextIOBase):
 def configure_runner_output() -> None:
     """In a runner process: when its node logs JSON, turn what the runner writes through
     ``sys.stdout`` / ``sys.stderr`` (prints, warnings, tracebacks) into JSON lines on the
-    node's log stream (the runner's inherited stderr). C-level writes to fds 1 and 2 (MLX's
-    ring backend: "[ring] Socket … was closed by the peer") stay as they are. Does nothing
+    node's log stream (the runner's fd 2). C-level writes to fds 1 and 2 (MLX's ring
+    backend: "[ring] Socket … was closed by the peer") are made JSON by the supervisor, which
+    gives a runner a pipe as fds 1 and 2 in JSON mode (``worker.runner_output``). Does nothing
     for the console format or outside a node."""
     try:
         settings = json.loads(os.environ.get(RUNNER_LOG_ENV) or "{}")

@@ -289,6 +289,17 @@ def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
             f"max runner processes on one node {sampler.max_runner_procs}; requests: "
             f"{dict(collections.Counter(o for o, _ in load.results))}, slowest {max(t for _, t in load.results):.1f} s"
         )
+        # killed ranks make their peers' MLX ring write C-level lines to fd 2: with JSON logs
+        # the supervisor relays them as JSON records too (worker.runner_output)
+        ring_records = 0
+        for node in cluster.nodes:
+            for number, line in enumerate(node.log_path.read_text(errors="replace").splitlines(), 1):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    pytest.fail(f"{node.log_path} line {number} is not JSON: {line!r}")
+                ring_records += isinstance(record, dict) and str(record.get("line", "")).startswith("[ring]")
+        print(f"ring output records (C-level, relayed as JSON): {ring_records}")
     finally:
         cluster.stop()
 

@@ -8,6 +8,7 @@ the runner exit; so does the parent-death signal when the node is killed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.config import RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
+from exo_p2p.config import RUNNER_OUTPUT_DRAIN, RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
 from exo_p2p.types import (
     FINISHED_TASK_STATUSES,
     TERMINAL_STATUSES,
@@ -39,6 +40,7 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TokenChunk,
 )
+from worker.runner_output import OutputRelay
 from worker.runner.protocol import (
     MAX_FRAME,
     ChunkMsg,
@@ -102,6 +104,7 @@ class RunnerSupervisor:
         self._finished: dict[str, FinishChunk | ErrorChunk] = {}
         self.process: trio.Process | None = None
         self._send_stream: trio.lowlevel.FdStream | None = None
+        self._receive_stream: trio.lowlevel.FdStream | None = None
         self._send_lock = trio.Lock()
         self._last_heard = trio.current_time()
         self._setup = RunnerSetup(
@@ -126,7 +129,41 @@ class RunnerSupervisor:
         self._emit(RunnerStatusUpdated(self.runner_id, self.instance.instance_id, self.node_id, status))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the runner and supervise it until it exits. Cancelling this kills it."""
+        """Start the runner and supervise it until it exits. Cancelling this kills it.
+
+        With the node's JSON log format the runner's fds 1 and 2 are a pipe whose lines are
+        relayed as JSON log lines (``worker.runner_output``); otherwise they are the node's."""
+        async with trio.open_nursery() as relays:
+            output_r, output_w = os.pipe() if self._json_output() else (None, None)
+            try:
+                await self._start_process(output_w)
+            except BaseException:
+                if output_r is not None:
+                    os.close(output_r)
+                raise
+            finally:
+                if output_w is not None:
+                    os.close(output_w)
+            if output_r is not None:
+                relays.start_soon(self._relay_output, trio.lowlevel.FdStream(output_r))
+            await self._supervise(task_status)
+            relays.cancel_scope.deadline = trio.current_time() + RUNNER_OUTPUT_DRAIN  # EOF comes with the exit
+
+    def _log_settings(self) -> dict:
+        """What the node told its runners of its log (``exo_p2p.logging.RUNNER_LOG_ENV``)."""
+        from exo_p2p.logging import RUNNER_LOG_ENV
+
+        env = self._env if self._env is not None else os.environ
+        try:
+            settings = json.loads(env.get(RUNNER_LOG_ENV) or "{}")
+        except ValueError:
+            return {}
+        return settings if isinstance(settings, dict) else {}
+
+    def _json_output(self) -> bool:
+        return self._log_settings().get("format") == "json"
+
+    async def _start_process(self, output_fd: int | None) -> None:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
@@ -134,13 +171,47 @@ class RunnerSupervisor:
                 [sys.executable, "-m", "worker.runner.main", "--in-fd", str(in_r), "--out-fd", str(out_w)],
                 pass_fds=(in_r, out_w),
                 stdin=subprocess.DEVNULL,
+                stdout=output_fd,
+                stderr=output_fd,
                 env=self._env,
             )
+        except BaseException:
+            os.close(in_w)
+            os.close(out_r)
+            raise
         finally:
             os.close(in_r)
             os.close(out_w)
         self._send_stream = trio.lowlevel.FdStream(in_w)
-        receive = trio.lowlevel.FdStream(out_r)
+        self._receive_stream = trio.lowlevel.FdStream(out_r)
+
+    async def _relay_output(self, stream: trio.lowlevel.FdStream) -> None:
+        from exo_p2p.logging import log_stream
+
+        def write(line: str) -> None:
+            out = log_stream()
+            out.write(line)
+            out.flush()
+
+        fields = {"runner_id": self.runner_id, "pid": self.pid, "node": self._log_settings().get("node")}
+        relay = OutputRelay(write, {k: v for k, v in fields.items() if v is not None})
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(1 << 16)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                if not data:
+                    return
+                relay.feed(data)
+        finally:
+            relay.close()
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _supervise(self, task_status: trio.TaskStatus[None]) -> None:
+        receive = self._receive_stream
+        assert self.process is not None and receive is not None
         log.info("runner started", runner_id=self.runner_id, pid=self.process.pid, rank=self.shard.rank)
         self._set_status(RunnerIdle())
         await self._write(self._setup)
