@@ -312,25 +312,23 @@ def routes(ctx: ApiContext) -> list[Route]:
             raise ApiError(404, f"model '{model[:200]}' not found", param="model", code="model_not_found")
         return card
 
-    async def chat(request: Request) -> Response | GenerationResponse:
-        r = await ctx.read_json(request, ChatRequest)
-        params = chat_params(r)
+    async def answer(request: Request, kind: str, request_type, to_params) -> Response | GenerationResponse:  # type: ignore[no-untyped-def]
+        """``/api/chat`` (``kind`` "chat") and ``/api/generate``: one generation, or the
+        "load" answer Ollama gives a request without messages/prompt."""
+        r = await ctx.read_json(request, request_type)
+        params = to_params(r)
         model_id = ctx.model_id(r.model)
-        encoder = OllamaEncoder(model_id, "chat")
+        encoder = OllamaEncoder(model_id, kind)
         if params is None:
             known(r.model)
             return encoder.load_answer()
         return ctx.generate(GenerationJob(model_id=model_id, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
 
+    async def chat(request: Request) -> Response | GenerationResponse:
+        return await answer(request, "chat", ChatRequest, chat_params)
+
     async def generate(request: Request) -> Response | GenerationResponse:
-        r = await ctx.read_json(request, GenerateRequest)
-        params = generate_params(r)
-        model_id = ctx.model_id(r.model)
-        encoder = OllamaEncoder(model_id, "generate")
-        if params is None:
-            known(r.model)
-            return encoder.load_answer()
-        return ctx.generate(GenerationJob(model_id=model_id, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
+        return await answer(request, "generate", GenerateRequest, generate_params)
 
     async def tags(request: Request) -> Response:
         modified = timestamp(ctx.started)
