@@ -91,9 +91,16 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from worker.engine.tensor import TensorStage
 
     world, rank = cfg["world_size"], cfg["rank"]
+    started = time.monotonic()
+
+    def progress(what: str) -> None:  # where a rank was, if it times out (run_ranks shows it)
+        print(f"[rank {rank} +{time.monotonic() - started:.1f} s] {what}", file=sys.stderr, flush=True)
+
     group = init_ring(cfg["addresses"], rank, world) if world > 1 else None
+    progress("ring joined")
     weights = cfg.get("weights") or ["stored"] * world
     loaded = load_all(cfg["model_dir"], tensor_group=group, weights_dtype=weights[rank])
+    progress("loaded")
     if group is not None and "float32" in weights:  # as the runner: one dtype between ranks
         from worker.engine.dequantize import float32_wire
 
@@ -117,6 +124,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
                 texts[chunk.task_id] = texts.get(chunk.task_id, "") + chunk.text
             elif isinstance(chunk, FinishChunk):
                 finish[chunk.task_id] = [chunk.finish_reason, chunk.completion_tokens]
+                progress(f"{chunk.task_id} finished ({chunk.completion_tokens} tokens)")
                 if chunk.completion_tokens > 4:
                     tps.append(chunk.decode_tokens_per_second)
             elif isinstance(chunk, ErrorChunk):
@@ -135,29 +143,35 @@ def run_ranks(model_dir: Path, world: int, tmp: Path, *, prompts=PROMPTS, max_to
     first-step logits ``[n_prompts, vocab]``. Raises ``AssertionError`` with the stderr of a
     rank that failed or timed out."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
-    logits_path = tmp / f"logits-{world}-{time.monotonic_ns()}.npy"
+    stamp = time.monotonic_ns()
+    logits_path = tmp / f"logits-{world}-{stamp}.npy"
+    # Each rank writes to files, never to a pipe this process drains one rank at a time: a
+    # rank blocked on a full stderr pipe stalls every collective of the others (a hang).
+    outs = [tmp / f"rank-{world}-{rank}-{stamp}.out" for rank in range(world)]
+    errs = [tmp / f"rank-{world}-{rank}-{stamp}.err" for rank in range(world)]
     procs = []
     try:
         for rank in range(world):
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "addresses": addresses,
                    "prompts": prompts, "chunk": CHUNK, "max_tokens": max_tokens,
                    "logits_path": str(logits_path) if logits else None, "weights": weights}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.test_tensor", json.dumps(cfg)], cwd=ROOT,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=rank_env({"HF_HUB_OFFLINE": "1"})))
+            with open(outs[rank], "w") as out, open(errs[rank], "w") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.test_tensor", json.dumps(cfg)], cwd=ROOT,
+                    stdout=out, stderr=err, text=True, env=rank_env({"HF_HUB_OFFLINE": "1"})))
         results, problems = [], []
         deadline = time.monotonic() + timeout
         for rank, p in enumerate(procs):
             try:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                problems.append(f"rank {rank} did not finish within {timeout} s")
+                problems.append(f"rank {rank} did not finish within {timeout} s; its stderr ends:\n"
+                                f"{errs[rank].read_text(errors='replace')[-3000:]}")
                 continue
             if p.returncode != 0:
-                problems.append(f"rank {rank} failed (rc {p.returncode}): {err[-3000:]}")
+                problems.append(f"rank {rank} failed (rc {p.returncode}): {errs[rank].read_text(errors='replace')[-3000:]}")
                 continue
-            results.append(json.loads(out.strip().splitlines()[-1]))
+            results.append(json.loads(outs[rank].read_text().strip().splitlines()[-1]))
         if problems:
             raise AssertionError("\n".join(problems))
         return results, (np.load(logits_path) if logits else None)
