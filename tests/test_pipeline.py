@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.conftest import rank_env  # noqa: E402
+from tests.ranks import child_main, run_rank_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -121,37 +122,12 @@ def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_
     per rank, ``"stored"`` or ``"float32"`` (default all stored). Raises ``AssertionError``
     with the stderr of a rank that failed or timed out."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
-    procs = []
-    try:
-        for rank, (start, end) in enumerate(layer_split(n_layers, world)):
-            cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start,
-                   "end": end, "prompts": prompts, "chunk": chunk, "max_tokens": max_tokens,
-                   "addresses": None if rank == drop_hostfile_rank else addresses,
-                   "connect_timeout": connect_timeout, "weights": weights}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.test_pipeline", json.dumps(cfg)], cwd=ROOT,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=rank_env({"HF_HUB_OFFLINE": "1"})))
-        results, problems = [], []
-        deadline = time.monotonic() + timeout
-        for rank, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                problems.append(f"rank {rank} did not finish within {timeout} s")
-                continue
-            if p.returncode != 0:
-                problems.append(f"rank {rank} failed (rc {p.returncode}): {err[-3000:]}")
-                continue
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        if problems:
-            raise AssertionError("\n".join(problems))
-        return results
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+    cfgs = [{"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start,
+             "end": end, "prompts": prompts, "chunk": chunk, "max_tokens": max_tokens,
+             "addresses": None if rank == drop_hostfile_rank else addresses,
+             "connect_timeout": connect_timeout, "weights": weights}
+            for rank, (start, end) in enumerate(layer_split(n_layers, world))]
+    return run_rank_processes("tests.test_pipeline", cfgs, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -260,9 +236,11 @@ class RunnerProc:
 
         to_r, self._in_w = os.pipe()
         self._out_r, from_r = os.pipe()
+        # stderr to an unlinked file, never an undrained pipe (a full pipe blocks the runner)
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.runner.main", "--in-fd", str(to_r), "--out-fd", str(from_r)],
-            cwd=ROOT, pass_fds=(to_r, from_r), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=ROOT, pass_fds=(to_r, from_r), stdout=subprocess.DEVNULL, stderr=self.stderr,
             env={**os.environ, "HF_HUB_OFFLINE": "1"})
         os.close(to_r)
         os.close(from_r)
@@ -304,6 +282,7 @@ class RunnerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
+        self.stderr.close()
         for fd in (self._in_w, self._out_r):
             try:
                 os.close(fd)
@@ -436,15 +415,7 @@ def test_runner_without_host_list_fails_connecting(model_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(rank_main(json.loads(sys.argv[1]))), flush=True)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # a ring-init thread may still be blocked in MLX: do not wait for it
-    os._exit(0)
+    child_main(rank_main)
 
 
 # --- ranks holding different weights (float32 next to stored float16) --------------------

@@ -29,7 +29,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.conftest import rank_env  # noqa: E402
+from tests.ranks import child_main, run_rank_processes  # noqa: E402
 
 from tests.test_pipeline import RunnerProc, bring_up, free_ports, gen_task, wait_for  # noqa: E402
 
@@ -143,43 +143,13 @@ def run_ranks(model_dir: Path, world: int, tmp: Path, *, prompts=PROMPTS, max_to
     first-step logits ``[n_prompts, vocab]``. Raises ``AssertionError`` with the stderr of a
     rank that failed or timed out."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
-    stamp = time.monotonic_ns()
-    logits_path = tmp / f"logits-{world}-{stamp}.npy"
-    # Each rank writes to files, never to a pipe this process drains one rank at a time: a
-    # rank blocked on a full stderr pipe stalls every collective of the others (a hang).
-    outs = [tmp / f"rank-{world}-{rank}-{stamp}.out" for rank in range(world)]
-    errs = [tmp / f"rank-{world}-{rank}-{stamp}.err" for rank in range(world)]
-    procs = []
-    try:
-        for rank in range(world):
-            cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "addresses": addresses,
-                   "prompts": prompts, "chunk": CHUNK, "max_tokens": max_tokens,
-                   "logits_path": str(logits_path) if logits else None, "weights": weights}
-            with open(outs[rank], "w") as out, open(errs[rank], "w") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "tests.test_tensor", json.dumps(cfg)], cwd=ROOT,
-                    stdout=out, stderr=err, text=True, env=rank_env({"HF_HUB_OFFLINE": "1"})))
-        results, problems = [], []
-        deadline = time.monotonic() + timeout
-        for rank, p in enumerate(procs):
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                problems.append(f"rank {rank} did not finish within {timeout} s; its stderr ends:\n"
-                                f"{errs[rank].read_text(errors='replace')[-3000:]}")
-                continue
-            if p.returncode != 0:
-                problems.append(f"rank {rank} failed (rc {p.returncode}): {errs[rank].read_text(errors='replace')[-3000:]}")
-                continue
-            results.append(json.loads(outs[rank].read_text().strip().splitlines()[-1]))
-        if problems:
-            raise AssertionError("\n".join(problems))
-        return results, (np.load(logits_path) if logits else None)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+    logits_path = tmp / f"logits-{world}-{time.monotonic_ns()}.npy"
+    cfgs = [{"model_dir": str(model_dir), "rank": rank, "world_size": world, "addresses": addresses,
+             "prompts": prompts, "chunk": CHUNK, "max_tokens": max_tokens,
+             "logits_path": str(logits_path) if logits else None, "weights": weights}
+            for rank in range(world)]
+    results = run_rank_processes("tests.test_tensor", cfgs, timeout, workdir=tmp)
+    return results, (np.load(logits_path) if logits else None)
 
 
 def weight_bytes(model_dir: Path, world: int) -> tuple[int, int, int]:
@@ -416,12 +386,4 @@ def test_embedded_three_rank_tensor_matches_single_node(embedded_dir: Path, tmp_
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(rank_main(json.loads(sys.argv[1]))), flush=True)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # a ring thread may still be blocked in MLX: do not wait for it
-    os._exit(0)
+    child_main(rank_main)
