@@ -85,3 +85,61 @@ def embedded_node(tmp_path_factory):  # type: ignore[no-untyped-def]
         yield node
     finally:
         node.stop()
+
+
+# --- no process outlives its test module ---------------------------------------------------------
+LEFTOVER_GRACE = 10.0
+"""Seconds a module's processes get to exit after its last fixture is torn down (a node's
+runner exits within ``T_FAIL`` of its node; the rest is slack for a loaded machine)."""
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ours_since(started: float) -> list:  # type: ignore[type-arg]
+    """Live processes this pytest process started since ``started`` (epoch seconds): its
+    descendants, plus orphans re-parented to init (a runner whose node was killed) that run
+    this checkout's Python."""
+    import psutil
+
+    me = psutil.Process()
+    found = {p.pid: p for p in me.children(recursive=True)}
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.info["ppid"] == 1 and cmd and cmd[0].startswith(f"{_ROOT}/"):
+            found.setdefault(proc.pid, proc)
+    alive = []
+    for proc in found.values():
+        try:
+            if proc.create_time() >= started and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leftover_processes():  # type: ignore[no-untyped-def]
+    """Fails a module whose processes (nodes, runners, rank children) are still alive
+    ``LEFTOVER_GRACE`` s after its fixtures are torn down, and kills them so the next module
+    runs on a clean machine (autouse: set up first, so torn down after the module's fixtures)."""
+    import time
+
+    import psutil
+
+    started = time.time() - 1.0  # create_time has a coarse clock
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = _ours_since(started)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = _ours_since(started)
+    if not left:
+        return
+    described = []
+    for proc in left:
+        try:
+            described.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}")
+            proc.kill()
+        except psutil.Error:
+            pass
+    if described:
+        pytest.fail("processes still running after the module ended (killed now):\n" + "\n".join(described))
