@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from exo_p2p import defaults
 from exo_p2p.models.manifest import chunk_span, missing_chunks
 from exo_p2p.models.partial import ChunkVerificationError, PartialModel
 
@@ -42,12 +43,12 @@ Progress = Callable[[int, int], None]
 class FetchLimits:
     """Bounds of one fetch: ``streams_per_peer`` requests in flight per holder,
     ``chunk_timeout`` seconds per chunk request, ``max_peer_failures`` failed requests in a
-    row before a holder is dropped (see module docstring). Defaults: ``exo_p2p.models.fetch``
-    ``DEFAULT_LIMITS``."""
+    row before a holder is dropped (see module docstring). Defaults: ``exo_p2p.defaults``
+    ``MODEL_*``."""
 
-    streams_per_peer: int = 2
-    chunk_timeout: float = 30.0
-    max_peer_failures: int = 2
+    streams_per_peer: int = defaults.MODEL_STREAMS_PER_PEER
+    chunk_timeout: float = defaults.MODEL_CHUNK_TIMEOUT
+    max_peer_failures: int = defaults.MODEL_MAX_PEER_FAILURES
 
 
 DEFAULT_LIMITS = FetchLimits()
