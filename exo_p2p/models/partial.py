@@ -150,7 +150,7 @@ class PartialModel:
         """The bytes of a verified chunk (to serve it to a peer). Raises ``KeyError`` when
         the chunk is not verified here."""
         if index not in self._held.get(path, set()):
-            raise KeyError(f"chunk {index} of {path} is not held")
+            raise KeyError(f"chunk {index} of {path} is not held here")
         start, end = chunk_span(self.manifest, path, index)
         target = self.root / path
         if not target.exists():
