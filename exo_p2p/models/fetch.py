@@ -87,6 +87,7 @@ async def fetch_chunks(
     """Fetch every chunk of ``wanted`` (path -> indices) that ``partial`` does not hold yet.
 
     ``on_progress`` counts chunks already held as done (a resumed fetch starts past 0).
+    On return (or error) every chunk it verified is journaled (``PartialModel.flush``).
     Raises ``FetchError`` (module docstring); chunks verified before it stay held.
     """
     report = FetchReport()
@@ -160,10 +161,16 @@ async def fetch_chunks(
                 in_flight.discard(key)
                 changed()
 
-    async with trio.open_nursery() as nursery:
-        for peer in holders:
-            for _ in range(max(1, limits.streams_per_peer)):
-                nursery.start_soon(worker, peer)
+    try:
+        async with trio.open_nursery() as nursery:
+            for peer in holders:
+                for _ in range(max(1, limits.streams_per_peer)):
+                    nursery.start_soon(worker, peer)
+    finally:
+        # journal the last chunks now, not at the next checkpoint: what this fetch verified
+        # survives a crash right after it, so a restart never asks for it again
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial.flush)
     if todo:
         why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
         bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))

@@ -86,6 +86,12 @@ class PartialModel:
                 self._checkpoint()
                 self._journal.close()
 
+    def flush(self) -> None:
+        """Journal every chunk verified so far (a checkpoint now; see module docstring)."""
+        with self._lock:
+            if not self._journal.closed:
+                self._checkpoint()
+
     def _checkpoint(self) -> None:
         """Make the pending chunks durable, then journal them (caller holds the lock)."""
         if not self._pending:
