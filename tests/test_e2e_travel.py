@@ -4,6 +4,7 @@ answers the Paris prompt."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -50,8 +51,10 @@ def test_model_only_on_a_placed_across_a_and_b_answers(tmp_path) -> None:
         reply = b.chat("What is the capital of France?", MODEL, max_tokens=8, temperature=0)
         assert reply.status_code == 200, reply.text
         assert "Paris" in reply.json()["choices"][0]["message"]["content"]
-        # B holds a partial copy: its shard only
-        fetched = b.data_dir / "models" / ".fetched"
-        size = sum(p.stat().st_blocks * 512 for p in fetched.rglob("*") if p.is_file())
+        # B fetched its shard only, from A
+        events = [json.loads(line) for line in b.log_path.read_text(errors="replace").splitlines()
+                  if '"shard fetched"' in line]
+        assert events and events[-1]["instance_id"] == iid, b.log_tail()
         total = sum(p.stat().st_size for p in (models / MODEL).rglob("*") if p.is_file())
-        assert 0 < size < 0.8 * total, (size, total)
+        assert 0 < events[-1]["bytes"] < 0.8 * total, (events[-1]["bytes"], total)
+        assert set(events[-1]["by_peer"]) == {a_id}
