@@ -70,7 +70,7 @@ from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology,
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.memory import usable_memory
 from master.model_identity import mismatched_nodes
-from master.placement_fetch import disk_problem, fetch_source_digest, fetcher_problem, shard_fetch_bytes
+from master.placement_fetch import disk_problem, fetch_source_digest, fetcher_problem, holds_model, shard_fetch_bytes
 from master.placement_split import (
     Overflow,
     RankShare,
@@ -262,10 +262,10 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
             excluded[node] = "memory not yet reported"
         elif card.model_id not in profile.models:
             problem = fetcher_problem(state, node, card.model_id)  # issue 13: fetch from peers
-            if problem is None:
-                fetchers.add(node)
-            else:
+            if problem is not None:
                 excluded[node] = problem
+            elif not holds_model(state, node, card.model_id):
+                fetchers.add(node)
     # one manifest per name: nodes with other files under the name are not candidates (issue 13)
     for node, reason in mismatched_nodes(state, card.model_id).items():
         excluded.setdefault(node, reason)

@@ -3,7 +3,8 @@
 Rules (pure, from ``State`` and the ``ModelCard``):
 
 - **Holders**: a node holds the model when ``model_id`` is in its ``NodeProfile.models``
-  (its own copy); it loads from disk and fetches nothing.
+  (its own copy), or when it publishes a complete copy of the chosen manifest (a copy it
+  fetched earlier); it loads from disk and fetches nothing.
 - **Fetchers**: a node that does not hold it may still be a candidate when (a) some node
   publishes a *complete* manifest of the model (``master.model_identity.chosen_digest``:
   a source to fetch from exists) and (b) its profile reports the free disk of its models dir
@@ -31,9 +32,14 @@ from master.placement_split import non_layer_bytes_of_rank
 
 
 def holds_model(state: State, node: NodeId, model_id: str) -> bool:
-    """Whether ``node`` has its own copy of ``model_id`` (rule: module docstring)."""
+    """Whether ``node`` has a complete copy of ``model_id`` (rule: module docstring)."""
     profile = state.nodes.get(node)
-    return profile is not None and model_id in profile.models
+    if profile is None:
+        return False
+    if model_id in profile.models:
+        return True
+    digest = fetch_source_digest(state, model_id)
+    return digest is not None and any(h.digest == digest and h.complete for h in profile.held_models)
 
 
 def fetch_source_digest(state: State, model_id: str) -> str | None:

@@ -101,3 +101,11 @@ def test_pipeline_fetch_bytes_of_all_ranks_sum_to_the_model(layers, emb, tied, c
 def test_disk_headroom_is_ten_percent_rounded_up(fetch) -> None:
     need = disk_needed(fetch)
     assert need * 10 >= fetch * 11 > (need - 1) * 10
+
+
+def test_a_node_with_a_complete_fetched_copy_fetches_nothing() -> None:
+    state = _only_n0_holds(cluster([(6 * GIB, 6 * GIB)] * 2), disk={"n1": 0})
+    n1 = msgspec.structs.replace(state.nodes["n1"], held_models=(HeldModel("m", "d1", True),))
+    state = msgspec.structs.replace(state, nodes={**state.nodes, "n1": n1})
+    preview = next(p for p in placement_previews(state, card(8, 8 * GIB)) if p.sharding == "pipeline" and p.world_size == 2)
+    assert preview.error is None and preview.fetch_bytes_per_node == (0, 0)  # no disk needed either
