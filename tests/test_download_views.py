@@ -1,5 +1,6 @@
-"""The CLI shows shards fetched from peers (issue 13): the place bar's downloading phase with
-bytes and speed, the instances table's text bar, the previews' bytes to fetch."""
+"""Shards fetched from peers as the API and CLI show them (issue 13): the instance view's
+figures per rank, the place bar's downloading phase with bytes and speed, the instances table's
+text bar, the previews' bytes to fetch."""
 
 from __future__ import annotations
 
@@ -59,3 +60,21 @@ def test_previews_say_what_each_node_fetches() -> None:
     Console(file=out, width=200).print(previews_table("m", [preview]))
     text = out.getvalue()
     assert "fetches 3.0 MiB from peers" in text and text.count("fetches") == 1
+
+
+def test_instance_view_carries_each_downloading_rank_and_the_sums() -> None:
+    from exo_p2p.api.views import instance_out
+    from exo_p2p.state.views import instance_view
+    from exo_p2p.types import Instance, RunnerDownloading, RunnerIdle, RunnerRecord, ShardMetadata, State
+
+    shards = tuple(ShardMetadata(f"n{r}", f"i-r{r}", r, 3, 2 * r, 2 * r + 2, 6, 100, "boot") for r in range(3))
+    inst = Instance("i", "m", "pipeline", shards)
+    runners = {"i-r0": RunnerRecord("i-r0", "i", "n0", RunnerIdle()),
+               "i-r1": RunnerRecord("i-r1", "i", "n1", RunnerDownloading(3, 10, 1.5)),
+               "i-r2": RunnerRecord("i-r2", "i", "n2", RunnerDownloading(5, 20, 2.5))}
+    view = instance_view(State(instances={"i": inst}, runners=runners), inst)
+    assert view.status == "loading" and view.downloads == (None, RunnerDownloading(3, 10, 1.5), RunnerDownloading(5, 20, 2.5))
+    out = instance_out(view)
+    assert (out.bytes_downloaded, out.bytes_to_download) == (8, 30)
+    assert [(s.status, s.bytes_done, s.bytes_total) for s in out.shards] == [
+        ("idle", None, None), ("downloading", 3, 10), ("downloading", 5, 20)]
