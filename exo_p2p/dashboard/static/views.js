@@ -197,7 +197,9 @@ export function instanceCards(state, views, ui) {
         ? h("div", { class: "error failure", role: "alert" }, v.reason || "failed (no reason given)")
         : h("div", { class: "progress-row" },
             h("progress", { class: "load", max: 1, value: fraction }),
-            h("span", { class: "progress-text" }, `${v.layers_loaded}/${v.layers_total} layers loaded`),
+            h("span", { class: "progress-text" }, v.bytes_to_download
+              ? `${formatBytes(v.bytes_downloaded)}/${formatBytes(v.bytes_to_download)} of shards downloaded`
+              : `${v.layers_loaded}/${v.layers_total} layers loaded`),
           ),
       h("table", { class: "shards" },
         h("thead", {}, h("tr", {}, h("th", {}, "rank"), h("th", {}, "layers"), h("th", {}, "node"), h("th", {}, "memory"), h("th", {}, "runner"))),
