@@ -132,38 +132,31 @@ def _log_events(node: NodeProcess, event: str) -> list[dict]:
     return out
 
 
-def test_two_node_pipeline_fetches_only_its_shard_and_equals_single_node(tmp_path, nodes, model_dir) -> None:
-    (a, b), manifest = _cluster_with_holder(nodes, tmp_path, model_dir, 2, hooks={0: {"model_serve_delay": "0.03"}})
-    a_id, b_id = self_id(a), self_id(b)
+def test_pipelines_fetch_only_their_shards_from_the_holder_and_each_other(tmp_path, nodes, model_dir) -> None:
+    """Only A holds the model. A 2-node pipeline on A and B: B fetches only its shard and the
+    greedy text equals A's alone; then a 3-node pipeline: C, which has nothing, fetches from A
+    (complete) and from B (the partial copy B kept when the first instance was deleted)."""
+    (a, b, c), manifest = _cluster_with_holder(nodes, tmp_path, model_dir, 3, hooks={0: {"model_serve_delay": "0.03"}})
+    a_id, b_id, c_id = (self_id(x) for x in (a, b, c))
     single = _place(a, [a_id], 1)
     _wait_ready(a, single)
     expected = _outputs(a)
     _delete(a, single)
 
-    iid = _place(a, [a_id, b_id], 2)
+    pair = _place(a, [a_id, b_id], 2)
     seen: list[dict] = []
-    view = _wait_ready(a, iid, seen=seen)
+    view = _wait_ready(a, pair, seen=seen)
     assert _outputs(b) == expected  # greedy text equals single-node, through B's API
     b_shard = next(s for s in view["shards"] if s["node_id"] == b_id)
+    share = chunk_bytes_of(manifest, _share(manifest, b_shard))
     # B was Downloading (bytes done / total in the instance view) before it loaded
     assert seen and all(s["node_id"] == b_id for s in seen)
-    assert max(s["bytes_total"] for s in seen) == chunk_bytes_of(manifest, _share(manifest, b_shard))
+    assert max(s["bytes_total"] for s in seen) == share
     # B fetched its share only (±10%), not the whole model
-    share = chunk_bytes_of(manifest, _share(manifest, b_shard))
     fetched = chunk_bytes_of(manifest, _journal(b, manifest.digest))
     assert abs(fetched - share) <= 0.1 * share, (fetched, share)
     assert fetched < 0.7 * manifest.total_bytes
-    # B now publishes a partial copy of the same manifest
-    wait_until(lambda: [MODEL, manifest.digest, False] in _held(a, b_id), 20, what="B's partial copy in State")
-
-
-def test_three_nodes_fetch_from_the_holder_and_from_each_other(tmp_path, nodes, model_dir) -> None:
-    (a, b, c), manifest = _cluster_with_holder(nodes, tmp_path, model_dir, 3, hooks={0: {"model_serve_delay": "0.03"}})
-    a_id, b_id, c_id = (self_id(x) for x in (a, b, c))
-    first = _place(a, [a_id, b_id], 2)  # B fetches a half and keeps it when the instance goes
-    _wait_ready(a, first)
-    expected = _outputs(a)
-    _delete(a, first)
+    _delete(a, pair)  # B keeps its chunks and publishes them
     wait_until(lambda: [MODEL, manifest.digest, False] in _held(c, b_id), 20, what="B's partial copy in C's State")
 
     iid = _place(a, [a_id, b_id, c_id], 3)
@@ -172,10 +165,9 @@ def test_three_nodes_fetch_from_the_holder_and_from_each_other(tmp_path, nodes, 
     for node, node_id in ((b, b_id), (c, c_id)):
         shard = next(s for s in view["shards"] if s["node_id"] == node_id)
         assert not missing_chunks(_share(manifest, shard), _journal(node, manifest.digest))
-    # C had nothing: its chunks came from A (the complete copy) and from B (its partial copy)
-    fetched = [e for e in _log_events(c, "shard fetched") if e.get("instance_id") == iid]
-    assert fetched, c.log_tail()
-    by_peer = fetched[-1]["by_peer"]
+    fetched_c = [e for e in _log_events(c, "shard fetched") if e.get("instance_id") == iid]
+    assert fetched_c, c.log_tail()
+    by_peer = fetched_c[-1]["by_peer"]
     assert by_peer.get(a_id, 0) > 0 and by_peer.get(b_id, 0) > 0, by_peer
 
 
