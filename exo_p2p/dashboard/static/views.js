@@ -158,7 +158,11 @@ export function previewPanel(state, { model, previews, loading, error, placing }
           h("td", {}, p.sharding, h("span", { class: "muted" }, ` × ${p.world_size}`)),
           h("td", {}, (p.nodes || []).map(label).join(" → ") || "—"),
           h("td", {}, (p.layers || []).join(" + ") || "—"),
-          h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—"),
+          h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—",
+            // bytes nodes lacking the model fetch from peers first (issue 13)
+            (p.fetch_bytes || []).some((n) => n > 0)
+              ? h("span", { class: "muted fetch" }, ` (fetches ${(p.fetch_bytes || []).map(formatBytes).join(" + ")})`)
+              : null),
           h("td", {}, p.error
             ? h("span", { class: "why" }, p.error)
             : h("button", { class: "confirm", disabled: placing, onclick: () => onConfirm(p) }, placing ? "Placing…" : "Place")),
