@@ -19,7 +19,7 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   not say which chunks it has), so the check errs towards refusing, never towards filling
   a disk.
 - **Disk**: a fetcher's ``models_disk_free`` must be at least ``disk_needed(fetch)`` =
-  ``fetch`` plus ``FETCH_DISK_HEADROOM`` (10%, integers rounded up), the same headroom as
+  ``fetch`` plus ``FETCH_DISK_HEADROOM_PERCENT`` (10%, integers rounded up), the same headroom as
   memory.
 """
 
