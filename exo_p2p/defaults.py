@@ -115,3 +115,19 @@ CHUNK_REQUEST_TIMEOUT = 5.0
 """Seconds one chunk batch request may take."""
 CHUNK_RETRY_PAUSE = 0.2
 """Seconds between two tries of a chunk batch."""
+
+# --- models travelling between nodes (issue 13; rules: exo_p2p.models.fetch, master.placement_fetch)
+MODEL_STREAMS_PER_PEER = 2
+"""Chunk requests in flight per holder during one fetch."""
+MODEL_CHUNK_TIMEOUT = 30.0
+"""Seconds one chunk request may take; then the chunk goes to another holder."""
+MODEL_MAX_PEER_FAILURES = 2
+"""Failed chunk requests in a row after which a holder is dropped for the rest of a fetch."""
+MODEL_MANIFEST_TIMEOUT = 30.0
+"""Seconds to get a manifest from one holder."""
+MODEL_FETCH_ROUNDS = 3
+"""Rounds of a shard fetch (each re-reads the holders from State); then the runner fails with the reason."""
+MODEL_FETCH_ROUND_PAUSE = 2.0
+"""Seconds between two rounds of a shard fetch (new holders get time to be published)."""
+FETCH_DISK_HEADROOM_PERCENT = 10
+"""Percent of a shard's bytes a fetching node needs free on disk beyond them."""

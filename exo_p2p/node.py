@@ -103,6 +103,7 @@ class Node:
             prompt_cache_bytes=config.prompt_cache_bytes,
             fault_hooks=config.fault_hooks,
             runner_env=self._runner_environment(),
+            fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (issue 13)
         )
         self.replica.listeners.append(self._track_tasks)
         self.replica.listeners.append(self.router.on_event)
@@ -306,6 +307,7 @@ class Node:
                     "layers": list(p.layers_per_node),
                     "bytes": list(p.bytes_per_node),
                     "weights": list(p.weights_per_node),
+                    "fetch_bytes": list(p.fetch_bytes_per_node),  # from peers first (issue 13)
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
@@ -402,6 +404,14 @@ class Node:
                 raise ValueError(f"the chat template of model {model_id} failed: {e}") from None
 
         return await trio.to_thread.run_sync(count)
+
+    async def _fetch_shard(self, instance, shard, on_progress) -> Path:  # type: ignore[no-untyped-def]
+        """The worker's ``FetchShard``: this rank's chunks from the peers holding the model
+        (``exo_p2p.models.shard_fetch``)."""
+        from exo_p2p.models.shard_fetch import fetch_shard
+
+        return await fetch_shard(self.depot, self.net, self.node_id, self.state, instance, shard,
+                                 on_progress=on_progress)
 
     async def models_changed(self) -> None:
         """Re-list this node's models after a pull or a removal (issue 13)."""

@@ -8,8 +8,11 @@ Rules, in the order they are applied:
 - **Candidates** are simple cycles of the topology (``exo_p2p.state.topology``; a single node is
   a cycle) with ``len >= min_nodes``, containing every required node, in which every node
   reports its memory (``memory_total`` and ``memory_available`` not None — never counted as 0)
-  and holds the model (``model_id`` in ``NodeProfile.models``), and every link of the ring has
-  an address (an edge without one does not count). A node holding other files under the
+  and holds the model (``model_id`` in ``NodeProfile.models``) or may fetch it from peers
+  (``master.placement_fetch``: some node publishes a complete copy and the node reports its
+  free disk), and every link of the ring has an address (an edge without one does not count).
+  A rank on a node that fetches needs the disk for its shard's bytes
+  (``placement_fetch.disk_problem``); a cycle where one does not have it is not taken. A node holding other files under the
   model's name than most holders (another manifest digest, ``master.model_identity``) is
   not a candidate: placement never mixes two models that share a name.
 - **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
@@ -67,6 +70,7 @@ from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology,
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.memory import usable_memory
 from master.model_identity import mismatched_nodes
+from master.placement_fetch import disk_problem, fetch_source_digest, fetcher_problem, holds_model, shard_fetch_bytes
 from master.placement_split import (
     Overflow,
     RankShare,
@@ -101,8 +105,10 @@ class Preview(msgspec.Struct, frozen=True):
 
     ``instance`` is exactly what ``place_instance(..., min_nodes=world_size)`` returns for the
     same inputs (instance id ``"preview"``). ``nodes``, ``bytes_per_node`` (bytes each rank
-    loads, in the weights it holds), ``layers_per_node`` and ``weights_per_node`` (``"stored"``
-    or ``"float32"``) are in rank order; empty when ``error`` is set.
+    loads, in the weights it holds), ``layers_per_node``, ``weights_per_node`` (``"stored"``
+    or ``"float32"``) and ``fetch_bytes_per_node`` (stored bytes the rank's node fetches from
+    peers first, 0 when it holds the model; ``master.placement_fetch``) are in rank order;
+    empty when ``error`` is set.
     """
 
     sharding: Sharding
@@ -113,6 +119,7 @@ class Preview(msgspec.Struct, frozen=True):
     layers_per_node: tuple[int, ...] = ()
     error: str | None = None
     weights_per_node: tuple[str, ...] = ()
+    fetch_bytes_per_node: tuple[int, ...] = ()
 
 
 def required_bytes(storage_size: int) -> int:
@@ -222,6 +229,7 @@ class _Context:
     topology: Topology
     exact: bool
     blocking: str | None
+    fetchers: frozenset[NodeId] = frozenset()
     searches: dict[tuple[int, bool], CycleSearch] = field(default_factory=dict)
     sweeps: dict[int, list[dict[int, Found]]] = field(default_factory=dict)
     modes: list[_Mode] = field(default_factory=list)
@@ -248,11 +256,16 @@ def _label(state: State, node: NodeId) -> str:
 def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Context:
     required = frozenset(resolve_nodes(state, nodes or ()))
     excluded: dict[NodeId, str] = {}
+    fetchers: set[NodeId] = set()
     for node, profile in sorted(state.nodes.items()):
         if profile.memory_total is None or profile.memory_available is None:
             excluded[node] = "memory not yet reported"
         elif card.model_id not in profile.models:
-            excluded[node] = f"does not hold model {card.model_id}"
+            problem = fetcher_problem(state, node, card.model_id)  # issue 13: fetch from peers
+            if problem is not None:
+                excluded[node] = problem
+            elif not holds_model(state, node, card.model_id):
+                fetchers.add(node)
     # one manifest per name: nodes with other files under the name are not candidates (issue 13)
     for node, reason in mismatched_nodes(state, card.model_id).items():
         excluded.setdefault(node, reason)
@@ -263,7 +276,8 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
         blocking = "required " + "; ".join(f"node {_label(state, n)}: {excluded[n]}" for n in bad)
     hosts = frozenset(s.node_id for inst in state.instances.values() for s in inst.shards)
     exact = len(eligible) <= EXACT_SEARCH_MAX_NODES
-    return _Context(state, card, required, eligible, excluded, hosts, topology_from_state(state, eligible), exact, blocking)
+    return _Context(state, card, required, eligible, excluded, hosts, topology_from_state(state, eligible), exact, blocking,
+                    fetchers=frozenset(n for n in fetchers if n not in excluded))
 
 
 def _size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
@@ -320,9 +334,30 @@ def _fits(ctx: _Context, sharding: Sharding, weights: dict[NodeId, int]) -> Call
     def accept(cycle: tuple[NodeId, ...]) -> tuple[tuple[int, ...], list[RankShare]] | None:
         usable = [weights[n] for n in cycle]
         shares = _shares(ctx.card, sharding, usable, _policies(ctx.state, cycle))
-        return None if isinstance(shares, Overflow) else (tuple(usable), shares)
+        if isinstance(shares, Overflow) or _disk_short(ctx, sharding, cycle, shares) is not None:
+            return None
+        return tuple(usable), shares
 
     return accept
+
+
+def _fetch_bytes(ctx: _Context, sharding: Sharding, cycle: tuple[NodeId, ...], shares: Iterable[RankShare]) -> list[int]:
+    """Per rank, the stored bytes its node fetches from peers (0: it holds the model)."""
+    return [
+        shard_fetch_bytes(ctx.card, sharding, rank, len(cycle), share.start_layer, share.end_layer)
+        if node in ctx.fetchers else 0
+        for rank, (node, share) in enumerate(zip(cycle, shares, strict=True))
+    ]
+
+
+def _disk_short(ctx: _Context, sharding: Sharding, cycle: tuple[NodeId, ...], shares: Iterable[RankShare]) -> tuple[int, int, int, int] | None:
+    """``(rank, fetch, need, have)`` of the first rank whose node lacks the disk for the
+    bytes it fetches (bytes), or None."""
+    for rank, fetch in enumerate(_fetch_bytes(ctx, sharding, cycle, shares)):
+        short = disk_problem(ctx.state, cycle[rank], fetch)
+        if short is not None:
+            return rank, fetch, *short
+    return None
 
 
 def _sweep(ctx: _Context, mode: int) -> list[dict[int, Found]]:
@@ -453,7 +488,8 @@ def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) 
         )
         for rank, (node, share) in enumerate(zip(plan.cycle, plan.shares, strict=True))
     )
-    return Instance(InstanceId(instance_id), ModelId(ctx.card.model_id), sharding, shards)
+    digest = fetch_source_digest(ctx.state, ctx.card.model_id) or ""
+    return Instance(InstanceId(instance_id), ModelId(ctx.card.model_id), sharding, shards, model_digest=digest)
 
 
 def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], list[int]] | None:
@@ -492,7 +528,7 @@ def _explain(ctx: _Context, sharding: Sharding, min_size: int, sizes: list[int])
             containing = f" containing {', '.join(_label(state, n) for n in sorted(ctx.required))}" if ctx.required else ""
             message = (
                 f"no candidate cycle of {min_size} or more nodes{containing} among the "
-                f"{len(ctx.eligible)} nodes that report memory and hold model {card.model_id}"
+                f"{len(ctx.eligible)} nodes that report memory and hold (or can fetch) model {card.model_id}"
             )
         else:
             total, cycle, usable = largest
@@ -504,12 +540,22 @@ def _explain(ctx: _Context, sharding: Sharding, min_size: int, sizes: list[int])
                 )
             else:
                 over = _shares(card, sharding, usable, _policies(state, cycle))
-                assert isinstance(over, Overflow)
-                message = (
-                    f"no candidate cycle holds every rank's share; on the largest candidate cycle ({names}) "
-                    f"rank {over.rank} on {_label(state, cycle[over.rank])} needs {gib(over.need)} "
-                    f"({over.need} bytes) but has {gib(over.have)} ({over.have} bytes)"
-                )
+                disk = None if isinstance(over, Overflow) else _disk_short(ctx, sharding, cycle, over)
+                if disk is not None:
+                    rank, fetch, need, have = disk
+                    message = (
+                        f"no candidate cycle has the disk for the shards it must fetch; on the largest "
+                        f"candidate cycle ({names}) rank {rank} on {_label(state, cycle[rank])} would fetch "
+                        f"{gib(fetch)} ({fetch} bytes) and needs {need} bytes free in its models dir "
+                        f"but has {have} bytes"
+                    )
+                else:
+                    assert isinstance(over, Overflow)
+                    message = (
+                        f"no candidate cycle holds every rank's share; on the largest candidate cycle ({names}) "
+                        f"rank {over.rank} on {_label(state, cycle[over.rank])} needs {gib(over.need)} "
+                        f"({over.need} bytes) but has {gib(over.have)} ({over.have} bytes)"
+                    )
     notes = [f"{_label(state, n)}: {why}" for n, why in ctx.excluded.items()]
     notes += [f"no ring address from {_label(state, a)} to {_label(state, b)}" for a, b in ctx.topology.unaddressed]
     return message + "".join(f"; {note}" for note in notes)
@@ -540,4 +586,5 @@ def _preview(ctx: _Context, sharding: Sharding, size: int) -> Preview:
         bytes_per_node=tuple(s.share_bytes for s in plan.shares),
         layers_per_node=tuple(s.end_layer - s.start_layer for s in plan.shares),
         weights_per_node=tuple(s.weights_dtype for s in plan.shares),
+        fetch_bytes_per_node=tuple(_fetch_bytes(ctx, sharding, plan.cycle, plan.shares)),
     )

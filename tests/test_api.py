@@ -703,7 +703,8 @@ def test_models_state_and_nodes() -> None:
 
 
 def test_instances_crud_shapes() -> None:
-    shard_keys = {"node_id", "runner_id", "rank", "start_layer", "end_layer", "share_bytes", "status", "weights_dtype"}
+    shard_keys = {"node_id", "runner_id", "rank", "start_layer", "end_layer", "share_bytes", "status", "weights_dtype",
+                  "bytes_done", "bytes_total", "bytes_per_second"}  # the last three: while downloading (issue 13)
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         r = await client.post("/instances", json={"model": "default", "min_nodes": 1, "sharding": "pipeline", "nodes": "node-a, ,b"})
@@ -711,7 +712,10 @@ def test_instances_crud_shapes() -> None:
         created = r.json()
         (place,) = [c for c in backend.commands if isinstance(c, PlaceInstance)]
         assert (place.model_id, place.min_nodes, place.sharding, place.nodes) == (MODEL, 1, "pipeline", ("node-a", "b"))
-        assert set(created) == {"instance_id", "model", "sharding", "status", "reason", "layers_loaded", "layers_total", "shards"}
+        assert set(created) == {"instance_id", "model", "sharding", "status", "reason", "layers_loaded", "layers_total", "shards",
+                                "bytes_downloaded", "bytes_to_download"}
+        assert (created["bytes_downloaded"], created["bytes_to_download"]) == (0, 0)
+        assert created["shards"][0]["bytes_done"] is None
         assert (created["model"], created["sharding"], created["status"], created["reason"]) == (MODEL, "pipeline", "loading", None)
         assert (created["layers_loaded"], created["layers_total"]) == (3, 30)
         assert [set(s) for s in created["shards"]] == [shard_keys]

@@ -234,6 +234,56 @@ def test_dead_source_resumes_from_disk_and_from_another_holder(tmp_path: Path, m
     assert report.chunks_fetched == n_chunks - 3 == peers.calls["b"]
 
 
+def test_a_finished_fetch_journals_every_chunk_it_verified(tmp_path: Path, model: Path) -> None:
+    """Without the flush at the end, the chunks of the last checkpoint interval stay
+    unjournaled until the copy is closed; a crash then loses them (they are fetched again)."""
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    # tensor chunks only: no file completes (a completed file would checkpoint everything)
+    wanted = {"model.safetensors": shard_chunks(m, start_layer=2, end_layer=4, n_layers=4, tied=False)["model.safetensors"]}
+    p = PartialModel(tmp_path / "c", m)
+    _run(fetch_chunks, p, wanted, ["a"], Peers(model, m, {"a": "ok"}).get)
+    journaled = (tmp_path / "c" / ".verified").read_text().splitlines()  # p is not closed: a crash now
+    assert sorted(journaled) == sorted(f"{i} {path}" for path, idx in wanted.items() for i in idx)
+    p.close()
+
+
+def test_partial_holder_lacking_a_chunk_sends_the_fetch_to_another_without_a_strike(tmp_path: Path, model: Path) -> None:
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    wanted = shard_chunks(m, start_layer=0, end_layer=4, n_layers=4, tied=False)
+    with PartialModel(tmp_path / "b", m) as b_copy:  # peer b holds the config files only
+        for f in m.files:
+            if not f.tensors:
+                b_copy.write_chunk(f.path, 0, _chunk(model, m, f.path, 0))
+        full = Peers(model, m, {"a": "ok"})
+        asked_b = []
+
+        async def get(peer: str, path: str, index: int) -> bytes:
+            if peer == "b":
+                asked_b.append((path, index))
+                try:
+                    return b_copy.read_chunk(path, index)
+                except KeyError as exc:
+                    raise RuntimeError(str(exc)) from None  # as a remote error reply says it
+            return await full.get(peer, path, index)
+
+        limits = FetchLimits(streams_per_peer=1, chunk_timeout=5.0, max_peer_failures=1)
+        with PartialModel(tmp_path / "c", m) as p:
+            report = _run(fetch_chunks, p, wanted, ["b", "a"], get, limits=limits)
+            assert p.complete
+    assert "b" not in report.dropped  # lacking chunks is no failure (one strike would drop it)
+    assert len(asked_b) > 1 and report.bytes_by_peer.get("b", 0) >= 0
+
+
+def test_chunk_no_holder_has_fails_naming_it(tmp_path: Path, model: Path) -> None:
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+
+    async def get(peer: str, path: str, index: int) -> bytes:
+        raise RuntimeError(f"'chunk {index} of {path} is not held here'")
+
+    with PartialModel(tmp_path / "c", m) as p, pytest.raises(FetchError, match="1 chunks held by none of them"):
+        _run(fetch_chunks, p, {"config.json": (0,)}, ["x", "y"], get)
+
+
 class FakeNet:
     """The two calls the bulk client makes on ``exo_p2p.net.Network``, wired to a server."""
 

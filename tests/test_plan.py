@@ -150,3 +150,21 @@ def test_plan_is_a_function_of_its_inputs(statuses, n_tasks):
         rid = a.runner_id
         local[rid] = msgspec.structs.replace(local[rid], sent=local[rid].sent | {key})
         assert plan(NODE, BOOT, s, local) != a
+
+
+def test_ranks_connect_only_once_no_rank_is_downloading_its_shard():
+    """Issue 13: a rank fetching its shard from peers has no runner process yet; the others
+    wait Idle instead of connecting to a group it cannot join."""
+    from exo_p2p.types import ConnectToGroup, RunnerDownloading
+
+    inst = instance(world=2)
+    me, other = inst.shards[0].runner_id, inst.shards[1].runner_id
+    local = {me: LocalRunner(me, "i1", RunnerIdle())}
+    downloading = state_with(inst, {me: RunnerIdle(), other: RunnerDownloading(10, 100)})
+    assert plan(NODE, BOOT, downloading, local) is None
+    fetched = state_with(inst, {me: RunnerIdle(), other: RunnerIdle()})
+    assert plan(NODE, BOOT, fetched, local) == ConnectToGroup(runner_id=me)
+    # a downloading local runner gets no lifecycle task, but a deleted instance stops it
+    mine = {me: LocalRunner(me, "i1", RunnerDownloading(0, 100))}
+    assert plan(NODE, BOOT, state_with(inst, {me: RunnerDownloading(0, 100), other: RunnerIdle()}), mine) is None
+    assert plan(NODE, BOOT, State(), mine) == Shutdown(runner_id=me)

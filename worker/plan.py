@@ -74,7 +74,8 @@ def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunn
     1. a live local runner whose instance is gone or failed → ``Shutdown``;
     2. a shard of a live instance placed on this node *in this boot* with no local runner
        → ``CreateRunner`` (a runner id that ever ran here is never created again);
-    3. lifecycle: Idle → ``ConnectToGroup`` (multi-rank, once every rank's runner exists)
+    3. lifecycle: Idle → ``ConnectToGroup`` (multi-rank, once every rank's runner exists and
+       none is Downloading its shard)
        or ``LoadModel`` (single rank); Connected → ``LoadModel`` once every rank is
        connected; Loaded → ``StartWarmup`` once every rank has loaded;
     4. ``CancelTask`` for a task sent to this runner whose cancellation was requested;
@@ -118,7 +119,11 @@ def _lifecycle(state: State, instance: Instance, runner: LocalRunner) -> Task | 
     if isinstance(status, RunnerIdle):
         if not multi:
             return None if "load" in runner.sent else LoadModel(runner_id=runner.runner_id)
-        if "connect" not in runner.sent and all(s.runner_id in state.runners for s in instance.shards):
+        # every rank's runner exists, none still fetching its shard (Downloading: no process yet)
+        if "connect" not in runner.sent and all(
+            s.runner_id in state.runners and _tag(state.runners[s.runner_id].status) != "downloading"
+            for s in instance.shards
+        ):
             return ConnectToGroup(runner_id=runner.runner_id)
         return None
     if isinstance(status, RunnerConnected):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -15,19 +15,30 @@ from exo_p2p.types import (
     CreateRunner,
     Event,
     LoadModel,
+    Instance,
     RankSettings,
+    RunnerDownloading,
     RunnerFailed,
+    RunnerShutdown,
     RunnerStatusUpdated,
+    ShardMetadata,
     Shutdown,
     StartWarmup,
     State,
     TERMINAL_STATUSES,
 )
+from exo_p2p.models.errors import ModelNotFoundError
 from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
 from worker.rank_settings import runner_rank_settings
 from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
+
+FetchShard = Callable[[Instance, ShardMetadata, Callable[[int, int], None]], Awaitable[Path]]
+"""``fetch_shard(instance, shard, on_progress) -> model dir``: fetch this rank's shard of a
+model the node lacks from its peers (``exo_p2p.models.shard_fetch``); raises with the reason."""
+DOWNLOAD_STATUS_INTERVAL = 0.5
+"""Seconds between two Downloading status events of one runner at most (the last one always)."""
 
 
 class Worker:
@@ -36,8 +47,11 @@ class Worker:
     ``get_state()`` returns the current State; ``emit(event)`` sends a local event towards
     the master; ``on_chunk(chunk)`` routes a runner's chunk to the API node that owns the
     request; ``resolve_model(model_id) -> Path`` (blocking; run in a thread) gives the
-    model's MLX directory, raising for a model this node does not have. Call ``wake()`` after
-    every State change.
+    model's MLX directory, raising for a model this node does not have. ``fetch_shard``
+    (optional, ``FetchShard``): when ``resolve_model`` raises ``ModelNotFoundError`` for a
+    shard, the runner is ``Downloading`` while it fetches the shard from peers, and is then
+    created on the fetched files (no process exists meanwhile; a deletion cancels the fetch).
+    Call ``wake()`` after every State change.
     """
 
     def __init__(
@@ -56,7 +70,10 @@ class Worker:
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
         runner_env: dict[str, str] | None = None,
+        fetch_shard: FetchShard | None = None,
     ) -> None:
+        self._fetch_shard = fetch_shard
+        self._downloads: dict[str, tuple[LocalRunner, trio.CancelScope]] = {}
         self.node_id = node_id
         self._runner_env = runner_env
         self.boot_id = boot_id
@@ -85,6 +102,7 @@ class Worker:
         """This node's runners as ``plan`` sees them (including ended ones, so a runner id
         is never created twice)."""
         view = dict(self._failed)
+        view.update({rid: runner for rid, (runner, _) in self._downloads.items()})
         for rid, sup in self.supervisors.items():
             view[rid] = LocalRunner(rid, sup.instance.instance_id, sup.status, frozenset(sup.sent))
         return view
@@ -157,6 +175,9 @@ class Worker:
             return
         runner_id = task.runner_id
         sup = self.supervisors.get(runner_id)
+        if isinstance(task, Shutdown) and runner_id in self._downloads:
+            self._cancel_download(runner_id)
+            return
         if sup is None:
             return
         if isinstance(task, Shutdown):
@@ -178,17 +199,78 @@ class Worker:
             await sup.send(task.task, task.task.task_id)
 
     async def _create(self, task: CreateRunner) -> None:
-        assert self._nursery is not None
-        shard = task.shard
         try:
             model_dir = await trio.to_thread.run_sync(self._resolve_model, task.instance.model_id)
-        except Exception as exc:
-            error = f"cannot prepare model {task.instance.model_id!r} on node {self.node_id}: {exc}"
-            log.error("runner not created", runner_id=shard.runner_id, error=error)
-            status = RunnerFailed(error)
-            self._failed[shard.runner_id] = LocalRunner(shard.runner_id, task.instance.instance_id, status)
-            self._emit(RunnerStatusUpdated(shard.runner_id, task.instance.instance_id, self.node_id, status))  # type: ignore[arg-type]
+        except ModelNotFoundError as exc:
+            if self._fetch_shard is not None and task.instance.model_digest:
+                self._start_download(task)
+            else:
+                self._fail_create(task, f"cannot prepare model {task.instance.model_id!r} on node {self.node_id}: {exc}")
             return
+        except Exception as exc:
+            self._fail_create(task, f"cannot prepare model {task.instance.model_id!r} on node {self.node_id}: {exc}")
+            return
+        await self._start_supervisor(task, model_dir)
+
+    def _fail_create(self, task: CreateRunner, error: str) -> None:
+        """Record the runner of ``task`` as Failed with ``error`` (no process was started)."""
+        shard = task.shard
+        log.error("runner not created", runner_id=shard.runner_id, error=error)
+        status = RunnerFailed(error)
+        self._failed[shard.runner_id] = LocalRunner(shard.runner_id, task.instance.instance_id, status)
+        self._emit(RunnerStatusUpdated(shard.runner_id, task.instance.instance_id, self.node_id, status))  # type: ignore[arg-type]
+
+    # -- shards fetched from peers (issue 13) ------------------------------------------------
+    def _set_download(self, task: CreateRunner, status: RunnerDownloading, scope: trio.CancelScope) -> None:
+        rid, iid = task.shard.runner_id, task.instance.instance_id
+        self._downloads[rid] = (LocalRunner(rid, iid, status), scope)
+        self._emit(RunnerStatusUpdated(rid, iid, self.node_id, status))  # type: ignore[arg-type]
+
+    def _start_download(self, task: CreateRunner) -> None:
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        self._set_download(task, RunnerDownloading(0, 0), scope)
+        self._nursery.start_soon(self._download, task, scope)
+
+    def _cancel_download(self, runner_id: str) -> None:
+        """A deleted (or failed) instance's download stops; its runner counts as shut down."""
+        runner, scope = self._downloads.pop(runner_id)
+        scope.cancel()
+        status = RunnerShutdown()
+        self._failed[runner_id] = LocalRunner(runner_id, runner.instance_id, status, frozenset({"shutdown"}))
+        self._emit(RunnerStatusUpdated(runner_id, runner.instance_id, self.node_id, status))  # type: ignore[arg-type]
+
+    async def _download(self, task: CreateRunner, scope: trio.CancelScope) -> None:
+        assert self._fetch_shard is not None
+        rid = task.shard.runner_id
+        last = [-DOWNLOAD_STATUS_INTERVAL]
+        began: list[tuple[float, int]] = []  # (time, bytes done) of the first report
+
+        def progress(done: int, total: int) -> None:
+            now = trio.current_time()
+            if not began:
+                began.append((now, done))
+            if rid in self._downloads and (done >= total or now - last[0] >= DOWNLOAD_STATUS_INTERVAL):
+                last[0] = now
+                t0, d0 = began[0]
+                speed = (done - d0) / (now - t0) if now > t0 else 0.0
+                self._set_download(task, RunnerDownloading(done, total, round(speed, 1)), scope)
+
+        with scope:
+            try:
+                model_dir = await self._fetch_shard(task.instance, task.shard, progress)
+            except Exception as exc:
+                if self._downloads.pop(rid, None) is not None:
+                    self._fail_create(task, f"cannot fetch the shard of model {task.instance.model_id!r} "
+                                            f"on node {self.node_id}: {exc}")
+                return
+            if self._downloads.pop(rid, None) is None:
+                return  # cancelled meanwhile
+            await self._start_supervisor(task, model_dir)
+
+    async def _start_supervisor(self, task: CreateRunner, model_dir: Path) -> None:
+        assert self._nursery is not None
+        shard = task.shard
         sup = RunnerSupervisor(
             self.node_id,
             task.instance,

@@ -207,6 +207,11 @@ class ShardView(msgspec.Struct, frozen=True):
     status: str
     weights_dtype: str = "stored"
     """What the shard's runner holds: ``stored`` (as on disk) or ``float32`` (a CPU node)."""
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    bytes_per_second: float | None = None
+    """While the shard's node fetches it from peers (status ``downloading``): bytes fetched
+    (those already on disk included), of total, and the speed; None otherwise (issue 13)."""
 
 
 class InstanceOut(msgspec.Struct, frozen=True):
@@ -220,3 +225,6 @@ class InstanceOut(msgspec.Struct, frozen=True):
     layers_loaded: int
     layers_total: int
     shards: list[ShardView]
+    bytes_downloaded: int = 0
+    bytes_to_download: int = 0
+    """Sums over the shards still downloading (0 when none is): bytes fetched and total."""

@@ -19,6 +19,7 @@ def instance_out(view: InstanceView) -> InstanceOut:
     """The ``/instances`` shape of an instance view; shard ``status`` is its runner's status
     tag (``pending`` before the runner reported)."""
     inst = view.instance
+    downloads = list(view.downloads) + [None] * (len(inst.shards) - len(view.downloads))
     shards = [
         ShardView(
             node_id=s.node_id,
@@ -29,6 +30,9 @@ def instance_out(view: InstanceView) -> InstanceOut:
             share_bytes=s.share_bytes,
             status=view.runner_statuses[i] if i < len(view.runner_statuses) else "pending",
             weights_dtype=s.weights_dtype,
+            bytes_done=downloads[i].bytes_done if downloads[i] else None,
+            bytes_total=downloads[i].bytes_total if downloads[i] else None,
+            bytes_per_second=downloads[i].bytes_per_second if downloads[i] else None,
         )
         for i, s in enumerate(inst.shards)
     ]
@@ -41,6 +45,8 @@ def instance_out(view: InstanceView) -> InstanceOut:
         layers_loaded=view.layers_loaded,
         layers_total=view.layers_total,
         shards=shards,
+        bytes_downloaded=sum(d.bytes_done for d in downloads if d),
+        bytes_to_download=sum(d.bytes_total for d in downloads if d),
     )
 
 

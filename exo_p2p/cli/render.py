@@ -146,9 +146,31 @@ def address_lines(nodes: list[dict]) -> list[str]:
     return lines
 
 
+def size_text(n: int | float) -> str:
+    """Bytes as KiB / MiB / GiB with one decimal (``"3.2 MiB"``)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def download_text(done: int, total: int, speed: float, width: int = 10) -> str:
+    """A text progress bar of a shard fetch: ``"downloading [####------] 40% 3.2 MiB/8.0 MiB at 1.5 MiB/s"``."""
+    frac = min(1.0, done / total) if total > 0 else 0.0
+    filled = int(round(frac * width))
+    return (f"downloading [{'#' * filled}{'-' * (width - filled)}] {frac * 100:.0f}% "
+            f"{size_text(done)}/{size_text(total)} at {size_text(speed)}/s")
+
+
 def instance_progress(inst: dict) -> str:
-    """``"ready"``, ``"loading 12/30 layers"`` or ``"failed: <reason>"``."""
+    """``"ready"``, ``"downloading [###-------] 30% ..."`` (shards fetched from peers first,
+    issue 13), ``"loading 12/30 layers"`` or ``"failed: <reason>"``."""
     status = inst.get("status") or "unknown"
+    downloading = [s for s in inst.get("shards") or [] if s.get("status") == "downloading"]
+    if status == "loading" and downloading:
+        return download_text(sum(s.get("bytes_done") or 0 for s in downloading),
+                             sum(s.get("bytes_total") or 0 for s in downloading),
+                             sum(s.get("bytes_per_second") or 0.0 for s in downloading))
     if status == "loading" and inst.get("layers_total"):
         return f"loading {inst.get('layers_loaded', 0)}/{inst['layers_total']} layers"
     if status == "failed" and inst.get("reason"):
@@ -164,7 +186,9 @@ def shard_line(shard: dict, names: dict[str, str] | None = None) -> str:
     )
     if shard.get("share_bytes") is not None:
         text += f" {gib(shard['share_bytes'])}"
-    if shard.get("status"):
+    if shard.get("status") == "downloading" and shard.get("bytes_total"):
+        text += f" downloading {size_text(shard.get('bytes_done') or 0)}/{size_text(shard['bytes_total'])}"
+    elif shard.get("status"):
         text += f" {shard['status']}"
     return text
 
@@ -223,11 +247,13 @@ def previews_table(model: str, previews: list[dict], names: dict[str, str] | Non
             nodes = p.get("nodes") or []
             layers = p.get("layers") or []
             sizes = p.get("bytes") or []
+            fetch = p.get("fetch_bytes") or []
             rows = []
             for i, node in enumerate(nodes):
                 layer = _layers_text(layers[i]) if i < len(layers) else "?"
                 size = gib(sizes[i]) if i < len(sizes) else "?"
-                rows.append(f"{short_id(node, names)}: {layer}, {size}")
+                fetched = f", fetches {size_text(fetch[i])} from peers" if i < len(fetch) and fetch[i] else ""
+                rows.append(f"{short_id(node, names)}: {layer}, {size}{fetched}")
             detail = "\n".join(rows) or "-"
         table.add_row(str(p.get("sharding", "")), world, detail)
     return table

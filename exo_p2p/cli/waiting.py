@@ -1,6 +1,7 @@
-"""Wait for a placed instance to be ready, showing its phase (preparing, connecting
-ranks, loading layers, warming up) and layers loaded / total as a progress bar whose clock
-keeps running until the instance is ready."""
+"""Wait for a placed instance to be ready, showing its phase (preparing, downloading shards,
+connecting ranks, loading layers, warming up) as a progress bar whose clock keeps running
+until the instance is ready: bytes fetched / total and the speed while some rank fetches its
+shard from peers (issue 13), then layers loaded / total."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from collections.abc import Callable
 from rich.console import Console
 from datetime import timedelta
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from exo_p2p.cli.client import ApiError, CliError, NodeClient
+from exo_p2p.cli.render import size_text
 
 POLL_INTERVAL = 0.5
 """Seconds between two ``GET /instances/{id}`` while waiting."""
@@ -21,6 +23,7 @@ POLL_INTERVAL = 0.5
 
 PHASES = (
     ("preparing", ("pending",)),  # importing the model file if needed, starting runners
+    ("downloading shards", ("downloading",)),  # a node lacking the model fetches its shard
     ("connecting ranks", ("idle", "connecting", "connected")),
     ("loading layers", ("loading",)),
     ("warming up", ("loaded", "warming_up")),
@@ -38,6 +41,27 @@ def instance_phase(instance: dict) -> str:
     order = {status: i for i, (_, statuses) in enumerate(PHASES) for status in statuses}
     ranks = [order[s["status"]] for s in instance.get("shards") or [] if s.get("status") in order]
     return PHASES[min(ranks)][0] if ranks else "loading layers"
+
+
+class _Amount(ProgressColumn):
+    """``M/N layers``, or while shards download ``3.2 MiB/8.0 MiB 1.5 MiB/s``."""
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("unit") == "bytes":
+            speed = task.fields.get("speed") or 0.0
+            return Text(f"{size_text(task.completed)}/{size_text(task.total or 0)} {size_text(speed)}/s",
+                        style="progress.download")
+        total = "?" if task.total is None else f"{int(task.total)}"
+        return Text(f"{int(task.completed)}/{total} layers", style="progress.download")
+
+
+def download_figures(instance: dict) -> tuple[int, int, float] | None:
+    """(bytes done, bytes total, bytes/s) summed over the shards downloading, or None."""
+    shards = [s for s in instance.get("shards") or [] if s.get("status") == "downloading"]
+    if not shards:
+        return None
+    return (sum(s.get("bytes_done") or 0 for s in shards), sum(s.get("bytes_total") or 0 for s in shards),
+            sum(s.get("bytes_per_second") or 0.0 for s in shards))
 
 
 class _Clock(ProgressColumn):
@@ -75,18 +99,24 @@ def wait_until_ready(
         TextColumn("[bold]{task.description}"),
         TextColumn("{task.fields[phase]}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("layers"),
+        _Amount(),
         _Clock(),
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task(str(instance.get("model", instance_id)), total=None, phase=instance_phase(instance))
+        task = progress.add_task(str(instance.get("model", instance_id)), total=None, phase=instance_phase(instance),
+                                 unit="layers", speed=0.0)
         shown_phase = None
         while True:
             total = current.get("layers_total") or None
             phase = instance_phase(current)
-            progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase)
+            download = download_figures(current)
+            if download is not None and download[1] > 0:
+                progress.update(task, total=download[1], completed=download[0], phase=phase, unit="bytes",
+                                speed=download[2])
+            else:
+                progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase,
+                                unit="layers")
             if phase != shown_phase and not console.is_terminal:
                 # no live bar outside a terminal: one line per phase instead
                 console.print(f"{instance.get('model', instance_id)}: {phase}")

@@ -10,6 +10,9 @@ Failures, and what bounds them:
 
 - a chunk failing verification: the sender is logged (``chunk failed verification``) and
   excluded for that chunk; the chunk goes back to the queue for another holder;
+- a holder answering that it does not hold that chunk (a partial copy publishes only that
+  it holds *some* chunks; its reply says ``is not held here``): that holder is excluded for
+  that chunk, without a strike;
 - a request error or a timeout (a stalled peer): the chunk goes back to the queue and the
   peer gets a strike; after ``max_peer_failures`` strikes in a row the peer is dropped for
   the rest of the fetch (a stalled peer costs at most ``max_peer_failures × chunk_timeout``
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from exo_p2p import defaults
 from exo_p2p.models.manifest import chunk_span, missing_chunks
 from exo_p2p.models.partial import ChunkVerificationError, PartialModel
 
@@ -34,6 +38,8 @@ log = structlog.get_logger(__name__)
 
 GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 """``get_chunk(peer_id, path, index) -> bytes``; may raise anything (counted as a failure)."""
+NOT_HELD = "is not held here"
+"""What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
 Progress = Callable[[int, int], None]
 """``on_progress(bytes_done, bytes_total)`` of the chunks this fetch wanted."""
 
@@ -42,12 +48,12 @@ Progress = Callable[[int, int], None]
 class FetchLimits:
     """Bounds of one fetch: ``streams_per_peer`` requests in flight per holder,
     ``chunk_timeout`` seconds per chunk request, ``max_peer_failures`` failed requests in a
-    row before a holder is dropped (see module docstring). Defaults: ``exo_p2p.models.fetch``
-    ``DEFAULT_LIMITS``."""
+    row before a holder is dropped (see module docstring). Defaults: ``exo_p2p.defaults``
+    ``MODEL_*``."""
 
-    streams_per_peer: int = 2
-    chunk_timeout: float = 30.0
-    max_peer_failures: int = 2
+    streams_per_peer: int = defaults.MODEL_STREAMS_PER_PEER
+    chunk_timeout: float = defaults.MODEL_CHUNK_TIMEOUT
+    max_peer_failures: int = defaults.MODEL_MAX_PEER_FAILURES
 
 
 DEFAULT_LIMITS = FetchLimits()
@@ -81,6 +87,7 @@ async def fetch_chunks(
     """Fetch every chunk of ``wanted`` (path -> indices) that ``partial`` does not hold yet.
 
     ``on_progress`` counts chunks already held as done (a resumed fetch starts past 0).
+    On return (or error) every chunk it verified is journaled (``PartialModel.flush``).
     Raises ``FetchError`` (module docstring); chunks verified before it stay held.
     """
     report = FetchReport()
@@ -128,7 +135,10 @@ async def fetch_chunks(
                 excluded.setdefault(key, set()).add(peer)
                 log.warning("chunk failed verification", peer=peer, path=path, index=index,
                             error=str(exc))
-            except (trio.TooSlowError, Exception) as exc:  # any failure of one request
+            except Exception as exc:  # any failure of one request (trio.TooSlowError too)
+                if NOT_HELD in str(exc) and not isinstance(exc, trio.TooSlowError):
+                    excluded.setdefault(key, set()).add(peer)  # a partial holder: ask another
+                    continue
                 strikes[peer] += 1
                 reason = (f"no answer within {limits.chunk_timeout} s"
                           if isinstance(exc, trio.TooSlowError) else f"{exc}")
@@ -151,14 +161,22 @@ async def fetch_chunks(
                 in_flight.discard(key)
                 changed()
 
-    async with trio.open_nursery() as nursery:
-        for peer in holders:
-            for _ in range(max(1, limits.streams_per_peer)):
-                nursery.start_soon(worker, peer)
+    try:
+        async with trio.open_nursery() as nursery:
+            for peer in holders:
+                for _ in range(max(1, limits.streams_per_peer)):
+                    nursery.start_soon(worker, peer)
+    finally:
+        # journal the last chunks now, not at the next checkpoint: what this fetch verified
+        # survives a crash right after it, so a restart never asks for it again
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial.flush)
     if todo:
         why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
         bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))
-        reasons = "; ".join(x for x in (why, bad) if x) or "no holders"
+        unheld = sum(1 for k in todo if set(holders) <= excluded.get(k, set()))
+        unheld_note = f"{unheld} chunks held by none of them" if unheld else ""
+        reasons = "; ".join(x for x in (why, bad, unheld_note) if x) or "no holders"
         raise FetchError(f"{len(todo)} chunks of {partial.manifest.name} could not be fetched "
                          f"(holders {', '.join(holders) or 'none'}: {reasons})")
     return report

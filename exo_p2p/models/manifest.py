@@ -165,7 +165,7 @@ def cached_manifest(model_dir: Path, name: str, cache_dir: Path) -> ModelManifes
     file's path, size and mtime are unchanged (one JSON file per model name).
 
     Raises: as ``build_manifest``."""
-    cache = cache_dir / f"{name}.manifest.json"
+    cache = cache_dir / f"{name.replace('/', '--')}.manifest.json"  # HF repo ids have a slash
     stamp = _stamp(model_dir)
     try:
         saved = json.loads(cache.read_text())

@@ -86,6 +86,12 @@ class PartialModel:
                 self._checkpoint()
                 self._journal.close()
 
+    def flush(self) -> None:
+        """Journal every chunk verified so far (a checkpoint now; see module docstring)."""
+        with self._lock:
+            if not self._journal.closed:
+                self._checkpoint()
+
     def _checkpoint(self) -> None:
         """Make the pending chunks durable, then journal them (caller holds the lock)."""
         if not self._pending:
@@ -150,7 +156,7 @@ class PartialModel:
         """The bytes of a verified chunk (to serve it to a peer). Raises ``KeyError`` when
         the chunk is not verified here."""
         if index not in self._held.get(path, set()):
-            raise KeyError(f"chunk {index} of {path} is not held")
+            raise KeyError(f"chunk {index} of {path} is not held here")
         start, end = chunk_span(self.manifest, path, index)
         target = self.root / path
         if not target.exists():

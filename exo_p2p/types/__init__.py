@@ -54,6 +54,7 @@ from exo_p2p.types.runner import (
     RunnerIdle,
     RunnerLoaded,
     RunnerLoading,
+    RunnerDownloading,
     RunnerReady,
     RunnerRunning,
     RunnerShutdown,

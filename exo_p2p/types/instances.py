@@ -70,6 +70,9 @@ class Instance(msgspec.Struct, frozen=True):
     the count of re-placement attempts again — the limit is for crash loops, not for a
     long-lived instance that outlives several node restarts."""
     settings: RankSettings | None = None
+    model_digest: str = ""
+    """The manifest digest of the placed model (issue 13): what a rank whose node lacks the
+    model fetches from the nodes holding it (``""``: placed by a master before manifests)."""
 
     @property
     def world_size(self) -> int:

@@ -1,5 +1,6 @@
 """Runner states (docs/architecture.md#rules): Idle → Connecting → Connected → Loading → Loaded →
-WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown; Failed from anywhere."""
+WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown; Failed from anywhere. A runner whose
+node lacks the model is Downloading before Idle (its shard's chunks come from peers; issue 13)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import msgspec
 
 class _Status(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
     pass
+
+
+class RunnerDownloading(_Status, tag="downloading"):
+    """The node fetches this rank's shard from peers: ``bytes_done`` of ``bytes_total``
+    (stored bytes of the shard's chunks, those already on disk counted as done) at
+    ``bytes_per_second`` (received since the fetch began ÷ its seconds); no runner process
+    exists yet (``worker.worker``)."""
+
+    bytes_done: int
+    bytes_total: int
+    bytes_per_second: float = 0.0
 
 
 class RunnerIdle(_Status, tag="idle"):
@@ -60,7 +72,8 @@ class RunnerFailed(_Status, tag="failed"):
 
 
 RunnerStatus = (
-    RunnerIdle
+    RunnerDownloading
+    | RunnerIdle
     | RunnerConnecting
     | RunnerConnected
     | RunnerLoading

@@ -158,7 +158,11 @@ export function previewPanel(state, { model, previews, loading, error, placing }
           h("td", {}, p.sharding, h("span", { class: "muted" }, ` × ${p.world_size}`)),
           h("td", {}, (p.nodes || []).map(label).join(" → ") || "—"),
           h("td", {}, (p.layers || []).join(" + ") || "—"),
-          h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—"),
+          h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—",
+            // bytes nodes lacking the model fetch from peers first (issue 13)
+            (p.fetch_bytes || []).some((n) => n > 0)
+              ? h("span", { class: "muted fetch" }, ` (fetches ${(p.fetch_bytes || []).map(formatBytes).join(" + ")})`)
+              : null),
           h("td", {}, p.error
             ? h("span", { class: "why" }, p.error)
             : h("button", { class: "confirm", disabled: placing, onclick: () => onConfirm(p) }, placing ? "Placing…" : "Place")),
@@ -197,7 +201,9 @@ export function instanceCards(state, views, ui) {
         ? h("div", { class: "error failure", role: "alert" }, v.reason || "failed (no reason given)")
         : h("div", { class: "progress-row" },
             h("progress", { class: "load", max: 1, value: fraction }),
-            h("span", { class: "progress-text" }, `${v.layers_loaded}/${v.layers_total} layers loaded`),
+            h("span", { class: "progress-text" }, v.bytes_to_download
+              ? `${formatBytes(v.bytes_downloaded)}/${formatBytes(v.bytes_to_download)} of shards downloaded`
+              : `${v.layers_loaded}/${v.layers_total} layers loaded`),
           ),
       h("table", { class: "shards" },
         h("thead", {}, h("tr", {}, h("th", {}, "rank"), h("th", {}, "layers"), h("th", {}, "node"), h("th", {}, "memory"), h("th", {}, "runner"))),

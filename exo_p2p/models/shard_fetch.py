@@ -1,0 +1,127 @@
+"""A rank's node fetches just its shard of a model it lacks, from the peers holding it (issue 13).
+
+What a rank fetches (``wanted_chunks``): for a pipeline rank of several, the chunks of
+``exo_p2p.models.manifest.shard_chunks`` (its layers' tensors, the embedding on rank 0, the
+final norm and head on the last rank, every config/tokenizer file); a single rank or a
+tensor-parallel rank fetches every chunk (a tensor rank slices every tensor).
+
+Where from (``holders``): the nodes whose profile publishes the instance's manifest digest
+(``Instance.model_digest``), complete copies first, then partial ones (another rank's node
+that fetched an overlapping shard: the config files, a tied embedding); this node is never
+its own holder. A partial holder lacking a chunk says so and the fetcher asks another
+(``exo_p2p.models.fetch``).
+
+Rounds (``fetch_shard``): a fetch that ends with ``FetchError`` (every holder dropped or
+lacking some chunk) is tried again after ``MODEL_FETCH_ROUND_PAUSE`` seconds with the
+holders State lists then (a holder that came back, a node that has fetched those chunks by
+now), at most ``MODEL_FETCH_ROUNDS`` rounds; chunks verified in earlier rounds (or before
+a restart: the partial copy's journal) are never fetched again. Then the error, naming the
+holders and why each was dropped, fails the runner (and so the instance).
+
+The result is ``PartialModel.shard_view``: a directory of the files this rank reads, in
+which every chunk it needs is verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from exo_p2p import defaults
+from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
+from exo_p2p.models.manifest import all_chunks, shard_chunks
+from exo_p2p.models.peer_transfer import fetch_manifest
+from exo_p2p.types import Instance, ShardMetadata, State
+from exo_p2p.types.manifest import ModelManifest
+
+log = structlog.get_logger(__name__)
+
+
+def holders(state: State, digest: str, me: str) -> list[str]:
+    """Nodes other than ``me`` publishing manifest ``digest``: complete copies first, then
+    partial ones, each group by node id (pure)."""
+    complete, partial = [], []
+    for node_id, profile in sorted(state.nodes.items()):
+        if node_id == me:
+            continue
+        for held in profile.held_models:
+            if held.digest == digest:
+                (complete if held.complete else partial).append(node_id)
+                break
+    return complete + partial
+
+
+def wanted_chunks(manifest: ModelManifest, instance: Instance, shard: ShardMetadata, *, tied: bool) -> dict[str, tuple[int, ...]]:
+    """File path -> chunk indices this rank reads (rule: module docstring). ``tied``: the
+    model's head is its embedding (``ModelCard.tie_word_embeddings``)."""
+    if instance.sharding == "tensor" or shard.world_size == 1:
+        return all_chunks(manifest)
+    return shard_chunks(manifest, start_layer=shard.start_layer, end_layer=shard.end_layer,
+                        n_layers=shard.n_layers, tied=tied)
+
+
+async def _manifest(depot: ModelDepot, net, digest: str, peers: list[str]) -> ModelManifest:  # type: ignore[no-untyped-def]
+    known = depot.manifest(digest)
+    if known is not None:
+        return known
+    errors = []
+    for peer in peers:
+        try:
+            return await fetch_manifest(net, peer, digest, timeout=defaults.MODEL_MANIFEST_TIMEOUT)
+        except Exception as exc:  # try the next holder
+            errors.append(f"{peer}: {exc}")
+    raise FetchError(f"no holder sent manifest {digest[:12]} ({'; '.join(errors) or 'no holders'})")
+
+
+async def fetch_shard(
+    depot: ModelDepot,
+    net,  # type: ignore[no-untyped-def]
+    me: str,
+    get_state: Callable[[], State],
+    instance: Instance,
+    shard: ShardMetadata,
+    *,
+    on_progress: Progress | None = None,
+    limits: FetchLimits = DEFAULT_LIMITS,
+    rounds: int = defaults.MODEL_FETCH_ROUNDS,
+    pause: float = defaults.MODEL_FETCH_ROUND_PAUSE,
+) -> Path:
+    """Fetch this rank's chunks of ``instance``'s model and return the directory to load
+    it from (rules: module docstring).
+
+    Raises:
+        FetchError: no holder left after ``rounds`` rounds, or none sent the manifest
+            (the message names the holders and why each failed).
+        ValueError: the instance names no manifest (placed by a master before manifests).
+    """
+    digest = instance.model_digest
+    if not digest:
+        raise ValueError(f"model {instance.model_id} is not on this node and its placement names no manifest to fetch")
+    card = get_state().model_cards.get(instance.model_id)
+    tied = bool(card.tie_word_embeddings) if card is not None else False
+    last: Exception | None = None
+    for attempt in range(max(1, rounds)):
+        if attempt:
+            await trio.sleep(pause)
+        peers = holders(get_state(), digest, me)
+        try:
+            manifest = await _manifest(depot, net, digest, peers)
+            wanted = wanted_chunks(manifest, instance, shard, tied=tied)
+            report = await depot.fetch(net, manifest, wanted, peers, limits=limits, on_progress=on_progress)
+        except FetchError as exc:
+            last = exc
+            log.warning("shard fetch round failed", instance_id=instance.instance_id, rank=shard.rank,
+                        round=attempt + 1, rounds=rounds, error=str(exc))
+            continue
+        log.info("shard fetched", instance_id=instance.instance_id, rank=shard.rank, model=instance.model_id,
+                 bytes=report.bytes_fetched, chunks=report.chunks_fetched, by_peer=report.bytes_by_peer,
+                 bad_chunks_by_peer=report.bad_chunks_by_peer)
+        partial = depot.partial(manifest)
+        return await trio.to_thread.run_sync(partial.shard_view, wanted, shard.runner_id)
+    assert last is not None
+    raise FetchError(f"shard of rank {shard.rank} not fetched after {rounds} rounds: {last}")
+

@@ -1,0 +1,84 @@
+"""Placement on nodes that lack the model: which may fetch it, and the disk their shard needs (issue 13).
+
+Rules (pure, from ``State`` and the ``ModelCard``):
+
+- **Holders**: a node holds the model when ``model_id`` is in its ``NodeProfile.models``
+  (its own copy), or when it publishes a complete copy of the chosen manifest (a copy it
+  fetched earlier); it loads from disk and fetches nothing.
+- **Fetchers**: a node that does not hold it may still be a candidate when (a) some node
+  publishes a *complete* manifest of the model (``master.model_identity.chosen_digest``:
+  a source to fetch from exists) and (b) its profile reports the free disk of its models dir
+  (``NodeProfile.models_disk_free``; None, as from nodes before it: not a candidate). The
+  memory rule is unchanged (``master.placement``).
+- **Bytes a rank fetches** (``shard_fetch_bytes``): a pipeline rank the stored bytes of its
+  layers plus the non-layer tensors it loads (``placement_split.non_layer_bytes_of_rank``:
+  the embedding on rank 0, the final norm and head on the last rank); a tensor rank the
+  whole model (every rank needs part of every tensor, fetched whole). Config and tokenizer
+  files are not in the card and not counted (kilobytes to a few MB). A node with a partial
+  copy from an earlier instance is counted as fetching everything of its shard (State does
+  not say which chunks it has), so the check errs towards refusing, never towards filling
+  a disk.
+- **Disk**: a fetcher's ``models_disk_free`` must be at least ``disk_needed(fetch)`` =
+  ``fetch`` plus ``FETCH_DISK_HEADROOM_PERCENT`` (10%, integers rounded up), the same headroom as
+  memory.
+"""
+
+from __future__ import annotations
+
+from exo_p2p.defaults import FETCH_DISK_HEADROOM_PERCENT
+from exo_p2p.types import ModelCard, NodeId, Sharding, State
+from master.model_identity import chosen_digest
+from master.placement_split import non_layer_bytes_of_rank
+
+
+def holds_model(state: State, node: NodeId, model_id: str) -> bool:
+    """Whether ``node`` has a complete copy of ``model_id`` (rule: module docstring)."""
+    profile = state.nodes.get(node)
+    if profile is None:
+        return False
+    if model_id in profile.models:
+        return True
+    digest = fetch_source_digest(state, model_id)
+    return digest is not None and any(h.digest == digest and h.complete for h in profile.held_models)
+
+
+def fetch_source_digest(state: State, model_id: str) -> str | None:
+    """The manifest digest a fetcher would fetch (None: no node publishes a complete
+    manifest of ``model_id``, so nothing can be fetched)."""
+    return chosen_digest(state, model_id)
+
+
+def fetcher_problem(state: State, node: NodeId, model_id: str) -> str | None:
+    """Why ``node``, which lacks ``model_id``, cannot fetch it; None when it can (rule (a)
+    and (b) of the module docstring)."""
+    if fetch_source_digest(state, model_id) is None:
+        return f"does not hold model {model_id} and no node publishes a complete copy to fetch from"
+    if state.nodes[node].models_disk_free is None:
+        return f"does not hold model {model_id} and does not report its free disk"
+    return None
+
+
+def shard_fetch_bytes(card: ModelCard, sharding: Sharding, rank: int, world_size: int,
+                      start_layer: int, end_layer: int) -> int:
+    """Stored bytes rank ``rank`` of ``world_size`` (layers ``[start_layer, end_layer)``)
+    fetches when its node lacks the model (rule: module docstring)."""
+    if sharding == "tensor" or world_size == 1:
+        return card.storage_size
+    layers = sum(card.layer_bytes[start_layer:end_layer])
+    return layers + non_layer_bytes_of_rank(card, rank, world_size, sharding)
+
+
+def disk_needed(fetch_bytes: int) -> int:
+    """Free disk bytes a node needs to fetch ``fetch_bytes``: plus ``FETCH_DISK_HEADROOM_PERCENT``,
+    rounded up (integers)."""
+    return -(-fetch_bytes * (100 + FETCH_DISK_HEADROOM_PERCENT) // 100)
+
+
+def disk_problem(state: State, node: NodeId, fetch_bytes: int) -> tuple[int, int] | None:
+    """``(need, have)`` free disk bytes when ``node`` cannot store ``fetch_bytes``; None when
+    it can (or fetches nothing)."""
+    if fetch_bytes <= 0:
+        return None
+    have = state.nodes[node].models_disk_free or 0
+    need = disk_needed(fetch_bytes)
+    return (need, have) if have < need else None
