@@ -115,6 +115,9 @@ class NodeConfig(msgspec.Struct):
     prompt_cache_bytes: int = 0
     """Bytes of finished conversations' KV a single-rank runner keeps for reuse
     (``--prompt-cache-bytes``; 0: no prompt cache)."""
+    kv_cache_bytes: int | None = None
+    """Bytes of KV cache each runner's batch may hold (``--kv-cache-bytes``; None: what the
+    node's memory leaves beside its placed shards, see ``worker.worker``)."""
     """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
     mdns: bool = True
     compact_every: int = 20_000

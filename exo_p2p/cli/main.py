@@ -264,6 +264,10 @@ def node(
         Optional[int],
         typer.Option(min=0, envvar=node_env("PROMPT_CACHE_BYTES"), metavar="BYTES", help="KV of finished conversations a single-rank runner keeps (LRU) so a request extending one prefills only its new tokens (default: 0, off)."),
     ] = None,
+    kv_cache_bytes: Annotated[
+        Optional[int],
+        typer.Option(min=0, envvar=node_env("KV_CACHE_BYTES"), metavar="BYTES", help="KV cache a runner's batch may hold: a request joins the batch only when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 out_of_memory (default: what the node's memory leaves beside its placed shards)."),
+    ] = None,
     cpu_weights: Annotated[
         Optional[str],
         typer.Option(envvar=node_env("CPU_WEIGHTS"), metavar="auto|float32|stored", help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
@@ -330,6 +334,7 @@ def node(
         prefill_chunk_size=values["prefill_chunk_size"],
         max_batch=values["max_batch"],
         prompt_cache_bytes=values["prompt_cache_bytes"],
+        kv_cache_bytes=values["kv_cache_bytes"],
         mdns=not values["no_mdns"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],

@@ -38,6 +38,11 @@ ends (end-of-turn, stop string, max_tokens, cancel) leaves at once and its KV ro
 dropped. Greedy and seeded output equals the request's output alone, token for token
 (tests/test_batch.py). Every rank of a multi-rank instance holds the same rows in the same
 order: the steps only depend on the agreed requests, cancels and the shared tokens.
+Memory: a request joins only when the KV it can grow to (prompt + its token budget, bounded
+by the context) fits beside the batch's within ``kv_capacity_tokens``
+(``worker.engine.batch_memory``); otherwise it waits at the head of the queue (later requests
+wait behind it: first come, first served), and one that cannot fit even alone ends at once
+with a 503 ``out_of_memory``.
 Choice (not measured against per-sequence caches): left-padding, since one batched
 attention call per layer keeps the decode step one forward pass; the padding costs at most
 the length difference between the longest and the shortest row.
@@ -69,6 +74,7 @@ from exo_p2p.types.chunks import (
 )
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import ChatMessage, GenerationParams
+from worker.engine.batch_memory import RowKV, join_verdict, peak_batch_tokens
 from worker.engine.forward import Forward, forward, generation_stream, new_cache
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage
@@ -167,6 +173,14 @@ class _Active:
         """The original prompt's tokens (without resumed ones)."""
         return int(self.prompt.size) - self.resumed
 
+    def kv(self) -> RowKV:
+        """The KV (tokens) this sequence holds once in the batch and may still add: its
+        prompt (resumed tokens included) and the tokens fed after it; at most the prompt
+        plus ``max_new`` (clamped to the context) in all (``batch_memory``)."""
+        used = int(self.prompt.size) + len(self.fed)
+        final = int(self.prompt.size) + self.max_new - self.resumed
+        return RowKV(used, max(0, final - used))
+
 
 @dataclass
 class _CachedPrefix:
@@ -181,6 +195,8 @@ class _CachedPrefix:
 class _Queued:
     request: GenerationRequest
     submitted_at: float
+    prepared: _Active | None = None
+    """Tokenized and checked, waiting for room in the batch's KV (batch path)."""
 
 
 def _error(task_id: TaskId, status: int, message: str, *, param: str | None = None,
@@ -227,6 +243,11 @@ class Generator:
     prompt_cache_bytes: int = 0
     """Bytes of finished sequences' KV kept for reuse (LRU; 0: no prompt cache). Batch path on
     a single rank only (``LocalStage``): ranks would have to agree on the reused length."""
+    kv_capacity_tokens: int | None = None
+    """Tokens of KV the batch may hold (``batch_memory``: the same on every rank; the runner
+    sets it from its KV budget); None: no memory check. A sequence joins only when the KV it
+    can grow to fits beside the batch's, else waits; one that cannot fit alone is refused
+    with a 503 ``out_of_memory``."""
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
@@ -310,9 +331,28 @@ class Generator:
             return (active is None and bool(self._queue)) or (active is not None and active.next_token is None)
 
     def _room(self) -> bool:
-        """Whether a queued request may be accepted now (lock held): nothing prefilling and
-        fewer than ``max_batch`` sequences in the batch."""
-        return self._prefilling is None and len(self._rows) < self.max_batch
+        """Whether a queued request may be accepted now (lock held): nothing prefilling,
+        fewer than ``max_batch`` sequences in the batch, and the head of the queue is not
+        waiting for KV memory (``_verdict``)."""
+        if self._prefilling is not None or len(self._rows) >= self.max_batch:
+            return False
+        head = self._queue[0].prepared if self._queue else None
+        return head is None or self._verdict(head) != "wait"
+
+    def _verdict(self, candidate: _Active) -> str:
+        """``batch_memory.join_verdict`` of ``candidate`` against the batch's rows."""
+        if candidate.completion_tokens >= candidate.max_new:
+            return "join"  # a resumed request with nothing left to generate: no KV
+        return join_verdict(candidate.kv(), [row.kv() for row in self._rows], self.kv_capacity_tokens)
+
+    def _out_of_memory(self, candidate: _Active) -> ErrorChunk:
+        need = peak_batch_tokens([candidate.kv()])
+        req = candidate.request
+        return _error(req.task_id, 503,
+                      f"out of memory: the prompt ({candidate.prompt_tokens} tokens) and its token budget "
+                      f"({candidate.max_new} tokens: max_tokens or the context) need up to {need} tokens of KV cache, "
+                      f"but the runners of model {self.model_id} can hold {self.kv_capacity_tokens} tokens; "
+                      "shorten the prompt or lower max_tokens", param="messages", code="out_of_memory")
 
     @property
     def active_task_id(self) -> TaskId | None:
@@ -362,6 +402,14 @@ class Generator:
         return out
 
     def _accept(self, queued: _Queued) -> Chunk:
+        prepared = self._prepare(queued)
+        if isinstance(prepared, _Active):
+            return self._start(prepared)
+        return prepared
+
+    def _prepare(self, queued: _Queued) -> _Active | ErrorChunk:
+        """Tokenize and check ``queued`` and make its generation state (no model work); an
+        ``ErrorChunk`` when it cannot run (see the module docstring)."""
         req, tok = queued.request, self.loaded.tokenizer
         if req.prompt is not None:
             ids = list(tok.encode(req.prompt))
@@ -393,9 +441,7 @@ class Generator:
         if resumed and (len(resumed) > max_new or not all(isinstance(t, int) and t >= 0 for t in resumed)):
             return _error(req.task_id, 400, f"cannot resume after {len(resumed)} tokens: at most {max_new} "
                           "completion tokens fit (max_tokens or the context)", param="resume_tokens")
-        prompt_ids = ids
-        ids = ids + resumed
-        prompt = mx.array(ids, dtype=mx.int32)
+        prompt = mx.array(ids + resumed, dtype=mx.int32)
         seed = seed_for(req.origin_task_id or req.task_id, req.seed)
         active = _Active(
             request=req,
@@ -418,12 +464,19 @@ class Generator:
         for token in resumed:  # the state the stream had when it moved; its text was sent
             active.detokenizer.add_token(token)
             active.stops.feed(active.detokenizer.last_segment)
-        if resumed and active.completion_tokens >= active.max_new:
+        return active
+
+    def _start(self, active: _Active) -> Chunk:
+        """Serve the prepared ``active`` (it prefills from the next step on)."""
+        req = active.request
+        prompt_ids = active.prompt_tokens
+        ids = [int(t) for t in active.prompt.tolist()] if self._caching else []
+        if active.resumed and active.completion_tokens >= active.max_new:
             # every allowed token was sent before the move (the last one's chunk carried the
             # flushed text too); only the end was lost
             with self._lock:
                 self._outbox.append(self._finish_unstarted(active))
-            return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(prompt_ids))
+            return PrefillProgressChunk(task_id=req.task_id, processed=0, total=prompt_ids)
         if self.max_batch > 1:
             self._reuse_prefix(active, ids)
         with self._lock:
@@ -432,7 +485,7 @@ class Generator:
                 self._prefilling = active
             else:
                 self._active = active
-        return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(prompt_ids))
+        return PrefillProgressChunk(task_id=req.task_id, processed=0, total=prompt_ids)
 
     def _vocab_size(self) -> int:
         """Rows of the model's output (the ids a logit bias may name)."""
@@ -575,9 +628,10 @@ class Generator:
                 self._set_prefilling(None)
             if queued is not None:
                 try:
-                    out.append(self._accept(queued))
+                    out.extend(self._admit(queued))
                 except Exception as e:
                     out.append(_error(queued.request.task_id, 500, f"generation failed: {e!r}"))
+                    queued = None
         finally:
             if queued is not None:
                 with self._lock:
@@ -600,6 +654,28 @@ class Generator:
                     out.append(_error(row.request.task_id, 500, f"generation failed: {e!r}"))
                 self._drop_rows(list(range(len(self._rows))))
         return out
+
+    def _admit(self, queued: _Queued) -> list[Chunk]:
+        """Accept ``queued`` into the batch when its KV fits (``_verdict``): it starts
+        prefilling; when it does not fit yet it goes back to the head of the queue (checked
+        again once rows leave); when it can never fit it ends with the 503."""
+        if queued.prepared is None:
+            prepared = self._prepare(queued)
+            if not isinstance(prepared, _Active):
+                return [prepared]
+            queued.prepared = prepared
+        active = queued.prepared
+        verdict = self._verdict(active)
+        if verdict == "never":
+            return [self._out_of_memory(active)]
+        if verdict == "wait":
+            with self._lock:
+                if self._accepting_cancelled:
+                    return [FinishChunk(task_id=active.request.task_id, finish_reason="cancelled",
+                                        prompt_tokens=0, completion_tokens=0)]
+                self._queue.appendleft(queued)
+            return []
+        return [self._start(active)]
 
     def _set_prefilling(self, active: _Active | None) -> None:
         with self._lock:

@@ -125,6 +125,7 @@ class RunnerProcess:
         self.group = None
         self.agreement = None
         self.all_gather = None
+        self.kv_capacity: int | None = None  # tokens of batch KV this rank can hold (None: unbounded)
         self.check_every = 1
         self.steps_since_round = 0
         self.decode_steps = 0
@@ -284,6 +285,12 @@ class RunnerProcess:
         self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size,
                                    max_batch=self.setup.max_batch,
                                    prompt_cache_bytes=self.setup.prompt_cache_bytes)
+        from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
+
+        self.kv_capacity = capacity_tokens(self.setup.kv_budget_bytes, self.setup.prompt_cache_bytes,
+                                           model_kv_bytes_per_token(loaded.model))
+        if not self.multi:
+            self.generator.kv_capacity_tokens = self.kv_capacity
         mx.synchronize()
         self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
 
@@ -307,9 +314,14 @@ class RunnerProcess:
                 if isinstance(chunk, FinishChunk):
                     tps = chunk.decode_tokens_per_second
         if self.multi:
+            # the pace and the batch's KV capacity (tokens; the smallest rank's) are the same on every rank
             assert self.all_gather is not None
-            row = np.array([check_every_for(tps)], dtype=np.int64)
-            self.check_every = int(self.all_gather(row).min())  # the same on every rank
+            unbounded = np.iinfo(np.int64).max
+            capacity = unbounded if self.kv_capacity is None else self.kv_capacity
+            row = np.array([check_every_for(tps), capacity], dtype=np.int64)
+            agreed = self.all_gather(row).min(axis=0)
+            self.check_every = int(agreed[0])
+            self.generator.kv_capacity_tokens = None if int(agreed[1]) == unbounded else int(agreed[1])
 
     def make_pipeline(self) -> None:
         """Make the generator a pipeline or tensor rank (a collective: every rank, same

@@ -31,6 +31,9 @@ class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     prefill_chunk_size: int = 32
     max_batch: int = 1
     prompt_cache_bytes: int = 0
+    kv_budget_bytes: int | None = None
+    """Bytes of KV cache the runner's batch (and prompt cache) may hold: joins are checked
+    against it (``worker.engine.batch_memory``); None: no check."""
     heartbeat_interval: float = 1.0
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 
