@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from exo_p2p.types.chunks import (
     Chunk,
@@ -259,6 +260,14 @@ class Generator:
     _batch_cache: list[Any] | None = field(default=None, init=False, repr=False)
     _batch_y: mx.array | None = field(default=None, init=False, repr=False)
     _prefixes: OrderedDict[int, _CachedPrefix] = field(default_factory=OrderedDict, init=False, repr=False)
+    prompt_cache_tokens: int | None = None
+    """The prompt cache's bound in tokens (a multi-rank instance: the smallest rank's, agreed,
+    so every rank keeps and evicts the same entries); None: ``prompt_cache_bytes`` bounds it."""
+    reuse_gather: Callable[[np.ndarray], np.ndarray] | None = None
+    """A multi-rank instance's all-gather (``int64 [W] -> [world, W]``, a collective): the
+    prompt cache is then used on every rank and the reused prefix length is rank 0's, agreed
+    at each accept (the same step on every rank). None on a single rank."""
+    _prefix_keys: int = field(default=0, init=False, repr=False)
     prefilled_tokens: int = field(default=0, init=False)
     """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
 
@@ -485,7 +494,8 @@ class Generator:
                 self._prefilling = active
             else:
                 self._active = active
-        return PrefillProgressChunk(task_id=req.task_id, processed=0, total=prompt_ids)
+        # the prompt tokens the prompt cache provided count as processed (``reused``)
+        return PrefillProgressChunk(task_id=req.task_id, processed=min(active.reused, prompt_ids), total=prompt_ids)
 
     def _vocab_size(self) -> int:
         """Rows of the model's output (the ids a logit bias may name)."""
@@ -741,11 +751,20 @@ class Generator:
         self._drop_rows(ended)
         return out
 
-    # -- the prompt cache (batch path, single rank) ------------------------------------------
+    # -- the prompt cache (batch path) ----------------------------------------------------------
 
     @property
     def _caching(self) -> bool:
-        return self.prompt_cache_bytes > 0 and isinstance(self.stage, LocalStage)
+        if self.max_batch < 2 or self.prompt_cache_bytes <= 0:
+            return False
+        return isinstance(self.stage, LocalStage) or self.reuse_gather is not None
+
+    def _over_cache_bound(self, extra_tokens: int = 0, extra_bytes: int = 0) -> bool:
+        """Whether the prompt cache (plus an entry of ``extra_*``) exceeds its bound: tokens
+        (``prompt_cache_tokens``, the same on every rank) when set, else bytes."""
+        if self.prompt_cache_tokens is not None:
+            return sum(len(p.tokens) for p in self._prefixes.values()) + extra_tokens > self.prompt_cache_tokens
+        return self.prompt_cache_nbytes + extra_bytes > self.prompt_cache_bytes
 
     @property
     def prompt_cache_nbytes(self) -> int:
@@ -762,17 +781,19 @@ class Generator:
         if cache and cache[0].offset != len(tokens):
             return  # not the tokens we think it holds: never reuse it
         nbytes = sum(c.nbytes for c in cache)
-        if nbytes > self.prompt_cache_bytes:
-            return
+        self._prefix_keys += 1
+        if self._over_cache_bound(len(tokens), nbytes) and not self._prefixes:
+            return  # larger than the whole cache
         mx.eval([c.state for c in cache])
-        self._prefixes[id(cache[0])] = _CachedPrefix(tokens, cache, nbytes)
-        while self.prompt_cache_nbytes > self.prompt_cache_bytes:
+        self._prefixes[self._prefix_keys] = _CachedPrefix(tokens, cache, nbytes)
+        while self._over_cache_bound():
             self._prefixes.popitem(last=False)
 
     def _reuse_prefix(self, active: _Active, ids: Sequence[int]) -> None:
         """Start ``active`` from the cached entry sharing the longest prefix with its prompt
-        ``ids`` (at most all but the last prompt token: that one yields the first token)."""
-        if not self._caching or not self._prefixes:
+        ``ids`` (at most all but the last prompt token: that one yields the first token).
+        On a multi-rank instance a collective (every rank accepts at the same step)."""
+        if not self._caching:
             return
         best_key, best = None, 0
         for key, entry in self._prefixes.items():
@@ -783,7 +804,12 @@ class Generator:
                 n += 1
             if n > best:
                 best_key, best = key, n
-        best = min(best, len(ids) - 1)
+        best = min(best, len(ids) - 1) if best_key is not None else 0
+        if self.reuse_gather is not None:
+            # rank 0 decides the reused length; a rank holding less (it should not: the
+            # bound is in tokens, so every rank keeps the same entries) lowers it for all
+            proposals = self.reuse_gather(np.array([best], dtype=np.int64)).reshape(-1)
+            best = int(proposals.min())  # rank 0's length, or less
         if best_key is None or best < 1:
             return
         self._prefixes.move_to_end(best_key)

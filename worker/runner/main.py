@@ -126,6 +126,7 @@ class RunnerProcess:
         self.agreement = None
         self.all_gather = None
         self.kv_capacity: int | None = None  # tokens of batch KV this rank can hold (None: unbounded)
+        self.prompt_cache_tokens = 0  # the prompt cache's bound on this rank (tokens; 0: off)
         self.check_every = 1
         self.steps_since_round = 0
         self.decode_steps = 0
@@ -287,8 +288,10 @@ class RunnerProcess:
                                    prompt_cache_bytes=self.setup.prompt_cache_bytes)
         from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
 
-        self.kv_capacity = capacity_tokens(self.setup.kv_budget_bytes, self.setup.prompt_cache_bytes,
-                                           model_kv_bytes_per_token(loaded.model))
+        kv_per_token = model_kv_bytes_per_token(loaded.model)
+        self.kv_capacity = capacity_tokens(self.setup.kv_budget_bytes, self.setup.prompt_cache_bytes, kv_per_token)
+        # the prompt cache's bound in tokens (agreed between ranks at warm-up; 0: off)
+        self.prompt_cache_tokens = self.setup.prompt_cache_bytes // kv_per_token if kv_per_token and self.setup.max_batch > 1 else 0
         if not self.multi:
             self.generator.kv_capacity_tokens = self.kv_capacity
         mx.synchronize()
@@ -318,10 +321,15 @@ class RunnerProcess:
             assert self.all_gather is not None
             unbounded = np.iinfo(np.int64).max
             capacity = unbounded if self.kv_capacity is None else self.kv_capacity
-            row = np.array([check_every_for(tps), capacity], dtype=np.int64)
+            row = np.array([check_every_for(tps), capacity, self.prompt_cache_tokens], dtype=np.int64)
             agreed = self.all_gather(row).min(axis=0)
             self.check_every = int(agreed[0])
             self.generator.kv_capacity_tokens = None if int(agreed[1]) == unbounded else int(agreed[1])
+            if int(agreed[2]) > 0:  # every rank keeps a prompt cache: rank 0 decides each reuse
+                self.generator.prompt_cache_tokens = int(agreed[2])
+                self.generator.reuse_gather = self.all_gather
+            else:
+                self.generator.prompt_cache_bytes = 0
 
     def make_pipeline(self) -> None:
         """Make the generator a pipeline or tensor rank (a collective: every rank, same

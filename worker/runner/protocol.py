@@ -22,7 +22,7 @@ MAX_FRAME = 64 * 1024 * 1024
 class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     """What a runner needs before any task: its instance and shard, the model directory,
     the prefill chunk size (tokens), the batch limit (sequences), the prompt cache's bound
-    (bytes; single rank only), the heartbeat interval
+    (bytes; on a multi-rank instance the smallest rank's, in tokens), the heartbeat interval
     (seconds), and test fault hooks."""
 
     instance: Instance
