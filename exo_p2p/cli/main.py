@@ -258,7 +258,7 @@ def node(
     ] = None,
     max_batch: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 1, one request at a time; 16 is a good value: batching is opt-in until a joining sequence's KV is checked against memory); the master fixes its value in each instance it places, for every rank."),
+        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 16; 1: one request at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each instance it places, for every rank."),
     ] = None,
     prompt_cache_bytes: Annotated[
         Optional[int],
