@@ -508,12 +508,14 @@ class Generator:
         assert self.stage is not None
         return self.stage.next_token(self.loaded.model, tokens[None], active.cache, active.sampler)
 
-    def _prefill_step(self, active: _Active) -> list[Chunk]:
+    def _prefill_step(self, active: _Active, limit: int | None = None) -> list[Chunk]:
+        """Prefill one chunk of at most ``prefill_chunk_size`` (and ``limit``) prompt tokens;
+        the prompt's last token is fed with the first token's sampling (``next_token``)."""
         total = int(active.prompt.size)  # resumed tokens included: they are prefilled too
         out: list[Chunk] = []
         with mx.stream(generation_stream):
             if total - active.processed > 1:
-                n = min(self.prefill_chunk_size, total - active.processed - 1)
+                n = min(self.prefill_chunk_size, limit or self.prefill_chunk_size, total - active.processed - 1)
                 chunk = active.prompt[active.processed : active.processed + n]
                 assert self.stage is not None
                 self.stage.prefill(self.loaded.model, chunk[None], active.cache)
@@ -615,47 +617,59 @@ class Generator:
         holds the same requests in the same order and the same tokens):
 
         1. sequences cancelled since the last step leave (their ``FinishChunk``);
-        2. when nothing prefills and the batch has room, the next queued request is accepted;
-        3. the prefilling sequence (its own KV cache, batch size 1) prefills one chunk;
-        4. one decode step of the batch: a sequence whose prefill just ended joins (its cache
-           merged in as a new left-padded row), every row is fed its last token in one
-           forward pass, each row's token is read and consumed, and rows that ended leave
-           at once (their KV rows dropped).
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens this step: while
+           the batch has room, the next queued request is accepted (when its KV fits, see
+           ``_admit``) and prefilled (its own KV cache, batch size 1); a sequence whose
+           prefill ends joins the batch at once (its cache merged in as a new left-padded
+           row) and the next one may follow in the same step; a prompt longer than what is
+           left of the budget goes on next step;
+        3. one decode step of the batch: every row is fed its last token in one forward
+           pass, each row's token is read and consumed, and rows that ended leave at once
+           (their KV rows dropped).
         """
         with self._lock:
             out, self._outbox = self._outbox, []
-            queued = self._queue.popleft() if self._queue and self._room() else None
-            if queued is not None:
-                self._accepting, self._accepting_cancelled = queued.request.task_id, False
-        try:
-            gone = [i for i, row in enumerate(self._rows) if row.cancel_requested]
-            for i in gone:
-                out.append(self._finish(self._rows[i], "cancelled"))
-            self._drop_rows(gone)
-            pre = self._prefilling
-            if pre is not None and pre.cancel_requested:
-                out.append(self._finish(pre, "cancelled"))
-                self._set_prefilling(None)
-            if queued is not None:
+        gone = [i for i, row in enumerate(self._rows) if row.cancel_requested]
+        for i in gone:
+            out.append(self._finish(self._rows[i], "cancelled"))
+        self._drop_rows(gone)
+        budget = self.prefill_chunk_size
+        while budget > 0:
+            if self._prefilling is None:
+                with self._lock:
+                    queued = self._queue.popleft() if self._queue and self._room() else None
+                    if queued is None:
+                        break
+                    self._accepting, self._accepting_cancelled = queued.request.task_id, False
                 try:
                     out.extend(self._admit(queued))
                 except Exception as e:
                     out.append(_error(queued.request.task_id, 500, f"generation failed: {e!r}"))
-                    queued = None
-        finally:
-            if queued is not None:
-                with self._lock:
-                    self._accepting = None
-        pre = self._prefilling
-        if pre is not None and pre.cancel_requested:
-            out.append(self._finish(pre, "cancelled"))
-            self._set_prefilling(None)
-        elif pre is not None and pre.next_token is None and queued is None:
+                finally:
+                    with self._lock:
+                        self._accepting = None
+                        waiting = bool(self._queue) and self._queue[0] is queued
+                if waiting:
+                    break
+                continue  # started (prefilling now) or ended at once
+            pre = self._prefilling
+            if pre.cancel_requested:
+                out.append(self._finish(pre, "cancelled"))
+                self._set_prefilling(None)
+                continue
+            if pre.next_token is not None:
+                break
+            before = pre.processed
             try:
-                out.extend(self._prefill_step(pre))
+                out.extend(self._prefill_step(pre, budget))
             except Exception as e:
                 self._set_prefilling(None)
                 out.append(_error(pre.request.task_id, 500, f"generation failed: {e!r}"))
+                continue
+            budget -= pre.processed - before
+            if pre.next_token is None:
+                break  # the rest of its prompt next step
+            self._join()
         if self._rows or (self._prefilling is not None and self._prefilling.next_token is not None):
             try:
                 out.extend(self._batch_decode())
