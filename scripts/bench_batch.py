@@ -10,7 +10,7 @@ Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded m
   decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and its ratio
   to a lone stream;
 - TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance);
-- with ``--prompt-cache-bytes`` > 0 (1 node): second-turn TTFT of a conversation whose
+- with ``--prompt-cache-bytes`` > 0: second-turn TTFT of a conversation whose
   first turn ran (its KV cached) vs a second turn of the same length whose first turn never
   ran here (nothing cached: the whole prompt is prefilled).
 
@@ -200,7 +200,7 @@ def main() -> int:
                 wait_until(lambda: converged(nodes, 2), 60, what="2-node cluster")
             a.place_and_wait(MODEL, timeout=900, **({"min_nodes": 2} if args.nodes == 2 else {}))
             concurrent(a.url, 1, 4)  # warm up
-            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 and args.nodes == 1 else None
+            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 else None
             if turns is not None:
                 print(f"second turn TTFT: first turn cached {turns[0]:.3f} s, nothing cached {turns[1]:.3f} s, "
                       f"ratio {turns[0] / turns[1]:.2f}", flush=True)
