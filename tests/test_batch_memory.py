@@ -290,3 +290,28 @@ def test_a_batching_instance_agrees_four_times_as_often() -> None:
     assert check_every_for(8.0, round_seconds(16)) == 2 < check_every_for(8.0, round_seconds(1)) == 8
     assert check_every_for(1000.0, round_seconds(16)) == MAX_CHECK_EVERY
     assert check_every_for(1.0, round_seconds(16)) == 1
+
+
+def test_sample_rows_draws_plain_greedy_rows_with_one_argmax_alike() -> None:
+    """``sample_rows``' shortcut (one ``argmax`` for plain greedy rows) draws what each row's
+    own sampler draws: all plain greedy, and mixed with seeded and penalised rows."""
+    import mlx.core as mx
+
+    from worker.engine.pipeline import sample_rows
+    from worker.engine.sampling import Sampler
+
+    logits = mx.random.normal((5, 50), key=mx.random.key(3))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def make(kind: str, i: int) -> Sampler:
+        if kind == "greedy":
+            return Sampler(0.0, 1.0, i)
+        if kind == "penalty":
+            return Sampler(0.0, 1.0, i, repetition_penalty=1.5, prompt=[int(mx.argmax(logprobs[i]).item())])
+        return Sampler(0.9, 1.0, 100 + i, prompt=[1, 2, 3])
+
+    for kinds in (["greedy"] * 5, ["greedy", "seeded", "greedy", "penalty", "seeded"]):
+        batch = sample_rows([make(k, i) for i, k in enumerate(kinds)], logprobs).tolist()
+        alone = [make(k, i)(logprobs[i : i + 1]).item() for i, k in enumerate(kinds)]
+        assert batch == alone, kinds
+    assert make("greedy", 0).plain_greedy and not make("penalty", 1).plain_greedy and not make("seeded", 2).plain_greedy
