@@ -111,11 +111,14 @@ class NodeConfig(msgspec.Struct):
     max_moves: int = 2
     """Times a request may move to another instance after a failure (``exo_p2p.api.resume``)."""
     prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
-    max_batch: int = 1
-    prompt_cache_bytes: int = 0
-    """Bytes of finished conversations' KV a single-rank runner keeps for reuse
-    (``--prompt-cache-bytes``; 0: no prompt cache)."""
+    max_batch: int = 16
     """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
+    prompt_cache_bytes: int = 0
+    """Bytes of finished conversations' KV a runner keeps for reuse (``--prompt-cache-bytes``;
+    0: no prompt cache; a multi-rank instance keeps the smallest rank's bound, in tokens)."""
+    kv_cache_bytes: int | None = None
+    """Bytes of KV cache each runner's batch may hold (``--kv-cache-bytes``; None: what the
+    node's memory leaves beside its placed shards, see ``worker.worker``)."""
     mdns: bool = True
     compact_every: int = 20_000
     cpu_weights: str = "auto"

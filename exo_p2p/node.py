@@ -101,6 +101,7 @@ class Node:
             prefill_chunk_size=config.prefill_chunk_size,
             max_batch=config.max_batch,
             prompt_cache_bytes=config.prompt_cache_bytes,
+            kv_cache_bytes=config.kv_cache_bytes,
             fault_hooks=config.fault_hooks,
             runner_env=self._runner_environment(),
             fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (issue 13)

@@ -10,7 +10,7 @@ Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded m
   decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and its ratio
   to a lone stream;
 - TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance);
-- with ``--prompt-cache-bytes`` > 0 (1 node): second-turn TTFT of a conversation whose
+- with ``--prompt-cache-bytes`` > 0: second-turn TTFT of a conversation whose
   first turn ran (its KV cached) vs a second turn of the same length whose first turn never
   ran here (nothing cached: the whole prompt is prefilled).
 
@@ -104,6 +104,29 @@ def concurrent(url: str, n: int, max_tokens: int, offset: int = 0) -> list[Strea
     return streams
 
 
+def cpu_seconds(nodes: list[NodeProcess]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the node processes (API, routing, cluster),
+    their runner processes (the model), and this benchmark's own process (the clients)."""
+    import psutil
+
+    out = {"node": 0.0, "runner": 0.0, "client": 0.0}
+    for node in nodes:
+        if node.proc is None:
+            continue
+        p = psutil.Process(node.proc.pid)
+        t = p.cpu_times()
+        out["node"] += t.user + t.system
+        for kid in p.children(recursive=True):
+            try:
+                k = kid.cpu_times()
+                out["runner"] += k.user + k.system
+            except psutil.Error:
+                pass
+    me = psutil.Process().cpu_times()
+    out["client"] = me.user + me.system
+    return out
+
+
 def aggregate(streams: list[Stream]) -> float:
     """All completion tokens ÷ (last token − first token of the round), tokens/s."""
     span = max(s.t_last for s in streams) - min(s.t_first for s in streams)
@@ -177,7 +200,7 @@ def main() -> int:
                 wait_until(lambda: converged(nodes, 2), 60, what="2-node cluster")
             a.place_and_wait(MODEL, timeout=900, **({"min_nodes": 2} if args.nodes == 2 else {}))
             concurrent(a.url, 1, 4)  # warm up
-            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 and args.nodes == 1 else None
+            turns = second_turn_ttft(a.url) if args.prompt_cache_bytes > 0 else None
             if turns is not None:
                 print(f"second turn TTFT: first turn cached {turns[0]:.3f} s, nothing cached {turns[1]:.3f} s, "
                       f"ratio {turns[0] / turns[1]:.2f}", flush=True)
@@ -185,12 +208,17 @@ def main() -> int:
                 return 0
             rows = []
             for n in args.streams:
+                cpu0, t0 = cpu_seconds(nodes), time.perf_counter()
                 streams = concurrent(a.url, n, args.max_tokens, offset=n)
+                cpu1, wall = cpu_seconds(nodes), time.perf_counter() - t0
                 rows.append((n, aggregate(streams), statistics.median(s.decode for s in streams),
                              statistics.median(s.ttft for s in streams)))
+                used = {k: cpu1[k] - cpu0[k] for k in cpu0}
                 print(f"{n:>2} streams: aggregate {rows[-1][1]:.1f} tok/s, per-stream {rows[-1][2]:.1f} tok/s, "
-                      f"median TTFT {rows[-1][3]:.3f} s", flush=True)
+                      f"median TTFT {rows[-1][3]:.3f} s; CPU s over {wall:.1f} s: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in used.items()), flush=True)
             alone, joined = joining_ttft(a.url, args.max_tokens)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[1]:.1f} (5 min)")
     base, lone = rows[0][1], rows[0][2]
     print(f"\n{MODEL}, {args.nodes} node(s), --max-batch {args.max_batch}, max_tokens {args.max_tokens}")
     print("streams  aggregate tok/s  ratio to 1  per-stream tok/s  ratio to lone")

@@ -250,18 +250,19 @@ _schedules = st.lists(
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(schedule=_schedules)
-def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule) -> None:
+@given(schedule=_schedules, capacity=st.sampled_from([None, 700, 1400]))
+def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capacity) -> None:
     """Two simulated ranks (a generator each, ``max_batch`` 3, the runner's round rule and a
     simulated all-gather): tasks reach the ranks at different ticks, cancels reach one rank
-    only. After every step both ranks hold the same rows in the same order, the same
-    prefilling sequence and queue, and every task ends the same way on both."""
+    only, and with a KV capacity some wait for memory. After every step both ranks hold the
+    same rows in the same order, the same prefilling sequence and queue, and every task ends
+    the same way on both."""
     import numpy as np
 
     from worker.engine.agreement import TaskAgreement, encode_row
 
     world = 2
-    gens = [Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3) for _ in range(world)]
+    gens = [Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3, kv_capacity_tokens=capacity) for _ in range(world)]
     deals: list[TaskAgreement[GenerationRequest]] = [TaskAgreement() for _ in range(world)]
     ended: list[dict[str, str]] = [{} for _ in range(world)]
     reqs = [GenerationRequest(task_id=f"s{i}", messages=[{"role": "user", "content": PROMPTS[p]}],

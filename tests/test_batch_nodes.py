@@ -122,3 +122,33 @@ def test_twelve_concurrent_requests_equal_their_solo_answers_on_one_and_two_node
         assert len(a.get("/state").json()["instances"][pipeline]["shards"]) == 2
         stopped_2 = concurrent_with_a_cancel(nodes, alone)
         print(f"\ncancel left State after {stopped_1:.2f} s (1 node), {stopped_2:.2f} s (2-node pipeline)")
+
+
+def test_kv_cache_bytes_refuses_what_never_fits_and_serves_the_rest(tmp_path, models_dir):
+    """A node started with ``--kv-cache-bytes`` for ~600 tokens of KV: a request whose prompt
+    and max_tokens can never fit gets the 503 ``out_of_memory`` at once (``x-should-retry:
+    false``), while requests that fit are answered, also concurrently (they wait for room)."""
+    from worker.engine.batch_memory import model_kv_bytes_per_token
+    from worker.engine.loader import load_all
+
+    per_token = model_kv_bytes_per_token(load_all(models_dir / MODEL).model)
+    a = NodeProcess(tmp_path / "a", extra_args=["--models-dir", str(models_dir), "--kv-cache-bytes", str(600 * per_token)])
+    with nodes_cleanup([a]):
+        a.start()
+        _place(a, min_nodes=1)
+        t0 = time.monotonic()
+        r = httpx.post(a.url + "/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "out_of_memory" and r.headers.get("x-should-retry") == "false"
+        assert time.monotonic() - t0 < 10
+        fits = [{"model": MODEL, "messages": [{"role": "user", "content": f"count {i}"}], "max_tokens": 40, "temperature": 0}
+                for i in range(4)]
+        alone = [answer(a, body) for body in fits]
+        results: dict[int, tuple[str, str]] = {}
+        threads = [threading.Thread(target=lambda i=i, b=b: results.__setitem__(i, answer(a, b))) for i, b in enumerate(fits)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert [results.get(i) for i in range(4)] == alone

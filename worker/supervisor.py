@@ -84,6 +84,7 @@ class RunnerSupervisor:
         prefill_chunk_size: int = 32,
         max_batch: int = 1,
         prompt_cache_bytes: int = 0,
+        kv_budget_bytes: int | None = None,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
@@ -114,6 +115,7 @@ class RunnerSupervisor:
             prefill_chunk_size=prefill_chunk_size,
             max_batch=max_batch,
             prompt_cache_bytes=prompt_cache_bytes,
+            kv_budget_bytes=kv_budget_bytes,
             fault_hooks=dict(fault_hooks or {}),
         )
         self._silent_generating = silent_generating

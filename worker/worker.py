@@ -66,6 +66,7 @@ class Worker:
         prefill_chunk_size: int = 32,
         max_batch: int = 1,
         prompt_cache_bytes: int = 0,
+        kv_cache_bytes: int | None = None,
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
@@ -84,6 +85,7 @@ class Worker:
         self._prefill_chunk_size = prefill_chunk_size
         self._max_batch = max_batch
         self._prompt_cache_bytes = prompt_cache_bytes
+        self._kv_cache_bytes = kv_cache_bytes
         self._fault_hooks = dict(fault_hooks or {})
         self._silent = (silent_generating, silent_loading)
         self.supervisors: dict[str, RunnerSupervisor] = {}
@@ -110,6 +112,25 @@ class Worker:
     def hosted_bytes(self) -> int:
         """Bytes of the shards of live runners on this node (for ``--memory-limit``)."""
         return sum(s.shard.share_bytes for s in self.supervisors.values() if not isinstance(s.status, TERMINAL_STATUSES))
+
+    def _kv_budget(self) -> int | None:
+        """Bytes of KV cache a runner created now may hold: ``--kv-cache-bytes`` when given,
+        else what this node's memory leaves beside the shards State places on it —
+        ``min(memory_available, memory_total − Σ share_bytes)`` from this node's profile (the
+        memory placement did not reserve, which admission grants prompts from); None when the
+        node has not reported its memory (no check)."""
+        if self._kv_cache_bytes is not None:
+            return self._kv_cache_bytes
+        state = self._get_state()
+        profile = state.nodes.get(self.node_id)  # type: ignore[call-overload]
+        if profile is None or profile.memory_available is None:
+            return None
+        usable = profile.memory_available
+        if profile.memory_total is not None:
+            placed = sum(s.share_bytes for i in state.instances.values() if i.failed_reason is None
+                         for s in i.shards if s.node_id == self.node_id)
+            usable = min(usable, profile.memory_total - placed)
+        return max(0, usable)
 
     def runner_pids(self) -> list[int]:
         return [s.pid for s in self.supervisors.values() if s.pid is not None and not s.exited.is_set()]
@@ -281,6 +302,7 @@ class Worker:
             prefill_chunk_size=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).prefill_chunk_size,
             max_batch=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).max_batch,
             prompt_cache_bytes=self._prompt_cache_bytes,
+            kv_budget_bytes=self._kv_budget(),
             fault_hooks=self._fault_hooks,
             silent_generating=self._silent[0],
             silent_loading=self._silent[1],

@@ -258,11 +258,15 @@ def node(
     ] = None,
     max_batch: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 1, one request at a time; 16 is a good value: batching is opt-in until a joining sequence's KV is checked against memory); the master fixes its value in each instance it places, for every rank."),
+        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 16; 1: one request at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each instance it places, for every rank."),
     ] = None,
     prompt_cache_bytes: Annotated[
         Optional[int],
         typer.Option(min=0, envvar=node_env("PROMPT_CACHE_BYTES"), metavar="BYTES", help="KV of finished conversations a single-rank runner keeps (LRU) so a request extending one prefills only its new tokens (default: 0, off)."),
+    ] = None,
+    kv_cache_bytes: Annotated[
+        Optional[int],
+        typer.Option(min=0, envvar=node_env("KV_CACHE_BYTES"), metavar="BYTES", help="KV cache a runner's batch may hold: a request joins the batch only when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 out_of_memory (default: what the node's memory leaves beside its placed shards)."),
     ] = None,
     cpu_weights: Annotated[
         Optional[str],
@@ -330,6 +334,7 @@ def node(
         prefill_chunk_size=values["prefill_chunk_size"],
         max_batch=values["max_batch"],
         prompt_cache_bytes=values["prompt_cache_bytes"],
+        kv_cache_bytes=values["kv_cache_bytes"],
         mdns=not values["no_mdns"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],

@@ -36,6 +36,7 @@ def build_node_config(
     prefill_chunk_size: int | None = None,
     max_batch: int | None = None,
     prompt_cache_bytes: int | None = None,
+    kv_cache_bytes: int | None = None,
     mdns: bool = True,
     max_moves: int | None = None,
     compact_every: int | None = None,
@@ -122,6 +123,7 @@ def build_node_config(
         ("prefill_chunk_size", prefill_chunk_size),
         ("max_batch", max_batch),
         ("prompt_cache_bytes", prompt_cache_bytes),
+        ("kv_cache_bytes", kv_cache_bytes),
         ("compact_every", compact_every),
         ("max_moves", max_moves),
     ):

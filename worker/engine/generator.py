@@ -38,6 +38,11 @@ ends (end-of-turn, stop string, max_tokens, cancel) leaves at once and its KV ro
 dropped. Greedy and seeded output equals the request's output alone, token for token
 (tests/test_batch.py). Every rank of a multi-rank instance holds the same rows in the same
 order: the steps only depend on the agreed requests, cancels and the shared tokens.
+Memory: a request joins only when the KV it can grow to (prompt + its token budget, bounded
+by the context) fits beside the batch's within ``kv_capacity_tokens``
+(``worker.engine.batch_memory``); otherwise it waits at the head of the queue (later requests
+wait behind it: first come, first served), and one that cannot fit even alone ends at once
+with a 503 ``out_of_memory``.
 Choice (not measured against per-sequence caches): left-padding, since one batched
 attention call per layer keeps the decode step one forward pass; the padding costs at most
 the length difference between the longest and the shortest row.
@@ -58,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from exo_p2p.types.chunks import (
     Chunk,
@@ -69,6 +75,7 @@ from exo_p2p.types.chunks import (
 )
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import ChatMessage, GenerationParams
+from worker.engine.batch_memory import RowKV, join_verdict, peak_batch_tokens
 from worker.engine.forward import Forward, forward, generation_stream, new_cache
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage
@@ -167,6 +174,14 @@ class _Active:
         """The original prompt's tokens (without resumed ones)."""
         return int(self.prompt.size) - self.resumed
 
+    def kv(self) -> RowKV:
+        """The KV (tokens) this sequence holds once in the batch and may still add: its
+        prompt (resumed tokens included) and the tokens fed after it; at most the prompt
+        plus ``max_new`` (clamped to the context) in all (``batch_memory``)."""
+        used = int(self.prompt.size) + len(self.fed)
+        final = int(self.prompt.size) + self.max_new - self.resumed
+        return RowKV(used, max(0, final - used))
+
 
 @dataclass
 class _CachedPrefix:
@@ -181,6 +196,8 @@ class _CachedPrefix:
 class _Queued:
     request: GenerationRequest
     submitted_at: float
+    prepared: _Active | None = None
+    """Tokenized and checked, waiting for room in the batch's KV (batch path)."""
 
 
 def _error(task_id: TaskId, status: int, message: str, *, param: str | None = None,
@@ -227,6 +244,11 @@ class Generator:
     prompt_cache_bytes: int = 0
     """Bytes of finished sequences' KV kept for reuse (LRU; 0: no prompt cache). Batch path on
     a single rank only (``LocalStage``): ranks would have to agree on the reused length."""
+    kv_capacity_tokens: int | None = None
+    """Tokens of KV the batch may hold (``batch_memory``: the same on every rank; the runner
+    sets it from its KV budget); None: no memory check. A sequence joins only when the KV it
+    can grow to fits beside the batch's, else waits; one that cannot fit alone is refused
+    with a 503 ``out_of_memory``."""
     _queue: deque[_Queued] = field(default_factory=deque, init=False, repr=False)
     _outbox: list[Chunk] = field(default_factory=list, init=False, repr=False)
     _active: _Active | None = field(default=None, init=False, repr=False)
@@ -238,6 +260,14 @@ class Generator:
     _batch_cache: list[Any] | None = field(default=None, init=False, repr=False)
     _batch_y: mx.array | None = field(default=None, init=False, repr=False)
     _prefixes: OrderedDict[int, _CachedPrefix] = field(default_factory=OrderedDict, init=False, repr=False)
+    prompt_cache_tokens: int | None = None
+    """The prompt cache's bound in tokens (a multi-rank instance: the smallest rank's, agreed,
+    so every rank keeps and evicts the same entries); None: ``prompt_cache_bytes`` bounds it."""
+    reuse_gather: Callable[[np.ndarray], np.ndarray] | None = None
+    """A multi-rank instance's all-gather (``int64 [W] -> [world, W]``, a collective): the
+    prompt cache is then used on every rank and the reused prefix length is rank 0's, agreed
+    at each accept (the same step on every rank). None on a single rank."""
+    _prefix_keys: int = field(default=0, init=False, repr=False)
     prefilled_tokens: int = field(default=0, init=False)
     """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
 
@@ -310,9 +340,28 @@ class Generator:
             return (active is None and bool(self._queue)) or (active is not None and active.next_token is None)
 
     def _room(self) -> bool:
-        """Whether a queued request may be accepted now (lock held): nothing prefilling and
-        fewer than ``max_batch`` sequences in the batch."""
-        return self._prefilling is None and len(self._rows) < self.max_batch
+        """Whether a queued request may be accepted now (lock held): nothing prefilling,
+        fewer than ``max_batch`` sequences in the batch, and the head of the queue is not
+        waiting for KV memory (``_verdict``)."""
+        if self._prefilling is not None or len(self._rows) >= self.max_batch:
+            return False
+        head = self._queue[0].prepared if self._queue else None
+        return head is None or self._verdict(head) != "wait"
+
+    def _verdict(self, candidate: _Active) -> str:
+        """``batch_memory.join_verdict`` of ``candidate`` against the batch's rows."""
+        if candidate.completion_tokens >= candidate.max_new:
+            return "join"  # a resumed request with nothing left to generate: no KV
+        return join_verdict(candidate.kv(), [row.kv() for row in self._rows], self.kv_capacity_tokens)
+
+    def _out_of_memory(self, candidate: _Active) -> ErrorChunk:
+        need = peak_batch_tokens([candidate.kv()])
+        req = candidate.request
+        return _error(req.task_id, 503,
+                      f"out of memory: the prompt ({candidate.prompt_tokens} tokens) and its token budget "
+                      f"({candidate.max_new} tokens: max_tokens or the context) need up to {need} tokens of KV cache, "
+                      f"but the runners of model {self.model_id} can hold {self.kv_capacity_tokens} tokens; "
+                      "shorten the prompt or lower max_tokens", param="messages", code="out_of_memory")
 
     @property
     def active_task_id(self) -> TaskId | None:
@@ -362,6 +411,14 @@ class Generator:
         return out
 
     def _accept(self, queued: _Queued) -> Chunk:
+        prepared = self._prepare(queued)
+        if isinstance(prepared, _Active):
+            return self._start(prepared)
+        return prepared
+
+    def _prepare(self, queued: _Queued) -> _Active | ErrorChunk:
+        """Tokenize and check ``queued`` and make its generation state (no model work); an
+        ``ErrorChunk`` when it cannot run (see the module docstring)."""
         req, tok = queued.request, self.loaded.tokenizer
         if req.prompt is not None:
             ids = list(tok.encode(req.prompt))
@@ -393,9 +450,7 @@ class Generator:
         if resumed and (len(resumed) > max_new or not all(isinstance(t, int) and t >= 0 for t in resumed)):
             return _error(req.task_id, 400, f"cannot resume after {len(resumed)} tokens: at most {max_new} "
                           "completion tokens fit (max_tokens or the context)", param="resume_tokens")
-        prompt_ids = ids
-        ids = ids + resumed
-        prompt = mx.array(ids, dtype=mx.int32)
+        prompt = mx.array(ids + resumed, dtype=mx.int32)
         seed = seed_for(req.origin_task_id or req.task_id, req.seed)
         active = _Active(
             request=req,
@@ -418,12 +473,19 @@ class Generator:
         for token in resumed:  # the state the stream had when it moved; its text was sent
             active.detokenizer.add_token(token)
             active.stops.feed(active.detokenizer.last_segment)
-        if resumed and active.completion_tokens >= active.max_new:
+        return active
+
+    def _start(self, active: _Active) -> Chunk:
+        """Serve the prepared ``active`` (it prefills from the next step on)."""
+        req = active.request
+        prompt_ids = active.prompt_tokens
+        ids = [int(t) for t in active.prompt.tolist()] if self._caching else []
+        if active.resumed and active.completion_tokens >= active.max_new:
             # every allowed token was sent before the move (the last one's chunk carried the
             # flushed text too); only the end was lost
             with self._lock:
                 self._outbox.append(self._finish_unstarted(active))
-            return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(prompt_ids))
+            return PrefillProgressChunk(task_id=req.task_id, processed=0, total=prompt_ids)
         if self.max_batch > 1:
             self._reuse_prefix(active, ids)
         with self._lock:
@@ -432,7 +494,8 @@ class Generator:
                 self._prefilling = active
             else:
                 self._active = active
-        return PrefillProgressChunk(task_id=req.task_id, processed=0, total=len(prompt_ids))
+        # the prompt tokens the prompt cache provided count as processed (``reused``)
+        return PrefillProgressChunk(task_id=req.task_id, processed=min(active.reused, prompt_ids), total=prompt_ids)
 
     def _vocab_size(self) -> int:
         """Rows of the model's output (the ids a logit bias may name)."""
@@ -445,12 +508,14 @@ class Generator:
         assert self.stage is not None
         return self.stage.next_token(self.loaded.model, tokens[None], active.cache, active.sampler)
 
-    def _prefill_step(self, active: _Active) -> list[Chunk]:
+    def _prefill_step(self, active: _Active, limit: int | None = None) -> list[Chunk]:
+        """Prefill one chunk of at most ``prefill_chunk_size`` (and ``limit``) prompt tokens;
+        the prompt's last token is fed with the first token's sampling (``next_token``)."""
         total = int(active.prompt.size)  # resumed tokens included: they are prefilled too
         out: list[Chunk] = []
         with mx.stream(generation_stream):
             if total - active.processed > 1:
-                n = min(self.prefill_chunk_size, total - active.processed - 1)
+                n = min(self.prefill_chunk_size, limit or self.prefill_chunk_size, total - active.processed - 1)
                 chunk = active.prompt[active.processed : active.processed + n]
                 assert self.stage is not None
                 self.stage.prefill(self.loaded.model, chunk[None], active.cache)
@@ -552,46 +617,59 @@ class Generator:
         holds the same requests in the same order and the same tokens):
 
         1. sequences cancelled since the last step leave (their ``FinishChunk``);
-        2. when nothing prefills and the batch has room, the next queued request is accepted;
-        3. the prefilling sequence (its own KV cache, batch size 1) prefills one chunk;
-        4. one decode step of the batch: a sequence whose prefill just ended joins (its cache
-           merged in as a new left-padded row), every row is fed its last token in one
-           forward pass, each row's token is read and consumed, and rows that ended leave
-           at once (their KV rows dropped).
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens this step: while
+           the batch has room, the next queued request is accepted (when its KV fits, see
+           ``_admit``) and prefilled (its own KV cache, batch size 1); a sequence whose
+           prefill ends joins the batch at once (its cache merged in as a new left-padded
+           row) and the next one may follow in the same step; a prompt longer than what is
+           left of the budget goes on next step;
+        3. one decode step of the batch: every row is fed its last token in one forward
+           pass, each row's token is read and consumed, and rows that ended leave at once
+           (their KV rows dropped).
         """
         with self._lock:
             out, self._outbox = self._outbox, []
-            queued = self._queue.popleft() if self._queue and self._room() else None
-            if queued is not None:
-                self._accepting, self._accepting_cancelled = queued.request.task_id, False
-        try:
-            gone = [i for i, row in enumerate(self._rows) if row.cancel_requested]
-            for i in gone:
-                out.append(self._finish(self._rows[i], "cancelled"))
-            self._drop_rows(gone)
-            pre = self._prefilling
-            if pre is not None and pre.cancel_requested:
-                out.append(self._finish(pre, "cancelled"))
-                self._set_prefilling(None)
-            if queued is not None:
+        gone = [i for i, row in enumerate(self._rows) if row.cancel_requested]
+        for i in gone:
+            out.append(self._finish(self._rows[i], "cancelled"))
+        self._drop_rows(gone)
+        budget = self.prefill_chunk_size
+        while budget > 0:
+            if self._prefilling is None:
+                with self._lock:
+                    queued = self._queue.popleft() if self._queue and self._room() else None
+                    if queued is None:
+                        break
+                    self._accepting, self._accepting_cancelled = queued.request.task_id, False
                 try:
-                    out.append(self._accept(queued))
+                    out.extend(self._admit(queued))
                 except Exception as e:
                     out.append(_error(queued.request.task_id, 500, f"generation failed: {e!r}"))
-        finally:
-            if queued is not None:
-                with self._lock:
-                    self._accepting = None
-        pre = self._prefilling
-        if pre is not None and pre.cancel_requested:
-            out.append(self._finish(pre, "cancelled"))
-            self._set_prefilling(None)
-        elif pre is not None and pre.next_token is None and queued is None:
+                finally:
+                    with self._lock:
+                        self._accepting = None
+                        waiting = bool(self._queue) and self._queue[0] is queued
+                if waiting:
+                    break
+                continue  # started (prefilling now) or ended at once
+            pre = self._prefilling
+            if pre.cancel_requested:
+                out.append(self._finish(pre, "cancelled"))
+                self._set_prefilling(None)
+                continue
+            if pre.next_token is not None:
+                break
+            before = pre.processed
             try:
-                out.extend(self._prefill_step(pre))
+                out.extend(self._prefill_step(pre, budget))
             except Exception as e:
                 self._set_prefilling(None)
                 out.append(_error(pre.request.task_id, 500, f"generation failed: {e!r}"))
+                continue
+            budget -= pre.processed - before
+            if pre.next_token is None:
+                break  # the rest of its prompt next step
+            self._join()
         if self._rows or (self._prefilling is not None and self._prefilling.next_token is not None):
             try:
                 out.extend(self._batch_decode())
@@ -600,6 +678,28 @@ class Generator:
                     out.append(_error(row.request.task_id, 500, f"generation failed: {e!r}"))
                 self._drop_rows(list(range(len(self._rows))))
         return out
+
+    def _admit(self, queued: _Queued) -> list[Chunk]:
+        """Accept ``queued`` into the batch when its KV fits (``_verdict``): it starts
+        prefilling; when it does not fit yet it goes back to the head of the queue (checked
+        again once rows leave); when it can never fit it ends with the 503."""
+        if queued.prepared is None:
+            prepared = self._prepare(queued)
+            if not isinstance(prepared, _Active):
+                return [prepared]
+            queued.prepared = prepared
+        active = queued.prepared
+        verdict = self._verdict(active)
+        if verdict == "never":
+            return [self._out_of_memory(active)]
+        if verdict == "wait":
+            with self._lock:
+                if self._accepting_cancelled:
+                    return [FinishChunk(task_id=active.request.task_id, finish_reason="cancelled",
+                                        prompt_tokens=0, completion_tokens=0)]
+                self._queue.appendleft(queued)
+            return []
+        return [self._start(active)]
 
     def _set_prefilling(self, active: _Active | None) -> None:
         with self._lock:
@@ -665,11 +765,20 @@ class Generator:
         self._drop_rows(ended)
         return out
 
-    # -- the prompt cache (batch path, single rank) ------------------------------------------
+    # -- the prompt cache (batch path) ----------------------------------------------------------
 
     @property
     def _caching(self) -> bool:
-        return self.prompt_cache_bytes > 0 and isinstance(self.stage, LocalStage)
+        if self.max_batch < 2 or self.prompt_cache_bytes <= 0:
+            return False
+        return isinstance(self.stage, LocalStage) or self.reuse_gather is not None
+
+    def _over_cache_bound(self, extra_tokens: int = 0, extra_bytes: int = 0) -> bool:
+        """Whether the prompt cache (plus an entry of ``extra_*``) exceeds its bound: tokens
+        (``prompt_cache_tokens``, the same on every rank) when set, else bytes."""
+        if self.prompt_cache_tokens is not None:
+            return sum(len(p.tokens) for p in self._prefixes.values()) + extra_tokens > self.prompt_cache_tokens
+        return self.prompt_cache_nbytes + extra_bytes > self.prompt_cache_bytes
 
     @property
     def prompt_cache_nbytes(self) -> int:
@@ -686,17 +795,19 @@ class Generator:
         if cache and cache[0].offset != len(tokens):
             return  # not the tokens we think it holds: never reuse it
         nbytes = sum(c.nbytes for c in cache)
-        if nbytes > self.prompt_cache_bytes:
-            return
+        self._prefix_keys += 1
+        if self._over_cache_bound(len(tokens), nbytes) and not self._prefixes:
+            return  # larger than the whole cache
         mx.eval([c.state for c in cache])
-        self._prefixes[id(cache[0])] = _CachedPrefix(tokens, cache, nbytes)
-        while self.prompt_cache_nbytes > self.prompt_cache_bytes:
+        self._prefixes[self._prefix_keys] = _CachedPrefix(tokens, cache, nbytes)
+        while self._over_cache_bound():
             self._prefixes.popitem(last=False)
 
     def _reuse_prefix(self, active: _Active, ids: Sequence[int]) -> None:
         """Start ``active`` from the cached entry sharing the longest prefix with its prompt
-        ``ids`` (at most all but the last prompt token: that one yields the first token)."""
-        if not self._caching or not self._prefixes:
+        ``ids`` (at most all but the last prompt token: that one yields the first token).
+        On a multi-rank instance a collective (every rank accepts at the same step)."""
+        if not self._caching:
             return
         best_key, best = None, 0
         for key, entry in self._prefixes.items():
@@ -707,7 +818,12 @@ class Generator:
                 n += 1
             if n > best:
                 best_key, best = key, n
-        best = min(best, len(ids) - 1)
+        best = min(best, len(ids) - 1) if best_key is not None else 0
+        if self.reuse_gather is not None:
+            # rank 0 decides the reused length; a rank holding less (it should not: the
+            # bound is in tokens, so every rank keeps the same entries) lowers it for all
+            proposals = self.reuse_gather(np.array([best], dtype=np.int64)).reshape(-1)
+            best = int(proposals.min())  # rank 0's length, or less
         if best_key is None or best < 1:
             return
         self._prefixes.move_to_end(best_key)

@@ -61,7 +61,17 @@ def sample_rows(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
         raise ValueError(f"{len(samplers)} samplers for {logprobs.shape[0]} rows")
     if len(samplers) == 1:
         return samplers[0](logprobs)
-    return mx.concatenate([s(logprobs[i : i + 1]).reshape(-1) for i, s in enumerate(samplers)])
+    plain = [s.plain_greedy for s in samplers]
+    if all(plain):  # one argmax for the whole batch instead of one op per row
+        return mx.argmax(logprobs, axis=-1)
+    if not any(plain):
+        return mx.concatenate([s(logprobs[i : i + 1]).reshape(-1) for i, s in enumerate(samplers)])
+    tokens = mx.argmax(logprobs, axis=-1)  # the plain greedy rows; the others replaced below
+    rows = mx.arange(len(samplers))
+    for i, s in enumerate(samplers):
+        if not plain[i]:
+            tokens = mx.where(rows == i, s(logprobs[i : i + 1]).reshape(-1).astype(tokens.dtype), tokens)
+    return tokens
 
 
 def logprobs_of(logits: mx.array) -> mx.array:

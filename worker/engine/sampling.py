@@ -108,6 +108,12 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no logits processors: the draw is ``argmax`` of the row alone and
+        keeps no state, so a batch may draw all such rows with one ``argmax``."""
+        return self.temperature == 0 and not self._processors
+
     def __call__(self, logprobs: mx.array) -> mx.array:
         if self._processors:
             assert self._history is not None

@@ -22,7 +22,7 @@ MAX_FRAME = 64 * 1024 * 1024
 class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     """What a runner needs before any task: its instance and shard, the model directory,
     the prefill chunk size (tokens), the batch limit (sequences), the prompt cache's bound
-    (bytes; single rank only), the heartbeat interval
+    (bytes; on a multi-rank instance the smallest rank's, in tokens), the heartbeat interval
     (seconds), and test fault hooks."""
 
     instance: Instance
@@ -31,6 +31,9 @@ class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     prefill_chunk_size: int = 32
     max_batch: int = 1
     prompt_cache_bytes: int = 0
+    kv_budget_bytes: int | None = None
+    """Bytes of KV cache the runner's batch (and prompt cache) may hold: joins are checked
+    against it (``worker.engine.batch_memory``); None: no check."""
     heartbeat_interval: float = 1.0
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 
