@@ -194,6 +194,9 @@ class Timeline:
         self.names = {self_id(n): f"n{j}" for j, n in enumerate(run.nodes)}  # ids survive restarts
 
     def _note(self, key: str, value: str, now: float) -> None:
+        serving = ("ready", "running")
+        if value in serving and self.seen.get(key) in serving:
+            return  # a serving runner's ready <-> running is load, not recovery
         if self.seen.get(key) != value:
             self.seen[key] = value
             with self.lock:
