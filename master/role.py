@@ -111,10 +111,10 @@ class MasterRole:
         return msgspec.structs.replace(decision.result, event_idx=last)
 
     async def run(self, *, clock=trio.current_time) -> None:
-        """Background duties while master: re-place failed instances after their backoff
-        (``master.replace``). Runs until cancelled (when this node stops being master)."""
+        """Background duties while master: re-place failed instances after their delay
+        (``master.replace.replace_delay``). Runs until cancelled (when this node stops being master)."""
         from exo_p2p.types import new_id
-        from master.replace import backoff, effective_attempt, replacement
+        from master.replace import effective_attempt, replace_delay, replacement
 
         failed_since: dict[str, float] = {}
         while True:
@@ -126,7 +126,7 @@ class MasterRole:
                 del failed_since[gone]
             for instance_id, inst in sorted(failed.items()):
                 since = failed_since.setdefault(instance_id, now)
-                if now - since < backoff(effective_attempt(inst)):
+                if now - since < replace_delay(inst):
                     continue
                 async with self._lock:
                     current = self.replica.state.instances.get(instance_id)

@@ -1,5 +1,6 @@
-"""A new master times out the master it replaced from that master's last heartbeat
-(exo_p2p.cluster.peer_timeouts ``lost_master``; chaos run, issue 9 item 8).
+"""Recovery time after a fault (chaos run, issue 9 item 8): a new master times out the master
+it replaced from that master's last heartbeat (exo_p2p.cluster.peer_timeouts ``lost_master``),
+and a failed instance that had served is re-placed at once (master.replace ``replace_delay``).
 
 The chaos run's slow recoveries were master kills: the new master gave the dead master, like
 every node, a full timeout from the moment it became master, so the dead master's instances
@@ -83,3 +84,69 @@ def test_following_another_master_forgets_the_lost_one():
         assert member.roles.lost_master is None
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- a served instance is re-placed at once (master.replace.replace_delay) -------------------------
+
+
+def test_a_served_instance_is_re_placed_at_once_a_crash_loop_still_backs_off():
+    """The master's loop re-places a failed instance that had served within one pass (0.25 s),
+    where before it waited the 1 s backoff of attempt 0; one that never served still waits
+    ``backoff(attempt)``."""
+    from exo_p2p.replica import Replica
+    from exo_p2p.types import InstanceCreated, InstanceFailed, RunnerReady, RunnerStatusUpdated
+    from master.commands import handle_command
+    from master.replace import backoff, replace_delay
+    from master.role import MasterRole
+    from exo_p2p.types import PlaceInstance
+    from tests.test_master import one_node
+
+    import tempfile
+    from pathlib import Path
+
+    def timing(serve: bool) -> float:
+        created: list[float] = []
+
+        async def publish(indexed):  # type: ignore[no-untyped-def]
+            if isinstance(indexed.event, InstanceCreated) and indexed.event.instance.replaces:
+                created.append(trio.current_time())
+
+        async def main() -> None:
+            with tempfile.TemporaryDirectory() as d:
+                replica = Replica(Path(d) / "events.log", sync=False)
+                master = MasterRole("node-a", 1, replica, publish)
+                seed = one_node()
+                await master.emit([e for e in _events_of(seed)])
+                decision = handle_command(replica.state, PlaceInstance("cmd-1", "m"))
+                await master.emit(list(decision.events))
+                inst = decision.result.instance
+                shard = inst.shards[0]
+                if serve:
+                    await master.emit([RunnerStatusUpdated(shard.runner_id, inst.instance_id, shard.node_id, RunnerReady())])
+                assert replica.state.instances[inst.instance_id].served == serve
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(master.run)
+                    await trio.sleep(1.0)
+                    t_fail = trio.current_time()
+                    await master.emit([InstanceFailed(inst.instance_id, "node node-a restarted")])
+                    failed = replica.state.instances[inst.instance_id]
+                    assert replace_delay(failed) == (0.0 if serve else backoff(failed.attempt))
+                    await trio.sleep(5.0)
+                    nursery.cancel_scope.cancel()
+                replica.close()
+                created[:] = [t - t_fail for t in created]
+
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        assert created, "not re-placed"
+        return created[0]
+
+    assert timing(serve=True) <= 0.25 + 1e-9
+    assert backoff(0) - 1e-9 <= timing(serve=False) <= backoff(0) + 0.25 + 1e-9
+
+
+def _events_of(state):  # type: ignore[no-untyped-def]
+    """The events that build ``one_node()``'s State (its master, profile and model)."""
+    from exo_p2p.types import MasterElected, NodeModelsUpdated, NodeProfileUpdated
+
+    profile = state.nodes["node-a"]
+    return [MasterElected("node-a", 1), NodeProfileUpdated(profile), NodeModelsUpdated("node-a", tuple(state.model_cards.values()))]
