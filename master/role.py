@@ -95,7 +95,10 @@ class MasterRole:
         """Decide and sequence ``command``; answer once its events are committed."""
         async with self._lock:
             try:
-                decision = handle_command(self.replica.state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings)
+                state = self.replica.state
+                unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
+                decision = handle_command(state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings,
+                                          unreachable=unreachable)
             except Exception as exc:  # a rule bug must not take the master down
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
