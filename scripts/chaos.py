@@ -18,7 +18,10 @@ a new one, as a user would) before the next round.
 
 Printed at the end:
 - requests sent, completed, failed with an error (HTTP error status, SSE error event, or a
-  transport error such as the API node itself being killed), hung;
+  transport error such as the API node itself being killed), hung; the failures split into
+  those whose own API node was SIGKILLed while they were open (a transport error: nothing
+  in the cluster can answer a connection to a dead process) and the cluster-side rest, and
+  each failure listed with its time, node, the faults while it was open and its reason;
 - hung: a request that did not end within its bound: the docs/architecture.md#defaults bound of the last
   fault injected while it was open plus 5 s (10 s for node/runner deaths, 15 s for a link),
   or 60 s without any fault. Must be 0;
@@ -32,7 +35,12 @@ Printed at the end:
   (issue 14), summed from every node's ``/state`` counters (sampled after each round, so a
   node killed before it was sampled loses its last few counts).
 
-Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]``.
+Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]
+[--layout pipeline|replicas] [--timeline]``: ``--layout replicas`` places two 1-node instances
+on distinct nodes instead of one 2-node instance (issue 14: instances on at least 2 nodes, so
+a request can move to a ready instance at once); ``--timeline`` prints, after each round,
+what changed in State since the fault (master, nodes, instances, runner statuses), to see
+what a recovery spent its time on.
 Needs root for ``drop_link`` (``ss -K``); without root that fault is left out.
 """
 
@@ -346,6 +354,15 @@ def is_hung(run: Run, req: Request) -> bool:
     return req.ended - req.started > NO_FAULT_BOUND + SLACK
 
 
+def own_node_killed(run: Run, req: Request) -> bool:
+    """Whether ``req`` failed because its own API node was SIGKILLed while it was open (a
+    transport error: the HTTP server the client talks to died; no cluster can answer that
+    connection; a client retries on another node)."""
+    if req.outcome != "error" or not req.detail.startswith("transport:") or req.ended is None:
+        return False
+    return any(f.kind in ("kill_node", "kill_master") and f.target == req.node and req.started - 1 <= f.at <= req.ended for f in run.faults)
+
+
 def log_holes(data_dirs: list[Path]) -> int:
     """Holes in the per-origin sequence numbers of every (origin, boot) in each node's log:
     numbers missing between the smallest and the largest one seen (a log that starts from a
@@ -463,6 +480,7 @@ def main() -> int:
                 worst_fault_to_error = max(worst_fault_to_error, q.ended - hits[-1].at)
     completed = sum(q.outcome == "completed" for q in reqs)
     failed = sum(q.outcome == "error" for q in reqs)
+    own_killed = sum(own_node_killed(run, q) for q in reqs)
     rows = [
         ("rounds / faults", f"{len(run.faults)}", ", ".join(f.kind for f in run.faults)),
         ("rounds not recovered", str(unrecovered), "within 150 s; must be 0"),
@@ -470,6 +488,8 @@ def main() -> int:
         ("requests sent", str(len(reqs)), ""),
         ("completed", str(completed), ""),
         ("failed with an error", str(failed), f"{100 * failed / max(1, len(reqs)):.1f} % of those sent (issue 14: <= 2 %); HTTP error, SSE error event or transport error"),
+        ("  of which API node killed", str(own_killed), "transport error: the request's own API node was SIGKILLed while it was open"),
+        ("  of which cluster side", str(failed - own_killed), f"{100 * (failed - own_killed) / max(1, len(reqs)):.1f} % of those sent: every other failure"),
         ("moved after a failure", str(sum(m for m, _ in run.moves.values())), "continuations accepted (node counters)"),
         ("failed after a failure", str(sum(f for _, f in run.moves.values())), "could not move or moved too often (node counters)"),
         ("hung", str(hung), "must be 0 (no end within the bound of docs/architecture.md#defaults + 5 s)"),
@@ -487,7 +507,8 @@ def main() -> int:
     for q in [q for q in reqs if q.outcome == "error"][:40]:  # each failure, to find in the node logs
         at = time.strftime("%H:%M:%S", time.gmtime(q.wall))
         hits = [f"{f.kind} n{f.target} {f.at - q.started:+.1f} s" for f in run.faults if q.started - 2 <= f.at <= (q.ended or q.started)]
-        print(f"  failed: {at} UTC node {q.node} {q.response_id or '-'} [{', '.join(hits) or 'no fault while open'}]: {q.detail[:160]}")
+        why = "its API node was killed" if own_node_killed(run, q) else "cluster side"
+        print(f"  failed ({why}): {at} UTC node {q.node} {q.response_id or '-'} [{', '.join(hits) or 'no fault while open'}]: {q.detail[:160]}")
     width = max(len(r[0]) for r in rows)
     print()
     for label, value, note in rows:
