@@ -134,6 +134,20 @@ def sample_moves(run: Run) -> None:
         run.moves[(i, boot)] = (s["counters"]["requests_moved"], s["counters"]["requests_move_failed"])
 
 
+def sse_lines(response: httpx.Response):
+    """The lines of an SSE body, split at ``\n`` only as the SSE format says (httpx's
+    ``iter_lines`` also splits at U+2028, U+0085, U+001C…, which a model's text may hold
+    inside a JSON string: a chaos run counted such an event as a failed request)."""
+    buf = b""
+    for data in response.iter_bytes():
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
+
+
 def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None:
     """Send one streaming chat to a node that is up and record how it ended."""
     with run.lock:
@@ -155,7 +169,7 @@ def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None
             if r.status_code != 200:
                 errored, req.detail = True, f"HTTP {r.status_code}: {r.read()[:200]!r}"
             else:
-                for line in r.iter_lines():
+                for line in sse_lines(r):
                     if time.monotonic() - req.started > NO_FAULT_BOUND + MOVE_BOUND + SLACK:
                         req.detail = "no end within the bound"
                         break
