@@ -14,11 +14,19 @@ task's ``exo_p2p.chunk_order.ChunkOrder`` (in order, each once) and a gap that d
 within ``GAP_BOUND`` seconds ends the request with a 503 naming the lost positions (a lost
 last chunk: the task's removal from State ends the request after ``grace``, as above).
 Either way a client never gets a response that silently lacks a piece.
+
+A task can also vanish from State without any event saying so: when this node's log is
+replaced by the one of the master that won a heal or a failover, a task that only the losing
+side's log held (its ``TaskCreated`` was accepted, and acknowledged, by a master whose
+divergent tail was then dropped) is simply not in the new State, and no runner will ever
+run it. ``watch`` sweeps the open requests every ``SWEEP_INTERVAL`` seconds and ends each
+one whose task is lost (``task_lost``) with a 503 the API may move (chaos run, issue 14).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import structlog
 import trio
@@ -38,6 +46,36 @@ from exo_p2p.types import (
 
 log = structlog.get_logger(__name__)
 
+SWEEP_INTERVAL = 1.0
+"""Seconds between two sweeps of the open requests for lost tasks (``ChunkRouter.watch``)."""
+
+LOST_GRACE = 10.0
+"""Seconds a task seen in State may be missing from it, with no chunk of it arriving,
+before its request ends as lost: twice the router's ``grace`` for a deleted task's last
+chunk, so a task that ended normally is always ended by its own last chunk or that rule."""
+
+UNSEEN_BOUND = 45.0
+"""Seconds a request may wait, with no chunk, for its task to appear in State at all: the
+API opens the route before it submits, the submission takes up to 30 s (a failover
+included) and the accepted event is applied here within 5 s after that."""
+
+
+def task_lost(*, opened_at: float, last_seen: float | None, last_chunk: float | None, now: float,
+              grace: float = LOST_GRACE, unseen_bound: float = UNSEEN_BOUND) -> bool:
+    """Whether an open request's task is lost (pure; seconds on one monotonic clock).
+
+    ``opened_at``: when the request registered; ``last_seen``: the last sweep that found its
+    task in State (None: never found); ``last_chunk``: when its last chunk arrived (None:
+    none yet). Lost when no chunk came for ``grace`` seconds and the task has been missing
+    from State for ``grace`` seconds since it was last seen — or, never seen, for
+    ``unseen_bound`` seconds since the request registered. A stream whose chunks keep
+    coming is never lost, whatever this node's State says (it may lag)."""
+    if last_chunk is not None and now - last_chunk < grace:
+        return False
+    if last_seen is None:
+        return now - opened_at >= unseen_bound
+    return now - last_seen >= grace
+
 
 class _Route:
     def __init__(self) -> None:
@@ -49,6 +87,10 @@ class _Route:
         self.order = ChunkOrder()
         self.watching = False
         """A gap watch is scheduled for this route (``ChunkRouter._watch_gap``)."""
+        self.opened_at = trio.current_time()
+        self.last_seen: float | None = None
+        """The last sweep that found the task in State (``ChunkRouter.sweep``)."""
+        self.last_chunk: float | None = None
 
 
 class ChunkRouter:
@@ -64,6 +106,8 @@ class ChunkRouter:
         """Numbered chunks dropped because their position was already received."""
         self.gaps = 0
         """Requests ended because chunks of their stream were lost."""
+        self.lost = 0
+        """Requests ended because their task vanished from State (``sweep``)."""
 
     def bind(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -106,6 +150,7 @@ class ChunkRouter:
     def _send(self, route: _Route, chunk: Chunk) -> None:
         if route.done:
             return
+        route.last_chunk = trio.current_time()
         route.send.send_nowait(chunk)
         if isinstance(chunk, (FinishChunk, ErrorChunk)):
             route.done = True
@@ -130,6 +175,29 @@ class ChunkRouter:
                     self._fail_gap(task_id, route)
         finally:
             route.watching = False
+
+    def sweep(self, state: State, now: float) -> list[str]:
+        """End every open request whose task is lost (``task_lost``) with a 503
+        ``generation_failed``; returns their task ids."""
+        lost = []
+        for task_id, route in list(self._routes.items()):
+            if route.done:
+                continue
+            if task_id in state.tasks:
+                route.last_seen = now
+                continue
+            if task_lost(opened_at=route.opened_at, last_seen=route.last_seen, last_chunk=route.last_chunk, now=now):
+                lost.append(task_id)
+                log.warning("task lost from State; ending its request", task_id=task_id, seen=route.last_seen is not None)
+                self.lost += 1
+                self.fail(task_id, 503, "generation failed: the task is no longer in the cluster's State (its log was replaced after a failover)")
+        return lost
+
+    async def watch(self, state: Callable[[], State]) -> None:
+        """Sweep (``sweep``) every ``SWEEP_INTERVAL`` seconds until cancelled."""
+        while True:
+            await trio.sleep(SWEEP_INTERVAL)
+            self.sweep(state(), trio.current_time())
 
     def fail(self, task_id: str, status: int, message: str) -> None:
         """End ``task_id`` with an error chunk unless it already ended."""

@@ -241,6 +241,7 @@ class Node:
         counters["chunk_not_from_rank0"] = self.chunks_refused
         counters["chunks_duplicate"] = self.router.duplicates
         counters["chunk_stream_gaps"] = self.router.gaps
+        counters["tasks_lost"] = self.router.lost
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
     def nodes(self) -> list[NodeSummary]:
@@ -457,6 +458,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.router.bind(nursery)
+                nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (issue 14)
                 self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 await self._load_models()

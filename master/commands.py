@@ -46,7 +46,8 @@ def _error(command: Command, status: int, message: str, *, type_: str = "invalid
 
 
 def handle_command(
-    state: State, command: Command, *, queue_limit: int | None = None, rank_settings: RankSettings | None = None
+    state: State, command: Command, *, queue_limit: int | None = None, rank_settings: RankSettings | None = None,
+    unreachable: frozenset[str] = frozenset(),
 ) -> Decision:
     """Decide what ``command`` does on ``state``.
 
@@ -60,7 +61,13 @@ def handle_command(
       no ready instance whose ranks have the free memory for the prompt → 503
       ``code="out_of_memory"`` (``master.admission``, case B27); ``queue_limit`` unfinished
       tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
-      those with the memory, with the least load (ties: instance id; see ``instance_load``).
+      those with the memory, with the least load (ties: instance id; see ``instance_load``),
+      preferring instances with no shard on an ``unreachable`` node (one the master does
+      not hear right now: dead but not timed out yet, e.g. the master just killed). A
+      ``task_id`` already in State (the caller retried across a failover after the former
+      master had decided it) is answered with that task's instance and no event: a second
+      ``TaskCreated`` would move the running task's record to another instance, and its
+      runner's status reports would then be refused.
     - ``CancelGeneration``: ``TaskCancelRequested`` for a known unfinished task; an unknown
       task is tolerated (it may have just finished): success, no event.
     - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
@@ -70,7 +77,7 @@ def handle_command(
     if isinstance(command, DeleteInstance):
         return _delete(state, command)
     if isinstance(command, SubmitGeneration):
-        return _submit(state, command, queue_limit)
+        return _submit(state, command, queue_limit, unreachable)
     if isinstance(command, CancelGeneration):
         record = state.tasks.get(command.task_id)
         if record is None or record.status in ("complete", "failed", "cancelled") or record.cancel_requested:
@@ -135,7 +142,11 @@ def _unfinished(state: State, instance_id: str) -> int:
     )
 
 
-def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) -> Decision:
+def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
+            unreachable: frozenset[str] = frozenset()) -> Decision:
+    existing = state.tasks.get(command.task_id)
+    if existing is not None:  # a retry of a submission already decided: the same answer
+        return Decision((), CommandResult(command.command_id, instance_id=existing.task.instance_id))
     model = command.model_id
     if model not in state.model_cards:
         known = ", ".join(sorted(state.model_cards)) or "none"
@@ -168,7 +179,8 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None) ->
     if not fitting:
         first = min(refusals.items())[1]
         return _error(command, 503, str(first), type_="server_error", param="messages", code="out_of_memory")
-    chosen: Instance = min(fitting, key=lambda i: (instance_load(state, i), i.instance_id))
+    heard = [i for i in fitting if not any(sh.node_id in unreachable for sh in i.shards)]
+    chosen: Instance = min(heard or fitting, key=lambda i: (instance_load(state, i), i.instance_id))
     if queue_limit is not None and _unfinished(state, chosen.instance_id) >= queue_limit:
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"

@@ -1,7 +1,8 @@
 """Automatic re-placement of failed instances (docs/architecture.md#instance-lifecycle).
 
 A failed instance is re-placed (new instance id, ``replaces`` = the failed one, ``attempt``
-+ 1) after a backoff of ``BACKOFF_BASE * 2**attempt`` seconds, when the model fits
++ 1) at once when it had served, else after a backoff of ``BACKOFF_BASE * 2**attempt``
+seconds (``replace_delay``), when the model fits
 somewhere; after ``MAX_ATTEMPTS`` re-placements in a row that never served (a crash loop) it
 is given up and its failure reason says why. An instance that served (every rank Ready
 once) starts the count again when it fails, so a long-lived instance survives any number of
@@ -24,6 +25,14 @@ BACKOFF_BASE = 1.0
 def backoff(attempt: int) -> float:
     """Seconds to wait before re-placing an instance that failed on attempt ``attempt``."""
     return BACKOFF_BASE * (2**attempt)
+
+
+def replace_delay(failed: Instance) -> float:
+    """Seconds between ``failed``'s failure and its re-placement: none when it had served
+    (every rank Ready once: a node or runner died under a working instance, there is no crash
+    loop to slow down, and every second waited is a second the model is not served), else
+    ``backoff(failed.attempt)``."""
+    return 0.0 if failed.served else backoff(failed.attempt)
 
 
 def _without(state: State, nodes: frozenset[str]) -> State:

@@ -95,7 +95,10 @@ class MasterRole:
         """Decide and sequence ``command``; answer once its events are committed."""
         async with self._lock:
             try:
-                decision = handle_command(self.replica.state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings)
+                state = self.replica.state
+                unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
+                decision = handle_command(state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings,
+                                          unreachable=unreachable)
             except Exception as exc:  # a rule bug must not take the master down
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
@@ -111,10 +114,10 @@ class MasterRole:
         return msgspec.structs.replace(decision.result, event_idx=last)
 
     async def run(self, *, clock=trio.current_time) -> None:
-        """Background duties while master: re-place failed instances after their backoff
-        (``master.replace``). Runs until cancelled (when this node stops being master)."""
+        """Background duties while master: re-place failed instances after their delay
+        (``master.replace.replace_delay``). Runs until cancelled (when this node stops being master)."""
         from exo_p2p.types import new_id
-        from master.replace import backoff, effective_attempt, replacement
+        from master.replace import effective_attempt, replace_delay, replacement
 
         failed_since: dict[str, float] = {}
         while True:
@@ -126,7 +129,7 @@ class MasterRole:
                 del failed_since[gone]
             for instance_id, inst in sorted(failed.items()):
                 since = failed_since.setdefault(instance_id, now)
-                if now - since < backoff(effective_attempt(inst)):
+                if now - since < replace_delay(inst):
                     continue
                 async with self._lock:
                     current = self.replica.state.instances.get(instance_id)

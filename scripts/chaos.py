@@ -18,7 +18,10 @@ a new one, as a user would) before the next round.
 
 Printed at the end:
 - requests sent, completed, failed with an error (HTTP error status, SSE error event, or a
-  transport error such as the API node itself being killed), hung;
+  transport error such as the API node itself being killed), hung; the failures split into
+  those whose own API node was SIGKILLed while they were open (a transport error: nothing
+  in the cluster can answer a connection to a dead process) and the cluster-side rest, and
+  each failure listed with its time, node, the faults while it was open and its reason;
 - hung: a request that did not end within its bound: the docs/architecture.md#defaults bound of the last
   fault injected while it was open plus 5 s (10 s for node/runner deaths, 15 s for a link),
   or 60 s without any fault. Must be 0;
@@ -32,7 +35,12 @@ Printed at the end:
   (issue 14), summed from every node's ``/state`` counters (sampled after each round, so a
   node killed before it was sampled loses its last few counts).
 
-Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]``.
+Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]
+[--layout pipeline|replicas] [--timeline]``: ``--layout replicas`` places two 1-node instances
+on distinct nodes instead of one 2-node instance (issue 14: instances on at least 2 nodes, so
+a request can move to a ready instance at once); ``--timeline`` prints, after each round,
+what changed in State since the fault (master, nodes, instances, runner statuses), to see
+what a recovery spent its time on.
 Needs root for ``drop_link`` (``ss -K``); without root that fault is left out.
 """
 
@@ -87,6 +95,10 @@ class Request:
     ended: float | None = None
     outcome: str = "open"  # completed | error | hung
     detail: str = ""
+    wall: float = field(default_factory=time.time)
+    """Wall-clock start (to find the request in the node logs)."""
+    response_id: str = ""
+    """The stream's ``id`` (names the request's first task), when one event came."""
 
 
 @dataclass
@@ -106,6 +118,8 @@ class Run:
     faults: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+    layout: str = "pipeline"
+    replicas: int = 2
     moves: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
     """(node index, node boot as its counters' base) → last seen (requests_moved, requests_move_failed)."""
 
@@ -118,6 +132,20 @@ def sample_moves(run: Run) -> None:
             continue
         boot = str(node.proc.pid if node.proc is not None else 0)
         run.moves[(i, boot)] = (s["counters"]["requests_moved"], s["counters"]["requests_move_failed"])
+
+
+def sse_lines(response: httpx.Response):
+    """The lines of an SSE body, split at ``\n`` only as the SSE format says (httpx's
+    ``iter_lines`` also splits at U+2028, U+0085, U+001C…, which a model's text may hold
+    inside a JSON string: a chaos run counted such an event as a failed request)."""
+    buf = b""
+    for data in response.iter_bytes():
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
 
 
 def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None:
@@ -141,7 +169,7 @@ def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None
             if r.status_code != 200:
                 errored, req.detail = True, f"HTTP {r.status_code}: {r.read()[:200]!r}"
             else:
-                for line in r.iter_lines():
+                for line in sse_lines(r):
                     if time.monotonic() - req.started > NO_FAULT_BOUND + MOVE_BOUND + SLACK:
                         req.detail = "no end within the bound"
                         break
@@ -151,6 +179,7 @@ def one_request(run: Run, rng: random.Random, max_tokens: int) -> Request | None
                     if data == "[DONE]":
                         break
                     msg = json.loads(data)
+                    req.response_id = req.response_id or str(msg.get("id", ""))
                     if "error" in msg:
                         errored, req.detail = True, str(msg["error"].get("message", ""))[:200]
                     elif any(c.get("finish_reason") for c in msg.get("choices", [])):
@@ -170,6 +199,57 @@ def load(run: Run, seed: int, max_tokens: int) -> None:
         req = one_request(run, rng, max_tokens)
         if req is not None and req.outcome == "error":
             time.sleep(0.5)  # a user retries after an error, not in a tight loop
+
+
+class Timeline:
+    """``--timeline``: what a recovery spent its time on. Samples the State of a node that is up
+    every ``interval`` s and records, with the time since the last fault, each change of
+    master/term, of the nodes listed, of an instance (created, failed, its reason) and of a
+    runner's status; printed after each round (``print_round``)."""
+
+    def __init__(self, run: Run, interval: float = 0.25) -> None:
+        self.run = run
+        self.interval = interval
+        self.seen: dict[str, str] = {}
+        self.lines: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.names = {self_id(n): f"n{j}" for j, n in enumerate(run.nodes)}  # ids survive restarts
+
+    def _note(self, key: str, value: str, now: float) -> None:
+        serving = ("ready", "running")
+        if value in serving and self.seen.get(key) in serving:
+            return  # a serving runner's ready <-> running is load, not recovery
+        if self.seen.get(key) != value:
+            self.seen[key] = value
+            with self.lock:
+                self.lines.append((now, f"{key}: {value}"))
+
+    def sample(self) -> None:
+        while not self.run.stop.is_set():
+            with self.run.lock:
+                up = [i for i, u in enumerate(self.run.up) if u]
+            try:
+                s = state_of(self.run.nodes[up[-1]], timeout=1) if up else None
+            except httpx.HTTPError:
+                s = None
+            now = time.monotonic()
+            if s is not None:
+                names = self.names
+                self._note("master", f"{names.get(s['master'], s['master'])} term {s['term']}", now)
+                self._note("nodes", ",".join(sorted(names.get(n, n[:8]) for n in s["nodes"])), now)
+                for iid, inst in s["instances"].items():
+                    where = "+".join(names.get(sh["node_id"], "?") for sh in inst["shards"])
+                    self._note(f"instance {iid[:8]}", f"on {where}" + (f" failed: {inst['failed_reason'][:90]}" if inst["failed_reason"] else ""), now)
+                for rid, rec in s["runners"].items():
+                    self._note(f"runner {rid[:8]}{rid[-3:]} on {names.get(rec['node_id'], '?')}", rec["status"]["kind"], now)
+            time.sleep(self.interval)
+
+    def print_round(self, since: float) -> None:
+        with self.lock:
+            lines = [(t, x) for t, x in self.lines if t >= since - 1.0]
+            self.lines = [(t, x) for t, x in self.lines if t > time.monotonic() - 5]
+        for t, x in lines:
+            print(f"    {t - since:+6.1f} s  {x}", flush=True)
 
 
 def master_index(run: Run) -> int | None:
@@ -200,28 +280,42 @@ def whole(nodes: list[NodeProcess], max_lag: int = 100) -> bool:
 
 
 def recover(run: Run, timeout: float) -> float:
-    """Wait until 3 nodes agree and an instance is ready; when for 15 s no instance of the
-    model is on its way (none, or all failed: the master gave up re-placing), place one, as a
-    user would. Returns the seconds it took. Raises TimeoutError."""
+    """Wait until 3 nodes agree and the layout's instances are ready (``run.layout``: one
+    2-node instance, or ``replicas`` 1-node ones); when for 15 s fewer are on their way (none
+    placed, or failed: the master gave up re-placing), place one, as a user would. Returns
+    the seconds it took. Raises TimeoutError."""
     t0 = time.monotonic()
     wait_until(lambda: whole(run.nodes), timeout, interval=0.3, what="3 nodes agree on master and topology")
     api = run.nodes[0]
     deadline = t0 + timeout
-    none_since: float | None = None
+    short_since: float | None = None
+    want = 1 if run.layout == "pipeline" else run.replicas
     while time.monotonic() < deadline:
         views = [v for v in api.get("/instances", timeout=5).json() if v["model"] == MODEL]
-        if any(v["status"] == "ready" for v in views):
+        if sum(v["status"] == "ready" for v in views) >= want:
             return time.monotonic() - t0
-        if any(v["status"] != "failed" for v in views):
-            none_since = None
-        elif none_since is None:
-            none_since = time.monotonic()
-        elif time.monotonic() - none_since > 15:
-            r = api.post("/instances", json={"model": MODEL, "min_nodes": 2}, timeout=30)
+        if sum(v["status"] != "failed" for v in views) >= want:
+            short_since = None
+        elif short_since is None:
+            short_since = time.monotonic()
+        elif time.monotonic() - short_since > 15:
+            r = api.post("/instances", json=placement_body(run, views), timeout=30)
             print(f"  placed a new instance: HTTP {r.status_code}", flush=True)
-            none_since = None
+            short_since = None
         time.sleep(0.5)
     raise TimeoutError(f"no ready instance: {api.get('/instances', timeout=5).text[:300]}")
+
+
+def placement_body(run: Run, views: list[dict]) -> dict:
+    """``POST /instances`` body for one more instance of the layout: a 2-node pipeline, or a
+    1-node instance on a node that hosts none of the model's live instances yet (any node
+    when every one does)."""
+    if run.layout == "pipeline":
+        return {"model": MODEL, "min_nodes": 2}
+    used = {sh["node_id"] for v in views if v["status"] != "failed" for sh in v.get("shards", [])}
+    ids = [self_id(n) for i, n in enumerate(run.nodes) if run.up[i]]
+    free = [i for i in ids if i not in used]
+    return {"model": MODEL, "min_nodes": 1, **({"nodes": [free[0]]} if free else {})}
 
 
 def inject(run: Run, kind: str, rng: random.Random, down: float) -> Fault:
@@ -274,6 +368,15 @@ def is_hung(run: Run, req: Request) -> bool:
     return req.ended - req.started > NO_FAULT_BOUND + SLACK
 
 
+def own_node_killed(run: Run, req: Request) -> bool:
+    """Whether ``req`` failed because its own API node was SIGKILLed while it was open (a
+    transport error: the HTTP server the client talks to died; no cluster can answer that
+    connection; a client retries on another node)."""
+    if req.outcome != "error" or not req.detail.startswith("transport:") or req.ended is None:
+        return False
+    return any(f.kind in ("kill_node", "kill_master") and f.target == req.node and req.started - 1 <= f.at <= req.ended for f in run.faults)
+
+
 def log_holes(data_dirs: list[Path]) -> int:
     """Holes in the per-origin sequence numbers of every (origin, boot) in each node's log:
     numbers missing between the smallest and the largest one seen (a log that starts from a
@@ -303,7 +406,11 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--down", type=float, default=6.0, help="seconds a killed node stays down / a link stays cut")
     ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--layout", choices=["pipeline", "replicas"], default="pipeline",
+                    help="pipeline: one 2-node instance; replicas: --replicas 1-node instances, each on its own node")
+    ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (node logs)")
+    ap.add_argument("--timeline", action="store_true", help="after each round, print what changed in State since the fault (master, nodes, instances, runners)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     kinds = ["kill_node", "kill_master", "kill_runner"] + (["drop_link"] if os.geteuid() == 0 and shutil.which("ss") else [])
@@ -326,12 +433,17 @@ def main() -> int:
             n = NodeProcess(base / f"n{i}", cluster=name, extra_args=["--models-dir", str(models), "--bootstrap", boot])
             nodes.append(n)
             n.start()
-        run = Run(nodes=nodes, up=[True] * 3)
+        run = Run(nodes=nodes, up=[True] * 3, layout=args.layout, replicas=args.replicas)
         wait_until(lambda: whole(nodes), 60, what="cluster of 3")
-        r = first.post("/instances", json={"model": MODEL, "min_nodes": 2}, timeout=30)
-        assert r.status_code == 201, r.text
+        for _ in range(1 if args.layout == "pipeline" else args.replicas):
+            views = [v for v in first.get("/instances", timeout=5).json() if v["model"] == MODEL]
+            r = first.post("/instances", json=placement_body(run, views), timeout=30)
+            assert r.status_code == 201, r.text
         print(f"cluster formed; instance ready in {recover(run, 120):.1f} s; {args.rounds} rounds of {kinds}", flush=True)
         threads = [threading.Thread(target=load, args=(run, args.seed * 100 + c, args.max_tokens), daemon=True) for c in range(args.clients)]
+        timeline = Timeline(run) if args.timeline else None
+        if timeline is not None:
+            threads.append(threading.Thread(target=timeline.sample, daemon=True))
         for t in threads:
             t.start()
         t_start = time.monotonic()
@@ -344,6 +456,8 @@ def main() -> int:
                 sample_moves(run)
                 recoveries.append(time.monotonic() - fault.at)
                 print(f"round {r + 1}: {kind} on node {fault.target}; recovered {time.monotonic() - fault.at:.1f} s after the fault", flush=True)
+                if timeline is not None:
+                    timeline.print_round(fault.at)
             except TimeoutError as exc:
                 print(f"round {r + 1}: {kind} on node {fault.target}; NOT recovered: {exc}", flush=True)
                 unrecovered += 1
@@ -380,13 +494,16 @@ def main() -> int:
                 worst_fault_to_error = max(worst_fault_to_error, q.ended - hits[-1].at)
     completed = sum(q.outcome == "completed" for q in reqs)
     failed = sum(q.outcome == "error" for q in reqs)
+    own_killed = sum(own_node_killed(run, q) for q in reqs)
     rows = [
         ("rounds / faults", f"{len(run.faults)}", ", ".join(f.kind for f in run.faults)),
         ("rounds not recovered", str(unrecovered), "within 150 s; must be 0"),
         ("run time", f"{elapsed:.0f} s", f"{args.clients} clients, max_tokens {args.max_tokens}"),
         ("requests sent", str(len(reqs)), ""),
         ("completed", str(completed), ""),
-        ("failed with an error", str(failed), "HTTP error, SSE error event or transport error"),
+        ("failed with an error", str(failed), f"{100 * failed / max(1, len(reqs)):.1f} % of those sent (issue 14: <= 2 %); HTTP error, SSE error event or transport error"),
+        ("  of which API node killed", str(own_killed), "transport error: the request's own API node was SIGKILLed while it was open"),
+        ("  of which cluster side", str(failed - own_killed), f"{100 * (failed - own_killed) / max(1, len(reqs)):.1f} % of those sent: every other failure"),
         ("moved after a failure", str(sum(m for m, _ in run.moves.values())), "continuations accepted (node counters)"),
         ("failed after a failure", str(sum(f for _, f in run.moves.values())), "could not move or moved too often (node counters)"),
         ("hung", str(hung), "must be 0 (no end within the bound of docs/architecture.md#defaults + 5 s)"),
@@ -401,6 +518,11 @@ def main() -> int:
             kinds_of_error[key] = kinds_of_error.get(key, 0) + 1
     for key, n in sorted(kinds_of_error.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  error x{n}: {key}")
+    for q in [q for q in reqs if q.outcome == "error"][:40]:  # each failure, to find in the node logs
+        at = time.strftime("%H:%M:%S", time.gmtime(q.wall))
+        hits = [f"{f.kind} n{f.target} {f.at - q.started:+.1f} s" for f in run.faults if q.started - 2 <= f.at <= (q.ended or q.started)]
+        why = "its API node was killed" if own_node_killed(run, q) else "cluster side"
+        print(f"  failed ({why}): {at} UTC node {q.node} {q.response_id or '-'} [{', '.join(hits) or 'no fault while open'}]: {q.detail[:160]}")
     width = max(len(r[0]) for r in rows)
     print()
     for label, value, note in rows:

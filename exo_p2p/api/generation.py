@@ -53,9 +53,11 @@ from exo_p2p.api.resume import (
     on_failure,
     on_refusal,
     suspect,
+    waits_for_replacement,
 )
 from exo_p2p.types import (
     CancelGeneration,
+    CommandResult,
     Chunk,
     ErrorChunk,
     ErrorInfo,
@@ -252,11 +254,16 @@ class GenerationResponse:
         )
         self._submitted = True
         result = await self.backend.command(submit, timeout=self.settings.command_timeout)
+        if result.error is not None and self.settings.max_moves and waits_for_replacement(result.error, self.backend.state(), self.job.model_id):
+            result = await self._wait_for_replacement(submit, result, send)
         self._instance_id = result.instance_id
         if result.error is not None:
             self._ended = True
             self._outcome = f"refused {result.error.status}"
-            await send_error(send, result.error, self.encoder.family)
+            if self._streaming:  # keep-alives began the stream while it waited
+                await self._send(send, self.encoder.error(result.error), more=False)
+            else:
+                await send_error(send, result.error, self.encoder.family)
             return
         first = await self._next(send)
         if isinstance(first, ErrorChunk) and not self._streaming:
@@ -351,6 +358,31 @@ class GenerationResponse:
                 return step.error
             await trio.sleep(step.delay)
             await self._keepalive_if_due(send, started)
+
+    async def _wait_for_replacement(self, submit: SubmitGeneration, result: CommandResult, send: Send) -> CommandResult:
+        """A new request refused because its model's instances failed and are being
+        re-placed: submitted again (same task id) every ``RETRY_INTERVAL`` s, keep-alives
+        meanwhile, until accepted or the rules give up (``on_refusal``: the bound, a model
+        given up, another refusal); returns the last answer (``exo_p2p.api.resume``)."""
+        started = trio.current_time()
+        refusal = result.error
+        while refusal is not None:
+            waited = trio.current_time() - started
+            step = on_refusal(refusal, refusal, waited=waited, bound=self.settings.move_bound,
+                              given_up=model_given_up(self.backend.state(), self.job.model_id))
+            if isinstance(step, GiveUp):
+                return result
+            await trio.sleep(step.delay)
+            await self._keepalive_if_due(send, started)
+            # a fresh route per submission: the router ends a route whose task never
+            # appears in State (``chunk_router.UNSEEN_BOUND``), and this one is not in it yet
+            self.backend.close_chunks(self.task_id)
+            self._chunks = self.backend.open_chunks(self.task_id)
+            again = msgspec.structs.replace(submit, command_id=new_id())
+            result = await self.backend.command(again, timeout=min(self.settings.command_timeout, self.settings.keepalive_interval))
+            refusal = result.error
+        log.info("api.request_waited_for_replacement", task_id=self.task_id, waited=round(trio.current_time() - started, 2))
+        return result
 
     async def _keepalive_if_due(self, send: Send, quiet_since: float) -> None:
         """During a move: a stream's keep-alive when ``keepalive_interval`` passed without

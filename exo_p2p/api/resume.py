@@ -28,6 +28,13 @@ Rules (``on_failure``, ``on_refusal``):
   cannot fix (4xx but 429) — the request ends with the failure's error (the one it would have
   had without moving), its message naming why it could not move.
 
+A request that has not started yet — its submission is refused with a 503 because the
+model's only instances failed and their re-placement loads (``code="loading"`` or
+``"instance_failed"``) — waits for it the same way (``waits_for_replacement``): submitted
+again every ``RETRY_INTERVAL`` seconds until ``MOVE_BOUND`` seconds, with keep-alives, as
+issue 14 asks of requests not yet started. A model that is loading for the first time (no
+failure behind it) is still answered 503 at once, with ``Retry-After``.
+
 No clock, no I/O: callers pass seconds on any monotonic clock.
 """
 
@@ -128,6 +135,26 @@ def model_given_up(state: State, model_id: str) -> bool:
     re-placement will come)."""
     instances = [i for i in state.instances.values() if i.model_id == model_id]
     return bool(instances) and all(i.gave_up for i in instances)
+
+
+def replacement_coming(state: State, model_id: str) -> bool:
+    """Whether an instance of ``model_id`` is on its way back after a failure: a
+    re-placement (``replaces`` set) that has not failed, or a failed instance the master will
+    still re-place (not given up)."""
+    for inst in state.instances.values():
+        if inst.model_id != model_id:
+            continue
+        if inst.failed_reason is None and inst.replaces is not None:
+            return True
+        if inst.failed_reason is not None and not inst.gave_up:
+            return True
+    return False
+
+
+def waits_for_replacement(refusal: ErrorInfo, state: State, model_id: str) -> bool:
+    """Whether a new request refused with ``refusal`` waits (and is submitted again) rather
+    than answered: a 503 ``loading`` / ``instance_failed`` while ``replacement_coming``."""
+    return refusal.status == 503 and refusal.code in ("loading", "instance_failed") and replacement_coming(state, model_id)
 
 
 def _with_reason(error: ErrorInfo, reason: str) -> ErrorInfo:

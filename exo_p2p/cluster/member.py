@@ -65,7 +65,8 @@ class ClusterMember:
         self.roles = RoleKeeper(net, replica, self.role, self.peers, hooks, *args, clock)
         self.outbox = LocalOutbox(net, self.role, boot_id, hooks, *args, clock)
         self.sequencer = MasterLink(net, replica, self.role, self.peers, hooks, *args, self.event_times,
-                                    master_since=lambda: max(self.roles.master_since, self.peers.started_at), clock=clock)
+                                    master_since=lambda: max(self.roles.master_since, self.peers.started_at), clock=clock,
+                                    lost_master=lambda: self.roles.lost_master)
         self.log = LogFollower(net, replica, self.role, self.peers, *args, self.event_times)
         self.mesh = MeshKeeper(net, replica, self.role, self.peers, self.outbox, clock)
         self.commands = CommandClient(net, replica, self.role, self.peers, hooks, *args, self.roles.wait_for_master)

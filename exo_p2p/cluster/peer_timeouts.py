@@ -6,6 +6,13 @@ became master when that is later (or the node was never heard). A new master thu
 every node a full timeout from the moment it becomes master: it never times out a node only
 because its own clock started earlier (at node start) or because it heard that node's last
 heartbeat, long ago, while still a follower whose view was not yet complete.
+
+One node is exempt from that grace: the master this node followed and lost just before it
+became master (``lost_master``). This node heard that master's heartbeats itself, as its
+follower, until they stopped, so the ordinary rule — ``timeout`` seconds after its last
+heartbeat — is exact for it. A killed master's instances are then failed (and re-placed)
+``timeout`` seconds after its death, not the failover time plus ``timeout`` (chaos run,
+issue 9 item 8: the slow recoveries were master kills).
 """
 
 from __future__ import annotations
@@ -21,16 +28,22 @@ def timed_out(
     master_since: float,
     now: float,
     timeout: float,
+    lost_master: str | None = None,
 ) -> list[str]:
     """The nodes of ``nodes`` (not ``self_id``) with ``now - max(last heard, master_since)
     >= timeout``, in the order given. Times are the master's monotonic seconds;
-    ``last_heard(node)`` is None for a node never heard."""
+    ``last_heard(node)`` is None for a node never heard. ``lost_master``: the master this
+    node followed before it became master; when it was heard, its time counts from its
+    last heartbeat alone (module docstring)."""
     out = []
     for node in nodes:
         if node == self_id:
             continue
         heard = last_heard(node)
-        since = master_since if heard is None else max(heard, master_since)
+        if node == lost_master and heard is not None:
+            since = heard
+        else:
+            since = master_since if heard is None else max(heard, master_since)
         if now - since >= timeout:
             out.append(node)
     return out

@@ -50,6 +50,9 @@ class RoleKeeper:
         self.masterless_since: float | None = clock()
         self.master_since = clock()
         """When this node last became master (the timeout grace of ``peer_timeouts``)."""
+        self.lost_master: str | None = None
+        """The master this node followed and lost most recently, while it has not followed
+        another one since (``peer_timeouts``: no grace for it when this node takes over)."""
         self.lock = trio.Lock()
         self.changed = Pulse()
         self.on_change: list[Callable[[str | None], None]] = []
@@ -156,6 +159,10 @@ class RoleKeeper:
                 self.replica.sync()
             if master != self.role.master:
                 log.info("following master", master=master, term=term)
+            if master is None and self.role.master not in (None, self.role.node_id):
+                self.lost_master = self.role.master
+            elif master is not None:
+                self.lost_master = None
             self.role.master = master
             self.role.term = term if master is not None else self.role.term
             self.masterless_since = None if master is not None else self.clock()

@@ -64,10 +64,12 @@ class MasterLink:
 
     def __init__(self, net, replica: Replica, role: Role, peers: PeerView, hooks: MasterHooks,  # type: ignore[no-untyped-def]
                  settings: ClusterSettings, counters: Counters, event_times: EventTimes,
-                 master_since: Callable[[], float], clock: Callable[[], float]) -> None:
+                 master_since: Callable[[], float], clock: Callable[[], float],
+                 lost_master: Callable[[], str | None] = lambda: None) -> None:
         self.net, self.replica, self.role, self.peers, self.hooks = net, replica, role, peers, hooks
         self.settings, self.counters, self.event_times, self.clock = settings, counters, event_times, clock
         self.master_since = master_since
+        self.lost_master = lost_master
         self.outbox: list[IndexedEvent] = []
         self.wake = Wake()
         self.room = Pulse()
@@ -138,6 +140,7 @@ class MasterLink:
             gone = timed_out(
                 list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self.peers.liveness.last_heard,
                 master_since=self.master_since(), now=self.clock(), timeout=self.settings.peer_timeout,
+                lost_master=self.lost_master(),
             )
             for node_id in gone:
                 log.warning("node timed out", node=node_id)

@@ -109,6 +109,26 @@ def check_every_for(decode_tokens_per_second: float, seconds: float = CHECK_SECO
     return max(1, min(MAX_CHECK_EVERY, int(seconds * decode_tokens_per_second)))
 
 
+PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.generator")
+"""What a runner imports in the background from its start: MLX, mlx-lm and transformers
+take ~1 s of CPU to import (over 10 s on a loaded machine), time that would otherwise come
+after the lifecycle barriers (every rank created, every rank connected) instead of during
+them — a re-placed 2-node instance spent 11-13 s between Connected and Loading in the chaos
+run (issue 9 item 8). ``load`` imports the same modules; Python's import locks make it wait
+for an import still in flight rather than run it twice."""
+
+
+def _preload(modules: tuple[str, ...] = PRELOAD_MODULES) -> None:
+    """Import ``modules`` (a failure is left for ``load`` to report, with its traceback)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported by the lifecycle task that needs it
+            return
+
+
 def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     """Exit at once when the node process that started us is gone.
 
@@ -484,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    threading.Thread(target=_preload, name="preload", daemon=True).start()  # after the env above
     runner = RunnerProcess(args.in_fd, args.out_fd)
     try:
         code = runner.run()
