@@ -333,17 +333,18 @@ class Node:
 
     # --- loops ----------------------------------------------------------------------------
     async def _profile_loop(self) -> None:
-        from worker.profile import measure_profile, profile_changed
+        from worker.profile import measure_profile, publish_due
 
-        last = None
+        last, last_hosted = None, None
         while True:
+            hosted = self.worker.hosted_bytes()
             addrs = tuple(_address_of(a) for a in self.net.listen_addrs())
             profile = measure_profile(
                 self.node_id,
                 self.boot_id,
                 self.config.friendly_name or _default_name(),
                 memory_limit=self.config.memory_limit,
-                hosted_bytes=self.worker.hosted_bytes(),
+                hosted_bytes=hosted,
                 addrs=addrs,
                 models=tuple(sorted(c.model_id for c in self._local_cards)),
                 priority=self.config.priority,
@@ -357,9 +358,9 @@ class Node:
             # also re-publish when State's copy differs from what we published (we were timed
             # out, our log was replaced by another master's) once nothing of ours is in flight
             stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
-            if profile_changed(last, profile) or stale:
+            if publish_due(last, profile, last_hosted, hosted) or stale:
                 self.emit_local(NodeProfileUpdated(profile))
-                last = profile
+                last, last_hosted = profile, hosted
             if published is not None and published.models != profile.models and self.member.outbox.idle:
                 self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
             await trio.sleep(2.0)

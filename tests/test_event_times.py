@@ -174,7 +174,8 @@ def test_every_follower_applies_every_published_event(tmp_path):
     try:
         cluster.start()
         nodes = cluster.nodes
-        master_id = agreement(nodes, 3)[0]
+        agreed = wait_until(lambda: agreement(nodes, 3), 60, what="3 nodes agree on master, log and State")
+        master_id = agreed[0]
         ids = {self_id(n): n for n in nodes}
         master = ids[master_id]
         followers = [n for i, n in ids.items() if i != master_id]

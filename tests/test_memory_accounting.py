@@ -129,6 +129,24 @@ def models_dir(tmp_path_factory):
     return tiny_models_dir(tmp_path_factory, n_layers=5, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2, seed=7)
 
 
+def test_profile_is_republished_when_hosted_shards_change_by_less_than_the_step():
+    """Under ``--memory-limit`` a deletion frees less than the 256 MiB publish step: the node
+    still re-publishes (its promised memory moved), else a profile re-published for another
+    field while more shards were hosted keeps refusing placements (flaked in CI before)."""
+    from exo_p2p.types import NodeProfile
+    from worker.profile import capped_memory, publish_due
+
+    limit, share = 80 * MIB, 20 * MIB
+    def profile(hosted: int) -> NodeProfile:
+        total, available = capped_memory(64 * 2**30, 60 * 2**30, limit, hosted)
+        return NodeProfile(node_id="n", boot_id="b", friendly_name="n", memory_total=total, memory_available=available)
+
+    three, two = profile(3 * share), profile(2 * share)
+    assert publish_due(None, three, None, 3 * share)
+    assert publish_due(three, two, 3 * share, 2 * share)  # moved 20 MiB < step: still due
+    assert not publish_due(three, profile(3 * share), 3 * share, 3 * share)
+
+
 @pytest.mark.integration
 def test_placements_in_quick_succession_fit_or_are_refused_as_the_rule_says(tmp_path, models_dir):
     """One node with ``--memory-limit`` room for exactly 3 copies of the tiny model (with the
@@ -159,6 +177,9 @@ def test_placements_in_quick_succession_fit_or_are_refused_as_the_rule_says(tmp_
         assert total == limit and total - sum(shares) < need
         first = results[0].json()["instance_id"]
         assert httpx.delete(node.url + f"/instances/{first}", timeout=30).status_code == 200
+        # the node re-publishes what it has promised within its 2 s profile tick (slack 15 s)
+        wait_until(lambda: next(iter(node.get("/state").json()["nodes"].values()))["memory_available"] >= need,
+                   15, what="the node's profile after the deletion")
         r = node.post("/instances", json={"model": MODEL})
         assert r.status_code == 201, r.text
     finally:

@@ -84,3 +84,15 @@ def profile_changed(old: NodeProfile | None, new: NodeProfile, *, memory_step: i
     if (old.memory_available is None) != (new.memory_available is None):
         return True
     return abs((old.memory_available or 0) - (new.memory_available or 0)) >= memory_step
+
+
+def publish_due(old: NodeProfile | None, new: NodeProfile, old_hosted_bytes: int | None, hosted_bytes: int,
+                *, memory_step: int = 256 * 1024 * 1024) -> bool:
+    """Whether the node's profile loop publishes ``new``: ``profile_changed``, or the bytes of
+    the shards this node hosts moved since the last publish (``old_hosted_bytes``, None before
+    the first). A placement or deletion changes what the node has promised, not a fluctuation:
+    under ``--memory-limit`` its available memory (``capped_memory``) moves by exactly that, often
+    less than ``memory_step`` — left unpublished, a profile re-published for another field while
+    3 shards were hosted would keep refusing a placement after one of them was deleted (placement
+    takes the smaller of reported and computed, master/memory.py ``usable_memory``)."""
+    return profile_changed(old, new, memory_step=memory_step) or old_hosted_bytes != hosted_bytes
