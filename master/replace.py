@@ -6,7 +6,11 @@ seconds (``replace_delay``), when the model fits
 somewhere; after ``MAX_ATTEMPTS`` re-placements in a row that never served (a crash loop) it
 is given up and its failure reason says why. An instance that served (every rank Ready
 once) starts the count again when it fails, so a long-lived instance survives any number of
-node restarts spread over its life. Deleting an instance is final (a deleted instance is not in State, so never re-placed).
+node restarts spread over its life. A re-placement that fits nowhere is tried again for
+``RELEASE_WAIT`` seconds after the failure before the instance is given up: the failed
+instance's runners still hold their memory until they exit, and their nodes re-publish it
+within a profile tick after (a report taken while they ran is the smaller of the two figures
+placement takes, ``master.memory.usable_memory``). Deleting an instance is final (a deleted instance is not in State, so never re-placed).
 The timing uses the master's monotonic clock only; the decisions are pure.
 """
 
@@ -20,6 +24,10 @@ from master.placement import PlacementError, place_instance
 MAX_ATTEMPTS = 3
 BACKOFF_BASE = 1.0
 """Seconds before the first re-placement; doubles with every attempt."""
+RELEASE_WAIT = 10.0
+"""Seconds after a failure during which a re-placement that fits nowhere is retried rather
+than given up: the failed runners exit within ``T_FAIL`` (10 s) and their nodes re-publish the
+memory they held within 2 s of that."""
 
 
 def backoff(attempt: int) -> float:
@@ -57,6 +65,7 @@ def replacement(
     *,
     unreachable: frozenset[str] = frozenset(),
     rank_settings: RankSettings | None = None,
+    waited: float = RELEASE_WAIT,
 ) -> tuple[Event, ...]:
     """Events that re-place ``failed``: delete it and create its successor, or — when the
     attempts are used up or nothing fits — record that it was given up (the instance stays
@@ -66,7 +75,9 @@ def replacement(
     at least, same sharding), else any size. ``unreachable``: nodes the master does not hear
     right now (dead but not yet timed out): never chosen, so a re-placement does not land on
     the node whose death caused it. The successor keeps the failed instance's
-    ``settings`` (decided once, when it was first placed), else takes ``rank_settings``."""
+    ``settings`` (decided once, when it was first placed), else takes ``rank_settings``.
+    ``waited``: seconds since ``failed`` failed; below ``RELEASE_WAIT`` a placement that fits
+    nowhere returns no events (the caller tries again) instead of giving the instance up."""
     reason = failed.failed_reason or "failed"
     if failed.gave_up:
         return ()
@@ -86,6 +97,8 @@ def replacement(
             if min_nodes == 1 and error is None:
                 error = exc  # the reason given: the same sharding at any size
     if new is None:
+        if waited < RELEASE_WAIT:
+            return ()  # the failed runners may still hold the memory it needs: try again
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {error}", final=True),)
     new = msgspec.structs.replace(
         new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1, settings=failed.settings or rank_settings

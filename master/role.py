@@ -137,7 +137,8 @@ class MasterRole:
                         continue
                     state = self.replica.state
                     unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
-                    events = list(replacement(state, current, new_id(), unreachable=unreachable, rank_settings=self._rank_settings))
+                    events = list(replacement(state, current, new_id(), unreachable=unreachable,
+                                              rank_settings=self._rank_settings, waited=now - since))
                     if events:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)

@@ -215,6 +215,29 @@ def test_failed_instance_that_no_longer_fits_is_given_up_with_the_reason():
     assert final.final and "not re-placed" in final.reason and "needs" in final.reason
 
 
+def test_a_re_placement_that_fits_nowhere_waits_for_the_memory_release_before_giving_up():
+    """Within ``RELEASE_WAIT`` of the failure nothing is given up (the failed runners may still
+    hold the memory; their nodes re-publish it once they exit: the CI flake of
+    test_runner_churn, re-placement refused by 2 MB): no events, the master tries again; the
+    memory back in a new report → re-placed; still nowhere after the wait → given up."""
+    from master.replace import RELEASE_WAIT, replacement
+
+    s = one_node()
+    d = handle_command(s, PlaceInstance("cmd-1", "m"))
+    s = run(s, d.events)
+    inst = d.result.instance
+    low = NodeProfile("node-a", "boot-1", "a", memory_total=100, memory_available=100, models=("m",))
+    s_low = run(s, [InstanceFailed(inst.instance_id, "runner killed"), NodeProfileUpdated(low)])
+    failed = s_low.instances[inst.instance_id]
+    assert replacement(s_low, failed, "new-1", waited=0.5) == ()
+    assert replacement(s_low, failed, "new-1", waited=RELEASE_WAIT - 0.1) == ()
+    s_back = run(s, [InstanceFailed(inst.instance_id, "runner killed")])  # the node's memory as before
+    deleted, created = replacement(s_back, s_back.instances[inst.instance_id], "new-1", waited=0.5)
+    assert created.instance.replaces == inst.instance_id
+    (final,) = replacement(s_low, failed, "new-1", waited=RELEASE_WAIT)
+    assert final.final and "needs" in final.reason
+
+
 def test_a_prompt_too_large_for_any_tokenization_is_refused_before_a_task_exists():
     """A prompt of more than context × MAX_BYTES_PER_TOKEN bytes cannot fit the context: 400
     context_length_exceeded at the master, no event, so no runner ever tokenizes it (a 5 MB
