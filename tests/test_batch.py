@@ -162,8 +162,8 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
     """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in
     different orders; one cancelled on rank 1 only once it streams. Every other task's text
     equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s."""
-    from exo_p2p.types.tasks import CancelTask, ChatMessage, GenerationParams, Shutdown, TextGeneration
-    from tests.test_pipeline import bring_up, start_runners, wait_for
+    from exo_p2p.types.tasks import CancelTask, ChatMessage, GenerationParams, TextGeneration
+    from tests.test_pipeline import bring_up, shut_down_cleanly, start_runners, wait_for
 
     def task(i: int, req: GenerationRequest) -> TextGeneration:
         m = req.messages[0]
@@ -196,10 +196,7 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
                 continue
             text = "".join(c.text for c in runners[0].chunks(t.task_id) if isinstance(c, TokenChunk))
             assert text == solo[t.task_id]["texts"].get(t.task_id, ""), t.task_id
-        runners[0].send(Shutdown(runner_id="x"))
-        for r in runners:
-            r.proc.wait(timeout=15)
-            assert r.proc.returncode == 0
+        shut_down_cleanly(runners)
     finally:
         for r in runners:
             r.close()

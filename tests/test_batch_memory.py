@@ -227,9 +227,9 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
     rank's capacity (agreed at warm-up), so joins are decided alike — every task's text
     equals its solo text on both ranks, and a request that cannot fit on rank 1 ends with the
     503 ``out_of_memory`` on both, though rank 0 alone would have taken it."""
-    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, Shutdown, TextGeneration
+    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, TextGeneration
     from exo_p2p.types.chunks import ErrorChunk, TokenChunk
-    from tests.test_pipeline import RunnerProc, bring_up, make_instance, wait_for
+    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
     from worker.runner.protocol import RunnerSetup
 
     reqs = requests(6)
@@ -272,10 +272,7 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
         for req in reqs:
             text = "".join(c.text for c in runners[0].chunks(req.task_id) if isinstance(c, TokenChunk))
             assert text == solo[req.task_id], req.task_id
-        runners[0].send(Shutdown(runner_id="x"))
-        for r in runners:
-            r.proc.wait(timeout=15)
-            assert r.proc.returncode == 0
+        shut_down_cleanly(runners)
     finally:
         for r in runners:
             r.close()

@@ -31,8 +31,8 @@ def test_second_turn_on_a_two_rank_pipeline_prefills_only_new_tokens(loaded, cac
     the cached prefix (its first progress chunk: exactly the shared prefix's tokens) and its
     text equals the no-cache run's; with the cache on rank 0 only, no rank reuses anything
     (a rank without the prefix cannot reuse it) and the answer is the same."""
-    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, Shutdown, TextGeneration
-    from tests.test_pipeline import RunnerProc, bring_up, make_instance, wait_for
+    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, TextGeneration
+    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
     from worker.runner.protocol import RunnerSetup
 
     first = [{"role": "user", "content": PROMPTS[2]}]
@@ -77,10 +77,7 @@ def test_second_turn_on_a_two_rank_pipeline_prefills_only_new_tokens(loaded, cac
         assert progress[0].processed == expected_reuse  # prefilled: only len(prompt2) - reuse tokens
         chunked = [c.processed for c in progress[1:-1]]  # each prefill chunk after the reused prefix
         assert chunked and chunked[0] == expected_reuse + min(CHUNK, len(prompt2) - 1 - expected_reuse)
-        runners[0].send(Shutdown(runner_id="x"))
-        for r in runners:
-            r.proc.wait(timeout=15)
-            assert r.proc.returncode == 0
+        shut_down_cleanly(runners)
     finally:
         for r in runners:
             r.close()

@@ -12,7 +12,6 @@ Run a rank by hand: ``python -m tests.test_pipeline '<json config>'`` (see ``ran
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -288,6 +287,17 @@ class RunnerProc:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def shut_down_cleanly(runners: list[RunnerProc]) -> None:
+    """Send ``Shutdown`` to rank 0 (it reaches every rank through the agreement) and assert
+    every runner exits with code 0 within 15 s."""
+    from exo_p2p.types.tasks import Shutdown
+
+    runners[0].send(Shutdown(runner_id="x"))
+    for r in runners:
+        r.proc.wait(timeout=15)
+        assert r.proc.returncode == 0
 
 
 def wait_for(pred, timeout: float, what: str) -> None:

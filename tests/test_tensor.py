@@ -16,9 +16,7 @@ Run a rank by hand: ``python -m tests.test_tensor '<json config>'`` (see ``rank_
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
