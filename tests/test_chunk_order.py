@@ -229,8 +229,9 @@ def test_loss_duplication_and_reordering_on_the_chunk_stream(tmp_path, models_di
         b.start()
         c.start()
         wait_until(lambda: converged(nodes, 3), 30, what="3-node cluster")
-        for model in ("tiny", "tiny2"):
-            r = a.post("/instances", json={"model": model})
+        for model, holder in (("tiny", b), ("tiny2", c)):
+            # on its holder: A could fetch the model and serve it itself (models travel, issue 13)
+            r = a.post("/instances", json={"model": model, "nodes": [state_of(holder)["node_id"]]})
             assert r.status_code == 201, r.text
             iid = r.json()["instance_id"]
             wait_until(lambda: a.get(f"/instances/{iid}").json()["status"] == "ready", 60, what=f"{model} ready")
