@@ -162,17 +162,10 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
     """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in
     different orders; one cancelled on rank 1 only once it streams. Every other task's text
     equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s."""
-    from exo_p2p.types.tasks import CancelTask, ChatMessage, GenerationParams, TextGeneration
-    from tests.test_pipeline import bring_up, shut_down_cleanly, start_runners, wait_for
+    from exo_p2p.types.tasks import CancelTask
+    from tests.test_pipeline import bring_up, shut_down_cleanly, start_runners, task_for_request, wait_for
 
-    def task(i: int, req: GenerationRequest) -> TextGeneration:
-        m = req.messages[0]
-        return TextGeneration(
-            task_id=req.task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=i,
-            params=GenerationParams(messages=(ChatMessage("user", str(m["content"])),), max_tokens=req.max_tokens,
-                                    temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
-
-    tasks = [task(i, r) for i, r in enumerate(requests())]
+    tasks = [task_for_request(i, r) for i, r in enumerate(requests())]
     if sharding == "tensor":
         runners = _tensor_runners(loaded.model_dir, 16)
     else:

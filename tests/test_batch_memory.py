@@ -227,9 +227,9 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
     rank's capacity (agreed at warm-up), so joins are decided alike — every task's text
     equals its solo text on both ranks, and a request that cannot fit on rank 1 ends with the
     503 ``out_of_memory`` on both, though rank 0 alone would have taken it."""
-    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, TextGeneration
+    from exo_p2p.types.tasks import ConnectToGroup
     from exo_p2p.types.chunks import ErrorChunk, TokenChunk
-    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
+    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, task_for_request, wait_for
     from worker.runner.protocol import RunnerSetup
 
     reqs = requests(6)
@@ -247,14 +247,7 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
                for s in instance.shards]
     huge = GenerationRequest(task_id="huge", messages=[{"role": "user", "content": "hi"}], max_tokens=capacity, temperature=0.0)
 
-    def task(i: int, req: GenerationRequest) -> TextGeneration:
-        m = req.messages[0]
-        return TextGeneration(
-            task_id=req.task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=i,
-            params=GenerationParams(messages=(ChatMessage("user", str(m["content"])),), max_tokens=req.max_tokens,
-                                    temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
-
-    tasks = [task(i, r) for i, r in enumerate([*reqs[:3], huge, *reqs[3:]])]
+    tasks = [task_for_request(i, r) for i, r in enumerate([*reqs[:3], huge, *reqs[3:]])]
     try:
         for r in runners:
             r.send(ConnectToGroup(runner_id="x"))

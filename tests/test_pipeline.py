@@ -358,6 +358,18 @@ def gen_task(task_id: str, created_idx: int, prompt: str, max_tokens: int):
                                                   max_tokens=max_tokens, temperature=0.0))
 
 
+def task_for_request(created_idx: int, req: Any):
+    """The ``TextGeneration`` task a runner gets for generator request ``req`` (its first
+    message, max_tokens, temperature, seed, stop strings), on instance ``i1``."""
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams, TextGeneration
+
+    m = req.messages[0]
+    return TextGeneration(
+        task_id=req.task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=created_idx,
+        params=GenerationParams(messages=(ChatMessage("user", str(m["content"])),), max_tokens=req.max_tokens,
+                                temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
+
+
 def test_runner_ranks_agree_on_tasks_and_cancel(model_dir: Path, single: dict[str, Any]) -> None:
     """Two runner ranks: tasks delivered in different orders run once, in created_idx order,
     with rank 0's text equal to one rank's; a cancel delivered to rank 1 only ends the task
