@@ -70,6 +70,10 @@ def test_dead_instance_is_never_chosen_and_none_left_gives_503(tmp_path, models_
         for k in range(5):
             r = node.chat(f"question {k}", MODEL, max_tokens=4, temperature=0)
             assert r.status_code == 200, r.text
+        # the runner reports the task's end just after its last chunk, which already ended
+        # the HTTP response: its log line may come a moment after the response
+        wait_until(lambda: len(_log_records(node, "runner task ended")) >= before + 5, SLACK,
+                   interval=0.05, what="5 'runner task ended' lines")
         ended = _log_records(node, "runner task ended")[before:]
         assert len(ended) == 5, ended
         assert all(rec["runner_id"].startswith(i2) for rec in ended), [rec["runner_id"] for rec in ended]
@@ -84,6 +88,8 @@ def test_dead_instance_is_never_chosen_and_none_left_gives_503(tmp_path, models_
         if r.status_code == 200:
             # a re-placement became ready in the meantime and served it: fine, but it must be
             # a new instance, never one of the dead two
+            wait_until(lambda: len(_log_records(node, "runner task ended")) > before, SLACK,
+                       interval=0.05, what="the 'runner task ended' line")
             (rec,) = _log_records(node, "runner task ended")[before:]
             assert not rec["runner_id"].startswith((i1, i2)), rec
         else:
