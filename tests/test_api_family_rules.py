@@ -3,11 +3,15 @@ what maps where, and what is refused by name."""
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families import anthropic, ollama, openai_completions, openai_responses
+from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
 from exo_p2p.types import ChatMessage
 
 
@@ -104,3 +108,44 @@ def test_completions_prompt_forms_and_refusals() -> None:
     for fields, param in [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"), ({"echo": True}, "echo"),
                           ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of"), ({"n": 2}, "n"), ({"logprobs": 1}, "logprobs")]:
         assert refused(openai_completions.completion_params, req(**fields)).info.param == param
+
+
+def _strings(doc):
+    """Every string value in a decoded JSON document."""
+    if isinstance(doc, str):
+        yield doc
+    elif isinstance(doc, dict):
+        for v in doc.values():
+            yield from _strings(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _strings(v)
+
+
+_LINE_BREAKERS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(_LINE_BREAKERS) + list("aé中😀\"\\")), max_size=24))
+def test_stream_lines_stay_whole_for_any_line_splitter(delta: str) -> None:
+    """Every family's stream event is whole lines even for a client that splits with
+    ``str.splitlines`` (which also breaks on U+0085, U+2028, U+2029 that JSON may carry raw):
+    each line is a field (``data:``/``event:``) or an NDJSON document, and decoding it gives
+    back the delta exactly."""
+    request = msgspec.convert({"model": "m", "input": "hi"}, openai_responses.ResponsesRequest)
+    encoders = [
+        openai_chat.ChatEncoder("chatcmpl-1", 0, "m"),
+        openai_completions.CompletionEncoder("cmpl-1", 0, "m"),
+        openai_responses.ResponsesEncoder("t-1", "m", request),
+        anthropic.MessagesEncoder("t-1", "m"),
+    ]
+    for enc in encoders:
+        enc.start(1)
+        lines = enc.text(delta).decode().splitlines()
+        assert lines[-1] == "" or lines[-1].startswith("data: "), lines
+        data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        assert all(line == "" or line.startswith(("data: ", "event: ")) for line in lines), (type(enc).__name__, lines)
+        assert len(data) == 1 and delta in set(_strings(data[0])), (type(enc).__name__, data)
+    ndjson = ollama.OllamaEncoder("m", "chat").text(delta).decode()
+    (line,) = ndjson.splitlines()
+    assert json.loads(line)["message"]["content"] == delta

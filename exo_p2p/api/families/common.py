@@ -61,11 +61,29 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(s for s in dict.fromkeys(items) if s)
 
 
-def sse(payload: object, event: str | None = None) -> bytes:
-    """One SSE event: ``event: NAME`` (when given) and ``data: <payload as JSON>``."""
+_LINE_BREAKS_JSON_KEEPS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+"""Characters JSON may carry raw but line splitters such as Python's ``str.splitlines`` break
+on (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), as UTF-8 bytes and their JSON escapes; msgspec
+already escapes every control character below U+0020."""
+
+
+def one_line_json(payload: object) -> bytes:
+    """``payload`` as JSON bytes (bytes are taken as JSON already) that stay one line for any
+    line splitter: U+0085, U+2028 and U+2029 escaped as ``\\uXXXX`` (the same JSON value). Every
+    SSE ``data:`` line and NDJSON line is made with this, so a client splitting on those
+    characters never sees half an event."""
     data = payload if isinstance(payload, bytes) else _json.encode(payload)
+    for raw, escaped in _LINE_BREAKS_JSON_KEEPS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
+def sse(payload: object, event: str | None = None) -> bytes:
+    """One SSE event: ``event: NAME`` (when given) and ``data: <payload as JSON on one line>``
+    (``one_line_json``)."""
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + data + b"\n\n"
+    return head + b"data: " + one_line_json(payload) + b"\n\n"
 
 
 SSE_KEEPALIVE = b": keep-alive\n\n"

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, ollama_error_body
-from exo_p2p.api.families.common import check_range, refuse_set
+from exo_p2p.api.families.common import check_range, one_line_json, refuse_set
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import NonEmptyStr
 from exo_p2p.state import instance_view
@@ -235,7 +235,7 @@ class OllamaEncoder:
         return doc
 
     def _line(self, doc: dict[str, Any]) -> bytes:
-        return _json.encode(doc) + b"\n"
+        return one_line_json(doc) + b"\n"
 
     def stats(self, chunk: FinishChunk) -> dict[str, Any]:
         total = time.monotonic() - self.t0
@@ -260,7 +260,7 @@ class OllamaEncoder:
         return self._line(self._object("", True, **self.stats(chunk)))
 
     def error(self, info: ErrorInfo) -> bytes:
-        return ollama_error_body(info) + b"\n"
+        return one_line_json(ollama_error_body(info)) + b"\n"
 
     def keepalive(self) -> bytes:
         return self.text("")
