@@ -714,8 +714,6 @@ def test_cluster_secret_printed_when_no_file():
 
 # -- SSE parsing (property) -----------------------------------------------------------------
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"))
 

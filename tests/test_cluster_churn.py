@@ -12,7 +12,6 @@ counters in ``/state`` are consistent.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 

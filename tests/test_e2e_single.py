@@ -133,7 +133,7 @@ def test_sigkill_of_node_makes_its_runner_exit_and_sigterm_stops_cleanly(tmp_pat
         def replaced():
             insts = n2.get("/instances").json()
             return [i for i in insts if i["status"] == "ready"] and insts
-        insts = wait_until(replaced, 60, what="re-placed instance ready")
+        wait_until(replaced, 60, what="re-placed instance ready")
         state = n2.get("/state").json()
         (inst,) = state["instances"].values()
         assert inst["replaces"] and inst["attempt"] == 1

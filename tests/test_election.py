@@ -35,7 +35,6 @@ from unittest import mock
 
 import msgspec
 import msgspec.inspect as mi
-import pytest
 import trio
 import trio.testing
 from hypothesis import given, settings

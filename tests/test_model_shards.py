@@ -195,7 +195,7 @@ def test_corrupt_chunks_and_a_killed_source_move_the_fetch_to_another_holder(tmp
 def test_restarted_node_resumes_its_shard_and_fails_clearly_when_no_holder_is_left(tmp_path, nodes, model_dir) -> None:
     (a, b), manifest = _cluster_with_holder(nodes, tmp_path, model_dir, 2, hooks={0: {"model_serve_delay": "0.1"}})
     a_id, b_id = self_id(a), self_id(b)
-    iid = _place(a, [a_id, b_id], 2)
+    _place(a, [a_id, b_id], 2)
     wait_until(lambda: chunk_bytes_of(manifest, _journal(b, manifest.digest)) > 0, 40, interval=0.1,
                what="B verified some chunks")
     b.kill()

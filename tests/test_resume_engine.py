@@ -8,7 +8,6 @@ the cut (detokenizer and stop matcher carried over), the same usage counts."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 

@@ -32,7 +32,6 @@ from exo_p2p.cli.client import (
     CliError,
     NodeClient,
     NodeUnreachable,
-    is_local_url,
     resolve_api_url,
 )
 from exo_p2p.cli.local_node import running_node

@@ -16,7 +16,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 import structlog
