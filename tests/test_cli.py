@@ -895,9 +895,14 @@ def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
                 assert time.monotonic() < deadline, "fake node did not come up"
                 time.sleep(0.1)
         env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
+        # A terminal starts a command with SIGINT at its default; a suite started in the
+        # background (`cmd &` in a script, nohup, some CI runners) passes SIGINT down ignored,
+        # and Python then (rightly, as POSIX programs do) never turns it into
+        # KeyboardInterrupt: give the CLI the terminal's disposition.
         cli = subprocess.Popen(
             [sys.executable, "-m", "exo_p2p", "place", "m", "--api", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         placed = cli.stdout.readline()
         assert placed.startswith("placed m as instance")
