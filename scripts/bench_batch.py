@@ -5,10 +5,14 @@ Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded m
 2-node pipeline instance with ``--nodes 2``, and measures, with streaming chat completions
 (greedy, each stream its own prompt):
 
-- aggregate decode tokens/s for 1, 4, 8, 16 concurrent streams: all completion tokens of
-  the round ÷ (last token − first token of the round), and its ratio to 1 stream; per-stream
-  decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and its ratio
-  to a lone stream;
+- aggregate decode tokens/s for 1, 4, 8, 16 concurrent streams, and its ratio to 1 stream,
+  two ways: *steady*, the tokens all streams received while every one of them was decoding
+  (from the last stream's first token to the first stream's last token) ÷ that window: the
+  batch's decode rate; and *round*, all completion tokens of the round ÷ (last token − first
+  token of the round), which also counts the time the batch spent prefilling the prompts
+  that join after the first (they are prefilled one by one between decode steps);
+  per-stream decode (``completion_tokens / (t_last − t_first)`` of each stream, median) and
+  its ratio to a lone stream;
 - TTFT of one request sent while 8 others decode ÷ its TTFT alone (idle instance);
 - with ``--prompt-cache-bytes`` > 0: second-turn TTFT of a conversation whose
   first turn ran (its KV cached) vs a second turn of the same length whose first turn never
@@ -54,6 +58,7 @@ class Stream:
         self.url, self.topic, self.max_tokens = url, topic, max_tokens
         self.messages = messages or [{"role": "user", "content": f"Write a short story about {topic}."}]
         self.text = ""
+        self.times: list[float] = []  # when each content chunk (one token) arrived
         self.t0 = self.t_first = self.t_last = 0.0
         self.completion = 0
         self.error: str | None = None
@@ -77,6 +82,7 @@ class Stream:
                     if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                         self.text += chunk["choices"][0]["delta"]["content"]
                         now = time.perf_counter()
+                        self.times.append(now)
                         self.t_first = self.t_first or now
                         self.t_last = now
         except Exception as e:  # reported in the table
@@ -128,9 +134,22 @@ def cpu_seconds(nodes: list[NodeProcess]) -> dict[str, float]:
 
 
 def aggregate(streams: list[Stream]) -> float:
-    """All completion tokens ÷ (last token − first token of the round), tokens/s."""
+    """Round rate: all completion tokens ÷ (last token − first token of the round), tokens/s."""
     span = max(s.t_last for s in streams) - min(s.t_first for s in streams)
     return sum(s.completion for s in streams) / span if span > 0 else 0.0
+
+
+def steady(streams: list[Stream]) -> float | None:
+    """Steady decode rate: tokens received by all streams while every stream was decoding
+    (between the last stream's first token and the first stream's last token) ÷ that window,
+    tokens/s; None when the streams never all decoded at once (raise ``--max-tokens``)."""
+    start, end = max(s.t_first for s in streams), min(s.t_last for s in streams)
+    if end - start < 0.5:
+        return None
+    # each stream's tokens after `start` up to `end`: intervals, so a stream's first token at
+    # `start` is not counted (it ends the interval before the window)
+    tokens = sum(sum(1 for t in s.times if start < t <= end) for s in streams)
+    return tokens / (end - start)
 
 
 def joining_ttft(url: str, max_tokens: int) -> tuple[float, float]:
@@ -176,6 +195,10 @@ def second_turn_ttft(url: str) -> tuple[float, float]:
     return cached.ttft, cold.ttft
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=48)
@@ -212,18 +235,20 @@ def main() -> int:
                 streams = concurrent(a.url, n, args.max_tokens, offset=n)
                 cpu1, wall = cpu_seconds(nodes), time.perf_counter() - t0
                 rows.append((n, aggregate(streams), statistics.median(s.decode for s in streams),
-                             statistics.median(s.ttft for s in streams)))
+                             statistics.median(s.ttft for s in streams), steady(streams)))
                 used = {k: cpu1[k] - cpu0[k] for k in cpu0}
-                print(f"{n:>2} streams: aggregate {rows[-1][1]:.1f} tok/s, per-stream {rows[-1][2]:.1f} tok/s, "
+                print(f"{n:>2} streams: steady {_rate(rows[-1][4])} tok/s, round {rows[-1][1]:.1f} tok/s, "
+                      f"per-stream {rows[-1][2]:.1f} tok/s, "
                       f"median TTFT {rows[-1][3]:.3f} s; CPU s over {wall:.1f} s: "
                       + ", ".join(f"{k} {v:.1f}" for k, v in used.items()), flush=True)
             alone, joined = joining_ttft(a.url, args.max_tokens)
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[1]:.1f} (5 min)")
-    base, lone = rows[0][1], rows[0][2]
+    base, lone, steady_base = rows[0][1], rows[0][2], rows[0][4]
     print(f"\n{MODEL}, {args.nodes} node(s), --max-batch {args.max_batch}, max_tokens {args.max_tokens}")
-    print("streams  aggregate tok/s  ratio to 1  per-stream tok/s  ratio to lone")
-    for n, agg, per, _ in rows:
-        print(f"{n:>7}  {agg:>15.1f}  {agg / base:>10.2f}  {per:>16.1f}  {per / lone:>13.2f}")
+    print("streams  steady tok/s  ratio to 1  round tok/s  ratio to 1  per-stream tok/s  ratio to lone")
+    for n, agg, per, _, st in rows:
+        ratio = f"{st / steady_base:.2f}" if st is not None and steady_base else "-"
+        print(f"{n:>7}  {_rate(st):>12}  {ratio:>10}  {agg:>11.1f}  {agg / base:>10.2f}  {per:>16.1f}  {per / lone:>13.2f}")
     print(f"TTFT alone {alone:.3f} s, joining 8 decoding streams {joined:.3f} s: ratio {joined / alone:.2f} (target <= 2)")
     return 0
 
