@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgspec
 
-from exo_p2p.models.manifest import chunk_span
+from exo_p2p.models.manifest import check_manifest, chunk_span
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
@@ -52,12 +52,13 @@ class PartialModel:
 
     ``write_chunk`` may run in several threads at once (hashing and writing in parallel; the
     journal and the held set are updated under a lock). Raises ``ValueError`` when ``root``
-    holds another manifest.
+    holds another manifest, or when ``manifest`` is malformed (``check_manifest``: every
+    path it names stays under ``root``, every byte belongs to exactly one chunk).
     """
 
     def __init__(self, root: Path, manifest: ModelManifest) -> None:
         self.root = Path(root)
-        self.manifest = manifest
+        self.manifest = check_manifest(manifest)
         self.root.mkdir(parents=True, exist_ok=True)
         saved = self.root / MANIFEST_FILE
         if saved.exists():

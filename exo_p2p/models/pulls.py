@@ -19,6 +19,7 @@ from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError
 from exo_p2p.models.manifest import all_chunks
+from exo_p2p.models.names import check_model_name
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import State
 
@@ -82,7 +83,12 @@ class PullManager:
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
         """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous,
-        already held here, already running)."""
+        already held here, already running, a name that cannot name a directory:
+        ``check_model_name``)."""
+        try:
+            check_model_name(name)
+        except ValueError as exc:
+            raise PullError(str(exc)) from None
         if self._depot.local_digest(name) is not None:
             raise PullError(f"model {name!r} is already on this node")
         current = self.pulls.get(name)
@@ -116,7 +122,7 @@ class PullManager:
             report = await self._depot.fetch(self._net, manifest, wanted, list(status.holders), on_progress=progress)
             status.bytes_by_peer = dict(report.bytes_by_peer)
             status.bad_chunks_by_peer = dict(report.bad_chunks_by_peer)
-            await trio.to_thread.run_sync(self._depot.promote, status.digest)
+            await trio.to_thread.run_sync(self._depot.promote, status.digest, status.model)
             await trio.to_thread.run_sync(self._depot.refresh)
             await self._on_done()
             status.state = "done"

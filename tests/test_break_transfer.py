@@ -1,0 +1,177 @@
+"""A hostile or careless peer and user against the model transfer path (issue 13), without
+processes: manifests whose digest is right but whose paths or ranges are not, and model names
+that would name a directory above the pulled models."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.manifest import build_manifest, check_manifest
+from exo_p2p.models.names import check_model_name
+from exo_p2p.models.partial import PartialModel
+from exo_p2p.models.peer_transfer import fetch_manifest
+from exo_p2p.models.store import ModelStore
+from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("m") / "tiny"
+    make_synthetic_model(d, n_layers=2, hidden_size=64, intermediate_size=128, seed=5)
+    return d
+
+
+def _one_file(path: str, data: bytes, chunk_bytes: int = 1024) -> ModelManifest:
+    return ModelManifest("evil", chunk_bytes, (ManifestFile(path, len(data), (
+        Chunk(0, len(data), hashlib.sha256(data).hexdigest()),)),))
+
+
+def _replace_file(m: ModelManifest, **changes) -> ModelManifest:
+    f = msgspec.structs.replace(m.files[0], **changes)
+    return msgspec.structs.replace(m, files=(f, *m.files[1:]))
+
+
+def test_built_manifests_pass_the_check(model: Path) -> None:
+    for chunk_bytes in (None, 64 * 1024):
+        m = build_manifest(model, "tiny", chunk_bytes=chunk_bytes)
+        assert check_manifest(m) is m
+
+
+@pytest.mark.parametrize("path", ["../escape", "/tmp/escape", "a/../../escape", "", "a//b", ".verified",
+                                  ".manifest.json", "a\\..\\b", "x.part", "nul\x00byte", "a/.hidden"])
+def test_a_manifest_path_outside_its_copy_is_refused(tmp_path: Path, path: str) -> None:
+    """A peer controls a manifest's paths and hashes them into its digest: the copy must
+    refuse it before writing anything (it used to write ``root/../escape.part``)."""
+    m = _one_file(path, b"owned")
+    with pytest.raises(ValueError):
+        check_manifest(m)
+    root = tmp_path / "deep" / "copy"
+    with pytest.raises(ValueError):
+        PartialModel(root, m)
+    assert not (tmp_path / "deep" / "escape.part").exists() and not (tmp_path / "deep" / "escape").exists()
+    assert not (root / ".manifest.json").exists()
+
+
+def test_file_and_directory_of_one_name_are_refused() -> None:
+    m = _one_file("a", b"x")
+    m = msgspec.structs.replace(m, files=(*m.files, *_one_file("a/b", b"y").files))
+    with pytest.raises(ValueError, match="as a file and a directory"):
+        check_manifest(m)
+    twice = msgspec.structs.replace(m, files=(m.files[0], m.files[0]))
+    with pytest.raises(ValueError, match="twice"):
+        check_manifest(twice)
+
+
+def test_chunks_that_overlap_or_leave_the_file_are_refused(tmp_path: Path) -> None:
+    """Overlapping chunks would let a later verified chunk overwrite bytes of an earlier one
+    (a journaled chunk no longer matching its hash); a chunk past the file's size is cut by
+    the final truncate. Both are refused before a byte is written."""
+    a, b = b"A" * 10, b"B" * 10
+    h = lambda d: hashlib.sha256(d).hexdigest()  # noqa: E731
+    base = _one_file("w.bin", a + b, chunk_bytes=16)
+    overlapping = _replace_file(base, chunks=(Chunk(0, 10, h(a)), Chunk(5, 15, h(b)), Chunk(15, 20, h(b[:5]))))
+    past_end = _replace_file(base, chunks=(Chunk(0, 10, h(a)), Chunk(10, 26, h(b + a[:6]))))
+    gap = _replace_file(base, chunks=(Chunk(0, 10, h(a)), Chunk(12, 20, h(b[:8]))))
+    too_long = _replace_file(base, chunks=(Chunk(0, 20, h(a + b)),))
+    negative = _replace_file(base, chunks=(Chunk(-4, 10, h(a)), Chunk(10, 20, h(b))))
+    bad_hash = _replace_file(base, chunks=(Chunk(0, 10, "zz"), Chunk(10, 20, h(b))))
+    short = _replace_file(base, size=30, chunks=(Chunk(0, 10, h(a)), Chunk(10, 20, h(b))))
+    for m in (overlapping, past_end, gap, too_long, negative, bad_hash, short):
+        with pytest.raises(ValueError):
+            check_manifest(m)
+        with pytest.raises(ValueError):
+            PartialModel(tmp_path / m.digest, m)
+    with pytest.raises(ValueError, match="chunk size"):
+        check_manifest(msgspec.structs.replace(base, chunk_bytes=0))
+
+
+def test_tensor_ranges_that_overlap_or_run_past_the_file_are_refused(model: Path) -> None:
+    m = build_manifest(model, "tiny")
+    i, f = next((i, f) for i, f in enumerate(m.files) if f.tensors)
+
+    def with_tensors(tensors, header_end=f.header_end) -> ModelManifest:
+        g = msgspec.structs.replace(f, tensors=tuple(tensors), header_end=header_end)
+        return msgspec.structs.replace(m, files=(*m.files[:i], g, *m.files[i + 1:]))
+
+    t0, t1 = f.tensors[0], f.tensors[1]
+    for bad in (with_tensors([t0, TensorRange(t1.name, t0.start, t1.end), *f.tensors[2:]]),
+                with_tensors([*f.tensors[:-1], TensorRange("x", f.tensors[-1].start, f.size + 1)]),
+                with_tensors([TensorRange(t0.name, 0, t0.end), *f.tensors[1:]]),
+                with_tensors(f.tensors, header_end=f.size + 1)):
+        with pytest.raises(ValueError):
+            check_manifest(bad)
+
+
+class _Net:
+    """A peer answering every manifest request with ``reply``."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        return self.reply
+
+
+def test_a_peer_serving_an_unsafe_manifest_with_the_right_digest_is_refused() -> None:
+    m = _one_file("../../../escape", b"owned")
+    net = _Net(msgspec.json.encode(m))
+    with pytest.raises(ValueError, match="malformed manifest"):
+        trio.run(lambda: fetch_manifest(net, "rogue", m.digest, timeout=5))
+    good = _one_file("config.json", b"{}")
+    assert trio.run(lambda: fetch_manifest(_Net(msgspec.json.encode(good)), "p", good.digest, timeout=5)) == good
+    for junk in (b"", b"{", b'{"name": 1}', b"\xff\xfe"):
+        with pytest.raises((ValueError, msgspec.DecodeError)):
+            trio.run(lambda: fetch_manifest(_Net(junk), "p", good.digest, timeout=5))
+
+
+@pytest.mark.parametrize("name", ["", "..", ".", "../..", "a/../..", "/abs", "a/b/c", "x\x00", "a\\b",
+                                  ".fetched", "x" * 300, "a/"])
+def test_unsafe_model_names_are_refused(name: str) -> None:
+    with pytest.raises(ValueError):
+        check_model_name(name)
+
+
+@pytest.mark.parametrize("name", ["tiny", "mlx-community/Llama-3.2-1B-Instruct-4bit", "модель-ü", "a..b", "x.y"])
+def test_ordinary_model_names_pass(name: str) -> None:
+    assert check_model_name(name) == name
+
+
+def test_rm_of_an_unsafe_name_deletes_nothing(tmp_path: Path, model: Path) -> None:
+    """``depot.remove("")`` used to delete the whole ``pulled`` dir, ``..`` the models dir
+    and ``../..`` the node's data dir (identity included)."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    kept = [depot.pulled_dir / "other" / "config.json", data / "identity.key", depot.fetched_dir / "d" / ".verified"]
+    for p in kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("keep")
+    for name in ("", "..", "../..", "other/..", "."):
+        with pytest.raises(ValueError):
+            depot.remove(name)
+    assert all(p.exists() for p in kept)
+
+
+def test_a_pull_lands_under_the_name_pulled_not_the_manifest_name(tmp_path: Path, model: Path) -> None:
+    """The manifest's name is not covered by its digest: a holder could rename it
+    ``../../x``; the copy lands under the name the user pulled."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = msgspec.structs.replace(build_manifest(model, "tiny"), name="../../../escaped")
+    p = depot.partial(m)
+    for f in m.files:
+        blob = (model / f.path).read_bytes()
+        for i, c in enumerate(f.chunks):
+            p.write_chunk(f.path, i, blob[c.start:c.end])
+    assert p.complete
+    with pytest.raises(ValueError):
+        depot.promote(m.digest, "../x")
+    target = depot.promote(m.digest, "tiny")
+    assert target == depot.pulled_dir / "tiny" and (target / "config.json").is_file()
+    assert not (tmp_path / "escaped").exists() and not (data / "escaped").exists()
