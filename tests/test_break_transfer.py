@@ -4,7 +4,9 @@ that would name a directory above the pulled models."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from pathlib import Path
 
 import msgspec
@@ -12,7 +14,8 @@ import pytest
 import trio
 
 from exo_p2p.models.depot import ModelDepot
-from exo_p2p.models.manifest import build_manifest, check_manifest
+from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
+from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import fetch_manifest
@@ -175,3 +178,84 @@ def test_a_pull_lands_under_the_name_pulled_not_the_manifest_name(tmp_path: Path
     target = depot.promote(m.digest, "tiny")
     assert target == depot.pulled_dir / "tiny" and (target / "config.json").is_file()
     assert not (tmp_path / "escaped").exists() and not (data / "escaped").exists()
+
+
+class _FullDisk:
+    """``os.pwrite`` as a file system that fills up after ``room`` bytes: the call that
+    crosses it writes what fits and returns the short count, later calls raise ENOSPC."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.real = os.pwrite
+
+    def __call__(self, fd: int, data, offset: int) -> int:
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = min(len(data), self.room)
+        self.room -= n
+        return self.real(fd, bytes(data[:n]), offset)
+
+
+def _blob(model: Path, m: ModelManifest, path: str, index: int) -> bytes:
+    c = m.file(path).chunks[index]
+    return (model / path).read_bytes()[c.start:c.end]
+
+
+def test_a_chunk_cut_short_by_a_full_disk_is_not_held(tmp_path: Path, model: Path, monkeypatch) -> None:
+    """A short ``pwrite`` used to journal the chunk as verified with its tail never written
+    (a loader then read zeros; a peer got a short chunk)."""
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    path = "model.safetensors"
+    root = tmp_path / "c"
+    with PartialModel(root, m) as p:
+        first = _blob(model, m, path, 1)
+        monkeypatch.setattr(os, "pwrite", _FullDisk(len(first) // 2))
+        with pytest.raises(OSError):
+            p.write_chunk(path, 1, first)
+        assert p.held() == {}
+        with pytest.raises(KeyError):
+            p.read_chunk(path, 1)
+        monkeypatch.undo()
+    with PartialModel(root, m) as p:
+        assert p.held() == {}
+        assert p.write_chunk(path, 1, first) and p.read_chunk(path, 1) == first
+
+
+def test_a_full_disk_stops_the_fetch_naming_this_node_not_the_peer(tmp_path: Path, model: Path, monkeypatch) -> None:
+    """A write error is this node's: it used to be counted as a failure of the holder
+    (dropped after 2, the error blaming it), each worker asking for more chunks meanwhile."""
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    asked: list[str] = []
+
+    async def get(peer: str, path: str, index: int) -> bytes:
+        asked.append(peer)
+        await trio.sleep(0)
+        return _blob(model, m, path, index)
+
+    with PartialModel(tmp_path / "c", m) as p:
+        monkeypatch.setattr(os, "pwrite", _FullDisk(20_000))
+        with pytest.raises(FetchError, match="cannot write chunks of tiny to .*No space left") as err:
+            trio.run(lambda: fetch_chunks(p, all_chunks(m), ["a", "b"], get,
+                                          limits=FetchLimits(streams_per_peer=2, max_peer_failures=2)))
+        monkeypatch.undo()
+        assert "failed requests" not in str(err.value)
+        in_flight = 2 * 2  # stopped at the first failed write: only the requests then in flight
+        assert len(asked) <= sum(len(i) for i in p.held().values()) + in_flight, asked
+        for path, indices in p.held().items():  # what it holds is whole
+            for i in indices:
+                assert p.read_chunk(path, i) == _blob(model, m, path, i)
+
+
+def test_a_file_whose_last_chunk_cannot_be_journaled_is_not_complete(tmp_path: Path, model: Path, monkeypatch) -> None:
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    with PartialModel(tmp_path / "c", m) as p:
+        def no_room(fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "fdatasync", no_room)
+        with pytest.raises(OSError):
+            p.write_chunk("config.json", 0, _blob(model, m, "config.json", 0))
+        assert not p.has({"config.json": (0,)}) and not (tmp_path / "c" / "config.json").exists()
+        monkeypatch.undo()
+        assert p.write_chunk("config.json", 0, _blob(model, m, "config.json", 0))
+        assert (tmp_path / "c" / "config.json").read_bytes() == (model / "config.json").read_bytes()

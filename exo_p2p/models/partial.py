@@ -43,6 +43,15 @@ refetches at most that much."""
 MANIFEST_FILE = ".manifest.json"
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write every byte of ``data`` at ``offset``: ``pwrite`` may write fewer (a file system
+    filling up writes what fits and fails only on the next call, which raises ``OSError``)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
 class ChunkVerificationError(ValueError):
     """A chunk's bytes do not match the manifest's hash (or length); nothing was written."""
 
@@ -172,6 +181,8 @@ class PartialModel:
         Raises:
             ChunkVerificationError: wrong length or hash (nothing written).
             KeyError / IndexError: a path or chunk the manifest does not list.
+            OSError: the chunk could not be written here (a full disk, no permission); it
+                is not held then.
         """
         start, end = chunk_span(self.manifest, path, index)
         entry = self.manifest.file(path)
@@ -187,7 +198,7 @@ class PartialModel:
             part.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, data, start)
+            _pwrite_all(fd, data, start)
         finally:
             os.close(fd)
         with self._lock:
@@ -196,12 +207,19 @@ class PartialModel:
             self._held[path].add(index)
             self._pending.append((path, index))
             self._pending_bytes += len(data)
-            if len(self._held[path]) == len(entry.chunks):
-                self._checkpoint()
-                self._finish_file(path)
-            elif (self._pending_bytes >= CHECKPOINT_BYTES
-                  or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
-                self._checkpoint()
+            try:
+                if len(self._held[path]) == len(entry.chunks):
+                    self._checkpoint()
+                    self._finish_file(path)
+                elif (self._pending_bytes >= CHECKPOINT_BYTES
+                      or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
+                    self._checkpoint()
+            except OSError:  # not durable (or its file not renamed): this chunk is not held
+                self._held[path].discard(index)
+                if (path, index) in self._pending:
+                    self._pending.remove((path, index))
+                    self._pending_bytes -= len(data)
+                raise
         return True
 
     def _finish_file(self, path: str) -> None:
