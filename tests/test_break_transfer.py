@@ -13,15 +13,19 @@ import msgspec
 import pytest
 import trio
 
+from exo_p2p.eventlog import EventLog
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
 from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import fetch_manifest
+from exo_p2p.models.pulls import PullManager, PullStatus, check_disk
 from exo_p2p.models.store import ModelStore
 from exo_p2p.models.synthetic import make_synthetic_model
-from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
+from exo_p2p.node import first_leaf
+from exo_p2p.types import IndexedEvent, MasterElected, NodeProfile, State
+from exo_p2p.types.manifest import Chunk, HeldModel, ManifestFile, ModelManifest, TensorRange
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +263,74 @@ def test_a_file_whose_last_chunk_cannot_be_journaled_is_not_complete(tmp_path: P
         monkeypatch.undo()
         assert p.write_chunk("config.json", 0, _blob(model, m, "config.json", 0))
         assert (tmp_path / "c" / "config.json").read_bytes() == (model / "config.json").read_bytes()
+
+
+def test_check_disk_needs_the_bytes_plus_headroom() -> None:
+    check_disk(1000, 1100)
+    with pytest.raises(FetchError, match="needs 1000 bytes"):
+        check_disk(1000, 1099)
+    check_disk(0, 0)
+
+
+def test_a_pull_larger_than_the_free_disk_fails_before_writing(tmp_path: Path, model: Path, monkeypatch) -> None:
+    """A pull used to write until the disk was full; the node's next event log append then
+    stopped the node."""
+    m = build_manifest(model, "tiny")
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    monkeypatch.setattr(depot, "disk_free", lambda: m.total_bytes)  # < total + 10%
+    peer = NodeProfile("peer", "boot", "p", 1, 1, held_models=(HeldModel("tiny", m.digest, True),))
+    state = State(nodes={"peer": peer})
+
+    async def main() -> PullStatus:
+        async with trio.open_nursery() as nursery:
+            async def on_done() -> None:
+                pass
+            pulls = PullManager(depot, _Net(msgspec.json.encode(m)), "me", lambda: state, nursery, on_done)
+            status = pulls.start("tiny")
+            with trio.fail_after(10):
+                while status.state == "running":
+                    await trio.sleep(0.01)
+            return status
+
+    status = trio.run(main)
+    assert status.state == "failed" and "not enough free disk" in (status.error or ""), status
+    fetched = depot.fetched_dir / m.digest
+    assert not any(p.name.endswith(".part") or p.name in {f.path for f in m.files} for p in fetched.rglob("*"))
+
+
+def test_an_event_log_on_a_full_disk_names_its_path_and_closes_quietly(tmp_path: Path, monkeypatch) -> None:
+    log = EventLog(tmp_path / "events.log")
+    event = IndexedEvent(term=1, idx=1, event=MasterElected("node-a", 1))  # any event
+    log.append(event)
+
+    class Full:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    log._file = Full(log._file)
+    with pytest.raises(OSError, match="event log.*No space left.*events.log"):
+        log.append(IndexedEvent(term=1, idx=2, event=event.event))
+    assert len(log) == 1
+    log._file = log._file.inner
+    log._file.write(b"x" * 10)  # a buffered tail the disk refuses at close
+
+    def refuse(fd: int, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", refuse)
+    log.close()  # logged, not raised
+    monkeypatch.undo()
+    assert len(EventLog(tmp_path / "events.log")) == 1
+
+
+def test_first_leaf_looks_into_nested_groups() -> None:
+    inner = OSError(errno.ENOSPC, "full")
+    group = BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [inner])])  # noqa: F821
+    assert first_leaf(group) is inner and first_leaf(inner) is inner

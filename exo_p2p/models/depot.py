@@ -164,6 +164,12 @@ class ModelDepot:
                     log.warning("model scan failed", error=repr(exc))
                 await trio.sleep(REFRESH_SECONDS)
 
+    def verified_bytes(self, digest: str) -> int:
+        """Bytes of manifest ``digest`` already verified in this node's partial copy (0: none)."""
+        with self._lock:
+            p = self._partials.get(digest)
+        return p.verified_bytes() if p is not None else 0
+
     # -- fetching --------------------------------------------------------------------------
     def partial(self, manifest: ModelManifest) -> PartialModel:
         """The partial copy of ``manifest`` (created on first use)."""
