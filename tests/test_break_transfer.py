@@ -9,6 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 import trio
@@ -334,3 +335,54 @@ def test_first_leaf_looks_into_nested_groups() -> None:
     inner = OSError(errno.ENOSPC, "full")
     group = BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [inner])])  # noqa: F821
     assert first_leaf(group) is inner and first_leaf(inner) is inner
+
+
+class _Backend:
+    """What ``model_routes`` needs: a real depot and pull table, an empty State."""
+
+    def __init__(self, depot: ModelDepot) -> None:
+        self.depot = depot
+        self.pulls = type("Pulls", (), {"pulls": {}})()
+        self.node_id = "me"
+
+    def state(self) -> State:
+        return State()
+
+    async def models_changed(self) -> None:
+        pass
+
+
+def _delete(backend: _Backend, name: str) -> httpx.Response:
+    from starlette.applications import Starlette
+
+    from exo_p2p.api.app import _api_error
+    from exo_p2p.api.errors import ApiError
+    from exo_p2p.api.model_routes import model_routes
+
+    app = Starlette(routes=model_routes(backend, 1 << 20), exception_handlers={ApiError: _api_error})
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as c:
+            return await c.delete(f"/models/{name}")
+
+    return trio.run(go)
+
+
+def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Path) -> None:
+    """``rm`` during a pull used to delete the copy under the running fetch: the pull then
+    failed blaming the holder ("I/O operation on closed file") and left an orphan
+    ``.fetched/DIGEST`` dir (no manifest in it) that no later ``rm`` finds."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny")
+    p = depot.partial(m)
+    f = m.files[0]
+    p.write_chunk(f.path, 0, (model / f.path).read_bytes()[f.chunks[0].start:f.chunks[0].end])
+    backend = _Backend(depot)
+    backend.pulls.pulls["tiny"] = PullStatus(model="tiny", digest=m.digest, holders=("peer",))
+    reply = _delete(backend, "tiny")
+    assert reply.status_code == 409 and "being pulled" in reply.text, reply.text
+    assert (p.root / ".manifest.json").exists() and p.has({f.path: (0,)})
+    backend.pulls.pulls["tiny"].state = "failed"
+    assert _delete(backend, "tiny").status_code == 200
+    assert not p.root.exists()

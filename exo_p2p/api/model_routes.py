@@ -6,7 +6,7 @@ completely or the name is ambiguous, 409 when it is already here or being pulled
 ``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/cluster``
 lists every model name held in the cluster with its manifests and holders (complete or
 partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
-(409 while an instance on this node uses it; 404 when this node has none; 400 for a name
+(409 while an instance on this node uses it or a pull of it runs; 404 when this node has none; 400 for a name
 that cannot name a model directory, ``exo_p2p.models.names.check_model_name``, such as
 ``..`` or an empty name, which would name the pulled dir itself or one above it).
 
@@ -90,6 +90,10 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
         if using:
             raise ApiError(409, f"model {name!r} is used by instance(s) {', '.join(using)} on this node; "
                            f"delete them first", param="model")
+        pull = backend.pulls.pulls.get(name)
+        if pull is not None and pull.state == "running":  # its copy is being written
+            raise ApiError(409, f"model {name!r} is being pulled onto this node; wait for the pull "
+                           f"to end (GET /models/pulls)", param="model")
         removed = backend.depot.remove(name)
         if not removed:
             raise ApiError(404, f"this node holds no pulled or fetched copy of {name!r} (models in "
