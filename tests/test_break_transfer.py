@@ -386,3 +386,38 @@ def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Pa
     backend.pulls.pulls["tiny"].state = "failed"
     assert _delete(backend, "tiny").status_code == 200
     assert not p.root.exists()
+
+
+def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> None:
+    """A holder announcing a 1 TiB reply used to have the fetcher buffer whatever it sent
+    (until memory or the 30 s chunk bound ran out)."""
+    from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkConnection, BulkError, BulkTicket
+    from exo_p2p.models.peer_transfer import ChunkRequest
+
+    sent = [0]
+
+    async def rogue(stream: trio.SocketStream) -> None:
+        got = b""
+        while len(got) < TOKEN_BYTES + 4:
+            got += await stream.receive_some(1024)
+        await stream.send_all(_REPLY.pack(0, 1 << 40))
+        block = bytes(1 << 20)
+        try:
+            for _ in range(16):
+                await stream.send_all(block)
+                sent[0] += len(block)
+            await trio.sleep_forever()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, rogue, 0)
+            port = listeners[0].socket.getsockname()[1]
+            conn = await BulkConnection.open("127.0.0.1", BulkTicket(port, bytes(TOKEN_BYTES)))
+            with trio.fail_after(5), pytest.raises(BulkError, match="more than a chunk"):
+                await conn.get(ChunkRequest("d" * 64, "model.safetensors", 0))
+            await conn.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
