@@ -421,3 +421,24 @@ def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> Non
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("runner_id", ["../../victim", "..", "a/../../victim", "/abs"])
+def test_a_shard_view_named_outside_the_copy_deletes_nothing(tmp_path: Path, model: Path, runner_id: str) -> None:
+    """The view's name is a runner id from the master; the view dir is deleted and rebuilt,
+    so a hostile master naming a runner ``../../victim`` used to delete that directory."""
+    m = build_manifest(model, "tiny")
+    root = tmp_path / "copy"
+    victim = tmp_path / "victim" / "keep.txt"
+    victim.parent.mkdir()
+    victim.write_text("keep")
+    (root / ".views").mkdir(parents=True)
+    with PartialModel(root, m) as p:
+        for f in m.files:
+            blob = (model / f.path).read_bytes()
+            for i, c in enumerate(f.chunks):
+                p.write_chunk(f.path, i, blob[c.start:c.end])
+        with pytest.raises(ValueError):
+            p.shard_view(all_chunks(m), runner_id)
+        assert victim.exists()
+        assert (p.shard_view(all_chunks(m), "inst-r0") / "config.json").is_file()

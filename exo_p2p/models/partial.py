@@ -33,6 +33,7 @@ from pathlib import Path
 import msgspec
 
 from exo_p2p.models.manifest import check_manifest, chunk_span
+from exo_p2p.models.names import check_relative_path
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
@@ -240,7 +241,12 @@ class PartialModel:
         complete file or at its ``.part``; ``<root>/.views/<name>``, rebuilt each call.
 
         Raises ``ValueError`` when a needed chunk is not verified yet (nothing unverified is
-        ever handed to a loader)."""
+        ever handed to a loader), or when ``name`` (a runner id, which the master chose) is
+        not one plain path part: the view is deleted and rebuilt, so ``../..`` would delete
+        a directory outside the copy."""
+        check_relative_path(name, "view name")
+        if "/" in name:
+            raise ValueError(f"view name {name!r} has a '/'")
         missing = {p: sorted(set(idx) - self._held.get(p, set())) for p, idx in chunks.items()}
         missing = {p: m for p, m in missing.items() if m}
         if missing:
