@@ -69,12 +69,21 @@ class ApiError(CliError):
 
 
 def normalize_api_url(url: str) -> str:
-    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed."""
+    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed. Raises
+    ``CliError`` (exit 2) for a URL with a path, or one that is no URL (an unclosed IPv6
+    bracket, a port out of range, an IPv4 address with a part above 255, no host)."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     url = url.rstrip("/")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing it raises for a bad port
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise CliError(f"--api {url}: not a valid URL ({exc})", 2) from None
+    if not parts.hostname:
+        raise CliError(f"--api {url}: no host in the URL (e.g. --api http://127.0.0.1:52515)", 2)
     if parts.path or parts.query:
         base = f"{parts.scheme}://{parts.netloc}"
         hint = " (OpenAI clients take …/v1; exo-p2p commands take the node's address)" if parts.path.rstrip("/").endswith("/v1") else ""
