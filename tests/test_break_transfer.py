@@ -442,3 +442,31 @@ def test_a_shard_view_named_outside_the_copy_deletes_nothing(tmp_path: Path, mod
             p.shard_view(all_chunks(m), runner_id)
         assert victim.exists()
         assert (p.shard_view(all_chunks(m), "inst-r0") / "config.json").is_file()
+
+
+def test_a_pulled_repo_id_model_is_listed_under_its_name(tmp_path: Path, model: Path) -> None:
+    """A pull of ``org/name`` (a model from a holder's Hugging Face cache) lands in
+    ``pulled/org/name``; the store used to scan only one level, so the pulled copy was never
+    listed (and a second pull failed: the dir already exists)."""
+    data = tmp_path / "data"
+    pulled = data / "models" / "pulled"
+    store = ModelStore(data, [pulled], hf_cache=False, find_embedded=_no_embedded)
+    depot = ModelDepot(store, data)
+    m = build_manifest(model, "tiny")
+    p = depot.partial(m)
+    for f in m.files:
+        blob = (model / f.path).read_bytes()
+        for i, c in enumerate(f.chunks):
+            p.write_chunk(f.path, i, blob[c.start:c.end])
+    depot.promote(m.digest, "mlx-community/Tiny-4bit")
+    assert "mlx-community/Tiny-4bit" in store.sources()
+    depot.refresh()
+    assert depot.local_digest("mlx-community/Tiny-4bit") == m.digest
+    assert depot.remove("mlx-community/Tiny-4bit") and "mlx-community/Tiny-4bit" not in store.sources()
+    assert list(pulled.iterdir()) == []
+
+
+def _no_embedded() -> Path:
+    from exo_p2p.models.errors import ModelNotFoundError
+
+    raise ModelNotFoundError("no embedded model in this test")

@@ -230,7 +230,7 @@ class ModelDepot:
             shutil.rmtree(p.root / ".views", ignore_errors=True)
             for name in (".verified",):
                 (p.root / name).unlink(missing_ok=True)
-            self.pulled_dir.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)  # pulled/ORG for ORG/NAME
             os.replace(p.root, target)
             del self._partials[digest]
         return target
@@ -253,4 +253,6 @@ class ModelDepot:
         if target.is_dir():
             shutil.rmtree(target)
             removed.append(target)
+            if target.parent != self.pulled_dir and not any(target.parent.iterdir()):
+                target.parent.rmdir()  # the emptied ORG of ORG/NAME
         return removed
