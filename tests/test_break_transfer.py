@@ -470,3 +470,47 @@ def _no_embedded() -> Path:
     from exo_p2p.models.errors import ModelNotFoundError
 
     raise ModelNotFoundError("no embedded model in this test")
+
+
+def test_a_torn_journal_line_never_joins_the_next_one(tmp_path: Path, model: Path) -> None:
+    """A crash (or a full disk) can cut the journal after ``1``; the next checkpoint's line
+    ``5 model.safetensors`` used to join it as ``15 model.safetensors``: chunk 15, never
+    written, counted as verified after the next restart."""
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    path = "model.safetensors"
+    assert len(m.file(path).chunks) > 15
+    root = tmp_path / "c"
+    with PartialModel(root, m):
+        pass
+    with open(root / ".verified", "a") as f:
+        f.write("1")  # torn
+    with PartialModel(root, m) as p:
+        p.write_chunk(path, 5, _blob(model, m, path, 5))
+    with PartialModel(root, m) as p:
+        assert p.held() == {path: (5,)}
+
+
+def test_a_journal_append_cut_by_a_full_disk_never_joins_the_next_one(tmp_path: Path, model: Path, monkeypatch) -> None:
+    m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
+    path = "model.safetensors"
+    root = tmp_path / "c"
+    p = PartialModel(root, m)
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        with open(root / ".verified", "a") as f:  # what reached the disk: a cut line
+            f.write("1")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    p.write_chunk(path, 3, _blob(model, m, path, 3))  # pending, not journaled yet
+    p._journal = open(os.devnull, "w")  # the real appends below are simulated by `full`
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        p.flush()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    p._journal.close()
+    p._journal = open(root / ".verified", "a", encoding="utf-8")
+    p.flush()
+    p.close()
+    with PartialModel(root, m) as q:
+        assert q.held() == {path: (3,)}

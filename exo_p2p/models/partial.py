@@ -13,7 +13,7 @@ on ``close``): the files written
 since the last checkpoint are ``fdatasync``-ed first, then their journal lines are appended
 and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at most
 one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
-ignored. Nothing is written before it matched the manifest's hash
+ignored, and the next append starts on a new line so the torn piece never joins it. Nothing is written before it matched the manifest's hash
 (``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
 ``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
 journal — the holes of a ``.part`` file are never read by a rank that does not need them
@@ -42,6 +42,12 @@ CHECKPOINT_SECONDS = 0.5
 """Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
 refetches at most that much."""
 MANIFEST_FILE = ".manifest.json"
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -86,7 +92,11 @@ class PartialModel:
         self._pending_bytes = 0
         self._last_checkpoint = time.monotonic()
         self._read_journal()
-        self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")
+        journal = self.root / JOURNAL
+        # a torn last line (a crash or a full disk mid-append) must not run into the next
+        # line: "1" + "5 f" would read as chunk 15 of f; the next append starts a new line
+        self._torn = journal.exists() and journal.stat().st_size > 0 and _last_byte(journal) != b"\n"
+        self._journal = open(journal, "a", encoding="utf-8")
         for f in manifest.files:  # empty files are complete from the start
             if not f.chunks:
                 self._finish_file(f.path)
@@ -116,9 +126,15 @@ class PartialModel:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
-        self._journal.write("".join(f"{i} {p}\n" for p, i in self._pending))
-        self._journal.flush()
-        os.fsync(self._journal.fileno())
+        lines = "".join(f"{i} {p}\n" for p, i in self._pending)
+        try:
+            self._journal.write(("\n" if self._torn else "") + lines)
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+        except OSError:
+            self._torn = True  # some of it may be on disk, cut anywhere
+            raise
+        self._torn = False
         self._pending.clear()
         self._pending_bytes = 0
         self._last_checkpoint = time.monotonic()
