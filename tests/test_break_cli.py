@@ -33,3 +33,45 @@ def test_a_malformed_api_url_prints_one_line() -> None:
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2, out
         assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+
+
+@pytest.fixture()
+def json_service():
+    """Some other HTTP service answering every request with 200 and JSON ``"hello"``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = b'"hello"'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_an_api_url_of_another_json_service_is_a_one_line_error(json_service: str) -> None:
+    """Commands used to end in ``AttributeError: 'str' object has no attribute 'get'``."""
+    for command in (["nodes"], ["rm", "tiny"]):
+        out = subprocess.run([sys.executable, "-m", "exo_p2p", *command, "--api", json_service],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, out
+        assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+        assert "does not understand" in out.stderr

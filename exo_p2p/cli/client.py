@@ -39,6 +39,9 @@ STARTUP_WAIT = 20.0
 process runs, its API does not answer yet), e.g. right after `exo-p2p node &`."""
 
 _transport: httpx.BaseTransport | None = None
+answered_by: str | None = None
+"""The API URL whose JSON answer this process decoded last (None: none yet): a command that
+then trips over the answer's shape blames that answer (``exo_p2p.cli.main.handled``)."""
 
 
 def set_transport(transport: httpx.BaseTransport | None) -> None:
@@ -289,6 +292,8 @@ class NodeClient:
                 raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
         if response.status_code >= 400:
             raise ApiError(error_message(response), response.status_code)
+        global answered_by
+        answered_by = self.base_url
         if not response.content:
             return None
         try:
