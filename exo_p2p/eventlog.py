@@ -88,16 +88,29 @@ class EventLog:
     def append(self, event: IndexedEvent, *, sync: bool = True) -> None:
         """Append one event (written and flushed to the OS; fsynced when ``sync``). Appending
         several with ``sync=False`` and then calling ``sync()`` once is a group commit: each
-        survives a crash of this process at once, a crash of the machine after ``sync()``."""
-        self._file.write(encode_frame(event))
-        self._file.flush()
-        if sync:
-            os.fsync(self._file.fileno())
+        survives a crash of this process at once, a crash of the machine after ``sync()``.
+
+        Raises ``OSError`` naming the log's path (a full disk: the event is not in
+        ``events``; the file may end in a torn frame, which the next open truncates)."""
+        try:
+            self._file.write(encode_frame(event))
+            self._file.flush()
+            if sync:
+                os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise self._error(exc) from exc
         self.events.append(event)
 
     def sync(self) -> None:
-        """fsync what was appended so far (one disk flush for any number of appends)."""
-        os.fsync(self._file.fileno())
+        """fsync what was appended so far (one disk flush for any number of appends).
+        Raises ``OSError`` naming the log's path."""
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: OSError) -> OSError:
+        return OSError(exc.errno, f"cannot write the event log: {exc.strerror or exc}", str(self.path))
 
     def truncate_after(self, idx: int) -> None:
         """Drop every event with index > ``idx`` (used when a node's tail diverges from the
@@ -121,4 +134,10 @@ class EventLog:
         self.truncate_after(-1)
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file. A buffered tail that cannot be written (the disk is full) is
+        dropped with a warning, not raised: the error that stopped the node was reported
+        when it happened, and the next open truncates a torn frame."""
+        try:
+            self._file.close()
+        except OSError as exc:
+            log.warning("event log closed with an unwritten tail", path=str(self.path), error=str(exc))

@@ -612,6 +612,14 @@ def check_can_start(config: NodeConfig):  # type: ignore[no-untyped-def]
     return lock
 
 
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first exception that is no group, looking into nested exception groups (trio
+    nests one group per nursery level; a group's own message only counts its members)."""
+    while isinstance(exc, BaseExceptionGroup):  # noqa: F821 - Python 3.11 builtin
+        exc = exc.exceptions[0]
+    return exc
+
+
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start)."""
@@ -641,7 +649,7 @@ def run_node(config: NodeConfig) -> int:
     except BaseExceptionGroup as group:  # noqa: F821 - Python 3.11 builtin
         oserrors, rest = group.split(OSError)
         if rest is None and oserrors is not None:
-            report_error(str(oserrors.exceptions[0]))
+            report_error(str(first_leaf(oserrors)))
             return 1
         raise
     finally:

@@ -6,7 +6,9 @@ completely or the name is ambiguous, 409 when it is already here or being pulled
 ``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/cluster``
 lists every model name held in the cluster with its manifests and holders (complete or
 partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
-(409 while an instance on this node uses it; 404 when this node has none).
+(409 while an instance on this node uses it or a pull of it runs; 404 when this node has none; 400 for a name
+that cannot name a model directory, ``exo_p2p.models.names.check_model_name``, such as
+``..`` or an empty name, which would name the pulled dir itself or one above it).
 
 Bound to a backend with ``pulls`` (``exo_p2p.models.pulls.PullManager``), ``depot``
 (``exo_p2p.models.depot.ModelDepot``), ``state()`` and ``node_id``; a backend without them
@@ -22,6 +24,7 @@ from starlette.routing import Route
 
 from exo_p2p.api.body import read_body
 from exo_p2p.api.errors import ApiError, decode_json
+from exo_p2p.models.names import check_model_name
 from exo_p2p.types import State
 
 _json = msgspec.json.Encoder()
@@ -77,12 +80,20 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
 
     async def remove_model(request: Request) -> Response:
         name = request.path_params["name"]
+        try:
+            check_model_name(name)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)[:2000], param="model") from None
         state = backend.state()
         using = sorted(i for i, inst in state.instances.items() if inst.model_id == name and inst.failed_reason is None
                        and any(s.node_id == backend.node_id for s in inst.shards))
         if using:
             raise ApiError(409, f"model {name!r} is used by instance(s) {', '.join(using)} on this node; "
                            f"delete them first", param="model")
+        pull = backend.pulls.pulls.get(name)
+        if pull is not None and pull.state == "running":  # its copy is being written
+            raise ApiError(409, f"model {name!r} is being pulled onto this node; wait for the pull "
+                           f"to end (GET /models/pulls)", param="model")
         removed = backend.depot.remove(name)
         if not removed:
             raise ApiError(404, f"this node holds no pulled or fetched copy of {name!r} (models in "

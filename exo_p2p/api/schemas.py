@@ -25,7 +25,9 @@ Seed = Annotated[int, msgspec.Meta(ge=0, le=SEED_LIMIT)]
 StopList = list[str]
 """Any number of stop strings (bounded only by the body size)."""
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-TopK = Annotated[int, msgspec.Meta(ge=0)]
+TOKEN_ID_LIMIT = 2**31 - 1
+"""Largest ``top_k`` and token id accepted (a larger integer cannot travel in a command)."""
+TopK = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_ID_LIMIT)]
 MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]

@@ -39,6 +39,9 @@ STARTUP_WAIT = 20.0
 process runs, its API does not answer yet), e.g. right after `exo-p2p node &`."""
 
 _transport: httpx.BaseTransport | None = None
+answered_by: str | None = None
+"""The API URL whose JSON answer this process decoded last (None: none yet): a command that
+then trips over the answer's shape blames that answer (``exo_p2p.cli.main.handled``)."""
 
 
 def set_transport(transport: httpx.BaseTransport | None) -> None:
@@ -69,12 +72,21 @@ class ApiError(CliError):
 
 
 def normalize_api_url(url: str) -> str:
-    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed."""
+    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed. Raises
+    ``CliError`` (exit 2) for a URL with a path, or one that is no URL (an unclosed IPv6
+    bracket, a port out of range, an IPv4 address with a part above 255, no host)."""
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
     url = url.rstrip("/")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing it raises for a bad port
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise CliError(f"--api {url}: not a valid URL ({exc})", 2) from None
+    if not parts.hostname:
+        raise CliError(f"--api {url}: no host in the URL (e.g. --api http://127.0.0.1:52515)", 2)
     if parts.path or parts.query:
         base = f"{parts.scheme}://{parts.netloc}"
         hint = " (OpenAI clients take …/v1; exo-p2p commands take the node's address)" if parts.path.rstrip("/").endswith("/v1") else ""
@@ -280,6 +292,8 @@ class NodeClient:
                 raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
         if response.status_code >= 400:
             raise ApiError(error_message(response), response.status_code)
+        global answered_by
+        answered_by = self.base_url
         if not response.content:
             return None
         try:

@@ -111,7 +111,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def handled(fn: F) -> F:
     """Turn ``CliError`` into ``error: <message>`` on stderr and its exit code, and Ctrl-C
-    into a quiet exit 130: no command ever shows a traceback for these."""
+    into a quiet exit 130: no command ever shows a traceback for these. A command that
+    trips over the shape of a JSON answer (``--api`` names some other JSON service, or a
+    node of another version) says so in one line, exit 1; before any answer such an error
+    is a bug and keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -122,6 +125,12 @@ def handled(fn: F) -> F:
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
+            if client_module.answered_by is None:
+                raise
+            click.echo(f"error: {client_module.answered_by} gave an answer this client does not understand "
+                       f"({type(e).__name__}: {e}); is it an exo-p2p node of this version?", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from typing import Annotated
+from urllib.parse import quote
 
 import click
 import typer
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from exo_p2p.cli.client import CliError
 from exo_p2p.cli.main import ApiOpt, _client, app, handled
+from exo_p2p.models.names import check_model_name
 
 POLL_SECONDS = 0.5
 PULL_TIMEOUT = 24 * 3600.0
@@ -38,6 +40,15 @@ def cluster_models_table(models: list[dict], names: dict[str, str] | None = None
     return table
 
 
+def _check_name(model: str) -> None:
+    """A name the node would refuse (``check_model_name``) fails here, before an HTTP path
+    built from it (``..`` segments) reaches another endpoint."""
+    try:
+        check_model_name(model)
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+
+
 @app.command()
 @handled
 def pull(
@@ -49,6 +60,7 @@ def pull(
     """Copy a whole model from the nodes that hold it onto this node (verified, resumable)."""
     if not model.strip():
         raise CliError("pull needs a model name (see `exo-p2p models`)", 2)
+    _check_name(model)
     with _client(ctx, api) as client:
         status = client.request("POST", "/models/pull", json={"model": model, "from": from_node})
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
@@ -77,6 +89,7 @@ def rm(
     api: ApiOpt = None,
 ) -> None:
     """Remove a model's pulled and fetched files from this node (refused while in use)."""
+    _check_name(model)
     with _client(ctx, api) as client:
-        reply = client.request("DELETE", f"/models/{model}")
+        reply = client.request("DELETE", f"/models/{quote(model, safe='/')}")
     click.echo(f"removed {model} from this node ({len(reply.get('paths', []))} dirs)")

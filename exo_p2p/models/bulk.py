@@ -19,7 +19,10 @@ Integrity does not rest on the TCP path: every chunk is checked against the mani
 on arrival (``PartialModel.write_chunk``), whatever path carried it. The bytes are not
 encrypted on this path (they are the model's weights, which the manifest names anyway).
 Bounds: a connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed; at most
-``MAX_CONNECTIONS`` bulk connections are served at once (more are closed on arrival).
+``MAX_CONNECTIONS`` bulk connections are served at once (more are closed on arrival); a reply
+announcing more than ``MAX_CHUNK_BYTES`` (no chunk or error message is longer) fails that
+request before a byte of it is read, so a hostile holder cannot make the fetcher buffer
+without bound.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p.models.manifest import MAX_CHUNK_BYTES
 from exo_p2p.models.peer_transfer import ChunkRequest, ChunkSource
 
 log = structlog.get_logger(__name__)
@@ -168,11 +172,15 @@ class BulkConnection:
         return cls(stream)
 
     async def get(self, request: ChunkRequest) -> bytes:
-        """The chunk bytes; raises ``BulkError`` (refused, or the connection broke)."""
+        """The chunk bytes; raises ``BulkError`` (refused, the connection broke, or a reply
+        longer than any chunk announced)."""
         body = msgspec.msgpack.encode(request)
         try:
             await self.stream.send_all(_LEN.pack(len(body)) + body)
             status, length = _REPLY.unpack(await _receive_exactly(self.stream, _REPLY.size))
+            if length > MAX_CHUNK_BYTES:
+                raise BulkError(f"the holder announced a {length}-byte reply, more than a chunk "
+                                f"({MAX_CHUNK_BYTES} bytes)")
             data = await _receive_exactly(self.stream, length)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise BulkError(f"bulk connection broke: {exc!r}") from exc

@@ -33,6 +33,7 @@ from exo_p2p.models.bulk import BulkServer, bulk_chunk_getter
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
 from exo_p2p.models.gguf_import import IMPORT_MARKER
 from exo_p2p.models.manifest import cached_manifest
+from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import MANIFEST_FILE, PartialModel
 from exo_p2p.models.peer_transfer import HOOK_CORRUPT_CHUNKS, ChunkSource, LocalModel, ModelServer, chunk_getter
 from exo_p2p.models.store import ModelStore, is_mlx_model_dir
@@ -163,6 +164,12 @@ class ModelDepot:
                     log.warning("model scan failed", error=repr(exc))
                 await trio.sleep(REFRESH_SECONDS)
 
+    def verified_bytes(self, digest: str) -> int:
+        """Bytes of manifest ``digest`` already verified in this node's partial copy (0: none)."""
+        with self._lock:
+            p = self._partials.get(digest)
+        return p.verified_bytes() if p is not None else 0
+
     # -- fetching --------------------------------------------------------------------------
     def partial(self, manifest: ModelManifest) -> PartialModel:
         """The partial copy of ``manifest`` (created on first use)."""
@@ -206,28 +213,34 @@ class ModelDepot:
         finally:
             await bulk_close()
 
-    def promote(self, digest: str) -> Path:
-        """Move a complete partial copy to ``pulled/<name>`` (a local model from now on) and
-        return its dir. Raises ``ValueError`` when it is not complete or the name is taken."""
+    def promote(self, digest: str, name: str) -> Path:
+        """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``
+        from now on; the name the user pulled, not the one inside the manifest, which its
+        digest does not cover) and return its dir. Raises ``ValueError`` when it is not
+        complete, the name is taken or unsafe (``check_model_name``)."""
+        check_model_name(name)
         with self._lock:
             p = self._partials.get(digest)
             if p is None or not p.complete:
                 raise ValueError(f"model {digest[:12]} is not completely fetched")
-            target = self.pulled_dir / p.manifest.name
+            target = self.pulled_dir / name
             if target.exists():
                 raise ValueError(f"{target} already exists")
             p.close()
             shutil.rmtree(p.root / ".views", ignore_errors=True)
             for name in (".verified",):
                 (p.root / name).unlink(missing_ok=True)
-            self.pulled_dir.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)  # pulled/ORG for ORG/NAME
             os.replace(p.root, target)
             del self._partials[digest]
         return target
 
     def remove(self, name: str) -> list[Path]:
         """Delete this node's fetched and pulled copies of ``name``; the removed dirs. Models
-        in ``--models-dir`` dirs and the embedded model are never deleted (not ours)."""
+        in ``--models-dir`` dirs and the embedded model are never deleted (not ours).
+        Raises ``ValueError`` for a name that is no model directory name (``check_model_name``:
+        ``""``, ``..`` or ``a/../..`` would name the pulled dir or one above it)."""
+        check_model_name(name)
         removed = []
         with self._lock:
             for digest, p in list(self._partials.items()):
@@ -240,4 +253,6 @@ class ModelDepot:
         if target.is_dir():
             shutil.rmtree(target)
             removed.append(target)
+            if target.parent != self.pulled_dir and not any(target.parent.iterdir()):
+                target.parent.rmdir()  # the emptied ORG of ORG/NAME
         return removed

@@ -17,6 +17,9 @@ Failures, and what bounds them:
   peer gets a strike; after ``max_peer_failures`` strikes in a row the peer is dropped for
   the rest of the fetch (a stalled peer costs at most ``max_peer_failures × chunk_timeout``
   seconds per worker, never the whole placement);
+- a chunk this node cannot write (a full disk, a models dir without write permission): the
+  fetch stops at once with ``FetchError`` naming the directory and the OS error (no holder
+  is blamed for it, nothing more is asked for);
 - when no usable holder is left for some chunk, ``FetchError`` says which chunks are missing
   and why each holder was dropped. Chunks verified so far stay on disk (the journal), so a
   later fetch — from other holders, or after a restart — asks only for the rest.
@@ -104,6 +107,7 @@ async def fetch_chunks(
     live = set(holders)
     in_flight: set[tuple[str, int]] = set()
     state = {"done": done, "changed": trio.Event()}
+    write_failed: list[OSError] = []
 
     def changed() -> None:
         state["changed"].set()
@@ -129,7 +133,12 @@ async def fetch_chunks(
                 with trio.fail_after(limits.chunk_timeout):
                     data = await get_chunk(peer, path, index)
                 # hash + write in a thread: the next chunks keep arriving meanwhile
-                fresh = await trio.to_thread.run_sync(partial.write_chunk, path, index, data)
+                try:
+                    fresh = await trio.to_thread.run_sync(partial.write_chunk, path, index, data)
+                except OSError as exc:  # this node's disk, not the peer: stop the fetch
+                    write_failed.append(exc)
+                    scope.cancel()
+                    return
             except ChunkVerificationError as exc:
                 report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
                 excluded.setdefault(key, set()).add(peer)
@@ -162,15 +171,22 @@ async def fetch_chunks(
                 changed()
 
     try:
-        async with trio.open_nursery() as nursery:
-            for peer in holders:
-                for _ in range(max(1, limits.streams_per_peer)):
-                    nursery.start_soon(worker, peer)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                for peer in holders:
+                    for _ in range(max(1, limits.streams_per_peer)):
+                        nursery.start_soon(worker, peer)
     finally:
         # journal the last chunks now, not at the next checkpoint: what this fetch verified
         # survives a crash right after it, so a restart never asks for it again
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(partial.flush)
+            try:
+                await trio.to_thread.run_sync(partial.flush)
+            except OSError as exc:  # the journal could not be written: same as a chunk
+                write_failed.append(exc)
+    if write_failed:
+        raise FetchError(f"cannot write chunks of {partial.manifest.name} to {partial.root}: "
+                         f"{write_failed[0]}") from write_failed[0]
     if todo:
         why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
         bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))

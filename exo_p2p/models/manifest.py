@@ -34,6 +34,7 @@ from pathlib import Path
 import msgspec
 
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.names import check_relative_path
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
 
 MIN_CHUNK_BYTES = 64 * 1024
@@ -47,6 +48,7 @@ small models, few requests on large ones)."""
 EXCLUDED_NAMES = frozenset({".exo-import.json"})
 """Files that describe where a local copy came from, not the model (never in a manifest)."""
 
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
 _HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
@@ -153,6 +155,56 @@ def build_manifest(model_dir: Path, name: str, chunk_bytes: int | None = None) -
             tensors=tensors,
         ))
     return ModelManifest(name=name, chunk_bytes=chunk_bytes, files=tuple(entries))
+
+
+def check_manifest(manifest: ModelManifest) -> ModelManifest:
+    """``manifest`` unchanged when it is shaped as ``build_manifest`` makes them; a manifest
+    from a peer is checked before any of its paths or ranges touches the disk (its digest
+    only proves it is the one asked for, not that it is sane).
+
+    Rules: ``chunk_bytes`` in ``[1, MAX_CHUNK_BYTES]``; every file path safe and relative
+    (``exo_p2p.models.names.check_relative_path``), not ending in ``.part``, listed once,
+    and no path a directory of another; a file's chunks tile ``[0, size)`` in order, each
+    non-empty, at most ``chunk_bytes`` long, with a lower-case hex SHA-256; ``header_end``
+    within the file; tensors within ``[header_end, size]``, sorted and not overlapping.
+
+    Raises:
+        ValueError: the first rule broken, naming the file.
+    """
+    if not 0 < manifest.chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ValueError(f"manifest chunk size {manifest.chunk_bytes} outside [1, {MAX_CHUNK_BYTES}]")
+    paths = {f.path for f in manifest.files}
+    if len(paths) != len(manifest.files):
+        raise ValueError("manifest lists a file twice")
+    for f in manifest.files:
+        check_relative_path(f.path, "manifest file path")
+        if f.path.endswith(".part"):
+            raise ValueError(f"manifest file path {f.path!r} ends in .part")
+        parents = f.path.split("/")[:-1]
+        for i in range(1, len(parents) + 1):
+            if "/".join(parents[:i]) in paths:
+                raise ValueError(f"manifest lists {'/'.join(parents[:i])!r} as a file and a directory")
+        if f.size < 0:
+            raise ValueError(f"{f.path}: negative size {f.size}")
+        at = 0
+        for i, c in enumerate(f.chunks):
+            if c.start != at or not c.start < c.end <= f.size or c.end - c.start > manifest.chunk_bytes:
+                raise ValueError(f"{f.path}: chunk {i} [{c.start}, {c.end}) does not continue the "
+                                 f"chunks at {at} within {f.size} bytes and {manifest.chunk_bytes} per chunk")
+            if not _SHA256_RE.fullmatch(c.sha256):
+                raise ValueError(f"{f.path}: chunk {i} has no hex SHA-256")
+            at = c.end
+        if at != f.size:
+            raise ValueError(f"{f.path}: chunks cover {at} of {f.size} bytes")
+        if not 0 <= f.header_end <= f.size:
+            raise ValueError(f"{f.path}: header end {f.header_end} outside the file")
+        at = f.header_end
+        for t in f.tensors:
+            if not at <= t.start <= t.end <= f.size:
+                raise ValueError(f"{f.path}: tensor {t.name} [{t.start}, {t.end}) overlaps another, "
+                                 f"the header, or runs past the file ({f.size} bytes)")
+            at = t.end
+    return manifest
 
 
 def _stamp(model_dir: Path) -> list[list]:

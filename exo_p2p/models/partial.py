@@ -13,7 +13,7 @@ on ``close``): the files written
 since the last checkpoint are ``fdatasync``-ed first, then their journal lines are appended
 and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at most
 one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
-ignored. Nothing is written before it matched the manifest's hash
+ignored, and the next append starts on a new line so the torn piece never joins it. Nothing is written before it matched the manifest's hash
 (``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
 ``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
 journal — the holes of a ``.part`` file are never read by a rank that does not need them
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import msgspec
 
-from exo_p2p.models.manifest import chunk_span
+from exo_p2p.models.manifest import check_manifest, chunk_span
+from exo_p2p.models.names import check_relative_path
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
@@ -41,6 +42,21 @@ CHECKPOINT_SECONDS = 0.5
 """Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
 refetches at most that much."""
 MANIFEST_FILE = ".manifest.json"
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write every byte of ``data`` at ``offset``: ``pwrite`` may write fewer (a file system
+    filling up writes what fits and fails only on the next call, which raises ``OSError``)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 class ChunkVerificationError(ValueError):
@@ -52,12 +68,13 @@ class PartialModel:
 
     ``write_chunk`` may run in several threads at once (hashing and writing in parallel; the
     journal and the held set are updated under a lock). Raises ``ValueError`` when ``root``
-    holds another manifest.
+    holds another manifest, or when ``manifest`` is malformed (``check_manifest``: every
+    path it names stays under ``root``, every byte belongs to exactly one chunk).
     """
 
     def __init__(self, root: Path, manifest: ModelManifest) -> None:
         self.root = Path(root)
-        self.manifest = manifest
+        self.manifest = check_manifest(manifest)
         self.root.mkdir(parents=True, exist_ok=True)
         saved = self.root / MANIFEST_FILE
         if saved.exists():
@@ -75,7 +92,11 @@ class PartialModel:
         self._pending_bytes = 0
         self._last_checkpoint = time.monotonic()
         self._read_journal()
-        self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")
+        journal = self.root / JOURNAL
+        # a torn last line (a crash or a full disk mid-append) must not run into the next
+        # line: "1" + "5 f" would read as chunk 15 of f; the next append starts a new line
+        self._torn = journal.exists() and journal.stat().st_size > 0 and _last_byte(journal) != b"\n"
+        self._journal = open(journal, "a", encoding="utf-8")
         for f in manifest.files:  # empty files are complete from the start
             if not f.chunks:
                 self._finish_file(f.path)
@@ -105,9 +126,15 @@ class PartialModel:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
-        self._journal.write("".join(f"{i} {p}\n" for p, i in self._pending))
-        self._journal.flush()
-        os.fsync(self._journal.fileno())
+        lines = "".join(f"{i} {p}\n" for p, i in self._pending)
+        try:
+            self._journal.write(("\n" if self._torn else "") + lines)
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+        except OSError:
+            self._torn = True  # some of it may be on disk, cut anywhere
+            raise
+        self._torn = False
         self._pending.clear()
         self._pending_bytes = 0
         self._last_checkpoint = time.monotonic()
@@ -171,6 +198,8 @@ class PartialModel:
         Raises:
             ChunkVerificationError: wrong length or hash (nothing written).
             KeyError / IndexError: a path or chunk the manifest does not list.
+            OSError: the chunk could not be written here (a full disk, no permission); it
+                is not held then.
         """
         start, end = chunk_span(self.manifest, path, index)
         entry = self.manifest.file(path)
@@ -186,7 +215,7 @@ class PartialModel:
             part.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, data, start)
+            _pwrite_all(fd, data, start)
         finally:
             os.close(fd)
         with self._lock:
@@ -195,12 +224,19 @@ class PartialModel:
             self._held[path].add(index)
             self._pending.append((path, index))
             self._pending_bytes += len(data)
-            if len(self._held[path]) == len(entry.chunks):
-                self._checkpoint()
-                self._finish_file(path)
-            elif (self._pending_bytes >= CHECKPOINT_BYTES
-                  or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
-                self._checkpoint()
+            try:
+                if len(self._held[path]) == len(entry.chunks):
+                    self._checkpoint()
+                    self._finish_file(path)
+                elif (self._pending_bytes >= CHECKPOINT_BYTES
+                      or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
+                    self._checkpoint()
+            except OSError:  # not durable (or its file not renamed): this chunk is not held
+                self._held[path].discard(index)
+                if (path, index) in self._pending:
+                    self._pending.remove((path, index))
+                    self._pending_bytes -= len(data)
+                raise
         return True
 
     def _finish_file(self, path: str) -> None:
@@ -221,7 +257,12 @@ class PartialModel:
         complete file or at its ``.part``; ``<root>/.views/<name>``, rebuilt each call.
 
         Raises ``ValueError`` when a needed chunk is not verified yet (nothing unverified is
-        ever handed to a loader)."""
+        ever handed to a loader), or when ``name`` (a runner id, which the master chose) is
+        not one plain path part: the view is deleted and rebuilt, so ``../..`` would delete
+        a directory outside the copy."""
+        check_relative_path(name, "view name")
+        if "/" in name:
+            raise ValueError(f"view name {name!r} has a '/'")
         missing = {p: sorted(set(idx) - self._held.get(p, set())) for p, idx in chunks.items()}
         missing = {p: m for p, m in missing.items() if m}
         if missing:

@@ -26,7 +26,7 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.models.manifest import chunk_span
+from exo_p2p.models.manifest import check_manifest, chunk_span
 from exo_p2p.types.manifest import ModelManifest
 
 log = structlog.get_logger(__name__)
@@ -116,12 +116,17 @@ class ModelServer:
 
 async def fetch_manifest(net, peer: str, digest: str, *, timeout: float) -> ModelManifest:  # type: ignore[no-untyped-def]
     """The manifest ``digest`` from ``peer``. Raises ``ValueError`` when the reply is not that
-    manifest, and ``exo_p2p.net`` errors when the request fails."""
+    manifest or not a sane one (``check_manifest``: a peer that hashed unsafe paths or
+    overlapping chunks into a manifest gets its digest right), ``msgspec`` errors for a
+    malformed reply, and ``exo_p2p.net`` errors when the request fails."""
     reply = await net.request(peer, MANIFEST_PROTOCOL, digest.encode(), timeout=timeout)
     manifest = msgspec.json.decode(reply, type=ModelManifest)
     if manifest.digest != digest:
         raise ValueError(f"{peer} sent manifest {manifest.digest[:12]} for {digest[:12]}")
-    return manifest
+    try:
+        return check_manifest(manifest)
+    except ValueError as exc:
+        raise ValueError(f"{peer} sent a malformed manifest {digest[:12]}: {exc}") from None
 
 
 def chunk_getter(net, digest: str, *, timeout: float):  # type: ignore[no-untyped-def]

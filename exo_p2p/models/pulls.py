@@ -19,6 +19,7 @@ from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError
 from exo_p2p.models.manifest import all_chunks
+from exo_p2p.models.names import check_model_name
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import State
 
@@ -70,6 +71,17 @@ def holders_of(state: State, name: str, me: str, from_node: str | None = None) -
     return digest, nodes
 
 
+def check_disk(to_fetch: int, free: int) -> None:
+    """A pull of ``to_fetch`` more bytes starts only with that plus
+    ``FETCH_DISK_HEADROOM_PERCENT`` free (``free`` bytes; the rule placement applies to a
+    rank's fetch): a pull filling the disk would leave no room for the node's own event log.
+    Raises ``FetchError`` saying how much is needed and free."""
+    need = -(-to_fetch * (100 + defaults.FETCH_DISK_HEADROOM_PERCENT) // 100)
+    if free < need:
+        raise FetchError(f"not enough free disk in the models dir: the pull needs {to_fetch} bytes "
+                         f"+{defaults.FETCH_DISK_HEADROOM_PERCENT}% ({need}), {free} free")
+
+
 class PullManager:
     """Runs pulls for one node (see module docstring). ``on_done`` runs after a pull's copy
     became a local model (the node re-lists its models)."""
@@ -82,7 +94,12 @@ class PullManager:
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
         """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous,
-        already held here, already running)."""
+        already held here, already running, a name that cannot name a directory:
+        ``check_model_name``)."""
+        try:
+            check_model_name(name)
+        except ValueError as exc:
+            raise PullError(str(exc)) from None
         if self._depot.local_digest(name) is not None:
             raise PullError(f"model {name!r} is already on this node")
         current = self.pulls.get(name)
@@ -112,11 +129,13 @@ class PullManager:
                     errors.append(f"{peer}: {exc}")
             if manifest is None:
                 raise FetchError(f"no holder sent the manifest ({'; '.join(errors)})")
+            check_disk(manifest.total_bytes - self._depot.verified_bytes(status.digest),
+                       await trio.to_thread.run_sync(self._depot.disk_free))
             wanted = all_chunks(manifest)
             report = await self._depot.fetch(self._net, manifest, wanted, list(status.holders), on_progress=progress)
             status.bytes_by_peer = dict(report.bytes_by_peer)
             status.bad_chunks_by_peer = dict(report.bad_chunks_by_peer)
-            await trio.to_thread.run_sync(self._depot.promote, status.digest)
+            await trio.to_thread.run_sync(self._depot.promote, status.digest, status.model)
             await trio.to_thread.run_sync(self._depot.refresh)
             await self._on_done()
             status.state = "done"

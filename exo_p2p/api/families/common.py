@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from exo_p2p.api.errors import ApiError
+from exo_p2p.api.schemas import TOKEN_ID_LIMIT
 
 LOGIT_BIAS_LIMIT = 100.0
 """Largest absolute logit bias (OpenAI's range is -100..100; -100 bans a token)."""
@@ -47,8 +48,11 @@ def logit_bias_pairs(bias: Mapping[str, Any] | None, param: str = "logit_bias") 
         return ()
     pairs: list[tuple[int, float]] = []
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.strip().isdigit()):
-            raise ApiError(400, f"{param} keys must be token ids (non-negative integers as strings), got {key[:40]!r}", param=param)
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if not (isinstance(key, str) and key.strip().isascii() and key.strip().isdigit()
+                and int(key) <= TOKEN_ID_LIMIT):
+            raise ApiError(400, f"{param} keys must be token ids (integers in [0, {TOKEN_ID_LIMIT}] as strings), "
+                           f"got {key[:40]!r}", param=param)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise ApiError(400, f"{param}[{key}] must be a number in [-100, 100], got {value!r:.40}", param=f"{param}.{key}")
         pairs.append((int(key), float(value)))

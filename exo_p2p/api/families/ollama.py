@@ -23,6 +23,7 @@ route named ``dashboard`` when the app has one, everyone else "Ollama is running
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -37,7 +38,7 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, ollama_error_body
 from exo_p2p.api.families.common import check_range, one_line_json, refuse_set
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
-from exo_p2p.api.schemas import NonEmptyStr
+from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, NonEmptyStr
 from exo_p2p.state import instance_view
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ModelCard
 
@@ -106,7 +107,8 @@ def _number(options: dict[str, Any], key: str, kind: type = float) -> Any:
     value = options.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or (kind is int and value != int(value))):
         raise ApiError(400, f"options.{key} must be {'an integer' if kind is int else 'a number'}, got {value!r:.40}", param=f"options.{key}")
     return kind(value)
 
@@ -135,7 +137,9 @@ def options_fields(options: dict[str, Any] | None) -> dict[str, Any]:
     check_range("options.frequency_penalty", frequency, -2.0, 2.0)
     seed = _number(o, "seed", int)
     num_predict = _number(o, "num_predict", int)
+    check_range("options.num_predict", num_predict, -MAX_TOKENS_LIMIT, MAX_TOKENS_LIMIT)
     last_n = _number(o, "repeat_last_n", int)
+    check_range("options.repeat_last_n", last_n, -MAX_TOKENS_LIMIT, MAX_TOKENS_LIMIT)
     for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("min_p", min_p),
                        ("repetition_penalty", repeat), ("presence_penalty", presence), ("frequency_penalty", frequency)):
         if value is not None:

@@ -1,0 +1,53 @@
+"""A careless or hostile user against one real node process: model names that would name a
+directory above the pulled models, and bad input to the API and the CLI. One node, started
+once for the module, holding the tiny synthetic model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from exo_p2p.models.synthetic import make_synthetic_model
+from tests.cluster import NodeProcess, nodes_cleanup
+
+pytestmark = pytest.mark.integration
+MODEL = "tiny-break"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    base = tmp_path_factory.mktemp("break")
+    make_synthetic_model(base / "models" / MODEL, n_layers=2, hidden_size=64, intermediate_size=128, seed=6)
+    with nodes_cleanup([]) as listed:
+        listed.append(NodeProcess(base / "n", extra_args=["--models-dir", str(base / "models")]).start())
+        yield listed[0]
+
+
+def _cli(node: NodeProcess, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exo_p2p", *args, "--api", node.url],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_rm_of_a_name_above_the_pulled_models_is_refused(node: NodeProcess) -> None:
+    """``DELETE /models/`` used to delete every pulled model, ``/models/%2E%2E`` the models
+    dir and ``/models/..%2F..`` the node's data dir (its identity key included)."""
+    models = node.data_dir / "models"
+    kept = [models / "pulled" / "other" / "config.json", models / ".fetched" / "d" / ".verified"]
+    for p in kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("keep")
+    for name in ("", "%2E%2E", "..%2F..", "other%2F..", "%2E"):
+        reply = httpx.delete(f"{node.url}/models/{name}", timeout=10)
+        assert reply.status_code == 400, (name, reply.text)
+        assert reply.json()["error"]["param"] == "model"
+    assert all(p.exists() for p in kept) and (node.data_dir / "identity.key").exists()
+    reply = node.post("/models/pull", json={"model": "../x"})
+    assert reply.status_code == 400 and "model name" in reply.json()["error"]["message"], reply.text
+    out = _cli(node, "rm", "a/../..")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out
+    odd = _cli(node, "rm", "a?b#c")  # sent as one name, not a query string
+    assert odd.returncode == 1 and "'a?b#c'" in odd.stderr, odd
+    assert all(p.exists() for p in kept)
