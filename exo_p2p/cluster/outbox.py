@@ -112,6 +112,7 @@ class LocalOutbox:
                     await self.hooks.accept_local(local)
                 continue
             gossip = fresh if not again or await self._send_direct(again) else events
+            log.debug("local events sent", gossip=len(gossip), direct=len(events) - len(gossip), master=self.role.master)
             for batch in batches(gossip, self.settings.max_local_batch):
                 await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
 
