@@ -61,7 +61,9 @@ def log_marks(path: Path, since_wall: float) -> tuple[dict[str, float], list[str
         if event in MARKS:
             marks.setdefault(event, at)
         if event.startswith("direct") and "failed" in event:
-            errors.append(f"{event}: {rec.get('error', '')[:110]}")
+            errors.append(f"{at - since_wall:6.2f} s {event}: {rec.get('error', '')[:110]}")
+        elif event.startswith(("Health check failed", "Aborting connection", "MultiselectClient handshake")):
+            errors.append(f"{at - since_wall:6.2f} s libp2p: {event[:110]}")
     return marks, errors
 
 
@@ -79,6 +81,7 @@ def main() -> int:
     ap.add_argument("--target", choices=["any", "holder", "spare"], default="holder")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--debug-all", action="store_true", help="every node at --log-level debug (libp2p's own warnings too)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rng = random.Random(args.seed)
@@ -89,12 +92,13 @@ def main() -> int:
     nodes: list[NodeProcess] = []
     totals: list[float] = []
     with nodes_cleanup(nodes):
-        first = NodeProcess(base / "n0", cluster=name, extra_args=["--models-dir", str(models)])
+        debug = ["--log-level", "debug"] if args.debug_all else []
+        first = NodeProcess(base / "n0", cluster=name, extra_args=["--models-dir", str(models), *debug])
         nodes.append(first)
         first.start()
         boot = first.addrs()[0]
         for i in (1, 2):
-            n = NodeProcess(base / f"n{i}", cluster=name, extra_args=["--models-dir", str(models), "--bootstrap", boot])
+            n = NodeProcess(base / f"n{i}", cluster=name, extra_args=["--models-dir", str(models), "--bootstrap", boot, *debug])
             nodes.append(n)
             n.start()
         ids = [self_id(n) for n in nodes]
@@ -145,8 +149,8 @@ def main() -> int:
                   f"fault -> instance ready {total:.1f} s (down {t0 - t_fault:.1f} s)", flush=True)
             for k, v in sorted(rows.items(), key=lambda kv: kv[1]):
                 print(f"    {v:6.2f} s  {k}", flush=True)
-            print(f"    direct streams failed: {len(errors)}", flush=True)
-            for e in errors[:6]:
+            print(f"    direct streams failed / libp2p warnings: {len(errors)}", flush=True)
+            for e in errors[:12]:
                 print(f"      {e}", flush=True)
         ok = sorted(t for t in totals if t == t)
         if ok:

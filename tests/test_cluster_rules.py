@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,49 @@ def test_first_sends_and_batches():
     events = [local(s) for s in (1, 2, 3)]
     assert first_sends(events, {2: 0.0}) == ([events[0], events[2]], [events[1]])
     assert [len(b.events) for b in batches([local(s) for s in range(1, 6)], 2)] == [2, 2, 1]
+
+
+def test_first_sends_go_direct_while_the_master_does_not_hear_our_gossip():
+    events = [local(s) for s in (1, 2, 3)]
+    assert first_sends(events, {2: 0.0}, gossip_reaches=False) == ([], events)
+    assert first_sends(events, {}, gossip_reaches=True) == (events, [])
+
+
+class _RecordingNet:
+    """What an outbox sends: ``("gossip", topic)`` or ``("direct", peer, protocol)``."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, ...]] = []
+
+    async def publish(self, topic: str, data: bytes) -> bool:
+        self.sent.append(("gossip", topic))
+        return True
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        self.sent.append(("direct", peer, protocol))
+        return b"ok"
+
+
+@pytest.mark.parametrize("reaches", [False, True])
+def test_a_joined_node_sends_its_first_event_direct_until_the_master_hears_its_gossip(reaches):
+    """A restarted node's first profile was gossiped while it was still outside the master's
+    GossipSub mesh: lost, and indexed only on the direct re-send ``RESEND_INTERVAL`` s later.
+    While the master has not said it hears our gossip, the first send goes direct."""
+    from exo_p2p.cluster.messages import LOCAL_EVENTS_PROTOCOL, LOCAL_EVENTS_TOPIC
+
+    net = _RecordingNet()
+    outbox = LocalOutbox(net, Role("a", master="m"), "boot-a", None, ClusterSettings(), Counters(), clock=trio.current_time)  # type: ignore[arg-type]
+    outbox.gossip_reaches = lambda master: reaches and master == "m"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outbox.run)
+            outbox.send(NodeTimedOut("x"))  # type: ignore[arg-type]
+            await trio.sleep(0.1)  # less than a re-send interval
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert net.sent == ([("gossip", LOCAL_EVENTS_TOPIC)] if reaches else [("direct", "m", LOCAL_EVENTS_PROTOCOL)])
 
 
 def test_a_replaced_log_starts_a_new_epoch_and_requeues_pending_events():
