@@ -69,6 +69,15 @@ HEARTBEATS_BUFFER = 4096
 LOCAL_EVENTS_BUFFER = 4096
 GLOBAL_EVENTS_BUFFER = 8192
 
+# --- request streams (exo_p2p.net.reqresp) -----------------------------------------------------
+STREAM_OPEN_ATTEMPTS = 3
+"""Tries to open a request stream whose negotiation died at once (the remote reset it before
+answering the multistream handshake, or its connection closed under it), within the
+request's own timeout. Safe: nothing of the request was sent yet."""
+STREAM_RETRY_PAUSE = 0.1
+"""Seconds between two tries to open a request stream (a closing connection is gone by then,
+and the next try dials a fresh one)."""
+
 # --- mesh and topology edges --------------------------------------------------------------------
 MESH_TICK = 0.5
 """Seconds between two passes over the nodes in State to dial."""
