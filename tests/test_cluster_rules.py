@@ -217,6 +217,57 @@ def test_fetch_sources_are_same_master_same_term_most_advanced_first():
     assert fetch_sources("m", 2, peers, 1) == ["c"]
 
 
+def test_a_former_master_with_a_later_term_in_its_log_is_no_fetch_source():
+    """A node that was master at term 3 and follows m at term 2 now (it lost the meeting of
+    masters) holds its own term-3 tail until it syncs: it cannot stand in for m's log."""
+    former = Heartbeat(node_id="f", boot_id="boot-1", term=2, master="m", priority=0, last_idx=50, last_term=3, commit_idx=0)
+    assert fetch_sources("m", 2, [former, hb("b", 2, "m", 5)], 3) == ["b"]
+
+
+def test_only_a_fetch_from_the_master_ends_the_check_of_the_tail():
+    """After following a master, a follower checks once that its tail agrees with the
+    master's log. With the master unreachable, a fallback peer's answer gives events but
+    does not end the check: the follower keeps asking the master."""
+    from exo_p2p.cluster.log_sync import LogFollower
+    from exo_p2p.cluster.messages import LogResponse
+
+    class Net:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+            self.asked.append(peer)
+            if peer == "m":
+                raise OSError("unreachable")
+            return encode(LogResponse(events=(), last_idx=0))
+
+    class Replica:
+        last_idx, last_term = 0, 0
+
+        def chain_at(self, _idx: int) -> bytes:
+            return b""
+
+        def offer_many(self, _events: list) -> list:  # type: ignore[type-arg]
+            return []
+
+        def missing_range(self) -> None:
+            return None
+
+    class Peers:
+        liveness: dict = {}
+
+    net = Net()
+    follower = LogFollower(net, Replica(), Role("a", master="m", term=2), Peers(), ClusterSettings(), Counters(), None)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        assert not await follower.fetch_from("m")
+        assert await follower.fetch_from("b")
+        assert follower._behind("m"), "a fallback peer's answer ended the check against the master"
+
+    trio.run(main)
+    assert net.asked == ["m", "b"]
+
+
 # --- mesh -------------------------------------------------------------------------------------------------
 def test_dial_plan_staggers_the_larger_id_and_backs_off():
     backoff: dict = {}
