@@ -18,6 +18,10 @@ PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
 DIRECT_HEARTBEAT_TIMEOUT = 2.0
 """Seconds a direct heartbeat to the master may take at most (and at most half ``PEER_TIMEOUT``)."""
+DISCONNECTED_TIMEOUT = 2.5
+"""Seconds after which the master times out a node it has no connection to and has not heard
+from (five lost heartbeats; a killed node's connection closes within ~0.2 s, a live one is
+still heard through gossip relayed by other peers and redials within a second)."""
 DISCONNECT_GRACE = 1.0
 """Seconds a peer whose last connection closed still counts as reachable: a killed process
 is noticed in ~0.2 s, a brief reconnect is tolerated."""

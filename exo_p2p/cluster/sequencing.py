@@ -139,6 +139,13 @@ class MasterLink:
     def _last_heard(self, node_id: str) -> float | None:
         return last_sign_of_life(self.peers.liveness.last_heard(node_id), self.events_heard.get(node_id))
 
+    def _disconnected_since(self, node_id: str) -> float | None:
+        """Since when this node has had no connection to ``node_id`` (None: connected, or no
+        network to ask)."""
+        if self.net is None or node_id in self.net.connected_peers():
+            return None
+        return self.peers.disconnected_at.get(node_id, self.peers.started_at)
+
     async def timeout_loop(self) -> None:
         while True:
             await trio.sleep(defaults.TIMEOUT_CHECK_INTERVAL)
@@ -147,7 +154,7 @@ class MasterLink:
             gone = timed_out(
                 list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self._last_heard,
                 master_since=self.master_since(), now=self.clock(), timeout=self.settings.peer_timeout,
-                lost_master=self.lost_master(),
+                lost_master=self.lost_master(), disconnected_since=self._disconnected_since,
             )
             for node_id in gone:
                 log.warning("node timed out", node=node_id)
