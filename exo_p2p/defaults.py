@@ -73,6 +73,14 @@ HEARTBEATS_BUFFER = 4096
 LOCAL_EVENTS_BUFFER = 4096
 GLOBAL_EVENTS_BUFFER = 8192
 
+# --- dials (exo_p2p.net.host) ------------------------------------------------------------------
+DIAL_RETRIES = 1
+"""Retries of one address within one dial (the swarm's own; our re-dialler and mesh keeper
+back off across dials). py-libp2p's default of 3 held a dial to a stale address (a peer that
+restarted on a new port) 1-2 s, and every other dial of that peer waited behind it."""
+DIAL_RETRY_DELAY = 0.05
+"""Seconds before that retry."""
+
 # --- request streams (exo_p2p.net.reqresp) -----------------------------------------------------
 STREAM_OPEN_ATTEMPTS = 3
 """Tries to open a request stream whose negotiation died at once (the remote reset it before

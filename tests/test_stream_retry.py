@@ -87,3 +87,31 @@ def test_which_failures_are_tried_again() -> None:
     assert not stream_died_at_once(MultiselectClientError("response timed out after 5s, protocols tried: ['/x/1']"))
     assert not stream_died_at_once(SwarmDialAllFailedError("unable to connect to x", peer_id=None, num_addrs_tried=1))
     assert not stream_died_at_once(ValueError("bad peer id"))
+
+
+def test_a_dial_to_a_dead_address_fails_fast(tmp_path: Path) -> None:
+    """A peer that restarted listens on a new port; a dial to its old address is refused at
+    once. py-libp2p's swarm retried it 3 times 0.1-0.4 s apart (>= 0.63 s), holding the
+    per-peer dial lock, so the dial to the peer's current address waited: the restarted
+    node reached its master ~2 s late under load. Now one retry after ``DIAL_RETRY_DELAY``."""
+    import socket
+    import time
+
+    from exo_p2p.net import DialError
+
+    async def body() -> None:
+        async with open_host(config(tmp_path, "a")) as a, open_host(config(tmp_path, "b")) as b:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                dead = s.getsockname()[1]  # closed again: nobody listens there
+            addr = f"/ip4/127.0.0.1/tcp/{dead}/p2p/{b.node_id}"
+            took = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                with pytest.raises(DialError):
+                    await a.dial(addr, timeout=5)
+                took.append(time.monotonic() - t0)
+            assert min(took) < 0.45, took
+            assert a._host.get_network().retry_config.max_retries == defaults.DIAL_RETRIES
+
+    run(body)
