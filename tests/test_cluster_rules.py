@@ -109,6 +109,8 @@ def test_a_pending_claim_holds_off_the_election_and_restarts_the_masterless_cloc
 def test_settle_for_and_start_settle():
     assert settle_for(1.0, 0.0, 2.0, 0.5) == 2.0
     assert settle_for(4.0, 0.0, 2.0, 0.5) == 0.5
+    # a node that followed a master since it started is past its start: a failover
+    assert settle_for(1.0, 0.0, 2.0, 0.5, followed=True) == 0.5
     assert start_settle("a", ["a"], 2.0, 5.0) == 2.0
     assert start_settle("a", ["a", "b"], 2.0, 5.0) == 5.0
 
