@@ -18,6 +18,10 @@ PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
 DIRECT_HEARTBEAT_TIMEOUT = 2.0
 """Seconds a direct heartbeat to the master may take at most (and at most half ``PEER_TIMEOUT``)."""
+DISCONNECTED_TIMEOUT = 2.5
+"""Seconds after which the master times out a node it has no connection to and has not heard
+from (five lost heartbeats; a killed node's connection closes within ~0.2 s, a live one is
+still heard through gossip relayed by other peers and redials within a second)."""
 DISCONNECT_GRACE = 1.0
 """Seconds a peer whose last connection closed still counts as reachable: a killed process
 is noticed in ~0.2 s, a brief reconnect is tolerated."""
@@ -68,6 +72,23 @@ COMMIT_POLL = 0.05
 HEARTBEATS_BUFFER = 4096
 LOCAL_EVENTS_BUFFER = 4096
 GLOBAL_EVENTS_BUFFER = 8192
+
+# --- dials (exo_p2p.net.host) ------------------------------------------------------------------
+DIAL_RETRIES = 1
+"""Retries of one address within one dial (the swarm's own; our re-dialler and mesh keeper
+back off across dials). py-libp2p's default of 3 held a dial to a stale address (a peer that
+restarted on a new port) 1-2 s, and every other dial of that peer waited behind it."""
+DIAL_RETRY_DELAY = 0.05
+"""Seconds before that retry."""
+
+# --- request streams (exo_p2p.net.reqresp) -----------------------------------------------------
+STREAM_OPEN_ATTEMPTS = 3
+"""Tries to open a request stream whose negotiation died at once (the remote reset it before
+answering the multistream handshake, or its connection closed under it), within the
+request's own timeout. Safe: nothing of the request was sent yet."""
+STREAM_RETRY_PAUSE = 0.1
+"""Seconds between two tries to open a request stream (a closing connection is gone by then,
+and the next try dials a fresh one)."""
 
 # --- mesh and topology edges --------------------------------------------------------------------
 MESH_TICK = 0.5

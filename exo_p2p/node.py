@@ -359,6 +359,7 @@ class Node:
             # out, our log was replaced by another master's) once nothing of ours is in flight
             stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
             if publish_due(last, profile, last_hosted, hosted) or stale:
+                log.debug("profile published", boot_id=self.boot_id)
                 self.emit_local(NodeProfileUpdated(profile))
                 last, last_hosted = profile, hosted
             if published is not None and published.models != profile.models and self.member.outbox.idle:
@@ -462,8 +463,11 @@ class Node:
                 nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (issue 14)
                 self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
+                log.debug("start-up", step="member running")
                 await self._load_models()
+                log.debug("start-up", step="models listed")
                 await nursery.start(self.depot.run, net, cfg.listen_host)  # models travel: issue 13
+                log.debug("start-up", step="depot running")
                 from exo_p2p.models.pulls import PullManager
 
                 self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
@@ -471,6 +475,7 @@ class Node:
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
                 await self._wait_joined(15.0)
+                log.debug("start-up", step="joined")
                 access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins)
                 if not access.api_keys and not is_loopback_host(cfg.api_host):
                     warning = (

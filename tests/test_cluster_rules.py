@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -108,6 +109,8 @@ def test_a_pending_claim_holds_off_the_election_and_restarts_the_masterless_cloc
 def test_settle_for_and_start_settle():
     assert settle_for(1.0, 0.0, 2.0, 0.5) == 2.0
     assert settle_for(4.0, 0.0, 2.0, 0.5) == 0.5
+    # a node that followed a master since it started is past its start: a failover
+    assert settle_for(1.0, 0.0, 2.0, 0.5, followed=True) == 0.5
     assert start_settle("a", ["a"], 2.0, 5.0) == 2.0
     assert start_settle("a", ["a", "b"], 2.0, 5.0) == 5.0
 
@@ -125,6 +128,49 @@ def test_first_sends_and_batches():
     events = [local(s) for s in (1, 2, 3)]
     assert first_sends(events, {2: 0.0}) == ([events[0], events[2]], [events[1]])
     assert [len(b.events) for b in batches([local(s) for s in range(1, 6)], 2)] == [2, 2, 1]
+
+
+def test_first_sends_go_direct_while_the_master_does_not_hear_our_gossip():
+    events = [local(s) for s in (1, 2, 3)]
+    assert first_sends(events, {2: 0.0}, gossip_reaches=False) == ([], events)
+    assert first_sends(events, {}, gossip_reaches=True) == (events, [])
+
+
+class _RecordingNet:
+    """What an outbox sends: ``("gossip", topic)`` or ``("direct", peer, protocol)``."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, ...]] = []
+
+    async def publish(self, topic: str, data: bytes) -> bool:
+        self.sent.append(("gossip", topic))
+        return True
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        self.sent.append(("direct", peer, protocol))
+        return b"ok"
+
+
+@pytest.mark.parametrize("reaches", [False, True])
+def test_a_joined_node_sends_its_first_event_direct_until_the_master_hears_its_gossip(reaches):
+    """A restarted node's first profile was gossiped while it was still outside the master's
+    GossipSub mesh: lost, and indexed only on the direct re-send ``RESEND_INTERVAL`` s later.
+    While the master has not said it hears our gossip, the first send goes direct."""
+    from exo_p2p.cluster.messages import LOCAL_EVENTS_PROTOCOL, LOCAL_EVENTS_TOPIC
+
+    net = _RecordingNet()
+    outbox = LocalOutbox(net, Role("a", master="m"), "boot-a", None, ClusterSettings(), Counters(), clock=trio.current_time)  # type: ignore[arg-type]
+    outbox.gossip_reaches = lambda master: reaches and master == "m"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outbox.run)
+            outbox.send(NodeTimedOut("x"))  # type: ignore[arg-type]
+            await trio.sleep(0.1)  # less than a re-send interval
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert net.sent == ([("gossip", LOCAL_EVENTS_TOPIC)] if reaches else [("direct", "m", LOCAL_EVENTS_PROTOCOL)])
 
 
 def test_a_replaced_log_starts_a_new_epoch_and_requeues_pending_events():
@@ -171,6 +217,57 @@ def test_fetch_sources_are_same_master_same_term_most_advanced_first():
     peers = [hb("b", 2, "m", 5), hb("c", 2, "m", 9), hb("d", 1, "m", 20), hb("e", 2, "x", 30), hb("m", 2, "m", 40)]
     assert fetch_sources("m", 2, peers, 3) == ["c", "b"]
     assert fetch_sources("m", 2, peers, 1) == ["c"]
+
+
+def test_a_former_master_with_a_later_term_in_its_log_is_no_fetch_source():
+    """A node that was master at term 3 and follows m at term 2 now (it lost the meeting of
+    masters) holds its own term-3 tail until it syncs: it cannot stand in for m's log."""
+    former = Heartbeat(node_id="f", boot_id="boot-1", term=2, master="m", priority=0, last_idx=50, last_term=3, commit_idx=0)
+    assert fetch_sources("m", 2, [former, hb("b", 2, "m", 5)], 3) == ["b"]
+
+
+def test_only_a_fetch_from_the_master_ends_the_check_of_the_tail():
+    """After following a master, a follower checks once that its tail agrees with the
+    master's log. With the master unreachable, a fallback peer's answer gives events but
+    does not end the check: the follower keeps asking the master."""
+    from exo_p2p.cluster.log_sync import LogFollower
+    from exo_p2p.cluster.messages import LogResponse
+
+    class Net:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+
+        async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+            self.asked.append(peer)
+            if peer == "m":
+                raise OSError("unreachable")
+            return encode(LogResponse(events=(), last_idx=0))
+
+    class Replica:
+        last_idx, last_term = 0, 0
+
+        def chain_at(self, _idx: int) -> bytes:
+            return b""
+
+        def offer_many(self, _events: list) -> list:  # type: ignore[type-arg]
+            return []
+
+        def missing_range(self) -> None:
+            return None
+
+    class Peers:
+        liveness: dict = {}
+
+    net = Net()
+    follower = LogFollower(net, Replica(), Role("a", master="m", term=2), Peers(), ClusterSettings(), Counters(), None)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        assert not await follower.fetch_from("m")
+        assert await follower.fetch_from("b")
+        assert follower._behind("m"), "a fallback peer's answer ended the check against the master"
+
+    trio.run(main)
+    assert net.asked == ["m", "b"]
 
 
 # --- mesh -------------------------------------------------------------------------------------------------

@@ -57,8 +57,9 @@ def test_master_keeps_a_node_alive_whose_gossip_heartbeats_never_arrive(tmp_path
 def test_local_events_reach_a_master_that_drops_every_gossiped_one(tmp_path):
     """The master drops every local event it receives by gossip (``gossip_drop=1``), as when
     GossipSub keeps a restarted node out of its mesh: a joining node's events (its profile)
-    still get indexed, re-sent over the direct stream ``/exo-p2p/local-events/1`` after the
-    first gossip attempt, so it is in State within a few seconds of starting."""
+    still get indexed, sent over the direct stream ``/exo-p2p/local-events/1`` (at once while
+    the master has not said it hears the node's gossip, else as a re-send after a gossip
+    attempt), so it is in State within a few seconds of starting."""
     name = f"dl-{time.monotonic_ns() % 10**9}"
     nodes: list[NodeProcess] = []
     with nodes_cleanup(nodes):
@@ -74,5 +75,4 @@ def test_local_events_reach_a_master_that_drops_every_gossiped_one(tmp_path):
         wait_until(lambda: joining_id in state_of(master)["nodes"], 15 - (time.monotonic() - t0), what="joining node's profile indexed")
         print(f"profile indexed {time.monotonic() - t0:.1f} s after start despite gossip loss")
         wait_until(lambda: agreement(nodes, 2), 20, what="cluster of 2")
-        assert state_of(master)["counters"].get("fault_dropped:exo-p2p/local-events/1", 0) >= 1
         assert state_of(joining)["counters"].get("local_events_direct", 0) >= 1

@@ -150,3 +150,95 @@ def _events_of(state):  # type: ignore[no-untyped-def]
 
     profile = state.nodes["node-a"]
     return [MasterElected("node-a", 1), NodeProfileUpdated(profile), NodeModelsUpdated("node-a", tuple(state.model_cards.values()))]
+
+
+def test_a_rejoined_node_whose_events_arrive_before_its_heartbeats_is_not_timed_out_again():
+    """X was heard by heartbeat at t=0.5 s, then died (timed out ~t=5.5 s). Its new
+    incarnation's profile reaches the master directly at t=7.75 s, before any of its heartbeats:
+    the master must count X's time from those events, not time it out again at once (before
+    the fix: a NodeTimedOut at every check from then on, a rejoined node removed again)."""
+    from exo_p2p.cluster.messages import LocalEventBatch
+    from exo_p2p.types import LocalEvent, NodeTimedOut
+
+    emitted: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        async def emit(events):  # type: ignore[no-untyped-def]
+            emitted.extend((e.node_id, trio.current_time()) for e in events)
+            return 0
+
+        async def accept_local(_local):  # type: ignore[no-untyped-def]
+            return None
+
+        hooks = MasterHooks(start=_noop, stop=_noop, accept_local=accept_local, command=_noop, emit=emit)  # type: ignore[arg-type]
+        member = ClusterMember(None, _stub_replica(["node-b", "node-x"]), "node-b", "boot-b", hooks, clock=trio.current_time)
+        await member.roles.claim(1)
+        await trio.sleep(0.5)
+        member.liveness.heard(claim("node-x", 0), trio.current_time())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(member.sequencer.timeout_loop)
+            await trio.sleep(7.75 - trio.current_time())
+            profile = LocalEvent("node-x", "boot-x2", 1, NodeTimedOut("node-y"))  # any event of its own
+            await member.sequencer._accept(LocalEventBatch((profile,)), "node-x")  # type: ignore[arg-type]
+            await trio.sleep(6.0)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    times = [t for n, t in emitted if n == "node-x"]
+    assert times and min(times) <= 0.5 + TIMEOUT + 0.5 + 1e-9, times  # the dead incarnation: timed out
+    assert not [t for t in times if 7.75 < t < 7.75 + TIMEOUT - 1e-9], times  # the new one: a full timeout
+
+
+@settings(max_examples=300, deadline=None)
+@given(heard=st.floats(0, 50), cut=st.one_of(st.none(), st.floats(0, 50)), dt=st.floats(0, 20), since=st.floats(0, 10))
+def test_a_node_without_a_connection_is_timed_out_after_the_shorter_bound(heard, cut, dt, since):
+    """A node the master has no connection to (since ``cut``) and has not heard for
+    ``DISCONNECTED_TIMEOUT`` s is gone (a killed node: its connection closed at once), once
+    the new master's own grace is over; a connected node gets the full timeout."""
+    from exo_p2p import defaults
+
+    short = defaults.DISCONNECTED_TIMEOUT
+    now = max(heard, since, cut or 0.0) + dt
+    gone = timed_out(["x"], self_id="me", last_heard=lambda n: heard, master_since=since, now=now, timeout=TIMEOUT,
+                     disconnected_since=lambda n: cut)
+    ref = max(heard, since)
+    expected = now - ref >= TIMEOUT or (cut is not None and now - since >= TIMEOUT and now - max(ref, cut) >= short)
+    assert ("x" in gone) == expected
+    assert short < TIMEOUT
+
+
+def test_a_killed_node_is_timed_out_soon_after_its_connection_closed():
+    """Master B (for a while already) hears X until t=10 s; X's connection closes at
+    t=10.2 s (SIGKILL): X is timed out ``DISCONNECTED_TIMEOUT`` s after its last heartbeat,
+    one check later at most (before: the full ``PEER_TIMEOUT``, while placement kept putting
+    re-placed instances on the dead node)."""
+    from types import SimpleNamespace
+
+    from exo_p2p import defaults
+
+    emitted: list[float] = []
+    connected = {"node-x"}
+
+    async def main() -> None:
+        async def emit(events):  # type: ignore[no-untyped-def]
+            emitted.extend(trio.current_time() for e in events if e.node_id == "node-x")
+            return 0
+
+        hooks = MasterHooks(start=_noop, stop=_noop, accept_local=_noop, command=_noop, emit=emit)  # type: ignore[arg-type]
+        net = SimpleNamespace(connected_peers=lambda: set(connected))
+        member = ClusterMember(net, _stub_replica(["node-b", "node-x"]), "node-b", "boot-b", hooks, clock=trio.current_time)
+        await member.roles.claim(1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(member.sequencer.timeout_loop)
+            while trio.current_time() < 10.0:
+                member.liveness.heard(claim("node-x", 0), trio.current_time())
+                await trio.sleep(0.5)
+            await trio.sleep(0.2)
+            connected.clear()
+            member.peers.disconnected_at["node-x"] = trio.current_time()
+            await trio.sleep(8.0)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert emitted, "never timed out"
+    assert 10.0 + defaults.DISCONNECTED_TIMEOUT - 1e-9 <= emitted[0] <= 10.0 + defaults.DISCONNECTED_TIMEOUT + 0.5 + 1e-9, emitted

@@ -79,6 +79,14 @@ class DirectHeartbeats:
         self.peer_timeout = peer_timeout
         self.count = count
         self.tally = tally
+        self.heard_by: str | None = None
+        """The master whose last answer said it hears this node's gossip (None: none did)."""
+
+    def gossip_reaches(self, master: str) -> bool:
+        """Whether ``master`` said in its last answer that this node's gossiped heartbeats
+        reach it (False before any answer: a node that just joined is often not yet in the
+        master's GossipSub mesh, so what it gossips may be lost)."""
+        return self.heard_by == master
 
     async def run(self) -> None:
         fresh = False
@@ -87,6 +95,7 @@ class DirectHeartbeats:
             master = self.master()
             if master is None:
                 fresh = False
+                self.heard_by = None
                 continue
             try:
                 raw = await self.net.request(master, HEARTBEAT_PROTOCOL, encode(self.own()), timeout=min(defaults.DIRECT_HEARTBEAT_TIMEOUT, self.peer_timeout / 2))
@@ -95,9 +104,11 @@ class DirectHeartbeats:
                 log.debug("direct heartbeat failed", master=master, error=repr(exc))
                 self.count("direct_heartbeat_failed")
                 fresh = False
+                self.heard_by = None
                 continue
             self.tally("direct_heartbeats_sent")
             fresh = ack.gossip_fresh
+            self.heard_by = master if fresh else None
             if ack.version == PROTOCOL_VERSION and ack.heartbeat.node_id == master and ack.heartbeat.version == PROTOCOL_VERSION:
                 self.on_heartbeat(ack.heartbeat)
 

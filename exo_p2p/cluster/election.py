@@ -29,7 +29,8 @@ Rules (docs/architecture.md#request-flow; issue 3 "Election"):
 the followed master is lost when no reachable, admitted peer still claims it (a master that
 stepped down beats on without claiming; following it would wait forever); the masterless
 time counts from the moment no claim is heard; then ``decide``. ``settle_for`` picks the
-settle time: the start settle during twice its length after start, else the failover one.
+settle time: the start settle during twice its length after start (until this node first
+follows a master), else the failover one.
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def election_step(seat: Seat, own: Heartbeat, peers: Sequence[Heartbeat], pendin
     return ElectionStep(seat, lost)
 
 
-def settle_for(now: float, started_at: float, start_settle: float, failover_settle: float) -> float:
-    """Seconds of masterless time before an election at ``now`` (module docstring)."""
+def settle_for(now: float, started_at: float, start_settle: float, failover_settle: float, *,
+               followed: bool = False) -> float:
+    """Seconds of masterless time before an election at ``now`` (module docstring). A node
+    that has followed a master since it started (``followed``) is past its start: losing
+    that master is a failover (a node restarted a moment before the master died waited the
+    whole start settle, 5 s, as the election's winner: chaos run, issue 9 item 8)."""
+    if followed:
+        return failover_settle
     return start_settle if now - started_at < 2 * start_settle else failover_settle

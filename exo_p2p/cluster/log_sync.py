@@ -8,8 +8,12 @@ Rules:
 - A follower fetches from its master over a direct stream when the master's heartbeat shows
   events it lacks, when its replica has a gap, and once after following a new master (to
   check its tail agrees); when the master is unreachable, from up to
-  ``LOG_FETCH_FALLBACK_PEERS`` peers following the same master in the same term, most
-  advanced first (``fetch_sources``). A fetch resumes from the last applied index.
+  ``LOG_FETCH_FALLBACK_PEERS`` peers following the same master in the same term whose log
+  holds no later term (a former master that stepped down keeps its divergent tail until it
+  has synced), most advanced first (``fetch_sources``). A fetch resumes from the last
+  applied index. Only a fetch from the master itself tells that this node's tail agrees
+  with the master's log: a fallback peer's answer does not end the check (two followers
+  that both missed the check once held another master's tail and vouched for each other).
 - ``tail_diverged`` / ``log_answer``: the server answers with its State as a snapshot when
   the asker's tail is not a prefix of its log or the range was compacted, else the events.
 """
@@ -47,9 +51,10 @@ def global_batch_verdict(batch: IndexedEventBatch, sender: str, role: Role) -> s
 
 
 def fetch_sources(master: str, term: int, peers: Sequence[Heartbeat], n: int) -> list[str]:
-    """Peers to fetch from when ``master`` is unreachable: following it at ``term``, most
-    advanced first, ``n`` at most."""
-    same = sorted((p for p in peers if p.master == master and p.term == term and p.node_id != master), key=lambda p: -p.last_idx)
+    """Peers to fetch from when ``master`` is unreachable: following it at ``term``, their log
+    holding no later term than ``term``, most advanced first, ``n`` at most."""
+    same = sorted((p for p in peers if p.master == master and p.term == term and p.last_term <= term and p.node_id != master),
+                  key=lambda p: -p.last_idx)
     return [p.node_id for p in same[:n]]
 
 
@@ -166,7 +171,8 @@ class LogFollower:
             self.replica.offer_many(list(response.events))
             if self.replica.last_idx > before:  # gaps recovered by fetch, not gossip
                 self.counters.add("log_fetch_applied", self.replica.last_idx - before)
-            self.checked = (master, self.role.term)
+            if peer == master:
+                self.checked = (master, self.role.term)
             if (not response.events and response.snapshot is None) or self.replica.last_idx >= response.last_idx:
                 return True
         return True

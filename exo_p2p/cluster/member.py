@@ -77,6 +77,7 @@ class ClusterMember:
     def _wire(self) -> None:
         """Who tells whom: master changes, heartbeats showing a gap, applied events, a replaced log."""
         self.roles.catch_up = self.log.fetch_from
+        self.outbox.gossip_reaches = self.peers.direct.gossip_reaches
         self.roles.on_change += [self.outbox.on_master_change, lambda _m: self.peers.beat_now.set(), self._master_changed]
         self.peers.on_master_ahead = self.log.wake
         self.peers.on_duplicate = self._stop

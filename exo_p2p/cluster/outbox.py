@@ -5,9 +5,12 @@ Rules (``due``, ``first_sends``): each local event carries this node's id, an or
 indexed (the master drops duplicates by origin and sequence). A new event goes out at once,
 alone (re-sending every pending event whenever one more is queued made O(n²) gossip under
 bursts); one not seen indexed ``resend_interval`` s after it was last sent goes out again,
-and all of them after a master change. A first send goes by gossip; a re-send goes over a
-direct stream to the master (gossip when that fails), so a node that GossipSub keeps out of
-the master's mesh for a while still gets its events indexed. After this node's log was
+and all of them after a master change. A first send goes by gossip while the master says it
+hears this node's gossip (``gossip_reaches``, from the direct heartbeat's answer), else over
+a direct stream at once (a node that just (re)joined is often outside the master's GossipSub
+mesh for a while: its first profile, gossiped, was lost and indexed only on the re-send a
+second later); a re-send goes over a direct stream to the master; gossip when a direct send
+fails. After this node's log was
 replaced (a snapshot installed, a divergent tail dropped) a new origin epoch starts:
 sequence numbers from 1 again, pending events re-queued under it.
 """
@@ -33,8 +36,12 @@ def due(pending: Mapping[int, LocalEvent], sent_at: Mapping[int, float], now: fl
     return [pending[s] for s in sorted(pending) if now - sent_at.get(s, -math.inf) >= interval]
 
 
-def first_sends(events: Sequence[LocalEvent], sent_at: Mapping[int, float]) -> tuple[list[LocalEvent], list[LocalEvent]]:
-    """``events`` split into (never sent: gossip, sent before: re-send direct)."""
+def first_sends(events: Sequence[LocalEvent], sent_at: Mapping[int, float], *,
+                gossip_reaches: bool = True) -> tuple[list[LocalEvent], list[LocalEvent]]:
+    """``events`` split into (to gossip, to send direct): never sent ones are gossiped while
+    ``gossip_reaches`` (the master hears this node's gossip), re-sends always go direct."""
+    if not gossip_reaches:
+        return [], list(events)
     fresh = [e for e in events if e.origin_seq not in sent_at]
     again = [e for e in events if e.origin_seq in sent_at]
     return fresh, again
@@ -57,6 +64,8 @@ class LocalOutbox:
         self.pending: dict[int, LocalEvent] = {}
         self.sent_at: dict[int, float] = {}
         self.wake = Wake()
+        self.gossip_reaches: Callable[[str], bool] = lambda _master: True
+        """Whether the master hears this node's gossip (set by the member: the direct heartbeat)."""
 
     @property
     def origin_boot(self) -> str:
@@ -104,7 +113,10 @@ class LocalOutbox:
                 continue
             now = self.clock()
             events = due(self.pending, self.sent_at, now, self.settings.resend_interval)
-            fresh, again = first_sends(events, self.sent_at)
+            if not events:
+                continue
+            master = self.role.master
+            fresh, again = first_sends(events, self.sent_at, gossip_reaches=self.gossip_reaches(master))
             for local in events:
                 self.sent_at[local.origin_seq] = now
             if self.role.is_master:
@@ -112,6 +124,7 @@ class LocalOutbox:
                     await self.hooks.accept_local(local)
                 continue
             gossip = fresh if not again or await self._send_direct(again) else events
+            log.debug("local events sent", gossip=len(gossip), direct=len(events) - len(gossip), master=self.role.master)
             for batch in batches(gossip, self.settings.max_local_batch):
                 await self.net.publish(LOCAL_EVENTS_TOPIC, encode(batch))
 

@@ -53,6 +53,8 @@ class RoleKeeper:
         self.lost_master: str | None = None
         """The master this node followed and lost most recently, while it has not followed
         another one since (``peer_timeouts``: no grace for it when this node takes over)."""
+        self.followed = False
+        """Whether this node has followed (or been) a master since it started."""
         self.lock = trio.Lock()
         self.changed = Pulse()
         self.on_change: list[Callable[[str | None], None]] = []
@@ -70,7 +72,7 @@ class RoleKeeper:
         """One pass of the election over what this node hears at ``now``."""
         peers, pending = self.admitted(self.peers.reachable_peers(now), now, probes)
         self._considered = peers
-        settle = settle_for(now, self.started_at, self.start_settle(), self.settings.failover_settle)
+        settle = settle_for(now, self.started_at, self.start_settle(), self.settings.failover_settle, followed=self.followed)
         seat = Seat(self.role.master, self.role.term, self.masterless_since)
         return election_step(seat, self.peers.own_heartbeat(), peers, pending, now, settle=settle)
 
@@ -141,6 +143,7 @@ class RoleKeeper:
             self.role.term = max(term, self.replica.state.term + 1)
             self.role.master = self.role.node_id
             self.role.is_master = True
+            self.followed = True
             self.master_since = self.clock()
             self.replica.defer_sync = True  # group commit: synced before anything leaves
             self.masterless_since = None
@@ -164,6 +167,7 @@ class RoleKeeper:
             elif master is not None:
                 self.lost_master = None
             self.role.master = master
+            self.followed = self.followed or master is not None
             self.role.term = term if master is not None else self.role.term
             self.masterless_since = None if master is not None else self.clock()
         self._changed(master)

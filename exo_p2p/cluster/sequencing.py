@@ -26,7 +26,7 @@ from exo_p2p.cluster.common import Counters, Pulse, Role, Wake
 from exo_p2p.cluster.event_times import EventTimes
 from exo_p2p.cluster.heartbeats import PeerView
 from exo_p2p.cluster.messages import GLOBAL_EVENTS_TOPIC, Heartbeat, IndexedEventBatch, LocalEventBatch, encode, local_batch_decoder
-from exo_p2p.cluster.peer_timeouts import timed_out
+from exo_p2p.cluster.peer_timeouts import last_sign_of_life, timed_out
 from exo_p2p.cluster.settings import ClusterSettings, MasterHooks
 from exo_p2p.replica import Replica
 from exo_p2p.types import PROTOCOL_VERSION, IndexedEvent, LocalEvent, NodeTimedOut
@@ -71,6 +71,8 @@ class MasterLink:
         self.master_since = master_since
         self.lost_master = lost_master
         self.outbox: list[IndexedEvent] = []
+        self.events_heard: dict[str, float] = {}
+        """Per node: when this master last received local events of its own (gossip or direct)."""
         self.wake = Wake()
         self.room = Pulse()
 
@@ -105,6 +107,8 @@ class MasterLink:
         events, forged = own_events(batch, sender)
         for _ in range(forged):
             self.counters.drop("local_event_forged")
+        if events:
+            self.events_heard[sender] = self.clock()  # a sign of life (peer_timeouts)
         for local in events:
             await self.hooks.accept_local(local)
 
@@ -132,15 +136,25 @@ class MasterLink:
         await self._accept(batch, peer)
         return b"ok"
 
+    def _last_heard(self, node_id: str) -> float | None:
+        return last_sign_of_life(self.peers.liveness.last_heard(node_id), self.events_heard.get(node_id))
+
+    def _disconnected_since(self, node_id: str) -> float | None:
+        """Since when this node has had no connection to ``node_id`` (None: connected, or no
+        network to ask)."""
+        if self.net is None or node_id in self.net.connected_peers():
+            return None
+        return self.peers.disconnected_at.get(node_id, self.peers.started_at)
+
     async def timeout_loop(self) -> None:
         while True:
             await trio.sleep(defaults.TIMEOUT_CHECK_INTERVAL)
             if not self.role.is_master:
                 continue
             gone = timed_out(
-                list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self.peers.liveness.last_heard,
+                list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self._last_heard,
                 master_since=self.master_since(), now=self.clock(), timeout=self.settings.peer_timeout,
-                lost_master=self.lost_master(),
+                lost_master=self.lost_master(), disconnected_since=self._disconnected_since,
             )
             for node_id in gone:
                 log.warning("node timed out", node=node_id)

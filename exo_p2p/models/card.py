@@ -245,7 +245,14 @@ def card_from_config(
 @functools.lru_cache(maxsize=None)
 def has_shard_method(model_type: str) -> bool:
     """Whether mlx-lm's module for ``model_type`` (after mlx-lm's own remapping, e.g.
-    mistral -> llama) defines ``Model.shard`` (tensor parallelism)."""
+    mistral -> llama) defines ``Model.shard`` (tensor parallelism).
+
+    Read from mlx-lm's source when it answers plainly (``shard_method_in_source``): importing
+    mlx-lm costs ~2 s of CPU (transformers with it), and a node cards its models at start,
+    before its profile can be indexed (a restarted node rejoined that much later)."""
+    plain = shard_method_in_source(model_type)
+    if plain is not None:
+        return plain
     try:
         from mlx_lm.utils import _get_classes
 
@@ -256,3 +263,36 @@ def has_shard_method(model_type: str) -> bool:
         except (ImportError, AttributeError):
             return False
     return callable(getattr(model_class, "shard", None))
+
+
+def shard_method_in_source(model_type: str) -> bool | None:
+    """``has_shard_method`` from mlx-lm's source files, without importing mlx-lm: the model
+    type remapped by ``MODEL_REMAPPING`` (a dict literal in ``mlx_lm/utils.py``), then whether
+    class ``Model`` of ``mlx_lm/models/<type>.py``, a direct ``nn.Module`` subclass, defines
+    ``shard``. None when the source does not say it plainly (no such file, another base class
+    that may bring ``shard``, a remapping that is not a literal): then mlx-lm is imported."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("mlx_lm")  # a top-level package: not imported
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = Path(next(iter(spec.submodule_search_locations)))
+        remap: dict[str, str] | None = None
+        for node in ast.parse((root / "utils.py").read_text()).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MODEL_REMAPPING" for t in node.targets):
+                remap = ast.literal_eval(node.value)
+        if not isinstance(remap, dict) or not re.fullmatch(r"[A-Za-z0-9_]+", model_type):
+            return None
+        path = root / "models" / f"{remap.get(model_type, model_type)}.py"
+        if not path.is_file():
+            return None
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == "Model":
+                if [ast.unparse(b) for b in node.bases] != ["nn.Module"]:
+                    return None
+                return any(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and b.name == "shard" for b in node.body)
+    except (OSError, SyntaxError, ValueError, StopIteration):
+        return None
+    return None

@@ -25,7 +25,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.discovery.events.peerDiscovery import peerDiscovery
 from libp2p.discovery.mdns.mdns import create_mdns_discovery
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import GossipSub
@@ -34,6 +34,8 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import get_available_interfaces
+
+from exo_p2p import defaults
 
 from . import libdrops
 from .config import NetConfig, derive_psk, mdns_fingerprint
@@ -371,6 +373,11 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
         psk=psk,
         connection_config=_connection_config(config),
     )
+    # one quick retry per address: the swarm's default (3 retries, 0.1-0.4 s apart) held a dial
+    # to a stale address ~1-2 s, and with it every other dial of that peer (the per-peer lock
+    # of ``Network._connect``); our re-dialler and mesh keeper back off themselves
+    host.get_network().retry_config = RetryConfig(  # type: ignore[attr-defined]
+        max_retries=defaults.DIAL_RETRIES, initial_delay=defaults.DIAL_RETRY_DELAY)
     gossipsub = GossipSub(
         protocols=[TProtocol(p) for p in params.protocols],
         degree=params.degree,

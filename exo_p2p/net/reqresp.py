@@ -5,6 +5,14 @@ The requester opens a stream on the protocol, writes one frame (the request) and
 that opens a stream and never sends is dropped and counted), runs the handler under its own
 timeout, writes the reply and closes. Handler errors travel back as ``STATUS_ERROR`` with a
 description, so a caller gets a RemoteError instead of a hang.
+
+Opening the stream is tried again (``STREAM_OPEN_ATTEMPTS``, ``STREAM_RETRY_PAUSE`` in
+``exo_p2p.defaults``, all within the request's timeout) when its negotiation died at once:
+py-libp2p reports "handshake read failed" when the remote reset the new stream before
+answering the multistream handshake, or the connection closed under it (a connection being
+torn down, a stream the remote's swarm refused); nothing of the request was sent, so a retry
+cannot deliver it twice. A protocol the remote does not serve, or a negotiation timeout, is
+not retried.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+
+from exo_p2p import defaults
 
 from .errors import NetError, RemoteError, RequestError
 from .framing import (
@@ -98,7 +108,7 @@ async def send_request(
     stream: INetStream | None = None
     try:
         with trio.fail_after(timeout):
-            stream = await host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+            stream = await open_stream(host, peer_id, protocol)
             await write_frame(stream, data, max_frame_bytes)
             reply = await read_frame(stream, max_frame_bytes + 1)
             await stream.close()
@@ -117,6 +127,43 @@ async def send_request(
     if reply[0] != STATUS_OK:
         raise RemoteError(reply[1:].decode(errors="replace"))
     return reply[1:]
+
+
+def stream_died_at_once(exc: BaseException) -> bool:
+    """Whether a failed ``new_stream`` is one the module docstring retries: the multistream
+    handshake could not be read or written (the stream was reset, or its connection closed),
+    or the swarm's connection closed under the new stream. Not a failed dial (the peer is
+    unreachable: a retry would only wait), not an unsupported protocol, not a timeout."""
+    from libp2p.network.exceptions import SwarmException
+    from libp2p.network.swarm import SwarmDialAllFailedError
+    from libp2p.protocol_muxer.exceptions import MultiselectClientError
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, MultiselectClientError):
+            return str(cur).startswith("handshake ")
+        if isinstance(cur, SwarmDialAllFailedError):
+            return False
+        if isinstance(cur, SwarmException):
+            return "connection" in str(cur).lower() or "create stream" in str(cur).lower()
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+async def open_stream(host: IHost, peer_id: str, protocol: str) -> INetStream:
+    """``host.new_stream`` to ``peer_id`` on ``protocol``, tried again when it died at once
+    (module docstring). The caller bounds the time; raises the last failure."""
+    for attempt in range(1, defaults.STREAM_OPEN_ATTEMPTS + 1):
+        try:
+            return await host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol)])
+        except Exception as exc:
+            if attempt == defaults.STREAM_OPEN_ATTEMPTS or not stream_died_at_once(exc):
+                raise
+            log.debug("stream died at once; trying again", peer=peer_id, protocol=protocol, attempt=attempt, error=repr(exc))
+        await trio.sleep(defaults.STREAM_RETRY_PAUSE)
+    raise AssertionError("unreachable")
 
 
 async def reset_quietly(stream: INetStream) -> None:
