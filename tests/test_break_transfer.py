@@ -17,7 +17,7 @@ import trio
 from exo_p2p.eventlog import EventLog
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
-from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest
+from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest, shard_chunks
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import fetch_manifest
@@ -514,3 +514,47 @@ def test_a_journal_append_cut_by_a_full_disk_never_joins_the_next_one(tmp_path: 
     p.close()
     with PartialModel(root, m) as q:
         assert q.held() == {path: (3,)}
+
+
+def _write(p: PartialModel, model: Path, chunks) -> None:
+    for path, indices in chunks.items():
+        blob = (model / path).read_bytes()
+        for i in indices:
+            c = p.manifest.file(path).chunks[i]
+            p.write_chunk(path, i, blob[c.start:c.end])
+
+
+def _view_matches(view: Path, model: Path, m: ModelManifest, chunks) -> bool:
+    for path, indices in chunks.items():
+        with open(view / path, "rb") as f:  # raises when the view's entry dangles
+            for i in indices:
+                c = m.file(path).chunks[i]
+                f.seek(c.start)
+                if f.read(c.end - c.start) != (model / path).read_bytes()[c.start:c.end]:
+                    return False
+    return True
+
+
+def test_a_shard_view_stays_valid_when_its_files_complete_and_a_pull_promotes_the_copy(tmp_path: Path, model: Path) -> None:
+    """A rank's view used to symlink ``.fetched/D/f.part``: the last chunk of ``f`` (fetched
+    by another rank or a pull) renamed it to ``f``, and a pull moved the whole copy to
+    ``pulled/``: the view's links dangled, so a reload of the running rank from its view
+    failed. Views now hard-link the files from outside the copy."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    rank0 = shard_chunks(m, start_layer=0, end_layer=1, n_layers=2, tied=False)
+    p = depot.partial(m)
+    _write(p, model, rank0)
+    view = p.shard_view(rank0, "inst-r0")
+    assert any((p.root / f"{path}.part").exists() for path in rank0)  # the view uses a .part
+    assert _view_matches(view, model, m, rank0)
+    _write(p, model, all_chunks(m))  # another fetch completes the copy: every .part renamed
+    assert p.complete and not list(p.root.rglob("*.part"))
+    assert _view_matches(view, model, m, rank0)
+    target = depot.promote(m.digest, "tiny")  # the pull's last step
+    assert not (data / "models" / ".fetched" / m.digest).exists() and (target / "config.json").is_file()
+    assert _view_matches(view, model, m, rank0)
+    assert (view / "config.json").read_bytes() == (model / "config.json").read_bytes()
+    assert depot.remove("tiny") == [target]
+    assert not view.exists()  # rm frees the bytes the view's links still held

@@ -6,8 +6,15 @@ Layout under ``data_dir/models``:
 - ``.manifests/<name>.manifest.json``: cached manifests of local models (``cached_manifest``);
 - ``.fetched/<digest>/``: a copy being fetched (``PartialModel``; kept when an instance is
   deleted, so a later placement reuses its chunks);
+- ``.fetched/.views/<digest>/<runner id>/``: the shard views ranks load from, hard links to
+  the copy's files (``PartialModel.shard_view``);
 - ``pulled/<name>/``: a complete copy made by a pull (renamed from ``.fetched``); the node
   lists it as a local model (the store scans this dir like a ``--models-dir``).
+
+A shard view never points at a file that moves: its hard links stay valid when a ``.part``
+is renamed and when a pull promotes the copy a running rank loads from to ``pulled/`` (the
+views stay where they are). ``rm`` deletes a model's views with its copies (only they still
+hold the bytes of its files).
 
 Serving: ``ModelServer`` (libp2p chunk protocol) and ``BulkServer`` (ticket + TCP) read from
 ``source(digest)``: a complete local model or the verified chunks of a partial copy.
@@ -34,7 +41,7 @@ from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progr
 from exo_p2p.models.gguf_import import IMPORT_MARKER
 from exo_p2p.models.manifest import cached_manifest
 from exo_p2p.models.names import check_model_name
-from exo_p2p.models.partial import MANIFEST_FILE, PartialModel
+from exo_p2p.models.partial import MANIFEST_FILE, VIEWS_DIR, PartialModel
 from exo_p2p.models.peer_transfer import HOOK_CORRUPT_CHUNKS, ChunkSource, LocalModel, ModelServer, chunk_getter
 from exo_p2p.models.store import ModelStore, is_mlx_model_dir
 from exo_p2p.types.manifest import HeldModel, ModelManifest
@@ -227,6 +234,8 @@ class ModelDepot:
             if target.exists():
                 raise ValueError(f"{target} already exists")
             p.close()
+            # views inside the copy: the layout before views moved out of it (never read now);
+            # the views in p.views_dir stay: running ranks load from them
             shutil.rmtree(p.root / ".views", ignore_errors=True)
             for name in (".verified",):
                 (p.root / name).unlink(missing_ok=True)
@@ -247,12 +256,19 @@ class ModelDepot:
                 if p.manifest.name == name:
                     p.close()
                     shutil.rmtree(p.root, ignore_errors=True)
+                    shutil.rmtree(p.views_dir, ignore_errors=True)
                     removed.append(p.root)
                     del self._partials[digest]
         target = self.pulled_dir / name
         if target.is_dir():
+            try:  # the manifest a pull moved with the copy names the views made before it
+                digest = msgspec.json.decode((target / MANIFEST_FILE).read_bytes(), type=ModelManifest).digest
+            except (OSError, ValueError, msgspec.DecodeError):
+                digest = None
             shutil.rmtree(target)
             removed.append(target)
+            if digest is not None:
+                shutil.rmtree(self.fetched_dir / VIEWS_DIR / digest, ignore_errors=True)
             if target.parent != self.pulled_dir and not any(target.parent.iterdir()):
                 target.parent.rmdir()  # the emptied ORG of ORG/NAME
         return removed
