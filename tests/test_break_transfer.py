@@ -558,3 +558,54 @@ def test_a_shard_view_stays_valid_when_its_files_complete_and_a_pull_promotes_th
     assert (view / "config.json").read_bytes() == (model / "config.json").read_bytes()
     assert depot.remove("tiny") == [target]
     assert not view.exists()  # rm frees the bytes the view's links still held
+
+
+class _StalledNet:
+    """A peer that never answers (a pull stays running)."""
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        await trio.sleep_forever()
+        raise AssertionError
+
+
+def test_a_second_pull_of_the_same_files_under_another_name_is_refused_with_409(tmp_path: Path, model: Path) -> None:
+    """Pulls of one manifest under two names used to share the partial copy ``.fetched/D``:
+    the first to finish moved it to its ``pulled/NAME`` and closed its journal under the
+    other, which then failed ("not completely fetched") or wrote into a dir recreated empty.
+    The second is now refused with 409 naming the running pull, and may start once it ended."""
+    from starlette.applications import Starlette
+
+    from exo_p2p.api.app import _api_error
+    from exo_p2p.api.errors import ApiError
+    from exo_p2p.api.model_routes import model_routes
+    from exo_p2p.models.pulls import PullError  # a PullConflict: the API's 409
+
+    m = build_manifest(model, "tiny")
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    peer = NodeProfile("peer", "boot", "p", 1, 1, held_models=(HeldModel("tiny", m.digest, True),
+                                                                HeldModel("tiny-copy", m.digest, True)))
+    state = State(nodes={"peer": peer})
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def on_done() -> None:
+                pass
+            pulls = PullManager(depot, _StalledNet(), "me", lambda: state, nursery, on_done)
+            backend = _Backend(depot)
+            backend.pulls = pulls
+            app = Starlette(routes=model_routes(backend, 1 << 20), exception_handlers={ApiError: _api_error})
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as c:
+                assert (await c.post("/models/pull", json={"model": "tiny"})).status_code == 201
+                reply = await c.post("/models/pull", json={"model": "tiny-copy"})
+                assert reply.status_code == 409, reply.text
+                message = reply.json()["error"]["message"]
+                assert "being pulled as 'tiny'" in message and m.digest[:12] in message, message
+                with pytest.raises(PullError, match="already being pulled"):
+                    pulls.start("tiny-copy")
+                assert set(pulls.pulls) == {"tiny"}
+                pulls.pulls["tiny"].state = "failed"  # that pull ended: the other name may start
+                assert (await c.post("/models/pull", json={"model": "tiny-copy"})).status_code == 201
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
