@@ -535,7 +535,8 @@ def _view_matches(view: Path, model: Path, m: ModelManifest, chunks) -> bool:
     return True
 
 
-def test_a_shard_view_stays_valid_when_its_files_complete_and_a_pull_promotes_the_copy(tmp_path: Path, model: Path) -> None:
+def test_a_shard_view_stays_valid_when_its_files_complete_and_a_pull_promotes_the_copy(
+        tmp_path: Path, model: Path) -> None:
     """A rank's view used to symlink ``.fetched/D/f.part``: the last chunk of ``f`` (fetched
     by another rank or a pull) renamed it to ``f``, and a pull moved the whole copy to
     ``pulled/``: the view's links dangled, so a reload of the running rank from its view
@@ -609,3 +610,35 @@ def test_a_second_pull_of_the_same_files_under_another_name_is_refused_with_409(
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_fetched_dirs_no_copy_owns_are_cleaned_and_nothing_else(tmp_path: Path, model: Path) -> None:
+    """An ``rm`` under a running fetch (older versions) left ``.fetched/D/`` re-created with a
+    chunk and no manifest: no ``rm`` found it and its bytes stayed forever. ``clean_orphans``
+    (run at node start) deletes it and the views of deleted copies, and keeps every dir with
+    a manifest, the copies the depot has open and the views of any live copy."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    orphan = depot.fetched_dir / ("e" * 64)
+    (orphan / "sub").mkdir(parents=True)
+    (orphan / "sub" / "model.safetensors.part").write_bytes(b"x" * 100)
+    p = depot.partial(m)  # an open copy (a running fetch), its first chunk written
+    f = m.files[0]
+    p.write_chunk(f.path, 0, (model / f.path).read_bytes()[f.chunks[0].start:f.chunks[0].end])
+    shut = depot.fetched_dir / ("c" * 64)  # a copy of an earlier run, not opened yet
+    shut.mkdir()
+    (shut / ".manifest.json").write_bytes(b"{}")
+    views = depot.fetched_dir / ".views"
+    for digest in (m.digest, "c" * 64, "d" * 64, "f" * 64):
+        (views / digest / "inst-r0").mkdir(parents=True)
+    (depot.pulled_dir / "org" / "pulled").mkdir(parents=True)  # a pulled copy and its views ("d")
+    (depot.pulled_dir / "org" / "pulled" / ".manifest.json").write_bytes(msgspec.json.encode(
+        msgspec.structs.replace(m, files=m.files[:1])))
+    d = msgspec.structs.replace(m, files=m.files[:1]).digest
+    (views / d / "inst-r1").mkdir(parents=True)
+    removed = depot.clean_orphans()
+    assert sorted(removed) == sorted([orphan, views / ("d" * 64), views / ("f" * 64)])
+    assert not orphan.exists() and p.root.is_dir() and p.has({f.path: (0,)}) and shut.is_dir()
+    assert {v.name for v in views.iterdir()} == {m.digest, "c" * 64, d}
+    assert depot.clean_orphans() == []

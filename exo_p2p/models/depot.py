@@ -11,6 +11,9 @@ Layout under ``data_dir/models``:
 - ``pulled/<name>/``: a complete copy made by a pull (renamed from ``.fetched``); the node
   lists it as a local model (the store scans this dir like a ``--models-dir``).
 
+At start the node deletes (and logs) what in ``.fetched`` no copy owns (``clean_orphans``):
+dirs without a manifest, views of copies deleted since.
+
 A shard view never points at a file that moves: its hard links stay valid when a ``.part``
 is renamed and when a pull promotes the copy a running rank loads from to ``pulled/`` (the
 views stay where they are). ``rm`` deletes a model's views with its copies (only they still
@@ -155,7 +158,8 @@ class ModelDepot:
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self, net, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        """Register the protocols on ``net`` and serve bulk connections until cancelled;
+        """Register the protocols on ``net``, delete what ``clean_orphans`` finds (before
+        ``task_status.started``: no fetch runs yet) and serve bulk connections until cancelled;
         re-scan the models every ``REFRESH_SECONDS`` (the first scan hashes new models in a
         thread after start, so a node with large models is not held up)."""
         self.server.register(net)
@@ -163,6 +167,7 @@ class ModelDepot:
         async with trio.open_nursery() as nursery:
             host = listen_host if listen_host not in ("", "0.0.0.0") else None
             await nursery.start(self.bulk.run, host)
+            await trio.to_thread.run_sync(self.clean_orphans)  # before any fetch of this run
             task_status.started()
             while True:
                 try:
@@ -243,6 +248,55 @@ class ModelDepot:
             os.replace(p.root, target)
             del self._partials[digest]
         return target
+
+    def _pulled_digests(self) -> set[str]:
+        """Digests of the copies in ``pulled/NAME`` and ``pulled/ORG/NAME`` (their manifests
+        moved with them on promotion)."""
+        out = set()
+        for saved in [*self.pulled_dir.glob(f"*/{MANIFEST_FILE}"), *self.pulled_dir.glob(f"*/*/{MANIFEST_FILE}")]:
+            try:
+                out.add(msgspec.json.decode(saved.read_bytes(), type=ModelManifest).digest)
+            except (OSError, ValueError, msgspec.DecodeError):
+                continue
+        return out
+
+    def clean_orphans(self) -> list[Path]:
+        """Delete, logging each, the dirs in ``.fetched/`` that no copy owns; the deleted
+        paths. Blocking (run it in a thread); the node runs it at start (``run``).
+
+        - a ``.fetched/<name>/`` with no ``.manifest.json`` (every copy writes its manifest
+          before any chunk): left by an ``rm`` that deleted a copy under a running fetch in an
+          older version, which then wrote a chunk into a re-created dir; no ``rm`` finds it;
+        - a ``.fetched/.views/<digest>/`` whose copy is neither in ``.fetched`` nor in
+          ``pulled`` (its hard links would hold the deleted copy's bytes).
+
+        Never touched: a dir holding a manifest, a copy this depot has open (``partial``: a
+        running fetch), the views of either or of a pulled copy."""
+        if not self.fetched_dir.is_dir():
+            return []
+        with self._lock:
+            open_copies = set(self._partials)
+        removed = []
+        for root in sorted(self.fetched_dir.iterdir()):
+            if (root.name == VIEWS_DIR or root.name in open_copies or root.is_symlink() or not root.is_dir()
+                    or (root / MANIFEST_FILE).exists()):
+                continue
+            shutil.rmtree(root, ignore_errors=True)
+            log.warning("removed a fetched copy with no manifest (left by an interrupted rm)", path=str(root))
+            removed.append(root)
+        views = self.fetched_dir / VIEWS_DIR
+        if views.is_dir():
+            kept = open_copies | self._pulled_digests() | {
+                r.name for r in self.fetched_dir.iterdir() if (r / MANIFEST_FILE).exists()}
+            for view in sorted(views.iterdir()):
+                if view.name not in kept:
+                    if view.is_dir() and not view.is_symlink():
+                        shutil.rmtree(view, ignore_errors=True)
+                    else:
+                        view.unlink()
+                    log.warning("removed the shard views of a deleted model copy", path=str(view))
+                    removed.append(view)
+        return removed
 
     def remove(self, name: str) -> list[Path]:
         """Delete this node's fetched and pulled copies of ``name``; the removed dirs. Models
