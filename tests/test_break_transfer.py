@@ -642,3 +642,33 @@ def test_fetched_dirs_no_copy_owns_are_cleaned_and_nothing_else(tmp_path: Path, 
     assert not orphan.exists() and p.root.is_dir() and p.has({f.path: (0,)}) and shut.is_dir()
     assert {v.name for v in views.iterdir()} == {m.digest, "c" * 64, d}
     assert depot.clean_orphans() == []
+
+
+def test_a_rank_fetch_during_which_a_pull_promotes_the_copy_still_gets_its_view(
+        tmp_path: Path, model: Path, monkeypatch) -> None:
+    """A pull finishing while a rank fetched the same copy moved it to ``pulled/``; the rank
+    then asked the depot for its copy again, got a new empty one at ``.fetched/D`` and failed
+    ("shard not fully verified yet"). It now builds its view from the copy it fetched into,
+    wherever the pull moved it."""
+    from exo_p2p.models.fetch import FetchReport
+    from exo_p2p.models.shard_fetch import fetch_shard
+    from exo_p2p.types import Instance, ShardMetadata
+
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    shards = tuple(ShardMetadata(f"n{r}", f"i-r{r}", r, 2, r, r + 1, 2, 100, "boot") for r in range(2))
+    instance = Instance("i", "tiny", "pipeline", shards, model_digest=m.digest)
+    peer = NodeProfile("peer", "boot", "p", 1, 1, held_models=(HeldModel("tiny", m.digest, True),))
+    state = State(nodes={"peer": peer})
+
+    async def fetch_then_a_pull_promotes(net, manifest, wanted, holders, **kw) -> FetchReport:
+        _write(depot.partial(manifest), model, all_chunks(manifest))  # the pull's fetch did it all
+        await trio.to_thread.run_sync(depot.promote, manifest.digest, "tiny")
+        return FetchReport()
+
+    monkeypatch.setattr(depot, "fetch", fetch_then_a_pull_promotes)
+    monkeypatch.setattr(depot, "manifest", lambda digest: m)
+    view = trio.run(lambda: fetch_shard(depot, None, "me", lambda: state, instance, shards[0], rounds=1))
+    rank0 = shard_chunks(m, start_layer=0, end_layer=1, n_layers=2, tied=False)
+    assert _view_matches(view, model, m, rank0) and (depot.pulled_dir / "tiny" / "config.json").is_file()

@@ -228,8 +228,10 @@ class ModelDepot:
     def promote(self, digest: str, name: str) -> Path:
         """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``
         from now on; the name the user pulled, not the one inside the manifest, which its
-        digest does not cover) and return its dir. Raises ``ValueError`` when it is not
-        complete, the name is taken or unsafe (``check_model_name``)."""
+        digest does not cover) and return its dir. The ``PartialModel`` follows it (its
+        ``root`` is the new dir): a rank's fetch that took it before builds its shard view
+        from the moved files. Raises ``ValueError`` when it is not complete, the name is
+        taken or unsafe (``check_model_name``)."""
         check_model_name(name)
         with self._lock:
             p = self._partials.get(digest)
@@ -246,6 +248,7 @@ class ModelDepot:
                 (p.root / name).unlink(missing_ok=True)
             target.parent.mkdir(parents=True, exist_ok=True)  # pulled/ORG for ORG/NAME
             os.replace(p.root, target)
+            p.root = target  # a rank's fetch holding this copy builds its view from here
             del self._partials[digest]
         return target
 
