@@ -15,12 +15,18 @@ from tests.cluster import NodeProcess, nodes_cleanup
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-break"
+ORPHAN, KEPT = "e" * 64, "c" * 64
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("break")
     make_synthetic_model(base / "models" / MODEL, n_layers=2, hidden_size=64, intermediate_size=128, seed=6)
+    fetched = base / "n" / "models" / ".fetched"  # what an interrupted rm of an older version left
+    (fetched / ORPHAN).mkdir(parents=True)
+    (fetched / ORPHAN / "model.safetensors.part").write_bytes(b"x" * 1000)
+    (fetched / KEPT).mkdir()
+    (fetched / KEPT / ".manifest.json").write_bytes(b"{}")
     with nodes_cleanup([]) as listed:
         listed.append(NodeProcess(base / "n", extra_args=["--models-dir", str(base / "models")]).start())
         yield listed[0]
@@ -51,3 +57,12 @@ def test_rm_of_a_name_above_the_pulled_models_is_refused(node: NodeProcess) -> N
     odd = _cli(node, "rm", "a?b#c")  # sent as one name, not a query string
     assert odd.returncode == 1 and "'a?b#c'" in odd.stderr, odd
     assert all(p.exists() for p in kept)
+
+
+def test_a_fetched_dir_without_a_manifest_is_removed_at_start(node: NodeProcess) -> None:
+    """Such dirs (an ``rm`` under a running fetch, older versions) were never deleted by any
+    ``rm``; a dir with a manifest (a copy to resume) is kept."""
+    fetched = node.data_dir / "models" / ".fetched"
+    assert not (fetched / ORPHAN).exists() and (fetched / KEPT / ".manifest.json").exists()
+    log = node.log_path.read_text(errors="replace")
+    assert "fetched copy with no manifest" in log and ORPHAN in log, node.log_tail()

@@ -17,7 +17,7 @@ import trio
 from exo_p2p.eventlog import EventLog
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
-from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest
+from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest, shard_chunks
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import fetch_manifest
@@ -514,3 +514,161 @@ def test_a_journal_append_cut_by_a_full_disk_never_joins_the_next_one(tmp_path: 
     p.close()
     with PartialModel(root, m) as q:
         assert q.held() == {path: (3,)}
+
+
+def _write(p: PartialModel, model: Path, chunks) -> None:
+    for path, indices in chunks.items():
+        blob = (model / path).read_bytes()
+        for i in indices:
+            c = p.manifest.file(path).chunks[i]
+            p.write_chunk(path, i, blob[c.start:c.end])
+
+
+def _view_matches(view: Path, model: Path, m: ModelManifest, chunks) -> bool:
+    for path, indices in chunks.items():
+        with open(view / path, "rb") as f:  # raises when the view's entry dangles
+            for i in indices:
+                c = m.file(path).chunks[i]
+                f.seek(c.start)
+                if f.read(c.end - c.start) != (model / path).read_bytes()[c.start:c.end]:
+                    return False
+    return True
+
+
+def test_a_shard_view_stays_valid_when_its_files_complete_and_a_pull_promotes_the_copy(
+        tmp_path: Path, model: Path) -> None:
+    """A rank's view used to symlink ``.fetched/D/f.part``: the last chunk of ``f`` (fetched
+    by another rank or a pull) renamed it to ``f``, and a pull moved the whole copy to
+    ``pulled/``: the view's links dangled, so a reload of the running rank from its view
+    failed. Views now hard-link the files from outside the copy."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    rank0 = shard_chunks(m, start_layer=0, end_layer=1, n_layers=2, tied=False)
+    p = depot.partial(m)
+    _write(p, model, rank0)
+    view = p.shard_view(rank0, "inst-r0")
+    assert any((p.root / f"{path}.part").exists() for path in rank0)  # the view uses a .part
+    assert _view_matches(view, model, m, rank0)
+    _write(p, model, all_chunks(m))  # another fetch completes the copy: every .part renamed
+    assert p.complete and not list(p.root.rglob("*.part"))
+    assert _view_matches(view, model, m, rank0)
+    target = depot.promote(m.digest, "tiny")  # the pull's last step
+    assert not (data / "models" / ".fetched" / m.digest).exists() and (target / "config.json").is_file()
+    assert _view_matches(view, model, m, rank0)
+    assert (view / "config.json").read_bytes() == (model / "config.json").read_bytes()
+    assert depot.remove("tiny") == [target]
+    assert not view.exists()  # rm frees the bytes the view's links still held
+
+
+class _StalledNet:
+    """A peer that never answers (a pull stays running)."""
+
+    async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+        await trio.sleep_forever()
+        raise AssertionError
+
+
+def test_a_second_pull_of_the_same_files_under_another_name_is_refused_with_409(tmp_path: Path, model: Path) -> None:
+    """Pulls of one manifest under two names used to share the partial copy ``.fetched/D``:
+    the first to finish moved it to its ``pulled/NAME`` and closed its journal under the
+    other, which then failed ("not completely fetched") or wrote into a dir recreated empty.
+    The second is now refused with 409 naming the running pull, and may start once it ended."""
+    from starlette.applications import Starlette
+
+    from exo_p2p.api.app import _api_error
+    from exo_p2p.api.errors import ApiError
+    from exo_p2p.api.model_routes import model_routes
+    from exo_p2p.models.pulls import PullError  # a PullConflict: the API's 409
+
+    m = build_manifest(model, "tiny")
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    peer = NodeProfile("peer", "boot", "p", 1, 1, held_models=(HeldModel("tiny", m.digest, True),
+                                                                HeldModel("tiny-copy", m.digest, True)))
+    state = State(nodes={"peer": peer})
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def on_done() -> None:
+                pass
+            pulls = PullManager(depot, _StalledNet(), "me", lambda: state, nursery, on_done)
+            backend = _Backend(depot)
+            backend.pulls = pulls
+            app = Starlette(routes=model_routes(backend, 1 << 20), exception_handlers={ApiError: _api_error})
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as c:
+                assert (await c.post("/models/pull", json={"model": "tiny"})).status_code == 201
+                reply = await c.post("/models/pull", json={"model": "tiny-copy"})
+                assert reply.status_code == 409, reply.text
+                message = reply.json()["error"]["message"]
+                assert "being pulled as 'tiny'" in message and m.digest[:12] in message, message
+                with pytest.raises(PullError, match="already being pulled"):
+                    pulls.start("tiny-copy")
+                assert set(pulls.pulls) == {"tiny"}
+                pulls.pulls["tiny"].state = "failed"  # that pull ended: the other name may start
+                assert (await c.post("/models/pull", json={"model": "tiny-copy"})).status_code == 201
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_fetched_dirs_no_copy_owns_are_cleaned_and_nothing_else(tmp_path: Path, model: Path) -> None:
+    """An ``rm`` under a running fetch (older versions) left ``.fetched/D/`` re-created with a
+    chunk and no manifest: no ``rm`` found it and its bytes stayed forever. ``clean_orphans``
+    (run at node start) deletes it and the views of deleted copies, and keeps every dir with
+    a manifest, the copies the depot has open and the views of any live copy."""
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    orphan = depot.fetched_dir / ("e" * 64)
+    (orphan / "sub").mkdir(parents=True)
+    (orphan / "sub" / "model.safetensors.part").write_bytes(b"x" * 100)
+    p = depot.partial(m)  # an open copy (a running fetch), its first chunk written
+    f = m.files[0]
+    p.write_chunk(f.path, 0, (model / f.path).read_bytes()[f.chunks[0].start:f.chunks[0].end])
+    shut = depot.fetched_dir / ("c" * 64)  # a copy of an earlier run, not opened yet
+    shut.mkdir()
+    (shut / ".manifest.json").write_bytes(b"{}")
+    views = depot.fetched_dir / ".views"
+    for digest in (m.digest, "c" * 64, "d" * 64, "f" * 64):
+        (views / digest / "inst-r0").mkdir(parents=True)
+    (depot.pulled_dir / "org" / "pulled").mkdir(parents=True)  # a pulled copy and its views ("d")
+    (depot.pulled_dir / "org" / "pulled" / ".manifest.json").write_bytes(msgspec.json.encode(
+        msgspec.structs.replace(m, files=m.files[:1])))
+    d = msgspec.structs.replace(m, files=m.files[:1]).digest
+    (views / d / "inst-r1").mkdir(parents=True)
+    removed = depot.clean_orphans()
+    assert sorted(removed) == sorted([orphan, views / ("d" * 64), views / ("f" * 64)])
+    assert not orphan.exists() and p.root.is_dir() and p.has({f.path: (0,)}) and shut.is_dir()
+    assert {v.name for v in views.iterdir()} == {m.digest, "c" * 64, d}
+    assert depot.clean_orphans() == []
+
+
+def test_a_rank_fetch_during_which_a_pull_promotes_the_copy_still_gets_its_view(
+        tmp_path: Path, model: Path, monkeypatch) -> None:
+    """A pull finishing while a rank fetched the same copy moved it to ``pulled/``; the rank
+    then asked the depot for its copy again, got a new empty one at ``.fetched/D`` and failed
+    ("shard not fully verified yet"). It now builds its view from the copy it fetched into,
+    wherever the pull moved it."""
+    from exo_p2p.models.fetch import FetchReport
+    from exo_p2p.models.shard_fetch import fetch_shard
+    from exo_p2p.types import Instance, ShardMetadata
+
+    data = tmp_path / "data"
+    depot = ModelDepot(ModelStore(data, hf_cache=False), data)
+    m = build_manifest(model, "tiny", chunk_bytes=4096)
+    shards = tuple(ShardMetadata(f"n{r}", f"i-r{r}", r, 2, r, r + 1, 2, 100, "boot") for r in range(2))
+    instance = Instance("i", "tiny", "pipeline", shards, model_digest=m.digest)
+    peer = NodeProfile("peer", "boot", "p", 1, 1, held_models=(HeldModel("tiny", m.digest, True),))
+    state = State(nodes={"peer": peer})
+
+    async def fetch_then_a_pull_promotes(net, manifest, wanted, holders, **kw) -> FetchReport:
+        _write(depot.partial(manifest), model, all_chunks(manifest))  # the pull's fetch did it all
+        await trio.to_thread.run_sync(depot.promote, manifest.digest, "tiny")
+        return FetchReport()
+
+    monkeypatch.setattr(depot, "fetch", fetch_then_a_pull_promotes)
+    monkeypatch.setattr(depot, "manifest", lambda digest: m)
+    view = trio.run(lambda: fetch_shard(depot, None, "me", lambda: state, instance, shards[0], rounds=1))
+    rank0 = shard_chunks(m, start_layer=0, end_layer=1, n_layers=2, tied=False)
+    assert _view_matches(view, model, m, rank0) and (depot.pulled_dir / "tiny" / "config.json").is_file()

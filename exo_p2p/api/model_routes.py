@@ -2,7 +2,8 @@
 
 ``POST /models/pull`` (body ``{"model": NAME, "from": NODE|null}``) starts copying a model
 another node holds onto this node (201 with its ``PullStatus``; 400 when no node holds it
-completely or the name is ambiguous, 409 when it is already here or being pulled);
+completely or the name is ambiguous, 409 when it is already here or being pulled, under
+this name or, for the same files, another: ``exo_p2p.models.pulls.PullConflict``);
 ``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/cluster``
 lists every model name held in the cluster with its manifests and holders (complete or
 partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
@@ -55,7 +56,7 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
     """The routes above, or none when ``backend`` has no ``pulls``/``depot``."""
     if not (hasattr(backend, "pulls") and hasattr(backend, "depot")):
         return []
-    from exo_p2p.models.pulls import PullError
+    from exo_p2p.models.pulls import PullConflict, PullError
 
     async def start_pull(request: Request) -> Response:
         req = decode_json(await read_body(request, max_body_bytes), PullRequest)
@@ -68,7 +69,7 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
         try:
             status = backend.pulls.start(req.model, from_node)
         except PullError as exc:
-            code = 409 if "already" in str(exc) else 400
+            code = 409 if isinstance(exc, PullConflict) else 400
             raise ApiError(code, str(exc)[:2000], param="model") from None
         return _response(status, 201)
 

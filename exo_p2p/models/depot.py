@@ -6,8 +6,18 @@ Layout under ``data_dir/models``:
 - ``.manifests/<name>.manifest.json``: cached manifests of local models (``cached_manifest``);
 - ``.fetched/<digest>/``: a copy being fetched (``PartialModel``; kept when an instance is
   deleted, so a later placement reuses its chunks);
+- ``.fetched/.views/<digest>/<runner id>/``: the shard views ranks load from, hard links to
+  the copy's files (``PartialModel.shard_view``);
 - ``pulled/<name>/``: a complete copy made by a pull (renamed from ``.fetched``); the node
   lists it as a local model (the store scans this dir like a ``--models-dir``).
+
+At start the node deletes (and logs) what in ``.fetched`` no copy owns (``clean_orphans``):
+dirs without a manifest, views of copies deleted since.
+
+A shard view never points at a file that moves: its hard links stay valid when a ``.part``
+is renamed and when a pull promotes the copy a running rank loads from to ``pulled/`` (the
+views stay where they are). ``rm`` deletes a model's views with its copies (only they still
+hold the bytes of its files).
 
 Serving: ``ModelServer`` (libp2p chunk protocol) and ``BulkServer`` (ticket + TCP) read from
 ``source(digest)``: a complete local model or the verified chunks of a partial copy.
@@ -34,7 +44,7 @@ from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progr
 from exo_p2p.models.gguf_import import IMPORT_MARKER
 from exo_p2p.models.manifest import cached_manifest
 from exo_p2p.models.names import check_model_name
-from exo_p2p.models.partial import MANIFEST_FILE, PartialModel
+from exo_p2p.models.partial import MANIFEST_FILE, VIEWS_DIR, PartialModel
 from exo_p2p.models.peer_transfer import HOOK_CORRUPT_CHUNKS, ChunkSource, LocalModel, ModelServer, chunk_getter
 from exo_p2p.models.store import ModelStore, is_mlx_model_dir
 from exo_p2p.types.manifest import HeldModel, ModelManifest
@@ -148,7 +158,8 @@ class ModelDepot:
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self, net, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        """Register the protocols on ``net`` and serve bulk connections until cancelled;
+        """Register the protocols on ``net``, delete what ``clean_orphans`` finds (before
+        ``task_status.started``: no fetch runs yet) and serve bulk connections until cancelled;
         re-scan the models every ``REFRESH_SECONDS`` (the first scan hashes new models in a
         thread after start, so a node with large models is not held up)."""
         self.server.register(net)
@@ -156,6 +167,7 @@ class ModelDepot:
         async with trio.open_nursery() as nursery:
             host = listen_host if listen_host not in ("", "0.0.0.0") else None
             await nursery.start(self.bulk.run, host)
+            await trio.to_thread.run_sync(self.clean_orphans)  # before any fetch of this run
             task_status.started()
             while True:
                 try:
@@ -216,8 +228,10 @@ class ModelDepot:
     def promote(self, digest: str, name: str) -> Path:
         """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``
         from now on; the name the user pulled, not the one inside the manifest, which its
-        digest does not cover) and return its dir. Raises ``ValueError`` when it is not
-        complete, the name is taken or unsafe (``check_model_name``)."""
+        digest does not cover) and return its dir. The ``PartialModel`` follows it (its
+        ``root`` is the new dir): a rank's fetch that took it before builds its shard view
+        from the moved files. Raises ``ValueError`` when it is not complete, the name is
+        taken or unsafe (``check_model_name``)."""
         check_model_name(name)
         with self._lock:
             p = self._partials.get(digest)
@@ -227,13 +241,65 @@ class ModelDepot:
             if target.exists():
                 raise ValueError(f"{target} already exists")
             p.close()
+            # views inside the copy: the layout before views moved out of it (never read now);
+            # the views in p.views_dir stay: running ranks load from them
             shutil.rmtree(p.root / ".views", ignore_errors=True)
             for name in (".verified",):
                 (p.root / name).unlink(missing_ok=True)
             target.parent.mkdir(parents=True, exist_ok=True)  # pulled/ORG for ORG/NAME
             os.replace(p.root, target)
+            p.root = target  # a rank's fetch holding this copy builds its view from here
             del self._partials[digest]
         return target
+
+    def _pulled_digests(self) -> set[str]:
+        """Digests of the copies in ``pulled/NAME`` and ``pulled/ORG/NAME`` (their manifests
+        moved with them on promotion)."""
+        out = set()
+        for saved in [*self.pulled_dir.glob(f"*/{MANIFEST_FILE}"), *self.pulled_dir.glob(f"*/*/{MANIFEST_FILE}")]:
+            try:
+                out.add(msgspec.json.decode(saved.read_bytes(), type=ModelManifest).digest)
+            except (OSError, ValueError, msgspec.DecodeError):
+                continue
+        return out
+
+    def clean_orphans(self) -> list[Path]:
+        """Delete, logging each, the dirs in ``.fetched/`` that no copy owns; the deleted
+        paths. Blocking (run it in a thread); the node runs it at start (``run``).
+
+        - a ``.fetched/<name>/`` with no ``.manifest.json`` (every copy writes its manifest
+          before any chunk): left by an ``rm`` that deleted a copy under a running fetch in an
+          older version, which then wrote a chunk into a re-created dir; no ``rm`` finds it;
+        - a ``.fetched/.views/<digest>/`` whose copy is neither in ``.fetched`` nor in
+          ``pulled`` (its hard links would hold the deleted copy's bytes).
+
+        Never touched: a dir holding a manifest, a copy this depot has open (``partial``: a
+        running fetch), the views of either or of a pulled copy."""
+        if not self.fetched_dir.is_dir():
+            return []
+        with self._lock:
+            open_copies = set(self._partials)
+        removed = []
+        for root in sorted(self.fetched_dir.iterdir()):
+            if (root.name == VIEWS_DIR or root.name in open_copies or root.is_symlink() or not root.is_dir()
+                    or (root / MANIFEST_FILE).exists()):
+                continue
+            shutil.rmtree(root, ignore_errors=True)
+            log.warning("removed a fetched copy with no manifest (left by an interrupted rm)", path=str(root))
+            removed.append(root)
+        views = self.fetched_dir / VIEWS_DIR
+        if views.is_dir():
+            kept = open_copies | self._pulled_digests() | {
+                r.name for r in self.fetched_dir.iterdir() if (r / MANIFEST_FILE).exists()}
+            for view in sorted(views.iterdir()):
+                if view.name not in kept:
+                    if view.is_dir() and not view.is_symlink():
+                        shutil.rmtree(view, ignore_errors=True)
+                    else:
+                        view.unlink()
+                    log.warning("removed the shard views of a deleted model copy", path=str(view))
+                    removed.append(view)
+        return removed
 
     def remove(self, name: str) -> list[Path]:
         """Delete this node's fetched and pulled copies of ``name``; the removed dirs. Models
@@ -247,12 +313,19 @@ class ModelDepot:
                 if p.manifest.name == name:
                     p.close()
                     shutil.rmtree(p.root, ignore_errors=True)
+                    shutil.rmtree(p.views_dir, ignore_errors=True)
                     removed.append(p.root)
                     del self._partials[digest]
         target = self.pulled_dir / name
         if target.is_dir():
+            try:  # the manifest a pull moved with the copy names the views made before it
+                digest = msgspec.json.decode((target / MANIFEST_FILE).read_bytes(), type=ModelManifest).digest
+            except (OSError, ValueError, msgspec.DecodeError):
+                digest = None
             shutil.rmtree(target)
             removed.append(target)
+            if digest is not None:
+                shutil.rmtree(self.fetched_dir / VIEWS_DIR / digest, ignore_errors=True)
             if target.parent != self.pulled_dir and not any(target.parent.iterdir()):
                 target.parent.rmdir()  # the emptied ORG of ORG/NAME
         return removed

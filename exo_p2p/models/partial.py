@@ -18,6 +18,16 @@ ignored, and the next append starts on a new line so the torn piece never joins 
 ``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
 journal — the holes of a ``.part`` file are never read by a rank that does not need them
 (mlx-lm maps safetensors lazily and a rank evaluates only its own tensors).
+
+Views never point at a path that moves: a shard view is a directory of *hard links* to the
+copy's files (the file itself, not its path), kept outside the copy in
+``<root's parent>/.views/<root's name>/<view name>/``. So renaming a ``<path>.part`` to
+``<path>`` when its last chunk arrives, and moving the whole copy elsewhere (a pull
+promoting it to ``pulled/``), leave every view readable at its path: a running rank can
+reload from it. A file system without hard links gets symlinks to the files' current paths
+instead (logged), which a later rename breaks. Deleting a view frees no bytes while the copy
+still holds its files; deleting the copy frees them only once its views are deleted too
+(``views_dir``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import msgspec
+import structlog
 
 from exo_p2p.models.manifest import check_manifest, chunk_span
 from exo_p2p.models.names import check_relative_path
@@ -42,6 +53,10 @@ CHECKPOINT_SECONDS = 0.5
 """Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
 refetches at most that much."""
 MANIFEST_FILE = ".manifest.json"
+VIEWS_DIR = ".views"
+"""The dir next to a copy holding its shard views (module docstring)."""
+
+log = structlog.get_logger(__name__)
 
 
 def _last_byte(path: Path) -> bytes:
@@ -64,7 +79,9 @@ class ChunkVerificationError(ValueError):
 
 
 class PartialModel:
-    """A copy of ``manifest`` at ``root`` (created if missing; reopened with its journal).
+    """A copy of ``manifest`` at ``root`` (created if missing; reopened with its journal);
+    its shard views live in ``views_dir`` (default ``root.parent/.views/root.name``: outside
+    the copy, so moving the copy keeps them; module docstring).
 
     ``write_chunk`` may run in several threads at once (hashing and writing in parallel; the
     journal and the held set are updated under a lock). Raises ``ValueError`` when ``root``
@@ -72,8 +89,9 @@ class PartialModel:
     path it names stays under ``root``, every byte belongs to exactly one chunk).
     """
 
-    def __init__(self, root: Path, manifest: ModelManifest) -> None:
+    def __init__(self, root: Path, manifest: ModelManifest, *, views_dir: Path | None = None) -> None:
         self.root = Path(root)
+        self.views_dir = Path(views_dir) if views_dir is not None else self.root.parent / VIEWS_DIR / self.root.name
         self.manifest = check_manifest(manifest)
         self.root.mkdir(parents=True, exist_ok=True)
         saved = self.root / MANIFEST_FILE
@@ -252,14 +270,16 @@ class PartialModel:
         os.replace(part, final)
 
     def shard_view(self, chunks: Mapping[str, Iterable[int]], name: str) -> Path:
-        """A directory a loader can read for a shard needing ``chunks``: one symlink per
-        manifest file that the shard touches, named as in the manifest, pointing at the
-        complete file or at its ``.part``; ``<root>/.views/<name>``, rebuilt each call.
+        """A directory a loader can read for a shard needing ``chunks``: one hard link per
+        manifest file that the shard touches, named as in the manifest, to the complete file
+        or to its ``.part`` (given its full length); ``<views_dir>/<name>``, rebuilt each
+        call. It stays valid when a ``.part`` is renamed or the copy is moved (module
+        docstring).
 
         Raises ``ValueError`` when a needed chunk is not verified yet (nothing unverified is
         ever handed to a loader), or when ``name`` (a runner id, which the master chose) is
         not one plain path part: the view is deleted and rebuilt, so ``../..`` would delete
-        a directory outside the copy."""
+        a directory outside the copy. ``OSError`` when the files cannot be linked."""
         check_relative_path(name, "view name")
         if "/" in name:
             raise ValueError(f"view name {name!r} has a '/'")
@@ -268,17 +288,34 @@ class PartialModel:
         if missing:
             some = ", ".join(f"{p}: {len(m)} chunks" for p, m in sorted(missing.items()))
             raise ValueError(f"shard not fully verified yet ({some})")
-        view = self.root / ".views" / name
+        view = self.views_dir / name
         shutil.rmtree(view, ignore_errors=True)
         view.mkdir(parents=True)
         for path in chunks:
-            target = self.root / path
-            if not target.exists():
-                target = self.root / f"{path}.part"
-                # a .part is sparse up to its last written chunk: give it the full length
-                if target.stat().st_size < self.manifest.file(path).size:
-                    os.truncate(target, self.manifest.file(path).size)
             link = view / path
             link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(target.resolve())
+            self._link(path, link)
         return view
+
+    def _link(self, path: str, link: Path) -> None:
+        """Hard-link manifest file ``path`` (complete, else its ``.part`` grown to full
+        length) at ``link``; a symlink where the file system has no hard links."""
+        final, part = self.root / path, self.root / f"{path}.part"
+        size = self.manifest.file(path).size
+        for _ in range(3):  # a concurrent fetch may rename the .part between two steps
+            target = final if final.exists() else part
+            try:
+                if target is part and part.stat().st_size < size:
+                    os.truncate(part, size)  # a .part is sparse up to its last written chunk
+                try:
+                    os.link(target, link)
+                except OSError as exc:
+                    if isinstance(exc, FileNotFoundError):
+                        raise
+                    log.warning("no hard links here: a shard view symlinks instead (it breaks when the "
+                                "copy's files move)", path=str(target), error=str(exc))
+                    link.symlink_to(target.resolve())
+                return
+            except FileNotFoundError:
+                continue
+        raise FileNotFoundError(f"{final} (nor its .part) not found")

@@ -5,6 +5,12 @@ manifest of that name (partial copies serve shards, not pulls), narrowed to ``fr
 given; several different manifests under one name are refused as ambiguous unless
 ``from_node`` picks one. ``PullManager`` runs one pull per model name at a time in the
 node's nursery and keeps its progress (``PullStatus``) for the API.
+
+One pull per manifest at a time: pulls of one manifest's files under two names would write
+one partial copy (``.fetched/DIGEST``), and the first to finish moves it to its
+``pulled/NAME``, under the other's fetch. So a pull whose manifest another running pull
+fetches is refused (``PullConflict``, HTTP 409, naming that pull); pull it again once that
+one has ended.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ MANIFEST_TIMEOUT = defaults.MODEL_MANIFEST_TIMEOUT
 
 class PullError(ValueError):
     """A pull cannot start: unknown model, no holder, ambiguous name (message says why)."""
+
+
+class PullConflict(PullError):
+    """A pull cannot start now: the model is already here, or already being pulled (under this
+    name or, for the same manifest, another one). HTTP 409."""
 
 
 class PullStatus(msgspec.Struct):
@@ -93,19 +104,23 @@ class PullManager:
         self.pulls: dict[str, PullStatus] = {}
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
-        """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous,
-        already held here, already running, a name that cannot name a directory:
-        ``check_model_name``)."""
+        """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous, a
+        name that cannot name a directory: ``check_model_name``), ``PullConflict`` (already
+        held here, already running, its manifest being pulled under another name)."""
         try:
             check_model_name(name)
         except ValueError as exc:
             raise PullError(str(exc)) from None
         if self._depot.local_digest(name) is not None:
-            raise PullError(f"model {name!r} is already on this node")
+            raise PullConflict(f"model {name!r} is already on this node")
         current = self.pulls.get(name)
         if current is not None and current.state == "running":
-            raise PullError(f"model {name!r} is already being pulled")
+            raise PullConflict(f"model {name!r} is already being pulled")
         digest, holders = holders_of(self._state(), name, self._me, from_node)
+        other = next((s for s in self.pulls.values() if s.digest == digest and s.state == "running"), None)
+        if other is not None:  # one partial copy for both: rule in the module docstring
+            raise PullConflict(f"the files of model {name!r} (manifest {digest[:12]}) are already being pulled "
+                               f"as {other.model!r}; pull {name!r} again when that pull has ended (GET /models/pulls)")
         status = PullStatus(model=name, digest=digest, holders=tuple(holders))
         self.pulls[name] = status
         self._nursery.start_soon(self._run, status)

@@ -111,6 +111,9 @@ async def fetch_shard(
         try:
             manifest = await _manifest(depot, net, digest, peers)
             wanted = wanted_chunks(manifest, instance, shard, tied=tied)
+            # taken before the fetch: a pull completing this copy meanwhile moves it to
+            # pulled/ and this object with it (ModelDepot.promote), a new one would be empty
+            partial = depot.partial(manifest)
             report = await depot.fetch(net, manifest, wanted, peers, limits=limits, on_progress=on_progress)
         except FetchError as exc:
             last = exc
@@ -120,7 +123,8 @@ async def fetch_shard(
         log.info("shard fetched", instance_id=instance.instance_id, rank=shard.rank, model=instance.model_id,
                  bytes=report.bytes_fetched, chunks=report.chunks_fetched, by_peer=report.bytes_by_peer,
                  bad_chunks_by_peer=report.bad_chunks_by_peer)
-        partial = depot.partial(manifest)
+        if not partial.has(wanted):  # fetched into a newer copy (this one was promoted earlier)
+            partial = depot.partial(manifest)
         return await trio.to_thread.run_sync(partial.shard_view, wanted, shard.runner_id)
     assert last is not None
     raise FetchError(f"shard of rank {shard.rank} not fetched after {rounds} rounds: {last}")
