@@ -103,3 +103,44 @@ def test_without_a_manifest_digest_the_missing_model_fails_as_before() -> None:
         assert "cannot prepare model 'm'" in _statuses(events)[-1].error
 
     trio.run(main)
+
+
+def test_a_task_planned_while_the_fetched_runner_starts_waits_for_its_process(tmp_path, monkeypatch) -> None:
+    """A runner created after a fetch is Idle (so the planner sends it ``LoadModel``) while
+    its process is still being started: the task waits for the process and its setup, and
+    the runner loads (it used to fail the runner: "internal error executing a task",
+    AssertionError on the missing pipe; seen in CI under load)."""
+    from exo_p2p.models.synthetic import make_synthetic_model
+    from exo_p2p.types import RunnerLoaded
+    from worker.supervisor import RunnerSupervisor
+
+    model_dir = tmp_path / "m"
+    make_synthetic_model(model_dir, n_layers=4)
+    start = RunnerSupervisor._start_process
+
+    async def slow_start(self, output_fd):  # the process start of a loaded machine
+        await trio.sleep(0.5)
+        await start(self, output_fd)
+
+    monkeypatch.setattr(RunnerSupervisor, "_start_process", slow_start)
+
+    async def main() -> None:
+        shard = ShardMetadata(NODE, "i1-r0", 0, 1, 0, 4, 4, 100, BOOT)
+        state = State(instances={"i1": Instance("i1", "m", "pipeline", (shard,), model_digest="d" * 64)})
+        events: list = []
+
+        async def fetch(instance, shard, progress):
+            progress(10, 10)
+            return model_dir
+
+        worker = Worker(NODE, BOOT, lambda: state, events.append, lambda c: None, _missing, fetch_shard=fetch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            # State is fixed here (events are not applied), so the planner's last task is LoadModel
+            await _until(lambda: any(isinstance(s, (RunnerLoaded, RunnerFailed)) for s in _statuses(events)), 60)
+            nursery.cancel_scope.cancel()
+        failed = [s for s in _statuses(events) if isinstance(s, RunnerFailed)]
+        assert not failed, failed
+        assert any(isinstance(s, RunnerLoaded) for s in _statuses(events))
+
+    trio.run(main)

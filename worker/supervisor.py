@@ -107,6 +107,10 @@ class RunnerSupervisor:
         self._send_stream: trio.lowlevel.FdStream | None = None
         self._receive_stream: trio.lowlevel.FdStream | None = None
         self._send_lock = trio.Lock()
+        # set once the runner has its setup (or its process could not start): the worker may
+        # plan this runner's next task (its status is Idle from construction) while the
+        # process is still being started, and that task must follow the setup, never fail
+        self._writable = trio.Event()
         self._last_heard = trio.current_time()
         self._setup = RunnerSetup(
             instance=instance,
@@ -142,6 +146,7 @@ class RunnerSupervisor:
             except BaseException:
                 if output_r is not None:
                     os.close(output_r)
+                self._writable.set()  # sends now fail at once (no process), never wait
                 raise
             finally:
                 if output_w is not None:
@@ -216,7 +221,10 @@ class RunnerSupervisor:
         assert self.process is not None and receive is not None
         log.info("runner started", runner_id=self.runner_id, pid=self.process.pid, rank=self.shard.rank)
         self._set_status(RunnerIdle())
-        await self._write(self._setup)
+        try:
+            await self._write(self._setup)
+        finally:
+            self._writable.set()
         self._last_heard = trio.current_time()
         task_status.started()
         try:
@@ -345,15 +353,19 @@ class RunnerSupervisor:
         await self.process.wait()
 
     async def _write(self, message: object) -> None:
-        assert self._send_stream is not None
+        if self._send_stream is None:
+            raise trio.ClosedResourceError("the runner process was not started")
         async with self._send_lock:
             await self._send_stream.send_all(frame(message))
 
     async def send(self, task: Task, key: str) -> None:
         """Send ``task`` to the runner, recording ``key`` in ``sent`` first (so a failed
-        send is not retried in a loop; the runner's death is reported by ``run``)."""
+        send is not retried in a loop; the runner's death is reported by ``run``). A task sent
+        while the process is still starting waits until the runner has its setup (the
+        process start's own time, bounded by ``run``)."""
         self.sent.add(key)
         try:
+            await self._writable.wait()
             await self._write(task)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.warning("could not send task to runner", runner_id=self.runner_id, error=str(exc))
