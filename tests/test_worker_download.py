@@ -32,6 +32,22 @@ async def _until(predicate, timeout: float = 5.0) -> None:
             await trio.sleep(0.01)
 
 
+def _run_until_status(state: State, fetch, kinds: tuple, timeout: float = 5.0) -> list:
+    """Run a worker over the fixed ``state`` with ``fetch`` until it emits a runner status
+    of one of ``kinds``; the statuses it emitted."""
+    events: list = []
+
+    async def main() -> None:
+        worker = Worker(NODE, BOOT, lambda: state, events.append, lambda c: None, _missing, fetch_shard=fetch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            await _until(lambda: any(isinstance(s, kinds) for s in _statuses(events)), timeout)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return _statuses(events)
+
+
 def test_deleting_the_instance_cancels_the_download() -> None:
     async def main() -> None:
         state = {"s": State(instances={"i1": _instance()})}
@@ -65,23 +81,13 @@ def test_deleting_the_instance_cancels_the_download() -> None:
 
 
 def test_a_failed_fetch_fails_the_runner_with_the_reason() -> None:
-    async def main() -> None:
-        state = State(instances={"i1": _instance()})
-        events: list = []
+    async def fetch(instance, shard, progress):
+        raise RuntimeError("3 chunks of m could not be fetched (holders a: gone)")
 
-        async def fetch(instance, shard, progress):
-            raise RuntimeError("3 chunks of m could not be fetched (holders a: gone)")
-
-        worker = Worker(NODE, BOOT, lambda: state, events.append, lambda c: None, _missing, fetch_shard=fetch)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.run)
-            await _until(lambda: any(isinstance(s, RunnerFailed) for s in _statuses(events)))
-            nursery.cancel_scope.cancel()
-        failed = next(s for s in _statuses(events) if isinstance(s, RunnerFailed))
-        assert "cannot fetch the shard of model 'm'" in failed.error and "could not be fetched" in failed.error
-        assert isinstance(_statuses(events)[0], RunnerDownloading)
-
-    trio.run(main)
+    statuses = _run_until_status(State(instances={"i1": _instance()}), fetch, (RunnerFailed,))
+    failed = next(s for s in statuses if isinstance(s, RunnerFailed))
+    assert "cannot fetch the shard of model 'm'" in failed.error and "could not be fetched" in failed.error
+    assert isinstance(statuses[0], RunnerDownloading)
 
 
 def test_without_a_manifest_digest_the_missing_model_fails_as_before() -> None:
@@ -124,23 +130,15 @@ def test_a_task_planned_while_the_fetched_runner_starts_waits_for_its_process(tm
 
     monkeypatch.setattr(RunnerSupervisor, "_start_process", slow_start)
 
-    async def main() -> None:
-        shard = ShardMetadata(NODE, "i1-r0", 0, 1, 0, 4, 4, 100, BOOT)
-        state = State(instances={"i1": Instance("i1", "m", "pipeline", (shard,), model_digest="d" * 64)})
-        events: list = []
+    shard = ShardMetadata(NODE, "i1-r0", 0, 1, 0, 4, 4, 100, BOOT)
+    state = State(instances={"i1": Instance("i1", "m", "pipeline", (shard,), model_digest="d" * 64)})
 
-        async def fetch(instance, shard, progress):
-            progress(10, 10)
-            return model_dir
+    async def fetch(instance, shard, progress):
+        progress(10, 10)
+        return model_dir
 
-        worker = Worker(NODE, BOOT, lambda: state, events.append, lambda c: None, _missing, fetch_shard=fetch)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.run)
-            # State is fixed here (events are not applied), so the planner's last task is LoadModel
-            await _until(lambda: any(isinstance(s, (RunnerLoaded, RunnerFailed)) for s in _statuses(events)), 60)
-            nursery.cancel_scope.cancel()
-        failed = [s for s in _statuses(events) if isinstance(s, RunnerFailed)]
-        assert not failed, failed
-        assert any(isinstance(s, RunnerLoaded) for s in _statuses(events))
-
-    trio.run(main)
+    # State is fixed here (events are not applied), so the planner's last task is LoadModel
+    statuses = _run_until_status(state, fetch, (RunnerLoaded, RunnerFailed), timeout=60)
+    failed = [s for s in statuses if isinstance(s, RunnerFailed)]
+    assert not failed, failed
+    assert any(isinstance(s, RunnerLoaded) for s in statuses)
