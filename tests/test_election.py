@@ -673,3 +673,21 @@ def test_state_and_events_hold_no_wall_clock_field():
         walk(t, ["State", "Event", "IndexedEvent"][i])
     assert len(seen) > 20  # the walk did reach the nested types
     assert bad == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.permutations(list(range(6))))
+def test_a_replayed_older_heartbeat_never_turns_a_peers_view_back(order: list[int]) -> None:
+    """GossipSub replays recent messages to a peer that just joined, so a master's heartbeat
+    from before it was master can arrive after a newer one: in any arrival order the peer's
+    view is the latest heartbeat its sender made (``seq``) of its current boot, and a new
+    boot always replaces the old one's (a joining node used to drop its master for a pass)."""
+    made = [Heartbeat(node_id="m", boot_id="b1", term=0 if k < 2 else 1, master=None if k < 2 else "m",
+                      priority=0, last_idx=k, last_term=0, seq=k + 1) for k in range(6)]
+    live = Liveness(timeout=5.0)
+    for t, k in enumerate(order):
+        live.heard(made[k], now=float(t) * 0.1)
+    assert live.get("m") == made[5]
+    restarted = Heartbeat(node_id="m", boot_id="b2", term=0, master=None, priority=0, last_idx=0, last_term=0, seq=1)
+    live.heard(restarted, now=1.0)
+    assert live.get("m") == restarted

@@ -13,6 +13,7 @@ Rules (pure, below the class):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -56,6 +57,10 @@ def commit_point(last_idx: int, following: Sequence[Heartbeat]) -> int:
     return min(last_idx, max(p.last_idx for p in following))
 
 
+_HEARTBEAT_SEQ = itertools.count(1)
+"""``Heartbeat.seq`` of the next heartbeat made in this process: one counter for the process,
+so it only grows for a boot id even if its peer view were made again."""
+
 def disconnected_for(since: float | None, now: float, grace: float) -> bool:
     """Whether a peer disconnected at ``since`` (None: connected) has been so ``grace`` s."""
     return since is not None and now - since >= grace
@@ -98,6 +103,7 @@ class PeerView:
             priority=self.priority, last_idx=last, last_term=self.replica.last_term,
             commit_idx=commit_point(last, following), followers=len(following),
             chain=(self.replica.chain_at(last) or b"") if last else b"",
+            seq=next(_HEARTBEAT_SEQ),
         )
 
     def live_peers(self) -> list[Heartbeat]:

@@ -21,8 +21,14 @@ class Liveness:
     _last: dict[str, tuple[float, Heartbeat]] = field(default_factory=dict)
 
     def heard(self, hb: Heartbeat, now: float) -> bool:
-        """Record ``hb``; True when the peer was not alive before (it is new or came back)."""
+        """Record ``hb``; True when the peer was not alive before (it is new or came back).
+        A heartbeat its sender made before the one held (same boot, smaller ``seq``: a
+        replayed or reordered message) is ignored: it would turn the peer's view back (a
+        joining node was replayed its master's heartbeat from before it was master, and
+        dropped that master for one election pass)."""
         previous = self._last.get(hb.node_id)
+        if previous is not None and previous[1].boot_id == hb.boot_id and hb.seq < previous[1].seq:
+            return False
         self._last[hb.node_id] = (now, hb)
         return previous is None or now - previous[0] >= self.timeout or previous[1].boot_id != hb.boot_id
 

@@ -41,7 +41,10 @@ class Heartbeat(msgspec.Struct, frozen=True):
     live peers follow it (shown in logs; the election counts support from the heartbeats it
     holds). ``chain``: the chain digest of this node's log at ``last_idx``
     (``exo_p2p.state.chain``, 16 bytes; empty at 0), so a receiver can tell whether a claimer's
-    log is a prefix of its own (``cluster.claims``)."""
+    log is a prefix of its own (``cluster.claims``). ``seq``: how many heartbeats this boot of the
+    sender had made before this one (a counter, no time): a receiver keeps the latest one it
+    was *sent*, not the latest to arrive (GossipSub replays recent messages to a peer that
+    just joined, so an older heartbeat can arrive after a newer one; 0 from an older sender)."""
 
     node_id: str
     boot_id: str
@@ -54,6 +57,7 @@ class Heartbeat(msgspec.Struct, frozen=True):
     commit_idx: int = 0
     followers: int = 0
     chain: bytes = b""
+    seq: int = 0
 
 
 class HeartbeatAck(msgspec.Struct, frozen=True):
