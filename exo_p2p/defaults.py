@@ -152,3 +152,10 @@ MODEL_FETCH_ROUND_PAUSE = 2.0
 """Seconds between two rounds of a shard fetch (new holders get time to be published)."""
 FETCH_DISK_HEADROOM_PERCENT = 10
 """Percent of a shard's bytes a fetching node needs free on disk beyond them."""
+
+
+def disk_needed(fetch_bytes: int) -> int:
+    """Free disk bytes a node needs to fetch ``fetch_bytes``: plus ``FETCH_DISK_HEADROOM_PERCENT``,
+    rounded up (integers). One rule for a placement's fetch (``master.placement_fetch``) and
+    a pull (``exo_p2p.models.pulls``)."""
+    return -(-fetch_bytes * (100 + FETCH_DISK_HEADROOM_PERCENT) // 100)

@@ -25,7 +25,7 @@ Rules (pure, from ``State`` and the ``ModelCard``):
 
 from __future__ import annotations
 
-from exo_p2p.defaults import FETCH_DISK_HEADROOM_PERCENT
+from exo_p2p.defaults import disk_needed
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
 from master.model_identity import chosen_digest
 from master.placement_split import non_layer_bytes_of_rank
@@ -66,12 +66,6 @@ def shard_fetch_bytes(card: ModelCard, sharding: Sharding, rank: int, world_size
         return card.storage_size
     layers = sum(card.layer_bytes[start_layer:end_layer])
     return layers + non_layer_bytes_of_rank(card, rank, world_size, sharding)
-
-
-def disk_needed(fetch_bytes: int) -> int:
-    """Free disk bytes a node needs to fetch ``fetch_bytes``: plus ``FETCH_DISK_HEADROOM_PERCENT``,
-    rounded up (integers)."""
-    return -(-fetch_bytes * (100 + FETCH_DISK_HEADROOM_PERCENT) // 100)
 
 
 def disk_problem(state: State, node: NodeId, fetch_bytes: int) -> tuple[int, int] | None:

@@ -87,7 +87,7 @@ def check_disk(to_fetch: int, free: int) -> None:
     ``FETCH_DISK_HEADROOM_PERCENT`` free (``free`` bytes; the rule placement applies to a
     rank's fetch): a pull filling the disk would leave no room for the node's own event log.
     Raises ``FetchError`` saying how much is needed and free."""
-    need = -(-to_fetch * (100 + defaults.FETCH_DISK_HEADROOM_PERCENT) // 100)
+    need = defaults.disk_needed(to_fetch)
     if free < need:
         raise FetchError(f"not enough free disk in the models dir: the pull needs {to_fetch} bytes "
                          f"+{defaults.FETCH_DISK_HEADROOM_PERCENT}% ({need}), {free} free")
