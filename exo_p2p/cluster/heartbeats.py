@@ -61,6 +61,7 @@ _HEARTBEAT_SEQ = itertools.count(1)
 """``Heartbeat.seq`` of the next heartbeat made in this process: one counter for the process,
 so it only grows for a boot id even if its peer view were made again."""
 
+
 def disconnected_for(since: float | None, now: float, grace: float) -> bool:
     """Whether a peer disconnected at ``since`` (None: connected) has been so ``grace`` s."""
     return since is not None and now - since >= grace
