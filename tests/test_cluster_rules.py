@@ -19,7 +19,7 @@ from exo_p2p.cluster.command_access import NOT_MEMBER
 from exo_p2p.cluster.common import Counters, Role
 from exo_p2p.cluster.election import Seat, election_step, settle_for
 from exo_p2p.cluster.heartbeats import DUPLICATE, OWN, commit_point, disconnected_for, heartbeat_verdict
-from exo_p2p.cluster.log_sync import fetch_sources, global_batch_verdict
+from exo_p2p.cluster.log_sync import fetch_sources, global_batch_verdict, takes_snapshot
 from exo_p2p.cluster.mesh import dial_plan, edge_changes, ip_of, on_the_way
 from exo_p2p.cluster.messages import Heartbeat, IndexedEventBatch, LocalEventBatch, encode
 from exo_p2p.cluster.outbox import LocalOutbox, batches, due, first_sends
@@ -268,6 +268,67 @@ def test_only_a_fetch_from_the_master_ends_the_check_of_the_tail():
 
     trio.run(main)
     assert net.asked == ["m", "b"]
+
+
+def test_only_peers_ahead_of_this_node_are_fetch_sources():
+    """A peer behind this node holds nothing it lacks; asked anyway it would answer
+    "diverged" with its older State (the asker's tail is longer than its log)."""
+    peers = [hb("b", 2, "m", 5), hb("c", 2, "m", 9), hb("d", 2, "m", 7)]
+    assert fetch_sources("m", 2, peers, 3, after=7) == ["c"]
+    assert fetch_sources("m", 2, peers, 3, after=9) == []
+    assert fetch_sources("m", 2, peers, 3, after=0) == ["c", "d", "b"]
+
+
+@given(snapshot_idx=st.integers(0, 50), last_idx=st.integers(0, 50), from_master=st.booleans())
+def test_a_fallback_peers_snapshot_never_rewinds_this_node(snapshot_idx, last_idx, from_master):
+    taken = takes_snapshot("m" if from_master else "b", "m", snapshot_idx, last_idx)
+    if from_master:
+        assert taken  # the master's log is the cluster's: a tail it lacks is dropped
+    else:
+        assert taken == (snapshot_idx >= last_idx)
+
+
+def test_an_older_snapshot_from_a_fallback_peer_is_refused():
+    """The master is unreachable; the only peer answering is behind this node (its last
+    heartbeat said more, or it lost events since) and answers with its older State. This
+    node keeps its own State: installing that snapshot would drop events 41..60, which the
+    master may have answered as committed because this node held them."""
+    from exo_p2p.cluster.log_sync import LogFollower
+    from exo_p2p.cluster.messages import LogResponse
+    from exo_p2p.types import State
+
+    class Net:
+        async def request(self, peer: str, protocol: str, data: bytes, *, timeout: float) -> bytes:
+            if peer == "m":
+                raise OSError("unreachable")
+            return encode(LogResponse(snapshot=State(last_event_idx=40), last_idx=40, diverged=True))
+
+    class Replica:
+        last_idx, last_term = 60, 2
+        installed: list = []
+
+        def chain_at(self, _idx: int) -> bytes:
+            return b""
+
+        def install_snapshot(self, state, digest=None) -> None:  # type: ignore[no-untyped-def]
+            self.installed.append(state.last_event_idx)
+
+        def offer_many(self, _events: list) -> list:  # type: ignore[type-arg]
+            return []
+
+    class Peers:
+        liveness: dict = {}
+
+    replica, counters = Replica(), Counters()
+    follower = LogFollower(Net(), replica, Role("a", master="m", term=2), Peers(), ClusterSettings(), counters, None)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        assert not await follower.fetch_from("m")
+        assert not await follower.fetch_from("b"), "an older snapshot counted as a successful fetch"
+
+    trio.run(main)
+    assert replica.installed == [], "this node's State was rewound to a fallback peer's older snapshot"
+    assert counters.get("log_snapshot_behind") == 1
 
 
 # --- mesh -------------------------------------------------------------------------------------------------

@@ -10,9 +10,13 @@ Rules:
   check its tail agrees); when the master is unreachable, from up to
   ``LOG_FETCH_FALLBACK_PEERS`` peers following the same master in the same term whose log
   holds no later term (a former master that stepped down keeps its divergent tail until it
-  has synced), most advanced first (``fetch_sources``). A fetch resumes from the last
-  applied index. Only a fetch from the master itself tells that this node's tail agrees
-  with the master's log: a fallback peer's answer does not end the check (two followers
+  has synced) and whose log is ahead of this node's (a peer behind holds nothing this node
+  lacks), most advanced first (``fetch_sources``). A fetch resumes from the last
+  applied index. A snapshot from a fallback peer that ends before this node's last applied
+  index is never installed (``takes_snapshot``): a peer behind answers "diverged" to any
+  asker ahead of it, and installing its State would rewind this node's, dropping events the
+  master may have counted as committed on this node's word. Only a fetch from the master
+  itself tells that this node's tail agrees with the master's log: a fallback peer's answer does not end the check (two followers
   that both missed the check once held another master's tail and vouched for each other).
 - ``tail_diverged`` / ``log_answer``: the server answers with its State as a snapshot when
   the asker's tail is not a prefix of its log or the range was compacted, else the events.
@@ -50,12 +54,22 @@ def global_batch_verdict(batch: IndexedEventBatch, sender: str, role: Role) -> s
     return None
 
 
-def fetch_sources(master: str, term: int, peers: Sequence[Heartbeat], n: int) -> list[str]:
+def fetch_sources(master: str, term: int, peers: Sequence[Heartbeat], n: int, after: int = 0) -> list[str]:
     """Peers to fetch from when ``master`` is unreachable: following it at ``term``, their log
-    holding no later term than ``term``, most advanced first, ``n`` at most."""
-    same = sorted((p for p in peers if p.master == master and p.term == term and p.last_term <= term and p.node_id != master),
+    holding no later term than ``term`` and events after index ``after`` (this node's last
+    applied), most advanced first, ``n`` at most."""
+    same = sorted((p for p in peers if p.master == master and p.term == term and p.last_term <= term
+                   and p.node_id != master and p.last_idx > after),
                   key=lambda p: -p.last_idx)
     return [p.node_id for p in same[:n]]
+
+
+def takes_snapshot(peer: str, master: str | None, snapshot_idx: int, last_idx: int) -> bool:
+    """Whether a snapshot ending at index ``snapshot_idx`` sent by ``peer`` replaces a State
+    applied up to ``last_idx`` (pure). The master's snapshot always does (its log is the
+    cluster's: a tail it does not hold is dropped, docs/architecture.md#log-guarantees); a
+    fallback peer's only when it is not behind this node."""
+    return peer == master or snapshot_idx >= last_idx
 
 
 def tail_diverged(replica: Replica, request: LogRequest) -> bool:
@@ -137,7 +151,8 @@ class LogFollower:
                 continue
             if await self.fetch_from(master):
                 continue
-            sources = fetch_sources(master, self.role.term, self.peers.live_peers(), defaults.LOG_FETCH_FALLBACK_PEERS)
+            sources = fetch_sources(master, self.role.term, self.peers.live_peers(), defaults.LOG_FETCH_FALLBACK_PEERS,
+                                    after=self.replica.last_idx)
             for peer in sources:
                 if await self.fetch_from(peer):
                     break
@@ -165,6 +180,11 @@ class LogFollower:
             if response is None:
                 return False
             if response.snapshot is not None:
+                if not takes_snapshot(peer, master, response.snapshot.last_event_idx, self.replica.last_idx):
+                    log.warning("refusing an older snapshot from a fallback peer", peer=peer,
+                                idx=response.snapshot.last_event_idx, last_idx=self.replica.last_idx)
+                    self.counters.drop("log_snapshot_behind")
+                    return False
                 log.info("installing snapshot", peer=peer, idx=response.snapshot.last_event_idx)
                 self.replica.install_snapshot(response.snapshot, response.snapshot_chain or None)
             before = self.replica.last_idx
