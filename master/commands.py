@@ -53,7 +53,12 @@ def handle_command(
 
     - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
       reason (numbers in GiB and bytes); else ``InstanceCreated``, the instance carrying
-      ``rank_settings`` (the master's: what every rank must share, ``RankSettings``).
+      ``rank_settings`` (the master's: what every rank must share, ``RankSettings``). A
+      ``command_id`` already an instance of State (the instance id is the command id: the
+      caller retried after a lost answer or across a failover) is answered with that
+      instance and no event: a second placement would count the first one's memory against
+      itself (a false "does not fit") or overwrite the instance's shards, leaving the first
+      shards' runners holding memory for an instance that no longer lists them.
     - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
       each of its unfinished tasks (their clients get an error).
     - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
@@ -95,6 +100,12 @@ def handle_command(
 
 
 def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None) -> Decision:
+    placed = state.instances.get(command.command_id)
+    if placed is not None:  # a retry of a placement already decided: the same answer
+        if placed.model_id != command.model_id:
+            return _error(command, 409, f"instance id {command.command_id!r} is already an instance of model {placed.model_id!r}",
+                          param="command_id", code="instance_exists")
+        return Decision((), CommandResult(command.command_id, instance=placed))
     card = state.model_cards.get(command.model_id)
     if card is None:
         known = ", ".join(sorted(state.model_cards)) or "none"

@@ -91,6 +91,25 @@ def test_status_codes_for_unknown_unplaced_and_failed():
     assert handle_command(s, DeleteInstance("c3", "nope")).result.error.status == 404
 
 
+def test_a_retried_placement_is_answered_with_the_instance_it_made():
+    """The command client sends a command again when the master's answer was lost (a reset
+    stream, a master killed after it decided). The instance id is the command id: the retry
+    gets the same instance and no event — not a 400 counting the first placement's memory
+    against itself, and not a second ``InstanceCreated`` overwriting the first one's shards."""
+    s = one_node(total=1500, available=1500)  # room for one copy of the 1000-byte model only
+    first = handle_command(s, PlaceInstance("cmd-1", "m"))
+    assert first.result.error is None
+    s = run(s, first.events)
+    again = handle_command(s, PlaceInstance("cmd-1", "m"))
+    assert again.events == () and again.result.error is None
+    assert again.result.instance == first.result.instance
+    other = handle_command(s, PlaceInstance("cmd-2", "m"))  # a new placement still obeys memory
+    assert other.result.error is not None and other.result.error.status == 400 and other.events == ()
+    clash = handle_command(run(s, [NodeModelsUpdated("node-a", (CARD, msgspec.structs.replace(CARD, model_id="n")))]),
+                           PlaceInstance("cmd-1", "n"))
+    assert clash.events == () and clash.result.error.status == 409
+
+
 def test_placement_that_does_not_fit_is_400_and_creates_nothing():
     big = msgspec.structs.replace(CARD, model_id="big", storage_size=30 * GIB, layer_bytes=tuple([30 * GIB // 4] * 4), embedding_bytes=0, norm_bytes=0)
     s = run(one_node(total=16 * GIB), [NodeModelsUpdated("node-a", (CARD, big))])
