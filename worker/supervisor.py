@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 
 import msgspec
@@ -62,6 +62,10 @@ def silence_bound(status: RunnerStatus, *, generating: float, loading: float) ->
     return loading if tag in _LOADING_TAGS else generating
 
 
+LIFECYCLE_KEYS = frozenset({"connect", "load", "warmup", "shutdown"})
+"""Keys of ``RunnerSupervisor.sent`` that are not task ids (``worker.plan``)."""
+
+
 class RunnerSupervisor:
     """Owns one runner process.
 
@@ -100,7 +104,6 @@ class RunnerSupervisor:
         self._on_chunk = on_chunk
         self.status: RunnerStatus = RunnerIdle()
         self.sent: set[str] = set()
-        self.task_ids: set[str] = set()
         self._tokens_sent: dict[str, int] = {}
         self._finished: dict[str, FinishChunk | ErrorChunk] = {}
         self.process: trio.Process | None = None
@@ -357,6 +360,14 @@ class RunnerSupervisor:
             raise trio.ClosedResourceError("the runner process was not started")
         async with self._send_lock:
             await self._send_stream.send_all(frame(message))
+
+    def forget_ended(self, tasks: Container[str]) -> None:
+        """Drop from ``sent`` the keys of tasks no longer in State (``tasks``: State's task
+        ids), keeping the lifecycle keys ("connect", "load", "warmup", "shutdown"). The planner
+        looks a task's keys up only while State holds it, so this changes no plan; without it
+        ``sent`` grows by every request the runner ever served (and is copied on each plan
+        pass: a runner serving for days slowed every event down)."""
+        self.sent = {k for k in self.sent if k in LIFECYCLE_KEYS or k.removeprefix("cancel:") in tasks}
 
     async def send(self, task: Task, key: str) -> None:
         """Send ``task`` to the runner, recording ``key`` in ``sent`` first (so a failed

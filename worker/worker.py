@@ -169,9 +169,12 @@ class Worker:
                 nursery.start_soon(sup.shutdown, timeout)
 
     def _prune(self) -> None:
-        instances = self._get_state().instances
+        state = self._get_state()
+        instances = state.instances
         for rid in [r for r, s in self.supervisors.items() if s.exited.is_set() and s.instance.instance_id not in instances]:
             del self.supervisors[rid]
+        for sup in self.supervisors.values():
+            sup.forget_ended(state.tasks)
         for rid in [r for r, lr in self._failed.items() if lr.instance_id not in instances]:
             del self._failed[rid]
 
