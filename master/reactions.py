@@ -15,6 +15,7 @@ from exo_p2p.types import (
     RunnerFailed,
     RunnerStatusUpdated,
     State,
+    TaskCancelRequested,
     TaskDeleted,
     TaskStatusUpdated,
 )
@@ -27,7 +28,12 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
       with traffic;
     - a runner that failed fails its instance (``InstanceFailed`` with the runner's error),
       and the instance's unfinished tasks fail and are removed;
-    - a node that timed out fails every instance with a shard on it;
+    - a node that timed out fails every instance with a shard on it, and asks to cancel
+      (``TaskCancelRequested``) every other unfinished task it submitted as API node: the
+      client connection was on that node, so nobody waits for those tokens, and without it
+      they decode to their token limit (or the context), holding batch rows and counting
+      towards the queue limit of everyone else (a restarted API node cancels its own:
+      ``exo_p2p.orphans``);
     - a node that restarted (its profile carries a new boot id) fails every instance with a
       shard placed on its previous boot: runners are never revived (docs/architecture.md#instance-lifecycle).
     """
@@ -47,6 +53,11 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
         for instance_id, inst in sorted(state.instances.items()):
             if any(s.node_id == event.node_id for s in inst.shards):
                 out.extend(_fail_instance(state, instance_id, f"node {event.node_id} is gone"))
+        ended = {e.task_id for e in out if isinstance(e, TaskDeleted)}
+        for task_id, record in sorted(state.tasks.items()):
+            if (record.task.api_node_id == event.node_id and task_id not in ended and not record.cancel_requested
+                    and record.status not in FINISHED_TASK_STATUSES):
+                out.append(TaskCancelRequested(task_id))
         return tuple(out)
     return ()
 

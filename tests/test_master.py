@@ -18,6 +18,7 @@ from exo_p2p.types import (
     NodeModelsUpdated,
     NodeProfile,
     NodeProfileUpdated,
+    NodeTimedOut,
     PlaceInstance,
     RunnerFailed,
     RunnerReady,
@@ -129,6 +130,28 @@ def test_queue_limit_gives_429():
         s = run(s, d.events)
     d = handle_command(s, SubmitGeneration("c9", "t9", "m", params(), "node-a"), queue_limit=2)
     assert d.result.error.status == 429
+
+
+def test_a_gone_api_nodes_tasks_are_cancelled_and_its_instances_failed():
+    """The client connections of a timed-out node's requests were on that node: nobody waits
+    for their tokens. Its unfinished tasks on other nodes' instances get a cancel request
+    (once); tasks of instances on the gone node fail and are removed as before."""
+    s = one_node()
+    s = run(s, [NodeProfileUpdated(NodeProfile("node-b", "boot-1", "b", memory_total=GIB, memory_available=GIB))])
+    d = handle_command(s, PlaceInstance("cmd-1", "m", nodes=("node-a",)))
+    s = run(s, d.events)
+    inst = d.result.instance
+    s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
+    for tid, api in (("t-b1", "node-b"), ("t-b2", "node-b"), ("t-b3", "node-b"), ("t-a", "node-a")):
+        s = run(s, handle_command(s, SubmitGeneration(f"c-{tid}", tid, "m", params(), api)).events)
+    s = run(s, [TaskCancelRequested("t-b2"), TaskStatusUpdated("t-b3", "complete")])
+    out = react(s, NodeTimedOut("node-b"))
+    assert out == (TaskCancelRequested("t-b1"),)
+    s = run(s, out)
+    assert react(s, NodeTimedOut("node-b")) == ()  # asked once
+    out = react(s, NodeTimedOut("node-a"))  # the instance's own node: its tasks fail, no cancel besides
+    assert isinstance(out[0], InstanceFailed) and not any(isinstance(e, TaskCancelRequested) for e in out)
+    assert {e.task_id for e in out if isinstance(e, TaskDeleted)} == {"t-b1", "t-b2", "t-a"}
 
 
 def test_reactions_remove_finished_tasks_and_fail_instances():
