@@ -117,6 +117,10 @@ class ChunkRouter:
         self._routes[task_id] = route
         return route.receive
 
+    def open_task_ids(self) -> frozenset[str]:
+        """Task ids with a request registered here (``open`` and not yet ``close``)."""
+        return frozenset(self._routes)
+
     def close(self, task_id: str) -> None:
         route = self._routes.pop(task_id, None)
         if route is not None:

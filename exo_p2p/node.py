@@ -22,6 +22,7 @@ from exo_p2p.api.generation import GenerationSettings
 from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
 from exo_p2p.config import NO_PEERS_WARNING_AFTER, NodeConfig
+from exo_p2p.orphans import OrphanSweeper
 from exo_p2p.replica import Replica
 from exo_p2p.types import (
     Chunk,
@@ -85,6 +86,7 @@ class Node:
         self.node_id: str = self.identity.node_id
         self.boot_id: str = new_boot_id()
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
+        self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.command)
         self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
                                 + [self.data_dir / "models" / "pulled"])  # pulled from peers (issue 13)
         from exo_p2p.models.depot import ModelDepot
@@ -242,6 +244,7 @@ class Node:
         counters["chunks_duplicate"] = self.router.duplicates
         counters["chunk_stream_gaps"] = self.router.gaps
         counters["tasks_lost"] = self.router.lost
+        counters["orphaned_tasks_cancelled"] = self.orphans.cancelled
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
     def nodes(self) -> list[NodeSummary]:
@@ -461,6 +464,7 @@ class Node:
                 self._nursery = nursery
                 self.router.bind(nursery)
                 nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (issue 14)
+                nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (issue 9)
                 self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 log.debug("start-up", step="member running")

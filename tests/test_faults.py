@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import psutil
@@ -59,6 +60,38 @@ def test_node_killed_mid_generation_ends_request_with_error_and_model_is_replace
         assert r.status_code == 200, r.text
         # the surviving runner of the failed instance was shut down: only the new one runs
         wait_until(lambda: len(api.children()) == 1, 5, what="old runner gone")
+    finally:
+        cluster.stop()
+
+
+def test_api_node_killed_mid_generation_its_task_stops_on_the_model_node(tmp_path, models_dir):
+    """The client of a long generation is on node B; the instance is on node A. B dies: its
+    client is gone with it, so A's runner must stop decoding (the master cancels the tasks
+    of an API node that timed out) instead of running the task to its 2000-token limit,
+    holding a batch row and a queue place. Bound: the timeout bound plus the cancel."""
+    cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models_dir)])
+    try:
+        cluster.start()
+        master_id = states(cluster.nodes)[0]["master"]
+        model_node = next(n for n in cluster.nodes if _self_id(n) == master_id)
+        api = next(n for n in cluster.nodes if n is not model_node)
+        iid = model_node.place_and_wait(MODEL, timeout=90, nodes=[master_id])["instance_id"]
+        thread, result = _stream_in_background(api)
+        wait_until(lambda: result["first_at"] is not None, 60, what="first token")
+        (task_id,) = model_node.get("/state").json()["tasks"]
+        t_kill = time.monotonic()
+        api.kill()
+        wait_until(lambda: task_id not in model_node.get("/state").json()["tasks"], T_FAIL + SLACK + 5,
+                   what="the dead API node's task removed from State")
+        took = time.monotonic() - t_kill
+        ends = [json.loads(line) for line in model_node.log_path.read_text(errors="replace").splitlines()
+                if task_id in line and "runner task ended" in line]
+        assert ends and ends[-1]["status"] == "cancelled", ends
+        assert ends[-1]["completion_tokens"] < 2000
+        inst = model_node.get(f"/instances/{iid}").json()
+        assert inst["status"] == "ready", inst  # the instance stays; only the orphaned task stopped
+        print(f"task of the killed API node stopped {took:.1f} s after the kill, "
+              f"{ends[-1]['completion_tokens']} of 2000 tokens generated")
     finally:
         cluster.stop()
 
