@@ -94,9 +94,12 @@ def test_cancel_is_sent_once_to_runners_that_have_the_task():
     assert plan(NODE, BOOT, s, local) == CancelTask(runner_id="i1-r0", task_id="t1")
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"t1", "cancel:t1"}))}
     assert plan(NODE, BOOT, s, local) is None
-    # a cancelled task that never reached the runner is not sent at all
+    # a task cancelled before it reached the runner is sent, then cancelled: the runner ends
+    # it (as cancelled); nothing else would ever remove it from State
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset())}
-    assert plan(NODE, BOOT, s, local) is None
+    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
+    local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"t1"}))}
+    assert plan(NODE, BOOT, s, local) == CancelTask(runner_id="i1-r0", task_id="t1")
 
 
 def test_runner_of_deleted_or_failed_instance_is_shut_down_once():

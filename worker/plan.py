@@ -81,7 +81,10 @@ def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunn
     4. ``CancelTask`` for a task sent to this runner whose cancellation was requested;
     5. ``ForwardGeneration`` of each pending task of the instance, in the master's
        ``TaskCreated`` order, to a runner that is Ready or Running, once every runner of the
-       instance is Ready or Running.
+       instance is Ready or Running — a task whose cancellation was requested before it
+       reached the runner too, so that the runner (its ranks in agreement) ends it as
+       cancelled at once (rule 4 follows): nothing else would ever end it, and it would stay
+       in State for good, counting towards the instance's load and queue limit.
     """
     for runner in sorted(local.values(), key=lambda r: r.runner_id):
         if isinstance(runner.status, TERMINAL_STATUSES) or "shutdown" in runner.sent:
@@ -152,7 +155,7 @@ def _generation(state: State, instance: Instance, runner: LocalRunner) -> Planne
         return None
     for record in records:
         tid = record.task.task_id
-        if tid in runner.sent or record.cancel_requested or record.status not in ("pending", "running"):
+        if tid in runner.sent or record.status not in ("pending", "running"):
             continue
         return ForwardGeneration(runner.runner_id, record.task)
     return None
