@@ -66,6 +66,8 @@ class MasterRole:
         self._rank_settings = rank_settings
         """What the instances this master places fix for all their ranks (``RankSettings``)."""
         self._lock = trio.Lock()
+        self._replacement_errors: set[str] = set()
+        """Instances whose re-placement raised (logged once; tried again every pass)."""
         self.origins = OriginSeqs.from_state(replica.state)
         self.counters: dict[str, int] = {"local_event_duplicate": 0, "local_event_gap": 0}
 
@@ -137,8 +139,14 @@ class MasterRole:
                         continue
                     state = self.replica.state
                     unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
-                    events = list(replacement(state, current, new_id(), unreachable=unreachable,
-                                              rank_settings=self._rank_settings, waited=now - since))
+                    try:
+                        events = list(replacement(state, current, new_id(), unreachable=unreachable,
+                                                  rank_settings=self._rank_settings, waited=now - since))
+                    except Exception:  # a rule bug must not take the master (and the next one) down
+                        if instance_id not in self._replacement_errors:
+                            log.exception("re-placement failed", instance_id=instance_id)
+                        self._replacement_errors.add(instance_id)
+                        continue
                     if events:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)

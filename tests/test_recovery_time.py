@@ -242,3 +242,49 @@ def test_a_killed_node_is_timed_out_soon_after_its_connection_closed():
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert emitted, "never timed out"
     assert 10.0 + defaults.DISCONNECTED_TIMEOUT - 1e-9 <= emitted[0] <= 10.0 + defaults.DISCONNECTED_TIMEOUT + 0.5 + 1e-9, emitted
+
+
+def test_a_re_placement_that_raises_does_not_take_the_master_down(monkeypatch):
+    """A bug in the re-placement rule for one failed instance must not end the master's loop
+    (it would take the node down, and the next master would crash the same way): the error
+    is logged once and other failed instances are still re-placed."""
+    import tempfile
+    from pathlib import Path
+
+    import master.replace
+    from exo_p2p.replica import Replica
+    from exo_p2p.types import InstanceCreated, InstanceFailed, PlaceInstance
+    from master.commands import handle_command
+    from master.role import MasterRole
+    from tests.test_master import one_node
+
+    real = master.replace.replacement
+    created: list[str] = []
+
+    def replacement(state, instance, new_id, **kw):  # type: ignore[no-untyped-def]
+        if instance.instance_id == "cmd-1":
+            raise RuntimeError("a rule bug")
+        return real(state, instance, new_id, **kw)
+
+    monkeypatch.setattr(master.replace, "replacement", replacement)
+
+    async def publish(indexed):  # type: ignore[no-untyped-def]
+        if isinstance(indexed.event, InstanceCreated) and indexed.event.instance.replaces:
+            created.append(indexed.event.instance.replaces)
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as d:
+            replica = Replica(Path(d) / "events.log", sync=False)
+            role = MasterRole("node-a", 1, replica, publish)
+            await role.emit(_events_of(one_node()))
+            for cmd in ("cmd-1", "cmd-2"):
+                await role.emit(list(handle_command(replica.state, PlaceInstance(cmd, "m")).events))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(role.run)
+                await role.emit([InstanceFailed("cmd-1", "x"), InstanceFailed("cmd-2", "y")])
+                await trio.sleep(10.0)
+                nursery.cancel_scope.cancel()
+            replica.close()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert created and set(created) == {"cmd-2"}
