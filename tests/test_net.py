@@ -517,10 +517,13 @@ def test_clean_shutdown_with_messages_in_flight_20_times(
     other host's gossip is still unread in it, so its kernel sends RST and the other host's
     next write fails with EPIPE. py-libp2p logs that at ERROR; libdrops re-classifies exactly
     that record (a peer reset) as INFO and counts it, and the test checks that count is where
-    the resets went, so no other error can hide behind it.
+    the resets went, so no other error can hide behind it. Likewise a stream being opened
+    on that connection as it goes (py-libp2p's identify stream: 1 of 20 shutdowns in a
+    clean-clone run) fails its first negotiation write: counted ``peer_stream_open_failed``.
     """
     caplog.set_level(logging.WARNING)
     resets_before = libdrops.snapshot()["peer_connection_reset"]
+    opens_before = libdrops.snapshot()["peer_stream_open_failed"]
 
     async def host_task(cfg: NetConfig, ready: trio.MemorySendChannel, stop: trio.Event) -> None:
         async with open_host(cfg) as net:
@@ -555,9 +558,10 @@ def test_clean_shutdown_with_messages_in_flight_20_times(
         rounds += 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     resets = libdrops.snapshot()["peer_connection_reset"] - resets_before
+    opens = libdrops.snapshot()["peer_stream_open_failed"] - opens_before
     print(
         f"\nclean shutdowns with traffic in flight: {rounds}/20, error records {len(errors)},"
-        f" peer resets re-classified {resets}"
+        f" peer resets re-classified {resets}, stream opens on a closing connection {opens}"
     )
     assert rounds == 20
     assert errors == [], [r.getMessage() for r in errors[:5]]
@@ -587,6 +591,32 @@ def test_peer_reset_record_is_reclassified_and_other_yamux_errors_are_not() -> N
         yamux.removeHandler(handler)
     assert [r.levelno for r in seen] == [logging.INFO, logging.ERROR]
     assert libdrops.snapshot()["peer_connection_reset"] == before + 1
+
+
+def test_a_stream_open_on_a_closing_connection_is_reclassified_and_other_open_failures_are_not() -> None:
+    """libdrops: ``new_stream``'s ERROR for a negotiation whose first write/read failed (the
+    connection went away) becomes INFO (counted); a stream open that failed otherwise keeps
+    ERROR. The texts are py-libp2p 0.8.1's (``BasicHost.new_stream``, multiselect)."""
+    libdrops.install()
+    host = logging.getLogger(libdrops.HOST_LOGGER)
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep(level=logging.DEBUG)
+    host.addHandler(handler)
+    try:
+        before = libdrops.snapshot()["peer_stream_open_failed"]
+        for error in ("protocol write failed: fail to write to multiselect communicator, protocol=/ipfs/id/1.0.0",
+                      "protocol read failed: fail to read from multiselect communicator, protocol=/meshsub/1.1.0",
+                      "protocol not supported: /exo-p2p/chunks/1"):
+            host.error(f"Failed to open stream to peer X:\n  Error: {error}\n  Protocols: []\n  Timeout: 30s")
+    finally:
+        host.removeHandler(handler)
+    assert [r.levelno for r in seen] == [logging.INFO, logging.INFO, logging.ERROR]
+    assert libdrops.snapshot()["peer_stream_open_failed"] == before + 2
 
 
 # ---------------------------------------------------------------------------------------------
