@@ -536,16 +536,19 @@ def nodes_cleanup(nodes: list[NodeProcess]):
                     n.proc.kill()
 
 
-def stream_in_background(node: NodeProcess, model: str, max_tokens: int = 2000):
+def stream_in_background(node: NodeProcess, model: str, max_tokens: int = 2000, temperature: float | None = None):
     """Start a long streaming chat on ``node`` in a thread; returns ``(thread, result)`` where
     ``result`` holds the SSE ``lines`` (a transport error appended as a line), ``status``,
-    ``first_at`` (first content) and ``ended_at`` (monotonic seconds)."""
+    ``first_at`` (first content) and ``ended_at`` (monotonic seconds). ``temperature`` 0: a
+    greedy generation, which on the tiny model never samples its end token early."""
     import threading
 
     result: dict = {"lines": [], "first_at": None, "ended_at": None, "status": None}
 
     def go() -> None:
         body = {"model": model, "messages": [{"role": "user", "content": "go on forever"}], "max_tokens": max_tokens, "stream": True}
+        if temperature is not None:
+            body["temperature"] = temperature
         try:
             with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(120, connect=10)) as r:
                 result["status"] = r.status_code

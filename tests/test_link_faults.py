@@ -48,8 +48,9 @@ SLACK = 4.0  # 2 shared cores, several helpers
 
 
 def _stream(node, max_tokens: int = 4000) -> tuple[threading.Thread, dict]:
-    """A long streaming chat in a thread (tests.cluster.stream_in_background)."""
-    return stream_in_background(node, MODEL, max_tokens)
+    """A long greedy streaming chat in a thread (tests.cluster.stream_in_background): sampled,
+    the random tiny model ends by its end token now and then, before the fault."""
+    return stream_in_background(node, MODEL, max_tokens, temperature=0)
 
 
 def _ended_with_error(result: dict) -> bool:
