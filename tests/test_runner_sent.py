@@ -12,7 +12,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.types import RunnerReady, RunnerRunning, TaskRecord
+from exo_p2p.types import RunnerReady, RunnerRunning
 from tests.test_plan import BOOT, NODE, gen_task, instance, state_with
 from worker.plan import LocalRunner, plan
 from worker.supervisor import LIFECYCLE_KEYS, RunnerSupervisor
