@@ -567,11 +567,11 @@ def test_clean_shutdown_with_messages_in_flight_20_times(
     assert errors == [], [r.getMessage() for r in errors[:5]]
 
 
-def test_peer_reset_record_is_reclassified_and_other_yamux_errors_are_not() -> None:
-    """libdrops: yamux's ERROR for a peer's TCP reset becomes INFO (counted); any other yamux
-    error record keeps ERROR."""
+def _levels_after_libdrops(logger_name: str, messages: list[str]) -> list[int]:
+    """The levels ``messages``, logged at ERROR on ``logger_name``, reach handlers with once
+    libdrops is installed."""
     libdrops.install()
-    yamux = logging.getLogger(libdrops.YAMUX_LOGGER)
+    logger = logging.getLogger(logger_name)
     seen: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
@@ -579,17 +579,25 @@ def test_peer_reset_record_is_reclassified_and_other_yamux_errors_are_not() -> N
             seen.append(record)
 
     handler = Keep(level=logging.DEBUG)
-    yamux.addHandler(handler)
+    logger.addHandler(handler)
     try:
-        before = libdrops.snapshot()["peer_connection_reset"]
-        yamux.error(
-            "Error in handle_incoming for peer X: ConnectionClosedError: TCP connection reset by"
-            " remote peer: socket connection broken: [Errno 32] Broken pipe"
-        )
-        yamux.error("Error in handle_incoming for peer X: ValueError: bad frame")
+        for message in messages:
+            logger.error(message)
     finally:
-        yamux.removeHandler(handler)
-    assert [r.levelno for r in seen] == [logging.INFO, logging.ERROR]
+        logger.removeHandler(handler)
+    return [r.levelno for r in seen]
+
+
+def test_peer_reset_record_is_reclassified_and_other_yamux_errors_are_not() -> None:
+    """libdrops: yamux's ERROR for a peer's TCP reset becomes INFO (counted); any other yamux
+    error record keeps ERROR."""
+    before = libdrops.snapshot()["peer_connection_reset"]
+    levels = _levels_after_libdrops(libdrops.YAMUX_LOGGER, [
+        "Error in handle_incoming for peer X: ConnectionClosedError: TCP connection reset by"
+        " remote peer: socket connection broken: [Errno 32] Broken pipe",
+        "Error in handle_incoming for peer X: ValueError: bad frame",
+    ])
+    assert levels == [logging.INFO, logging.ERROR]
     assert libdrops.snapshot()["peer_connection_reset"] == before + 1
 
 
@@ -597,25 +605,14 @@ def test_a_stream_open_on_a_closing_connection_is_reclassified_and_other_open_fa
     """libdrops: ``new_stream``'s ERROR for a negotiation whose first write/read failed (the
     connection went away) becomes INFO (counted); a stream open that failed otherwise keeps
     ERROR. The texts are py-libp2p 0.8.1's (``BasicHost.new_stream``, multiselect)."""
-    libdrops.install()
-    host = logging.getLogger(libdrops.HOST_LOGGER)
-    seen: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record)
-
-    handler = Keep(level=logging.DEBUG)
-    host.addHandler(handler)
-    try:
-        before = libdrops.snapshot()["peer_stream_open_failed"]
+    before = libdrops.snapshot()["peer_stream_open_failed"]
+    levels = _levels_after_libdrops(libdrops.HOST_LOGGER, [
+        f"Failed to open stream to peer X:\n  Error: {error}\n  Protocols: []\n  Timeout: 30s"
         for error in ("protocol write failed: fail to write to multiselect communicator, protocol=/ipfs/id/1.0.0",
                       "protocol read failed: fail to read from multiselect communicator, protocol=/meshsub/1.1.0",
-                      "protocol not supported: /exo-p2p/chunks/1"):
-            host.error(f"Failed to open stream to peer X:\n  Error: {error}\n  Protocols: []\n  Timeout: 30s")
-    finally:
-        host.removeHandler(handler)
-    assert [r.levelno for r in seen] == [logging.INFO, logging.INFO, logging.ERROR]
+                      "protocol not supported: /exo-p2p/chunks/1")
+    ])
+    assert levels == [logging.INFO, logging.INFO, logging.ERROR]
     assert libdrops.snapshot()["peer_stream_open_failed"] == before + 2
 
 

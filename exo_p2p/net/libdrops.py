@@ -63,40 +63,22 @@ class _DropFilter(logging.Filter):
         return True
 
 
-class _PeerResetFilter(logging.Filter):
-    """Re-classifies yamux's ERROR record for a connection the peer reset (module docstring)
-    to INFO and counts it; every other record passes unchanged."""
+class _ReclassifyFilter(logging.Filter):
+    """Re-classifies a py-libp2p ERROR record that starts with ``prefix`` and contains one of
+    ``needles`` to INFO and counts it under ``key`` (module docstring: a peer that reset its
+    connection, a stream opened on a connection that went away); every other record passes
+    unchanged."""
+
+    def __init__(self, prefix: str, needles: tuple[str, ...], key: str) -> None:
+        super().__init__()
+        self.prefix, self.needles, self.key = prefix, needles, key
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg
-        if (
-            record.levelno >= logging.ERROR
-            and isinstance(msg, str)
-            and msg.startswith("Error in handle_incoming")
-            and "ConnectionClosedError: TCP connection reset by remote peer" in msg
-        ):
+        if (record.levelno >= logging.ERROR and isinstance(msg, str) and msg.startswith(self.prefix)
+                and any(n in msg for n in self.needles)):
             with _lock:
-                _counts["peer_connection_reset"] += 1
-            record.levelno = logging.INFO
-            record.levelname = logging.getLevelName(logging.INFO)
-        return True
-
-
-class _StreamOpenOnClosedConnectionFilter(logging.Filter):
-    """Re-classifies ``new_stream``'s ERROR record for a negotiation whose first write or read
-    failed because the connection went away (module docstring) to INFO and counts it; every
-    other record passes unchanged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        if (
-            record.levelno >= logging.ERROR
-            and isinstance(msg, str)
-            and msg.startswith("Failed to open stream to peer")
-            and ("fail to write to multiselect communicator" in msg or "fail to read from multiselect communicator" in msg)
-        ):
-            with _lock:
-                _counts["peer_stream_open_failed"] += 1
+                _counts[self.key] += 1
             record.levelno = logging.INFO
             record.levelname = logging.getLevelName(logging.INFO)
         return True
@@ -116,8 +98,11 @@ def install() -> None:
     logging.getLogger(PUBSUB_LOGGER).addFilter(
         _DropFilter("fail to deliver message to subscription", "lib_subscription_dropped")
     )
-    logging.getLogger(YAMUX_LOGGER).addFilter(_PeerResetFilter())
-    logging.getLogger(HOST_LOGGER).addFilter(_StreamOpenOnClosedConnectionFilter())
+    logging.getLogger(YAMUX_LOGGER).addFilter(_ReclassifyFilter(
+        "Error in handle_incoming", ("ConnectionClosedError: TCP connection reset by remote peer",), "peer_connection_reset"))
+    logging.getLogger(HOST_LOGGER).addFilter(_ReclassifyFilter(
+        "Failed to open stream to peer",
+        ("fail to write to multiselect communicator", "fail to read from multiselect communicator"), "peer_stream_open_failed"))
 
 
 def snapshot() -> dict[str, int]:
