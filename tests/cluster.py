@@ -17,7 +17,31 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ephemeral ports (outgoing connections' local ports, port 0)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free port on 127.0.0.1 for a node to listen on later, outside the ephemeral range:
+    a port the kernel handed out for ``bind(0)`` can be taken, before the node binds it, as
+    the local port of any outgoing connection on the machine (a clean-clone run lost a node
+    start to "port … is in use" that way, ci15). Ports below the range are never given out
+    implicitly; picked at random among them and checked free by binding."""
+    low, _ = _ephemeral_range()
+    if low > 12000:
+        for _ in range(50):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +80,7 @@ class NodeProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def start(self, timeout: float = 60.0) -> "NodeProcess":
+    def start(self, timeout: float = 60.0, retries_left: int = 2) -> "NodeProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         cmd = [
@@ -74,6 +98,9 @@ class NodeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if f"port {self.api_port} on 127.0.0.1 is in use" in self.log_tail(5) and retries_left > 0:
+                    self.api_port = free_port()  # taken since it was picked: another one, bounded
+                    return self.start(timeout=max(1.0, deadline - time.monotonic()), retries_left=retries_left - 1)
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
