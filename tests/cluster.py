@@ -31,11 +31,14 @@ def free_port() -> int:
     a port the kernel handed out for ``bind(0)`` can be taken, before the node binds it, as
     the local port of any outgoing connection on the machine (a clean-clone run lost a node
     start to "port … is in use" that way, ci15). Ports below the range are never given out
-    implicitly; picked at random among them and checked free by binding."""
-    low, _ = _ephemeral_range()
-    if low > 12000:
+    implicitly; picked at random among them, below the ring ports placement hands out
+    (``master.placement.RING_BASE_PORT`` and up), and checked free by binding."""
+    from master.placement import RING_BASE_PORT
+
+    top = min(_ephemeral_range()[0], RING_BASE_PORT)
+    if top > 12000:
         for _ in range(50):
-            port = random.randrange(10000, low)
+            port = random.randrange(10000, top)
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
