@@ -3,7 +3,9 @@ dirs, cleaned up (node and runner processes) however the test ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,28 +28,47 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port() -> int:
-    """A free port on 127.0.0.1 for a node to listen on later, outside the ephemeral range:
-    a port the kernel handed out for ``bind(0)`` can be taken, before the node binds it, as
-    the local port of any outgoing connection on the machine (a clean-clone run lost a node
-    start to "port … is in use" that way, ci15). Ports below the range are never given out
-    implicitly; picked at random among them, below the ring ports placement hands out
-    (``master.placement.RING_BASE_PORT`` and up), and checked free by binding."""
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1 for listeners started later (node APIs, libp2p
+    hosts, MLX ring ranks), outside the ephemeral range: a port the kernel handed out for
+    ``bind(0)`` can be taken, before the listener binds it, as the local port of any outgoing
+    connection on the machine (a clean-clone run lost a node start to "port … is in use" that
+    way, ci15). Ports below the range are never given out implicitly; picked at random among
+    them, below the ring ports placement hands out (``master.placement.RING_BASE_PORT`` and
+    up), and checked free by binding. Falls back to ``bind(0)`` when the range leaves too
+    little room below it."""
     from master.placement import RING_BASE_PORT
 
     top = min(_ephemeral_range()[0], RING_BASE_PORT)
-    if top > 12000:
-        for _ in range(50):
-            port = random.randrange(10000, top)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports: list[int] = []
+    for _ in range(50 * n if top > 12000 else 0):
+        if len(ports) == n:
+            return ports
+        port = random.randrange(10000, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    socks = []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+            if (port := s.getsockname()[1]) not in ports:
+                ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def free_port() -> int:
+    """One port as :func:`free_ports` picks them."""
+    return free_ports(1)[0]
 
 
 class NodeProcess:
@@ -83,25 +104,44 @@ class NodeProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def start(self, timeout: float = 60.0, retries_left: int = 2) -> "NodeProcess":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        cmd = [
+    listen_host = "127.0.0.1"
+    """Where libp2p listens (``--listen-host``)."""
+    api_host: str | None = None
+    """Where the API listens (``--api-host``); None: the node's default, 127.0.0.1."""
+
+    def command(self) -> list[str]:
+        """The node's command line."""
+        return [
             sys.executable, "-m", "exo_p2p", "node",
             "--data-dir", str(self.data_dir),
+            *([] if self.api_host is None else ["--api-host", self.api_host]),
             "--api-port", str(self.api_port),
-            "--listen-host", "127.0.0.1",
+            "--listen-host", self.listen_host,
             "--listen-port", "0",
             "--log-format", "json",
             "--cluster", self.cluster,
             *([] if self.mdns else ["--no-mdns"]),
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+
+    def spawn(self) -> None:
+        """Start the node's process, its output appended to ``log_path``; returns at once."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+
+    def start(self, timeout: float = 60.0, retries_left: int = 2) -> "NodeProcess":
+        """Spawn the node and wait until its API answers ``/health``. A node whose API port was
+        taken since it was picked is started again on another (at most ``retries_left`` times).
+        Raises RuntimeError if the process exits, TimeoutError after ``timeout`` seconds."""
+        self.spawn()
+        where = f"port {self.api_port} on {self.api_host or '127.0.0.1'} is"
+        # the node's start-up check ("… is not available (…)") or its API bind ("… is in use")
+        port_taken = (f"{where} not available", f"{where} in use")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                if f"port {self.api_port} on 127.0.0.1 is in use" in self.log_tail(5) and retries_left > 0:
+                if retries_left > 0 and any(t in self.log_tail(5) for t in port_taken):
                     self.api_port = free_port()  # taken since it was picked: another one, bounded
                     return self.start(timeout=max(1.0, deadline - time.monotonic()), retries_left=retries_left - 1)
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
@@ -271,11 +311,6 @@ class Cluster:
 # --- additions for the security / churn / namespace tests and the cluster bench -----------------
 # (additive: nothing above changes behaviour)
 
-import contextlib
-import random
-import subprocess as _sp
-
-
 def self_id(node: NodeProcess) -> str:
     """The node id of ``node`` (its own entry in ``GET /nodes``)."""
     return next(n["node_id"] for n in node.get("/nodes", timeout=5).json() if n["is_self"])
@@ -307,15 +342,15 @@ def agreement(nodes: list[NodeProcess], n_nodes: int | None = None) -> tuple | N
 
 def make_secret(path: Path) -> Path:
     """A new cluster secret in ``path`` made by ``exo-p2p cluster-secret FILE``."""
-    r = _sp.run([sys.executable, "-m", "exo_p2p", "cluster-secret", str(path)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "exo_p2p", "cluster-secret", str(path)], capture_output=True, text=True, timeout=60, cwd=REPO)
     if r.returncode != 0:
         raise RuntimeError(f"cluster-secret failed: {r.stdout}{r.stderr}")
     return path
 
 
-def run_ip(*args: str, check: bool = True) -> _sp.CompletedProcess:
+def run_ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     """``ip ARGS`` (root); raises on failure when ``check``."""
-    r = _sp.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
     if check and r.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
     return r
@@ -444,45 +479,14 @@ class NetnsNodeProcess(NodeProcess):
         return f"http://{host}:{self.api_port}"
 
     def command(self) -> list[str]:
-        return [
-            "ip", "netns", "exec", self.netns,
-            sys.executable, "-m", "exo_p2p", "node",
-            "--data-dir", str(self.data_dir),
-            "--api-host", self.api_host,
-            "--api-port", str(self.api_port),
-            "--listen-host", self.listen_host,
-            "--listen-port", "0",
-            "--log-format", "json",
-            "--cluster", self.cluster,
-            *([] if self.mdns else ["--no-mdns"]),
-            *self.extra_args,
-        ]
-
-    def start(self, timeout: float = 60.0) -> "NetnsNodeProcess":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"node API did not answer within {timeout} s:\n{self.log_tail()}")
+        return ["ip", "netns", "exec", self.netns, *super().command()]
 
 
 def start_all(nodes: list[NodeProcess], timeout: float = 60.0) -> float:
     """Start every node's process at once, wait until each API answers; returns the
     ``time.monotonic()`` at which the last API answered. Raises like ``NodeProcess.start``."""
     for node in nodes:
-        node.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(node.log_path, "ab")
-        cmd = node.command() if isinstance(node, NetnsNodeProcess) else _base_command(node)
-        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=node.env, cwd=REPO)
+        node.spawn()
     deadline = time.monotonic() + timeout
     waiting = list(nodes)
     last = time.monotonic()
@@ -500,21 +504,6 @@ def start_all(nodes: list[NodeProcess], timeout: float = 60.0) -> float:
     if waiting:
         raise TimeoutError(f"{len(waiting)} node APIs did not answer within {timeout} s:\n{waiting[0].log_tail()}")
     return last
-
-
-def _base_command(node: NodeProcess) -> list[str]:
-    """The command line ``NodeProcess.start`` uses (kept in step with it)."""
-    return [
-        sys.executable, "-m", "exo_p2p", "node",
-        "--data-dir", str(node.data_dir),
-        "--api-port", str(node.api_port),
-        "--listen-host", "127.0.0.1",
-        "--listen-port", "0",
-        "--log-format", "json",
-        "--cluster", node.cluster,
-        *([] if node.mdns else ["--no-mdns"]),
-        *node.extra_args,
-    ]
 
 
 def libp2p_port(node: NodeProcess) -> int:
@@ -543,7 +532,7 @@ def kill_peer_connections(node: NodeProcess, listen_port: int) -> int:
             continue
         found += 1
         for a, b in ((c.laddr.port, c.raddr.port), (c.raddr.port, c.laddr.port)):
-            _sp.run(["ss", "-K", "sport", "=", f":{a}", "dport", "=", f":{b}"], capture_output=True, timeout=5)
+            subprocess.run(["ss", "-K", "sport", "=", f":{a}", "dport", "=", f":{b}"], capture_output=True, timeout=5)
     return found
 
 

@@ -142,7 +142,8 @@ def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict
 def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import ConnectToGroup
-    from tests.test_pipeline import RunnerProc, free_ports
+    from tests.cluster import free_ports
+    from tests.test_pipeline import RunnerProc
     from worker.runner.protocol import RunnerSetup
 
     ports = free_ports(2)

@@ -300,12 +300,10 @@ def test_flat_out_publish_is_paced_and_unpaced_drops_are_counted(tmp_path: Path)
 
 
 def test_bootstrap_peer_started_later_is_redialled(tmp_path: Path) -> None:
-    import socket
+    from tests.cluster import free_port
 
     async def body() -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()  # b listens there 2.5 s later: not from the ephemeral range
         b_cfg = config(tmp_path, "b", listen_port=port)
         b_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{b_cfg.identity.node_id}"
         async with open_host(config(tmp_path, "a", bootstrap=(b_addr,))) as a:

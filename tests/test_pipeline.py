@@ -13,7 +13,6 @@ Run a rank by hand: ``python -m tests.test_pipeline '<json config>'`` (see ``ran
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.cluster import free_ports  # noqa: E402
 from tests.ranks import child_main, run_rank_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,19 +88,6 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
 
 def layer_split(n_layers: int, world: int) -> list[tuple[int, int]]:
     """Contiguous ranges, as even as possible, earlier ranks taking the remainder."""

@@ -29,7 +29,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.ranks import child_main, run_rank_processes  # noqa: E402
 
-from tests.test_pipeline import RunnerProc, bring_up, free_ports, gen_task, wait_for  # noqa: E402
+from tests.cluster import free_ports  # noqa: E402
+from tests.test_pipeline import RunnerProc, bring_up, gen_task, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
