@@ -465,6 +465,7 @@ def test_beyond_8_nodes_equal_mesh_takes_the_heaviest_nodes_in_order() -> None:
 def test_previews_at_64_nodes_take_well_under_a_second(shape: str) -> None:
     """Issue 4 target is 50 ms (scripts/bench_placement.py); the bound here leaves room for a
     loaded machine but catches the search growing with the number of world sizes again."""
+    import gc
     import random
     import time
 
@@ -474,10 +475,20 @@ def test_previews_at_64_nodes_take_well_under_a_second(shape: str) -> None:
         a, b = rng.sample(range(64), 2)
         state.edges[f"n{a}"][f"n{b}"] = TopologyEdge(f"n{a}", f"n{b}", f"10.1.{a}.{b}", rng.choice(list(RANK)))  # type: ignore[arg-type]
     model = card(64, 400 * GIB, heads=64, kv=8, hidden=8192)
-    start = time.perf_counter()
-    previews = placement_previews(state, model)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, f"previews took {elapsed * 1000:.0f} ms"
+    # the search's own work: this process's CPU time (not other processes' turns on a loaded
+    # machine) with the collector paused (a full collection of the test process's heap, grown
+    # by hundreds of earlier tests, is not the search's; ci19 measured 604 ms of wall time
+    # once where the search alone takes 15-50 ms)
+    gc.collect()
+    gc.disable()
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        previews = placement_previews(state, model)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        gc.enable()
+    print(f"previews: {cpu * 1000:.0f} ms of CPU, {wall * 1000:.0f} ms of wall time")
+    assert cpu < 0.5, f"previews took {cpu * 1000:.0f} ms of CPU ({wall * 1000:.0f} ms of wall time)"
     assert any(p.instance is not None for p in previews)
 
 
