@@ -1,4 +1,4 @@
-"""Token streams checked end to end: positions, in-order delivery, duplicates, gaps (issue 9 item 3).
+"""Token streams checked end to end: positions, in-order delivery, duplicates, gaps.
 
 Rank 0's node numbers every chunk of a task ``1, 2, 3, …`` (``ChunkNumbering``) before it
 leaves for the node that owns the request; that node's ``ChunkOrder`` (one per task)

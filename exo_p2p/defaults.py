@@ -137,7 +137,7 @@ CHUNK_REQUEST_TIMEOUT = 5.0
 CHUNK_RETRY_PAUSE = 0.2
 """Seconds between two tries of a chunk batch."""
 
-# --- models travelling between nodes (issue 13; rules: exo_p2p.models.fetch, master.placement_fetch)
+# --- models travelling between nodes (docs/models.md; rules: exo_p2p.models.fetch, master.placement_fetch)
 MODEL_STREAMS_PER_PEER = 2
 """Chunk requests in flight per holder during one fetch."""
 MODEL_CHUNK_TIMEOUT = 30.0

@@ -88,7 +88,7 @@ class Node:
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
         self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.command)
         self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
-                                + [self.data_dir / "models" / "pulled"])  # pulled from peers (issue 13)
+                                + [self.data_dir / "models" / "pulled"])  # pulled from peers (docs/models.md)
         from exo_p2p.models.depot import ModelDepot
 
         self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=config.fault_hooks)
@@ -106,7 +106,7 @@ class Node:
             kv_cache_bytes=config.kv_cache_bytes,
             fault_hooks=config.fault_hooks,
             runner_env=self._runner_environment(),
-            fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (issue 13)
+            fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (docs/models.md)
         )
         self.replica.listeners.append(self._track_tasks)
         self.replica.listeners.append(self.router.on_event)
@@ -124,7 +124,7 @@ class Node:
         # built in run(), on the open libp2p host
         self.net: Network | None = None
         self.member: ClusterMember | None = None
-        self.pulls = None  # exo_p2p.models.pulls.PullManager once the host is up (issue 13)
+        self.pulls = None  # exo_p2p.models.pulls.PullManager once the host is up
         self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
         self._nursery: trio.Nursery | None = None
         self._master_scope: trio.CancelScope | None = None
@@ -312,7 +312,7 @@ class Node:
                     "layers": list(p.layers_per_node),
                     "bytes": list(p.bytes_per_node),
                     "weights": list(p.weights_per_node),
-                    "fetch_bytes": list(p.fetch_bytes_per_node),  # from peers first (issue 13)
+                    "fetch_bytes": list(p.fetch_bytes_per_node),  # from peers first (docs/models.md)
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
@@ -354,7 +354,7 @@ class Node:
                 cpu_weights=self.config.cpu_weights,
             )
             profile = _with_fault_hooks(profile, self.config.fault_hooks)
-            profile = msgspec.structs.replace(  # models travel between nodes (issue 13)
+            profile = msgspec.structs.replace(  # models travel between nodes (docs/models.md)
                 profile, held_models=self.depot.held(), models_disk_free=self.depot.disk_free() >> 30 << 30)
             # (free disk rounded down to whole GiB: other writers on the disk must not churn it)
             published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
@@ -421,7 +421,7 @@ class Node:
                                  on_progress=on_progress)
 
     async def models_changed(self) -> None:
-        """Re-list this node's models after a pull or a removal (issue 13)."""
+        """Re-list this node's models after a pull or a removal."""
         await self._load_models()
 
     async def _load_models(self) -> None:
@@ -463,14 +463,14 @@ class Node:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.router.bind(nursery)
-                nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (issue 14)
-                nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (issue 9)
+                nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (exo_p2p.chunk_router)
+                nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.orphans)
                 self._install_chunk_faults(nursery)
                 await nursery.start(self._run_member, nursery.cancel_scope)
                 log.debug("start-up", step="member running")
                 await self._load_models()
                 log.debug("start-up", step="models listed")
-                await nursery.start(self.depot.run, net, cfg.listen_host)  # models travel: issue 13
+                await nursery.start(self.depot.run, net, cfg.listen_host)  # models travel: docs/models.md
                 log.debug("start-up", step="depot running")
                 from exo_p2p.models.pulls import PullManager
 

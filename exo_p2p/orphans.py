@@ -1,5 +1,5 @@
-"""Tasks this node submitted whose request is gone here: cancel them (issue 9, long-lived
-clusters).
+"""Tasks this node submitted whose request is gone here: cancel them (what a long-lived
+cluster needs).
 
 A task's ``api_node_id`` owns its client connection. When that connection is gone but the
 task is still unfinished in State, nobody will read its tokens, yet its runner decodes them

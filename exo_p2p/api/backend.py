@@ -58,7 +58,7 @@ class ApiBackend(Protocol):
       after a ``FinishChunk`` or ``ErrorChunk``. The node guarantees an ``ErrorChunk`` if the
       task's instance or runner fails (so reading never hangs forever).
     - ``close_chunks(task_id)``: unregister (idempotent).
-    - ``previews(model_id, nodes)``: placement previews as plain dicts (issue 4), or raise
+    - ``previews(model_id, nodes)``: placement previews as plain dicts (``master.placement``), or raise
       ``KeyError`` for an unknown model.
     - ``event_times(since)``: the node's publish/receive/apply times of event indices
       ``since..`` (an ``exo_p2p.cluster.event_times.EventTimesView``; seconds of

@@ -1,4 +1,4 @@
-"""Endpoints of models travelling between nodes (issue 13).
+"""Endpoints of models travelling between nodes (docs/models.md).
 
 ``POST /models/pull`` (body ``{"model": NAME, "from": NODE|null}``) starts copying a model
 another node holds onto this node (201 with its ``PullStatus``; 400 when no node holds it

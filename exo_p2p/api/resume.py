@@ -1,4 +1,4 @@
-"""When a generation's task fails, whether and how its request moves (issue 14; pure rules).
+"""When a generation's task fails, whether and how its request moves (pure rules).
 
 The requesting node's API knows every token it has sent to the client, so it is the one that
 moves a request: on a failure of the task's instance (a node or runner died, chunks were
@@ -31,8 +31,8 @@ Rules (``on_failure``, ``on_refusal``):
 A request that has not started yet — its submission is refused with a 503 because the
 model's only instances failed and their re-placement loads (``code="loading"`` or
 ``"instance_failed"``) — waits for it the same way (``waits_for_replacement``): submitted
-again every ``RETRY_INTERVAL`` seconds until ``MOVE_BOUND`` seconds, with keep-alives, as
-issue 14 asks of requests not yet started. A model that is loading for the first time (no
+again every ``RETRY_INTERVAL`` seconds until ``MOVE_BOUND`` seconds, with keep-alives, so a
+request not yet started is not lost to the failure either. A model that is loading for the first time (no
 failure behind it) is still answered 503 at once, with ``Retry-After``.
 
 No clock, no I/O: callers pass seconds on any monotonic clock.

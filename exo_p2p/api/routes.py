@@ -151,5 +151,5 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         Route("/instances/{instance_id}", get_instance, methods=["GET"]),
         Route("/instances/{instance_id}", delete_instance, methods=["DELETE"]),
         Route("/debug/event-times", event_times, methods=["GET"]),
-        *model_routes(backend, config.max_body_bytes),  # models travel between nodes (issue 13)
+        *model_routes(backend, config.max_body_bytes),  # models travel between nodes (docs/models.md)
     ]

@@ -213,7 +213,7 @@ class ShardView(msgspec.Struct, frozen=True):
     bytes_total: int | None = None
     bytes_per_second: float | None = None
     """While the shard's node fetches it from peers (status ``downloading``): bytes fetched
-    (those already on disk included), of total, and the speed; None otherwise (issue 13)."""
+    (those already on disk included), of total, and the speed; None otherwise (docs/models.md)."""
 
 
 class InstanceOut(msgspec.Struct, frozen=True):

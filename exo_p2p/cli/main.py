@@ -452,7 +452,7 @@ def models(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> Non
         listed = client.models()
         try:
             cluster = client.request("GET", "/models/cluster")
-        except ApiError:  # a node without models travelling between nodes (issue 13)
+        except ApiError:  # a node without models travelling between nodes (docs/models.md)
             cluster = None
         names = {} if json or not cluster else _node_names(client)
     if json:
@@ -864,4 +864,4 @@ def main() -> None:
     app(prog_name="exo-p2p")
 
 
-from exo_p2p.cli import transfer_cmds  # noqa: E402,F401  (registers `pull` and `rm`, issue 13)
+from exo_p2p.cli import transfer_cmds  # noqa: E402,F401  (registers `pull` and `rm`)

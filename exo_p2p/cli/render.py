@@ -1,7 +1,7 @@
 """How the CLI shows API answers: rich tables for people, ``--json`` shapes for scripts.
 
 The ``*_json`` functions are pure: they keep every field the API sent and guarantee the
-fields scripts rely on (issue 2, item 9) are present (None when the node did not send one).
+fields scripts rely on (docs/cli.md) are present (None when the node did not send one).
 Memory is in bytes everywhere except the tables, which show GiB with one decimal.
 """
 
@@ -164,7 +164,7 @@ def download_text(done: int, total: int, speed: float, width: int = 10) -> str:
 
 def instance_progress(inst: dict) -> str:
     """``"ready"``, ``"downloading [###-------] 30% ..."`` (shards fetched from peers first,
-    issue 13), ``"loading 12/30 layers"`` or ``"failed: <reason>"``."""
+    docs/models.md), ``"loading 12/30 layers"`` or ``"failed: <reason>"``."""
     status = inst.get("status") or "unknown"
     downloading = [s for s in inst.get("shards") or [] if s.get("status") == "downloading"]
     if status == "loading" and downloading:

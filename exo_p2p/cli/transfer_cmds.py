@@ -1,4 +1,4 @@
-"""``exo-p2p pull`` and ``exo-p2p rm``, and the cluster-wide models table (issue 13).
+"""``exo-p2p pull`` and ``exo-p2p rm``, and the cluster-wide models table (docs/models.md).
 
 ``pull MODEL [--from NODE]`` asks this node (``POST /models/pull``) to copy a model another
 node holds, then polls ``GET /models/pulls`` and draws a progress bar with speed until it is

@@ -1,7 +1,7 @@
 """Wait for a placed instance to be ready, showing its phase (preparing, downloading shards,
 connecting ranks, loading layers, warming up) as a progress bar whose clock keeps running
 until the instance is ready: bytes fetched / total and the speed while some rank fetches its
-shard from peers (issue 13), then layers loaded / total."""
+shard from peers (docs/models.md), then layers loaded / total."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who may send commands to the master (pure; issue 9 item 6).
+"""Who may send commands to the master (pure; docs/architecture.md#rules "Commands"; docs/cluster.md).
 
 The master answers a command on ``/exo-p2p/command/1`` only for a member, sending in its own
 name (the envelope's ``origin`` is the peer that opened the stream: libp2p authenticates peer

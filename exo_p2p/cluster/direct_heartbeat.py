@@ -1,4 +1,4 @@
-"""Heartbeats over a direct stream to the master (issue 9 item 8).
+"""Heartbeats over a direct stream to the master (docs/architecture.md#rules "Liveness").
 
 Gossip is the normal path of heartbeats, but GossipSub may keep a restarted peer out of the
 master's mesh for a while (prune backoff, a mesh that is full), and the master then hears

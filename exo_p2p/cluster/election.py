@@ -1,6 +1,6 @@
 """Who is master: deterministic rules over the heartbeats a node has heard (pure).
 
-Rules (docs/architecture.md#request-flow; issue 3 "Election"):
+Rules (docs/architecture.md#rules "Election"):
 
 1. **Follow a sitting master.** Among the nodes heard from within the liveness timeout
    (this node included) that claim to be master, follow the one ranked highest by
@@ -12,7 +12,7 @@ Rules (docs/architecture.md#request-flow; issue 3 "Election"):
    meet (a healed partition, or a lone node joining), the lower one steps down and follows
    the higher one; its divergent events are dropped (the follower's log sync replaces them).
    So a single node that was cut off (a laptop that slept) and claimed mastership alone, at a
-   higher term, never makes the majority drop its committed events (issue 9, item 5).
+   higher term, never makes the majority drop its committed events (the heal rule, ``master_rank``).
    Support is counted from the heartbeats this node holds, not from the claimer's own word,
    so a late (stale) claim of a former master counts only itself.
 2. **Elect when there is none.** When no live node claims mastership, and this node has
@@ -151,7 +151,7 @@ def settle_for(now: float, started_at: float, start_settle: float, failover_sett
     """Seconds of masterless time before an election at ``now`` (module docstring). A node
     that has followed a master since it started (``followed``) is past its start: losing
     that master is a failover (a node restarted a moment before the master died waited the
-    whole start settle, 5 s, as the election's winner: chaos run, issue 9 item 8)."""
+    whole start settle, 5 s, as the election's winner under scripts/chaos.py)."""
     if followed:
         return failover_settle
     return start_settle if now - started_at < 2 * start_settle else failover_settle

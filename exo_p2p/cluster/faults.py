@@ -1,4 +1,4 @@
-"""Tests only: mistreat the gossip messages a node receives (field case B12).
+"""Tests only: mistreat the gossip messages a node receives (dropped, duplicated, reordered: tests/test_gossip_loss.py).
 
 ``GossipFaults`` is the rule (pure apart from its seeded random generator): it decides, one
 received message at a time, whether the message is dropped, delivered twice, or held and

@@ -1,4 +1,4 @@
-"""Who is alive, by this node's monotonic clock only (docs/architecture.md#defaults; field case B13).
+"""Who is alive, by this node's monotonic clock only (docs/architecture.md#defaults; tests/test_election.py).
 
 Each heartbeat received is stamped with the receiver's ``now`` (a monotonic clock injected
 by the caller); a peer is alive while its last heartbeat is younger than ``timeout``

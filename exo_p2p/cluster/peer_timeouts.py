@@ -1,4 +1,4 @@
-"""When the master times a node out (pure; issue 9 item 8).
+"""When the master times a node out (pure; docs/architecture.md#rules "Timeouts").
 
 The master records ``NodeTimedOut`` for a node of State it has not heard from for
 ``timeout`` seconds — counted from the node's last heartbeat, or from the moment this node
@@ -11,21 +11,21 @@ One node is exempt from that grace: the master this node followed and lost just 
 became master (``lost_master``). This node heard that master's heartbeats itself, as its
 follower, until they stopped, so the ordinary rule — ``timeout`` seconds after its last
 heartbeat — is exact for it. A killed master's instances are then failed (and re-placed)
-``timeout`` seconds after its death, not the failover time plus ``timeout`` (chaos run,
-issue 9 item 8: the slow recoveries were master kills).
+``timeout`` seconds after its death, not the failover time plus ``timeout`` (under
+scripts/chaos.py the slow recoveries were master kills).
 
 A node the master has no connection to is gone sooner, after ``disconnected_timeout``
 (``DISCONNECTED_TIMEOUT``) s without a connection and without a sign of life (once a new
 master's grace is over; for the lost master at once): a killed
 node's connection closes within ~0.2 s, and waiting the full timeout only kept a dead node
-listed, so a failed instance was re-placed onto it (chaos run: every node kill spent ~3 s
+listed, so a failed instance was re-placed onto it (under scripts/chaos.py every node kill spent ~3 s
 that way). A live node whose connection to the master dropped is still heard through
 gossip relayed by other peers, and redials within a second.
 
 A node's own local events count as heard from it, like a heartbeat (``last_sign_of_life``):
 a restarted node's profile can reach the master over a direct stream before its first
 heartbeat does, and the master, holding only the dead incarnation's last heartbeat from more
-than ``timeout`` s before, timed the node out again right after it rejoined (chaos run: a
+than ``timeout`` s before, timed the node out again right after it rejoined (under scripts/chaos.py a
 killed node was back in State for 0.4 s, out again, back 1.5 s later).
 """
 

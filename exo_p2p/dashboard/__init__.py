@@ -1,4 +1,4 @@
-"""The dashboard: a browser page every node serves on its API port (issue 16).
+"""The dashboard: a browser page every node serves on its API port.
 
 The page (``static/``: plain ES modules, no build step, nothing loaded from elsewhere) reads
 the same HTTP API the CLI uses — ``GET /state`` and ``GET /instances`` polled every 0.5 s,

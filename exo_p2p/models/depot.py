@@ -1,4 +1,4 @@
-"""A node's side of models travelling between nodes (issue 13): what it can serve, what it
+"""A node's side of models travelling between nodes (docs/models.md): what it can serve, what it
 holds (complete or partial), and fetching chunks from peers.
 
 Layout under ``data_dir/models``:

@@ -1,4 +1,4 @@
-"""Fetch the chunks a node lacks from the peers that hold them (issue 13).
+"""Fetch the chunks a node lacks from the peers that hold them (docs/models.md).
 
 ``fetch_chunks`` runs ``streams_per_peer`` workers per holder; every worker takes the next
 missing chunk that its peer has not failed, asks for it with ``get_chunk(peer, path, index)``

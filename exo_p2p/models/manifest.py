@@ -1,4 +1,4 @@
-"""Manifests of model directories and the chunks a shard needs (issue 13).
+"""Manifests of model directories and the chunks a shard needs (docs/models.md).
 
 Verification design (what every transfer relies on): a file is cut into chunks of at most
 the manifest's ``chunk_bytes``; in a safetensors file the cuts also fall on the header's end

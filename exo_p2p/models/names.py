@@ -1,4 +1,4 @@
-"""Which model names and manifest file paths may become paths on this node's disk (issue 13).
+"""Which model names and manifest file paths may become paths on this node's disk (docs/models.md).
 
 A model name names a directory (``pulled/<name>``, what ``exo-p2p rm`` deletes) and a
 manifest's file path names a file under a copy's directory; both can come from a user or

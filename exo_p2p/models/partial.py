@@ -1,4 +1,4 @@
-"""The on-disk copy of a model being fetched from peers, chunk by chunk (issue 13).
+"""The on-disk copy of a model being fetched from peers, chunk by chunk (docs/models.md).
 
 Layout of one copy (a directory, one per manifest digest)::
 

@@ -1,4 +1,4 @@
-"""The model transfer protocols over the cluster's libp2p connections (issue 13).
+"""The model transfer protocols over the cluster's libp2p connections (docs/models.md).
 
 Two request/response protocols on ``exo_p2p.net.Network`` (one stream per request, bounded by
 ``Network.request``'s timeout and ``max_frame_bytes``, so one chunk of at most

@@ -1,4 +1,4 @@
-"""Whole-model pulls: copy a model another node holds onto this node (issue 13, ``exo-p2p pull``).
+"""Whole-model pulls: copy a model another node holds onto this node (docs/models.md, ``exo-p2p pull``).
 
 ``holders_of`` is the rule (pure, from State): the nodes whose profile lists a *complete*
 manifest of that name (partial copies serve shards, not pulls), narrowed to ``from_node`` when

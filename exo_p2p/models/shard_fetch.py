@@ -1,4 +1,4 @@
-"""A rank's node fetches just its shard of a model it lacks, from the peers holding it (issue 13).
+"""A rank's node fetches just its shard of a model it lacks, from the peers holding it (docs/models.md).
 
 What a rank fetches (``wanted_chunks``): for a pipeline rank of several, the chunks of
 ``exo_p2p.models.manifest.shard_chunks`` (its layers' tensors, the embedding on rank 0, the

@@ -58,7 +58,7 @@ class GossipParams:
     unsubscribe_back_off: int = 1  # seconds (py-libp2p: 10)
     """py-libp2p's 60 s prune backoff kept a node that restarted (same peer id) out of its
     peers' meshes for up to a minute: its heartbeats and local events did not reach the
-    master, so it could not join (chaos run: 45 s). On a LAN cluster of a few nodes graft
+    master, so it could not join for 45 s (scripts/chaos.py). On a LAN cluster of a few nodes graft
     flapping is not a threat worth that."""
     subscription_channel_size: int = 1024  # messages buffered by libp2p per topic
     max_payload_bytes: int = 512 * 1024  # larger messages are refused by publish (RPC cap 1 MiB)

@@ -167,7 +167,7 @@ class Network:
         # One dial per peer at a time, each with its own addresses: the swarm would make a
         # second dial wait for the one in flight and share its result, so a stale bootstrap
         # address being retried made every dial to the peer's current address (from its
-        # State profile) fail with it (chaos run: a restarted node joined only after 16 s).
+        # State profile) fail with it (a restarted node joined only after 16 s under scripts/chaos.py).
         lock = self._dial_locks.setdefault(str(info.peer_id), trio.Lock())
         async with lock:
             if str(info.peer_id) in self.connected_peers():

@@ -23,7 +23,7 @@ closes or resets the connection, the multistream negotiation's first write or re
 multiselect communicator`` at ERROR, then raises ``StreamFailure``, which every caller
 handles (identify and pubsub drop the peer or retry while connected; our requests report a
 failure or retry, ``exo_p2p.net.reqresp``). Seen in 1 of ~20 clean shutdowns with traffic in
-flight (issue 9 item 9, the peer's identify stream on a connection it was resetting). Those
+flight (the peer's identify stream on a connection it was resetting). Those
 records are re-classified to INFO and counted as ``peer_stream_open_failed``; a stream open
 that fails for any other reason (no common protocol, a negotiation timeout) keeps ERROR.
 """

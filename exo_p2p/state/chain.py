@@ -8,7 +8,7 @@ different logs hold different events under equal ``(idx, term)`` pairs. A follow
 compared only terms would append one master's events to the other's prefix and its State
 would differ forever. The chain digest at ``idx`` depends on every event up to ``idx`` (and
 on the State a log starts from after compaction), so equal digests mean equal logs and a
-divergence is seen however the terms collide (chaos run, 2026-11-29).
+divergence is seen however the terms collide (scripts/chaos.py produced such a collision).
 
 ``chain[base] = sha256(canonical State at base)[:16]`` (base 0: the empty State), and
 ``chain[i] = blake2b(chain[i-1] + msgpack(event i), 16 bytes)``. Pure functions.

@@ -20,7 +20,7 @@ class InstanceView(msgspec.Struct, frozen=True):
     not Ready/Running, ``ready`` when all are, ``failed`` with ``reason``. ``layers_loaded``
     / ``layers_total`` sum the loading progress of its runners. ``downloads`` has, per rank
     (``None`` when the rank is not Downloading), its ``RunnerDownloading`` status: bytes of
-    its shard fetched from peers, of total, and speed (issue 13)."""
+    its shard fetched from peers, of total, and speed (docs/models.md)."""
 
     instance: Instance
     status: InstanceStatus

@@ -71,7 +71,7 @@ class Instance(msgspec.Struct, frozen=True):
     long-lived instance that outlives several node restarts."""
     settings: RankSettings | None = None
     model_digest: str = ""
-    """The manifest digest of the placed model (issue 13): what a rank whose node lacks the
+    """The manifest digest of the placed model (docs/models.md): what a rank whose node lacks the
     model fetches from the nodes holding it (``""``: placed by a master before manifests)."""
 
     @property

@@ -1,4 +1,4 @@
-"""A model's manifest: its identity on the wire (issue 13; rules in ``exo_p2p.models.manifest``).
+"""A model's manifest: its identity on the wire (docs/models.md; rules in ``exo_p2p.models.manifest``).
 
 A model is a name plus a manifest: every file of its directory with its size, its chunks
 (byte ranges with their SHA-256), and for a ``.safetensors`` file the byte range of its header

@@ -1,6 +1,6 @@
 """Runner states (docs/architecture.md#rules): Idle → Connecting → Connected → Loading → Loaded →
 WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown; Failed from anywhere. A runner whose
-node lacks the model is Downloading before Idle (its shard's chunks come from peers; issue 13)."""
+node lacks the model is Downloading before Idle (its shard's chunks come from peers: docs/models.md)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ class GenerationParams(msgspec.Struct, frozen=True):
     ``((token_id, bias), …)`` added to the log-probabilities (-100 bans a token). ``stop``
     strings end generation wherever they appear in the new text and are never emitted.
 
-    A resumed request (issue 14, ``exo_p2p.api.resume``): ``resume_tokens`` are the token ids
+    A resumed request (``exo_p2p.api.resume``): ``resume_tokens`` are the token ids
     already generated (and sent to the client) by an earlier task of the same request; the
     runner prefills prompt + them, replays them through detokenizer and stop matcher without
     emitting their text, counts them as completion tokens, and continues. ``origin_task_id``

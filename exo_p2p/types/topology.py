@@ -33,7 +33,7 @@ class NodeProfile(msgspec.Struct, frozen=True):
     ``"auto"`` (float32 when the float32 share fits, else as stored), ``"float32"`` or
     ``"stored"``; a Metal node, and a profile from before the field, say ``"stored"``.
     Placement reads both (``master.placement_split.rank_weights``).
-    ``held_models`` lists the manifests this node holds, complete or partial (issue 13,
+    ``held_models`` lists the manifests this node holds, complete or partial (docs/models.md,
     ``exo_p2p.models.depot``); ``models_disk_free`` is the free bytes of its models dir (rounded down to whole GiB)
     (None: not said, as from nodes before it).
     """

@@ -173,7 +173,7 @@ export function chatModels(instances) {
 
 /** Load progress of an instance view (GET /instances entry) as 0..1. */
 export function loadFraction(view) {
-  // shards fetched from peers first (issue 13): the download's progress until it is done
+  // shards fetched from peers first (docs/models.md): the download's progress until it is done
   if (view.bytes_to_download) return Math.min(1, view.bytes_downloaded / view.bytes_to_download);
   if (!view.layers_total) return view.status === "ready" ? 1 : 0;
   return Math.min(1, view.layers_loaded / view.layers_total);

@@ -159,7 +159,7 @@ export function previewPanel(state, { model, previews, loading, error, placing }
           h("td", {}, (p.nodes || []).map(label).join(" → ") || "—"),
           h("td", {}, (p.layers || []).join(" + ") || "—"),
           h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—",
-            // bytes nodes lacking the model fetch from peers first (issue 13)
+            // bytes nodes lacking the model fetch from peers first (docs/models.md)
             (p.fetch_bytes || []).some((n) => n > 0)
               ? h("span", { class: "muted fetch" }, ` (fetches ${(p.fetch_bytes || []).map(formatBytes).join(" + ")})`)
               : null),
