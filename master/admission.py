@@ -1,5 +1,5 @@
 """Memory admission: refuse a generation whose prompt would not fit in a rank's free memory
-(case B27 part 3, issue 6), before its task is created — so before any prefill.
+(a prompt within the context can still exceed it), before its task is created — so before any prefill.
 
 A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
 
@@ -145,7 +145,7 @@ def oversized_prompt(params: GenerationParams, context_length: int) -> str | Non
 def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
     """An upper bound of the prompt's tokens (see the module docstring): UTF-8 bytes of every
     message's role and content, ``TOKENS_PER_MESSAGE`` per message and ``TEMPLATE_TOKENS``
-    (plus a resumed request's ``resume_tokens``: they are prefilled too, issue 14), capped at
+    (plus a resumed request's ``resume_tokens``: they are prefilled too, ``exo_p2p.api.resume``), capped at
     ``context_length``."""
     total = TEMPLATE_TOKENS + len(params.resume_tokens)
     if params.prompt is not None:

@@ -64,7 +64,7 @@ def handle_command(
     - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
       ready instance → 503 (``code="loading"`` while one loads, else the failure reason);
       no ready instance whose ranks have the free memory for the prompt → 503
-      ``code="out_of_memory"`` (``master.admission``, case B27); ``queue_limit`` unfinished
+      ``code="out_of_memory"`` (``master.admission``: memory admission); ``queue_limit`` unfinished
       tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
       those with the memory, with the least load (ties: instance id; see ``instance_load``),
       preferring instances with no shard on an ``unreachable`` node (one the master does

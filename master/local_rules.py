@@ -1,4 +1,4 @@
-"""Which local events a node may report (pure; issue 6 "Gossip and streams").
+"""Which local events a node may report (pure; docs/architecture.md#wire-and-storage).
 
 A node reports facts about itself only: its profile, the models it holds, its own edges,
 its own runners, and the status of tasks of instances it serves. Every other kind of event

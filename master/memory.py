@@ -1,4 +1,4 @@
-"""Memory a node can still give, from State (issue 9 item 1).
+"""Memory a node can still give, from State (docs/architecture.md#rules "Memory rule").
 
 A node's profile (``memory_available``) is re-published only when its available memory moves
 by 256 MiB, and only once its runners have loaded, so it lags behind the placements the

@@ -1,4 +1,4 @@
-"""Which nodes hold *the same* model under one name (issue 13): placement never mixes
+"""Which nodes hold *the same* model under one name (docs/models.md): placement never mixes
 different manifests under one name.
 
 A node's profile lists the manifests it holds (``NodeProfile.held_models``: name, digest,

@@ -1,4 +1,4 @@
-"""Placement: choose a cycle of nodes and a shard per node for a model (docs/architecture.md#rules, issue 4).
+"""Placement: choose a cycle of nodes and a shard per node for a model (docs/architecture.md#rules).
 
 Pure functions of ``State`` and a ``ModelCard``; no I/O, no clock, no randomness: the same input
 always gives the same ``Instance``.
@@ -261,12 +261,12 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
         if profile.memory_total is None or profile.memory_available is None:
             excluded[node] = "memory not yet reported"
         elif card.model_id not in profile.models:
-            problem = fetcher_problem(state, node, card.model_id)  # issue 13: fetch from peers
+            problem = fetcher_problem(state, node, card.model_id)  # fetch from peers: master.placement_fetch
             if problem is not None:
                 excluded[node] = problem
             elif not holds_model(state, node, card.model_id):
                 fetchers.add(node)
-    # one manifest per name: nodes with other files under the name are not candidates (issue 13)
+    # one manifest per name: nodes with other files under the name are not candidates (master.model_identity)
     for node, reason in mismatched_nodes(state, card.model_id).items():
         excluded.setdefault(node, reason)
     eligible = tuple(n for n in sorted(state.nodes) if n not in excluded)

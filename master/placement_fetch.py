@@ -1,4 +1,4 @@
-"""Placement on nodes that lack the model: which may fetch it, and the disk their shard needs (issue 13).
+"""Placement on nodes that lack the model: which may fetch it, and the disk their shard needs (docs/models.md).
 
 Rules (pure, from ``State`` and the ``ModelCard``):
 

@@ -3,7 +3,7 @@
 Called in a loop with the replicated State and this node's view of its own runners; returns
 the next task to execute, or None when there is nothing to do. Idempotent: a task recorded
 in ``LocalRunner.sent`` is never returned again, so calling ``plan`` twice on the same
-inputs returns the same single task (field case B08).
+inputs returns the same single task (docs/architecture.md#rules "Plan is idempotent").
 """
 
 from __future__ import annotations

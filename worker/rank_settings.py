@@ -1,4 +1,4 @@
-"""What a runner uses for the settings its instance's ranks must share (issue 9 item 4).
+"""What a runner uses for the settings its instance's ranks must share.
 
 Ranks that prefill in chunks of different sizes reach their collectives (the pipeline's
 hidden-state hand-offs, the task agreement between prefill chunks) at different points and

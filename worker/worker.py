@@ -244,7 +244,7 @@ class Worker:
         self._failed[shard.runner_id] = LocalRunner(shard.runner_id, task.instance.instance_id, status)
         self._emit(RunnerStatusUpdated(shard.runner_id, task.instance.instance_id, self.node_id, status))  # type: ignore[arg-type]
 
-    # -- shards fetched from peers (issue 13) ------------------------------------------------
+    # -- shards fetched from peers (docs/models.md) ------------------------------------------
     def _set_download(self, task: CreateRunner, status: RunnerDownloading, scope: trio.CancelScope) -> None:
         rid, iid = task.shard.runner_id, task.instance.instance_id
         self._downloads[rid] = (LocalRunner(rid, iid, status), scope)

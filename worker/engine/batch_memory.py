@@ -1,4 +1,4 @@
-"""Memory-checked joins: whether a sequence may join a runner's batch (issue 12).
+"""Memory-checked joins: whether a sequence may join a runner's continuous batch.
 
 A sequence joins the batch only when the KV cache it can grow to fits beside the batch's
 within the runner's KV budget; otherwise it waits in the queue, and a sequence that could

@@ -5,7 +5,7 @@ environment variables when it initialises: ``MLX_RANK`` (this rank) and ``MLX_HO
 JSON file listing, per rank, the ``"ip:port"`` addresses that rank listens on
 (``[["10.0.0.1:5000"], ["10.0.0.2:5001"], ...]``, as ``mlx.launch`` writes it). We write that
 file from the instance's shards (``ShardMetadata.ring_address``, in rank order): the host list
-comes from the placement, one master-side decision, so every rank uses the same one (case B20).
+comes from the placement, one master-side decision, so every rank uses the same one.
 
 Connection order (measured on mlx 0.32, loopback): rank 0 only *accepts* and waits as long as
 it takes; ranks ≥ 1 *connect* to their neighbours and retry for about 30 s, then fail with
@@ -14,9 +14,9 @@ every other rank must start connecting within ~30 s of it — the ranks that con
 the ranks ≥ 1. The worker's plan sends ``ConnectToGroup`` to every rank at once, which keeps
 them well within that window. ``init_ring`` bounds the wait (``CONNECT_TIMEOUT``, enforced by a watchdog
 process because MLX holds the GIL while it waits) so a rank whose peers never come reports
-Failed and exits instead of hanging (case B16/B17).
+Failed and exits instead of hanging.
 
-The group's size must equal the instance's world_size (case B17): a ring that silently comes
+The group's size must equal the instance's world_size: a ring that silently comes
 up as a group of one is an error, never a fallback.
 """
 
@@ -60,7 +60,7 @@ def hostfile_entries(ring_addresses: Sequence[str]) -> list[list[str]]:
 
 def check_group_size(group: mx.distributed.Group, world_size: int) -> None:
     """Raise ``RuntimeError("expected world size N, got M")`` when the group is not the
-    instance's size (case B17)."""
+    instance's size."""
     if group.size() != world_size:
         raise RuntimeError(f"expected world size {world_size}, got {group.size()}")
 
@@ -94,7 +94,7 @@ def init_ring(
     """Join the ring of ``world_size`` ranks as ``rank`` and return the group.
 
     ``ring_addresses``: every rank's listen address, rank order (None: no hostfile, which
-    must fail — used by the B17 test hook).
+    must fail — used by the ``ring=no_hostfile`` fault hook, ``worker.runner.faults``).
 
     MLX's init holds the GIL while it waits for the neighbours (no Python thread, signal
     handler or heartbeat runs meanwhile), so the bound is a watchdog *process*: when the init

@@ -6,8 +6,8 @@ With ``max_batch`` 1 requests are served one after another in submission order; 
 
 1. accept the next queued request: apply the chat template, check it against the context,
    and return ``PrefillProgressChunk(processed=0)`` — or an ``ErrorChunk`` (HTTP 400) before
-   any model work when the model has no chat template (case B23), the template fails, or
-   the prompt does not fit the context (case B27);
+   any model work when the model has no chat template, the template fails, or
+   the prompt does not fit the context;
 2. prefill one chunk of at most ``prefill_chunk_size`` prompt tokens (as mlx-lm's
    ``generate_step``: every prompt token but the last, in chunks; the last one yields the
    first token), returning ``PrefillProgressChunk(processed, total)``;
@@ -23,7 +23,7 @@ context, max_tokens is clamped to context − N and generation ends with finish_
 "length" there; no max_tokens (None) means until the model stops or the context is full.
 A request with a raw ``prompt`` is tokenized as is (no chat template, no template needed).
 
-Resuming (issue 14): a request with ``resume_tokens`` (the tokens an earlier task of it
+Resuming (``exo_p2p.api.resume``): a request with ``resume_tokens`` (the tokens an earlier task of it
 generated and sent) prefills prompt + those tokens (the same context rule: they count against
 the context), replays them through the detokenizer and the stop matcher without emitting
 their text (the client has it), starts ``completion_tokens`` at their count and the sampler at

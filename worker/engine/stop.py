@@ -1,6 +1,6 @@
 """Stop strings: end generation where one appears in the new text, never emitting any of it.
 
-Field case B25: a stop string may span several tokens and need not be aligned with the
+A stop string may span several tokens and need not be aligned with the
 end of the newest text; a possible partial prefix (``"EN"`` of ``"END"``) is held back, not
 emitted and then retracted.
 """

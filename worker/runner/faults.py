@@ -4,7 +4,7 @@ A runner started without fault hooks gets ``NO_FAULTS``, whose methods do nothin
 (``RunnerSetup.fault_hooks``): ``fail=loading`` raises at the start of the load (the runner
 reports ``Failed``); ``stall=loading`` / ``stall=warmup`` hangs there (its supervisor kills it
 when silent past its bound, ``config.RUNNER_SILENT_LOADING``); ``ring=no_hostfile`` drops the
-ring's host list (field case B17). The same seam for gossip and chunks is
+ring's host list (a ring that must fail to form). The same seam for gossip and chunks is
 ``exo_p2p.cluster.faults``.
 """
 

@@ -17,7 +17,7 @@ decided in rounds that every rank runs at the same points (before each request a
 and prefill chunk, every ``check_every`` decode steps, and every ``IDLE_ROUND_INTERVAL``
 seconds when idle). Each round also re-agrees ``check_every`` from every rank's measured
 decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SECONDS`` of
-decode even when the machine slows down after warm-up (case B15). Every rank reports task status; rank 0 alone emits the chunks (every rank
+decode even when the machine slows down after warm-up (tests/test_cancel.py). Every rank reports task status; rank 0 alone emits the chunks (every rank
 holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
 sent from the main loop only: a rank blocked in a collective because a peer died falls
 silent and its supervisor kills it (docs/architecture.md#defaults).
@@ -87,7 +87,7 @@ MAX_CHECK_EVERY = 16
 """Most decode steps between agreement rounds, however fast decode is. Small because the pace
 is measured on the last interval and decode can slow down ~10× at once when other processes
 take the CPU: 64 steps measured at 100 tokens/s then took over 10 s (a cancel waited that
-long, case B15). A round costs about one pipeline hop, so 1/16 of a step's communication."""
+long). A round costs about one pipeline hop, so 1/16 of a step's communication."""
 
 
 BATCH_CHECK_SECONDS = 0.25
@@ -113,8 +113,8 @@ PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.generator"
 """What a runner imports in the background from its start: MLX, mlx-lm and transformers
 take ~1 s of CPU to import (over 10 s on a loaded machine), time that would otherwise come
 after the lifecycle barriers (every rank created, every rank connected) instead of during
-them — a re-placed 2-node instance spent 11-13 s between Connected and Loading in the chaos
-run (issue 9 item 8). ``load`` imports the same modules; Python's import locks make it wait
+them — a re-placed 2-node instance spent 11-13 s between Connected and Loading under
+scripts/chaos.py. ``load`` imports the same modules; Python's import locks make it wait
 for an import still in flight rather than run it twice."""
 
 
