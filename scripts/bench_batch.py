@@ -1,4 +1,4 @@
-"""Continuous batching through the HTTP API (issue 12): aggregate decode speed by concurrency,
+"""Continuous batching through the HTTP API: aggregate decode speed by concurrency,
 and the TTFT of a request joining a busy batch.
 
 Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded model, or a
@@ -18,7 +18,7 @@ Starts a real ``exo-p2p node`` (``--max-batch``, default 16) with the embedded m
   first turn ran (its KV cached) vs a second turn of the same length whose first turn never
   ran here (nothing cached: the whole prompt is prefilled).
 
-Targets (issue 12, float32 + BLAS engine): 8 streams ≥ 4× one, 16 ≥ 6×, per-stream decode
+Targets (float32 + BLAS engine): 8 streams ≥ 4× one, 16 ≥ 6×, per-stream decode
 at 8 ≥ 0.5× a lone stream, joining TTFT ≤ 2× alone.
 
     .venv/bin/python scripts/bench_batch.py [--max-tokens 48] [--nodes 1|2] [--max-batch 16]

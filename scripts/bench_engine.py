@@ -3,7 +3,7 @@
 Columns, each run in its own fresh process (a BLAS can only be chosen before MLX loads):
 
 - **today** — raw mlx-lm ``stream_generate`` on the stored (quantized) weights with MLX's
-  own BLAS: the engine before issue 11 (on Linux the ``mlx[cpu]`` wheel's reference BLAS);
+  own BLAS: the engine without the CPU-weights path (on Linux the ``mlx[cpu]`` wheel's reference BLAS);
 - **ours** — this project's ``Generator`` on weights loaded the way a CPU runner loads them
   (``--weights float32``: expanded at load) with the optimised BLAS preloaded as the
   supervisor does (``worker.blas.runner_environment``: ``LD_PRELOAD`` + ``OPENBLAS_NUM_THREADS``);
@@ -18,7 +18,7 @@ exactly ``--max-tokens``), ``--runs`` times after one warm-up, the engines' runs
 the medians are printed.
 TTFT: seconds from the call (chat template included) to the first token; prefill tok/s:
 prompt tokens ÷ TTFT; decode tok/s: ``(n − 1) / (t_last − t_first)``. Then the ratios
-ours ÷ today (acceptance: prefill ≥ 10×, decode ≥ 1.8×) and ours ÷ llama.cpp.
+ours ÷ today (targets: prefill ≥ 10×, decode ≥ 1.8×) and ours ÷ llama.cpp.
 
     .venv/bin/python scripts/bench_engine.py                  # the embedded SmolLM2-135M
     .venv/bin/python scripts/bench_engine.py --runs 1 --max-tokens 24   # short
@@ -73,7 +73,7 @@ def run_today(model_dir: Path, max_tokens: int, chunk: int) -> Iterator[dict]:
 
     from worker.engine.loader import load_all
 
-    loaded = load_all(model_dir)  # stored weights, MLX's own BLAS: the engine before issue 11
+    loaded = load_all(model_dir)  # stored weights, MLX's own BLAS: the engine without the CPU-weights path
     tok = copy.copy(loaded.tokenizer)
     tok.eos_token_ids = set()
     while True:

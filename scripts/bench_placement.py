@@ -1,4 +1,4 @@
-"""Time placement and previews on synthetic clusters of 8, 16, 32 and 64 nodes (issue 4).
+"""Time placement and previews on synthetic clusters of 8, 16, 32 and 64 nodes.
 
 Shapes: ``mesh`` (every node reaches every other over Ethernet) and ``sparse`` (a two-way
 ring plus ``n`` random extra one-way edges; mixed Thunderbolt/Ethernet/Wi-Fi links). Node
@@ -7,7 +7,7 @@ model is a 64-layer card of ``--model-gib`` GiB (default 400: needs several node
 
 Prints, per shape and size, the median over ``--repeat`` runs of one ``place_instance``
 (pipeline, min_nodes=1) and of one ``placement_previews`` (pipeline and tensor, world sizes
-1..n), in milliseconds. Target: placement and previews <= 50 ms each at 64 nodes (issue 4).
+1..n), in milliseconds. Target: placement and previews <= 50 ms each at 64 nodes (tests/test_placement.py bounds it).
 
     python scripts/bench_placement.py [--repeat 5] [--model-gib 400] [--seed 1]
 """

@@ -4,7 +4,7 @@ Alternates (a) mlx-lm ``stream_generate`` in this process and (b) a streaming ch
 completion through a real ``exo-p2p node`` (started here, stopped at the end), ``--runs``
 times each, and prints medians and the ratios of decode tokens/s
 (``completion_tokens / (t_last − t_first)``) and TTFT (request start → first token).
-Targets (issue 2): decode ratio ≥ 0.95, TTFT ratio ≤ 1.05.
+Targets (docs/benchmarks.md): decode ratio ≥ 0.95, TTFT ratio ≤ 1.05.
 
     .venv/bin/python scripts/bench_single.py [--runs 7] [--max-tokens 64]
 """

@@ -10,8 +10,8 @@ file, and a plain TCP server sending the same bytes); the fetching side runs in 
 3. bulk path (``exo_p2p.models.bulk``: a ticket over libp2p, bytes over TCP, verified the same
    way), 1 source, then 2.
 
-Prints each throughput (MB/s) and the ratios to TCP and 2 sources ÷ 1. Target (issue
-13): libp2p ÷ TCP ≥ 0.5. ``--secret`` runs the hosts in a private network (PSK), as a node
+Prints each throughput (MB/s) and the ratios to TCP and 2 sources ÷ 1. Target
+(docs/models.md): libp2p ÷ TCP ≥ 0.5. ``--secret`` runs the hosts in a private network (PSK), as a node
 with ``--cluster-secret`` does.
 
     .venv/bin/python scripts/bench_transfer.py --mb 512 --sources 2

@@ -32,12 +32,12 @@ Printed at the end:
   from 1 (a hole is a lost event);
 - the worst time from a fault to the error of a request that was open when it happened;
 - requests moved to another instance after a failure and requests that failed after one
-  (issue 14), summed from every node's ``/state`` counters (sampled after each round, so a
+  (``exo_p2p.api.resume``), summed from every node's ``/state`` counters (sampled after each round, so a
   node killed before it was sampled loses its last few counts).
 
 Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]
 [--layout pipeline|replicas] [--timeline]``: ``--layout replicas`` places two 1-node instances
-on distinct nodes instead of one 2-node instance (issue 14: instances on at least 2 nodes, so
+on distinct nodes instead of one 2-node instance (instances on at least 2 nodes, so
 a request can move to a ready instance at once); ``--timeline`` prints, after each round,
 what changed in State since the fault (master, nodes, instances, runner statuses), to see
 what a recovery spent its time on.
@@ -80,7 +80,7 @@ from tests.cluster import (  # noqa: E402
 
 MODEL = "tiny"
 #: docs/architecture.md#defaults: a request ends with an error within 10 s of a node or runner death, 15 s of
-#: a link drop; the chaos run allows 5 s more (the acceptance of issue 6).
+#: a link drop; the chaos run allows 5 s more (``SLACK``).
 BOUND = {"kill_node": 10.0, "kill_master": 10.0, "kill_runner": 10.0, "drop_link": 15.0}
 SLACK = 5.0
 NO_FAULT_BOUND = 60.0
@@ -501,7 +501,7 @@ def main() -> int:
         ("run time", f"{elapsed:.0f} s", f"{args.clients} clients, max_tokens {args.max_tokens}"),
         ("requests sent", str(len(reqs)), ""),
         ("completed", str(completed), ""),
-        ("failed with an error", str(failed), f"{100 * failed / max(1, len(reqs)):.1f} % of those sent (issue 14: <= 2 %); HTTP error, SSE error event or transport error"),
+        ("failed with an error", str(failed), f"{100 * failed / max(1, len(reqs)):.1f} % of those sent (target: <= 2 %); HTTP error, SSE error event or transport error"),
         ("  of which API node killed", str(own_killed), "transport error: the request's own API node was SIGKILLed while it was open"),
         ("  of which cluster side", str(failed - own_killed), f"{100 * (failed - own_killed) / max(1, len(reqs)):.1f} % of those sent: every other failure"),
         ("moved after a failure", str(sum(m for m, _ in run.moves.values())), "continuations accepted (node counters)"),

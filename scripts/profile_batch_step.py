@@ -1,4 +1,4 @@
-"""Where one batched decode step's time goes (issue 12), on the embedded model in this
+"""Where one batched decode step's time goes (continuous batching), on the embedded model in this
 process (float32 weights, the optimised BLAS preloaded as a runner preloads it).
 
 For each batch size B it fills a generator's batch with B greedy sequences, then times

@@ -1,4 +1,4 @@
-"""Where a restarted node's rejoin time goes (issue 9 item 8).
+"""Where a restarted node's rejoin time goes (docs/architecture.md#rules "Timeouts").
 
 A 3-node cluster of real ``exo-p2p node`` processes on 127.0.0.1 (tiny synthetic model, no
 download) serving one 2-node instance. Each round SIGKILLs one follower's node process,
