@@ -32,8 +32,7 @@ def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports on 127.0.0.1 for listeners started later (node APIs, libp2p
     hosts, MLX ring ranks), outside the ephemeral range: a port the kernel handed out for
     ``bind(0)`` can be taken, before the listener binds it, as the local port of any outgoing
-    connection on the machine (a clean-clone run lost a node start to "port … is in use" that
-    way, ci15). Ports below the range are never given out implicitly; picked at random among
+    connection on the machine (then the node's start fails with "port … is in use"). Ports below the range are never given out implicitly; picked at random among
     them, below the ring ports placement hands out (``master.placement.RING_BASE_PORT`` and
     up), and checked free by binding. Falls back to ``bind(0)`` when the range leaves too
     little room below it."""

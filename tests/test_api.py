@@ -704,7 +704,7 @@ def test_models_state_and_nodes() -> None:
 
 def test_instances_crud_shapes() -> None:
     shard_keys = {"node_id", "runner_id", "rank", "start_layer", "end_layer", "share_bytes", "status", "weights_dtype",
-                  "bytes_done", "bytes_total", "bytes_per_second"}  # the last three: while downloading (issue 13)
+                  "bytes_done", "bytes_total", "bytes_per_second"}  # the last three: while downloading (docs/models.md)
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         r = await client.post("/instances", json={"model": "default", "min_nodes": 1, "sharding": "pipeline", "nodes": "node-a, ,b"})

@@ -178,7 +178,7 @@ def test_should_not_retry_rule() -> None:
 
 
 def test_cross_site_form_posts_and_foreign_origins_change_nothing() -> None:
-    """Issue 9 item 7: a page on another site can neither place nor delete nor chat."""
+    """A page on another site can neither place nor delete nor chat."""
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         form = {"model": MODEL}

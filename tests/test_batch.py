@@ -1,4 +1,4 @@
-"""Continuous batching (issue 12): the generator's batch path on the tiny synthetic model,
+"""Continuous batching: the generator's batch path on the tiny synthetic model,
 in process and across two pipeline runner ranks.
 
 Every request of a batch must produce exactly the tokens it produces alone (greedy and

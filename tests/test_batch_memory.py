@@ -1,4 +1,4 @@
-"""Memory-checked joins (issue 12): the rule (``worker.engine.batch_memory``) against mlx-lm's
+"""Memory-checked joins of the continuous batch: the rule (``worker.engine.batch_memory``) against mlx-lm's
 real left-padded ``BatchKVCache``, and the generator holding to it.
 
 - the bound ``peak_batch_tokens`` is never exceeded by the real cache's buffers, whatever the

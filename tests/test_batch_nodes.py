@@ -1,4 +1,4 @@
-"""Continuous batching on real node processes (issue 12): 12 concurrent chat requests with
+"""Continuous batching on real node processes: 12 concurrent chat requests with
 different prompt lengths, max_tokens, stop strings and seeds on a 1-node and on a 2-node
 pipeline instance of the tiny synthetic model (``--max-batch 16``), one more
 streamed and cancelled midway by closing its connection. Each answer equals the request's

@@ -1,4 +1,4 @@
-"""The prompt cache on a multi-rank instance (issue 12): rank 0 decides the reused prefix
+"""The prompt cache on a multi-rank instance: rank 0 decides the reused prefix
 length and every rank reuses that length (``Generator.reuse_gather``), so a second turn of a
 conversation on a 2-rank pipeline prefills only its new tokens and answers exactly as a run
 without the cache."""

@@ -1,4 +1,4 @@
-"""A hostile or careless peer and user against the model transfer path (issue 13), without
+"""A hostile or careless peer and user against the model transfer path (docs/models.md), without
 processes: manifests whose digest is right but whose paths or ranges are not, and model names
 that would name a directory above the pulled models."""
 

@@ -1,4 +1,4 @@
-"""Cancellation is agreed across ranks and always completes (field case B15, issue 5).
+"""Cancellation is agreed across ranks and always completes.
 
 A 2-rank pipeline instance of the tiny synthetic model on 2 real node processes. A client
 streams a long request (``max_tokens`` 1000) and closes the connection after 5 content
@@ -8,8 +8,8 @@ leaves State on both nodes and both runners are back to Ready within 5 s of the 
 task ended ``cancelled`` on both ranks (each supervisor's "runner task ended" log line), and
 the completion tokens rank 0 reports are ≤ the tokens it had sent + 2. After 20 cancels: no
 task left in State (count back to its baseline) and a normal greedy request returns 200 with
-the same output as before the cancels. Part (2) of B15 (a cancel that reaches one rank
-only) is covered by tests/test_agreement.py (simulated ranks) and tests/test_pipeline.py
+the same output as before the cancels. A cancel that reaches one rank
+only is covered by tests/test_agreement.py (simulated ranks) and tests/test_pipeline.py
 (real runners, cancel sent to rank 1 only); tests/test_sharded.py covers one cancel among
 concurrent requests. Measured figures are printed (run with ``-s``).
 """
@@ -27,7 +27,7 @@ from tests.cluster import Cluster, states, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-STOP_BOUND = 5.0  # B15: runners back to Ready within 5 s of the client closing
+STOP_BOUND = 5.0  # runners back to Ready within 5 s of the client closing
 CYCLES = 20
 READ_TOKENS = 5
 LONG = 1000
@@ -144,7 +144,7 @@ def test_cancel_stops_both_ranks_and_twenty_cancels_leave_nothing_behind(tmp_pat
             assert [r["status"]["kind"] for r in runners] == ["ready", "ready"]
         assert len(a.children()) >= 1 and len(b.children()) >= 1  # the same runners still serve
         assert greedy() == reference
-        print(f"\nB15: {CYCLES} cancels, stop after close: max {max(stop_times):.2f} s, "
+        print(f"\ncancels: {CYCLES} cancels, stop after close: max {max(stop_times):.2f} s, "
               f"mean {sum(stop_times) / len(stop_times):.2f} s; cancel request seen in State after: "
               f"{[round(t, 2) for t in request_times]} s; (reported, sent) tokens: {reported}")
     finally:

@@ -1,4 +1,4 @@
-"""Token streams checked end to end (issue 9 item 3, ``exo_p2p.chunk_order``): every chunk
+"""Token streams checked end to end (``exo_p2p.chunk_order``): every chunk
 of a task carries its position; the requesting node delivers in order, drops duplicates,
 and ends the request with an error when a gap does not fill within ``GAP_BOUND``."""
 
@@ -215,7 +215,7 @@ def test_loss_duplication_and_reordering_on_the_chunk_stream(tmp_path, models_di
     only); C serves ``tiny2`` and also drops chunks. The answer through A must equal the one
     B or C gives its own API (local chunks, no faults) — exactly, for B; for C exactly, or
     a prefix of it ended by an error (never wrong text) — and nothing hangs."""
-    # moves off (issue 14): this test checks the gap's error path; a moved request would
+    # moves off (exo_p2p.api.resume): this test checks the gap's error path; a moved request would
     # hide it (tests/test_resume*.py cover moves)
     a = NodeProcess(tmp_path / "a", extra_args=["--max-moves", "0"])
     nodes = [a]
@@ -230,7 +230,7 @@ def test_loss_duplication_and_reordering_on_the_chunk_stream(tmp_path, models_di
         c.start()
         wait_until(lambda: converged(nodes, 3), 30, what="3-node cluster")
         for model, holder in (("tiny", b), ("tiny2", c)):
-            # on its holder: A could fetch the model and serve it itself (models travel, issue 13)
+            # on its holder: A could fetch the model and serve it itself (models travel: docs/models.md)
             r = a.post("/instances", json={"model": model, "nodes": [state_of(holder)["node_id"]]})
             assert r.status_code == 201, r.text
             iid = r.json()["instance_id"]

@@ -1,4 +1,4 @@
-"""The ``exo-p2p`` CLI against a fake node API served on 127.0.0.1 (issue 2 item 9, issue 4).
+"""The ``exo-p2p`` CLI against a fake node API served on 127.0.0.1 (docs/cli.md).
 
 The fake API (``FakeNode``) speaks the node's HTTP API (``/nodes``, ``/models``, ``/state``,
 ``/instances``, ``/instances/previews``, ``/v1/chat/completions`` with SSE) from a stdlib
@@ -811,7 +811,7 @@ def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
 
 
 def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, tmp_path):
-    """Issue 17 item 7: an explicit --api (or EXO_P2P_API) that answers nothing is an error,
+    """An explicit --api (or EXO_P2P_API) that answers nothing is an error,
     not a reason to start a node elsewhere."""
     _fake_node_command(monkeypatch)
     url = f"http://127.0.0.1:{closed_port()}"
@@ -824,7 +824,7 @@ def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, 
 
 
 def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
-    """Issue 17 item 10: the node `run` starts is private (own cluster, no mDNS, loopback)."""
+    """The node `run` starts is private (own cluster, no mDNS, loopback)."""
     from exo_p2p.cli.local_node import node_command
 
     argv = node_command(5000, tmp_path)
@@ -911,7 +911,7 @@ def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
         out, err = cli.communicate(timeout=30)
         assert cli.returncode == 130
         assert "Traceback" not in err and "error" not in err
-        # issue 17 item 9: it says the instance stays placed and how to delete it
+        # it says the instance stays placed and how to delete it
         instance_id = placed.split("as instance ", 1)[1].split()[0]
         assert f"instance {instance_id} stays placed and keeps loading" in err, err
         assert f"exo-p2p delete {instance_id}" in err
@@ -942,7 +942,7 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
     assert left == []
 
 
-# -- issue 17: a command line a new user trusts ---------------------------------------------
+# -- a command line a new user trusts -------------------------------------------------------
 
 
 def test_length_limit_is_said_on_stderr(served):
@@ -1038,7 +1038,7 @@ def test_placing_a_model_twice_needs_replica(served):
 
 
 def test_placing_a_model_twice_asks_in_a_terminal(served):
-    """Issue 17 item 8, in a terminal: `place` asks before adding a replica; "n" places
+    """In a terminal, `place` asks before adding a replica; "n" places
     nothing, "y" places the replica."""
     import pty
 
@@ -1101,7 +1101,7 @@ def test_ps_ls_aliases_and_stop_model(served):
     assert result.stdout.count("deleted instance") == 2
     result = invoke(["stop", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 1 and error_lines(result) == ["error: no instance of smollm2-135m-instruct is placed (see `exo-p2p instances`)"]
-    # `rm` deletes a model's pulled/fetched files from this node (issue 13), as in ollama
+    # `rm` deletes a model's pulled/fetched files from this node (docs/models.md), as in ollama
     assert invoke(["rm", "x", "--api", served.url]).exit_code == 1
 
 
@@ -1192,7 +1192,7 @@ def test_repl_leaves_a_newline_on_ctrl_c(served):
 
 
 def test_client_waits_for_a_local_node_that_is_starting(tmp_path):
-    """Issue 17 item 1: `exo-p2p node & exo-p2p models` — the client waits (a few seconds)
+    """`exo-p2p node & exo-p2p models` — the client waits (a few seconds)
     for the node that is starting instead of failing with "connection refused"."""
     port = closed_port()
     url = f"http://127.0.0.1:{port}"
@@ -1222,7 +1222,7 @@ def test_client_waits_for_a_local_node_that_is_starting(tmp_path):
 
 
 def test_runner_output_becomes_json_lines(tmp_path):
-    """Issue 17 item 2: with --log-format json a runner's prints, warnings and traceback are
+    """With --log-format json a runner's prints, warnings and traceback are
     JSON lines too (the node sets the runner's log settings in its environment)."""
     code = (
         "from exo_p2p.logging import configure_runner_output; configure_runner_output(); "
@@ -1239,7 +1239,7 @@ def test_runner_output_becomes_json_lines(tmp_path):
 
 
 def test_node_log_lines_carry_the_node_name_and_json_parses(tmp_path):
-    """Issue 17 item 2, in a real node process that cannot start (its port is taken): every
+    """JSON logs in a real node process that cannot start (its port is taken): every
     line of its JSON log file parses and names the node; the terminal gets the one-line
     error only."""
     with socket.socket() as taken:

@@ -1,4 +1,4 @@
-"""The CLI against real node processes (issue 17): the README's two-node recipe run as a
+"""The CLI against real node processes (docs/cli.md): the README's two-node recipe run as a
 script, JSON node logs that parse line by line and name their node, ``doctor`` on a 2-node
 cluster and on a node that sees nobody (its peer refuses it: another cluster secret), and
 the hint for an ``--api`` that points at a libp2p port. The tiny synthetic model keeps it
@@ -57,7 +57,7 @@ def clean_env(**extra: str) -> dict:
 
 
 def test_readme_two_node_recipe_works_pasted_as_a_block(tmp_path, models_dir):
-    """Issue 17 item 1 and 2: the recipe, run as one script right away (no sleeps), places
+    """The recipe, run as one script right away (no sleeps), places
     the model on both nodes and answers; node logs stay out of the terminal, in files whose
     every line is JSON naming its node; routine messages are below info. Ports, data dirs
     and the model are the test's own (free ports, the tiny model, a private cluster name)."""
@@ -124,7 +124,7 @@ def _doctor(node: NodeProcess, *extra: str) -> str:
 
 
 def test_doctor_on_a_two_node_cluster_and_on_a_node_that_sees_nobody(tmp_path):
-    """Issue 17 doctor: on a member of a 2-node cluster it lists the peer as reachable; on a
+    """``doctor``: on a member of a 2-node cluster it lists the peer as reachable; on a
     node whose bootstrap peer refuses it (another cluster secret) it says refused, that it
     sees nobody and the firewall hint. Every node log line is JSON (libp2p's included)."""
     cluster = f"doctor-{os.getpid()}"
@@ -157,7 +157,7 @@ def test_doctor_on_a_two_node_cluster_and_on_a_node_that_sees_nobody(tmp_path):
         assert "do not share the cluster secret" in report
         assert "hint: this node sees no other node." in report and "hint: firewall: allow TCP port" in report
 
-        # item 11: --api pointing at a libp2p port says so and names the API
+        # --api pointing at a libp2p port says so and names the API
         port = boot.split("/")[4]
         proc = subprocess.run([sys.executable, "-m", "exo_p2p", "nodes", "--api", f"127.0.0.1:{port}"],
                               capture_output=True, text=True, env=clean_env(), timeout=60)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Multi-node cluster formation and failover with real node processes on 127.0.0.1 (issue 3)."""
+"""Multi-node cluster formation and failover with real node processes on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Churn, quick master restart and duplicate identity with real node processes on 127.0.0.1
-(issue 3; field cases B22, B10, B28).
+"""Churn, quick master restart and duplicate identity with real node processes on 127.0.0.1.
 
-Churn (B22): node C's libp2p TCP connections are aborted every 0.3 s for ~30 s
+Churn: node C's libp2p TCP connections are aborted every 0.3 s for ~30 s
 (``ss -K`` on both ends, root: a real disconnect, each time followed by C's re-dial) while
 chat requests through the master's API keep the master sequencing ~10 events/s (each chat
 to a 1-node synthetic-model instance on node B is a command plus runner/task events from
@@ -140,7 +139,7 @@ def test_churn_one_node_while_the_master_sequences(tmp_path, models_dir):
 
 
 def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
-    """B10 (1): restart only the master's process (same node id) at once: within 5 s of its
+    """Quick master restart: restart only the master's process (same node id) at once: within 5 s of its
     API answering again there is exactly one master that all three agree on (same term), the
     restarted node's term is at least its term before, and a placement is accepted."""
     cluster = Cluster(tmp_path, 3, extra_args=["--models-dir", str(models_dir)])
@@ -192,7 +191,7 @@ def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
 
 
 def test_duplicate_identity_is_refused_and_new_identity_fixes_it(tmp_path, models_dir):
-    """Issue 3 §1: a copied data dir (same identity.key) started with bootstrap to the
+    """Duplicate identity: a copied data dir (same identity.key) started with bootstrap to the
     original: the node that sees its own id with another boot id refuses to join and says
     why (exit code 1 and the reason on stderr); ``--new-identity`` starts a fresh id that joins."""
     nodes: list[NodeProcess] = []

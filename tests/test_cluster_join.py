@@ -1,5 +1,5 @@
-"""Joining a closed cluster in two commands, with real node processes on 127.0.0.1 (issue 9
-item 6): ``exo-p2p invite`` on a member prints a join token; ``exo-p2p node --join TOKEN``
+"""Joining a closed cluster in two commands, with real node processes on 127.0.0.1
+(docs/cluster.md): ``exo-p2p invite`` on a member prints a join token; ``exo-p2p node --join TOKEN``
 on a new machine keeps the secret in its data dir and joins; a restart needs no flag. An open
 node says at start that the cluster is open, and ``invite`` there says how to close it.
 """

@@ -1,5 +1,5 @@
-"""Clusters on a LAN made of network namespaces (root; docs/architecture.md#testing; issue 3 "Partition and
-heal", "Zero configuration"; field case B18).
+"""Clusters on a LAN made of network namespaces (root; docs/architecture.md#testing): partition and
+heal, zero configuration, one master per cluster (docs/cluster.md).
 
 Each node runs in its own namespace (``ip netns exec``) with one veth on a Linux bridge; the
 test reaches the APIs from the host over a bridge. Names and subnets are unique per test and
@@ -63,8 +63,8 @@ def test_partition_then_heal_keeps_the_majoritys_work(tmp_path, models_dir):
     """3 nodes split 1|2 by taking a follower's link down: the lone node claims mastership
     alone at a higher term, while the pair's master keeps going and places an instance.
     After the link comes back the cluster has one master, the pair's (the side that kept the
-    cluster going wins: more live nodes, then more committed events, then the term; issue 9
-    item 5), and one log: the pair's events are kept (same or higher last index, the
+    cluster going wins: more live nodes, then more committed events, then the term: the heal
+    rule, ``election.master_rank``), and one log: the pair's events are kept (same or higher last index, the
     instance placed during the partition still ready), the lone node's are dropped. Under the
     old (term, priority, node id) rule the lone node won and the instance was deleted."""
     name = unique_cluster("ph")

@@ -1,5 +1,5 @@
-"""Cluster separation and private clusters with real node processes on 127.0.0.1 (issue 3,
-"Cluster separation and security"; field case B18's "one master per cluster").
+"""Cluster separation and private clusters with real node processes on 127.0.0.1
+(docs/cluster.md: one master per cluster).
 
 Two clusters share one cluster *name* and differ only in their ``--cluster-secret`` (made by
 ``exo-p2p cluster-secret FILE``), so only the PSK keeps them apart; a node of one cluster is

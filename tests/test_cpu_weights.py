@@ -1,4 +1,4 @@
-"""Linux CPU nodes at BLAS speed (issue 11): the runner really runs OpenBLAS, and placement
+"""Linux CPU nodes at BLAS speed: the runner really runs OpenBLAS, and placement
 decides each rank's weights (float32 or stored) and counts the bytes the runner holds.
 
 Real node processes on 127.0.0.1 with the embedded SmolLM2-135M (stored 4-bit: 98 MB;

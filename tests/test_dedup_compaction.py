@@ -1,4 +1,4 @@
-"""De-duplication survives log compaction and failover (issue 9 item 2): the per-origin
+"""De-duplication survives log compaction and failover: the per-origin
 sequence numbers are in State (``State.origin_seqs``), so a snapshot carries them under the
 State hash, and a master built from snapshot + tail de-duplicates like one built from the
 whole log (``master.sequencer``)."""
@@ -137,8 +137,8 @@ def test_origin_idle_since_before_a_compaction_is_indexed_after_failover(tmp_pat
             if not c_in_tail() and _snapshot(b) is not None:
                 break
             # on A: placement may put a 1-node instance on any node that can fetch the model
-            # (issue 13) and, among equal nodes, picks the smallest id — C in 1 run of 3, which
-            # then fetched and ran all 8 and was never idle (ci12)
+            # (docs/models.md) and, among equal nodes, picks the smallest id — C, which would
+            # then fetch and run all 8 and never be idle
             view = a.place_and_wait(MODEL, timeout=60, nodes=[ids["a"]])
             assert httpx.delete(a.url + f"/instances/{view['instance_id']}", timeout=30).status_code == 200
             wait_until(lambda: (s := state_of(b)) is not None and not s["instances"], 10, what="instance gone on B")

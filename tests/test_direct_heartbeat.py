@@ -1,4 +1,4 @@
-"""Liveness does not depend on gossip (issue 9 item 8), with real node processes on 127.0.0.1.
+"""Liveness does not depend on gossip (``exo_p2p.cluster.direct_heartbeat``), with real node processes on 127.0.0.1.
 
 A follower started with ``--fault-hook heartbeat_gossip_off=1`` publishes no heartbeat on
 gossip (as if GossipSub never delivered its heartbeats to the master, the case of a restarted

@@ -1,4 +1,4 @@
-"""Shards fetched from peers as the API and CLI show them (issue 13): the instance view's
+"""Shards fetched from peers as the API and CLI show them (docs/models.md): the instance view's
 figures per rank, the place bar's downloading phase with bytes and speed, the instances table's
 text bar, the previews' bytes to fetch."""
 

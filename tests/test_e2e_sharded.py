@@ -1,4 +1,4 @@
-"""The embedded model over 1, 2 and 3 pipeline ranks on real node processes (issue 5):
+"""The embedded model over 1, 2 and 3 pipeline ranks on real node processes:
 greedy output is identical token for token (same prefill chunk size)."""
 
 from __future__ import annotations

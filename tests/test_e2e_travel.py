@@ -1,4 +1,4 @@
-"""The embedded model travels (issue 13): copied into node A's models dir under another name,
+"""The embedded model travels (docs/models.md): copied into node A's models dir under another name,
 so only A holds it, it is placed across A and B; B fetches its shard from A and the instance
 answers the Paris prompt."""
 

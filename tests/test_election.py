@@ -1,19 +1,19 @@
-"""Election and liveness rules, as pure unit tests (no processes, no sockets): field cases
-B10 (parts 2 and 3) and B13 (user-reported failure scenarios).
+"""Election and liveness rules, as pure unit tests (no processes, no sockets): a late
+message, same-term claims, liveness by the receiver's clock (user-reported failure scenarios).
 
-How the field cases map onto this design (no campaign messages; a claim rides in a heartbeat,
+How the scenarios map onto this design (no campaign messages; a claim rides in a heartbeat,
 ``hb.master == hb.node_id``; a term is claimed without votes, election rule 2; logs are
 matched by a hash chain because two cut-off nodes can claim the same term):
 
-- B10 (2) "a late message does not flip the master": a delayed heartbeat of a former master
+- "A late message does not flip the master": a delayed heartbeat of a former master
   claiming an older term reaches nodes that already follow a newer claim; ``decide`` ranks
   claims by ``(term, priority, node_id)``, so the old claim loses and no node changes master.
-- B10 (3) "a same-term candidacy when no campaign runs": there is no campaign state to be in;
+- "A same-term candidacy when no campaign runs": there is no campaign state to be in;
   ``decide`` is evaluated on every pass of the election loop over whatever heartbeats are
   live, so a second claim at the same term is always evaluated, and every node that holds both
   claims picks the same one. "Stale-clock messages get a reply carrying the current term": a
   node with a stale term that hears a live master's higher term adopts it (``ElectionDecision.term``).
-- B13: liveness is stamped with the receiver's monotonic clock (``Liveness``; heartbeats carry
+- Liveness is stamped with the receiver's monotonic clock (``Liveness``; heartbeats carry
   no time), and ``apply`` reads no clock, so replay gives the same State hash on any machine.
 
 ``Sim`` below is a small deterministic simulator of many nodes, each stepping the real
@@ -175,7 +175,7 @@ def master_changes(node: SimNode, initial: str | None) -> int:
     return sum(a != b for a, b in itertools.pairwise(seq))
 
 
-# --- B10 (2): a late message does not flip the master -------------------------------------------
+# --- a late message does not flip the master -------------------------------------------------
 CUT, HEAL = 2.0, 12.0
 
 
@@ -201,7 +201,7 @@ def _three_following_a() -> Sim:
 
 
 def test_late_claim_of_an_older_term_does_not_flip_the_master():
-    """B10 (2) scripted: A (master, term 3) is cut off from B and C at t=2 s; its heartbeat
+    """A late message, scripted: A (master, term 3) is cut off from B and C at t=2 s; its heartbeat
     sent at t=2 s is delayed 7 s. B and C time A out after ``peer_timeout``, elect C at term 4
     (``failover_settle`` later), then receive A's stale term-3 claim at t≈9 s: both keep
     following C. At t=12 s the link heals: A hears C's term-4 claim and steps down to follow
@@ -239,14 +239,14 @@ def test_late_claim_of_an_older_term_does_not_flip_the_master():
     heal=st.sampled_from([None, HEAL, 20.0]),
 )
 def test_late_claim_at_any_time_changes_master_at_most_once(late_at, receivers, heal):
-    """B10 (2) over arrival times: A's stale term-3 claim arrives at ``late_at`` at any subset
+    """A late message over arrival times: A's stale term-3 claim arrives at ``late_at`` at any subset
     of B, C (before, during or after the election of C; before or after the heal). Because
     the receiver stamps a heartbeat with its arrival time, a late claim makes A look alive for
     up to ``peer_timeout``, which may delay the election, but never makes a node go back to a
     master it left: each node changes master at most once, and once the late message has
     expired and the link is healed (or stays cut), B and C agree on one (master, term).
 
-    One return is the heal rule at work, not a flip (issue 9 item 5, ``election.master_rank``):
+    One return is the heal rule at work, not a flip (``election.master_rank``):
     when the late claim reached B just as C claimed, B stayed with A, so at the heal A's side
     (A and B) is the larger one and C, which claimed alone, goes back to A — once."""
     sim = _three_following_a()
@@ -267,7 +267,7 @@ def test_late_claim_at_any_time_changes_master_at_most_once(late_at, receivers, 
     assert len(claimants) == 1 or (heal is None and claimants == {"a", "c"})
 
 
-# --- B10 (3): same-term claims, stale terms ----------------------------------------------------
+# --- same-term claims, stale terms ----------------------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(
     term=st.integers(1, 9),
@@ -276,10 +276,10 @@ def test_late_claim_at_any_time_changes_master_at_most_once(late_at, receivers, 
     observers=st.lists(st.tuples(st.sampled_from(["m", "x", None]), st.integers(0, 9)), max_size=4),
 )
 def test_same_term_claims_pick_one_master_for_every_listener(term, prio_m, prio_x, observers):
-    """B10 (3): M leads at term T and X claims the same term T (two cut-off sides both
+    """Same-term claims: M leads at term T and X claims the same term T (two cut-off sides both
     claimed T without votes). Every node that holds both claims, whatever it followed before
     and whatever its own term, follows the claim with the larger side (more of the held
-    heartbeats follow it: issue 9 item 5), then the higher ``(priority, node_id)``, and takes
+    heartbeats follow it: the heal rule), then the higher ``(priority, node_id)``, and takes
     term T; the losing master itself steps down. No campaign state is needed for the second
     claim to be evaluated: ``decide`` sees it on the next pass."""
     m, x = claim("node-m", term, priority=prio_m), claim("node-x", term, priority=prio_x)
@@ -297,7 +297,7 @@ def test_same_term_claims_pick_one_master_for_every_listener(term, prio_m, prio_
 
 
 def test_two_same_term_masters_meet_and_settle_on_one():
-    """B10 (3) with the loop: {X, B} and {Y, D} were cut off and both X and Y claimed term 5
+    """Same-term claims with the loop: {X, B} and {Y, D} were cut off and both X and Y claimed term 5
     (Y has the higher priority). At t=3 s the sides meet: within one heartbeat interval
     every node follows Y at term 5, X stepped down, and nobody claimed again (a claim would
     have raised the term)."""
@@ -318,7 +318,7 @@ def test_two_same_term_masters_meet_and_settle_on_one():
 
 @given(stale=st.integers(0, 8), gap=st.integers(1, 5), follows=st.sampled_from([None, "node-old", "node-s"]))
 def test_stale_node_adopts_the_live_masters_term(stale, gap, follows):
-    """B10 (3) "stale-clock messages get a reply carrying the current term": in this design
+    """Stale terms, "stale-clock messages get a reply carrying the current term": in this design
     the reply is the live master's heartbeat. A node whose term is stale (following nobody, a
     gone master, or itself as a stale master) that hears a claim at a higher term follows it
     with that term."""
@@ -471,7 +471,7 @@ def test_member_loop_follows_then_elects_after_the_master_goes_silent(tmp_path):
 
 
 def test_member_stops_following_a_peer_that_no_longer_claims(tmp_path):
-    """B10 (2) variant found here: B follows A because A's (possibly stale, late) term-3 claim
+    """A late message, a variant: B follows A because A's (possibly stale, late) term-3 claim
     is the only live claim; A's following heartbeats say it is masterless (A stepped down for
     a master that then died, or A restarted within ``disconnect_grace``). A itself waits for
     B, the rule-2 winner of {A, B} (asserted below). Expected: B stops following A and, after
@@ -500,7 +500,7 @@ def test_member_fresh_node_alone_elects_after_settle(tmp_path):
     assert m.is_master and m.term == 1
 
 
-# --- B13 (1)(2): liveness by the receiver's monotonic clock ------------------------------------
+# --- liveness by the receiver's monotonic clock ---------------------------------------------
 def test_heartbeat_carries_no_time():
     """Heartbeats have nothing time-related: only ids, terms, priority, indices and the log's
     chain digest (ints, strings, bytes), so no receiver can ever compare a sender's wall
@@ -529,7 +529,7 @@ def test_liveness_and_election_read_no_wall_clock():
     probes=st.lists(st.floats(0, 80), max_size=30),
 )
 def test_peer_alive_exactly_while_its_last_heartbeat_is_younger_than_timeout(gaps, probes):
-    """B13 (2): at any receiver time ``now``, a peer is alive iff ``now - last arrival <
+    """At any receiver time ``now``, a peer is alive iff ``now - last arrival <
     peer_timeout``, and ``gone`` lists exactly the others; contents of the heartbeats are
     identical throughout (nothing new in them, no time in them). No wall clock is read."""
     arrivals = list(itertools.accumulate(gaps))
@@ -548,7 +548,7 @@ def test_peer_alive_exactly_while_its_last_heartbeat_is_younger_than_timeout(gap
 
 
 def test_slow_profile_with_steady_heartbeats_never_times_out():
-    """B13 (1)(2): over 120 s C sends the same heartbeat every 0.5 s (plus jitter up to
+    """Over 120 s C sends the same heartbeat every 0.5 s (plus jitter up to
     1.5 s) while its profile updates (which Liveness never sees) come 35 s apart; its wall
     clock jumps +10 min, then -10 min: a receiver checking every 0.1 s never sees it gone."""
     live = Liveness(TIMEOUT)
@@ -575,7 +575,7 @@ def test_slow_profile_with_steady_heartbeats_never_times_out():
     phase=st.floats(0, 1),
 )
 def test_silent_peer_is_gone_within_timeout_plus_one_check(last, check, phase):
-    """B13 (2): a peer whose heartbeats stop at ``last`` is first seen gone by a checker
+    """A peer whose heartbeats stop at ``last`` is first seen gone by a checker
     polling every ``check`` s at a time in [last + peer_timeout, last + peer_timeout + check]:
     never earlier, never later."""
     live = Liveness(TIMEOUT)
@@ -604,7 +604,7 @@ def test_heard_reports_new_returning_and_restarted_peers():
     assert live.get("node-c") is None and live.last_heard("node-c") is None
 
 
-# --- B13 (3): replay does not depend on the wall clock -------------------------------------------
+# --- replay does not depend on the wall clock -------------------------------------------------
 def _replay(evs: list[IndexedEvent]) -> State:
     state = State()
     for e in evs:
@@ -615,7 +615,7 @@ def _replay(evs: list[IndexedEvent]) -> State:
 @settings(max_examples=50, deadline=None)
 @given(st.lists(events, max_size=40))
 def test_replay_hash_is_the_same_with_the_wall_clock_a_day_ahead(evs):
-    """B13 (3): replaying a recorded log (the same indexed events, as decoded from disk) with
+    """Replaying a recorded log (the same indexed events, as decoded from disk) with
     ``time.time`` a day ahead gives the same State hash; the log's bytes do not change."""
     log = index(evs)
     recorded = msgspec.msgpack.encode(log)

@@ -1,5 +1,5 @@
 """The MLX engine (worker/engine/) on tiny synthetic models: loading, greedy parity with
-mlx-lm, sampling seeds, stops, queueing, cancellation and the 400s of cases B23 / B27."""
+mlx-lm, sampling seeds, stops, queueing, cancellation and the 400s of a missing chat template or a prompt over the context."""
 
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ def test_prompt_plus_max_tokens_over_context_is_clamped(tmp_path: Path) -> None:
         (fin.finish_reason == "stop" and fin.completion_tokens < 40 - n)
 
 
-# -- chat templates (case B23) ----------------------------------------------------------------
+# -- chat templates ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["config", "jinja"])

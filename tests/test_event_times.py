@@ -1,5 +1,5 @@
 """The publish/apply probe (``exo_p2p.cluster.event_times``, ``GET /debug/event-times``) and
-the group commit of the replica that keeps publish→apply latency low (issue 3).
+the group commit of the replica that keeps publish→apply latency low.
 
 Unit tests: the bounded ring, the group commit of ``Replica.offer_many`` (one fsync per batch,
 listeners only after it; a master defers its fsync to ``sync()``), the global-events message

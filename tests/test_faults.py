@@ -1,4 +1,4 @@
-"""Failures end in a bounded error or a recovery, never a hang (issue 6, docs/architecture.md#instance-lifecycle)."""
+"""Failures end in a bounded error or a recovery, never a hang (docs/architecture.md#instance-lifecycle)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import T_FAIL
 from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
-NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (issue 14) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
 MODEL = "tiny"
 SLACK = 3.0
 

@@ -1,4 +1,4 @@
-"""Bad input on gossip topics and request/response streams (issue 6 "Bad input", docs/architecture.md#wire-and-storage).
+"""Bad input on gossip topics and request/response streams (docs/architecture.md#wire-and-storage).
 
 A rogue peer (``tests/rogue_peer.py``: its own libp2p identity, so it can only sign as
 itself) joins a real cluster of node processes and sends hostile traffic on every topic and

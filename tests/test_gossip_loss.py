@@ -1,4 +1,4 @@
-"""Field case B12, its event-log part (issue 3): gossip that a node receives is dropped,
+"""Lossy gossip, its event-log part: gossip that a node receives is dropped,
 duplicated and reordered, and the event log still reaches it whole, in order, exactly once.
 
 The rule that mistreats gossip (``exo_p2p.cluster.faults``) is tested first on its own; the
@@ -225,7 +225,7 @@ def _settled(nodes, follower):
 
 @pytest.mark.integration
 def test_lossy_gossip_is_recovered_while_a_remote_instance_streams(tmp_path, models_dir):
-    """B12: the node hosting a 1-node instance (not the API node, not the master) drops 5 %,
+    """Lossy gossip: the node hosting a 1-node instance (not the API node, not the master) drops 5 %,
     duplicates 5 % and reorders windows of 3 of the events gossip it receives, while the API
     node streams a 500-token greedy generation from it and sends short chats besides."""
     cluster = Cluster(tmp_path, 1, extra_args=["--models-dir", str(models_dir)])
@@ -267,7 +267,7 @@ def test_lossy_gossip_is_recovered_while_a_remote_instance_streams(tmp_path, mod
         assert _hit(after, GLOBAL_EVENTS_TOPIC), {k: v for k, v in after.items() if k.startswith("fault_")}
         assert after.get("log_fetch_applied", 0) > before.get("log_fetch_applied", 0), "no gap was filled by log fetch"
         assert after.get("global_event_duplicate", 0) > before.get("global_event_duplicate", 0), "duplicates were not seen (ignored by index)"
-        print(f"B12: {len(short_status)} short chats, last idx {final[2]}, lossy counters:",
+        print(f"lossy gossip: {len(short_status)} short chats, last idx {final[2]}, lossy counters:",
               {k: v for k, v in after.items() if k.startswith(("fault_", "log_fetch", "global_event"))})
         # the follower first: a master stopped first would leave it to elect itself
         lossy.stop()
@@ -289,7 +289,7 @@ def test_lossy_gossip_is_recovered_while_a_remote_instance_streams(tmp_path, mod
 
 @pytest.mark.integration
 def test_lossy_master_still_indexes_every_local_event_of_a_follower_once(tmp_path, models_dir):
-    """B12, the other topic: the master drops 5 %, duplicates 5 % and reorders windows of 3
+    """Lossy gossip, the other topic: the master drops 5 %, duplicates 5 % and reorders windows of 3
     of the local events it receives, while the follower hosting a 1-node instance emits the
     runner and task events of short chats sent to the master's API: every one of them is
     indexed exactly once (re-sent until seen indexed, de-duplicated per origin)."""
@@ -312,7 +312,7 @@ def test_lossy_master_still_indexes_every_local_event_of_a_follower_once(tmp_pat
         counters = _counters(lossy)
         assert _hit(counters, LOCAL_EVENTS_TOPIC), {k: v for k, v in counters.items() if k.startswith("fault_")}
         assert final[:2] == agreed[:2]  # same master, same term: no election
-        print(f"B12 local: {len(statuses)} short chats, last idx {final[2]}, master counters:",
+        print(f"lossy local events: {len(statuses)} short chats, last idx {final[2]}, master counters:",
               {k: v for k, v in counters.items() if k.startswith(("fault_", "local_event"))})
         follower.stop()
         lossy.stop()

@@ -1,6 +1,6 @@
 """The test harness's own rules (``tests/cluster.py``): the ports it picks for listeners
-started later, and a node start that lost its API port to another socket (ci15: a port from
-the ephemeral range became some connection's local port before the node bound it)."""
+started later, and a node start that lost its API port to another socket (a port from
+the ephemeral range can become some connection's local port before the node binds it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 9 items 5, 6 (claims) and 8 (timeout grace) as pure rules and loop-level tests
-(no processes): the partition-heal rule of ``exo_p2p.cluster.election``, the admission of
+"""The heal rule, claim admission, command access and the timeout grace as pure rules and
+loop-level tests (no processes): the partition-heal rule of ``exo_p2p.cluster.election``, the admission of
 master claims of ``exo_p2p.cluster.claims``, the master's timeout grace of
 ``exo_p2p.cluster.peer_timeouts`` and the direct-heartbeat cadence of
 ``exo_p2p.cluster.direct_heartbeat``. The election simulator is the one of
@@ -28,7 +28,7 @@ from exo_p2p.replica import Replica
 from exo_p2p.types import State
 from tests.test_election import SETTINGS, TIMEOUT, Sim, SimNode, claim, hb
 
-# --- item 5: the side that kept the cluster going wins a heal ---------------------------------------
+# --- the side that kept the cluster going wins a heal ----------------------------------------------
 
 
 def test_lone_claimer_with_a_higher_term_loses_to_the_majority():
@@ -107,7 +107,7 @@ def test_heal_keeps_the_majoritys_master(n, k, master_in_minority, prio):
             assert all(m == majority_master for t, m, _ in sim.nodes[x].history if t >= heal)
 
 
-# --- item 6: which claims are admitted --------------------------------------------------------------
+# --- which claims are admitted ---------------------------------------------------------------------
 
 
 def _checker_status(checker: ClaimChecker, c, *, side=1, following=(None, 0), own_last=10, own_term=3, chain=None, now=0.0):
@@ -197,7 +197,7 @@ def test_master_alone_ignores_a_forged_claim_with_a_huge_term(tmp_path: Path):
     assert m.counters.get("master_claim_refused", 0) >= 1
 
 
-# --- item 8: a new master gives every node a full timeout ------------------------------------------
+# --- a new master gives every node a full timeout -------------------------------------------------
 
 
 @settings(max_examples=200, deadline=None)
@@ -266,7 +266,7 @@ def test_direct_heartbeat_cadence():
     assert math.isclose(direct_delay(True, heartbeat_interval=0.5, peer_timeout=6.0), 2.0)
 
 
-# --- item 6: who may send commands ------------------------------------------------------------------
+# --- who may send commands -------------------------------------------------------------------------
 
 
 def test_commands_only_from_members_in_their_own_name():

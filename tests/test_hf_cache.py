@@ -1,5 +1,5 @@
 """Models a user already has: MLX-format models in the Hugging Face cache are listed under
-their repo id, read-only (issue 13, ``exo_p2p.models.store.hf_cache_models``)."""
+their repo id, read-only (docs/models.md, ``exo_p2p.models.store.hf_cache_models``)."""
 
 from __future__ import annotations
 

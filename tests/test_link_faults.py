@@ -1,5 +1,5 @@
-"""Link and process faults injected from outside (issue 6 "Links", field cases B07, B16, B28;
-docs/architecture.md#instance-lifecycle).
+"""Link and process faults injected from outside (links reset or
+silently dropped, runners aborted; docs/architecture.md#instance-lifecycle).
 
 - the TCP connection between two pipeline ranks is reset mid-generation (``ss -K``; the
   nodes' libp2p links stay up): the request ends with an error within T_link, the
@@ -41,7 +41,7 @@ from tests.cluster import (
 )
 
 pytestmark = pytest.mark.integration
-NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (issue 14) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
 MODEL = "tiny"
 RUNNER_SILENT = 10.0  # docs/architecture.md#defaults: runner killed when silent this long while generating
 SLACK = 4.0  # 2 shared cores, several helpers
@@ -94,7 +94,7 @@ def _tool_for(fault: str) -> str:
 ])
 def test_ring_link_fault_mid_generation_fails_the_instance_within_bound(tmp_path, models_dir, fault):
     """``reset``: both ends of the ranks' sockets get an RST (``ss -K``); ``drop``: their
-    packets silently vanish (iptables DROP on lo; a pulled cable, B16's wedge). The tools come
+    packets silently vanish (iptables DROP on lo; a pulled cable: the ranks wedge). The tools come
     from scripts/install.sh --test; a missing one is a failed set-up, not a reason to skip."""
     assert shutil.which(_tool_for(fault)), f"{_tool_for(fault)} missing: run scripts/install.sh --test as root"
     cluster = Cluster(tmp_path, 2, extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])

@@ -1,4 +1,4 @@
-"""Load on one instance of a tiny synthetic model (issue 6 "Load")."""
+"""Load on one instance of a tiny synthetic model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 6, failure 4: the master dies while requests stream from instances on other nodes.
+"""The master dies while requests stream from instances on other nodes.
 
 Three nodes; the instances live on the two followers and the requests enter through a
 follower's API, so neither the API node nor a node of any instance dies. Tokens travel from

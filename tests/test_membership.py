@@ -1,4 +1,4 @@
-"""Join tokens and the cluster secret kept in the data dir (issue 9 item 6), pure: no
+"""Join tokens and the cluster secret kept in the data dir (docs/cluster.md), pure: no
 processes. ``exo_p2p.net.join_token`` and ``exo_p2p.cli.membership``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory accounting from State (issue 9 item 1, ``master.memory``): a placement counts the
+"""Memory accounting from State (``master.memory``): a placement counts the
 moment it is indexed, whatever the node's (lagging) profile says; placement, previews and
 memory admission use the one rule."""
 
@@ -53,7 +53,7 @@ def test_usable_is_min_of_reported_and_total_minus_placed():
 
 
 def test_second_placement_right_after_the_first_is_refused_when_the_node_is_full():
-    """The fault of issue 9 item 1: the profile still says 100 MiB free after a 60 MiB
+    """The fault the rule fixes: the profile still says 100 MiB free after a 60 MiB
     placement; a second 60 MiB placement must not fit."""
     state = cluster([(100 * MIB, 100 * MIB)])
     model = card(4, 50 * MIB)  # needs 55 MiB with the 10% headroom

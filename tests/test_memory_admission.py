@@ -1,4 +1,4 @@
-"""Case B27 part 3 (issue 6): a prompt within the context whose estimated KV-cache and
+"""Memory admission: a prompt within the context whose estimated KV-cache and
 activation memory exceeds a rank's free memory is refused before prefill — by the master,
 before the task exists — and the runner stays alive and Ready (``master.admission``)."""
 

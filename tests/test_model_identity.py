@@ -1,4 +1,4 @@
-"""One manifest per model name in placement (issue 13, ``master.model_identity``)."""
+"""One manifest per model name in placement (docs/models.md, ``master.model_identity``)."""
 
 from __future__ import annotations
 

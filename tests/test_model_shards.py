@@ -1,5 +1,5 @@
 """A model held by one node is placed across nodes that lack it: each fetches just its shard
-from the peers holding it (issue 13, ``exo_p2p.models.shard_fetch``), with real node
+from the peers holding it (docs/models.md, ``exo_p2p.models.shard_fetch``), with real node
 processes and a tiny synthetic model (~4.9 MB, 105 chunks of 64 KiB). Holders are slowed
 with the ``model_serve_delay`` fault hook where a test must act mid-transfer."""
 

@@ -1,4 +1,4 @@
-"""Manifests, verified partial copies and the chunk fetcher (issue 13), without processes."""
+"""Manifests, verified partial copies and the chunk fetcher (docs/models.md), without processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models travel between real node processes (issue 13): a model only on node A is pulled by
+"""Models travel between real node processes (docs/models.md): a model only on node A is pulled by
 node B over the cluster (bulk path opened by a libp2p ticket, every chunk verified), listed
 with its holders, and removed again. The tiny synthetic model keeps it quick."""
 

@@ -320,7 +320,7 @@ def test_peer_restarted_on_a_new_port_is_dialled_at_its_new_address(tmp_path: Pa
     """A peer that restarts (same identity) on a new port is reachable again at once through
     its new address, though the peerstore still lists the old one. The swarm dials one TCP
     address per peer, the first listed: without replacing the stale address every dial
-    failed (chaos run: two nodes never reconnected after one restarted)."""
+    failed (under scripts/chaos.py two nodes never reconnected after one restarted)."""
 
     async def body() -> None:
         b_cfg = config(tmp_path, "b")

@@ -1,5 +1,5 @@
-"""Tasks whose request is gone from their API node are cancelled (issue 9: long-lived
-clusters; ``exo_p2p.orphans``). Pure rule and the sweeper with a fake master; the case of
+"""Tasks whose request is gone from their API node are cancelled (what a long-lived
+cluster needs; ``exo_p2p.orphans``). Pure rule and the sweeper with a fake master; the case of
 an API node that dies is tested on real nodes in tests/test_faults.py."""
 
 from __future__ import annotations

@@ -3,9 +3,8 @@ distributed.py) and the multi-rank runner (worker/runner/main.py).
 
 Rank processes are real subprocesses on free loopback ports: greedy output of 2 and 3 ranks
 equals 1 rank token for token (one prompt prefilled in several chunks); each rank's peak
-memory during load is within ±15% of its share; a missing host list fails with the sizes
-(case B17); a cancel that reaches one rank only stops every rank at the same step (case
-B15). Every process is killed at the end of its test; every wait is bounded.
+memory during load is within ±15% of its share; a missing host list fails with the sizes;
+a cancel that reaches one rank only stops every rank at the same step. Every process is killed at the end of its test; every wait is bounded.
 
 Run a rank by hand: ``python -m tests.test_pipeline '<json config>'`` (see ``rank_main``).
 """
@@ -176,7 +175,7 @@ def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
         assert abs(r["peak_memory_bytes"] - share) <= 0.15 * share, (r["rank"], r["peak_memory_bytes"], share)
 
 
-# --- B17: group size ----------------------------------------------------------------------
+# --- group size --------------------------------------------------------------------------
 
 def test_missing_host_list_fails_with_sizes(model_dir: Path) -> None:
     """Rank 1 has no host list: the ring would be a group of one; it must fail, naming the
@@ -409,7 +408,7 @@ def test_runner_ranks_agree_on_tasks_and_cancel(model_dir: Path, single: dict[st
 
 
 def test_runner_without_host_list_fails_connecting(model_dir: Path) -> None:
-    """Case B17 at the runner: rank 1 without the host list fails while Connecting with the
+    """Group size at the runner: rank 1 without the host list fails while Connecting with the
     sizes; rank 0 never reaches Ready."""
     runners = start_runners(model_dir, 2, hooks={1: {"ring": "no_hostfile"}})
     try:

@@ -1,4 +1,4 @@
-"""Placement (issue 4; cases B01, B02, B04, B05, B20): table tests with exact values and
+"""Placement (docs/architecture.md#rules "Memory rule"): table tests with exact values and
 hypothesis properties against a brute force over all cycles."""
 
 from __future__ import annotations
@@ -463,7 +463,7 @@ def test_beyond_8_nodes_equal_mesh_takes_the_heaviest_nodes_in_order() -> None:
 
 @pytest.mark.parametrize("shape", ["full", "sparse"])
 def test_previews_at_64_nodes_take_well_under_a_second(shape: str) -> None:
-    """Issue 4 target is 50 ms (scripts/bench_placement.py); the bound here leaves room for a
+    """The target is 50 ms (scripts/bench_placement.py); the bound here leaves room for a
     loaded machine but catches the search growing with the number of world sizes again."""
     import gc
     import random
@@ -477,8 +477,8 @@ def test_previews_at_64_nodes_take_well_under_a_second(shape: str) -> None:
     model = card(64, 400 * GIB, heads=64, kv=8, hidden=8192)
     # the search's own work: this process's CPU time (not other processes' turns on a loaded
     # machine) with the collector paused (a full collection of the test process's heap, grown
-    # by hundreds of earlier tests, is not the search's; ci19 measured 604 ms of wall time
-    # once where the search alone takes 15-50 ms)
+    # by hundreds of earlier tests, is not the search's: it can take 604 ms of wall time
+    # where the search alone takes 15-50 ms)
     gc.collect()
     gc.disable()
     try:

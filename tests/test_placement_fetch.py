@@ -1,4 +1,4 @@
-"""Placement on nodes that lack the model but may fetch it from peers (issue 13, ``master.placement_fetch``)."""
+"""Placement on nodes that lack the model but may fetch it from peers (docs/models.md, ``master.placement_fetch``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which weights each rank holds (issue 11): pure rules of ``master.placement_split`` and
+"""Which weights each rank holds (float32 on CPU nodes): pure rules of ``master.placement_split`` and
 ``master.placement``, the card's float32 sizes, and memory admission of float32 ranks.
 
 A node's ``cpu_weights`` (its profile): ``auto`` holds float32 when the rank's float32 share

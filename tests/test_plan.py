@@ -1,4 +1,4 @@
-"""The worker's pure planner (docs/architecture.md#rules "Plan", field case B08)."""
+"""The worker's pure planner (docs/architecture.md#rules "Plan is idempotent")."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def test_plan_is_a_function_of_its_inputs(statuses, n_tasks):
 
 
 def test_ranks_connect_only_once_no_rank_is_downloading_its_shard():
-    """Issue 13: a rank fetching its shard from peers has no runner process yet; the others
+    """A rank fetching its shard from peers has no runner process yet; the others
     wait Idle instead of connecting to a group it cannot join."""
     from exo_p2p.types import ConnectToGroup, RunnerDownloading
 

@@ -1,4 +1,4 @@
-"""What ranks must share is decided once per instance (issue 9 item 4): the placing master
+"""What ranks must share is decided once per instance: the placing master
 fixes ``--prefill-chunk-size`` in the instance (``Instance.settings``) and every runner uses
 it (``worker.rank_settings``), so nodes started with different values still serve together."""
 

@@ -1,11 +1,11 @@
-"""Recovery time after a fault (chaos run, issue 9 item 8): a new master times out the master
+"""Recovery time after a fault (scripts/chaos.py): a new master times out the master
 it replaced from that master's last heartbeat (exo_p2p.cluster.peer_timeouts ``lost_master``),
 and a failed instance that had served is re-placed at once (master.replace ``replace_delay``).
 
-The chaos run's slow recoveries were master kills: the new master gave the dead master, like
+Under scripts/chaos.py the slow recoveries were master kills: the new master gave the dead master, like
 every node, a full timeout from the moment it became master, so the dead master's instances
 failed (and were re-placed) failover + 5 s after the kill instead of 5 s. Every other node
-keeps the grace (the issue 9 item 8 rule: tests/test_heal_rule.py).
+keeps the grace (the timeout-grace rule: tests/test_heal_rule.py).
 """
 
 from __future__ import annotations

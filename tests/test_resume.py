@@ -1,4 +1,4 @@
-"""Requests move after a failure (issue 14): the pure rules of ``exo_p2p.api.resume`` and the
+"""Requests move after a failure: the pure rules of ``exo_p2p.api.resume`` and the
 shared generation path (``exo_p2p.api.generation``) moving a request on a fake backend:
 resumed from the tokens sent, one uninterrupted stream, bounded waits, limits, cancel."""
 

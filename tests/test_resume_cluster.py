@@ -1,4 +1,4 @@
-"""Issue 14 acceptance: no request lost to a failure, with real node processes.
+"""No request lost to a failure (``exo_p2p.api.resume``), with real node processes.
 
 One cluster shared by the module (node 0 is master and serves every client; the others host
 instances), the tests in order:

@@ -1,4 +1,4 @@
-"""Resuming a generation from the tokens already sent (issue 14), on the engine alone.
+"""Resuming a generation from the tokens already sent (``exo_p2p.api.resume``), on the engine alone.
 
 A request cut after k tokens and resumed with ``resume_tokens`` = those k tokens (a new task
 id, the first one as ``origin_task_id``) must continue exactly like the uninterrupted run:

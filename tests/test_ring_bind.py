@@ -1,4 +1,4 @@
-"""The MLX ring listens only at the address placement chose (issue 9 item 6): its traffic is
+"""The MLX ring listens only at the address placement chose (docs/cluster.md): its traffic is
 plain TCP, so a rank must never listen on every interface (``0.0.0.0``)."""
 
 from __future__ import annotations

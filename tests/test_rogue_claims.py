@@ -1,4 +1,4 @@
-"""A rogue libp2p peer against a cluster (issue 9 item 6), real node processes on 127.0.0.1
+"""A rogue libp2p peer against a cluster (docs/cluster.md), real node processes on 127.0.0.1
 and ``tests/rogue_peer.py`` (a host with its own identity that speaks the wire protocols).
 
 - Open cluster (no secret): the rogue connects. Its forged master claim (term 10⁶, a huge

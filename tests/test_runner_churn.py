@@ -1,7 +1,7 @@
-"""Runner churn and runner stalls (field case B08; issue 6, failure 3).
+"""Runner churn and runner stalls.
 
-- ``test_planner_stays_idempotent_under_runner_churn`` (B08): a 3-node pipeline instance of
-  the tiny synthetic model (3 nodes, not the case's 4: the machine has 2 shared CPU cores).
+- ``test_planner_stays_idempotent_under_runner_churn``: a 3-node pipeline instance of
+  the tiny synthetic model (3 nodes, not 4: the machine has 2 shared CPU cores).
   Every node runs with a ``--memory-limit`` under which the model fits only on all 3 nodes
   together, so each automatic re-placement is again a 3-rank instance whose runners go
   through Connecting. Node C's runner is killed (SIGKILL, by the PID its node logged) 3 times
@@ -13,8 +13,8 @@
   worker's pure ``plan`` over the churn sequence (same input twice → the same single task;
   a killed runner is never re-created or re-sent a task; its successor is created once).
   tests/test_plan.py already covers idempotence in general; this covers the churn steps.
-- ``test_runner_stalled_in_warmup_is_killed_by_its_silence_and_fails`` (issue 6, failure 3;
-  tests/test_faults.py covers death and failure in load, not a stall): a runner blocked in
+- ``test_runner_stalled_in_warmup_is_killed_by_its_silence_and_fails``
+  (tests/test_faults.py covers death and failure in load, not a stall): a runner blocked in
   warm-up (``--fault-hook stall=warmup``) is killed when silent for 60 s (docs/architecture.md#defaults),
   fails with the reason in State and the API, requests meanwhile end with an error, and the
   master re-places the instance by the normal rules.
@@ -52,7 +52,7 @@ from tests.cluster import Cluster, NodeProcess, wait_until
 from worker.plan import LocalRunner, plan
 
 MODEL = "tiny"
-NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (issue 14) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
 SILENT_LOADING = 60.0  # docs/architecture.md#defaults: runner killed when silent this long while loading/warming up
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3
@@ -114,7 +114,7 @@ def _runner_processes(node: NodeProcess) -> list[psutil.Process]:
 
 
 def state_violations(state: dict, n_nodes: int) -> list[str]:
-    """B08's invariants on one ``GET /state`` sample: ≤ 1 live runner per (instance, node);
+    """The churn invariants on one ``GET /state`` sample: ≤ 1 live runner per (instance, node);
     per instance ≤ ``n_nodes`` live runners plus ≤ 1 ShuttingDown per node."""
     problems = []
     live: collections.Counter = collections.Counter()
@@ -208,7 +208,7 @@ class ChatLoad:
             self._stop.wait(0.3)
 
 
-# --- B08: runner churn ------------------------------------------------------------------------
+# --- runner churn -----------------------------------------------------------------------------
 
 
 def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
@@ -283,7 +283,7 @@ def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
             assert outcome == "failed" and "gave up after 3" in inst["failed_reason"], (inst, own)
             wait_until(lambda: all(not _runner_processes(n) for n in cluster.nodes), T_FAIL, what="no runner left")
         print(
-            f"\nB08: killed at statuses {[s for _, s, _ in killed]}; {outcome} (attempt {inst['attempt']}, "
+            f"\nrunner churn: killed at statuses {[s for _, s, _ in killed]}; {outcome} (attempt {inst['attempt']}, "
             f"{len(own)} other runner failures) {t_settled:.1f} s after the last kill; "
             f"{sampler.samples} samples, max live runner records {sampler.max_runner_records}, "
             f"max runner processes on one node {sampler.max_runner_procs}; requests: "
@@ -336,7 +336,7 @@ def _runner_pid(node: NodeProcess, runner_id: str, timeout: float = 5.0) -> int:
     raise TimeoutError(f"no 'runner started' log line for {runner_id}")
 
 
-# --- B08: the pure planner over the churn sequence -------------------------------------------------
+# --- the pure planner over the churn sequence ------------------------------------------------------
 
 NODE, BOOT = "node-c", "boot-c"
 
@@ -377,7 +377,7 @@ def test_plan_under_churn_returns_one_task_and_never_recreates_a_killed_runner()
     assert plan(NODE, BOOT, s, local) is None
 
 
-# --- issue 6, failure 3: a runner stalled in warm-up ------------------------------------------------
+# --- a runner stalled in warm-up -------------------------------------------------------------------
 
 
 def test_runner_stalled_in_warmup_is_killed_by_its_silence_and_fails(tmp_path, models_dir):

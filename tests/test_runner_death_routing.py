@@ -1,5 +1,5 @@
-"""Field case B07: a dead runner's instance is never chosen again, and with no healthy
-instance left a request gets a 503 at once (issue 6, failure 2; docs/architecture.md#instance-lifecycle).
+"""A dead runner's instance is never chosen again, and with no healthy
+instance left a request gets a 503 at once (docs/architecture.md#instance-lifecycle).
 
 One node serves two 1-node instances I1, I2 of the tiny model. I1's runner is aborted
 (SIGABRT) while idle; once its failure is in State, 5 sequential requests all succeed and

@@ -1,5 +1,5 @@
 """worker.runner_output: a runner's fd 1/2 output becomes JSON lines of the node's log
-(issue 17 item 2: with --log-format json every line is one JSON object, C-level writes of
+(with --log-format json every line is one JSON object, C-level writes of
 MLX's ring backend included)."""
 
 from __future__ import annotations

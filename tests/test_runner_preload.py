@@ -1,6 +1,6 @@
 """A runner imports MLX, mlx-lm and transformers in the background from its start
 (worker.runner.main ``PRELOAD_MODULES``), so the import overlaps the lifecycle barriers
-instead of following them (chaos run, issue 9 item 8: a re-placed 2-node instance spent
+instead of following them (under scripts/chaos.py a re-placed 2-node instance spent
 11-13 s between Connected and Loading on a loaded machine, importing).
 
 Checked from outside on a real runner process that is given no task at all (not even its

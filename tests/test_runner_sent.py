@@ -1,5 +1,5 @@
-"""A runner's record of what was sent to it holds only what State still lists (issue 9:
-long-lived clusters). Before: every task id and ``cancel:<id>`` a runner ever received
+"""A runner's record of what was sent to it holds only what State still lists (what a
+long-lived cluster needs). Before: every task id and ``cancel:<id>`` a runner ever received
 stayed in ``RunnerSupervisor.sent``, which the worker copies on every plan pass. No runner
 process is started."""
 

@@ -1,4 +1,4 @@
-"""Sharded inference across real node processes (issue 5), with a tiny synthetic model."""
+"""Sharded inference across real node processes, with a tiny synthetic model."""
 
 from __future__ import annotations
 

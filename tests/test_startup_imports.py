@@ -1,4 +1,4 @@
-"""A node's start-up path stays light (issue 9 item 8: a restarted node rejoins in seconds).
+"""A node's start-up path stays light (a restarted node rejoins in seconds).
 
 Carding its models is on the path to a restarted node's profile being indexed. It asked
 mlx-lm whether a model type supports tensor sharding (``Model.shard``) by importing it,

@@ -1,4 +1,4 @@
-"""Stop-string matching (worker/engine/stop.py), case B25."""
+"""Stop-string matching (worker/engine/stop.py): a stop string may span tokens and end anywhere in a delta."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_b25_single_stop_as_plain_string() -> None:
 
 
 def test_shorter_stop_not_aligned_with_the_end_is_found() -> None:
-    # One delta carries the whole of "END" followed by more text (mlx-examples #524).
+    # One delta carries the whole of "END" followed by more text (a stop must not need to end the delta).
     emitted, stopped, _ = run(["STOPHERE", "END"], ["alpha END beta STOPHERE gamma"])
     assert stopped and "".join(emitted) == "alpha "
 

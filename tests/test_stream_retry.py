@@ -1,6 +1,6 @@
-"""A request whose new stream dies at once is tried again on a fresh stream (issue 9 item 8).
+"""A request whose new stream dies at once is tried again on a fresh stream.
 
-Chaos runs saw direct streams to the master fail with py-libp2p's "MultiselectClient
+Under scripts/chaos.py direct streams to the master failed with py-libp2p's "MultiselectClient
 handshake read failed": the remote reset the new stream before answering the multistream
 handshake (a connection being torn down, a stream its swarm refused). Each such failure cost
 a direct heartbeat or a local-event send a whole retry period (a restarted node's profile was

@@ -1,12 +1,12 @@
 """How the master admits a generation across a failover (master.commands ``_submit``; found
-by the chaos run, issue 14).
+by scripts/chaos.py).
 
 The run showed an API retry of ``SubmitGeneration`` across a master kill: the former master
 had created the task on instance A (on a live node, whose runner started it); the new master
 decided the retry again and created the same task id on instance B, on the dead master's own
 node (not timed out yet). The task's record moved to B, so the runner on A's node had its
 status reports refused ("task of an instance this node does not serve": holes in the log that
-the chaos run counts as lost events), and the request waited for B's failure to move.
+scripts/chaos.py counts as lost events), and the request waited for B's failure to move.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A request whose task vanished from State ends (exo_p2p.chunk_router ``task_lost``, ``sweep``).
 
-Found by the chaos run (issue 14): a moved request's continuation was accepted by a master
+Found by scripts/chaos.py: a moved request's continuation was accepted by a master
 whose divergent log tail was dropped when the cluster followed the other side's master; the
 task was in no State any more, no runner ran it, no event said so, and the client's stream
 got keep-alives for 125 s (two "hung" requests). Without the sweep such a request waits for

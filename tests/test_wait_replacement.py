@@ -1,7 +1,7 @@
-"""A new request whose model is being re-placed after a failure waits for it (issue 14:
-requests not yet started wait for the re-placement, bounded), instead of a 503.
+"""A new request whose model is being re-placed after a failure waits for it
+(``exo_p2p.api.resume``: requests not yet started wait for the re-placement, bounded), instead of a 503.
 
-Found by the chaos run (one 2-node instance): after each kill, every request that arrived
+Found by scripts/chaos.py (one 2-node instance): after each kill, every request that arrived
 while the re-placement loaded was answered "503 model is loading" at once — most of the
 run's cluster-side failures. A model that loads for the first time (no failure behind it)
 is still answered 503 at once, with ``Retry-After``.

@@ -1,4 +1,4 @@
-"""The worker fetches a shard its node lacks before it starts the runner (issue 13): the
+"""The worker fetches a shard its node lacks before it starts the runner (docs/models.md): the
 runner is Downloading meanwhile, a deleted instance cancels the fetch, a failed fetch fails
 the runner with the reason. A fake fetch; no runner process is started."""
 

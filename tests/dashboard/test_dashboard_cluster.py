@@ -1,4 +1,4 @@
-"""The dashboard in headless chromium against real node processes (issue 16 acceptance).
+"""The dashboard in headless chromium against real node processes.
 
 One 2-node cluster (``alpha``, ``beta``; the tiny synthetic model in ``--models-dir``) and one
 browser for the module; the tests run in file order on that cluster: the page shows both
