@@ -269,7 +269,7 @@ def full_mesh(state: dict) -> bool:
     """True when ``state`` (a ``GET /state`` dict) holds a topology edge for every ordered pair
     of its nodes: what placement needs before any subset of them can form a cycle. Node counts
     alone are not enough: a follower learns of another follower's edge a moment after both
-    joined (CI once placed on two followers in that moment and got "no candidate cycle")."""
+    joined (a placement on two followers in that moment gets "no candidate cycle")."""
     nodes = list(state["nodes"])
     edges = state.get("edges", {})
     return all(b in edges.get(a, {}) for a in nodes for b in nodes if a != b)

@@ -1,4 +1,4 @@
-"""Bad numbers in Ollama ``options`` (found by hand against a real node): a value the wire
+"""Bad numbers in Ollama ``options``: a value the wire
 cannot carry must be a 400 naming the option, not a 503 from the command that failed to
 serialize on its way to the master."""
 

@@ -1301,7 +1301,7 @@ if __name__ == "__main__":
 
 
 def test_a_foreign_web_server_is_named_as_not_an_exo_p2p_api():
-    """Found by a new user: with another web server on the API port the CLI printed the
+    """With another web server on the API port the CLI used to print the
     HTML page; it now says in one line that the URL is not an exo-p2p node."""
     import httpx
 

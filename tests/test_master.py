@@ -259,8 +259,8 @@ def test_failed_instance_that_no_longer_fits_is_given_up_with_the_reason():
 
 def test_a_re_placement_that_fits_nowhere_waits_for_the_memory_release_before_giving_up():
     """Within ``RELEASE_WAIT`` of the failure nothing is given up (the failed runners may still
-    hold the memory; their nodes re-publish it once they exit: the CI flake of
-    test_runner_churn, re-placement refused by 2 MB): no events, the master tries again; the
+    hold the memory; their nodes re-publish it once they exit: under
+    tests/test_runner_churn.py a re-placement was refused by 2 MB): no events, the master tries again; the
     memory back in a new report → re-placed; still nowhere after the wait → given up."""
     from master.replace import RELEASE_WAIT, replacement
 

@@ -132,7 +132,7 @@ def models_dir(tmp_path_factory):
 def test_profile_is_republished_when_hosted_shards_change_by_less_than_the_step():
     """Under ``--memory-limit`` a deletion frees less than the 256 MiB publish step: the node
     still re-publishes (its promised memory moved), else a profile re-published for another
-    field while more shards were hosted keeps refusing placements (flaked in CI before)."""
+    field while more shards were hosted keeps refusing placements."""
     from exo_p2p.types import NodeProfile
     from worker.profile import capped_memory, publish_due
 
