@@ -1,4 +1,4 @@
-"""Resuming on the batch path (issues 12 and 14): a request moved to a batched instance
+"""Resuming on the batch path (``exo_p2p.api.resume`` with continuous batching): a request moved to a batched instance
 (``resume_tokens``: the tokens its earlier task sent) continues exactly like the
 uninterrupted run — same tokens, text pieces, usage and finish — while other sequences share
 its batch."""

@@ -470,3 +470,42 @@ def test_no_reference_to_documents_outside_the_repository():
     readme = (ROOT / "README.md").read_text()
     hits += [("README.md", word) for word in outside if word in readme]
     assert not hits, hits
+
+
+def _bookkeeping_pattern(hash_numbers: bool = True):
+    """Work-tracking references (tracker numbers and their items, session numbers, CI run
+    names, field-case ids, and with ``hash_numbers`` a bare ``#N``: not for JS/HTML, where a
+    CSS colour is written so), built from pieces so this module's own source does not match. A
+    word and its number may be split across a line break, also inside a ``#`` comment."""
+    import re
+
+    gap = r"(?:[ \t]+|[ \t]*\n[ \t#]*)"  # between a word and its number
+    forms = [
+        r"\b[Ii]ss" + r"ues?" + gap + r"#?[0-9]+",
+        r"\b[Ss]ess" + r"ion" + gap + r"[0-9]",
+        r"\bc" + r"i[0-9]{1,3}\b",
+        r"\b[Ii]te" + r"ms?" + gap + r"[0-9]+",
+        r"\b(?:[Ff]ield" + gap + r")?[Cc]as" + r"es?" + gap + r"[A-Z][0-9]+",
+        r"\b(?:[Ff]ield" + gap + r")[Cc]as" + r"es?" + gap + r"[0-9]+",
+        r"\b" + r"B[0-9]{2}\b",
+    ]
+    if hash_numbers:
+        forms.append(r"(?<![\w&#/])" + "#" + r"[0-9]{1,3}\b")
+    return re.compile("|".join(forms))
+
+
+def test_code_and_tests_name_no_issue_numbers():
+    """Comments and docstrings say what they mean (a rule's name, a module, docs/) instead of
+    work-tracking references: no tracker or item numbers, session numbers, CI run names,
+    field-case ids."""
+    patterns = {True: _bookkeeping_pattern(), False: _bookkeeping_pattern(hash_numbers=False)}
+    paths = [p for folder in ("exo_p2p", "master", "worker", "tests", "scripts") for p in (ROOT / folder).rglob("*.py")]
+    paths += list((ROOT / "scripts").glob("*.sh"))
+    paths += [p for p in (ROOT / "exo_p2p" / "dashboard").rglob("*") if p.suffix in {".js", ".html"}]
+    hits = []
+    for path in sorted(paths):
+        text = path.read_text(errors="replace")
+        for m in patterns[path.suffix in {".py", ".sh"}].finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            hits.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}")
+    assert not hits, "\n".join(hits)
