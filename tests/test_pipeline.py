@@ -4,7 +4,8 @@ distributed.py) and the multi-rank runner (worker/runner/main.py).
 Rank processes are real subprocesses on free loopback ports: greedy output of 2 and 3 ranks
 equals 1 rank token for token (one prompt prefilled in several chunks); each rank's peak
 memory during load is within ±15% of its share; a missing host list fails with the sizes;
-a cancel that reaches one rank only stops every rank at the same step. Every process is killed at the end of its test; every wait is bounded.
+a cancel that reaches one rank only stops every rank at the same step. Every process is
+killed at the end of its test; every wait is bounded.
 
 Run a rank by hand: ``python -m tests.test_pipeline '<json config>'`` (see ``rank_main``).
 """
