@@ -39,6 +39,7 @@ from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_
 from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
+from exo_p2p.settings_table import SETTINGS
 
 def _help_type(self: Any, ctx: click.Context) -> str | None:
     """What ``--help`` shows after an option: its metavar (PORT, DIR, …), nothing for a flag
@@ -179,145 +180,149 @@ def root(
 
 # -- the node -------------------------------------------------------------------------------
 #
-# Every node flag is one parameter of ``node`` below: ``typer.Option(envvar=node_env("NAME"),
-# metavar=..., help=...)``. Its environment variable (``EXO_P2P_<NAME>``) is listed in
-# ``--help``; a value neither given on the command line nor in the environment comes from
-# the data dir's ``config.toml`` (``node_config_file``), keyed by the flag's name. Adding a
-# flag: one parameter here, one keyword to ``build_node_config``, one ``NodeConfig`` field.
+# Every node flag is one parameter of ``node`` below, ``node_option("--flag")``: its
+# environment variable, metavar and help (with the default, read from ``NodeConfig``) come
+# from the one table of node settings, ``exo_p2p.settings_table.SETTINGS``, which also renders
+# docs/configuration.md. A value neither given on the command line nor in the environment
+# comes from the data dir's ``config.toml`` (``node_flag_values``), keyed by the flag's name.
+# Adding a flag: one ``Setting`` in the table, one parameter here, one keyword to
+# ``build_node_config``, one ``NodeConfig`` field; then run scripts/gen_config_docs.py.
 
 
-def node_env(name: str) -> str:
-    """The environment variable of a node flag: ``"API_PORT"`` → ``"EXO_P2P_API_PORT"``."""
-    return f"EXO_P2P_{name}"
+def node_option(flag: str, **extra: Any) -> Any:
+    """The ``typer.Option`` of the node flag ``flag`` (``"--api-port"``), from its entry in
+    ``SETTINGS``; ``extra`` adds click settings such as ``min``."""
+    setting = SETTINGS[flag]
+    return typer.Option(flag, envvar=setting.env, metavar=setting.metavar, help=setting.cli_help(), hidden=setting.hidden, **extra)
 
 
 @app.command()
 @handled
 def node(
     ctx: typer.Context,
-    api_port: Annotated[Optional[int], typer.Option(envvar=node_env("API_PORT"), metavar="PORT", help="HTTP API port (default: 52515).")] = None,
+    api_port: Annotated[Optional[int], node_option("--api-port")] = None,
     api_host: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("API_HOST"), metavar="HOST", help="HTTP API bind address (default: 127.0.0.1); 0.0.0.0 serves other machines."),
+        node_option("--api-host"),
     ] = None,
     listen_port: Annotated[
         Optional[int],
-        typer.Option(envvar=node_env("LISTEN_PORT"), metavar="PORT", help="libp2p listen port (default: 52514); 0 picks a free one."),
+        node_option("--listen-port"),
     ] = None,
     listen_host: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("LISTEN_HOST"), metavar="HOST", help="libp2p listen address (default: 0.0.0.0)."),
+        node_option("--listen-host"),
     ] = None,
     data_dir: Annotated[
         Optional[Path],
-        typer.Option(envvar="EXO_P2P_HOME", metavar="DIR", help="Identity, event log, models and config.toml (default: $XDG_DATA_HOME/exo-p2p, i.e. ~/.local/share/exo-p2p)."),
+        node_option("--data-dir"),
     ] = None,
     memory_limit: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("MEMORY_LIMIT"), metavar="SIZE", help="Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)."),
+        node_option("--memory-limit"),
     ] = None,
     models_dir: Annotated[
         Optional[list[Path]],
-        typer.Option(envvar=node_env("MODELS_DIR"), metavar="DIR", help="A directory of models to serve (repeatable; in the variable, separated by colons like PATH)."),
+        node_option("--models-dir"),
     ] = None,
     log_format: Annotated[
         Optional[LogFormat],
-        typer.Option(envvar=node_env("LOG_FORMAT"), metavar="console|json", help="Log format; json: one JSON object per line, libraries and runners included (default: console)."),
+        node_option("--log-format"),
     ] = None,
     log_level: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("LOG_LEVEL"), metavar="LEVEL", help="debug, info, warning or error (default: info)."),
+        node_option("--log-level"),
     ] = None,
     log_file: Annotated[
         Optional[Path],
-        typer.Option(envvar=node_env("LOG_FILE"), metavar="FILE", help="Append the log to FILE instead of stderr."),
+        node_option("--log-file"),
     ] = None,
     cluster: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("CLUSTER"), metavar="NAME", help="Cluster name; nodes only join nodes of the same cluster (default: default)."),
+        node_option("--cluster"),
     ] = None,
     cluster_secret: Annotated[
         Optional[Path],
-        typer.Option(envvar=node_env("CLUSTER_SECRET"), metavar="FILE", help="File holding the cluster secret (see `exo-p2p cluster-secret`)."),
+        node_option("--cluster-secret"),
     ] = None,
     bootstrap: Annotated[
         Optional[list[str]],
-        typer.Option(envvar=node_env("BOOTSTRAP"), metavar="MULTIADDR", help="Address of a peer to dial (repeatable; in the variable, separated by spaces), e.g. /ip4/10.0.0.2/tcp/52514/p2p/12D3Koo..."),
+        node_option("--bootstrap"),
     ] = None,
     priority: Annotated[
         Optional[int],
-        typer.Option(envvar=node_env("PRIORITY"), metavar="N", help="Election priority; higher wins a vacant master seat (default: 0)."),
+        node_option("--priority"),
     ] = None,
     new_identity: Annotated[
         bool,
-        typer.Option("--new-identity", envvar=node_env("NEW_IDENTITY"), help="Make a new node identity instead of the saved one."),
+        node_option("--new-identity"),
     ] = False,
     name: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("NAME"), metavar="NAME", help="Friendly name shown by `exo-p2p nodes` and in log lines (default: the host name)."),
+        node_option("--name"),
     ] = None,
     queue_limit: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("QUEUE_LIMIT"), metavar="N", help="Chat requests in flight on this API before 429 (default: 64)."),
+        node_option("--queue-limit", min=1),
     ] = None,
     prefill_chunk_size: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("PREFILL_CHUNK_SIZE"), metavar="TOKENS", help="Prompt tokens per prefill step (default: 32); the master fixes its value in each instance it places, for every rank."),
+        node_option("--prefill-chunk-size", min=1),
     ] = None,
     max_batch: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("MAX_BATCH"), metavar="N", help="Sequences a runner decodes together in one forward pass (default: 16; 1: one request at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each instance it places, for every rank."),
+        node_option("--max-batch", min=1),
     ] = None,
     prompt_cache_bytes: Annotated[
         Optional[int],
-        typer.Option(min=0, envvar=node_env("PROMPT_CACHE_BYTES"), metavar="BYTES", help="KV of finished conversations a single-rank runner keeps (LRU) so a request extending one prefills only its new tokens (default: 0, off)."),
+        node_option("--prompt-cache-bytes", min=0),
     ] = None,
     kv_cache_bytes: Annotated[
         Optional[int],
-        typer.Option(min=0, envvar=node_env("KV_CACHE_BYTES"), metavar="BYTES", help="KV cache a runner's batch may hold: a request joins the batch only when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 out_of_memory (default: what the node's memory leaves beside its placed shards)."),
+        node_option("--kv-cache-bytes", min=0),
     ] = None,
     cpu_weights: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("CPU_WEIGHTS"), metavar="auto|float32|stored", help="On a CPU-only node, the weights runners hold: auto (float32 when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as on disk). Default: auto."),
+        node_option("--cpu-weights"),
     ] = None,
     max_moves: Annotated[
         Optional[int],
-        typer.Option(min=0, envvar=node_env("MAX_MOVES"), help="Times a request may move to another instance when its instance fails (default: 2; 0 = never)."),
+        node_option("--max-moves", min=0),
     ] = None,
     no_mdns: Annotated[
         bool,
-        typer.Option("--no-mdns", envvar=node_env("NO_MDNS"), help="Do not discover peers on the LAN (use --bootstrap)."),
+        node_option("--no-mdns"),
     ] = False,
     compact_every: Annotated[
         Optional[int],
-        typer.Option(min=1, envvar=node_env("COMPACT_EVERY"), metavar="N", help="Compact the event log into a snapshot of State once it holds this many events (default: 20000)."),
+        node_option("--compact-every", min=1),
     ] = None,
     api_key: Annotated[
         Optional[list[str]],
-        typer.Option("--api-key", envvar=node_env("API_KEY"), metavar="KEY", help="API key clients must send as Authorization: Bearer KEY (repeatable; /health needs none)."),
+        node_option("--api-key"),
     ] = None,
     api_key_file: Annotated[
         Optional[Path],
-        typer.Option("--api-key-file", envvar=node_env("API_KEY_FILE"), metavar="FILE", help="File of API keys, one a line (with or instead of --api-key)."),
+        node_option("--api-key-file"),
     ] = None,
     cors_origins: Annotated[
         Optional[list[str]],
-        typer.Option("--cors-origins", envvar=node_env("CORS_ORIGINS"), metavar="ORIGINS", help="Web origins browsers may call the API from, comma-separated or repeated; * = any (default: none)."),
+        node_option("--cors-origins"),
     ] = None,
     join: Annotated[
         Optional[str],
-        typer.Option(envvar=node_env("JOIN"), metavar="TOKEN", help="Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is kept in the data dir: later starts need no flag)."),
+        node_option("--join"),
     ] = None,
     fault_hook: Annotated[
         Optional[list[str]],
-        typer.Option("--fault-hook", hidden=True, help="Tests only: KEY=VALUE fault injected into runners (fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, gossip_reorder=K)."),
+        node_option("--fault-hook"),
     ] = None,
 ) -> None:
     """Run a node on this machine until Ctrl-C.
 
     Every flag can also come from its EXO_P2P_... environment variable or from config.toml
     in the data dir (keys are the flag names, e.g. api-port = 52525); the command line wins,
-    then the environment, then the file.
+    then the environment, then the file. Every setting: docs/configuration.md.
     """
     values = node_flag_values(ctx, fault_hook=fault_hook)
     log_format = values["log_format"]

@@ -1,0 +1,276 @@
+"""The one table of ``exo-p2p node`` settings.
+
+One ``Setting`` per flag of the ``node`` command: its flag, its ``config.toml`` key, its
+environment variable, the ``NodeConfig`` field it fills, its type or unit, and its help text.
+``ENVIRONMENT`` lists the other environment variables the code reads. Defaults are never
+written here: ``default_of`` reads them from ``NodeConfig`` (``exo_p2p.config``), and a flag
+without a field has no default beyond "not given".
+
+Who reads it: the ``node`` command (``exo_p2p.cli.main``) takes each option's environment
+variable, metavar and help from ``SETTINGS``; ``render_configuration`` writes
+docs/configuration.md (``scripts/gen_config_docs.py``); tests/test_configuration_docs.py
+checks the page, the command's options and the defaults against this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from exo_p2p.config import CPU_WEIGHTS, DEFAULT_API_HOST, DEFAULT_API_PORT, NodeConfig
+
+ENV_PREFIX = "EXO_P2P_"
+CONFIG_FILE = "config.toml"
+"""The file of node settings in the data dir (``exo_p2p.cli.node_cmd.NODE_CONFIG_FILE``)."""
+GENERATE_COMMAND = ".venv/bin/python scripts/gen_config_docs.py"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One flag of ``exo-p2p node``.
+
+    ``field``: the ``NodeConfig`` field it fills (None: it fills none directly);
+    ``inverted``: the flag sets the field to False (``--no-mdns`` → ``mdns``);
+    ``when_unset``: what the node does when a None default is left, in words;
+    ``env`` and ``key`` are derived from the flag unless given; ``""`` means "none"."""
+
+    flag: str
+    kind: str
+    help: str
+    field: str | None = None
+    metavar: str | None = None
+    when_unset: str | None = None
+    repeatable: bool = False
+    inverted: bool = False
+    hidden: bool = False
+    env_name: str | None = None
+    key_name: str | None = None
+
+    @property
+    def env(self) -> str | None:
+        """The environment variable (None: none)."""
+        if self.env_name is not None:
+            return self.env_name or None
+        return None if self.hidden else ENV_PREFIX + self.flag[2:].upper().replace("-", "_")
+
+    @property
+    def key(self) -> str | None:
+        """The ``config.toml`` key (None: not settable there)."""
+        if self.key_name is not None:
+            return self.key_name or None
+        return None if self.hidden else self.flag[2:]
+
+    def cli_help(self) -> str:
+        """The help ``exo-p2p node --help`` shows: the text and the default."""
+        shown = default_text(self, code=False)
+        return f"{self.help} (default: {shown})." if shown not in ("none", "off") else f"{self.help}."
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """An environment variable the code reads that is not only a flag's."""
+
+    name: str
+    read_by: str
+    help: str
+
+
+_SETTINGS = (
+    Setting("--api-port", "port", "HTTP API port", "api_port", "PORT"),
+    Setting("--api-host", "address", "HTTP API bind address; 0.0.0.0 serves other machines", "api_host", "HOST"),
+    Setting("--listen-port", "port", "libp2p listen port; 0 picks a free one", "listen_port", "PORT"),
+    Setting("--listen-host", "address", "libp2p listen address", "listen_host", "HOST"),
+    Setting("--data-dir", "path", "Identity, event log, models and config.toml", "data_dir", "DIR",
+            when_unset="$XDG_DATA_HOME/exo-p2p, i.e. ~/.local/share/exo-p2p", env_name="EXO_P2P_HOME", key_name=""),
+    Setting("--memory-limit", "size: bytes, or KiB/MiB/GiB (powers of 1024), KB/MB/GB (powers of 1000)",
+            "Cap the memory this node offers: bytes or 512MiB, 16GiB (powers of 1024), 16GB (powers of 1000)",
+            "memory_limit", "SIZE", when_unset="the machine's memory"),
+    Setting("--models-dir", "path, repeatable", "A directory of models to serve: MLX-format model directories and "
+            "GGUF files (repeatable; in the variable, separated by colons like PATH)", "models_dirs", "DIR", repeatable=True),
+    Setting("--log-format", "console or json", "Log format; json: one JSON object per line, libraries and runners "
+            "included", "log_format", "console|json"),
+    Setting("--log-level", "debug, info, warning or error", "Log level: debug, info, warning or error", "log_level", "LEVEL"),
+    Setting("--log-file", "path", "Append the log to FILE", "log_file", "FILE", when_unset="stderr"),
+    Setting("--cluster", "name", "Cluster name; nodes only join nodes of the same cluster", "cluster", "NAME"),
+    Setting("--cluster-secret", "path", "File holding the cluster secret (see `exo-p2p cluster-secret`); a copy "
+            "is kept in the data dir", "cluster_secret_file", "FILE",
+            when_unset="the secret kept in the data dir, else none: an open cluster"),
+    Setting("--bootstrap", "multiaddr, repeatable", "Address of a peer to dial (repeatable; in the variable, separated "
+            "by spaces), e.g. /ip4/10.0.0.2/tcp/52514/p2p/NODE_ID (`exo-p2p nodes` prints them)", "bootstrap", "MULTIADDR", repeatable=True),
+    Setting("--priority", "integer (32-bit)", "Election priority; higher wins a vacant master seat", "priority", "N"),
+    Setting("--new-identity", "flag", "Make a new node identity instead of the saved one (for a copied data dir)",
+            "new_identity"),
+    Setting("--name", "text", "Friendly name shown by `exo-p2p nodes` and in log lines", "friendly_name", "NAME",
+            when_unset="the host name"),
+    Setting("--queue-limit", "count (≥ 1)", "Chat requests in flight on this API before 429", "queue_limit", "N"),
+    Setting("--prefill-chunk-size", "tokens (≥ 1)", "Prompt tokens per prefill step; the master fixes its value in "
+            "each instance it places, for every rank", "prefill_chunk_size", "TOKENS"),
+    Setting("--max-batch", "count (≥ 1)", "Sequences a runner decodes together in one forward pass (1: one request "
+            "at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each "
+            "instance it places, for every rank", "max_batch", "N"),
+    Setting("--prompt-cache-bytes", "bytes (≥ 0)", "KV of finished conversations a runner keeps (LRU) so a request "
+            "extending one prefills only its new tokens; 0 is off, and so is --max-batch 1; a multi-rank instance "
+            "keeps the smallest rank's bound, in tokens", "prompt_cache_bytes", "BYTES"),
+    Setting("--kv-cache-bytes", "bytes (≥ 0)", "KV cache a runner's batch may hold: a request joins the batch only "
+            "when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 "
+            "out_of_memory", "kv_cache_bytes", "BYTES",
+            when_unset="what the node's memory leaves beside its placed shards"),
+    Setting("--cpu-weights", " | ".join(CPU_WEIGHTS), "On a CPU-only node, the weights runners hold: auto (float32 "
+            "when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as "
+            "on disk); a Metal node always holds the stored weights", "cpu_weights", "|".join(CPU_WEIGHTS)),
+    Setting("--max-moves", "count (≥ 0)", "Times a request may move to another instance when its instance fails "
+            "(0: never)", "max_moves", "N"),
+    Setting("--no-mdns", "flag", "Do not discover peers on the LAN (use --bootstrap)", "mdns", inverted=True),
+    Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
+            "many events", "compact_every", "N"),
+    Setting("--api-key", "text, repeatable", "API key clients must send as Authorization: Bearer KEY (repeatable; "
+            "/health needs none)", "api_keys", "KEY", repeatable=True),
+    Setting("--api-key-file", "path", "File of API keys, one a line, # comments (with or instead of --api-key)",
+            None, "FILE"),
+    Setting("--cors-origins", "origins, repeatable", "Web origins browsers may call the API from, comma-separated "
+            "or repeated; * = any", "cors_origins", "ORIGINS", repeatable=True),
+    Setting("--join", "token", "Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is "
+            "kept in the data dir: later starts need no flag)", None, "TOKEN"),
+    Setting("--fault-hook", "KEY=VALUE, repeatable", "Tests only: KEY=VALUE fault injected into runners "
+            "(fail=loading, stall=loading|warmup, ...) or into received gossip (gossip_drop=P, gossip_dup=P, "
+            "gossip_reorder=K)", "fault_hooks", repeatable=True, hidden=True),
+)
+SETTINGS: dict[str, Setting] = {s.flag: s for s in _SETTINGS}
+"""Every flag of ``exo-p2p node``, by flag, in ``--help`` order."""
+
+ENVIRONMENT = (
+    EnvVar("EXO_P2P_API", "client commands", "The node's API URL (without /v1) when no --api is given; "
+           f"default http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"),
+    EnvVar("EXO_P2P_API_KEY", "client commands", "client commands send it as Authorization: Bearer KEY"),
+    EnvVar("EXO_P2P_BLAS", "node (runners)", "The BLAS library file runners preload instead of the one found "
+           "(/usr/lib/<triplet>/openblas-pthread/...); empty: none"),
+    EnvVar("EXO_P2P_RUNNER_LOG", "runners", "Set by the node for its runners (log format and node name); "
+           "not a setting"),
+    EnvVar("XDG_DATA_HOME", "node, client commands", "Base of the default data dir ($XDG_DATA_HOME/exo-p2p) "
+           "when neither --data-dir nor EXO_P2P_HOME is given"),
+    EnvVar("HF_HUB_CACHE", "node", "The Hugging Face cache whose MLX-format models the node lists, read-only"),
+    EnvVar("HF_HOME", "node", "$HF_HOME/hub is the Hugging Face cache when HF_HUB_CACHE is not set"),
+    EnvVar("OPENBLAS_NUM_THREADS", "runners", "Set by the supervisor to the cores the node offers; other "
+           "OPENBLAS_* variables pass through to runners"),
+)
+"""Environment variables the code reads besides (or as well as) the flags' own."""
+
+
+def field_default(name: str) -> Any:
+    """The default of the ``NodeConfig`` field ``name`` (``msgspec.NODEFAULT`` when it has none)."""
+    for f in msgspec.structs.fields(NodeConfig):
+        if f.name == name:
+            if f.default_factory is not msgspec.NODEFAULT:
+                return f.default_factory()
+            return f.default
+    raise KeyError(f"NodeConfig has no field {name!r}")
+
+
+def default_of(setting: Setting) -> Any:
+    """The value a setting has when it is not given: from its ``NodeConfig`` field, negated
+    for an inverted flag; None for a flag without a field or a field without a default."""
+    if setting.field is None:
+        return None
+    value = field_default(setting.field)
+    if value is msgspec.NODEFAULT:
+        return None
+    return (not value) if setting.inverted else value
+
+
+def show_value(value: Any) -> str:
+    """A default as the docs and ``--help`` show it."""
+    if value is None or value == [] or value == {}:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def default_text(setting: Setting, *, code: bool = True) -> str:
+    """The default of ``setting`` in words: its value, or what happens when it is unset;
+    ``code`` puts a value in backticks (Markdown)."""
+    value = default_of(setting)
+    if value in (None, [], {}) and setting.when_unset:
+        return setting.when_unset
+    shown = show_value(value)
+    return f"`{shown}`" if code and shown not in ("none", "off", "on") else shown
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _code(text: str | None) -> str:
+    return f"`{_cell(text)}`" if text else "—"
+
+
+def _flags_table() -> list[str]:
+    lines = ["| flag | type or unit | default | environment variable | `config.toml` key | `NodeConfig` field | meaning |",
+             "|---|---|---|---|---|---|---|"]
+    for s in _SETTINGS:
+        flag = f"`{s.flag} {s.metavar}`" if s.metavar else f"`{s.flag}`"
+        field = f"`{'not ' if s.inverted else ''}{s.field}`" if s.field else "—"
+        meaning = ("(hidden) " if s.hidden else "") + s.help
+        lines.append(f"| {_cell(flag)} | {_cell(s.kind)} | {_cell(default_text(s))} | {_code(s.env)} | "
+                     f"{_code(s.key)} | {field} | {_cell(meaning)} |")
+    return lines
+
+
+def _env_table() -> list[str]:
+    extra = {e.name: e for e in ENVIRONMENT}
+    lines = ["| variable | read by | meaning |", "|---|---|---|"]
+    for s in _SETTINGS:
+        if s.env is None:
+            continue
+        also = extra.pop(s.env, None)
+        meaning = f"`{s.flag}` of `exo-p2p node`" + (f"; {also.help}" if also else "")
+        lines.append(f"| `{s.env}` | node{', ' + also.read_by if also else ''} | {_cell(meaning)} |")
+    lines += [f"| `{e.name}` | {e.read_by} | {_cell(e.help)} |" for e in extra.values()]
+    return lines
+
+
+_INTRO = """\
+Every setting of `exo-p2p node`: its flag, the environment variable and the `config.toml` key
+that set it too, the `NodeConfig` field (`exo_p2p/config.py`) it fills, and its default. A
+value given on the command line wins, then the environment, then `config.toml` in the data
+dir, then the default. `exo-p2p node --help` shows the same text."""
+
+_FILE = """\
+`DATA_DIR/config.toml` (TOML; optional) sets any flag the command line and the environment
+left unset. A key is the flag's name without `--` (`api-port`; `api_port` is read alike);
+a repeatable flag takes a list (a single value counts as a list of one); a flag without a
+value (`no-mdns`, `new-identity`) takes `true` or `false`. `data-dir` cannot be set in the
+data dir's own file, and a key that names no flag, or a value the flag refuses, stops the
+node with an error naming the file and the key. Example:
+
+```toml
+api-port = 52525
+listen-port = 52524
+name = "b"
+models-dir = ["/srv/models"]
+bootstrap = ["/ip4/10.0.0.2/tcp/52514/p2p/12D3KooW..."]
+max-batch = 8
+no-mdns = true
+```"""
+
+
+def render_configuration() -> str:
+    """The text of docs/configuration.md."""
+    parts = [
+        "# Configuration", "",
+        f"Generated from the table in `exo_p2p/settings_table.py` by `{GENERATE_COMMAND}`; do not",
+        "edit it by hand: `tests/test_configuration_docs.py` fails when it differs from the code.", "",
+        _INTRO, "",
+        "Sizes are bytes unless a unit is given (`--memory-limit`: KiB/MiB/GiB are powers of 1024,",
+        "KB/MB/GB of 1000). A repeatable flag is given once per value; its variable takes the values",
+        "separated by spaces (directories: by colons, like `PATH`).", "",
+        "## Flags", "", *_flags_table(), "",
+        "## Environment variables", "", *_env_table(), "",
+        f"## {CONFIG_FILE}", "", _FILE, "",
+    ]
+    return "\n".join(parts)
