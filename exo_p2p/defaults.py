@@ -1,7 +1,7 @@
 """Every time bound and size default of the cluster core, named once with its unit and why.
 
-The cluster modules (``exo_p2p.cluster``) and ``ClusterSettings`` read these; the README's
-defaults table and docs/architecture.md ("Defaults") quote them. Times are seconds of this
+The cluster modules (``exo_p2p.cluster``) and ``ClusterSettings`` read these; the defaults
+tables of docs/cluster.md and docs/architecture.md ("Defaults") quote them. Times are seconds of this
 node's monotonic clock (heartbeats carry no time); sizes are counts or bytes as named.
 Pure data: no imports, so any layer may read it.
 """

@@ -31,7 +31,7 @@ followed, but it keeps this node from starting an election of its own meanwhile.
 
 This is not authentication: a host that copies the cluster's log can present it. Only a
 closed cluster (``--cluster-secret``: peers without the key cannot connect) keeps outsiders
-out; see README "Security".
+out; see docs/cluster.md "Security".
 """
 
 from __future__ import annotations

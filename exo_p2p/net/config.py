@@ -30,7 +30,7 @@ OPEN_CLUSTER_NOTICE = (
     "with --cluster-secret FILE (the secret is then kept in the data dir); new machines join with "
     "`exo-p2p node --join TOKEN` (TOKEN from `exo-p2p invite` on a member)"
 )
-"""What a node without a cluster secret says at start (README "Security")."""
+"""What a node without a cluster secret says at start (docs/cluster.md "Security")."""
 
 MDNS_SALT = b"exo-p2p/mdns/v1\0"
 

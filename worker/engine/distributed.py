@@ -44,7 +44,7 @@ UNSPECIFIED_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 def hostfile_entries(ring_addresses: Sequence[str]) -> list[list[str]]:
     """The ring hostfile content for ``ring_addresses`` (one ``"ip:port"`` per rank, rank
     order). MLX's ring binds each rank's listener to its own entry, so the ring listens only
-    at the address placement chose (its traffic is plain TCP: README "Security"). Raises
+    at the address placement chose (its traffic is plain TCP: docs/cluster.md "Security"). Raises
     ``ValueError`` for an empty or malformed address, or an unspecified one (``0.0.0.0``,
     ``::``), which would listen on every interface."""
     entries = []
