@@ -18,8 +18,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
+from tests.tiers import (  # noqa: F401  (the tier markers and their check: tests/tiers.py)
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 from worker import blas
+
+# --- hypothesis profiles (docs/testing.md) ----------------------------------------------------------
+# ``ci`` (CI=true, or HYPOTHESIS_PROFILE=ci) runs each property 100 times, ``dev`` 20 times;
+# a test's own ``@settings(max_examples=...)`` wins over both. No deadline in either: the
+# suite runs beside real node processes on 2 cores, where one example can take 10x its quiet
+# time, and a deadline would fail a correct rule for the machine's load.
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 BLAS_LIBRARY = blas.find_optimised_blas()
 if "mlx.core" not in sys.modules and BLAS_LIBRARY is not None:

@@ -847,6 +847,7 @@ def run_served(body: Callable[[str, FakeMaster], Awaitable[None]], timeout: floa
     trio.run(main)
 
 
+@pytest.mark.integration
 def test_openai_client_against_real_server(caplog: pytest.LogCaptureFixture) -> None:
     openai = pytest.importorskip("openai")
     caplog.set_level(logging.INFO)
@@ -888,6 +889,7 @@ def test_openai_client_against_real_server(caplog: pytest.LogCaptureFixture) -> 
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.integration
 def test_real_server_disconnect_cancels_generation() -> None:
     async def body(url: str, backend: FakeMaster) -> None:
         backend.script = lambda cmd: reply_script(cmd.task_id, ["tok"] * 500, delay=0.02)
@@ -911,6 +913,7 @@ def test_real_server_disconnect_cancels_generation() -> None:
     run_served(body)
 
 
+@pytest.mark.integration
 def test_bind_failure_is_a_clear_oserror() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -924,6 +927,7 @@ def test_bind_failure_is_a_clear_oserror() -> None:
         assert str(info.value) == f"port {port} on 127.0.0.1 is in use"
 
 
+@pytest.mark.integration
 def test_real_server_413_then_keeps_serving() -> None:
     async def body(url: str, backend: FakeMaster) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
@@ -936,6 +940,7 @@ def test_real_server_413_then_keeps_serving() -> None:
     run_served(body)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["shutdown_event", "cancel"])
 def test_shutdown_with_a_stream_open_is_quiet_and_cancels_it(
     how: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]

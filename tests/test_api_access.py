@@ -139,6 +139,7 @@ def test_keys_every_route_but_health_in_the_family_error_shape() -> None:
     run_api(body, access=KEYED)
 
 
+@pytest.mark.integration
 def test_cli_client_sends_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from exo_p2p.cli.client import API_KEY_ENV, ApiError as CliApiError, NodeClient
     from tests.test_api import run_served

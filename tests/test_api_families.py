@@ -43,6 +43,7 @@ def anthropic_client(url: str, **kw: Any):
 # ------------------------------------------------------------------------------ Anthropic
 
 
+@pytest.mark.integration
 def test_anthropic_sdk_create_stream_errors_and_count_tokens() -> None:
     def use(url: str) -> dict[str, Any]:
         client = anthropic_client(url)
@@ -116,6 +117,7 @@ def test_anthropic_stream_event_sequence_and_stop_sequence() -> None:
     run_api(body)
 
 
+@pytest.mark.integration
 def test_anthropic_keys_right_one_works_wrong_one_is_authentication_error() -> None:
     def use(url: str) -> tuple[Any, Any]:
         good = anthropic_client(url, api_key=KEY).messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
@@ -136,6 +138,7 @@ def test_anthropic_keys_right_one_works_wrong_one_is_authentication_error() -> N
 # --------------------------------------------------------------------------------- Ollama
 
 
+@pytest.mark.integration
 def test_ollama_client_chat_generate_list_ps_show() -> None:
     def use(url: str) -> dict[str, Any]:
         client = ollama.Client(host=url, timeout=10)
@@ -218,6 +221,7 @@ def test_get_root_serves_the_dashboard_route_to_browsers_only() -> None:
 # --------------------------------------------------------------------------------- OpenAI
 
 
+@pytest.mark.integration
 def test_openai_responses_completions_models_and_sampling_extras() -> None:
     def use(url: str) -> dict[str, Any]:
         client = openai_client(url)
@@ -296,6 +300,7 @@ def failing_script(task_id):
     ]
 
 
+@pytest.mark.integration
 def test_failure_mid_stream_ends_every_family_with_its_error_through_its_client() -> None:
     def use(url: str) -> dict[str, Any]:
         seen: dict[str, Any] = {}
@@ -338,6 +343,7 @@ def test_failure_mid_stream_ends_every_family_with_its_error_through_its_client(
     run_served(body)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_client_disconnect_cancels_the_generation_on_every_family(family: str) -> None:
     path, payload = FAMILIES[family]
@@ -362,6 +368,7 @@ def test_client_disconnect_cancels_the_generation_on_every_family(family: str) -
     run_served(body)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_keep_alives_flow_during_a_long_prefill_and_a_queue(family: str) -> None:
     """A stream is never silent for much longer than the keep-alive interval (0.2 s here; 5 s by

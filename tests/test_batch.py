@@ -158,6 +158,7 @@ def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
     return runners
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
 def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]], sharding: str) -> None:
     """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in

@@ -222,6 +222,7 @@ def test_a_waiting_request_can_be_cancelled(loaded) -> None:
     assert ended == {"a": "length", "b": "cancelled"}
 
 
+@pytest.mark.integration
 def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
     """Two pipeline runner ranks whose KV budgets differ 100-fold: both use the smaller
     rank's capacity (agreed at warm-up), so joins are decided alike — every task's text

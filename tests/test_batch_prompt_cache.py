@@ -15,6 +15,8 @@ from exo_p2p.types.chunks import PrefillProgressChunk, TokenChunk  # noqa: E402
 from tests.test_batch import CHUNK, PROMPTS, drive  # noqa: E402
 from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):

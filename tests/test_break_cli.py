@@ -26,6 +26,7 @@ def test_good_api_urls_pass() -> None:
     assert normalize_api_url("https://node.lan") == "https://node.lan"
 
 
+@pytest.mark.integration
 def test_a_malformed_api_url_prints_one_line() -> None:
     """``exo-p2p nodes --api http://[::1`` used to end in a ValueError traceback."""
     for url in ("http://[::1", "http://256.1.1.1:5"):
@@ -67,6 +68,7 @@ def json_service():
         thread.join(5)
 
 
+@pytest.mark.integration
 def test_an_api_url_of_another_json_service_is_a_one_line_error(json_service: str) -> None:
     """Commands used to end in ``AttributeError: 'str' object has no attribute 'get'``."""
     for command in (["nodes"], ["rm", "tiny"]):

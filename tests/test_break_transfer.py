@@ -388,6 +388,7 @@ def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Pa
     assert not p.root.exists()
 
 
+@pytest.mark.integration
 def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> None:
     """A holder announcing a 1 TiB reply used to have the fetcher buffer whatever it sent
     (until memory or the 30 s chunk bound ran out)."""

@@ -337,6 +337,7 @@ def _probe(server) -> list[str]:
     return [p for p in server.paths() if p != "/models/cluster"]
 
 
+@pytest.mark.integration
 def test_api_flag_before_and_after_subcommand_and_env(served, served2):
     assert invoke(["--api", served.url, "models"]).exit_code == 0
     assert _probe(served) == ["/models"] and _probe(served2) == []
@@ -354,6 +355,7 @@ def test_api_flag_before_and_after_subcommand_and_env(served, served2):
     assert _probe(served2) == ["/models"] * 3
 
 
+@pytest.mark.integration
 def test_api_without_scheme_is_accepted(served):
     hostport = served.url.removeprefix("http://")
     result = invoke(["instances", "--api", hostport, "--json"])
@@ -364,6 +366,7 @@ def test_api_without_scheme_is_accepted(served):
 # -- --json ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_nodes_json_is_only_json_with_fields_and_warnings_on_stderr(served):
     result = invoke(["nodes", "--json", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -377,6 +380,7 @@ def test_nodes_json_is_only_json_with_fields_and_warnings_on_stderr(served):
     assert "no peers" not in result.stdout
 
 
+@pytest.mark.integration
 def test_instances_json_fields(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     result = invoke(["instances", "--json", "--api", served.url])
@@ -389,6 +393,7 @@ def test_instances_json_fields(served):
     assert (shard["rank"], shard["start_layer"], shard["end_layer"]) == (0, 0, 30)
 
 
+@pytest.mark.integration
 def test_models_json_fields(served):
     result = invoke(["models", "--json", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -397,6 +402,7 @@ def test_models_json_fields(served):
     assert (model["model"], model["n_layers"], model["storage_size"]) == ("smollm2-135m-instruct", 30, 108_000_000)
 
 
+@pytest.mark.integration
 def test_previews_json_passes_model_and_nodes(served):
     result = invoke(["previews", "smollm2-135m-instruct", "--nodes", "alpha, beta", "--json", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -408,6 +414,7 @@ def test_previews_json_passes_model_and_nodes(served):
 # -- human output ---------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_nodes_table_shows_gib_master_and_warning(served):
     result = invoke(["nodes", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -420,6 +427,7 @@ def test_nodes_table_shows_gib_master_and_warning(served):
     assert result.stderr.strip() == "warning: no peers found for 12 s"
 
 
+@pytest.mark.integration
 def test_previews_table_shows_placement_or_why_not(served):
     result = invoke(["previews", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -427,6 +435,7 @@ def test_previews_table_shows_placement_or_why_not(served):
     assert "alpha: layers [0, 30), 113.3 MiB" in result.stdout
 
 
+@pytest.mark.integration
 def test_models_and_instances_tables(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     models = invoke(["models", "--api", served.url])
@@ -440,6 +449,7 @@ def test_models_and_instances_tables(served):
 # -- errors ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_unreachable_node_is_one_line_and_exit_1():
     url = f"http://127.0.0.1:{closed_port()}"
     for args in (["nodes", "--api", url], ["--api", url, "instances", "--json"], ["chat", "hi", "--api", url]):
@@ -452,6 +462,7 @@ def test_unreachable_node_is_one_line_and_exit_1():
         ]
 
 
+@pytest.mark.integration
 def test_unreachable_node_in_a_real_process_has_no_traceback():
     url = f"http://127.0.0.1:{closed_port()}"
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
@@ -466,6 +477,7 @@ def test_unreachable_node_in_a_real_process_has_no_traceback():
     ]
 
 
+@pytest.mark.integration
 def test_real_process_json_via_env(served):
     env = {**os.environ, "EXO_P2P_API": served.url}
     proc = subprocess.run(
@@ -475,6 +487,7 @@ def test_real_process_json_via_env(served):
     assert json.loads(proc.stdout)[0]["model"] == "smollm2-135m-instruct"
 
 
+@pytest.mark.integration
 def test_api_400_prints_message_and_exits_1(served):
     message = (
         "needs 33.0 GiB (35433480192 bytes: 30.0 GiB + 10%); the largest candidate cycle "
@@ -489,6 +502,7 @@ def test_api_400_prints_message_and_exits_1(served):
     assert served.node.instances == {}
 
 
+@pytest.mark.integration
 def test_bad_sharding_is_a_usage_error(served):
     result = invoke(["place", "m", "--sharding", "diagonal", "--api", served.url])
     assert result.exit_code == 2
@@ -580,6 +594,7 @@ def test_missing_cluster_secret_file_exits_2(monkeypatch, tmp_path):
 # -- place ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_place_waits_with_progress_until_ready(served):
     result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -591,6 +606,7 @@ def test_place_waits_with_progress_until_ready(served):
     assert "30/30" in result.stderr and "layers" in result.stderr
 
 
+@pytest.mark.integration
 def test_place_no_wait_returns_at_once(served):
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
     assert result.exit_code == 0, result.output
@@ -598,6 +614,7 @@ def test_place_no_wait_returns_at_once(served):
     assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout
 
 
+@pytest.mark.integration
 def test_place_failed_instance_exits_1_with_reason(served):
     served.node.fail_reason = "runner exited with code -9 while loading layer 12"
     result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
@@ -608,6 +625,7 @@ def test_place_failed_instance_exits_1_with_reason(served):
     )
 
 
+@pytest.mark.integration
 def test_place_timeout_exits_1(served):
     served.node.layers_per_poll = 0
     result = invoke(["place", "smollm2-135m-instruct", "--timeout", "0.2", "--api", served.url])
@@ -615,6 +633,7 @@ def test_place_timeout_exits_1(served):
     assert "is not ready after 0.2 s (status loading, 0/30 layers)" in error_lines(result)[-1]
 
 
+@pytest.mark.integration
 def test_delete_by_id_and_unique_prefix(served):
     served.node.place({"model": "a"})
     served.node.place({"model": "b"})
@@ -634,6 +653,7 @@ def _chat_bodies(served) -> list[dict]:
     return [b for m, p, _, b in served.node.requests if p == "/v1/chat/completions"]
 
 
+@pytest.mark.integration
 def test_chat_streams_text_from_sse(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     served.node.instances["inst0001-smollm2-135m-instruct"]["status"] = "ready"
@@ -651,6 +671,7 @@ def test_chat_streams_text_from_sse(served):
     ]
 
 
+@pytest.mark.integration
 def test_chat_model_defaults(served):
     assert invoke(["chat", "hi", "--api", served.url]).exit_code == 0
     assert _chat_bodies(served)[-1]["model"] == "smollm2-135m-instruct"  # nothing placed
@@ -663,6 +684,7 @@ def test_chat_model_defaults(served):
     assert "max_tokens" not in _chat_bodies(served)[-1]
 
 
+@pytest.mark.integration
 def test_chat_error_mid_stream_exits_1(served):
     served.node.chat_error_after = 2
     result = invoke(["chat", "hi", "--api", served.url])
@@ -671,6 +693,7 @@ def test_chat_error_mid_stream_exits_1(served):
     assert error_lines(result) == ["error: runner died while generating"]
 
 
+@pytest.mark.integration
 def test_interactive_chat_keeps_the_conversation(served):
     result = invoke(["chat", "--api", served.url], input="hello\n\nagain\n/bye\nnever sent\n")
     assert result.exit_code == 0, result.output
@@ -767,6 +790,7 @@ def _no_default_node(monkeypatch) -> str:
     return url
 
 
+@pytest.mark.integration
 def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     _fake_node_command(monkeypatch)
     _no_default_node(monkeypatch)
@@ -781,6 +805,7 @@ def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     assert "POST /instances" in log and "POST /v1/chat/completions" in log
 
 
+@pytest.mark.integration
 def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
     served.node.place({"model": "smollm2-135m-instruct"})
     result = invoke(["run", "smollm2-135m-instruct", "hi", "--api", served.url, "--data-dir", str(tmp_path)])
@@ -789,6 +814,7 @@ def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
     assert not (tmp_path / "run-node.log").exists()
 
 
+@pytest.mark.integration
 def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
     from exo_p2p.cli import local_node
 
@@ -804,12 +830,14 @@ def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
     assert "loading things" in result.stderr and "stale line" not in result.stderr
 
 
+@pytest.mark.integration
 def test_run_does_not_start_a_node_for_a_remote_api(tmp_path):
     result = invoke(["run", "m", "hi", "--api", "http://192.0.2.1:9", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert error_lines(result)[0].startswith("error: nothing answers at http://192.0.2.1:9")
 
 
+@pytest.mark.integration
 def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, tmp_path):
     """An explicit --api (or EXO_P2P_API) that answers nothing is an error,
     not a reason to start a node elsewhere."""
@@ -823,6 +851,7 @@ def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, 
         assert not (tmp_path / "private").exists()  # no node was started
 
 
+@pytest.mark.integration
 def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
     """The node `run` starts is private (own cluster, no mDNS, loopback)."""
     from exo_p2p.cli.local_node import node_command
@@ -844,6 +873,7 @@ def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
     assert (tmp_path / "private").read_text() == "False"
 
 
+@pytest.mark.integration
 def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_path):
     from rich.console import Console
 
@@ -857,6 +887,7 @@ def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_
     assert _gone(int((tmp_path / "fake-node.pid").read_text()))
 
 
+@pytest.mark.integration
 def test_stop_process_kills_a_node_that_ignores_sigterm():
     from exo_p2p.cli.local_node import stop_process
 
@@ -875,6 +906,7 @@ def test_stop_process_kills_a_node_that_ignores_sigterm():
         proc.stdout.close()
 
 
+@pytest.mark.integration
 def test_ctrl_c_while_waiting_exits_130_quietly(tmp_path):
     import signal
 
@@ -945,6 +977,7 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
 # -- a command line a new user trusts -------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_length_limit_is_said_on_stderr(served):
     served.node.finish_reason = "length"
     result = invoke(["chat", "hi", "--max-tokens", "4", "--api", served.url])
@@ -956,6 +989,7 @@ def test_length_limit_is_said_on_stderr(served):
     assert "length limit" not in result.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("prompt", ["", "   ", "\n\t"])
 def test_empty_prompt_is_refused(served, prompt):
     for command in (["chat", prompt], ["run", "smollm2-135m-instruct", prompt]):
@@ -967,6 +1001,7 @@ def test_empty_prompt_is_refused(served, prompt):
     assert served.paths("POST").count("/v1/chat/completions") == 0
 
 
+@pytest.mark.integration
 def test_place_bar_shows_phases_and_keeps_its_clock(served):
     from exo_p2p.cli.waiting import instance_phase
 
@@ -1013,6 +1048,7 @@ def test_short_ids_are_unique_prefixes(values):
         assert matches == [ident] or prefix == ident
 
 
+@pytest.mark.integration
 def test_instances_table_shows_short_ids_on_one_line_and_json_the_full_ids(served):
     for _ in range(3):
         served.node.place({"model": "smollm2-135m-instruct"})
@@ -1026,6 +1062,7 @@ def test_instances_table_shows_short_ids_on_one_line_and_json_the_full_ids(serve
     assert sorted(i["instance_id"] for i in json.loads(as_json.stdout)) == full
 
 
+@pytest.mark.integration
 def test_placing_a_model_twice_needs_replica(served):
     assert invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url]).exit_code == 0
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
@@ -1037,6 +1074,7 @@ def test_placing_a_model_twice_needs_replica(served):
     assert result.exit_code == 0 and len(served.node.instances) == 2
 
 
+@pytest.mark.integration
 def test_placing_a_model_twice_asks_in_a_terminal(served):
     """In a terminal, `place` asks before adding a replica; "n" places
     nothing, "y" places the replica."""
@@ -1070,6 +1108,7 @@ def test_placing_a_model_twice_asks_in_a_terminal(served):
         assert len(served.node.instances) == placed
 
 
+@pytest.mark.integration
 def test_api_url_with_a_path_names_the_right_url(served):
     result = invoke(["models", "--api", served.url + "/v1"])
     assert result.exit_code == 2
@@ -1078,6 +1117,7 @@ def test_api_url_with_a_path_names_the_right_url(served):
     assert served.paths() == []
 
 
+@pytest.mark.integration
 def test_stderr_is_not_wrapped_when_it_is_not_a_terminal(monkeypatch, tmp_path):
     _fake_node_command(monkeypatch)
     _no_default_node(monkeypatch)
@@ -1089,6 +1129,7 @@ def test_stderr_is_not_wrapped_when_it_is_not_a_terminal(monkeypatch, tmp_path):
     assert line.endswith(f"data dir {long_dir})")
 
 
+@pytest.mark.integration
 def test_ps_ls_aliases_and_stop_model(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     served.node.place({"model": "smollm2-135m-instruct"})
@@ -1105,6 +1146,7 @@ def test_ps_ls_aliases_and_stop_model(served):
     assert invoke(["rm", "x", "--api", served.url]).exit_code == 1
 
 
+@pytest.mark.integration
 def test_delete_with_a_model_name_hints_at_stop(served):
     served.node.place({"model": "smollm2-135m-instruct"})
     result = invoke(["delete", "smollm2-135m-instruct", "--api", served.url])
@@ -1115,6 +1157,7 @@ def test_delete_with_a_model_name_hints_at_stop(served):
     assert error_lines(result) == ["error: no instance nope (`exo-p2p instances` lists the ids)"]
 
 
+@pytest.mark.integration
 def test_previews_of_an_unknown_model_lists_the_known_ones(served):
     result = invoke(["previews", "gpt-5", "--api", served.url])
     assert result.exit_code == 1
@@ -1177,6 +1220,7 @@ def test_node_flags_from_env_and_config_file(monkeypatch, tmp_path):
     assert len(started) == 2
 
 
+@pytest.mark.integration
 def test_repl_leaves_a_newline_on_ctrl_c(served):
     from exo_p2p.cli.chat import repl
     from exo_p2p.cli.client import NodeClient
@@ -1191,6 +1235,7 @@ def test_repl_leaves_a_newline_on_ctrl_c(served):
     assert notes[-1] == ""
 
 
+@pytest.mark.integration
 def test_client_waits_for_a_local_node_that_is_starting(tmp_path):
     """`exo-p2p node & exo-p2p models` — the client waits (a few seconds)
     for the node that is starting instead of failing with "connection refused"."""
@@ -1221,6 +1266,7 @@ def test_client_waits_for_a_local_node_that_is_starting(tmp_path):
     assert result.exit_code == 1 and time.monotonic() - started < 3
 
 
+@pytest.mark.integration
 def test_runner_output_becomes_json_lines(tmp_path):
     """With --log-format json a runner's prints, warnings and traceback are
     JSON lines too (the node sets the runner's log settings in its environment)."""
@@ -1238,6 +1284,7 @@ def test_runner_output_becomes_json_lines(tmp_path):
     assert "hello from a runner" in lines and "to stderr" in lines and any("ValueError: boom" in x for x in lines)
 
 
+@pytest.mark.integration
 def test_node_log_lines_carry_the_node_name_and_json_parses(tmp_path):
     """JSON logs in a real node process that cannot start (its port is taken): every
     line of its JSON log file parses and names the node; the terminal gets the one-line

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from master.placement import RING_BASE_PORT
 from tests.cluster import NodeProcess, _ephemeral_range, free_ports
+
+pytestmark = pytest.mark.integration
 
 
 @settings(max_examples=20, deadline=None)

@@ -296,6 +296,7 @@ class FakeNet:
         return await self.server.serve_ticket(peer, data)
 
 
+@pytest.mark.integration
 def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Path, model: Path) -> None:
     from exo_p2p.models.bulk import BulkConnection, BulkError, BulkServer, bulk_chunk_getter
     from exo_p2p.models.peer_transfer import ChunkRequest, LocalModel

@@ -433,6 +433,7 @@ _RESOLVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_concurrent_resolves_import_once(gguf: Path, tmp_path: Path) -> None:
     data, go = tmp_path / "data", tmp_path / "go"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

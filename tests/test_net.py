@@ -145,6 +145,7 @@ def test_exactly_one_side_dials_a_discovered_pair(x: str, y: str) -> None:
 # two hosts on loopback
 
 
+@pytest.mark.integration
 def test_bootstrap_gossip_both_ways_and_8mib_request(tmp_path: Path) -> None:
     async def body() -> None:
         async with open_host(config(tmp_path, "a")) as a:
@@ -177,6 +178,7 @@ def test_bootstrap_gossip_both_ways_and_8mib_request(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_wildcard_listen_advertises_concrete_addresses(tmp_path: Path) -> None:
     async def body() -> None:
         async with open_host(config(tmp_path, "a", listen_host="0.0.0.0")) as a:
@@ -191,6 +193,7 @@ def test_wildcard_listen_advertises_concrete_addresses(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_request_errors_are_reported(tmp_path: Path) -> None:
     async def body() -> None:
         async with pair(tmp_path, max_frame_bytes=1024) as (a, b):
@@ -218,6 +221,7 @@ def test_request_errors_are_reported(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_200_paced_messages_all_arrive(tmp_path: Path) -> None:
     async def body() -> None:
         async with pair(tmp_path) as (a, b):
@@ -278,6 +282,7 @@ async def _flood(a, b, n: int) -> int:  # type: ignore[no-untyped-def]
     return got
 
 
+@pytest.mark.integration
 def test_flat_out_publish_is_paced_and_unpaced_drops_are_counted(tmp_path: Path) -> None:
     """Pacing keeps every message; without it libp2p drops silently, and our counter sees
     exactly the messages that did not arrive (docs/architecture.md#networking-notes, note 3)."""
@@ -299,6 +304,7 @@ def test_flat_out_publish_is_paced_and_unpaced_drops_are_counted(tmp_path: Path)
     run(body, limit=120)
 
 
+@pytest.mark.integration
 def test_bootstrap_peer_started_later_is_redialled(tmp_path: Path) -> None:
     from tests.cluster import free_port
 
@@ -316,6 +322,7 @@ def test_bootstrap_peer_started_later_is_redialled(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_peer_restarted_on_a_new_port_is_dialled_at_its_new_address(tmp_path: Path) -> None:
     """A peer that restarts (same identity) on a new port is reachable again at once through
     its new address, though the peerstore still lists the old one. The swarm dials one TCP
@@ -345,6 +352,7 @@ def test_peer_restarted_on_a_new_port_is_dialled_at_its_new_address(tmp_path: Pa
     run(body)
 
 
+@pytest.mark.integration
 def test_different_psk_cannot_connect(tmp_path: Path) -> None:
     async def body() -> None:
         secret_a, secret_b = secrets.token_bytes(32), secrets.token_bytes(32)
@@ -366,6 +374,7 @@ def test_different_psk_cannot_connect(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_plaintext_only_peer_is_refused(tmp_path: Path) -> None:
     from libp2p import new_host
     from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -393,6 +402,7 @@ def test_plaintext_only_peer_is_refused(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_silent_stream_is_dropped_and_host_keeps_serving(tmp_path: Path) -> None:
     from libp2p.custom_types import TProtocol
     from libp2p.peer.id import ID
@@ -456,6 +466,7 @@ class PeerProcess:
         self.proc.wait(timeout=10)
 
 
+@pytest.mark.integration
 def test_killed_peer_process_is_reported_disconnected(tmp_path: Path) -> None:
     async def body() -> None:
         async with open_host(config(tmp_path, "a")) as a:
@@ -481,6 +492,7 @@ def test_killed_peer_process_is_reported_disconnected(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_hung_peer_is_dropped_by_health_monitoring(tmp_path: Path) -> None:
     async def body() -> None:
         async with open_host(config(tmp_path, "a")) as a:
@@ -504,6 +516,7 @@ def test_hung_peer_is_dropped_by_health_monitoring(tmp_path: Path) -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_clean_shutdown_with_messages_in_flight_20_times(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -666,6 +679,7 @@ class NetnsLan:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=10)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(_can_use_netns() is not None, reason=str(_can_use_netns()))
 def test_mdns_three_nodes_in_namespaces_form_a_mesh_other_cluster_stays_apart(tmp_path: Path) -> None:
     lan = NetnsLan(4)

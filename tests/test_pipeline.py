@@ -130,6 +130,7 @@ def single(model_dir: Path) -> dict[str, Any]:
 
 # --- greedy equality ----------------------------------------------------------------------
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipeline_greedy_equals_single_rank(model_dir: Path, single: dict[str, Any], world: int) -> None:
     results = run_ranks(model_dir, world)
@@ -163,6 +164,7 @@ def share_bytes(model_dir: Path, start: int, end: int, n_layers: int) -> int:
     return total
 
 
+@pytest.mark.integration
 def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
     from exo_p2p.models.synthetic import make_synthetic_model
 
@@ -178,6 +180,7 @@ def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
 
 # --- group size --------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_missing_host_list_fails_with_sizes(model_dir: Path) -> None:
     """Rank 1 has no host list: the ring would be a group of one; it must fail, naming the
     sizes (rank 0 then fails to connect within its bounded wait)."""
@@ -189,6 +192,7 @@ def test_missing_host_list_fails_with_sizes(model_dir: Path) -> None:
     assert "rank 0 failed" in message and "timed out after 5 s" in message  # bounded, no hang
 
 
+@pytest.mark.integration
 def test_init_ring_is_bounded_when_alone() -> None:
     """Rank 0 of 2 whose peer never comes: the watchdog reports and kills it after 2 s."""
     port0, port1 = free_ports(2)
@@ -357,6 +361,7 @@ def task_for_request(created_idx: int, req: Any):
                                 temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
 
 
+@pytest.mark.integration
 def test_runner_ranks_agree_on_tasks_and_cancel(model_dir: Path, single: dict[str, Any]) -> None:
     """Two runner ranks: tasks delivered in different orders run once, in created_idx order,
     with rank 0's text equal to one rank's; a cancel delivered to rank 1 only ends the task
@@ -408,6 +413,7 @@ def test_runner_ranks_agree_on_tasks_and_cancel(model_dir: Path, single: dict[st
             r.close()
 
 
+@pytest.mark.integration
 def test_runner_without_host_list_fails_connecting(model_dir: Path) -> None:
     """Group size at the runner: rank 1 without the host list fails while Connecting with the
     sizes; rank 0 never reaches Ready."""
@@ -437,6 +443,7 @@ def half_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_synthetic_model(tmp_path_factory.mktemp("half") / "synthetic", n_layers=4, quantize=True, dtype="float16")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("weights", [["float32", "stored"], ["stored", "float32", "float32"]], ids=["f32-stored", "stored-f32-f32"])
 def test_pipeline_ranks_with_different_weights(half_dir: Path, weights: list[str]) -> None:
     """A pipeline whose ranks hold different weights runs, every rank ends each step with the

@@ -42,6 +42,7 @@ mx.distributed.init(strict=True, backend="ring")
 """
 
 
+@pytest.mark.integration
 def test_ring_rank_listens_only_at_its_placement_address(tmp_path):
     """A real MLX ring rank 0 (its neighbour never comes): its listening socket is bound to
     the hostfile's address for rank 0 (127.0.0.3 here), not to 0.0.0.0."""

@@ -211,6 +211,7 @@ class ChatLoad:
 # --- runner churn -----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
     storage = card_from_model_dir(big_models_dir / BIG, BIG).storage_size
     required = math.ceil(storage * 11 / 10)
@@ -380,6 +381,7 @@ def test_plan_under_churn_returns_one_task_and_never_recreates_a_killed_runner()
 # --- a runner stalled in warm-up -------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_runner_stalled_in_warmup_is_killed_by_its_silence_and_fails(tmp_path, models_dir):
     node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(models_dir), "--fault-hook", "stall=warmup"])
     try:

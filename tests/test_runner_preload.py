@@ -16,6 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 60.0
 """Seconds the imports may take (about 1 s on a quiet machine; 2 shared cores under load)."""

@@ -35,6 +35,7 @@ def _time_wait_port() -> int:
     return port
 
 
+@pytest.mark.integration
 def test_port_left_in_time_wait_by_a_dead_node_does_not_block_a_restart(tmp_path):
     port = _time_wait_port()
     with socket.socket() as plain:  # without SO_REUSEADDR the bind fails: the case is real
@@ -44,6 +45,7 @@ def test_port_left_in_time_wait_by_a_dead_node_does_not_block_a_restart(tmp_path
     lock.close()
 
 
+@pytest.mark.integration
 def test_port_with_a_live_listener_is_refused_with_a_clear_message(tmp_path):
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

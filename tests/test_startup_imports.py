@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration
 def test_listing_a_nodes_models_does_not_import_mlx_lm(tmp_path):
     """A store holding a synthetic llama model and the embedded GGUF (a llama too) is carded
     in a fresh process without mlx-lm (nor transformers) being imported."""

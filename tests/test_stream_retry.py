@@ -55,6 +55,7 @@ class ResetNextInbound(INotifee):
         pass
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("resets", [1, defaults.STREAM_OPEN_ATTEMPTS - 1])
 def test_a_request_whose_stream_is_reset_before_negotiation_is_sent_on_a_new_stream(tmp_path: Path, resets: int) -> None:
     async def body() -> None:
@@ -89,6 +90,7 @@ def test_which_failures_are_tried_again() -> None:
     assert not stream_died_at_once(ValueError("bad peer id"))
 
 
+@pytest.mark.integration
 def test_a_dial_to_a_dead_address_fails_fast(tmp_path: Path) -> None:
     """A peer that restarted listens on a new port; a dial to its old address is refused at
     once. py-libp2p's swarm retried it 3 times 0.1-0.4 s apart (>= 0.63 s), holding the

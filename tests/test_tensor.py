@@ -173,6 +173,7 @@ def report(name: str, single: dict, ranks: list[dict], diff: float | None) -> No
 
 # --- synthetic models: 2 ranks ---------------------------------------------------------------
 
+@pytest.mark.integration
 @pytest.mark.parametrize("quantize", [False, True], ids=["float", "q4"])
 def test_two_rank_tensor_equals_single_rank(tmp_path: Path, quantize: bool) -> None:
     from exo_p2p.models.synthetic import make_synthetic_model
@@ -196,6 +197,7 @@ def test_two_rank_tensor_equals_single_rank(tmp_path: Path, quantize: bool) -> N
         assert ranks[0]["texts"].get(f"p{i}", "") == single["texts"].get(f"p{i}", "")
 
 
+@pytest.mark.integration
 def test_tensor_ranks_with_different_weights(tmp_path: Path) -> None:
     """Rank 0 holds float32 weights, rank 1 the stored 4-bit ones with float16 scales (it
     computes in float16): every all-reduce sums in float32 (``dequantize.float32_wire``), so
@@ -218,6 +220,7 @@ def test_tensor_ranks_with_different_weights(tmp_path: Path) -> None:
         assert tokens[:8] == single["tokens"][f"p{i}"][:8], i
 
 
+@pytest.mark.integration
 def test_tensor_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
     """Each of 2 ranks loads about half the layers plus the non-layer tensors: its load peak is
     at least its share, at most its share plus one full layer tensor read before slicing (and
@@ -278,6 +281,7 @@ def test_loader_refuses_a_tensor_rank_of_a_layer_range(tmp_path: Path) -> None:
 
 # --- the tensor runner -------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_tensor_runners_generate_agree_and_cancel(tmp_path: Path) -> None:
     """Two runner processes of a tensor instance: Loaded reports a peak below the whole
     model; a task reaching the ranks in different orders runs once with one rank's text; a

@@ -4,6 +4,7 @@ the runner with the reason. A fake fetch; no runner process is started."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from exo_p2p.models.errors import ModelNotFoundError
@@ -111,6 +112,7 @@ def test_without_a_manifest_digest_the_missing_model_fails_as_before() -> None:
     trio.run(main)
 
 
+@pytest.mark.integration
 def test_a_task_planned_while_the_fetched_runner_starts_waits_for_its_process(tmp_path, monkeypatch) -> None:
     """A runner created after a fetch is Idle (so the planner sends it ``LoadModel``) while
     its process is still being started: the task waits for the process and its setup, and

@@ -18,7 +18,7 @@ import pytest
 from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.browser]
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 MODEL = "tiny"
 PEER_TIMEOUT = 5.0
 PAGE_SLACK = 2.0

@@ -15,7 +15,7 @@ import pytest
 from exo_p2p.api.access import AccessPolicy
 from tests.dashboard.fake_backend import FAILURE, REFUSAL, REFUSED_MODEL, TOKENS, FakeCluster, ServedBackend, synthetic_state
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
 def raw_get(port: int, path: str) -> tuple[int, bytes]:
