@@ -151,6 +151,7 @@ def test_ring_link_fault_mid_generation_fails_the_instance_within_bound(tmp_path
         cluster.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and ip netns")
 def test_node_unreachable_for_30s_is_timed_out_its_request_fails_and_it_rejoins(tmp_path, models_dir):
     """3 nodes in namespaces (LAN bridge + a management bridge for the APIs). The instance
