@@ -87,7 +87,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.e2e
 def test_e2e_enters_a_namespace():
-    subprocess.run(["true", "netns"], check=True)  # stands for ip netns exec ...
+    try:
+        subprocess.run(["ip", "netns", "list"], capture_output=True)
+    except FileNotFoundError:
+        pass  # no iproute2: the start was allowed, which is what is checked
 """
 
 
@@ -154,3 +157,17 @@ def test_a_tests_own_e2e_marker_overrides_its_modules_and_may_enter_a_namespace(
 ) -> None:
     outcomes, text = _outcomes(pytester, INNER_E2E)
     assert outcomes == {"test_e2e_enters_a_namespace": "PASSED"}, text
+
+
+@pytest.mark.unit
+def test_only_browsers_and_namespace_commands_are_e2e() -> None:
+    from tests.tiers import is_e2e_command
+
+    assert is_e2e_command(["ip", "netns", "exec", "ns1", "python", "-m", "exo_p2p", "node"])
+    assert is_e2e_command(["/usr/sbin/ip", "-n", "ns1", "link", "set", "lo", "up"])
+    assert is_e2e_command(["/usr/bin/chromium", "--headless"])
+    assert is_e2e_command(["/x/site-packages/playwright/driver/node", "cli.js"])
+    # a node whose data dir happens to be named after a namespace test is not
+    assert not is_e2e_command(["python", "-m", "exo_p2p", "node", "--data-dir", "/tmp/test_netns_heal0/a"])
+    assert not is_e2e_command(["ip", "link", "show"])
+    assert not is_e2e_command([])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import _posixsubprocess
 import os
+import shlex
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -37,9 +38,9 @@ import pytest
 
 TIERS = ("unit", "integration", "e2e")
 """The tier markers, fastest first."""
-E2E_COMMANDS = ("playwright", "chromium", "netns")
-"""Words in a started command line that make a test ``e2e`` (browser, network namespaces)."""
-LIBRARY_LOOKUPS = frozenset({"ldconfig", "/sbin/ldconfig", "gcc", "cc", "ld", "objdump"})
+BROWSERS = frozenset({"chromium", "chromium-browser", "chrome", "headless_shell"})
+"""Program names that make a test ``e2e`` (Playwright's driver is recognised by its path)."""
+LIBRARY_LOOKUPS = frozenset({"ldconfig", "gcc", "cc", "ld", "objdump"})
 """Commands ``ctypes.util.find_library`` runs when a library is imported lazily (trio and
 ifaddr do on import): a lookup, not a process the test starts — allowed in every tier."""
 _INET = (socket.AF_INET, socket.AF_INET6)
@@ -81,22 +82,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.unit)
 
 
-def _command_text(args: object) -> str:
+def _argv(args: object) -> list[str]:
+    """A started command as a list of words (``os.system``'s string is split like a shell)."""
     if isinstance(args, (list, tuple)):
-        return " ".join(os.fsdecode(a) if isinstance(a, (bytes, str)) else str(a) for a in args)
-    return os.fsdecode(args) if isinstance(args, (bytes, str)) else str(args)
+        return [os.fsdecode(a) if isinstance(a, (bytes, str)) else str(a) for a in args]
+    return shlex.split(os.fsdecode(args) if isinstance(args, (bytes, str)) else str(args))
 
 
-def _process_judge(tier: str, found: list[str]) -> Callable[[str], None]:
+def is_e2e_command(argv: list[str]) -> bool:
+    """Whether ``argv`` starts a browser or enters a network namespace (``ip netns ...``,
+    ``ip -n NAME ...``): what only an ``e2e`` test may do."""
+    if not argv:
+        return False
+    program = os.path.basename(argv[0])
+    if program in BROWSERS or "playwright" in argv[0].split(os.sep):
+        return True
+    return program == "ip" and any(word in ("netns", "-n", "-netns") for word in argv[1:3])
+
+
+def _process_judge(tier: str, found: list[str]) -> Callable[[object], None]:
     """A callback for a process about to start: records and raises what ``tier`` forbids."""
 
-    def judge(command: str) -> None:
-        if command.split(" ", 1)[0] in LIBRARY_LOOKUPS:
+    def judge(args: object) -> None:
+        argv = _argv(args)
+        if argv and os.path.basename(argv[0]) in LIBRARY_LOOKUPS:
             return
+        command = " ".join(argv)[:160]
         if tier == "unit":
-            message = f"started a process ({command[:160]})"
-        elif tier == "integration" and any(word in command for word in E2E_COMMANDS):
-            message = f"started a browser or entered a network namespace ({command[:160]})"
+            message = f"started a process ({command})"
+        elif tier == "integration" and is_e2e_command(argv):
+            message = f"started a browser or entered a network namespace ({command})"
         else:
             return
         found.append(message)
@@ -126,7 +141,7 @@ def _guarded(tier: str, found: list[str]) -> Iterator[None]:
     real_fork_exec = _posixsubprocess.fork_exec
 
     def fork_exec(args, executables, *rest):  # type: ignore[no-untyped-def]
-        judge(_command_text(args))
+        judge(args)
         return real_fork_exec(args, executables, *rest)
 
     mp.setattr(_posixsubprocess, "fork_exec", fork_exec)  # multiprocessing's spawn
@@ -138,7 +153,7 @@ def _guarded(tier: str, found: list[str]) -> Iterator[None]:
         real_fork = os.fork
 
         def fork() -> int:
-            judge("os.fork()")
+            judge(["os.fork()"])
             return real_fork()
 
         mp.setattr(os, "fork", fork)
@@ -149,12 +164,12 @@ def _guarded(tier: str, found: list[str]) -> Iterator[None]:
         mp.undo()
 
 
-def _judged(real: Callable, judge: Callable[[str], None]) -> Callable:  # type: ignore[type-arg]
+def _judged(real: Callable, judge: Callable[[object], None]) -> Callable:  # type: ignore[type-arg]
     """``real`` (``os.system``, ``os.posix_spawn``: the command is the last positional
     argument before any keyword) with ``judge`` called on its command line first."""
 
     def start(*args, **kwargs):  # type: ignore[no-untyped-def]
-        judge(_command_text(args[1] if len(args) > 1 else args[0]))
+        judge(args[1] if len(args) > 1 else args[0])
         return real(*args, **kwargs)
 
     return start
