@@ -6,12 +6,13 @@ import time
 
 import pytest
 
-from tests.conftest import tiny_models_dir
+from tests.conftest import NEW_MASTER, T_GONE, tiny_models_dir
 from tests.cluster import Cluster, NodeProcess, converged, states, wait_until
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
+SLACK = 5.0  # load on a shared 2-core machine (as tests/test_master_failover_stream.py)
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +65,12 @@ def test_three_nodes_form_one_cluster_and_survive_master_failover(tmp_path, mode
         survivors = others
         new_master = wait_until(
             lambda: (lambda ss: ss[0]["master"] if all(s["master"] == ss[0]["master"] and s["master"] not in (None, master) for s in ss) else None)(states(survivors)),
-            15,
+            T_GONE + NEW_MASTER + SLACK,
             what="new master",
         )
         failover = time.monotonic() - t_kill
         assert new_master != master
-        assert failover < 10, f"failover took {failover:.1f} s"
+        assert failover <= T_GONE + NEW_MASTER + SLACK, f"failover took {failover:.1f} s"
         wait_until(lambda: converged(survivors), 15, what="survivors converge")
         ss = states(survivors)
         assert all(s["last_event_idx"] >= committed_idx for s in ss)
