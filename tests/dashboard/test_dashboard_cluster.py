@@ -17,6 +17,7 @@ import pytest
 
 from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.test_batch_nodes import CANCEL_BOUND, cancel_bound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 MODEL = "tiny"
@@ -157,13 +158,17 @@ def test_stop_cancels_the_request(shared_page, cluster):
     wait_until(lambda: any(cluster[0].get("/state").json()["tasks"]), 5, interval=0.05, what="the task in State")
     page.click("#chat-stop")
     page.wait_for_function("!document.querySelector('#chat-log .msg.assistant.streaming')", timeout=5000)
-    stopped_at = time.monotonic()
-    assert "stopped" in page.locator("#chat-log .msg.assistant .stats").last.inner_text()
-    wait_until(lambda: all(not n.get("/state").json()["tasks"] for n in cluster), 5, interval=0.1, what="the cancelled task to leave State")
+    stats = page.locator("#chat-log .msg.assistant .stats").last.inner_text()
+    assert "stopped" in stats, stats
+    # CANCEL_BOUND, or more if the stream decoded slowly (its tokens/s, as the page shows it)
+    import re
+
+    speed = re.search(r"([0-9.]+) tokens/s", stats)
+    bound = cancel_bound(1 / float(speed.group(1))) if speed and float(speed.group(1)) > 0 else CANCEL_BOUND
+    wait_until(lambda: all(not n.get("/state").json()["tasks"] for n in cluster), bound, interval=0.1, what="the cancelled task to leave State")
     text = _answer_text(page)
     time.sleep(0.5)
     assert _answer_text(page) == text, "text kept arriving after Stop"
-    assert time.monotonic() - stopped_at < 6
     assert not page.locator("#chat-send").is_disabled() and page.locator("#chat-stop").is_disabled()
 
 
