@@ -8,6 +8,19 @@ stalls every collective of its ring — the whole group hangs. On a timeout ever
 gets ``SIGUSR1``, which ``child_main`` has bound to ``faulthandler`` (every thread's Python
 stack to stderr), so the failure shows each rank's stack (e.g. waiting in ``mx.eval`` of a
 ring collective) and the tail of its progress lines.
+
+A rank ends with ``ring_barrier`` before it returns its result. The generator queues the
+next decode step before it reads the current token (``worker.engine.generator``), so when a
+request ends with end-of-turn every rank still has that discarded step's collectives in
+flight. A rank that exited then closed its ring sockets under its neighbours' collective
+("[ring] Socket N was closed by the peer", "Failing pending tasks"). MLX's thread for that
+socket fails what it holds and stops for good (mlx 0.32 ``mlx/distributed/ring/ring.cpp``,
+``SocketThread::worker``), so the step's next all-reduce queued to it never completes, nor
+anything queued behind it on the stream: rank 0 of the tensor test hung in ``np.save`` of
+its logits after its last prompt (reproduced on 2 loaded cores: ranks 1 and 2 done at
++124 s, rank 0 still there 770 s later). The barrier is one more collective on the
+generation stream, after that step on every rank, so no rank exits while a neighbour
+still needs it.
 """
 
 from __future__ import annotations
@@ -77,6 +90,19 @@ def run_rank_processes(module: str, cfgs: list[dict[str, Any]], timeout: float,
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+
+
+def ring_barrier(group: Any) -> None:
+    """Return once every rank of ``group`` has finished every collective it queued on the
+    generation stream (``worker.engine.forward.generation_stream``): an ``all_sum`` of one
+    element there, evaluated. Call it on every rank before returning (see the module doc)."""
+    import mlx.core as mx
+
+    from worker.engine.forward import generation_stream
+
+    with mx.stream(generation_stream):
+        done = mx.distributed.all_sum(mx.zeros((1,), dtype=mx.int32), group=group)
+    mx.eval(done)
 
 
 def child_main(rank_main: Callable[[dict[str, Any]], dict[str, Any]]) -> None:

@@ -25,7 +25,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.cluster import free_ports  # noqa: E402
-from tests.ranks import child_main, run_rank_processes  # noqa: E402
+from tests.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -83,6 +83,8 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
                 finish[chunk.task_id] = [chunk.finish_reason, chunk.completion_tokens]
             elif isinstance(chunk, ErrorChunk):
                 finish[chunk.task_id] = ["error", chunk.error.message]
+    if group is not None:  # no rank exits under a neighbour's collective (tests/ranks.py)
+        ring_barrier(group)
     return {"rank": rank, "tokens": tokens, "texts": texts, "finish": finish,
             "peak_memory_bytes": loaded.peak_memory_bytes, "active_memory": int(mx.get_active_memory())}
 
