@@ -147,6 +147,7 @@ class Node:
             wait_committed=self.member.wait_committed,
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
+            heard_ago=self.member.last_seen,
             rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size, max_batch=self.config.max_batch),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]

@@ -12,12 +12,26 @@ instance's runners still hold their memory until they exit, and their nodes re-p
 within a profile tick after (a report taken while they ran is the smaller of the two figures
 placement takes, ``master.memory.usable_memory``). Deleting an instance is final (a deleted instance is not in State, so never re-placed).
 The timing uses the master's monotonic clock only; the decisions are pure.
+
+A re-placement waits until every node of the failed instance is either heard again since the
+failure or no longer reachable (``unconfirmed``; at most ``CONFIRM_WAIT``). The ranks of an
+instance fail together: when one rank's node is killed, the rank on a surviving node loses
+its ring ("[ring] connection to a peer was lost") and its runner can exit at its next
+agreement round, a fraction of a second later. The master then learns of a failed runner
+while the killed node still counts as reachable (its connection closed less than
+``DISCONNECT_GRACE`` ago), and a successor placed at once could be put on the dead node; its
+failure ``DISCONNECTED_TIMEOUT`` later then needed a second re-placement, and the requests
+waiting for the first one waited for that too. A live node is heard again within a heartbeat
+(``HEARTBEAT_INTERVAL``), so the wait costs a healthy cluster at most that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
+from exo_p2p import defaults
 from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, RankSettings, State
 from master.placement import PlacementError, place_instance
 
@@ -28,6 +42,26 @@ RELEASE_WAIT = 10.0
 """Seconds after a failure during which a re-placement that fits nowhere is retried rather
 than given up: the failed runners exit within ``T_FAIL`` (10 s) and their nodes re-publish the
 memory they held within 2 s of that."""
+
+
+CONFIRM_WAIT = defaults.PEER_TIMEOUT
+"""Seconds a re-placement waits at most for the failed instance's nodes to be heard again or
+become unreachable: by then a node not heard is not live (``PEER_TIMEOUT``), i.e. unreachable."""
+
+
+def unconfirmed(failed: Instance, reachable: frozenset[str], heard_ago: Callable[[str], float | None],
+                waited: float) -> frozenset[str]:
+    """Nodes of ``failed``'s shards that are still in ``reachable`` but were not heard since the
+    failure (see the module doc): ``heard_ago(node)`` is seconds since the master last heard
+    the node (0: now, or the master itself; None: never), ``waited`` seconds since the master
+    saw the instance failed. A node heard ``waited`` seconds ago or earlier is one the failure
+    may be about; the re-placement should not choose it yet."""
+    out = set()
+    for node in {shard.node_id for shard in failed.shards} & reachable:
+        ago = heard_ago(node)
+        if ago is None or (ago > 0 and ago >= waited):
+            out.add(node)
+    return frozenset(out)
 
 
 def backoff(attempt: int) -> float:

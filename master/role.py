@@ -53,6 +53,7 @@ class MasterRole:
         wait_committed: Callable[[int], Awaitable[None]] | None = None,
         queue_limit: int | None = None,
         reachable: Callable[[], set[str]] | None = None,
+        heard_ago: Callable[[str], float | None] | None = None,
         rank_settings: RankSettings | None = None,
     ) -> None:
         self.node_id = node_id
@@ -63,6 +64,9 @@ class MasterRole:
         self._queue_limit = queue_limit
         self._reachable = reachable
         """Nodes this master hears now (itself included); re-placement avoids the others."""
+        self._heard_ago = heard_ago
+        """Seconds since this master last heard a node (None: never); a re-placement waits for
+        the failed instance's nodes to be heard again (``master.replace.unconfirmed``)."""
         self._rank_settings = rank_settings
         """What the instances this master places fix for all their ranks (``RankSettings``)."""
         self._lock = trio.Lock()
@@ -117,9 +121,11 @@ class MasterRole:
 
     async def run(self, *, clock=trio.current_time) -> None:
         """Background duties while master: re-place failed instances after their delay
-        (``master.replace.replace_delay``). Runs until cancelled (when this node stops being master)."""
+        (``master.replace.replace_delay``) once their nodes are heard again or unreachable
+        (``master.replace.unconfirmed``, at most ``CONFIRM_WAIT`` s). Runs until cancelled
+        (when this node stops being master)."""
         from exo_p2p.types import new_id
-        from master.replace import effective_attempt, replace_delay, replacement
+        from master.replace import CONFIRM_WAIT, effective_attempt, replace_delay, replacement, unconfirmed
 
         failed_since: dict[str, float] = {}
         while True:
@@ -138,7 +144,12 @@ class MasterRole:
                     if current is None or current.gave_up or current.failed_reason is None:
                         continue
                     state = self.replica.state
-                    unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
+                    reachable = frozenset(self._reachable()) if self._reachable is not None else frozenset(state.nodes)
+                    unreachable = frozenset(state.nodes) - reachable
+                    if self._heard_ago is not None and (suspects := unconfirmed(current, reachable, self._heard_ago, now - since)):
+                        if now - since < CONFIRM_WAIT:
+                            continue  # one of them may be the dead node the failure is about
+                        unreachable |= suspects
                     try:
                         events = list(replacement(state, current, new_id(), unreachable=unreachable,
                                                   rank_settings=self._rank_settings, waited=now - since))

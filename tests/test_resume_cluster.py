@@ -190,6 +190,11 @@ def test_1_requests_on_a_killed_node_move_to_the_other_instance(cluster):
 
 
 def test_2_a_stream_on_a_pipeline_waits_for_its_replacement(cluster):
+    """The stream completes equal to the reference, and the instance serving the model then
+    is the pipeline's own successor: one re-placement. The surviving rank's runner may fail
+    (its ring lost) before the killed node is unreachable; the master waits for the failed
+    instance's nodes to be heard again (``master.replace.unconfirmed``), so the successor is
+    never put on the dead node and failed again (a second re-placement, seen on a slow host)."""
     api = cluster.nodes[0]
     survivor = cluster.nodes[2]
     _delete_all(api)
@@ -217,7 +222,8 @@ def test_2_a_stream_on_a_pipeline_waits_for_its_replacement(cluster):
     ended = result["ended_at"] - t_kill
     assert ended <= PEER_GONE + MOVE_BOUND + SLACK + 3 * STREAM_SECONDS, ended
     instances = state_of(api)["instances"]
-    assert pipeline not in instances and any(i.get("replaces") == pipeline for i in instances.values()), instances
+    replacing = [line for line in api.log_tail(400).splitlines() if "re-placing" in line or "timed out" in line]
+    assert pipeline not in instances and any(i.get("replaces") == pipeline for i in instances.values()), (instances, replacing)
     print(f"\nmax_tokens {max_tokens}; the stream ended {ended:.1f} s after the kill of rank 1's node")
 
 
