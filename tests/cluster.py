@@ -310,9 +310,22 @@ class Cluster:
 # --- additions for the security / churn / namespace tests and the cluster bench -----------------
 # (additive: nothing above changes behaviour)
 
+SELF_LISTED = 30.0
+"""Seconds a started node may take to list itself in ``GET /nodes``: a node that joins a
+cluster is listed once the master has sequenced its join and the node has applied it (well
+under a second on a quiet machine; generous for a loaded one, where a wait that ran out is
+a join that never happened)."""
+
+
 def self_id(node: NodeProcess) -> str:
-    """The node id of ``node`` (its own entry in ``GET /nodes``)."""
-    return next(n["node_id"] for n in node.get("/nodes", timeout=5).json() if n["is_self"])
+    """The node id of ``node`` (its own entry in ``GET /nodes``, waited for up to
+    ``SELF_LISTED`` s: ``/nodes`` is the cluster's State, which lists a joining node only
+    after its join was applied). Raises ``TimeoutError`` when it never appears."""
+
+    def own() -> str | None:
+        return next((n["node_id"] for n in node.get("/nodes", timeout=5).json() if n["is_self"]), None)
+
+    return wait_until(own, SELF_LISTED, what=f"{node.data_dir.name}'s own entry in /nodes")
 
 
 def state_of(node: NodeProcess, timeout: float = 5.0) -> dict | None:

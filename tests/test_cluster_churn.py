@@ -96,22 +96,32 @@ def test_churn_one_node_while_the_master_sequences(tmp_path, models_dir):
         churn_port = libp2p_port(churner)
         pid_before = {n: n.proc.pid for n in cluster.nodes}
 
+        # the rate the master sequences this load at without churn, on this machine now: the
+        # rate under churn is bounded against it (a loaded host completes fewer chats per second)
+        t0 = time.monotonic()
+        with ChatLoad(master, rate=2.5):
+            time.sleep(10)
+        quiet_rate = (state_of(master)["last_event_idx"] - idx0) / (time.monotonic() - t0)
+        idx0 = state_of(master)["last_event_idx"]
+
         aborted = 0
         rounds = 0
         t0 = time.monotonic()
         with ChatLoad(master, rate=2.5) as load:
-            while time.monotonic() - t0 < 30:
+            # 30 s and 50 rounds at least (a round is an `ss -K` process and 0.3 s: up to ~1.5 s
+            # on a loaded host), 90 s at most
+            while (time.monotonic() - t0 < 30 or rounds < 50) and time.monotonic() - t0 < 90:
                 aborted += kill_peer_connections(churner, churn_port)
                 rounds += 1
                 time.sleep(0.3)
         churn_s = time.monotonic() - t0
         idx1 = state_of(master)["last_event_idx"]
         rate = (idx1 - idx0) / churn_s
-        print(f"churn: {rounds} rounds, {aborted} connections aborted, {idx1 - idx0} events in {churn_s:.1f} s ({rate:.1f}/s), chats {len(load.codes)} ok={load.codes.count(200)}")
+        print(f"churn: {rounds} rounds, {aborted} connections aborted, {idx1 - idx0} events in {churn_s:.1f} s ({rate:.1f}/s, {quiet_rate:.1f}/s without), chats {len(load.codes)} ok={load.codes.count(200)}")
         # the churn was real: most rounds found connections to abort (a round that finds none
         # caught the node between a reset and its reconnection, which takes a dial)
         assert rounds >= 50 and aborted >= 0.5 * rounds, f"the churn did not disconnect the node ({aborted} aborts in {rounds} rounds)"
-        assert rate >= 5, f"the master sequenced only {rate:.1f} events/s under churn"
+        assert rate >= 0.5 * quiet_rate, f"the master sequenced {rate:.1f} events/s under churn, {quiet_rate:.1f} without"
         assert load.codes.count(200) >= 0.9 * len(load.codes) and not load.errors, (load.codes, load.errors[:3])
 
         # all alive (same processes), all converge: same master, term, last index, state hash

@@ -375,6 +375,7 @@ def embedded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(900)  # the 1-rank run plus E2E_RING_FACTOR times it: 100-200 s beside 2 workers, ~550 s at most
 def test_embedded_three_rank_tensor_matches_single_node(embedded_dir: Path, tmp_path: Path) -> None:
     """In float32, as a CPU node's runners hold it (the stored 4-bit tensor path is covered by
     the synthetic q4 tests): each rank shards the stored tensors, then expands its part. The
