@@ -302,19 +302,13 @@ def wait_for(pred, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-CANCEL_QUIET_BOUND = 5.0
-"""Seconds a cancel may take to end its task on every rank at this machine's quiet speed:
-the next agreement round comes within ~1 s of decode (``worker.runner.main.CHECK_SECONDS``),
-the rest is slack."""
-
-
 def cancel_bound(rank0: Any, task_id: str, tokens: int = 8) -> float:
     """Seconds a cancel of ``task_id``, which is streaming from ``rank0``, may take to end it on
     every rank, scaled by this run's decode speed: waits for its first token, measures the time
-    per token over ``tokens`` more, and allows ``CANCEL_QUIET_BOUND`` or, on a host slow enough,
-    twice the ``MAX_CHECK_EVERY`` + 1 decode steps the next agreement round can be away."""
+    per token over ``tokens`` more, and allows ``tests.test_batch_nodes.cancel_bound`` of that
+    speed (its quiet bound, or the steps to the next agreement round on a slow host)."""
     from exo_p2p.types.chunks import TokenChunk
-    from worker.runner.main import MAX_CHECK_EVERY
+    from tests.test_batch_nodes import cancel_bound as bound_at
 
     def count() -> int:
         return sum(1 for c in rank0.chunks(task_id) if isinstance(c, TokenChunk))
@@ -322,8 +316,7 @@ def cancel_bound(rank0: Any, task_id: str, tokens: int = 8) -> float:
     wait_for(lambda: count() >= 1, 60, f"{task_id} tokens")
     t, n = time.monotonic(), count()
     wait_for(lambda: count() >= n + tokens, 60, f"{tokens} more {task_id} tokens")
-    per_token = (time.monotonic() - t) / (count() - n)
-    return max(CANCEL_QUIET_BOUND, 2 * (MAX_CHECK_EVERY + 1) * per_token)
+    return bound_at((time.monotonic() - t) / (count() - n))
 
 
 def make_instance(model_dir: Path, world: int, n_layers: int = 4):
