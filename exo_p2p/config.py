@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from exo_p2p import defaults
+from exo_p2p.types.engine import EngineSettings
 
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 52515
@@ -17,12 +18,6 @@ NO_PEERS_WARNING_AFTER = 10.0
 """Seconds without any peer before a node warns "no peers found" (docs/architecture.md#defaults)."""
 PEER_TIMEOUT = defaults.PEER_TIMEOUT
 """Seconds without a heartbeat after which a peer is considered gone (``exo_p2p.defaults``)."""
-DEFAULT_PREFILL_CHUNK = 32
-"""Prompt tokens per prefill step. A runner heartbeats after each step and is killed when
-silent for ``RUNNER_SILENT_GENERATING`` seconds, and in a pipeline a rank waits for the
-whole chunk to pass the ranks before it, so a chunk must stay well under that bound of
-work on the slowest node: ~32 tokens is 3–6 s for SmolLM2 on a loaded 2-core CPU
-(docs/architecture.md#defaults: chunks sized to ≤ ~2 s of work; raise it on fast machines)."""
 RUNNER_SILENT_GENERATING = 10.0
 """Seconds a runner may stay silent while generating before its supervisor kills it."""
 CPU_WEIGHTS = ("auto", "float32", "stored")
@@ -83,9 +78,10 @@ class NodeConfig(msgspec.Struct):
 
     Sizes in bytes, durations in seconds. ``memory_limit`` caps the memory the node offers
     (docs/architecture.md#rules). ``models_dirs`` are extra directories of models. ``queue_limit`` caps
-    in-flight chat requests on this node's API (429 beyond it). ``prefill_chunk_size`` is in
-    tokens. ``compact_every`` is the number of events in the log at which it is compacted
-    into a snapshot of State (``exo_p2p.replica``). ``cpu_weights`` (one of ``CPU_WEIGHTS``)
+    in-flight chat requests on this node's API (429 beyond it). ``engine`` holds the runners'
+    engine settings as one record (``EngineSettings``: tokens, sequences, bytes; defaults in
+    ``exo_p2p.defaults``). ``compact_every`` is the number of events in the log at which it is
+    compacted into a snapshot of State (``exo_p2p.replica``). ``cpu_weights`` (one of ``CPU_WEIGHTS``)
     is published in the node profile. ``log_file``: the log goes there (appended) instead of
     stderr. ``fault_hooks`` is for tests only (e.g. ``{"runner_stall": "loading"}``) and is
     passed to runners through their task, never read from the environment.
@@ -110,15 +106,10 @@ class NodeConfig(msgspec.Struct):
     queue_limit: int | None = 64
     max_moves: int = 2
     """Times a request may move to another instance after a failure (``exo_p2p.api.resume``)."""
-    prefill_chunk_size: int = DEFAULT_PREFILL_CHUNK
-    max_batch: int = 16
-    """Sequences a runner decodes in one batch (``--max-batch``; 1: one request at a time)."""
-    prompt_cache_bytes: int = 0
-    """Bytes of finished conversations' KV a runner keeps for reuse (``--prompt-cache-bytes``;
-    0: no prompt cache; a multi-rank instance keeps the smallest rank's bound, in tokens)."""
-    kv_cache_bytes: int | None = None
-    """Bytes of KV cache each runner's batch may hold (``--kv-cache-bytes``; None: what the
-    node's memory leaves beside its placed shards, see ``worker.worker``)."""
+    engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
+    """The runners' engine settings (``--prefill-chunk-size``, ``--max-batch``,
+    ``--prompt-cache-bytes``, ``--kv-cache-bytes``; ``exo_p2p.types.engine``), handed to the
+    worker as one record."""
     mdns: bool = True
     compact_every: int = 20_000
     cpu_weights: str = "auto"

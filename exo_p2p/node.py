@@ -100,10 +100,7 @@ class Node:
             self.emit_local,
             self.route_chunk,
             lambda model_id: self.store.resolve(model_id),
-            prefill_chunk_size=config.prefill_chunk_size,
-            max_batch=config.max_batch,
-            prompt_cache_bytes=config.prompt_cache_bytes,
-            kv_cache_bytes=config.kv_cache_bytes,
+            engine=config.engine,
             fault_hooks=config.fault_hooks,
             runner_env=self._runner_environment(),
             fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (docs/models.md)
@@ -136,7 +133,6 @@ class Node:
 
     # --- master role hooks (driven by the cluster member) ---------------------------------
     async def _start_master(self, term: int) -> None:
-        from exo_p2p.types import RankSettings
         from master.role import MasterRole
 
         self.master = MasterRole(
@@ -148,7 +144,7 @@ class Node:
             queue_limit=self.config.queue_limit,
             reachable=self.member.reachable_nodes,
             heard_ago=self.member.last_seen,
-            rank_settings=RankSettings(prefill_chunk_size=self.config.prefill_chunk_size, max_batch=self.config.max_batch),
+            rank_settings=self.config.engine.rank_settings(),
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._master_scope = trio.CancelScope()

@@ -32,7 +32,8 @@ GENERATE_COMMAND = ".venv/bin/python scripts/gen_config_docs.py"
 class Setting:
     """One flag of ``exo-p2p node``.
 
-    ``field``: the ``NodeConfig`` field it fills (None: it fills none directly);
+    ``field``: the ``NodeConfig`` field it fills, a dotted path for a field of a record in
+    it (``engine.max_batch``: ``NodeConfig.engine.max_batch``; None: it fills none directly);
     ``inverted``: the flag sets the field to False (``--no-mdns`` → ``mdns``);
     ``when_unset``: what the node does when a None default is left, in words;
     ``env`` and ``key`` are derived from the flag unless given; ``""`` means "none"."""
@@ -107,16 +108,16 @@ _SETTINGS = (
             when_unset="the host name"),
     Setting("--queue-limit", "count (≥ 1)", "Chat requests in flight on this API before 429", "queue_limit", "N"),
     Setting("--prefill-chunk-size", "tokens (≥ 1)", "Prompt tokens per prefill step; the master fixes its value in "
-            "each instance it places, for every rank", "prefill_chunk_size", "TOKENS"),
+            "each instance it places, for every rank", "engine.prefill_chunk_size", "TOKENS"),
     Setting("--max-batch", "count (≥ 1)", "Sequences a runner decodes together in one forward pass (1: one request "
             "at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each "
-            "instance it places, for every rank", "max_batch", "N"),
+            "instance it places, for every rank", "engine.max_batch", "N"),
     Setting("--prompt-cache-bytes", "bytes (≥ 0)", "KV of finished conversations a runner keeps (LRU) so a request "
             "extending one prefills only its new tokens; 0 is off, and so is --max-batch 1; a multi-rank instance "
-            "keeps the smallest rank's bound, in tokens", "prompt_cache_bytes", "BYTES"),
+            "keeps the smallest rank's bound, in tokens", "engine.prompt_cache_bytes", "BYTES"),
     Setting("--kv-cache-bytes", "bytes (≥ 0)", "KV cache a runner's batch may hold: a request joins the batch only "
             "when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 "
-            "out_of_memory", "kv_cache_bytes", "BYTES",
+            "out_of_memory", "engine.kv_cache_bytes", "BYTES",
             when_unset="what the node's memory leaves beside its placed shards"),
     Setting("--cpu-weights", " | ".join(CPU_WEIGHTS), "On a CPU-only node, the weights runners hold: auto (float32 "
             "when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as "
@@ -159,14 +160,20 @@ ENVIRONMENT = (
 """Environment variables the code reads besides (or as well as) the flags' own."""
 
 
-def field_default(name: str) -> Any:
-    """The default of the ``NodeConfig`` field ``name`` (``msgspec.NODEFAULT`` when it has none)."""
+def field_default(path: str) -> Any:
+    """The default of the ``NodeConfig`` field at ``path`` (``msgspec.NODEFAULT`` when it has
+    none): a field's name, or a dotted path into a record field's default
+    (``engine.max_batch``: the ``max_batch`` of ``NodeConfig.engine``'s default)."""
+    name, *rest = path.split(".")
     for f in msgspec.structs.fields(NodeConfig):
         if f.name == name:
-            if f.default_factory is not msgspec.NODEFAULT:
-                return f.default_factory()
-            return f.default
-    raise KeyError(f"NodeConfig has no field {name!r}")
+            value = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
+            for part in rest:
+                if value is msgspec.NODEFAULT or not hasattr(value, part):
+                    raise KeyError(f"NodeConfig has no field {path!r}")
+                value = getattr(value, part)
+            return value
+    raise KeyError(f"NodeConfig has no field {path!r}")
 
 
 def default_of(setting: Setting) -> Any:
@@ -236,7 +243,8 @@ def _env_table() -> list[str]:
 
 _INTRO = """\
 Every setting of `exo-p2p node`: its flag, the environment variable and the `config.toml` key
-that set it too, the `NodeConfig` field (`exo_p2p/config.py`) it fills, and its default. A
+that set it too, the `NodeConfig` field (`exo_p2p/config.py`) it fills (`engine.…`: a field
+of its `EngineSettings` record, `exo_p2p/types/engine.py`), and its default. A
 value given on the command line wins, then the environment, then `config.toml` in the data
 dir, then the default. `exo-p2p node --help` shows the same text."""
 

@@ -39,8 +39,9 @@ ACTIVATION_VECTORS = 16
 norm, q, k, v, attention output, and the MLP's gate/up/product at ~4× hidden)."""
 
 PREFILL_CHUNK_BOUND = 256
-"""Prompt tokens per prefill step assumed (tokens) for an instance that does not carry its
-ranks' ``prefill_chunk_size`` (``Instance.settings``): the largest default a runner uses."""
+"""Prompt tokens per prefill step assumed (tokens) for an instance placed without settings
+(``Instance.settings`` None, by a master that did not fix its ranks' ``prefill_chunk_size``):
+its ranks use their own nodes' ``--prefill-chunk-size``, unknown here, so a generous bound."""
 
 TEMPLATE_TOKENS = 64
 """Tokens a chat template adds besides the messages (tokens): a default system prompt and

@@ -549,7 +549,7 @@ def test_node_flags_build_the_config(monkeypatch, tmp_path):
     assert config.cluster_secret_file == secret
     assert config.bootstrap == ["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWGsG9UpqnLmq5B4zrznCrWuMJehSwkNutRzKTM4hkPbfM", "/ip4/127.0.0.1/tcp/2/p2p/12D3KooWK1tzYBDEUQtJqjQw6LkzigCF17xp3jneLr4QbNEJbt8s"]
     assert (config.priority, config.new_identity, config.friendly_name) == (3, True, "gamma")
-    assert (config.queue_limit, config.prefill_chunk_size, config.mdns) == (8, 64, False)
+    assert (config.queue_limit, config.engine.prefill_chunk_size, config.mdns) == (8, 64, False)
 
 
 def test_node_defaults_come_from_config(monkeypatch, tmp_path):
@@ -565,6 +565,22 @@ def test_node_defaults_come_from_config(monkeypatch, tmp_path):
     assert (config.api_host, config.api_port) == (cfg.DEFAULT_API_HOST, cfg.DEFAULT_API_PORT)
     assert config.listen_port == cfg.DEFAULT_LISTEN_PORT
     assert config.memory_limit is None and config.mdns is True and config.bootstrap == []
+    from exo_p2p.types.engine import EngineSettings
+
+    assert config.engine == EngineSettings()  # every engine default from exo_p2p.defaults
+
+
+def test_node_engine_flags_make_one_record(tmp_path):
+    from exo_p2p.cli.client import CliError
+    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.defaults import PREFILL_CHUNK_SIZE
+    from exo_p2p.types.engine import EngineSettings
+
+    config = build_node_config(data_dir=tmp_path, max_batch=4, prompt_cache_bytes=1000, kv_cache_bytes=5000)
+    assert config.engine == EngineSettings(PREFILL_CHUNK_SIZE, 4, 1000, 5000)  # only given ones override
+    with pytest.raises(CliError) as bad:
+        build_node_config(data_dir=tmp_path, max_batch=0)
+    assert bad.value.exit_code == 2 and "--max-batch" in str(bad.value)
 
 
 def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):

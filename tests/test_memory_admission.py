@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.config import DEFAULT_PREFILL_CHUNK
+from exo_p2p.defaults import PREFILL_CHUNK_SIZE
 from exo_p2p.models.card import card_from_model_dir
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.state import apply
@@ -244,7 +244,7 @@ def test_prompt_that_does_not_fit_free_memory_is_refused_and_runner_survives(tmp
 
     def need(params: GenerationParams) -> int:
         # prefilled in chunks of the instance's prefill_chunk_size: the node's default here
-        return rank_needs(State(), whole, card, prompt_token_bound(params, card.context_length), DEFAULT_PREFILL_CHUNK)[0].need_bytes
+        return rank_needs(State(), whole, card, prompt_token_bound(params, card.context_length), PREFILL_CHUNK_SIZE)[0].need_bytes
 
     free = (need(long) + need(normal)) // 2  # between what the normal and the long prompt need
     node = NodeProcess(tmp_path / "n", extra_args=["--models-dir", str(tiny), "--fault-hook", f"free_memory={free}"])

@@ -1,6 +1,6 @@
 """What ranks must share is decided once per instance: the placing master
 fixes ``--prefill-chunk-size`` in the instance (``Instance.settings``) and every runner uses
-it (``worker.rank_settings``), so nodes started with different values still serve together."""
+it (``EngineSettings.for_runner``), so nodes started with different values still serve together."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from exo_p2p.state import apply
+from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types import IndexedEvent, InstanceCreated, InstanceFailed, PlaceInstance, RankSettings
 from master.admission import PREFILL_CHUNK_BOUND, activation_bytes, memory_refusal, prompt_token_bound
 from master.commands import handle_command
@@ -16,7 +17,6 @@ from master.replace import replacement
 from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.test_placement import card, cluster
-from worker.rank_settings import runner_rank_settings
 
 GIB = 1 << 30
 
@@ -35,10 +35,15 @@ def test_the_master_fixes_its_settings_in_the_instance_and_runners_use_them():
     assert instance.settings == RankSettings(16) and state.instances[instance.instance_id] == instance
     # every rank uses the instance's value, whatever its node was started with
     for node_value in (4, 16, 512):
-        assert runner_rank_settings(instance, RankSettings(node_value)) == RankSettings(16)
+        node = EngineSettings(prefill_chunk_size=node_value, max_batch=4, prompt_cache_bytes=100, kv_cache_bytes=7)
+        ran = node.for_runner(instance.settings, 1000)
+        # the instance's rank settings (16 tokens, a batch of 1), the node's own cache bound and budget
+        assert ran == EngineSettings(prefill_chunk_size=16, max_batch=1, prompt_cache_bytes=100, kv_cache_bytes=1000)
     # an instance placed without settings: each node's own value (what older masters did)
     _, legacy = _placed(None)
-    assert legacy.settings is None and runner_rank_settings(legacy, RankSettings(4)) == RankSettings(4)
+    node = EngineSettings(prefill_chunk_size=4, max_batch=2)
+    assert legacy.settings is None and node.for_runner(legacy.settings, None) == node
+    assert node.for_runner(legacy.settings, None).rank_settings() == RankSettings(4, 2)
 
 
 def test_a_replacement_keeps_the_settings_decided_at_first_placement():

@@ -21,6 +21,7 @@ import structlog
 import trio
 
 from exo_p2p.config import RUNNER_OUTPUT_DRAIN, RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
+from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types import (
     FINISHED_TASK_STATUSES,
     TERMINAL_STATUSES,
@@ -73,7 +74,9 @@ class RunnerSupervisor:
     ``on_chunk(chunk)`` the runner's chunks; both are plain callbacks that must not block.
     ``status`` is the latest status; ``sent`` the keys of tasks sent (see ``worker.plan``).
     ``env``: the runner's environment (None: the node's own); the worker passes
-    ``worker.blas.runner_environment`` so the runner loads the optimised BLAS.
+    ``worker.blas.runner_environment`` so the runner loads the optimised BLAS. ``engine``:
+    the runner's engine settings, sent in its ``RunnerSetup`` (``Worker`` passes this node's,
+    narrowed by ``EngineSettings.for_runner``: ``kv_cache_bytes`` the resolved budget, bytes).
     """
 
     def __init__(
@@ -85,10 +88,7 @@ class RunnerSupervisor:
         emit: Callable[[Event], None],
         on_chunk: Callable[[Chunk], None],
         *,
-        prefill_chunk_size: int = 32,
-        max_batch: int = 1,
-        prompt_cache_bytes: int = 0,
-        kv_budget_bytes: int | None = None,
+        engine: EngineSettings = EngineSettings(),
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
@@ -119,10 +119,7 @@ class RunnerSupervisor:
             instance=instance,
             shard=shard,
             model_dir=str(model_dir),
-            prefill_chunk_size=prefill_chunk_size,
-            max_batch=max_batch,
-            prompt_cache_bytes=prompt_cache_bytes,
-            kv_budget_bytes=kv_budget_bytes,
+            engine=engine,
             fault_hooks=dict(fault_hooks or {}),
         )
         self._silent_generating = silent_generating

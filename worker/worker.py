@@ -16,7 +16,6 @@ from exo_p2p.types import (
     Event,
     LoadModel,
     Instance,
-    RankSettings,
     RunnerDownloading,
     RunnerFailed,
     RunnerShutdown,
@@ -28,8 +27,8 @@ from exo_p2p.types import (
     TERMINAL_STATUSES,
 )
 from exo_p2p.models.errors import ModelNotFoundError
+from exo_p2p.types.engine import EngineSettings
 from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
-from worker.rank_settings import runner_rank_settings
 from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
@@ -51,6 +50,8 @@ class Worker:
     (optional, ``FetchShard``): when ``resolve_model`` raises ``ModelNotFoundError`` for a
     shard, the runner is ``Downloading`` while it fetches the shard from peers, and is then
     created on the fetched files (no process exists meanwhile; a deletion cancels the fetch).
+    ``engine``: this node's engine settings (``NodeConfig.engine``); each runner gets them
+    with its instance's rank settings and the resolved KV budget (``EngineSettings.for_runner``).
     Call ``wake()`` after every State change.
     """
 
@@ -63,10 +64,7 @@ class Worker:
         on_chunk: Callable[[Chunk], None],
         resolve_model: Callable[[str], Path],
         *,
-        prefill_chunk_size: int = 32,
-        max_batch: int = 1,
-        prompt_cache_bytes: int = 0,
-        kv_cache_bytes: int | None = None,
+        engine: EngineSettings = EngineSettings(),
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
@@ -82,10 +80,7 @@ class Worker:
         self._emit_event = emit
         self._on_chunk = on_chunk
         self._resolve_model = resolve_model
-        self._prefill_chunk_size = prefill_chunk_size
-        self._max_batch = max_batch
-        self._prompt_cache_bytes = prompt_cache_bytes
-        self._kv_cache_bytes = kv_cache_bytes
+        self._engine = engine
         self._fault_hooks = dict(fault_hooks or {})
         self._silent = (silent_generating, silent_loading)
         self.supervisors: dict[str, RunnerSupervisor] = {}
@@ -119,8 +114,8 @@ class Worker:
         ``min(memory_available, memory_total − Σ share_bytes)`` from this node's profile (the
         memory placement did not reserve, which admission grants prompts from); None when the
         node has not reported its memory (no check)."""
-        if self._kv_cache_bytes is not None:
-            return self._kv_cache_bytes
+        if self._engine.kv_cache_bytes is not None:
+            return self._engine.kv_cache_bytes
         state = self._get_state()
         profile = state.nodes.get(self.node_id)  # type: ignore[call-overload]
         if profile is None or profile.memory_available is None:
@@ -295,6 +290,8 @@ class Worker:
     async def _start_supervisor(self, task: CreateRunner, model_dir: Path) -> None:
         assert self._nursery is not None
         shard = task.shard
+        # the instance's rank settings (every rank the same) and this node's resolved KV budget
+        settings = self._engine.for_runner(task.instance.settings, self._kv_budget())
         sup = RunnerSupervisor(
             self.node_id,
             task.instance,
@@ -302,10 +299,7 @@ class Worker:
             model_dir,
             self._emit,
             self._on_chunk,
-            prefill_chunk_size=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).prefill_chunk_size,
-            max_batch=runner_rank_settings(task.instance, RankSettings(self._prefill_chunk_size, self._max_batch)).max_batch,
-            prompt_cache_bytes=self._prompt_cache_bytes,
-            kv_budget_bytes=self._kv_budget(),
+            engine=settings,
             fault_hooks=self._fault_hooks,
             silent_generating=self._silent[0],
             silent_loading=self._silent[1],

@@ -186,7 +186,8 @@ def root(
 # docs/configuration.md. A value neither given on the command line nor in the environment
 # comes from the data dir's ``config.toml`` (``node_flag_values``), keyed by the flag's name.
 # Adding a flag: one ``Setting`` in the table, one parameter here, one keyword to
-# ``build_node_config``, one ``NodeConfig`` field; then run scripts/gen_config_docs.py.
+# ``build_node_config``, one ``NodeConfig`` field (an engine setting: one ``EngineSettings``
+# field, ``exo_p2p.types.engine``); then run scripts/gen_config_docs.py.
 
 
 def node_option(flag: str, **extra: Any) -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from exo_p2p.cli.client import CliError
 from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
+from exo_p2p.types.engine import EngineSettings
 
 NODE_CONFIG_FILE = "config.toml"
 """The optional file of ``exo-p2p node`` settings in the data dir (TOML; keys are flag names)."""
@@ -52,8 +53,11 @@ def build_node_config(
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
     a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist
     or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
-    ``api_key_file``, or a malformed CORS origin. ``join`` (a token of ``exo-p2p invite``) and
-    the secret stored in the data dir follow ``exo_p2p.cli.membership``.
+    ``api_key_file``, a malformed CORS origin, or an engine setting out of range. The four
+    engine settings (``prefill_chunk_size`` tokens, ``max_batch`` sequences,
+    ``prompt_cache_bytes`` and ``kv_cache_bytes`` bytes) become ``NodeConfig.engine``.
+    ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
+    ``exo_p2p.cli.membership``.
     """
     given: dict = {}
     given.update(_access_flags(api_keys, api_key_file, cors_origins))
@@ -120,15 +124,12 @@ def build_node_config(
         ("priority", priority),
         ("friendly_name", friendly_name),
         ("queue_limit", queue_limit),
-        ("prefill_chunk_size", prefill_chunk_size),
-        ("max_batch", max_batch),
-        ("prompt_cache_bytes", prompt_cache_bytes),
-        ("kv_cache_bytes", kv_cache_bytes),
         ("compact_every", compact_every),
         ("max_moves", max_moves),
     ):
         if value is not None:
             given[name] = value
+    given["engine"] = _engine_settings(prefill_chunk_size, max_batch, prompt_cache_bytes, kv_cache_bytes)
     if log_file is not None:
         given["log_file"] = Path(log_file).expanduser()
     return NodeConfig(
@@ -139,6 +140,20 @@ def build_node_config(
         mdns=mdns,
         **given,
     )
+
+
+def _engine_settings(
+    prefill_chunk_size: int | None, max_batch: int | None, prompt_cache_bytes: int | None, kv_cache_bytes: int | None
+) -> EngineSettings:
+    """``NodeConfig.engine`` from ``--prefill-chunk-size`` (tokens), ``--max-batch``
+    (sequences), ``--prompt-cache-bytes`` and ``--kv-cache-bytes`` (bytes); None keeps the
+    default of ``EngineSettings``. A value out of range is a ``CliError`` (exit 2)."""
+    values = {"prefill_chunk_size": prefill_chunk_size, "max_batch": max_batch,
+              "prompt_cache_bytes": prompt_cache_bytes, "kv_cache_bytes": kv_cache_bytes}
+    try:
+        return EngineSettings(**{k: v for k, v in values.items() if v is not None}).check()
+    except ValueError as e:
+        raise CliError(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}", 2) from None
 
 
 def _access_flags(api_keys: list[str] | None, api_key_file: Path | None, cors_origins: list[str] | None) -> dict:

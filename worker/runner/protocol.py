@@ -14,6 +14,7 @@ import struct
 import msgspec
 
 from exo_p2p.types import Chunk, Instance, RunnerStatus, ShardMetadata, Task, TaskId, TaskStatus
+from exo_p2p.types.engine import EngineSettings
 
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 * 1024 * 1024
@@ -21,19 +22,18 @@ MAX_FRAME = 64 * 1024 * 1024
 
 class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     """What a runner needs before any task: its instance and shard, the model directory,
-    the prefill chunk size (tokens), the batch limit (sequences), the prompt cache's bound
-    (bytes; on a multi-rank instance the smallest rank's, in tokens), the heartbeat interval
-    (seconds), and test fault hooks."""
+    its engine settings (``EngineSettings``: prefill chunk size in tokens, batch limit in
+    sequences, prompt cache bound in bytes — on a multi-rank instance the smallest rank's, in
+    tokens), the heartbeat interval (seconds), and test fault hooks."""
 
     instance: Instance
     shard: ShardMetadata
     model_dir: str
-    prefill_chunk_size: int = 32
-    max_batch: int = 1
-    prompt_cache_bytes: int = 0
-    kv_budget_bytes: int | None = None
-    """Bytes of KV cache the runner's batch (and prompt cache) may hold: joins are checked
-    against it (``worker.engine.batch_memory``); None: no check."""
+    engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
+    """The engine's settings (``EngineSettings.for_runner``): the instance's rank settings, and
+    in ``kv_cache_bytes`` the resolved budget — bytes of KV cache the runner's batch (and prompt
+    cache) may hold, joins are checked against it (``worker.engine.batch_memory``); None: no
+    check."""
     heartbeat_interval: float = 1.0
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 
