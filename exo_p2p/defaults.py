@@ -159,3 +159,14 @@ def disk_needed(fetch_bytes: int) -> int:
     rounded up (integers). One rule for a placement's fetch (``master.placement_fetch``) and
     a pull (``exo_p2p.models.pulls``)."""
     return -(-fetch_bytes * (100 + FETCH_DISK_HEADROOM_PERCENT) // 100)
+
+# --- the engine (worker.engine; the record: exo_p2p.types.engine.EngineSettings) ---------------
+PREFILL_CHUNK_SIZE = 32
+"""Prompt tokens per prefill step (tokens): agreement rounds, cancels and joining requests
+wait at most one chunk's prefill, and a chunk must stay well under the runner's silence bound
+(``config.RUNNER_SILENT_GENERATING``) on the slowest rank: ~32 tokens is 3-6 s for SmolLM2 on
+a loaded 2-core CPU. The master fixes it per instance."""
+MAX_BATCH = 16
+"""Sequences a runner decodes together in one forward pass (1: one request at a time)."""
+PROMPT_CACHE_BYTES = 0
+"""Bytes of finished conversations' KV a runner keeps for reuse (0: no prompt cache)."""

@@ -4,7 +4,7 @@ Columns, each run in its own fresh process (a BLAS can only be chosen before MLX
 
 - **today** — raw mlx-lm ``stream_generate`` on the stored (quantized) weights with MLX's
   own BLAS: the engine without the CPU-weights path (on Linux the ``mlx[cpu]`` wheel's reference BLAS);
-- **ours** — this project's ``Generator`` on weights loaded the way a CPU runner loads them
+- **ours** — this project's engine (``worker.engine.builder.build_engine``) on weights loaded the way a CPU runner loads them
   (``--weights float32``: expanded at load) with the optimised BLAS preloaded as the
   supervisor does (``worker.blas.runner_environment``: ``LD_PRELOAD`` + ``OPENBLAS_NUM_THREADS``);
 - **llama.cpp** — ``llama-cpp-python`` on the same GGUF (the embedded model's), when it is
@@ -87,15 +87,17 @@ def run_today(model_dir: Path, max_tokens: int, chunk: int) -> Iterator[dict]:
 
 def run_ours(model_dir: Path, max_tokens: int, chunk: int, weights: str) -> Iterator[dict]:
     from exo_p2p.types.chunks import TokenChunk
-    from worker.engine.generator import GenerationRequest, Generator
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.loader import load_all
 
     loaded = load_all(model_dir, weights_dtype=weights)
     prompt_tokens = len(loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
     for i in itertools.count():
-        gen = Generator(dataclasses.replace(loaded, eos_token_ids=frozenset()), prefill_chunk_size=chunk)
+        gen = build_engine(dataclasses.replace(loaded, eos_token_ids=frozenset()), EngineSettings(prefill_chunk_size=chunk))
         t0 = time.perf_counter()
-        gen.submit(GenerationRequest(f"bench-{i}", [{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0))
+        gen.submit(f"bench-{i}", GenerationParams(messages=(ChatMessage("user", PROMPT),), max_tokens=max_tokens, temperature=0))
         times: list[float] = []
         for _ in range(100_000):
             if not gen.has_work():

@@ -5,7 +5,7 @@ run, with the ratio to 1 rank and each rank's peak memory during load.
 
 Without ``--model-dir`` a synthetic llama model (random weights; ``--layers``/``--hidden``)
 is written to a temp dir. Ranks are processes on 127.0.0.1 joined by MLX's ring backend
-(worker/engine/distributed.py); each runs the engine's Generator with a PipelineStage. Greedy
+(worker/engine/distributed.py); each runs the engine (``build_engine``) with a PipelineStage. Greedy
 decoding; the same prompt for every world size; the first request of each run is a warm-up
 and is not measured. Every process is killed at the end.
 """
@@ -32,8 +32,10 @@ PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 3
 def rank_main(cfg: dict) -> dict:
     """One rank: join the ring, load its layers, run a warm-up then the measured request."""
     from exo_p2p.types.chunks import FinishChunk
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.generator import GenerationRequest, Generator
     from worker.engine.loader import load_all
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
 
@@ -45,11 +47,11 @@ def rank_main(cfg: dict) -> dict:
     if group is not None:
         c = loaded.config.get("text_config", loaded.config)
         stage = PipelineStage(group, int(c["hidden_size"]), probe_hidden_dtype(loaded.model, group, int(c["hidden_size"])))
-    gen = Generator(loaded, prefill_chunk_size=cfg["chunk"], stage=stage)
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"]), stage=stage)
     results = {}
     for task_id, max_tokens in (("warmup", 4), ("measured", cfg["max_tokens"])):
-        gen.submit(GenerationRequest(task_id=task_id, messages=[{"role": "user", "content": PROMPT}],
-                                     max_tokens=max_tokens, temperature=0.0))
+        gen.submit(task_id, GenerationParams(messages=(ChatMessage("user", PROMPT),), max_tokens=max_tokens,
+                                             temperature=0.0))
         for _ in range(100_000):
             if not gen.has_work():
                 break

@@ -1,10 +1,12 @@
 """Where one batched decode step's time goes (continuous batching), on the embedded model in this
 process (float32 weights, the optimised BLAS preloaded as a runner preloads it).
 
-For each batch size B it fills a generator's batch with B greedy sequences, then times
-``steps`` decode steps end to end (``Generator.step``), and separately, on the same batch:
+For each batch size B it fills an engine's decode batch with B greedy sequences, then times
+``steps`` decode steps end to end (``Engine.step``), and separately, on the same batch:
 the forward pass alone (``[B, 1]`` tokens, evaluated), the per-row sampling alone (on
 evaluated logits), and the Python bookkeeping of a step (consume + detokenize of B tokens).
+The batch's KV cache and last tokens are what the engine's last decode step handed its stage
+(``LastBatchStep``: the ``Stage`` protocol's ``next_tokens`` arguments).
 
     .venv/bin/python scripts/profile_batch_step.py [--sizes 1 4 8 16] [--steps 20]
 """
@@ -40,9 +42,22 @@ def main() -> None:
 
     from exo_p2p.models.embedded import find_embedded_gguf
     from exo_p2p.models.gguf_import import import_gguf
-    from worker.engine.generator import GenerationRequest, Generator
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.loader import load_all
-    from worker.engine.pipeline import logprobs_of, sample_rows
+    from worker.engine.pipeline import LocalStage, logprobs_of, sample_rows
+
+    class LastBatchStep(LocalStage):
+        """The whole model, keeping what the last decode step ran on: the tokens it fed
+        (``[B, 1]``) and the batch's KV cache (one ``BatchKVCache`` per layer)."""
+
+        tokens = None
+        cache = None
+
+        def next_tokens(self, model, tokens, cache, samplers):
+            self.tokens, self.cache = tokens, cache
+            return super().next_tokens(model, tokens, cache, samplers)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or import_gguf(find_embedded_gguf(), Path(tmp) / "smollm2")
@@ -53,13 +68,14 @@ def main() -> None:
         print("| B | step | forward | sampling | bookkeeping | step wall ms | tok/s (wall) |")
         print("|---|---|---|---|---|---|---|")
         for b in args.sizes:
-            gen = Generator(loaded, prefill_chunk_size=256, max_batch=max(b, 2))  # the batch path even for 1
+            stage = LastBatchStep()
+            gen = build_engine(loaded, EngineSettings(prefill_chunk_size=256, max_batch=b), stage=stage)
             for i in range(b):
-                gen.submit(GenerationRequest(task_id=f"t{i}", messages=[{"role": "user", "content": f"Tell a story number {i}."}],
-                                             max_tokens=10 * args.steps + 50, temperature=0.0))
+                gen.submit(f"t{i}", GenerationParams(messages=(ChatMessage("user", f"Tell a story number {i}."),),
+                                                     max_tokens=10 * args.steps + 50, temperature=0.0))
             for _ in range(10_000):
                 gen.step()
-                if len(gen._rows) == b:
+                if len(gen.batch.rows) == b:
                     break
             for _ in range(3):
                 gen.step()
@@ -67,9 +83,10 @@ def main() -> None:
             for _ in range(args.steps):
                 gen.step()
             step, wall = (time.process_time() - t0) / args.steps, (time.perf_counter() - w0) / args.steps
-            mx.eval(gen._batch_y)
-            y = gen._batch_y[:, None]
-            model, cache, samplers = loaded.model, gen._batch_cache, [r.sampler for r in gen._rows]
+            rows = gen.batch.rows
+            assert stage.tokens is not None and stage.tokens.shape[0] == len(rows) == b
+            y = stage.tokens  # [B, 1], the last step's (evaluated) tokens
+            model, cache, samplers = loaded.model, stage.cache, [r.sampler for r in rows]
             t0 = time.process_time()
             for _ in range(args.steps):
                 logits = model(y, cache=cache)
@@ -79,7 +96,6 @@ def main() -> None:
             for _ in range(args.steps):
                 mx.eval(sample_rows(samplers, logprobs_of(logits)))
             samp = (time.process_time() - t0) / args.steps
-            rows = gen._rows
             t0 = time.process_time()
             for _ in range(args.steps):
                 for row in rows:

@@ -9,8 +9,8 @@ gets ``SIGUSR1``, which ``child_main`` has bound to ``faulthandler`` (every thre
 stack to stderr), so the failure shows each rank's stack (e.g. waiting in ``mx.eval`` of a
 ring collective) and the tail of its progress lines.
 
-A rank ends with ``ring_barrier`` before it returns its result. The generator queues the
-next decode step before it reads the current token (``worker.engine.generator``), so when a
+A rank ends with ``ring_barrier`` before it returns its result. The engine queues the
+next decode step before it reads the current token (``worker.engine.batch``), so when a
 request ends with end-of-turn every rank still has that discarded step's collectives in
 flight. A rank that exited then closed its ring sockets under its neighbours' collective
 ("[ring] Socket N was closed by the peer", "Failing pending tasks"). MLX's thread for that

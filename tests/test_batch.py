@@ -20,7 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from exo_p2p.types.engine import EngineSettings  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
+from worker.engine.builder import build_engine  # noqa: E402
+from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 
 MAX_STEPS = 20_000
@@ -33,20 +36,30 @@ PROMPTS = [
 ]
 
 
-def requests(n: int = 12) -> list[GenerationRequest]:
-    """``n`` requests with different prompt lengths, max_tokens, stop strings, seeds and
-    temperatures (every third one sampled with its seed, the rest greedy)."""
+Request = tuple[str, GenerationParams]
+
+
+def user(text: str) -> tuple[ChatMessage, ...]:
+    return (ChatMessage("user", text),)
+
+
+def requests(n: int = 12) -> list[Request]:
+    """``n`` requests (task id, parameters) with different prompt lengths, max_tokens, stop
+    strings, seeds and temperatures (every third one sampled with its seed, the rest greedy)."""
     return [
-        GenerationRequest(
-            task_id=f"t{i}",
-            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)] + f" {i}"}],
+        (f"t{i}", GenerationParams(
+            messages=user(PROMPTS[i % len(PROMPTS)] + f" {i}"),
             max_tokens=8 + 5 * i,
             temperature=0.8 if i % 3 == 0 else 0.0,
             seed=100 + i,
             stop=("e",) if i % 4 == 1 else (),
-        )
+        ))
         for i in range(n)
     ]
+
+
+def engine(loaded: LoadedModel, max_batch: int, **kw) -> Engine:
+    return build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +67,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("batch") / "synthetic", n_layers=4))
 
 
-def drive(gen: Generator, *, cancel_after: dict[str, int] | None = None) -> dict[str, Any]:
+def drive(gen: Engine, *, cancel_after: dict[str, int] | None = None) -> dict[str, Any]:
     """Step ``gen`` until idle: token ids, text and finish per task, and the largest batch
     seen. ``cancel_after``: task id → cancel it once it has that many tokens."""
     ids: dict[str, list[int]] = {}
@@ -83,12 +96,12 @@ def drive(gen: Generator, *, cancel_after: dict[str, int] | None = None) -> dict
 
 @pytest.fixture(scope="module")
 def solo(loaded: LoadedModel) -> dict[str, dict[str, Any]]:
-    """Each request alone on the one-request-at-a-time path."""
+    """Each request alone (``max_batch`` 1)."""
     out = {}
-    for req in requests():
-        gen = Generator(loaded, prefill_chunk_size=CHUNK)
-        gen.submit(req)
-        out[req.task_id] = drive(gen)
+    for task_id, params in requests():
+        gen = engine(loaded, 1)
+        gen.submit(task_id, params)
+        out[task_id] = drive(gen)
     return out
 
 
@@ -97,11 +110,11 @@ def test_batch_equals_solo_token_for_token(loaded: LoadedModel, solo: dict[str, 
     solo run's, and the batch really held several sequences at once."""
     import mlx.core as mx
 
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    gen = engine(loaded, 16)
     mx.clear_cache()
     idle = mx.get_active_memory()
     for req in requests():
-        gen.submit(req)
+        gen.submit(*req)
     got = drive(gen)
     mx.clear_cache()
     assert mx.get_active_memory() <= idle + 64 * 1024  # KV freed: back to idle (slack: sampler keys)
@@ -111,28 +124,28 @@ def test_batch_equals_solo_token_for_token(loaded: LoadedModel, solo: dict[str, 
         assert got["texts"].get(task_id, "") == alone["texts"].get(task_id, ""), task_id
         assert got["finish"][task_id] == alone["finish"][task_id], task_id
     assert any(f[0] == "stop" for f in got["finish"].values())  # a stop string ended one
-    assert gen._batch_cache is None and gen.batch_size == 0  # every KV row freed
+    assert not gen.batch.holds_kv and gen.batch_size == 0  # every KV row freed
 
 
 def test_cancelled_row_leaves_and_others_are_unchanged(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
     """A sequence cancelled midway ends Cancelled at the next step; the rows around it
     still equal their solo runs."""
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    gen = engine(loaded, 16)
     for req in requests():
-        gen.submit(req)
+        gen.submit(*req)
     got = drive(gen, cancel_after={"t10": 5})
     reason, n = got["finish"]["t10"]
     assert reason == "cancelled" and 5 <= n < 8 + 5 * 10
     for task_id, alone in solo.items():
         if task_id != "t10":
             assert got["ids"][task_id] == alone["ids"][task_id], task_id
-    assert gen._batch_cache is None and gen.batch_size == 0
+    assert not gen.batch.holds_kv and gen.batch_size == 0
 
 
 def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3)
+    gen = engine(loaded, 3)
     for req in requests():
-        gen.submit(req)
+        gen.submit(*req)
     got = drive(gen)
     assert got["largest"] == 3
     assert all(got["ids"][t] == solo[t]["ids"][t] for t in solo)
@@ -143,6 +156,7 @@ def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
     from exo_p2p.types.tasks import ConnectToGroup
     from tests.cluster import free_ports
     from tests.test_pipeline import RunnerProc
+    from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
 
     ports = free_ports(2)
@@ -150,8 +164,8 @@ def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
                                  end_layer=4, n_layers=4, share_bytes=0, boot_id="b",
                                  ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
     instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
-    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), prefill_chunk_size=CHUNK,
-                                      heartbeat_interval=0.5, max_batch=max_batch)) for s in shards]
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), heartbeat_interval=0.5,
+                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch))) for s in shards]
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))
     return runners
@@ -252,20 +266,21 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
     from worker.engine.agreement import TaskAgreement, encode_row
 
     world = 2
-    gens = [Generator(loaded, prefill_chunk_size=CHUNK, max_batch=3, kv_capacity_tokens=capacity) for _ in range(world)]
-    deals: list[TaskAgreement[GenerationRequest]] = [TaskAgreement() for _ in range(world)]
+    gens = [Engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=3), kv_capacity_tokens=capacity)
+            for _ in range(world)]
+    deals: list[TaskAgreement[Request]] = [TaskAgreement() for _ in range(world)]
     ended: list[dict[str, str]] = [{} for _ in range(world)]
-    reqs = [GenerationRequest(task_id=f"s{i}", messages=[{"role": "user", "content": PROMPTS[p]}],
-                              max_tokens=n, temperature=0.0) for i, (_, n, _, p) in enumerate(schedule)]
+    reqs = [(f"s{i}", GenerationParams(messages=user(PROMPTS[p]), max_tokens=n, temperature=0.0))
+            for i, (_, n, _, p) in enumerate(schedule)]
     check_every, since_round = 2, 0
     for tick in range(2_000):
         for i, (ticks, _, cancel, _) in enumerate(schedule):
             for r in range(world):
-                if ticks[r] == tick and not deals[r].add(reqs[i].task_id, i, reqs[i]):
-                    assert deals[r].was_cancelled(reqs[i].task_id)  # the runner ends it Cancelled
-                    ended[r][reqs[i].task_id] = "cancelled"
+                if ticks[r] == tick and not deals[r].add(reqs[i][0], i, reqs[i]):
+                    assert deals[r].was_cancelled(reqs[i][0])  # the runner ends it Cancelled
+                    ended[r][reqs[i][0]] = "cancelled"
             if cancel is not None and cancel[1] == tick:
-                deals[cancel[0]].want_cancel(reqs[i].task_id)
+                deals[cancel[0]].want_cancel(reqs[i][0])
         wants = [not g.has_work() or g.in_prefill or since_round >= check_every for g in gens]
         assert len(set(wants)) == 1  # a collective: every rank reaches it at the same point
         if wants[0]:
@@ -273,11 +288,11 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
             for r in range(world):
                 result = deals[r].round(lambda row: rows)
                 for req in result.start:
-                    gens[r].submit(req)
+                    gens[r].submit(*req)
                 for task_id in result.cancel:
                     gens[r].cancel(task_id)
                 for req in result.dropped:
-                    ended[r][req.task_id] = "cancelled"
+                    ended[r][req[0]] = "cancelled"
             since_round = 0
         busy = [g.has_work() for g in gens]
         assert len(set(busy)) == 1
@@ -288,8 +303,8 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
                         deals[r].finished(chunk.task_id)
                         ended[r][chunk.task_id] = getattr(chunk, "finish_reason", "error")
             since_round += 1
-        seen = [([row.request.task_id for row in g._rows],
-                 None if g._prefilling is None else g._prefilling.request.task_id, g.queued_task_ids) for g in gens]
+        seen = [([row.task_id for row in g.batch.rows],
+                 None if g.prefilling is None else g.prefilling.task_id, g.queued_task_ids) for g in gens]
         assert seen[0] == seen[1], seen
         if tick > 40 and all(len(e) == len(reqs) for e in ended):
             break
@@ -308,22 +323,26 @@ def test_second_turn_prefills_only_the_new_tokens(loaded: LoadedModel) -> None:
     the longest cached prefix (asserted exactly) and answers as it does without the cache."""
     first = [{"role": "user", "content": PROMPTS[2]}]
 
-    def turn(gen: Generator, task_id: str, messages) -> tuple[list[int], int]:
+    def turn(gen: Engine, task_id: str, messages) -> tuple[list[int], int]:
         before = gen.prefilled_tokens
-        gen.submit(GenerationRequest(task_id=task_id, messages=messages, max_tokens=12, temperature=0.0))
+        gen.submit(task_id, GenerationParams(messages=tuple(ChatMessage(**m) for m in messages), max_tokens=12,
+                                             temperature=0.0))
         got = drive(gen)
         return got["ids"][task_id], gen.prefilled_tokens - before, got["texts"].get(task_id, "")
 
-    cold = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4)
-    warm = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4, prompt_cache_bytes=64 * 2**20)
+    cold = engine(loaded, 4)
+    warm = engine(loaded, 4, prompt_cache_bytes=64 * 2**20)
     ids1, n1, text1 = turn(cold, "c1", first)
     ids1w, n1w, _ = turn(warm, "w1", first)
     assert ids1w == ids1 and n1w == n1  # nothing cached yet
-    assert warm.prompt_cache_nbytes > 0
+    assert warm.prompt_cache.nbytes > 0 and len(warm.prompt_cache.entries) == 1
     second = [*first, {"role": "assistant", "content": text1}, {"role": "user", "content": "and then?"}]
     prompt2 = loaded.tokenizer.apply_chat_template(second, add_generation_prompt=True)
     prompt1 = loaded.tokenizer.apply_chat_template(first, add_generation_prompt=True)
-    cached = prompt1 + ids1  # the first turn's KV: its prompt and every token fed after it
+    # the first turn's KV: its prompt and every token fed after it — the last sampled one too,
+    # unless it ended the turn at max_tokens (then no step fed it)
+    cached = list(warm.prompt_cache.entries[0].tokens)
+    assert cached == prompt1 + ids1[: len(cached) - len(prompt1)] and len(cached) >= len(prompt1) + len(ids1) - 1
     common = next((i for i, (a, b) in enumerate(zip(cached, prompt2)) if a != b), min(len(cached), len(prompt2)))
     assert common >= len(prompt1)
     ids2, n2, _ = turn(cold, "c2", second)

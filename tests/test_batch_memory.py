@@ -1,11 +1,11 @@
 """Memory-checked joins of the continuous batch: the rule (``worker.engine.batch_memory``) against mlx-lm's
-real left-padded ``BatchKVCache``, and the generator holding to it.
+real left-padded ``BatchKVCache``, and the engine holding to it.
 
 - the bound ``peak_batch_tokens`` is never exceeded by the real cache's buffers, whatever the
   joins and the (early) leaves;
 - ``join_verdict`` is consistent: "join" keeps the batch within capacity, "never" exactly
   when a sequence does not fit alone, more capacity never turns a join into a wait;
-- a generator with a small KV capacity keeps every request's output equal to its solo run,
+- an engine with a small KV capacity keeps every request's output equal to its solo run,
   never holds more KV than the capacity, lets a request wait rather than join, and refuses
   one that can never fit with the 503 ``out_of_memory`` at once.
 """
@@ -61,8 +61,8 @@ _ops = st.lists(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_ops)
 def test_real_batch_cache_stays_within_the_bound(ops) -> None:
-    """Rows join (a prefilled ``KVCache`` merged in, as the generator's ``_join``), every
-    step feeds each row one token, a row leaves when it ends (``filter``, as ``_drop_rows``),
+    """Rows join (a prefilled ``KVCache`` merged in, as ``DecodeBatch.join``), every
+    step feeds each row one token, a row leaves when it ends (``filter``, as ``DecodeBatch.drop``),
     some before their budget. Whenever a row joins, the bound computed at that moment, from
     the rows' (used, remaining), is ≥ the real buffers' ``B × length`` until the next join."""
     import mlx.core as mx
@@ -110,10 +110,23 @@ def test_capacity_tokens() -> None:
     assert capacity_tokens(1_000, 0, 0) is None  # unknown layout: no check
 
 
-# --- the generator --------------------------------------------------------------------------
+# --- the engine -----------------------------------------------------------------------------
 
+from exo_p2p.types.engine import EngineSettings  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from tests.test_batch import CHUNK, drive, requests  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from worker.engine.builder import build_engine  # noqa: E402
+from worker.engine.pipeline import LocalStage  # noqa: E402
+from worker.engine.scheduler import Engine  # noqa: E402
+
+
+def solo_engine(loaded) -> Engine:
+    """One request at a time, no memory check."""
+    return build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=1))
+
+
+def huge_request(max_tokens: int) -> tuple[str, GenerationParams]:
+    return "huge", GenerationParams(messages=(ChatMessage("user", "hi"),), max_tokens=max_tokens, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +148,31 @@ def test_kv_bytes_per_token_matches_the_real_cache(loaded) -> None:
     assert model_kv_bytes_per_token(loaded.model) * 3 == held
 
 
-def _batch_kv_tokens(gen: Generator) -> int:
-    cache = gen._batch_cache
+def _kv_tokens(cache) -> int:
+    """Tokens the real buffers of a batch cache hold: ``B × length`` of the first layer."""
     if not cache or cache[0].keys is None:
         return 0
     keys = cache[0].keys
     return int(keys.shape[0] * keys.shape[2])
+
+
+class BufferWatch(LocalStage):
+    """The whole model (``LocalStage``), watching the real KV buffers of the decode batch
+    through the batch cache the engine hands its stage at each decode step: ``peak`` is the
+    most tokens they held, before a step's forward (rows joined, rows left) or after it grew
+    the cache; ``steps`` counts the decode steps seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        self.steps = 0
+
+    def next_tokens(self, model, tokens, cache, samplers):
+        before = _kv_tokens(cache)
+        out = super().next_tokens(model, tokens, cache, samplers)
+        self.peak = max(self.peak, before, _kv_tokens(cache))
+        self.steps += 1
+        return out
 
 
 def test_small_kv_capacity_makes_requests_wait_and_outputs_stay_solo(loaded) -> None:
@@ -150,19 +182,18 @@ def test_small_kv_capacity_makes_requests_wait_and_outputs_stay_solo(loaded) -> 
     alone ends at once with the 503 ``out_of_memory`` while the others still run."""
     reqs = requests()
     solo = {}
-    for req in reqs:
-        gen = Generator(loaded, prefill_chunk_size=CHUNK)
-        gen.submit(req)
-        solo[req.task_id] = drive(gen)
+    for task_id, params in reqs:
+        gen = solo_engine(loaded)
+        gen.submit(task_id, params)
+        solo[task_id] = drive(gen)
     capacity = 3 * (KV_STEP + 160)
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16, kv_capacity_tokens=capacity)
-    huge = GenerationRequest(task_id="huge", messages=[{"role": "user", "content": "hi"}], max_tokens=4 * capacity,
-                             temperature=0.0)
+    watch = BufferWatch()
+    gen = Engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16), kv_capacity_tokens=capacity, stage=watch)
     for req in reqs[:6]:
-        gen.submit(req)
-    gen.submit(huge)
+        gen.submit(*req)
+    gen.submit(*huge_request(4 * capacity))
     for req in reqs[6:]:
-        gen.submit(req)
+        gen.submit(*req)
     ids: dict[str, list[int]] = {}
     gen.on_token = lambda t, tok: ids.setdefault(t, []).append(tok)
     finish: dict[str, object] = {}
@@ -179,28 +210,29 @@ def test_small_kv_capacity_makes_requests_wait_and_outputs_stay_solo(loaded) -> 
                 finish[chunk.task_id] = chunk.error
                 if chunk.task_id == "huge":
                     huge_at = len(finish)
-        assert _batch_kv_tokens(gen) <= capacity
+        assert watch.peak <= capacity, (watch.peak, capacity)
         largest = max(largest, gen.batch_size)
-        waited = waited or (gen.queued_task_ids and gen._prefilling is None and len(gen._rows) < gen.max_batch)
+        # the head is queued, checked, and not accepted though the batch has room: it waits for memory
+        waited = waited or bool(gen.queued_task_ids and not gen.in_prefill and not gen.batch.full)
     else:
-        raise AssertionError("generator still busy")
+        raise AssertionError("engine still busy")
+    assert watch.steps > 0 and watch.peak > 0  # the watch saw the real buffers
     assert waited  # someone waited for memory, not for the batch limit
     assert 2 <= largest < 12
     error = finish["huge"]
     assert error.status == 503 and error.code == "out_of_memory" and "KV cache" in error.message
     assert huge_at is not None and huge_at < len(reqs)  # at once, not after everything else
-    for req in reqs:
-        assert ids[req.task_id] == solo[req.task_id]["ids"][req.task_id], req.task_id
-        assert finish[req.task_id] == solo[req.task_id]["finish"][req.task_id][0]
-    assert gen._batch_cache is None and gen.batch_size == 0
+    for task_id, _ in reqs:
+        assert ids[task_id] == solo[task_id]["ids"][task_id], task_id
+        assert finish[task_id] == solo[task_id]["finish"][task_id][0]
+    assert not gen.batch.holds_kv and gen.batch_size == 0
 
 
 def test_a_waiting_request_can_be_cancelled(loaded) -> None:
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16, kv_capacity_tokens=KV_STEP + 100)
-    first = GenerationRequest(task_id="a", messages=[{"role": "user", "content": "hello"}], max_tokens=60, temperature=0.0)
-    second = GenerationRequest(task_id="b", messages=[{"role": "user", "content": "hello"}], max_tokens=60, temperature=0.0)
-    gen.submit(first)
-    gen.submit(second)
+    gen = Engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16), kv_capacity_tokens=KV_STEP + 100)
+    hello = GenerationParams(messages=(ChatMessage("user", "hello"),), max_tokens=60, temperature=0.0)
+    gen.submit("a", hello)
+    gen.submit("b", hello)
     from exo_p2p.types.chunks import FinishChunk
 
     ended: dict[str, str] = {}
@@ -208,9 +240,11 @@ def test_a_waiting_request_can_be_cancelled(loaded) -> None:
         for chunk in gen.step():
             if isinstance(chunk, FinishChunk):
                 ended[chunk.task_id] = chunk.finish_reason
-        if len(gen._rows) == 1 and gen.queued_task_ids == ["b"] and gen._queue[0].prepared is not None:
+        head = gen.queue.head()
+        if len(gen.batch.rows) == 1 and gen.queued_task_ids == ["b"] and head is not None and head.prepared is not None:
             break
-    assert gen.queued_task_ids == ["b"] and gen._queue[0].prepared is not None  # waiting, checked
+    head = gen.queue.head()
+    assert gen.queued_task_ids == ["b"] and head is not None and head.prepared is not None  # waiting, checked
     assert not gen.in_prefill  # no agreement round every step while it waits
     assert gen.cancel("b")
     for _ in range(2_000):
@@ -235,18 +269,18 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
 
     reqs = requests(6)
     solo = {}
-    for req in reqs:
-        gen = Generator(loaded, prefill_chunk_size=CHUNK)
-        gen.submit(req)
-        solo[req.task_id] = drive(gen)["texts"].get(req.task_id, "")
+    for task_id, params in reqs:
+        gen = solo_engine(loaded)
+        gen.submit(task_id, params)
+        solo[task_id] = drive(gen)["texts"].get(task_id, "")
     half = model_kv_bytes_per_token(loaded.model) // 2  # each rank holds 2 of the 4 layers
     capacity = 2 * (KV_STEP + 160)
     budgets = [100 * capacity * half, capacity * half]
     instance = make_instance(loaded.model_dir, 2)
-    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(loaded.model_dir), prefill_chunk_size=CHUNK,
-                                      heartbeat_interval=0.5, max_batch=16, kv_budget_bytes=budgets[s.rank]))
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(loaded.model_dir), heartbeat_interval=0.5,
+                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=16, kv_cache_bytes=budgets[s.rank])))
                for s in instance.shards]
-    huge = GenerationRequest(task_id="huge", messages=[{"role": "user", "content": "hi"}], max_tokens=capacity, temperature=0.0)
+    huge = huge_request(capacity)
 
     tasks = [task_for_request(i, r) for i, r in enumerate([*reqs[:3], huge, *reqs[3:]])]
     try:
@@ -263,9 +297,9 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
         errors = [c for c in runners[0].chunks("huge") if isinstance(c, ErrorChunk)]  # rank 0 sends the chunks
         assert errors and errors[0].error.status == 503 and errors[0].error.code == "out_of_memory"
         assert all(r.task_status("huge")[-1] == "failed" for r in runners)
-        for req in reqs:
-            text = "".join(c.text for c in runners[0].chunks(req.task_id) if isinstance(c, TokenChunk))
-            assert text == solo[req.task_id], req.task_id
+        for task_id, _ in reqs:
+            text = "".join(c.text for c in runners[0].chunks(task_id) if isinstance(c, TokenChunk))
+            assert text == solo[task_id], task_id
         shut_down_cleanly(runners)
     finally:
         for r in runners:
@@ -296,10 +330,11 @@ def test_sample_rows_draws_plain_greedy_rows_with_one_argmax_alike() -> None:
 
     def make(kind: str, i: int) -> Sampler:
         if kind == "greedy":
-            return Sampler(0.0, 1.0, i)
+            return Sampler(GenerationParams(messages=(), temperature=0.0, top_p=1.0), i)
         if kind == "penalty":
-            return Sampler(0.0, 1.0, i, repetition_penalty=1.5, prompt=[int(mx.argmax(logprobs[i]).item())])
-        return Sampler(0.9, 1.0, 100 + i, prompt=[1, 2, 3])
+            return Sampler(GenerationParams(messages=(), temperature=0.0, top_p=1.0, repetition_penalty=1.5), i,
+                           prompt=[int(mx.argmax(logprobs[i]).item())])
+        return Sampler(GenerationParams(messages=(), temperature=0.9, top_p=1.0), 100 + i, prompt=[1, 2, 3])
 
     for kinds in (["greedy"] * 5, ["greedy", "seeded", "greedy", "penalty", "seeded"]):
         batch = sample_rows([make(k, i) for i, k in enumerate(kinds)], logprobs).tolist()

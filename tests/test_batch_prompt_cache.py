@@ -1,5 +1,5 @@
 """The prompt cache on a multi-rank instance: rank 0 decides the reused prefix
-length and every rank reuses that length (``Generator.reuse_gather``), so a second turn of a
+length and every rank reuses that length (``PromptCache.agreed_length``), so a second turn of a
 conversation on a 2-rank pipeline prefills only its new tokens and answers exactly as a run
 without the cache."""
 
@@ -12,8 +12,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.types.chunks import PrefillProgressChunk, TokenChunk  # noqa: E402
+from exo_p2p.types.engine import EngineSettings  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from tests.test_batch import CHUNK, PROMPTS, drive  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from worker.engine.builder import build_engine  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +35,21 @@ def test_second_turn_on_a_two_rank_pipeline_prefills_only_new_tokens(loaded, cac
     the cached prefix (its first progress chunk: exactly the shared prefix's tokens) and its
     text equals the no-cache run's; with the cache on rank 0 only, no rank reuses anything
     (a rank without the prefix cannot reuse it) and the answer is the same."""
-    from exo_p2p.types.tasks import ChatMessage, ConnectToGroup, GenerationParams, TextGeneration
+    from exo_p2p.types.tasks import ConnectToGroup, TextGeneration
     from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
     from worker.runner.protocol import RunnerSetup
 
+    def params(messages) -> GenerationParams:
+        return GenerationParams(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+                                max_tokens=12, temperature=0.0)
+
     first = [{"role": "user", "content": PROMPTS[2]}]
-    cold = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=4)
-    cold.submit(GenerationRequest(task_id="c1", messages=first, max_tokens=12, temperature=0.0))
+    cold = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=4))  # no prompt cache
+    cold.submit("c1", params(first))
     got1 = drive(cold)
     ids1, text1 = got1["ids"]["c1"], got1["texts"]["c1"]
     second = [*first, {"role": "assistant", "content": text1}, {"role": "user", "content": "and then?"}]
-    cold.submit(GenerationRequest(task_id="c2", messages=second, max_tokens=12, temperature=0.0))
+    cold.submit("c2", params(second))
     text2 = drive(cold)["texts"]["c2"]
     prompt1 = loaded.tokenizer.apply_chat_template(first, add_generation_prompt=True)
     prompt2 = loaded.tokenizer.apply_chat_template(second, add_generation_prompt=True)
@@ -54,14 +60,13 @@ def test_second_turn_on_a_two_rank_pipeline_prefills_only_new_tokens(loaded, cac
 
     instance = make_instance(loaded.model_dir, 2)
     budgets = {0: 64 * 2**20, 1: 64 * 2**20 if cache_on_rank1 else 0}
-    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(loaded.model_dir), prefill_chunk_size=CHUNK,
-                                      heartbeat_interval=0.5, max_batch=4, prompt_cache_bytes=budgets[s.rank]))
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(loaded.model_dir), heartbeat_interval=0.5,
+                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=4, prompt_cache_bytes=budgets[s.rank])))
                for s in instance.shards]
 
     def task(i: int, task_id: str, messages) -> TextGeneration:
         return TextGeneration(task_id=task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=i,
-                              params=GenerationParams(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
-                                                      max_tokens=12, temperature=0.0))
+                              params=params(messages))
 
     try:
         for r in runners:

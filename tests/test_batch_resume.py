@@ -12,8 +12,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
+from exo_p2p.types.engine import EngineSettings  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from tests.test_batch import CHUNK, requests  # noqa: E402
-from worker.engine.generator import GenerationRequest, Generator  # noqa: E402
+from worker.engine.builder import build_engine  # noqa: E402
+from worker.engine.scheduler import Engine  # noqa: E402
+
+Request = tuple[str, GenerationParams]
 
 PROMPT = "and the cat sat on the mat, the cat sat on the mat"
 
@@ -26,10 +31,15 @@ def loaded(tmp_path_factory):
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("bresume") / "synthetic", n_layers=4))
 
 
-def _run(gen: Generator, reqs: list[GenerationRequest], task_id: str):
-    """Submit ``reqs``, step until idle; the token chunks and the end chunk of ``task_id``."""
+def _params(**fields) -> GenerationParams:
+    return GenerationParams(messages=(ChatMessage("user", PROMPT),), **fields)
+
+
+def _run(gen: Engine, reqs: list[Request], task_id: str):
+    """Submit ``reqs`` (task id, parameters), step until idle; the token chunks and the end
+    chunk of ``task_id``."""
     for r in reqs:
-        gen.submit(r)
+        gen.submit(*r)
     tokens, ends = [], []
     for _ in range(20_000):
         if not gen.has_work():
@@ -42,7 +52,7 @@ def _run(gen: Generator, reqs: list[GenerationRequest], task_id: str):
             elif isinstance(chunk, (FinishChunk, ErrorChunk)):
                 ends.append(chunk)
     else:
-        raise AssertionError("generator still busy")
+        raise AssertionError("engine still busy")
     assert len(ends) == 1
     return tokens, ends[0]
 
@@ -56,14 +66,13 @@ def _run(gen: Generator, reqs: list[GenerationRequest], task_id: str):
 def test_resumed_in_a_batch_equals_the_uninterrupted_run(loaded, fields: dict, cut: int) -> None:
     """The uninterrupted run is alone on the one-at-a-time path; the resumed one joins a batch
     of six other requests (some before it, some after), ``max_batch`` 16."""
-    first = GenerationRequest("first", [{"role": "user", "content": PROMPT}], max_tokens=24, **fields)
-    full, full_end = _run(Generator(loaded, prefill_chunk_size=CHUNK), [first], "first")
+    first = ("first", _params(max_tokens=24, **fields))
+    full, full_end = _run(build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=1)), [first], "first")
     assert isinstance(full_end, FinishChunk) and len(full) > cut
     sent = tuple(c.token_id for c in full[:cut])
-    moved = GenerationRequest("second", [{"role": "user", "content": PROMPT}], max_tokens=24, resume_tokens=sent,
-                              origin_task_id="first", **fields)
+    moved = ("second", _params(max_tokens=24, resume_tokens=sent, origin_task_id="first", **fields))
     others = requests(6)
-    batched = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16)
+    batched = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16))
     rest, end = _run(batched, [*others[:3], moved, *others[3:]], "second")
     assert isinstance(end, FinishChunk), end
     assert [(c.text, c.completion_tokens, c.token_id) for c in rest] == [
@@ -73,13 +82,13 @@ def test_resumed_in_a_batch_equals_the_uninterrupted_run(loaded, fields: dict, c
 
 
 def test_resume_after_the_last_allowed_token_only_finishes_in_a_batch(loaded) -> None:
-    first = GenerationRequest("first", [{"role": "user", "content": PROMPT}], max_tokens=6, temperature=0)
-    full, full_end = _run(Generator(loaded, prefill_chunk_size=CHUNK), [first], "first")
+    first = ("first", _params(max_tokens=6, temperature=0))
+    full, full_end = _run(build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=1)), [first], "first")
     assert full_end.finish_reason == "length"
-    moved = GenerationRequest("second", [{"role": "user", "content": PROMPT}], max_tokens=6, temperature=0,
-                              resume_tokens=tuple(c.token_id for c in full), origin_task_id="first")
-    gen = Generator(loaded, prefill_chunk_size=CHUNK, max_batch=16, kv_capacity_tokens=10_000)
+    moved = ("second", _params(max_tokens=6, temperature=0, resume_tokens=tuple(c.token_id for c in full),
+                               origin_task_id="first"))
+    gen = Engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16), kv_capacity_tokens=10_000)
     rest, end = _run(gen, [requests(2)[0], moved, requests(2)[1]], "second")
     assert rest == [] and isinstance(end, FinishChunk)
     assert (end.finish_reason, end.completion_tokens) == ("length", 6)
-    assert gen.batch_size == 0 and gen._batch_cache is None
+    assert gen.batch_size == 0 and not gen.batch.holds_kv

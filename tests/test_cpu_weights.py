@@ -191,7 +191,9 @@ def test_float32_greedy_output_equals_stored_weights(tmp_path: Path) -> None:
     here. The stored side is the slow one (~40 s on a quiet 2-core machine)."""
     from exo_p2p.models.embedded import find_embedded_gguf
     from exo_p2p.models.gguf_import import import_gguf
-    from worker.engine.generator import GenerationRequest, Generator
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.loader import load_all
 
     model_dir = import_gguf(find_embedded_gguf(), tmp_path / "smollm2")
@@ -200,9 +202,10 @@ def test_float32_greedy_output_equals_stored_weights(tmp_path: Path) -> None:
         loaded = load_all(model_dir, weights_dtype=weights)
         assert loaded.weights_dtype == weights
         got = tokens.setdefault(weights, {})
-        gen = Generator(loaded, prefill_chunk_size=64, on_token=lambda t, tok: got.setdefault(t, []).append(tok))
+        gen = build_engine(loaded, EngineSettings(prefill_chunk_size=64, max_batch=1),  # one at a time, as before
+                           on_token=lambda t, tok: got.setdefault(t, []).append(tok))
         for i, prompt in enumerate(EQUALITY_PROMPTS):
-            gen.submit(GenerationRequest(f"p{i}", [{"role": "user", "content": prompt}], max_tokens=20, temperature=0))
+            gen.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),), max_tokens=20, temperature=0))
         for _ in range(10_000):
             if not gen.has_work():
                 break

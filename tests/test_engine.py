@@ -28,7 +28,10 @@ from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from worker.engine.generator import GenerationRequest, Generator, validate_prompt  # noqa: E402
+from exo_p2p.types.engine import EngineSettings  # noqa: E402
+from worker.engine.builder import build_engine  # noqa: E402
+from worker.engine.prepare import validate_prompt  # noqa: E402
+from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
 
 MAX_STEPS = 5_000
@@ -44,6 +47,14 @@ def msgs(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
+Request = tuple[str, GenerationParams]
+
+
+def req(task_id: str, text: str, **params) -> Request:
+    """A chat request of one user message: (task id, its parameters)."""
+    return task_id, GenerationParams(messages=(ChatMessage("user", text),), **params)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_synthetic_model(tmp_path_factory.mktemp("m") / "synthetic")
@@ -54,7 +65,7 @@ def loaded(model_dir: Path) -> LoadedModel:
     return load_all(model_dir)
 
 
-def run(gen: Generator, max_steps: int = MAX_STEPS) -> list:
+def run(gen: Engine, max_steps: int = MAX_STEPS) -> list:
     """Step ``gen`` until it has no work; every chunk in order."""
     out = []
     for _ in range(max_steps):
@@ -64,10 +75,12 @@ def run(gen: Generator, max_steps: int = MAX_STEPS) -> list:
     raise AssertionError("generator did not finish within the step bound")
 
 
-def generate(loaded: LoadedModel, req: GenerationRequest, **kw) -> tuple[list, list[int]]:
+def generate(loaded: LoadedModel, request: Request, **settings) -> tuple[list, list[int]]:
+    """Every chunk of ``request`` served alone, and every token sampled for it;
+    ``settings``: ``EngineSettings`` fields."""
     tokens: list[int] = []
-    gen = Generator(loaded, on_token=lambda _t, tok: tokens.append(tok), **kw)
-    gen.submit(req)
+    gen = build_engine(loaded, EngineSettings(**settings), on_token=lambda _t, tok: tokens.append(tok))
+    gen.submit(*request)
     return run(gen), tokens
 
 
@@ -141,7 +154,7 @@ def test_quantized_model_with_per_module_override_matches_mlx_lm(tmp_path: Path)
     ref_model, ref_tok = mlx_lm_load(str(d))
     ids = ref_tok.apply_chat_template(msgs("hello the world"), add_generation_prompt=True)
     ref = [t for t, _ in generate_step(mx.array(ids), ref_model, max_tokens=12)]
-    _, got = generate(ours, GenerationRequest("q", msgs("hello the world"), max_tokens=12,
+    _, got = generate(ours, req("q", "hello the world", max_tokens=12,
                                               temperature=0))
     assert got == [t for t in ref[: len(got)]] and len(got) >= 1
 
@@ -153,7 +166,7 @@ def test_quantized_model_with_per_module_override_matches_mlx_lm(tmp_path: Path)
 def test_greedy_tokens_equal_mlx_lm(loaded: LoadedModel, prompt: str) -> None:
     ids = loaded.tokenizer.apply_chat_template(msgs(prompt), add_generation_prompt=True)
     ref = reference_greedy(loaded, ids, 24, chunk=16)
-    chunks, got = generate(loaded, GenerationRequest("g", msgs(prompt), max_tokens=24,
+    chunks, got = generate(loaded, req("g", prompt, max_tokens=24,
                                                      temperature=0), prefill_chunk_size=16)
     got = [t for t in got if t not in loaded.eos_token_ids]
     assert got == ref
@@ -169,7 +182,7 @@ def test_streamed_text_equals_mlx_lm_stream_generate(loaded: LoadedModel) -> Non
     ids = loaded.tokenizer.apply_chat_template(msgs(prompt), add_generation_prompt=True)
     ref = "".join(r.text for r in stream_generate(loaded.model, loaded.tokenizer, ids,
                                                   max_tokens=30))
-    chunks, _ = generate(loaded, GenerationRequest("s", msgs(prompt), max_tokens=30,
+    chunks, _ = generate(loaded, req("s", prompt, max_tokens=30,
                                                    temperature=0))
     assert text_of(chunks) == ref
 
@@ -179,9 +192,7 @@ def test_streamed_text_equals_mlx_lm_stream_generate(loaded: LoadedModel) -> Non
 
 def test_same_seed_same_output_different_seed_differs(loaded: LoadedModel) -> None:
     def sample(seed: int, task: str) -> list[int]:
-        req = GenerationRequest(task, msgs("hello"), max_tokens=20, temperature=1.0,
-                                top_p=0.95, seed=seed)
-        return generate(loaded, req)[1]
+        return generate(loaded, req(task, "hello", max_tokens=20, temperature=1.0, top_p=0.95, seed=seed))[1]
 
     a1, a2, b = sample(7, "a"), sample(7, "b"), sample(8, "c")
     assert a1 == a2
@@ -189,7 +200,7 @@ def test_same_seed_same_output_different_seed_differs(loaded: LoadedModel) -> No
 
 
 def test_no_seed_varies_by_task(loaded: LoadedModel) -> None:
-    outs = {tuple(generate(loaded, GenerationRequest(f"t{i}", msgs("hi"), max_tokens=12,
+    outs = {tuple(generate(loaded, req(f"t{i}", "hi", max_tokens=12,
                                                      temperature=1.0))[1]) for i in range(3)}
     assert len(outs) > 1
 
@@ -198,7 +209,7 @@ def test_no_seed_varies_by_task(loaded: LoadedModel) -> None:
 
 
 def test_max_tokens_gives_length(loaded: LoadedModel) -> None:
-    chunks, got = generate(loaded, GenerationRequest("m", msgs("hello"), max_tokens=7,
+    chunks, got = generate(loaded, req("m", "hello", max_tokens=7,
                                                      temperature=0))
     fin = finish_of(chunks, "m")
     assert fin.finish_reason == "length" and fin.completion_tokens == 7 == len(got)
@@ -213,7 +224,7 @@ def test_end_of_turn_token_stops(loaded: LoadedModel) -> None:
     eos = ref[k]
     first = ref.index(eos)
     scripted = dataclasses.replace(loaded, eos_token_ids=frozenset({eos}))
-    chunks, _ = generate(scripted, GenerationRequest("e", msgs("hello"), max_tokens=50,
+    chunks, _ = generate(scripted, req("e", "hello", max_tokens=50,
                                                      temperature=0))
     fin = finish_of(chunks, "e")
     assert fin.finish_reason == "stop" and fin.completion_tokens == first
@@ -223,7 +234,7 @@ def test_end_of_turn_token_stops(loaded: LoadedModel) -> None:
 
 def test_stop_string_across_tokens(loaded: LoadedModel) -> None:
     prompt = "what can you do"
-    chunks, _ = generate(loaded, GenerationRequest("x", msgs(prompt), max_tokens=40,
+    chunks, _ = generate(loaded, req("x", prompt, max_tokens=40,
                                                         temperature=0))
     segments = [c.text for c in chunks if isinstance(c, TokenChunk)]
     full = "".join(segments)
@@ -240,7 +251,7 @@ def test_stop_string_across_tokens(loaded: LoadedModel) -> None:
                 stop, at = cand, e - 1
                 break
     assert stop is not None, full
-    chunks2, _ = generate(loaded, GenerationRequest("y", msgs(prompt), max_tokens=40,
+    chunks2, _ = generate(loaded, req("y", prompt, max_tokens=40,
                                                     temperature=0, stop=(stop, "\u2603never")))
     fin = finish_of(chunks2, "y")
     emitted = text_of(chunks2)
@@ -256,17 +267,18 @@ def test_stop_string_across_tokens(loaded: LoadedModel) -> None:
 
 def test_prompt_longer_than_context_is_400_before_prefill(tmp_path: Path) -> None:
     small = load_all(make_synthetic_model(tmp_path / "ctx", context_length=64))
-    gen = Generator(small)
-    gen.submit(GenerationRequest("long", msgs("the cat " * 40), max_tokens=10))
-    gen.submit(GenerationRequest("ok", msgs("hi"), max_tokens=3, temperature=0))
+    gen = build_engine(small)
+    gen.submit(*req("long", "the cat " * 40, max_tokens=10))
+    gen.submit(*req("ok", "hi", max_tokens=3, temperature=0))
     t0 = time.process_time()  # CPU time of this process: a loaded machine does not stretch it
-    first = gen.step()
+    first = gen.step()  # refuses the long prompt, then accepts and prefills the short one
     assert time.process_time() - t0 < 1.0  # no prefill of the long prompt (the step only refuses it)
-    assert len(first) == 1 and isinstance(first[0], ErrorChunk)
+    assert isinstance(first[0], ErrorChunk) and first[0].task_id == "long"
+    assert not any(c.task_id == "long" for c in first[1:])
     err = first[0].error
     assert err.status == 400 and "but the model's context is 64 tokens" in err.message
     assert err.message.startswith("prompt is ") and int(err.message.split()[2]) > 64
-    rest = run(gen)  # the generator keeps serving the next request
+    rest = first[1:] + run(gen)  # the engine keeps serving the next request
     assert finish_of(rest, "ok").completion_tokens == 3
 
 
@@ -274,7 +286,7 @@ def test_prompt_plus_max_tokens_over_context_is_clamped(tmp_path: Path) -> None:
     small = load_all(make_synthetic_model(tmp_path / "ctx", context_length=40))
     n = len(small.tokenizer.apply_chat_template(msgs("the cat sat"), add_generation_prompt=True))
     assert n < 40
-    chunks, _ = generate(small, GenerationRequest("c", msgs("the cat sat"), max_tokens=500,
+    chunks, _ = generate(small, req("c", "the cat sat", max_tokens=500,
                                                   temperature=0))
     fin = finish_of(chunks, "c")
     # Either an end-of-turn token came first, or the context filled up.
@@ -295,7 +307,7 @@ def test_chat_template_in_either_place(tmp_path: Path, where: str) -> None:
     assert ids == ref_tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
                                  add_special_tokens=False)
     assert ours.tokenizer.chat_template == CHATML_TEMPLATE
-    chunks, got = generate(ours, GenerationRequest("t", msgs("hello"), max_tokens=8,
+    chunks, got = generate(ours, req("t", "hello", max_tokens=8,
                                                    temperature=0))
     assert finish_of(chunks, "t").prompt_tokens == len(ids)
     assert got[:8] == reference_greedy(ours, ids, 8, chunk=256)[: len(got)]
@@ -303,9 +315,9 @@ def test_chat_template_in_either_place(tmp_path: Path, where: str) -> None:
 
 def test_missing_chat_template_is_400_and_generator_goes_on(tmp_path: Path) -> None:
     bare = load_all(make_synthetic_model(tmp_path / "bare", chat_template=None))
-    gen = Generator(bare, model_id="bare-model")
-    gen.submit(GenerationRequest("a", msgs("hello")))
-    gen.submit(GenerationRequest("b", msgs("hello")))
+    gen = build_engine(bare, model_id="bare-model")
+    gen.submit(*req("a", "hello"))
+    gen.submit(*req("b", "hello"))
     chunks = run(gen)
     assert [type(c) for c in chunks] == [ErrorChunk, ErrorChunk]
     assert all(c.error.status == 400 and c.error.message == "model bare-model has no chat template"
@@ -316,7 +328,7 @@ def test_missing_chat_template_is_400_and_generator_goes_on(tmp_path: Path) -> N
 # -- queueing and cancellation ----------------------------------------------------------------
 
 
-def steps_until(gen: Generator, pred, bound: int = MAX_STEPS) -> Iterator:
+def steps_until(gen: Engine, pred, bound: int = MAX_STEPS) -> Iterator:
     for _ in range(bound):
         chunks = gen.step()
         yield from chunks
@@ -326,13 +338,13 @@ def steps_until(gen: Generator, pred, bound: int = MAX_STEPS) -> Iterator:
 
 
 def test_request_submitted_while_generating_is_served_after(loaded: LoadedModel) -> None:
-    solo_b, _ = generate(loaded, GenerationRequest("b", msgs("second"), max_tokens=6,
+    solo_b, _ = generate(loaded, req("b", "second", max_tokens=6,
                                                    temperature=0))
-    gen = Generator(loaded)
-    gen.submit(GenerationRequest("a", msgs("first"), max_tokens=10, temperature=0))
+    gen = build_engine(loaded, EngineSettings(max_batch=1))
+    gen.submit(*req("a", "first", max_tokens=10, temperature=0))
     chunks = list(steps_until(gen, lambda c: isinstance(c, TokenChunk) and c.completion_tokens == 3))
-    gen.submit(GenerationRequest("b", msgs("second"), max_tokens=6, temperature=0))
-    assert gen.queued_task_ids == ["b"] and gen.active_task_id == "a"
+    gen.submit(*req("b", "second", max_tokens=6, temperature=0))
+    assert gen.queued_task_ids == ["b"] and [row.task_id for row in gen.batch.rows] == ["a"]
     chunks += run(gen)
     order = [c.task_id for c in chunks]
     assert order.index("b") > max(i for i, t in enumerate(order) if t == "a")
@@ -341,15 +353,17 @@ def test_request_submitted_while_generating_is_served_after(loaded: LoadedModel)
 
 
 def test_cancel_mid_generation_is_prompt(loaded: LoadedModel) -> None:
-    gen = Generator(loaded)
-    gen.submit(GenerationRequest("long", msgs("go"), max_tokens=1000, temperature=0))
-    gen.submit(GenerationRequest("queued", msgs("go"), max_tokens=5, temperature=0))
-    gen.submit(GenerationRequest("next", msgs("go"), max_tokens=4, temperature=0))
+    gen = build_engine(loaded, EngineSettings(max_batch=1))
+    gen.submit(*req("long", "go", max_tokens=1000, temperature=0))
+    gen.submit(*req("queued", "go", max_tokens=5, temperature=0))
+    gen.submit(*req("next", "go", max_tokens=4, temperature=0))
     list(steps_until(gen, lambda c: isinstance(c, TokenChunk) and c.completion_tokens == 5))
     assert gen.cancel("queued") and gen.cancel("long") and not gen.cancel("nope")
     t0 = time.process_time()  # CPU time of this process: a loaded machine does not stretch it
     after = gen.step()
-    assert time.process_time() - t0 < 0.5  # one step: the cancels end at once, no further decoding
+    # one step: the cancels end at once, no further decoding of them ("next" is accepted,
+    # prefilled and decoded once in the same step: a few milliseconds on this model)
+    assert time.process_time() - t0 < 0.5
     ends = {c.task_id: c for c in after if isinstance(c, FinishChunk)}
     assert ends["long"].finish_reason == "cancelled" and ends["long"].completion_tokens == 5
     assert ends["queued"].finish_reason == "cancelled"
@@ -358,28 +372,30 @@ def test_cancel_mid_generation_is_prompt(loaded: LoadedModel) -> None:
     assert not any(c.task_id in ("long", "queued") for c in rest)
 
 
-def test_request_from_task_params(loaded: LoadedModel) -> None:
-    params = GenerationParams(messages=(ChatMessage("user", "hello"),), max_tokens=4,
-                              temperature=0.0)
-    chunks, _ = generate(loaded, GenerationRequest.from_params("p", params))
-    assert finish_of(chunks, "p").completion_tokens == 4
+class CancellingTokenizer:
+    """``loaded``'s tokenizer, but its chat template first runs ``hook`` (a cancel arriving
+    from another thread while the engine prepares the request)."""
+
+    def __init__(self, inner, hook) -> None:
+        self.inner, self.hook = inner, hook
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.hook()
+        return self.inner.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
 
-def test_cancel_while_being_accepted_is_not_lost(loaded: LoadedModel) -> None:
-    gen = Generator(loaded)
-    accept = gen._accept
+def test_cancel_while_being_prepared_is_not_lost(loaded: LoadedModel) -> None:
     results: list[bool] = []
-
-    def cancel_then_accept(queued):  # a cancel arriving from another thread mid-accept
-        results.append(gen.cancel("r"))
-        return accept(queued)
-
-    gen._accept = cancel_then_accept  # type: ignore[method-assign]
-    gen.submit(GenerationRequest("r", msgs("hello"), max_tokens=50, temperature=0))
+    tokenizer = CancellingTokenizer(loaded.tokenizer, lambda: results.append(gen.cancel("r")))
+    gen = build_engine(dataclasses.replace(loaded, tokenizer=tokenizer))
+    gen.submit(*req("r", "hello", max_tokens=50, temperature=0))
     chunks = run(gen)
     assert results == [True]
     assert finish_of(chunks, "r").finish_reason == "cancelled"
-    assert not any(isinstance(c, TokenChunk) for c in chunks)
+    assert not any(isinstance(c, (TokenChunk, PrefillProgressChunk)) for c in chunks)
 
 
 @given(n=st.integers(0, 10_000), max_tokens=st.integers(-2, 10_000), ctx=st.integers(1, 9_000))

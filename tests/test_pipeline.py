@@ -47,8 +47,10 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     import mlx.core as mx
 
     from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.generator import GenerationRequest, Generator
     from worker.engine.loader import load_all
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
 
@@ -66,13 +68,14 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
     tokens: dict[str, list[int]] = {}
-    gen = Generator(loaded, prefill_chunk_size=cfg["chunk"], stage=stage,
-                    on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
+    # one request at a time (max_batch 1), every rank alike
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"], max_batch=1), stage=stage,
+                       on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
     texts: dict[str, str] = {}
     finish: dict[str, list] = {}
     for i, prompt in enumerate(cfg["prompts"]):
-        gen.submit(GenerationRequest(task_id=f"p{i}", messages=[{"role": "user", "content": prompt}],
-                                     max_tokens=cfg["max_tokens"], temperature=0.0))
+        gen.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),),
+                                             max_tokens=cfg["max_tokens"], temperature=0.0))
     for _ in range(100_000):
         if not gen.has_work():
             break
@@ -334,13 +337,15 @@ def make_instance(model_dir: Path, world: int, n_layers: int = 4):
 def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] | None = None,
                   max_batch: int = 1) -> list[RunnerProc]:
     from exo_p2p.types.tasks import ConnectToGroup
+    from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
 
     instance = make_instance(model_dir, world)
     runners = []
     for shard in instance.shards:
         runners.append(RunnerProc(RunnerSetup(instance=instance, shard=shard, model_dir=str(model_dir),
-                                              prefill_chunk_size=CHUNK, heartbeat_interval=0.5, max_batch=max_batch,
+                                              heartbeat_interval=0.5,
+                                              engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch),
                                               fault_hooks=(hooks or {}).get(shard.rank, {}))))
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))
@@ -369,15 +374,13 @@ def gen_task(task_id: str, created_idx: int, prompt: str, max_tokens: int):
 
 
 def task_for_request(created_idx: int, req: Any):
-    """The ``TextGeneration`` task a runner gets for generator request ``req`` (its first
-    message, max_tokens, temperature, seed, stop strings), on instance ``i1``."""
-    from exo_p2p.types.tasks import ChatMessage, GenerationParams, TextGeneration
+    """The ``TextGeneration`` task a runner gets for engine request ``req``, a ``(task_id,
+    GenerationParams)`` pair (what ``Engine.submit`` takes), on instance ``i1``."""
+    from exo_p2p.types.tasks import TextGeneration
 
-    m = req.messages[0]
-    return TextGeneration(
-        task_id=req.task_id, instance_id="i1", model_id="synthetic", api_node_id="n0", created_idx=created_idx,
-        params=GenerationParams(messages=(ChatMessage("user", str(m["content"])),), max_tokens=req.max_tokens,
-                                temperature=req.temperature, seed=req.seed, stop=list(req.stop)))
+    task_id, params = req
+    return TextGeneration(task_id=task_id, instance_id="i1", model_id="synthetic", api_node_id="n0",
+                          created_idx=created_idx, params=params)
 
 
 @pytest.mark.integration

@@ -15,10 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
 from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
-from worker.engine.generator import GenerationRequest  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler, step_key_seed  # noqa: E402
-from tests.test_engine import generate, msgs  # noqa: E402
+from tests.test_engine import generate  # noqa: E402
 
 PROMPT = "and the cat sat on the mat, the cat sat on the mat"
 
@@ -29,8 +29,9 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 def _run(loaded: LoadedModel, task_id: str, resume: tuple[int, ...] = (), **fields):
-    req = GenerationRequest(task_id, msgs(PROMPT), resume_tokens=resume, origin_task_id="first" if resume else None, **fields)
-    chunks, _ = generate(loaded, req, prefill_chunk_size=8)
+    params = GenerationParams(messages=(ChatMessage("user", PROMPT),), resume_tokens=resume,
+                              origin_task_id="first" if resume else None, **fields)
+    chunks, _ = generate(loaded, (task_id, params), prefill_chunk_size=8, max_batch=1)  # one at a time, as before
     tokens = [c for c in chunks if isinstance(c, TokenChunk)]
     ends = [c for c in chunks if isinstance(c, (FinishChunk, ErrorChunk))]
     assert len(ends) == 1
@@ -44,7 +45,7 @@ def _run(loaded: LoadedModel, task_id: str, resume: tuple[int, ...] = (), **fiel
         {"temperature": 1.2, "seed": 11},
         {"temperature": 1.0},  # no seed: derived from the first task id on both runs
         {"temperature": 0.9, "seed": 5, "top_k": 20, "presence_penalty": 0.5, "repetition_penalty": 1.3},
-        {"temperature": 0, "stop": ["the", "mat"]},
+        {"temperature": 0, "stop": ("the", "mat")},
     ],
 )
 @pytest.mark.parametrize("cut", [1, 7, 19])
@@ -80,9 +81,10 @@ def test_each_draw_key_depends_on_seed_and_position_only() -> None:
     import mlx.core as mx
 
     logprobs = mx.log(mx.ones((1, 50)) / 50)
-    a = Sampler(1.0, 1.0, seed=3, prompt=[1, 2, 3])
+    params = GenerationParams(messages=(), temperature=1.0, top_p=1.0)
+    a = Sampler(params, 3, prompt=[1, 2, 3])
     draws = [a(logprobs).item() for _ in range(6)]
-    b = Sampler(1.0, 1.0, seed=3, prompt=[9, 9, 9, 9, 9])  # starts at position 5
+    b = Sampler(params, 3, prompt=[9, 9, 9, 9, 9])  # starts at position 5
     assert [b(logprobs).item() for _ in range(4)] == draws[2:]
     assert len({step_key_seed(3, p) for p in range(1000)}) == 1000
     assert step_key_seed(3, 10) != step_key_seed(4, 10)

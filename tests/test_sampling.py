@@ -16,12 +16,23 @@ from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.sample_utils import make_logits_processors  # noqa: E402
 
 from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
-from worker.engine.generator import GenerationRequest  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler  # noqa: E402
-from tests.test_engine import finish_of, generate, msgs, text_of  # noqa: E402
+from tests.test_engine import finish_of, msgs, text_of  # noqa: E402
+from tests.test_engine import generate as generate_alone  # noqa: E402
 
 PROMPT = "and the cat sat on the mat, the cat sat on the mat"
+
+
+def chat(text: str) -> tuple[ChatMessage, ...]:
+    return (ChatMessage("user", text),)
+
+
+def generate(loaded: LoadedModel, task_id: str, params: GenerationParams) -> tuple[list, list[int]]:
+    """``tests.test_engine.generate`` of one request with the old engine's defaults (one
+    request at a time, prefill chunks of 256)."""
+    return generate_alone(loaded, (task_id, params), max_batch=1, prefill_chunk_size=256)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +56,7 @@ def reference(loaded: LoadedModel, ids: list[int], n: int, **processors) -> list
 
 
 def tokens(loaded: LoadedModel, n: int = 24, **fields) -> list[int]:
-    _, got = generate(loaded, GenerationRequest("t", msgs(PROMPT), max_tokens=n, **fields))
+    _, got = generate(loaded, "t", GenerationParams(messages=chat(PROMPT), max_tokens=n, **fields))
     return [t for t in got if t not in loaded.eos_token_ids]
 
 
@@ -87,7 +98,7 @@ def test_top_k_one_and_min_p_one_are_greedy(loaded: LoadedModel) -> None:
 
 def test_top_k_keeps_draws_among_the_k_best() -> None:
     logprobs = mx.log(mx.array([[0.05, 0.4, 0.3, 0.2, 0.05]]))
-    sampler = Sampler(1.0, 1.0, seed=1, top_k=2)
+    sampler = Sampler(GenerationParams(messages=(), temperature=1.0, top_p=1.0, top_k=2), 1)
     draws = {int(sampler(logprobs).item()) for _ in range(200)}
     assert draws == {1, 2}
 
@@ -95,7 +106,7 @@ def test_top_k_keeps_draws_among_the_k_best() -> None:
 def test_raw_prompt_without_chat_template(tmp_path: Path) -> None:
     bare = load_all(make_synthetic_model(tmp_path / "bare", chat_template=None))
     ids = list(bare.tokenizer.encode("the cat sat"))
-    chunks, got = generate(bare, GenerationRequest("r", (), prompt="the cat sat", max_tokens=10, temperature=0))
+    chunks, got = generate(bare, "r", GenerationParams(messages=(), prompt="the cat sat", max_tokens=10, temperature=0))
     assert finish_of(chunks, "r").prompt_tokens == len(ids)
     assert [t for t in got if t not in bare.eos_token_ids] == reference(bare, ids, 10)
 
@@ -104,20 +115,20 @@ def test_no_max_tokens_runs_until_the_context_is_full(tmp_path: Path) -> None:
     small = load_all(make_synthetic_model(tmp_path / "ctx", context_length=48))
     n = len(ids_of(small, "hi"))
     banned_eos = tuple((e, -100.0) for e in small.eos_token_ids)  # so only the context can end it
-    chunks, _ = generate(small, GenerationRequest("c", msgs("hi"), temperature=0, logit_bias=banned_eos))
+    chunks, _ = generate(small, "c", GenerationParams(messages=chat("hi"), temperature=0, logit_bias=banned_eos))
     fin = finish_of(chunks, "c")
     assert (fin.finish_reason, fin.completion_tokens) == ("length", 48 - n)
 
 
 def test_many_stop_strings_and_the_matched_one_is_reported(loaded: LoadedModel) -> None:
-    chunks, _ = generate(loaded, GenerationRequest("s", msgs(PROMPT), max_tokens=40, temperature=0))
+    chunks, _ = generate(loaded, "s", GenerationParams(messages=chat(PROMPT), max_tokens=40, temperature=0))
     full = text_of(chunks)
     assert len(full) > 8
     stop = full[5:8]
     stops = tuple(f"\u2603never{i}" for i in range(50)) + (stop,)
-    chunks, _ = generate(loaded, GenerationRequest("s", msgs(PROMPT), max_tokens=40, temperature=0, stop=stops))
+    chunks, _ = generate(loaded, "s", GenerationParams(messages=chat(PROMPT), max_tokens=40, temperature=0, stop=stops))
     fin = finish_of(chunks, "s")
     assert text_of(chunks) == full[: full.find(stop)]
     assert fin.finish_reason == "stop" and fin.stop_sequence == stop
-    eot = finish_of(generate(loaded, GenerationRequest("e", msgs("hi"), max_tokens=40, temperature=0))[0], "e")
+    eot = finish_of(generate(loaded, "e", GenerationParams(messages=chat("hi"), max_tokens=40, temperature=0))[0], "e")
     assert eot.stop_sequence is None

@@ -74,17 +74,22 @@ class FirstStepLogits:
             self._armed = True
         return self.inner.next_token(model, tokens, cache, sampler)
 
+    def next_tokens(self, model: Any, tokens: Any, cache: list[Any], samplers: Any) -> Any:
+        return self.inner.next_tokens(model, tokens, cache, samplers)  # the decode batch's steps
+
 
 def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     """One rank: join the ring (world_size > 1), load its tensor shard (every layer), run
-    every prompt greedily through the generator; rank 0 saves each prompt's first-step logits
+    every prompt greedily through the engine; rank 0 saves each prompt's first-step logits
     to ``cfg["logits_path"]`` (``[n_prompts, vocab]`` float32). Returns tokens per prompt,
     rank 0's text, finish reasons, median decode tokens/s and load peak memory."""
     import mlx.core as mx
 
     from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.generator import GenerationRequest, Generator
     from worker.engine.loader import load_all
     from worker.engine.pipeline import LocalStage
     from worker.engine.tensor import TensorStage
@@ -107,14 +112,15 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     capture = FirstStepLogits()
     capture.inner = TensorStage(group, capture.forward) if group else LocalStage(capture.forward)
     tokens: dict[str, list[int]] = {}
-    gen = Generator(loaded, prefill_chunk_size=cfg["chunk"], stage=capture,
-                    on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
+    # one request at a time (max_batch 1): each prompt's first step is its own
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"], max_batch=1), stage=capture,
+                       on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
     texts: dict[str, str] = {}
     finish: dict[str, list] = {}
     tps: list[float] = []
     for i, prompt in enumerate(cfg["prompts"]):
-        gen.submit(GenerationRequest(task_id=f"p{i}", messages=[{"role": "user", "content": prompt}],
-                                     max_tokens=cfg["max_tokens"], temperature=0.0))
+        gen.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),),
+                                             max_tokens=cfg["max_tokens"], temperature=0.0))
     for _ in range(100_000):
         if not gen.has_work():
             break
@@ -294,6 +300,7 @@ def test_tensor_runners_generate_agree_and_cancel(tmp_path: Path) -> None:
     from exo_p2p.types.chunks import FinishChunk, TokenChunk
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import CancelTask, ConnectToGroup, Shutdown
+    from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
 
     model_dir = make_synthetic_model(tmp_path / "m", n_layers=4)
@@ -305,7 +312,8 @@ def test_tensor_runners_generate_agree_and_cancel(tmp_path: Path) -> None:
                                  ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
     instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
     runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir),
-                                      prefill_chunk_size=CHUNK, heartbeat_interval=0.5)) for s in shards]
+                                      heartbeat_interval=0.5, engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=1)))
+               for s in shards]
     try:
         for r in runners:
             r.send(ConnectToGroup(runner_id="x"))

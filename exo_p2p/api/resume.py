@@ -6,7 +6,7 @@ lost on the way) it submits a continuation task — the same parameters, ``resum
 the token ids already sent, ``origin_task_id`` = the request's first task — to whichever
 ready instance of the model the master picks (another instance, or the re-placement of the
 failed one once it is ready). The runner prefills prompt + those tokens, replays them through
-its detokenizer and stop matcher and continues (``worker.engine.generator``), so the client
+its detokenizer and stop matcher and continues (``worker.engine.prepare``), so the client
 sees one uninterrupted answer: no repeated or missing text, usage as without the failure.
 
 Rules (``on_failure``, ``on_refusal``):

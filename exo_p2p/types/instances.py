@@ -44,7 +44,7 @@ class RankSettings(msgspec.Struct, frozen=True):
     still agree: ranks that prefill in chunks of different sizes meet at different collective
     points and deadlock. ``prefill_chunk_size``: prompt tokens per prefill step (tokens).
     ``max_batch``: sequences a runner decodes together in one forward pass (1: one request at
-    a time; every rank must run the same batch, see ``worker.engine.generator``)."""
+    a time; every rank must run the same batch, see ``worker.engine.scheduler``)."""
 
     prefill_chunk_size: int
     max_batch: int = 1

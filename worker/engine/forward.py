@@ -1,4 +1,4 @@
-"""The model forward pass, kept apart from the generator so a pipeline stage (receive hidden
+"""The model forward pass, kept apart from the engine so a pipeline stage (receive hidden
 states from rank r-1, run local layers, send to rank r+1) can replace it without touching
 the generation loop.
 """
@@ -13,7 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 generation_stream = mx.new_thread_local_stream(mx.default_device())
 """The stream every generation op runs on (like mlx-lm's own ``generation_stream``): a
-thread-local stream, so the generator may be driven from any one thread."""
+thread-local stream, so the engine may be driven from any one thread."""
 
 
 class Forward(Protocol):

@@ -148,6 +148,41 @@ def _shard_modules(model: nn.Module, start: int, end: int, n_layers: int, tied: 
             del model["lm_head"]
 
 
+def _checked_range(config: dict, start_layer: int, end_layer: int | None,
+                   tensor_group: mx.distributed.Group | None, weights_dtype: str) -> tuple[int, int]:
+    """The model's layer count and the range's end, or ``ValueError`` for an unknown weights
+    dtype, a range outside the model, or a tensor rank given a layer range."""
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ValueError(f"unknown weights dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}")
+    n_layers = int(_text_config(config)["num_hidden_layers"])
+    end = n_layers if end_layer is None else end_layer
+    if not 0 <= start_layer < end <= n_layers:
+        raise ValueError(f"layer range [{start_layer}, {end}) is not within [0, {n_layers})")
+    if tensor_group is not None and tensor_group.size() > 1 and (start_layer, end) != (0, n_layers):
+        raise ValueError(f"a tensor rank loads every layer, not [{start_layer}, {end})")
+    return n_layers, end
+
+
+def _lazy_share(model_dir: Path, start_layer: int, end: int, n_layers: int,
+                tensor_group: mx.distributed.Group | None, weights_dtype: str) -> tuple[nn.Module, dict]:
+    """The model with only this rank's modules (layers ``[start_layer, end)``, or its tensor
+    shard of every layer), weights not read yet (lazy), and its config."""
+    partial = (start_layer, end) != (0, n_layers)
+    model, config = mlx_lm_load_model(model_dir, lazy=True, strict=not partial)
+    if partial:
+        if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+            raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
+        tied = bool(_text_config(config).get("tie_word_embeddings", True)) and "lm_head" not in model
+        _shard_modules(model, start_layer, end, n_layers, tied)
+    if tensor_group is not None and tensor_group.size() > 1:
+        from worker.engine.tensor import shard_model
+
+        shard_model(model, tensor_group)
+    if weights_dtype == "float32":
+        expand_to_float32(model)
+    return model, config
+
+
 def load_model(
     model_dir: Path | str, *, start_layer: int = 0, end_layer: int | None = None,
     tensor_group: mx.distributed.Group | None = None, weights_dtype: str = "stored",
@@ -166,38 +201,18 @@ def load_model(
     tensor is read.
     """
     model_dir = Path(model_dir)
-    if weights_dtype not in WEIGHTS_DTYPES:
-        raise ValueError(f"unknown weights dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}")
     config = load_config(model_dir)
-    n_layers = int(_text_config(config)["num_hidden_layers"])
-    end = n_layers if end_layer is None else end_layer
-    if not 0 <= start_layer < end <= n_layers:
-        raise ValueError(f"layer range [{start_layer}, {end}) is not within [0, {n_layers})")
+    n_layers, end = _checked_range(config, start_layer, end_layer, tensor_group, weights_dtype)
     partial = (start_layer, end) != (0, n_layers)
     total = end - start_layer
     tensor = tensor_group is not None and tensor_group.size() > 1
-    if tensor and partial:
-        raise ValueError(f"a tensor rank loads every layer, not [{start_layer}, {end})")
 
     mx.synchronize()
     mx.clear_cache()
     mx.reset_peak_memory()
     yield LoadProgress(0, total)
 
-    model, config = mlx_lm_load_model(model_dir, lazy=True, strict=not partial)
-    if partial:
-        if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-            raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
-        tied = bool(_text_config(config).get("tie_word_embeddings", True)) and "lm_head" not in model
-        _shard_modules(model, start_layer, end, n_layers, tied)
-    if tensor:
-        from worker.engine.tensor import shard_model
-
-        assert tensor_group is not None
-        shard_model(model, tensor_group)
-    if weights_dtype == "float32":
-        expand_to_float32(model)
-
+    model, config = _lazy_share(model_dir, start_layer, end, n_layers, tensor_group, weights_dtype)
     layers = model.layers
     layer_ids = {id(p) for layer in layers for _, p in _flat(layer.parameters())}
     non_layer = [p for _, p in _flat(model.parameters()) if id(p) not in layer_ids]

@@ -1,6 +1,6 @@
 """Stages: how one rank turns prompt tokens into the next token.
 
-The generator drives a ``Stage`` (``prefill`` one chunk, ``next_token``); a single-rank
+The engine drives a ``Stage`` (``prefill`` one chunk, ``next_token``, ``next_tokens`` of a batch); a single-rank
 instance uses ``LocalStage`` (the whole model, as before), a pipeline rank a
 ``PipelineStage``:
 
@@ -15,7 +15,7 @@ instance uses ``LocalStage`` (the whole model, as before), a pipeline rank a
 
 Each rank keeps the KV cache of its own layers only. The send is a dependency of what the
 rank evaluates (``mx.depends``), so evaluating a step's token runs this rank's part of it.
-Every pipeline op runs on the generator's stream, in the same order on every rank.
+Every pipeline op runs on the engine's stream, in the same order on every rank.
 
 Supported layouts: the llama family of mlx-lm (``model.model.embed_tokens / layers / norm``,
 ``lm_head`` or tied embeddings; llama, mistral, qwen2, qwen3 ...).

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
+from exo_p2p.types.tasks import GenerationParams
+
 
 def seed_for(task_id: str, seed: int | None) -> int:
     """The request's seed, or one derived from its task id (sha256, 63 bits) when the
@@ -55,47 +57,37 @@ def step_key_seed(seed: int, position: int) -> int:
 class Sampler:
     """Draws one token id per call from log-probabilities ``[batch, vocab]`` → ``[batch]``.
 
+    The sampling fields of ``params`` (``GenerationParams``: temperature, top_p, top_k,
+    min_p, the penalties and their context, logit_bias) decide the draw; ``seed`` (see
+    ``seed_for``) its keys.
     ``prompt`` (token ids) seeds the history the penalties look at; every drawn token is
     appended to it. ``position`` is the sequence position of the first drawn token (default
     ``len(prompt)``); each draw's key is ``step_key_seed(seed, position)``. Calls are lazy
-    (they only build the graph), so the generator can
+    (they only build the graph), so the engine can
     ``mx.async_eval`` the next token while the current one is detokenized. Not thread-safe:
     one per request. Raises ``ValueError`` for a negative temperature or penalty context.
     """
 
-    def __init__(
-        self,
-        temperature: float,
-        top_p: float,
-        seed: int,
-        *,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repetition_penalty: float = 1.0,
-        penalty_context: int = 64,
-        logit_bias: Sequence[tuple[int, float]] = (),
-        prompt: Sequence[int] | mx.array = (),
-        position: int | None = None,
-    ) -> None:
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, not {temperature}")
-        if penalty_context < 1:
-            raise ValueError(f"penalty_context must be >= 1, not {penalty_context}")
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
-        self.min_p = float(min_p)
+    def __init__(self, params: GenerationParams, seed: int, *, prompt: Sequence[int] | mx.array = (),
+                 position: int | None = None) -> None:
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {params.temperature}")
+        if params.penalty_context < 1:
+            raise ValueError(f"penalty_context must be >= 1, not {params.penalty_context}")
+        self.temperature = float(params.temperature)
+        self.top_p = float(params.top_p)
+        self.top_k = int(params.top_k)
+        self.min_p = float(params.min_p)
         self._seed = int(seed)
         self._position = int(prompt.size if isinstance(prompt, mx.array) else len(prompt)) if position is None else int(position)
+        penalty_context = params.penalty_context
         self._processors = make_logits_processors(
-            logit_bias=dict(logit_bias) or None,
-            repetition_penalty=None if repetition_penalty == 1.0 else float(repetition_penalty),
+            logit_bias=dict(params.logit_bias) or None,
+            repetition_penalty=None if params.repetition_penalty == 1.0 else float(params.repetition_penalty),
             repetition_context_size=penalty_context,
-            presence_penalty=float(presence_penalty) or None,
+            presence_penalty=float(params.presence_penalty) or None,
             presence_context_size=penalty_context,
-            frequency_penalty=float(frequency_penalty) or None,
+            frequency_penalty=float(params.frequency_penalty) or None,
             frequency_context_size=penalty_context,
         )
         self._context = penalty_context

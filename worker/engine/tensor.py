@@ -108,7 +108,7 @@ def shard_model(model: nn.Module, group: mx.distributed.Group) -> None:
 
 class TensorStage:
     """Rank ``group.rank()`` of a tensor-parallel instance (see module doc). Every rank calls
-    ``prefill`` / ``next_token`` at the same points (the generator's steps, in lockstep)."""
+    ``prefill`` / ``next_token`` at the same points (the engine's steps, in lockstep)."""
 
     def __init__(self, group: mx.distributed.Group, forward_fn: Forward = forward) -> None:
         self.group = group

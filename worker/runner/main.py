@@ -109,7 +109,7 @@ def check_every_for(decode_tokens_per_second: float, seconds: float = CHECK_SECO
     return max(1, min(MAX_CHECK_EVERY, int(seconds * decode_tokens_per_second)))
 
 
-PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.generator")
+PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.builder")
 """What a runner imports in the background from its start: MLX, mlx-lm and transformers
 take ~1 s of CPU to import (over 10 s on a loaded machine), time that would otherwise come
 after the lifecycle barriers (every rank created, every rank connected) instead of during
@@ -153,13 +153,11 @@ class RunnerProcess:
         self.setup: RunnerSetup | None = None
         self.status: RunnerStatus | None = None
         self.loaded = None
-        self.generator = None
+        self.engine = None  # built once at warm-up (worker.engine.builder)
         self.running_tasks: set[str] = set()
         self.group = None
         self.agreement = None
         self.all_gather = None
-        self.kv_capacity: int | None = None  # tokens of batch KV this rank can hold (None: unbounded)
-        self.prompt_cache_tokens = 0  # the prompt cache's bound on this rank (tokens; 0: off)
         self.check_every = 1
         self.steps_since_round = 0
         self.decode_steps = 0
@@ -215,7 +213,7 @@ class RunnerProcess:
                 if code is not None:
                     return code
                 continue
-            busy = self.generator is not None and self.generator.has_work()
+            busy = self.engine is not None and self.engine.has_work()
             try:
                 item = self.tasks.get_nowait() if busy else self.tasks.get(timeout=interval)
             except queue.Empty:
@@ -261,15 +259,15 @@ class RunnerProcess:
         if isinstance(task, CancelTask):
             if self.agreement is not None:
                 self.agreement.want_cancel(task.task_id)
-            elif self.generator is not None:
-                self.generator.cancel(task.task_id)
+            elif self.engine is not None:
+                self.engine.cancel(task.task_id)
             return None
         if isinstance(task, Shutdown) and self.agreement is not None:
             self.agreement.want_shutdown()  # every rank shuts down after the next round
             return None
         if isinstance(task, Shutdown):
             self.set_status(RunnerShuttingDown())
-            self.generator = None
+            self.engine = None
             self.loaded = None
             self.set_status(RunnerShutdown())
             return "exit"
@@ -314,93 +312,54 @@ class RunnerProcess:
                 loaded = item
         assert loaded is not None
         self.loaded = loaded
-        from worker.engine.generator import Generator
-
-        self.generator = Generator(loaded, model_id=self.setup.instance.model_id, prefill_chunk_size=self.setup.prefill_chunk_size,
-                                   max_batch=self.setup.max_batch,
-                                   prompt_cache_bytes=self.setup.prompt_cache_bytes)
-        from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
-
-        kv_per_token = model_kv_bytes_per_token(loaded.model)
-        self.kv_capacity = capacity_tokens(self.setup.kv_budget_bytes, self.setup.prompt_cache_bytes, kv_per_token)
-        # the prompt cache's bound in tokens (agreed between ranks at warm-up; 0: off)
-        self.prompt_cache_tokens = self.setup.prompt_cache_bytes // kv_per_token if kv_per_token and self.setup.max_batch > 1 else 0
-        if not self.multi:
-            self.generator.kv_capacity_tokens = self.kv_capacity
         mx.synchronize()
         self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
 
     def warmup(self) -> None:
-        """Generate a few tokens (greedy, discarded) so the first request does not pay for
-        first-use costs; bounded by its ``max_tokens``. A model without a chat template is
-        warmed up all the same (the error chunk is discarded)."""
-        from worker.engine.generator import GenerationRequest
+        """Build the engine (a collective on a multi-rank instance: its stage and limits are
+        agreed, ``worker.engine.builder``), then generate a few tokens (greedy, discarded) so
+        the first request does not pay for first-use costs; bounded by its ``max_tokens``. A
+        model without a chat template is warmed up all the same (the error chunk is
+        discarded). A multi-rank instance then agrees its pace (``check_every``)."""
+        from exo_p2p.types.tasks import ChatMessage, GenerationParams
+        from worker.engine.builder import build_engine
 
-        assert self.generator is not None
-        if self.multi:
-            self.make_pipeline()
-        self.generator.submit(
-            GenerationRequest(task_id="warmup", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0.0)
-        )
+        assert self.setup is not None and self.loaded is not None
+        self.engine = build_engine(self.loaded, self.setup.engine, model_id=self.setup.instance.model_id,
+                                   ring=self.make_ring() if self.multi else None)
+        self.engine.submit("warmup", GenerationParams(messages=(ChatMessage("user", "Hi"),), max_tokens=6, temperature=0.0))
         tps = 0.0
         for _ in range(1000):
-            if not self.generator.has_work():
+            if not self.engine.has_work():
                 break
-            for chunk in self.generator.step():
+            for chunk in self.engine.step():
                 if isinstance(chunk, FinishChunk):
                     tps = chunk.decode_tokens_per_second
-        if self.multi:
-            # the pace and the batch's KV capacity (tokens; the smallest rank's) are the same on every rank
+        if self.multi:  # the pace is the same on every rank: the slowest rank's
             assert self.all_gather is not None
-            unbounded = np.iinfo(np.int64).max
-            capacity = unbounded if self.kv_capacity is None else self.kv_capacity
-            row = np.array([check_every_for(tps, round_seconds(self.setup.max_batch)), capacity, self.prompt_cache_tokens], dtype=np.int64)
-            agreed = self.all_gather(row).min(axis=0)
-            self.check_every = int(agreed[0])
-            self.generator.kv_capacity_tokens = None if int(agreed[1]) == unbounded else int(agreed[1])
-            if int(agreed[2]) > 0:  # every rank keeps a prompt cache: rank 0 decides each reuse
-                self.generator.prompt_cache_tokens = int(agreed[2])
-                self.generator.reuse_gather = self.all_gather
-            else:
-                self.generator.prompt_cache_bytes = 0
+            proposal = np.array([check_every_for(tps, round_seconds(self.setup.engine.max_batch))], dtype=np.int64)
+            self.check_every = int(self.all_gather(proposal).min())
 
-    def make_pipeline(self) -> None:
-        """Make the generator a pipeline or tensor rank (a collective: every rank, same
-        point) and start holding tasks for agreement."""
+    def make_ring(self):
+        """This rank's ``Ring`` (its all-gather is also the agreement's), and the
+        ``TaskAgreement`` that holds tasks from now on."""
         from worker.engine.agreement import TaskAgreement
+        from worker.engine.builder import Ring
         from worker.engine.distributed import ring_all_gather
         from worker.engine.forward import generation_stream
-        from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
-        from worker.engine.tensor import TensorStage
-        import mlx.core as mx
 
-        assert self.generator is not None and self.group is not None and self.loaded is not None
-        assert self.setup is not None
+        assert self.group is not None and self.setup is not None
         # one dtype between ranks: float32 when any rank holds float32 weights, else what the
-        # stored weights compute in (as before float32 ranks existed)
+        # stored weights compute in
         float32 = any(s.weights_dtype == "float32" for s in self.setup.instance.shards)
-        if self.setup.instance.sharding == "tensor":
-            if float32:
-                from worker.engine.dequantize import float32_wire
-
-                float32_wire(self.loaded.model)
-            self.generator.stage = TensorStage(self.group)
-        else:
-            cfg = self.loaded.config.get("text_config", self.loaded.config)
-            hidden = int(cfg["hidden_size"])
-            if float32:
-                self.generator.stage = PipelineStage(self.group, hidden, mx.float32, wire_dtype=mx.float32)
-            else:
-                self.generator.stage = PipelineStage(self.group, hidden, probe_hidden_dtype(self.loaded.model, self.group, hidden))
         self.all_gather = ring_all_gather(self.group, generation_stream)
         self.agreement = TaskAgreement()
+        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather)
 
     def submit(self, task: TextGeneration) -> None:
-        from worker.engine.generator import GenerationRequest
-
-        assert self.generator is not None
+        assert self.engine is not None
         if self.agreement is None:
-            self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
+            self.engine.submit(task.task_id, task.params)
         elif not self.agreement.add(task.task_id, task.created_idx, task) and self.agreement.was_cancelled(task.task_id):
             self.end_cancelled(task.task_id)
 
@@ -414,10 +373,8 @@ class RunnerProcess:
         """One turn of a serving multi-rank runner: take input, run an agreement round when
         this is an agreement point (identical on every rank), do one generation step, keep
         the heartbeat. Returns an exit code, or None to go on."""
-        from worker.engine.generator import GenerationRequest
-
-        assert self.generator is not None and self.agreement is not None and self.all_gather is not None
-        busy = self.generator.has_work()
+        assert self.engine is not None and self.agreement is not None and self.all_gather is not None
+        busy = self.engine.has_work()
         deadline = time.monotonic() + (0.0 if busy else IDLE_ROUND_INTERVAL)
         while True:
             wait = deadline - time.monotonic()
@@ -433,25 +390,25 @@ class RunnerProcess:
                 traceback.print_exc()
                 self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
                 return 1
-        if not busy or self.generator.in_prefill or self.steps_since_round >= self.check_every:
+        if not busy or self.engine.in_prefill or self.steps_since_round >= self.check_every:
             result = self.agreement.round(self.all_gather, self.pace_proposal())
             self.steps_since_round, self.decode_steps, self.decode_seconds = 0, 0, 0.0
             if result.check_every > 0:
                 self.check_every = result.check_every
             for task in result.start:
-                self.generator.submit(GenerationRequest.from_params(task.task_id, task.params))
+                self.engine.submit(task.task_id, task.params)
             for task_id in result.cancel:
-                self.generator.cancel(task_id)
+                self.engine.cancel(task_id)
             for task in result.dropped:
                 self.end_cancelled(task.task_id)
             if result.shutdown:
                 self.set_status(RunnerShuttingDown())
-                self.generator = None
+                self.engine = None
                 self.loaded = None
                 self.set_status(RunnerShutdown())
                 return 0
-        if self.generator.has_work():
-            decoding = not self.generator.in_prefill
+        if self.engine.has_work():
+            decoding = not self.engine.in_prefill
             started = time.monotonic()
             self.step_generation()
             if decoding:
@@ -468,13 +425,13 @@ class RunnerProcess:
         if self.decode_steps == 0 or self.decode_seconds <= 0:
             return 0
         assert self.setup is not None
-        return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.max_batch))
+        return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.engine.max_batch))
 
     def step_generation(self) -> None:
-        assert self.generator is not None
+        assert self.engine is not None
         if not isinstance(self.status, RunnerRunning):
             self.set_status(RunnerRunning())
-        for chunk in self.generator.step():
+        for chunk in self.engine.step():
             if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):
                 self.running_tasks.add(chunk.task_id)
                 self.send(TaskStatusMsg(chunk.task_id, "running"))
@@ -488,7 +445,7 @@ class RunnerProcess:
             elif isinstance(chunk, ErrorChunk):
                 self.running_tasks.discard(chunk.task_id)
                 self.send(TaskStatusMsg(chunk.task_id, "failed"))
-        if not self.generator.has_work():
+        if not self.engine.has_work():
             self.set_status(RunnerReady())
 
 

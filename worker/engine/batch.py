@@ -1,0 +1,124 @@
+"""The decode batch: the sequences decoding together, one forward pass per step.
+
+A prefilled sequence joins as the batch's last row: its own KV cache is merged in as a new
+row of mlx-lm's left-padded ``BatchKVCache`` (the padding is masked, each row keeps its own
+RoPE offset). Each ``decode`` feeds every row its last token in one forward pass ``[B, 1]``
+and draws row ``i`` with its own ``Sampler``; rows that end leave at once (``drop``: their KV
+rows are freed), the others keep their order. Every rank of a multi-rank instance holds the
+same rows in the same order: joins and drops only follow agreed requests, cancels and the
+shared tokens.
+
+Decode pipelines like ``mlx_lm.generate.generate_step``: the next step's tokens are built and
+``mx.async_eval``-ed before this step's are read, so the model runs while Python
+detokenizes and matches stop strings; when every row ends with this step's token (each is at
+its last allowed token) no next step is built.
+
+Choice (not measured against per-sequence caches): left-padding, since one batched attention
+call per layer keeps the decode step one forward pass; the padding costs at most the length
+difference between the longest and the shortest row. A batch of one row is the same path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from worker.engine.batch_memory import RowKV
+from worker.engine.forward import generation_stream
+from worker.engine.pipeline import Stage
+from worker.engine.sequence import Sequence
+
+
+class DecodeBatch:
+    """The rows decoding together (``rows``, in order) and their merged KV.
+
+    ``max_rows`` (≥ 1) bounds ``rows``; ``join`` beyond it raises ``ValueError``.
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, not {max_rows}")
+        self.max_rows = max_rows
+        self.rows: list[Sequence] = []
+        self._cache: list[Any] | None = None  # one BatchKVCache per local layer
+        self._next: mx.array | None = None  # [B] the tokens each row is fed next (lazy)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) >= self.max_rows
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether any KV is held (False once the last row has left)."""
+        return self._cache is not None
+
+    def kv_rows(self) -> list[RowKV]:
+        """Each row's KV now and still to come (``batch_memory``)."""
+        return [row.kv() for row in self.rows]
+
+    def join(self, seq: Sequence) -> None:
+        """``seq`` (prefilled) becomes the last row; the batch takes over its KV cache."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        if self.full:
+            raise ValueError(f"the batch holds {len(self.rows)} rows already (at most {self.max_rows})")
+        if seq.next_token is None:
+            raise ValueError(f"sequence {seq.task_id} has not finished its prefill")
+        rows = [BatchKVCache.merge([c]) for c in seq.cache]
+        first = seq.next_token.reshape(-1)
+        if self._cache is None:
+            self._cache, self._next = rows, first
+        else:
+            assert self._next is not None
+            for batch, row in zip(self._cache, rows, strict=True):
+                batch.extend(row)
+            self._next = mx.concatenate([self._next, first])
+        seq.cache = []
+        self.rows.append(seq)
+
+    def decode(self, stage: Stage, model: Any) -> list[int]:
+        """One decode step: each row's token (``len(rows)`` ints, row order). This step's
+        forward pass feeds them into the KV (appended to each row's ``fed``) and computes the
+        next step's tokens in the background — unless every row ends with this token (each at
+        its last allowed one): then nothing is fed."""
+        assert self._cache is not None and self._next is not None
+        tokens_in = self._next
+        fed = any(row.completion_tokens + 1 < row.max_new for row in self.rows)
+        if fed:
+            with mx.stream(generation_stream):
+                self._next = stage.next_tokens(model, tokens_in[:, None], self._cache,
+                                               [row.sampler for row in self.rows])
+            mx.async_eval(self._next)
+        else:
+            self._next = None  # every row ends with this token: it is never fed
+        tokens = [int(t) for t in tokens_in.tolist()]
+        if fed:
+            for row, token in zip(self.rows, tokens, strict=True):
+                row.fed.append(token)
+        return tokens
+
+    def extract(self, index: int) -> list[Any]:
+        """Row ``index``'s KV as one plain ``KVCache`` per layer (padding removed)."""
+        assert self._cache is not None
+        return [c.extract(index) for c in self._cache]
+
+    def drop(self, indices: list[int]) -> list[Sequence]:
+        """Rows ``indices`` leave and free their KV; returns them."""
+        if not indices:
+            return []
+        gone = set(indices)
+        left = [self.rows[i] for i in indices]
+        keep = [i for i in range(len(self.rows)) if i not in gone]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._cache, self._next = None, None
+            mx.clear_cache()
+            return left
+        assert self._cache is not None
+        index = mx.array(keep, dtype=mx.int32)
+        for c in self._cache:
+            c.filter(index)
+        if self._next is not None:
+            self._next = self._next[index]
+        return left

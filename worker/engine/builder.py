@@ -1,0 +1,99 @@
+"""The builder: the engine made once, from the runner's settings and its loaded shard.
+
+``build_engine`` turns ``EngineSettings`` and a ``LoadedModel`` into an ``Engine`` with its
+parts fixed: the stage (the whole model, or this rank's part of a pipeline or tensor
+instance), the batch's KV capacity (tokens: ``batch_memory.capacity_tokens`` of the KV budget
+beside the prompt cache) and the prompt cache's bound (tokens: ``prompt_cache_bytes`` ÷ this
+rank's KV bytes per token). On a multi-rank instance (``ring``) the capacity and the bound
+are the smallest rank's, agreed with one all-gather, so every rank admits, keeps and evicts
+alike; a prompt cache off on any rank is off on all. Building a multi-rank engine is a
+collective: every rank calls it at the same point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exo_p2p.types.common import TaskId
+from exo_p2p.types.engine import EngineSettings
+from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
+from worker.engine.loader import LoadedModel
+from worker.engine.pipeline import LocalStage, Stage
+from worker.engine.prompt_cache import Gather, PromptCache
+from worker.engine.scheduler import Engine
+
+UNBOUNDED = np.iinfo(np.int64).max
+"""The all-gathered stand-in for "no KV capacity bound"."""
+
+
+@dataclass(frozen=True)
+class Ring:
+    """This rank's place in a multi-rank instance: its MLX ``group``, the instance's
+    ``sharding`` ("pipeline" or "tensor"), whether any rank holds float32 weights (then every
+    rank sends float32 between ranks), and the ring's all-gather (``int64 [W] -> [world, W]``)."""
+
+    group: Any
+    sharding: str
+    float32: bool
+    all_gather: Gather
+
+
+def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
+    """This rank's stage of a pipeline or tensor instance (a collective: every rank, same
+    point — the pipeline probes the dtype its ranks send)."""
+    import mlx.core as mx
+
+    from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
+    from worker.engine.tensor import TensorStage
+
+    if ring.sharding == "tensor":
+        if ring.float32:
+            from worker.engine.dequantize import float32_wire
+
+            float32_wire(loaded.model)
+        return TensorStage(ring.group)
+    cfg = loaded.config.get("text_config", loaded.config)
+    hidden = int(cfg["hidden_size"])
+    if ring.float32:
+        return PipelineStage(ring.group, hidden, mx.float32, wire_dtype=mx.float32)
+    return PipelineStage(ring.group, hidden, probe_hidden_dtype(loaded.model, ring.group, hidden))
+
+
+def rank_limits(settings: EngineSettings, kv_bytes_per_token: int) -> tuple[int | None, int]:
+    """This rank's (batch KV capacity, prompt cache bound), both in tokens (capacity None:
+    unbounded; bound 0: no prompt cache)."""
+    capacity = capacity_tokens(settings.kv_cache_bytes, settings.prompt_cache_bytes, kv_bytes_per_token)
+    bound = settings.prompt_cache_bytes // kv_bytes_per_token if kv_bytes_per_token > 0 else 0
+    return capacity, bound
+
+
+def agree_limits(all_gather: Gather, capacity: int | None, bound: int) -> tuple[int | None, int]:
+    """The smallest rank's (capacity, bound) (a collective: one all-gather)."""
+    row = np.array([UNBOUNDED if capacity is None else capacity, bound], dtype=np.int64)
+    agreed = all_gather(row).min(axis=0)
+    return (None if int(agreed[0]) == UNBOUNDED else int(agreed[0])), int(agreed[1])
+
+
+def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(), *, model_id: str = "",
+                 ring: Ring | None = None, stage: Stage | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_token: Callable[[TaskId, int], None] | None = None) -> Engine:
+    """The engine of ``loaded`` (see the module docstring). ``stage`` replaces the stage the
+    builder would make (tests); ``model_id`` names the model in errors (default: its
+    directory's name). Raises ``ValueError`` for settings out of range."""
+    settings.check()
+    capacity, bound = rank_limits(settings, model_kv_bytes_per_token(loaded.model))
+    gather = None
+    if ring is not None:
+        if stage is None:
+            stage = ring_stage(loaded, ring)
+        capacity, bound = agree_limits(ring.all_gather, capacity, bound)
+        gather = ring.all_gather
+    return Engine(loaded, settings, stage=stage if stage is not None else LocalStage(),
+                  kv_capacity_tokens=capacity, prompt_cache=PromptCache(bound, gather=gather),
+                  model_id=model_id, clock=clock, on_token=on_token)

@@ -1,0 +1,129 @@
+"""Preparing a task into a ``Sequence``: tokens, checks and state, no model work.
+
+``prepare`` applies the chat template (or tokenizes a raw ``prompt`` as is: no template
+needed), checks the request against the model, and makes the sequence's sampler,
+detokenizer and stop matcher; a request that cannot run gets an ``ErrorChunk`` (HTTP 400)
+before any model work: the model has no chat template, the template fails, the prompt does
+not fit the context, a logit bias names a token outside the vocabulary, or a resume cannot
+fit.
+
+Context rule (documented choice): a prompt of N tokens needs N < context; otherwise 400
+"prompt is N tokens but the model's context is M tokens". When N + max_tokens exceeds the
+context, max_tokens is clamped to context − N and generation ends with finish_reason
+"length" there; no max_tokens (None) means until the model stops or the context is full.
+
+Resuming (``exo_p2p.api.resume``): ``resume_tokens`` (what an earlier task of the request
+generated and sent) are appended to the prompt (they count against the context like the
+prompt), replayed through the detokenizer and the stop matcher without output, and count as
+completion tokens; the sampler starts at their position, so the continuation equals the
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from exo_p2p.types.chunks import ErrorChunk
+from exo_p2p.types.common import ErrorInfo, TaskId
+from exo_p2p.types.tasks import GenerationParams
+from worker.engine.loader import LoadedModel
+from worker.engine.sampling import Sampler, seed_for
+from worker.engine.sequence import Sequence
+from worker.engine.stop import StopMatcher
+
+
+def error_chunk(task_id: TaskId, status: int, message: str, *, param: str | None = None,
+                code: str | None = None) -> ErrorChunk:
+    """An ``ErrorChunk`` of HTTP ``status`` (< 500: ``invalid_request_error``, else
+    ``server_error``)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return ErrorChunk(task_id=task_id, error=ErrorInfo(status=status, message=message, type=kind,
+                                                       param=param, code=code))
+
+
+def validate_prompt(prompt_tokens: int, max_tokens: int | None, context_length: int) -> str | None:
+    """The context rule: None when a prompt of ``prompt_tokens`` may run, else the 400
+    message. ``max_tokens`` beyond what is left is clamped, not an error (None: no limit)."""
+    if prompt_tokens >= context_length:
+        return f"prompt is {prompt_tokens} tokens but the model's context is {context_length} tokens"
+    if prompt_tokens < 1:
+        return "the prompt is empty"
+    if max_tokens is not None and max_tokens < 1:
+        return f"max_tokens must be at least 1, not {max_tokens}"
+    return None
+
+
+def vocab_size(loaded: LoadedModel) -> int:
+    """Rows of the model's output: the token ids a logit bias may name."""
+    size = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
+    return int(size) if size else len(loaded.tokenizer.get_vocab())
+
+
+def prompt_ids(task_id: TaskId, params: GenerationParams, loaded: LoadedModel,
+               model_id: str) -> list[int] | ErrorChunk:
+    """The prompt's token ids: the raw ``prompt`` tokenized, else the messages through the
+    chat template with the generation prompt; an ``ErrorChunk`` (400) when there is no
+    template or it fails."""
+    tok = loaded.tokenizer
+    if params.prompt is not None:
+        return list(tok.encode(params.prompt))
+    if not tok.has_chat_template:
+        return error_chunk(task_id, 400, f"model {model_id} has no chat template", param="messages",
+                           code="no_chat_template")
+    messages = [{"role": m.role, "content": m.content} for m in params.messages]
+    try:
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True))
+    except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+        return error_chunk(task_id, 400, f"the chat template of model {model_id} failed: {e}", param="messages")
+
+
+def check(task_id: TaskId, params: GenerationParams, ids: list[int], loaded: LoadedModel,
+          model_id: str) -> ErrorChunk | None:
+    """The 400 for a request of prompt ``ids`` that cannot run on ``loaded`` (see the module
+    docstring), or None."""
+    if problem := validate_prompt(len(ids), params.max_tokens, loaded.context_length):
+        code = "context_length_exceeded" if "context" in problem else None
+        return error_chunk(task_id, 400, problem, param="messages" if code else "max_tokens", code=code)
+    if params.temperature < 0:
+        return error_chunk(task_id, 400, f"temperature must be >= 0, not {params.temperature}", param="temperature")
+    vocab = vocab_size(loaded) if params.logit_bias else 0
+    for token_id, _bias in params.logit_bias:
+        if not 0 <= token_id < vocab:
+            return error_chunk(task_id, 400, f"logit_bias token id {token_id} is not in the vocabulary of model "
+                               f"{model_id} (0..{vocab - 1})", param="logit_bias")
+    max_new = max_new_tokens(params, len(ids), loaded.context_length)
+    resumed = params.resume_tokens
+    if resumed and (len(resumed) > max_new or not all(isinstance(t, int) and t >= 0 for t in resumed)):
+        return error_chunk(task_id, 400, f"cannot resume after {len(resumed)} tokens: at most {max_new} "
+                           "completion tokens fit (max_tokens or the context)", param="resume_tokens")
+    return None
+
+
+def max_new_tokens(params: GenerationParams, prompt_tokens: int, context_length: int) -> int:
+    """Completion tokens a request may generate: ``max_tokens`` clamped to what the context
+    leaves after the prompt (all of it when ``max_tokens`` is None)."""
+    left = context_length - prompt_tokens
+    return left if params.max_tokens is None else min(params.max_tokens, left)
+
+
+def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, model_id: str,
+            submitted_at: float) -> Sequence | ErrorChunk:
+    """The ``Sequence`` of a request (no KV cache yet: the engine gives it one when it
+    starts), or the ``ErrorChunk`` it ends with at once. ``submitted_at``: seconds of the
+    engine's clock."""
+    ids = prompt_ids(task_id, params, loaded, model_id)
+    if isinstance(ids, ErrorChunk):
+        return ids
+    if problem := check(task_id, params, ids, loaded, model_id):
+        return problem
+    resumed = list(params.resume_tokens)
+    prompt = mx.array(ids + resumed, dtype=mx.int32)
+    seq = Sequence(
+        task_id=task_id, params=params, submitted_at=submitted_at, prompt=prompt,
+        max_new=max_new_tokens(params, len(ids), loaded.context_length),
+        sampler=Sampler(params, seed_for(params.origin_task_id or task_id, params.seed), prompt=prompt),
+        detokenizer=loaded.tokenizer.detokenizer, stops=StopMatcher(params.stop),
+        eos=frozenset(loaded.eos_token_ids), resumed=len(resumed), completion_tokens=len(resumed),
+    )
+    seq.replay(resumed)
+    return seq

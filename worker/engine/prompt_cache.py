@@ -1,0 +1,140 @@
+"""The prompt cache: finished sequences' KV, kept so a request extending one prefills less.
+
+When a sequence finishes, its KV (prompt + the tokens fed after it) may be kept as an
+entry. A new request starts from the entry sharing the longest prefix with its prompt —
+at most all but the prompt's last token, which yields the first token — and prefills only
+the rest (a multi-turn conversation: the previous turn's prompt and answer).
+
+Bound: in tokens of KV held (``max_tokens``; the builder derives it from
+``--prompt-cache-bytes`` ÷ this rank's KV bytes per token). Least recently used entries go
+first (an entry is used when inserted or reused); an entry larger than the whole bound is
+not kept.
+
+Ranks (docs/architecture.md#engine): on a multi-rank instance every rank holds its layers'
+share of the same entries — the bound is the smallest rank's, agreed at warm-up, and every
+rank inserts and evicts at the same steps — and the reused length is agreed at each
+accept through ``gather`` (an all-gather ``int64 [1] -> [world, 1]``, a collective: called
+on every rank at the same point): the smallest proposal, which is rank 0's unless a rank
+holds less than it should.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+Gather = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, and its bytes."""
+
+    tokens: tuple[int, ...]
+    cache: list[Any]
+    nbytes: int
+
+
+def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptCache:
+    """An LRU of ``CachedPrefix`` bounded by ``max_tokens`` (0: off; see the module docstring).
+
+    ``gather``: the instance's all-gather when it has more than one rank (None: one rank).
+    """
+
+    def __init__(self, max_tokens: int = 0, gather: Gather | None = None) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, not {max_tokens}")
+        self.max_tokens = max_tokens
+        self.gather = gather
+        self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()
+        self._next_key = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_tokens > 0
+
+    @property
+    def entries(self) -> list[CachedPrefix]:
+        """The entries, least recently used first."""
+        return list(self._entries.values())
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of KV held."""
+        return sum(len(e.tokens) for e in self._entries.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of KV held."""
+        return sum(e.nbytes for e in self._entries.values())
+
+    def insert(self, tokens: list[int], cache: list[Any]) -> bool:
+        """Keep ``cache`` (one ``KVCache`` per layer holding exactly ``tokens``), evicting least
+        recently used entries beyond the bound. False when not kept: the cache is off, the
+        entry alone exceeds the bound, or the cache does not hold ``len(tokens)`` tokens."""
+        if not self.enabled or len(tokens) > self.max_tokens:
+            return False
+        if cache and cache[0].offset != len(tokens):
+            return False  # not the tokens we think it holds: never reuse it
+        mx.eval([c.state for c in cache])
+        self._next_key += 1
+        self._entries[self._next_key] = CachedPrefix(tuple(tokens), cache, sum(c.nbytes for c in cache))
+        while self.tokens > self.max_tokens:
+            self._entries.popitem(last=False)
+        return True
+
+    def nearest(self, ids: list[int]) -> tuple[int | None, int]:
+        """The key of the entry sharing the longest prefix with prompt ``ids`` and that length,
+        at most ``len(ids) − 1`` (None, 0 when no entry shares a token)."""
+        best_key, best = None, 0
+        for key, entry in self._entries.items():
+            n = common_prefix(entry.tokens, ids)
+            if n > best:
+                best_key, best = key, n
+        return best_key, min(best, len(ids) - 1) if best_key is not None else 0
+
+    def agreed_length(self, length: int) -> int:
+        """The reused length every rank uses: the smallest of the ranks' ``length`` (a
+        collective with ``gather``), or ``length`` itself on one rank."""
+        if self.gather is None:
+            return length
+        proposals = self.gather(np.array([length], dtype=np.int64)).reshape(-1)
+        return int(proposals.min())
+
+    def reuse(self, ids: list[int]) -> tuple[list[Any], int]:
+        """A fresh KV cache holding the longest cached prefix of prompt ``ids`` and its length
+        (tokens, agreed across ranks), or ``([], 0)``. The entry used becomes the most
+        recently used; the entry itself is never modified. A collective when ``gather`` is
+        set (call it on every rank at the same accept, whether or not the cache is enabled
+        there: it is not called at all when the cache is off on every rank)."""
+        if not self.enabled:
+            return [], 0
+        key, length = self.nearest(ids)
+        length = self.agreed_length(length)
+        if key is None or length < 1:
+            return [], 0
+        self._entries.move_to_end(key)
+        from mlx_lm.models.cache import KVCache
+
+        copies = []
+        for c in self._entries[key].cache:
+            copy = KVCache()
+            copy.keys, copy.values = c.keys[..., :length, :], c.values[..., :length, :]
+            copy.offset = length
+            copies.append(copy)
+        return copies, length

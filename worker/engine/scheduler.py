@@ -1,0 +1,296 @@
+"""The engine: requests are submitted to it and it is stepped (docs/architecture.md#engine).
+
+``Engine`` owns the parts and decides, step by step, what each does: the ``TaskQueue``
+(submitted requests, first come, first served), ``prepare`` (a request into a ``Sequence``,
+no model work), the sequence prefilling alone, the ``DecodeBatch`` (every prefilled sequence,
+one forward pass per step) and the ``PromptCache``. One path serves every ``max_batch``: a
+batch of at most one row is the same batch. ``step`` does one bounded unit of work and
+returns the chunks it produced; see its docstring for the order.
+
+Admission: the head of the queue is accepted when nothing prefills, the batch has room, and
+the KV it can grow to (prompt + its token budget, bounded by the context) fits beside the
+batch's within ``kv_capacity_tokens`` (``batch_memory``); otherwise it waits at the head (later
+requests behind it), and one that cannot fit even alone ends at once with a 503
+``out_of_memory``.
+
+Ranks: every rank of a multi-rank instance steps the same requests (agreed by the runner's
+rounds before each step that accepts or prefills: ``in_prefill``), cancels and tokens, so
+every rank holds the same rows in the same order and the stage's collectives meet. Greedy
+and seeded output of a request in a batch equals its output alone, token for token.
+
+A request always ends with exactly one ``FinishChunk`` or ``ErrorChunk``; a failing request
+never stops the engine from serving the others.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from exo_p2p.types.chunks import Chunk, ErrorChunk, FinishChunk, FinishReason
+from exo_p2p.types.common import TaskId
+from exo_p2p.types.engine import EngineSettings
+from exo_p2p.types.tasks import GenerationParams
+from worker.engine.batch import DecodeBatch
+from worker.engine.batch_memory import Verdict, join_verdict, peak_batch_tokens
+from worker.engine.forward import new_cache
+from worker.engine.loader import LoadedModel
+from worker.engine.pipeline import LocalStage, Stage
+from worker.engine.prepare import error_chunk, prepare
+from worker.engine.prompt_cache import PromptCache
+from worker.engine.sequence import Sequence
+from worker.engine.task_queue import Queued, TaskQueue
+
+
+class Engine:
+    """One runner's engine (see the module docstring).
+
+    ``settings``: ``prefill_chunk_size`` and ``max_batch`` are read here (the builder turns the
+    rest into ``kv_capacity_tokens`` and ``prompt_cache``); ``stage``: this rank's part of each
+    step (default: the whole model, ``LocalStage``); ``kv_capacity_tokens``: tokens of KV the
+    batch may hold (None: no memory check); ``model_id`` names the model in error messages;
+    ``clock``: seconds; ``on_token(task_id, token_id)`` is called for every sampled token,
+    end-of-turn included. ``submit``, ``cancel`` and the read-only properties may be called
+    from any thread, ``step`` from one thread at a time (the one that drives MLX). Raises
+    ``ValueError`` for settings out of range.
+    """
+
+    def __init__(self, loaded: LoadedModel, settings: EngineSettings, *, stage: Stage | None = None,
+                 kv_capacity_tokens: int | None = None, prompt_cache: PromptCache | None = None,
+                 model_id: str = "", clock: Callable[[], float] = time.perf_counter,
+                 on_token: Callable[[TaskId, int], None] | None = None) -> None:
+        self.loaded = loaded
+        self.settings = settings.check()
+        self.model_id = model_id or loaded.model_dir.name
+        self.stage: Stage = stage if stage is not None else LocalStage()
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
+        self.clock = clock
+        self.on_token = on_token
+        self.queue = TaskQueue()
+        self.batch = DecodeBatch(settings.max_batch)
+        self.prefilling: Sequence | None = None
+        self.prefilled_tokens = 0
+        """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
+        self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch
+        self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
+        self._lock = threading.Lock()
+
+    # -- control (any thread) ------------------------------------------------------------
+
+    def submit(self, task_id: TaskId, params: GenerationParams) -> None:
+        """Queue a request; it is accepted after every request submitted before it."""
+        with self._lock:
+            self.queue.push(Queued(task_id, params, self.clock()))
+
+    def cancel(self, task_id: TaskId) -> bool:
+        """Cancel a queued or running request: the next ``step`` returns its
+        ``FinishChunk(finish_reason="cancelled")`` and does no more work for it. False when
+        the task is unknown or already finished."""
+        with self._lock:
+            if self.queue.remove(task_id):
+                self._outbox.append(FinishChunk(task_id=task_id, finish_reason="cancelled",
+                                                prompt_tokens=0, completion_tokens=0))
+                return True
+            seq = self._live.get(task_id)
+            if seq is None:
+                return False
+            seq.cancel_requested = True
+            return True
+
+    def has_work(self) -> bool:
+        """Whether ``step`` has anything to do: a request queued or running, or chunks to deliver."""
+        with self._lock:
+            return bool(len(self.queue) or self._outbox or self._live)
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences accepted and not finished: prefilling or in the batch."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def queued_task_ids(self) -> list[TaskId]:
+        with self._lock:
+            return self.queue.task_ids
+
+    @property
+    def in_prefill(self) -> bool:
+        """Whether the next ``step`` accepts a request or prefills a chunk (the runner's
+        agreement points are taken before each such step)."""
+        with self._lock:
+            return self.prefilling is not None or (len(self.queue) > 0 and self._room())
+
+    def _room(self) -> bool:
+        """Whether the head of the queue may be accepted now (lock held): nothing prefills,
+        the batch is not full, and the head is not waiting for KV memory."""
+        if self.prefilling is not None or self.batch.full:
+            return False
+        head = self.queue.head()
+        return head is None or head.prepared is None or self._verdict(head.prepared) != "wait"
+
+    def _verdict(self, seq: Sequence) -> Verdict:
+        if seq.done_before_start:
+            return "join"  # nothing left to generate: no KV
+        return join_verdict(seq.kv(), self.batch.kv_rows(), self.kv_capacity_tokens)
+
+    # -- work (one thread) ---------------------------------------------------------------
+
+    def step(self) -> list[Chunk]:
+        """One step, in this order (the same on every rank):
+
+        1. the ends of requests cancelled while queued, and of sequences cancelled since
+           the last step;
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens: while the batch
+           has room the head of the queue is accepted and prefilled (its own KV cache); a
+           sequence whose prefill ends joins the batch at once and the next may follow in
+           the same step; a prompt longer than what is left of the budget goes on next step;
+        3. one decode step of the batch; rows that end leave at once.
+        """
+        out = self._take_outbox()
+        out += self._end_cancelled()
+        out += self._prefill(self.settings.prefill_chunk_size)
+        if self.batch.rows:
+            out += self._decode()
+        return out
+
+    def _take_outbox(self) -> list[Chunk]:
+        with self._lock:
+            out, self._outbox = self._outbox, []
+        return out
+
+    def _end_cancelled(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        if self.prefilling is not None and self.prefilling.cancel_requested:
+            out.append(self._end(self.prefilling, "cancelled"))
+        gone = [i for i, row in enumerate(self.batch.rows) if row.cancel_requested]
+        out += [self._end(self.batch.rows[i], "cancelled") for i in gone]
+        self.batch.drop(gone)
+        return out
+
+    def _prefill(self, budget: int) -> list[Chunk]:
+        out: list[Chunk] = []
+        while budget > 0:
+            seq = self.prefilling
+            if seq is None:
+                chunks, go_on = self._accept_next()
+                out += chunks
+                if not go_on:
+                    break
+                continue
+            before = seq.processed
+            try:
+                out += seq.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
+            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+                out.append(self._fail(seq, e))
+                continue
+            self.prefilled_tokens += seq.processed - before
+            budget -= seq.processed - before
+            if not seq.prefilled:
+                break  # the rest of its prompt next step
+            with self._lock:
+                self.batch.join(seq)
+                self.prefilling = None
+        return out
+
+    def _accept_next(self) -> tuple[list[Chunk], bool]:
+        """Accept the head of the queue when there is room: its chunks, and whether the
+        prefill loop may go on (False: nothing to accept, or the head waits for memory)."""
+        with self._lock:
+            queued = self.queue.head() if self._room() else None
+        if queued is None:
+            return [], False
+        try:
+            seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
+                                             submitted_at=queued.submitted_at)
+        except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+            seq = error_chunk(queued.task_id, 500, f"generation failed: {e!r}")
+        if isinstance(seq, ErrorChunk):
+            return self._pop(queued, [seq]), True
+        queued.prepared = seq
+        verdict = self._verdict(seq)
+        if verdict == "wait":
+            return [], False
+        if verdict == "never":
+            return self._pop(queued, [self._out_of_memory(seq)]), True
+        if seq.done_before_start:  # every allowed token was sent before the move
+            return self._pop(queued, [seq.progress(), seq.finish("length")]), True
+        with self._lock:
+            if not self.queue.pop_head(queued):
+                return [], True  # cancelled meanwhile: its end is in the outbox
+            self._live[seq.task_id] = seq
+            self.prefilling = seq
+        try:
+            self._start(seq)
+        except Exception as e:  # noqa: BLE001
+            return [self._fail(seq, e)], True
+        return [seq.progress()], True
+
+    def _pop(self, queued: Queued, chunks: list[Chunk]) -> list[Chunk]:
+        """``chunks`` when ``queued`` was still the head (now removed), else none: a cancel
+        removed it meanwhile and its end is in the outbox."""
+        with self._lock:
+            return chunks if self.queue.pop_head(queued) else []
+
+    def _start(self, seq: Sequence) -> None:
+        """Give ``seq`` its KV: the prompt cache's longest prefix of its prompt (a collective
+        on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache."""
+        cache, reused = self.prompt_cache.reuse(seq.tokens())
+        if reused:
+            seq.cache, seq.processed, seq.reused = cache, reused, reused
+        else:
+            seq.cache = new_cache(self.loaded.model)
+
+    def _out_of_memory(self, seq: Sequence) -> ErrorChunk:
+        need = peak_batch_tokens([seq.kv()])
+        return error_chunk(seq.task_id, 503,
+                           f"out of memory: the prompt ({seq.prompt_tokens} tokens) and its token budget "
+                           f"({seq.max_new} tokens: max_tokens or the context) need up to {need} tokens of KV cache, "
+                           f"but the runners of model {self.model_id} can hold {self.kv_capacity_tokens} tokens; "
+                           "shorten the prompt or lower max_tokens", param="messages", code="out_of_memory")
+
+    def _decode(self) -> list[Chunk]:
+        """One decode step of the batch: every row's token consumed; rows that end leave
+        (their KV kept by the prompt cache when it is on)."""
+        try:
+            tokens = self.batch.decode(self.stage, self.loaded.model)
+        except Exception as e:  # noqa: BLE001 - the batch's forward failed: every row fails
+            out = [self._fail(row, e) for row in self.batch.rows]
+            self.batch.drop(list(range(len(self.batch.rows))))
+            return out
+        now = self.clock()
+        out: list[Chunk] = []
+        ended: list[int] = []
+        for i, (row, token) in enumerate(zip(self.batch.rows, tokens, strict=True)):
+            if self.on_token is not None:
+                self.on_token(row.task_id, token)
+            try:
+                chunks, done = row.consume(token, now)
+            except Exception as e:  # noqa: BLE001 - this row fails, the others go on
+                out.append(self._fail(row, e))
+                ended.append(i)
+                continue
+            out += chunks
+            if done:
+                ended.append(i)
+                with self._lock:
+                    self._live.pop(row.task_id, None)
+                if self.prompt_cache.enabled:
+                    self.prompt_cache.insert(row.tokens(), self.batch.extract(i))
+        self.batch.drop(ended)
+        return out
+
+    def _end(self, seq: Sequence, reason: FinishReason) -> FinishChunk:
+        with self._lock:
+            self._live.pop(seq.task_id, None)
+            if self.prefilling is seq:
+                self.prefilling = None
+        return seq.finish(reason)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> ErrorChunk:
+        with self._lock:
+            self._live.pop(seq.task_id, None)
+            if self.prefilling is seq:
+                self.prefilling = None
+        return error_chunk(seq.task_id, 500, f"generation failed: {exc!r}")
