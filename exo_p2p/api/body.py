@@ -15,12 +15,15 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
     """The request body, at most ``limit`` bytes.
 
-    Raises ``ApiError(413)`` as soon as the declared ``Content-Length`` or the bytes received
-    so far exceed ``limit`` (the rest is never read). Raises starlette's ``ClientDisconnect``
-    if the client goes away mid-body.
+    Raises ``ApiError(413)`` as soon as the declared ``Content-Length`` (ASCII digits; any other
+    value is ignored and the bytes are counted) or the bytes received so far exceed ``limit``
+    (the rest is never read). Raises starlette's ``ClientDisconnect`` if the client goes away
+    mid-body.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+    declared = (request.headers.get("content-length") or "").strip().lstrip("0") or "0"
+    # ASCII digits only (isdigit() also takes "²", which int() refuses), and more of them
+    # than the limit has is too large without reading them as a number (int() refuses thousands)
+    if declared.isascii() and declared.isdigit() and (len(declared) > len(str(limit)) or int(declared) > limit):
         raise _too_large(limit)
     parts: list[bytes] = []
     size = 0

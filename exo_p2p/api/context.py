@@ -16,10 +16,11 @@ from starlette.requests import Request
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
+from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, check_count_tokens_size
 from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
 from exo_p2p.api.resume import MoveCounters
-from exo_p2p.types import GenerationParams, ModelCard, ModelId
+from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitGeneration, new_id
 
 T = TypeVar("T")
 
@@ -39,11 +40,14 @@ class ApiConfig:
 @dataclass
 class ApiContext:
     """The backend and settings of one API, and the state its routes share: the in-flight
-    generation counter and the API's start time (Unix seconds, the ``created`` of models)."""
+    generation counter, the ``count_tokens`` counter and the API's start time (Unix seconds,
+    the ``created`` of models)."""
 
     backend: ApiBackend
     config: ApiConfig
     inflight: InFlight = field(init=False)
+    counting: InFlight = field(default_factory=lambda: InFlight(COUNT_TOKENS_CONCURRENCY))
+    """``count_tokens`` requests being tokenized (``exo_p2p.api.bounds.COUNT_TOKENS_CONCURRENCY``)."""
     moves: MoveCounters = field(default_factory=MoveCounters)
     """Requests this API moved after a failure, and those that then failed (``/state`` counters)."""
     started: int = field(default_factory=lambda: int(time.time()))
@@ -65,8 +69,15 @@ class ApiContext:
         return decode_json(await read_body(request, self.config.max_body_bytes), type_)
 
     async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
-        """Prompt tokens of ``params`` for ``model_id`` (the backend's tokenizer); 404 when
-        this node holds no copy of the model (its tokenizer is needed)."""
+        """Prompt tokens of ``params`` for ``model_id`` (the backend's tokenizer). Raises
+        ``ApiError``: 413 for more text than ``MAX_COUNT_TOKENS_TEXT_BYTES``, 429 while
+        ``COUNT_TOKENS_CONCURRENCY`` requests are being counted (``exo_p2p.api.bounds``), 404
+        when this node holds no copy of the model (its tokenizer is needed), 400 when its
+        chat template fails."""
+        check_count_tokens_size(params)
+        if not self.counting.try_acquire():
+            raise ApiError(429, f"too many token counts at once: {self.counting.count} in progress on this node, "
+                           f"limit {self.counting.limit}; retry", code="too_many_requests")
         try:
             return await self.backend.count_tokens(ModelId(model_id), params)
         except KeyError:
@@ -78,7 +89,13 @@ class ApiContext:
             ) from None
         except ValueError as exc:
             raise ApiError(400, str(exc)[:2000], param="messages") from None
+        finally:
+            self.counting.release()
 
     def generate(self, job: GenerationJob) -> GenerationResponse:
-        """The ASGI app answering ``job`` through the shared path."""
+        """The ASGI app answering ``job`` through the shared path. Raises ``ApiError(400)``
+        when its ``SubmitGeneration`` would exceed ``exo_p2p.api.bounds.MAX_COMMAND_BYTES``
+        (before anything is sent or counted)."""
+        check_command_size(SubmitGeneration(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
+                                            params=job.params, api_node_id=NodeId(self.backend.node_id)))
         return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves)

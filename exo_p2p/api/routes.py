@@ -18,12 +18,13 @@ from starlette.routing import Route
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import read_body
+from exo_p2p.api.bounds import check_command_size, node_filter
 from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
 from exo_p2p.api.model_routes import model_routes
 from exo_p2p.api.schemas import PlaceRequest
-from exo_p2p.api.views import instance_out, local_model, model_entry, model_list, parse_nodes, state_document
+from exo_p2p.api.views import instance_out, local_model, model_entry, model_list, state_document
 from exo_p2p.state import instance_view
 from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
 
@@ -92,8 +93,9 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
             model_id=_model_id(req.model),
             min_nodes=req.min_nodes,
             sharding=req.sharding,
-            nodes=parse_nodes(req.nodes),
+            nodes=node_filter(req.nodes),
         )
+        check_command_size(command)
         result = await backend.command(command, timeout=config.command_timeout)
         if result.error is not None:
             return error_response(result.error)
@@ -114,7 +116,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         model = request.query_params.get("model")
         if not model:
             raise ApiError(400, "query parameter 'model' is required", param="model")
-        nodes = parse_nodes(request.query_params.getlist("nodes"))
+        nodes = node_filter(request.query_params.getlist("nodes") or None)
         try:
             found = backend.previews(_model_id(model), nodes)
         except KeyError:

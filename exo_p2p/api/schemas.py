@@ -23,14 +23,18 @@ Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 Seed = Annotated[int, msgspec.Meta(ge=0, le=SEED_LIMIT)]
 StopList = list[str]
-"""Any number of stop strings (bounded only by the body size)."""
+"""Stop strings; their count and bytes are checked by ``exo_p2p.api.bounds.check_stop`` (400)."""
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 TOKEN_ID_LIMIT = 2**31 - 1
 """Largest ``top_k`` and token id accepted (a larger integer cannot travel in a command)."""
 TopK = Annotated[int, msgspec.Meta(ge=0, le=TOKEN_ID_LIMIT)]
 MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=10.0)]
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+MAX_NAME_CHARS = 512
+"""Characters of a model name at most (it travels in every command and event of a request);
+model ids are a few dozen characters."""
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+"""A model name: 1 to ``MAX_NAME_CHARS`` characters."""
 
 
 # ----------------------------------------------------------------------------- requests

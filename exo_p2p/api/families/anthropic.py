@@ -111,7 +111,7 @@ def messages_params(r: MessagesRequest) -> GenerationParams:
          "extended thinking is not supported by the models served"),
         ("output_config.format", bool((r.output_config or {}).get("format")), "structured output is not supported"),
     ])
-    fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences)}
+    fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences, "stop_sequences")}
     optional = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
     fields.update({k: v for k, v in optional.items() if v is not None})
     return GenerationParams(messages=anthropic_messages(r.messages, r.system), **fields)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from exo_p2p.api.bounds import MAX_LOGIT_BIAS_ENTRIES, MAX_TOKEN_ID_DIGITS, check_stop
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.schemas import TOKEN_ID_LIMIT
 
@@ -42,27 +43,33 @@ def check_range(param: str, value: float | int | None, low: float, high: float, 
 
 
 def logit_bias_pairs(bias: Mapping[str, Any] | None, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``{"token id": bias}`` as ``((id, bias), …)`` sorted by id; 400 for a key that
-    is not a non-negative integer or a bias that is not a number in [-100, 100]."""
+    """OpenAI's ``{"token id": bias}`` as ``((id, bias), …)`` sorted by id; 400 for more than
+    ``MAX_LOGIT_BIAS_ENTRIES`` entries, a key that is not a non-negative integer (its length is
+    checked before it is read) or a bias that is not a number in [-100, 100]."""
     if not bias:
         return ()
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ApiError(400, f"{param} has {len(bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted", param=param)
     pairs: list[tuple[int, float]] = []
     for key, value in bias.items():
-        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-        if not (isinstance(key, str) and key.strip().isascii() and key.strip().isdigit()
-                and int(key) <= TOKEN_ID_LIMIT):
+        digits = key.strip() if isinstance(key, str) else ""
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses; and at most
+        # MAX_TOKEN_ID_DIGITS of them, as int() refuses thousands
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_TOKEN_ID_DIGITS and int(digits) <= TOKEN_ID_LIMIT):
             raise ApiError(400, f"{param} keys must be token ids (integers in [0, {TOKEN_ID_LIMIT}] as strings), "
-                           f"got {key[:40]!r}", param=param)
+                           f"got {str(key)[:40]!r}", param=param)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise ApiError(400, f"{param}[{key}] must be a number in [-100, 100], got {value!r:.40}", param=f"{param}.{key}")
-        pairs.append((int(key), float(value)))
+        pairs.append((int(digits), float(value)))
     return tuple(sorted(pairs))
 
 
-def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
-    """Stop strings from a string or a list (any number); empty strings dropped, order kept."""
+def stop_strings(stop: str | list[str] | None, param: str = "stop") -> tuple[str, ...]:
+    """Stop strings from a string or a list; empty strings and duplicates dropped, order kept.
+    400 beyond ``MAX_STOP_STRINGS`` strings or ``MAX_STOP_BYTES`` bytes of one
+    (``exo_p2p.api.bounds.check_stop``)."""
     items = [stop] if isinstance(stop, str) else (stop or [])
-    return tuple(s for s in dict.fromkeys(items) if s)
+    return check_stop(items, param)
 
 
 _LINE_BREAKS_JSON_KEEPS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))

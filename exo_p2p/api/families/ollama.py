@@ -34,6 +34,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from exo_p2p.api.bounds import check_stop
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, ollama_error_body
 from exo_p2p.api.families.common import check_range, one_line_json, refuse_set
@@ -53,6 +54,9 @@ RUNTIME_OPTIONS = frozenset({
     "low_vram", "vocab_only", "num_keep", "f16_kv", "logits_all", "embedding_only", "penalize_newline",
 })
 """Options that tune Ollama's runtime, not the sampled text: ignored."""
+OPTION_INT_LIMIT = 2**64
+"""Largest absolute integer an option may be (JSON integers of hundreds of digits decode, and
+no float holds them)."""
 _ROLES = ("system", "user", "assistant")
 _json = msgspec.json.Encoder()
 
@@ -104,11 +108,14 @@ class ShowRequest(msgspec.Struct, frozen=True):
 
 
 def _number(options: dict[str, Any], key: str, kind: type = float) -> Any:
+    """``options[key]`` as ``kind`` (None when absent); 400 for a value that is no finite number,
+    an integer beyond ``OPTION_INT_LIMIT`` (a float could not even hold it), or a fraction
+    where an integer is due."""
     value = options.get(key)
     if value is None:
         return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or (kind is int and value != int(value))):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > OPTION_INT_LIMIT)
+            or not math.isfinite(value) or (kind is int and value != int(value))):
         raise ApiError(400, f"options.{key} must be {'an integer' if kind is int else 'a number'}, got {value!r:.40}", param=f"options.{key}")
     return kind(value)
 
@@ -161,7 +168,7 @@ def options_fields(options: dict[str, Any] | None) -> dict[str, Any]:
             stop = [stop]
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise ApiError(400, "options.stop must be a list of strings", param="options.stop")
-        fields["stop"] = tuple(s for s in dict.fromkeys(stop) if s)
+        fields["stop"] = check_stop(stop, "options.stop")
     return fields
 
 
