@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import urllib3  # noqa: F401  (imported here, at collection: its import probes IPv6 by binding ::1,
+# which inside a unit test's call would count as that test's socket; py-libp2p imports it
+# through requests, lazily from ``exo_p2p.net``)
 from hypothesis import HealthCheck, settings
 
 from tests.tiers import (  # noqa: F401  (the tier markers and their check: tests/tiers.py)
