@@ -4,6 +4,7 @@ with its holders, and removed again. The tiny synthetic model keeps it quick."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -166,3 +167,43 @@ def test_corrupted_chunks_are_refetched_from_another_holder(tmp_path, nodes) -> 
     for f in manifest.files:
         assert (b.data_dir / "models" / "pulled" / MODEL / f.path).read_bytes() == (models / MODEL / f.path).read_bytes()
     assert "chunk failed verification" in b.log_path.read_text()
+
+
+def test_every_name_of_one_set_of_files_stays_listed_after_pulls(tmp_path, nodes) -> None:
+    """A holds the same files as MODEL and ALIAS: both names are listed with the one manifest,
+    B pulls each by its name, and afterwards ``GET /models/cluster`` lists both names, each
+    complete on A and B."""
+    alias = f"{MODEL}-alias"
+    models = tmp_path / "models"
+    make_synthetic_model(models / MODEL, n_layers=4, hidden_size=64, intermediate_size=128, seed=4)
+    shutil.copytree(models / MODEL, models / alias)
+    digest = build_manifest(models / MODEL, MODEL).digest
+    a = NodeProcess(tmp_path / "a", extra_args=["--models-dir", str(models)]).start()
+    nodes.append(a)
+    b = NodeProcess(tmp_path / "b", cluster=a.cluster,
+                    extra_args=[x for addr in a.addrs() for x in ("--bootstrap", addr)]).start()
+    nodes.append(b)
+    wait_until(lambda: converged([a, b], 2), 30, what="2-node cluster")
+    a_id, b_id = self_id(a), self_id(b)
+    wait_until(lambda: [alias, digest, True] in _held(b, a_id), 30, what="A's second name in B's State")
+
+    def rows(node: NodeProcess) -> dict:
+        return {m["model"]: m["manifests"] for m in node.get("/models/cluster").json()}
+
+    assert {name: rows(b)[name] for name in (MODEL, alias)} == {
+        name: [{"digest": digest, "complete": [a_id], "partial": []}] for name in (MODEL, alias)}
+    for name in (alias, MODEL):
+        reply = b.post("/models/pull", json={"model": name})
+        assert reply.status_code == 201, reply.text
+
+        def done(name: str = name) -> dict | None:
+            status = {p["model"]: p for p in b.get("/models/pulls").json()}.get(name)
+            return status if status and status["state"] != "running" else None
+
+        assert wait_until(done, 60, what=f"pull of {name}")["state"] == "done"
+    both = sorted([a_id, b_id])
+    wait_until(lambda: all([n, digest, True] in _held(a, b_id) for n in (MODEL, alias)), 30, what="both names of B in State")
+    for node in (a, b):
+        listed = rows(node)
+        assert {name: listed[name] for name in (MODEL, alias)} == {
+            name: [{"digest": digest, "complete": both, "partial": []}] for name in (MODEL, alias)}, listed

@@ -41,8 +41,9 @@ def _response(value: object, status: int = 200) -> Response:
 
 
 def cluster_models(state: State) -> list[dict]:
-    """Every model name in ``state``'s profiles: ``{"model", "manifests": [{"digest",
-    "complete": [node ids], "partial": [node ids]}]}``, sorted (pure)."""
+    """Every (model name, manifest) pair in ``state``'s profiles, grouped by name: ``{"model",
+    "manifests": [{"digest", "complete": [node ids], "partial": [node ids]}]}``, sorted (pure).
+    One manifest held under two names is listed under each name."""
     by_name: dict[str, dict[str, dict[str, list[str]]]] = {}
     for node_id, profile in sorted(state.nodes.items()):
         for held in profile.held_models:

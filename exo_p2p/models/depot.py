@@ -42,6 +42,7 @@ import trio
 from exo_p2p.models.bulk import BulkServer, bulk_chunk_getter
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
 from exo_p2p.models.gguf_import import IMPORT_MARKER
+from exo_p2p.models.held import held_models
 from exo_p2p.models.manifest import cached_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import MANIFEST_FILE, VIEWS_DIR, PartialModel
@@ -91,7 +92,8 @@ class ModelDepot:
         self.fetched_dir = self.models_dir / FETCHED_DIR
         self.pulled_dir = self.models_dir / PULLED_DIR
         self._lock = threading.Lock()
-        self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (name, source)
+        self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (first name, source)
+        self._names: dict[str, str] = {}  # every local model's name -> digest (one digest may have several)
         self._partials: dict[str, PartialModel] = {}
         self._corrupt = [int((fault_hooks or {}).get(HOOK_CORRUPT_CHUNKS, 0))]
         self._delay = float((fault_hooks or {}).get(HOOK_SERVE_DELAY, 0))
@@ -103,6 +105,7 @@ class ModelDepot:
         """Re-scan the store's models (manifests cached by path, size, mtime) and the partial
         copies. A model whose manifest cannot be built is logged and left out."""
         local: dict[str, tuple[str, LocalModel]] = {}
+        names: dict[str, str] = {}
         for model_id, src in sorted(self.store.sources().items()):
             model_dir = src.path if src.kind == "mlx_dir" else self.models_dir / model_id
             if src.kind == "gguf" and not (model_dir / IMPORT_MARKER).exists():
@@ -115,8 +118,9 @@ class ModelDepot:
                 log.warning("model has no manifest", model_id=model_id, error=str(exc))
                 continue
             local.setdefault(manifest.digest, (model_id, LocalModel(model_dir, manifest)))
+            names[model_id] = manifest.digest
         with self._lock:
-            self._local = local
+            self._local, self._names = local, names
             for root in sorted(self.fetched_dir.glob("*")) if self.fetched_dir.is_dir() else []:
                 if root.name in self._partials or not (root / MANIFEST_FILE).is_file():
                     continue
@@ -127,12 +131,11 @@ class ModelDepot:
                     log.warning("unreadable partial model copy", path=str(root), error=str(exc))
 
     def held(self) -> tuple[HeldModel, ...]:
-        """What the profile publishes: every complete local model, every partial copy."""
+        """What the profile publishes (rule: ``exo_p2p.models.held.held_models``): every
+        name of every complete local model, every partial copy."""
         with self._lock:
-            out = {(name, d): True for d, (name, _) in self._local.items()}
-            for d, p in self._partials.items():
-                out.setdefault((p.manifest.name, d), p.complete)
-        return tuple(HeldModel(n, d, c) for (n, d), c in sorted(out.items()))
+            partials = [(p.manifest.name, d, p.complete) for d, p in self._partials.items()]
+            return held_models(self._names.items(), partials)
 
     def disk_free(self) -> int:
         """Free bytes on the file system of the models dir."""
@@ -146,7 +149,7 @@ class ModelDepot:
     def local_digest(self, name: str) -> str | None:
         """The digest of the complete local model called ``name`` (None: not held)."""
         with self._lock:
-            return next((d for d, (n, _) in self._local.items() if n == name), None)
+            return self._names.get(name)
 
     def source(self, digest: str) -> ChunkSource | None:
         """What to serve ``digest`` from: the complete local model, else the partial copy."""
