@@ -93,7 +93,16 @@ def test_page_shows_both_nodes_with_names_and_memory(shared_page, cluster):
     assert master.count() == 1 and master.get_attribute("data-node-id") == state["master"]
     assert page.locator("#graph svg .graph-node").count() == 2
     assert page.locator("#graph svg .link").count() == 1
-    assert "127.0.0.1" in page.locator("#graph svg .link-label").text_content()
+    # the nodes record no interface kind: the label says what the address is
+    assert page.locator("#graph svg .link-label").text_content() == "loopback · 127.0.0.1"
+    # both on this machine: each card's "other" memory is explained and names the other node
+    for node_id, profile in state["nodes"].items():
+        card = page.locator(f'#nodes .node-card[data-node-id="{node_id}"]')
+        other_name = next(p["friendly_name"] for n, p in state["nodes"].items() if n != node_id)
+        assert "other processes" in card.locator(".mem-legend .other-memory").get_attribute("title")
+        assert card.locator(".mem-note").inner_text().startswith(f"other includes {other_name} ")
+        assert card.locator(".node-facts .disk-free").is_visible()
+    assert page.locator("#forget-key").is_hidden()  # no API key in use
 
 
 def test_place_from_page_shows_previews_then_reaches_ready(shared_page, cluster):

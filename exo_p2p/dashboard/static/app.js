@@ -32,6 +32,11 @@ const chat = new Chat($("chat"), {
   onAuth: () => askForKey(true),
 });
 
+/** The "Forget API key" button shows only while this browser holds a key it sends. */
+function showForgetKey() {
+  $("forget-key").hidden = !apiKey();
+}
+
 function setConnection(ok, why) {
   const banner = $("connection");
   if (ok) {
@@ -173,6 +178,7 @@ async function poll(now = false) {
       $("key-dialog").hidden = true;
     }
     $("app").hidden = false;
+    showForgetKey();
     setConnection(true);
     render();
   } catch (exc) {

@@ -82,8 +82,43 @@ export function nodeMemory(state, nodeId) {
   };
 }
 
+const PRIVATE_V4 = [/^10\./, /^192\.168\./, /^172\.(1[6-9]|2\d|3[01])\./, /^169\.254\./, /^100\.(6[4-9]|[7-9]\d|1[01]\d|12[0-7])\./];
+
 /**
- * Links of the topology, one per unordered pair of nodes: {a, b, kinds: [interface types],
+ * What kind of link an edge is, as shown: its `interface_type` when the node said one
+ * (thunderbolt, ethernet, wifi, loopback); for "other" (not said) the kind its address tells:
+ * "loopback" (127.0.0.0/8, ::1: both nodes on one machine), "LAN" (a private, link-local or
+ * shared address: 10/8, 172.16/12, 192.168/16, 169.254/16, 100.64/10, fc00::/7, fe80::/10),
+ * "internet" (any other address), or "other" without an address.
+ */
+export function linkKind(edge) {
+  const kind = edge.interface_type || "other";
+  if (kind !== "other") return kind;
+  const ip = String(edge.address || "").toLowerCase().replace(/^\[|\]$/g, "");
+  if (!ip) return "other";
+  if (/^127\./.test(ip) || ip === "::1" || ip === "localhost") return "loopback";
+  if (PRIVATE_V4.some((re) => re.test(ip)) || /^f[cd][0-9a-f]{2}:/.test(ip) || /^fe[89ab][0-9a-f]:/.test(ip)) return "LAN";
+  return "internet";
+}
+
+/**
+ * Nodes that run on one machine, per node: {node_id: [other node ids on its machine]}, known
+ * from a loopback link between them (only a process on the same machine answers there).
+ * Such nodes report the same machine's memory: each counts the others' use as "other".
+ */
+export function sameMachine(state) {
+  const out = {};
+  for (const link of topologyLinks(state)) {
+    if (!link.kinds.includes("loopback")) continue;
+    (out[link.a] = out[link.a] || []).push(link.b);
+    (out[link.b] = out[link.b] || []).push(link.a);
+  }
+  for (const ids of Object.values(out)) ids.sort();
+  return out;
+}
+
+/**
+ * Links of the topology, one per unordered pair of nodes: {a, b, kinds: [link kinds (linkKind)],
  * addresses: [address the edge's source dialled], both: true when both directions are in State}.
  * Edges to or from nodes no longer in State are left out.
  */
@@ -96,7 +131,8 @@ export function topologyLinks(state) {
       const [a, b] = src < dst ? [src, dst] : [dst, src];
       const key = `${a} ${b}`;
       const link = pairs.get(key) || { a, b, kinds: [], addresses: [], directions: 0 };
-      if (!link.kinds.includes(edge.interface_type)) link.kinds.push(edge.interface_type);
+      const kind = linkKind(edge);
+      if (!link.kinds.includes(kind)) link.kinds.push(kind);
       if (!link.addresses.includes(edge.address)) link.addresses.push(edge.address);
       link.directions += 1;
       pairs.set(key, link);
@@ -124,7 +160,8 @@ export function circleLayout(ids, width, height, margin = 60) {
     return out;
   }
   const ry = Math.max(10, cy - margin);
-  const rx = Math.max(ry, Math.min(cx - margin * 1.5, ry * 2));
+  // three nodes: a wide triangle, so the labels of its two slanted links do not meet
+  const rx = Math.max(ry, Math.min(cx - margin * 1.5, ry * (ids.length === 3 ? 4 : 2)));
   ids.forEach((id, i) => {
     const angle = -Math.PI / 2 + (2 * Math.PI * i) / ids.length;
     out[id] = { x: cx + rx * Math.cos(angle), y: cy + ry * Math.sin(angle) };

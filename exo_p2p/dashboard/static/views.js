@@ -11,6 +11,7 @@ import {
   nodeMemory,
   nodeOrder,
   requestsInFlight,
+  sameMachine,
   shortId,
   topologyLinks,
 } from "./model.js";
@@ -46,7 +47,13 @@ export function topologyGraph(state) {
       s("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y }),
     );
     if (links.length <= LINK_LABELS_UP_TO) {
-      g.append(s("text", { x: (a.x + b.x) / 2, y: (a.y + b.y) / 2 - 8, "text-anchor": "middle", class: "link-label" }, text));
+      // a slanted link's label grows away from the middle, a level one below the middle sits
+      // under its line: clear of the node labels there
+      const mx = (a.x + b.x) / 2;
+      const my = (a.y + b.y) / 2;
+      const side = Math.abs(b.x - a.x) > 2.5 * Math.abs(b.y - a.y) || Math.abs(mx - GRAPH_W / 2) < 1 ? 0 : Math.sign(mx - GRAPH_W / 2);
+      const dy = side === 0 && my > height / 2 + 1 ? 14 : -8;
+      g.append(s("text", { x: mx + 6 * side, y: my + dy, "text-anchor": ["end", "middle", "start"][side + 1], class: "link-label" }, text));
     }
     svg.append(g);
   }
@@ -69,8 +76,13 @@ export function topologyGraph(state) {
   return svg;
 }
 
-/** The memory bar of one node: our shards, other use, free (fractions of total). */
-export function memoryBar(mem) {
+const OTHER_MEMORY = "memory in use by other processes on this machine: the system, other programs, and other nodes running on it";
+
+/**
+ * The memory bar of one node: our shards, other use, free (fractions of total). `coHosted`:
+ * labels of the other nodes on its machine (sameMachine), named in a line under the legend.
+ */
+export function memoryBar(mem, coHosted = []) {
   if (!mem.fractions) return h("div", { class: "mem-bar unknown" }, h("span", { class: "mem-text" }, "memory not reported yet"));
   const pct = (f) => `${(f * 100).toFixed(2)}%`;
   return h("div", { class: "mem" },
@@ -80,18 +92,23 @@ export function memoryBar(mem) {
     ),
     h("div", { class: "mem-legend" },
       h("span", { title: "used by this cluster's shards" }, h("i", { class: "dot ours" }), `shards ${formatBytes(mem.ours)}`),
-      h("span", {}, h("i", { class: "dot other" }), `other ${formatBytes(mem.other)}`),
+      h("span", { class: "other-memory", title: OTHER_MEMORY }, h("i", { class: "dot other" }), `other ${formatBytes(mem.other)}`),
       h("span", {}, h("i", { class: "dot free" }), `free ${formatBytes(mem.free)}`),
     ),
+    coHosted.length
+      ? h("div", { class: "mem-note" }, `other includes ${coHosted.join(", ")} (on this machine too: the nodes share its memory)`)
+      : null,
   );
 }
 
 /** One card per node: name, badges, host facts, memory bar, models held. */
 export function nodeCards(state) {
   const labels = nodeLabels(state);
+  const machines = sameMachine(state);
   return nodeOrder(state).map((id) => {
     const n = state.nodes[id];
     const mem = nodeMemory(state, id);
+    const facts = [shortId(id), `${n.cpu || "cpu ?"} × ${n.cpu_count || "?"}`, n.os || "os ?"];
     return h("article", { class: "node-card", dataset: { nodeId: id } },
       h("header", {},
         h("span", { class: "node-name" }, labels[id]),
@@ -99,9 +116,10 @@ export function nodeCards(state) {
         id === state.node_id ? h("span", { class: "badge self" }, "this node") : null,
         h("span", { class: "mem-total" }, mem.total === null ? "" : `${formatBytes(mem.total)} memory`),
       ),
-      h("div", { class: "node-facts", title: id }, `${shortId(id)} · ${n.cpu || "cpu ?"} × ${n.cpu_count || "?"} · ${n.os || "os ?"}`
-        + (n.models_disk_free == null ? "" : ` · disk ${formatBytes(n.models_disk_free)} free`)),
-      memoryBar(mem),
+      // the facts wrap as whole pieces: the free disk stays visible on a narrow card
+      h("div", { class: "node-facts", title: id }, facts.map((f) => h("span", {}, f)),
+        n.models_disk_free == null ? null : h("span", { class: "disk-free" }, `disk ${formatBytes(n.models_disk_free)} free`)),
+      memoryBar(mem, (machines[id] || []).map((other) => labels[other])),
       h("div", { class: "node-models" },
         (n.models || []).length ? n.models.map((m) => h("span", { class: "chip" }, m)) : h("span", { class: "muted" }, "no models on disk"),
       ),
