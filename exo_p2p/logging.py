@@ -39,12 +39,16 @@ def log_stream() -> IO[str]:
     return _stream
 
 
-def console_note(text: str) -> None:
-    """A plain line for people (the "node ready" banner) on the log stream, only with the
-    console format: in JSON every line must be a JSON object (the same facts are in the log
-    event beside it)."""
+def announce(banner: list[str], facts: list[Any]) -> None:
+    """Say the start-up ``facts`` (``exo_p2p.announce.Fact``) once each: with the console
+    format as the ``banner`` lines (which carry their text), with JSON as one log record per
+    fact (its ``event`` at its ``level``, with its ``fields``) and no banner."""
     if _format != "json":
-        print(text, file=_stream, flush=True)
+        print("\n".join(banner), file=_stream, flush=True)
+        return
+    logger = structlog.get_logger("exo_p2p.node")
+    for fact in facts:
+        getattr(logger, fact.level)(fact.event, **fact.fields)
 
 
 def report_error(text: str) -> None:

@@ -17,6 +17,8 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p.announce import (banner, from_before_fact, instances_from_before, membership_fact, no_peers_warning,
+                              secret_fact, still_coming)
 from exo_p2p.api.backend import NodeHealth, NodeSummary
 from exo_p2p.api.generation import GenerationSettings
 from exo_p2p.chunk_order import ChunkNumbering
@@ -86,6 +88,7 @@ class Node:
         self.node_id: str = self.identity.node_id
         self.boot_id: str = new_boot_id()
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
+        self._from_before = instances_from_before(self.replica.state, self.node_id, self.boot_id)  # said at start
         self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.command)
         self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
                                 + [self.data_dir / "models" / "pulled"])  # pulled from peers (docs/models.md)
@@ -221,9 +224,9 @@ class Node:
 
     def health(self) -> NodeHealth:
         warnings: list[str] = []
-        alone_for = self.member.alone_for()
-        if alone_for is not None and alone_for >= NO_PEERS_WARNING_AFTER:
-            warnings.append(f"no peers found for {alone_for:.0f} s: this node is a cluster of one")
+        alone = no_peers_warning(self.member.alone_for(), bool(self.member.peers.disconnected_at), NO_PEERS_WARNING_AFTER)
+        if alone is not None:
+            warnings.append(alone)
         if self.member.duplicate_identity:
             warnings.append(self.member.duplicate_identity)
         if self.member.master is None:
@@ -431,7 +434,7 @@ class Node:
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.cluster.member import ClusterMember, ClusterSettings
-        from exo_p2p.logging import console_note
+        from exo_p2p.logging import announce
         from exo_p2p.net import NetConfig, open_host
 
         cfg = self.config
@@ -495,20 +498,22 @@ class Node:
                     addrs=net.listen_addrs(),
                     data_dir=str(self.data_dir),
                 )
-                banner = [f"exo-p2p node {self.node_id} ready", f"  api: http://{cfg.api_host}:{self.api_port}"]
-                banner += [f"  addr: {addr}" for addr in net.listen_addrs()]
-                if secret is None:
-                    from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
-
-                    log.warning("open cluster", notice=OPEN_CLUSTER_NOTICE)
-                    banner.append(f"  note: {OPEN_CLUSTER_NOTICE}")
-                else:
-                    log.info("closed cluster", detail="members share a cluster secret")
-                    banner.append("  cluster: closed (members share a cluster secret)")
-                console_note("\n".join(banner))
+                facts = self._start_facts(secret is None)
+                announce(banner(self.node_id, f"http://{cfg.api_host}:{self.api_port}", net.listen_addrs(), facts), facts)
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
+
+    def _start_facts(self, open_cluster: bool) -> list:  # list[exo_p2p.announce.Fact]
+        """What the node says once it is ready: its cluster (joined or new), the instances from
+        before its restart that are being re-placed, and whether the cluster is open."""
+        from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
+
+        state = self.replica.state
+        facts = [membership_fact(self.config.cluster, self.node_id, self.member.master, self.member.reachable_nodes(), state)]
+        if (before := from_before_fact(state, still_coming(state, self._from_before))) is not None:
+            facts.append(before)
+        return [*facts, secret_fact(OPEN_CLUSTER_NOTICE if open_cluster else None)]
 
     def _install_chunk_faults(self, nursery: trio.Nursery) -> None:
         """Tests only: with ``chunk_*`` fault hooks, the chunks this node sends to other

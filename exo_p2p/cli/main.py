@@ -545,16 +545,21 @@ def place(
     """Place MODEL on the cluster and wait until it is ready to serve.
 
     With --min-nodes N it first waits up to 20 s for N nodes to be in the cluster (nodes
-    that were just started). A model that already has an instance gets another one (a
-    replica, the same memory again): pass --replica, or confirm in a terminal.
+    that were just started). A model that already has an instance (one being re-placed
+    counts) gets another one (a replica, the same memory again): pass --replica, or confirm
+    in a terminal.
     """
     console = _stderr()
     with _client(ctx, api) as client:
-        existing = [i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"]
+        from exo_p2p.cli.place_check import counted_instances, replica_notice
+
+        listed = client.instances()
+        failed = any(i.get("model") == model and i.get("status") == "failed" for i in listed)
+        in_state = (client.state().get("instances") or {}) if failed else {}  # re-placed ones count
+        existing = counted_instances(model, listed, in_state)
         if existing and not replica:
-            ids = ", ".join(render.short_ids([str(i["instance_id"]) for i in existing]).values())
-            notice = (f"{model} already has {len(existing)} instance{'s' if len(existing) > 1 else ''} ({ids}); "
-                      "placing it again adds a replica, using its memory again")
+            short = render.short_ids([str(i["instance_id"]) for i in existing])
+            notice = replica_notice(model, existing, short, in_state)
             if not (sys.stdin.isatty() and sys.stderr.isatty()):
                 raise CliError(f"{notice}: pass --replica to do that", 1)
             if not typer.confirm(f"{notice}. Place a replica?", default=False, err=True):
