@@ -111,6 +111,8 @@ class NodeConfig(msgspec.Struct):
     ``--prompt-cache-bytes``, ``--kv-cache-bytes``; ``exo_p2p.types.engine``), handed to the
     worker as one record."""
     mdns: bool = True
+    restore_size: bool = True
+    """While master, bring shrunk instances back to their placed size (``master.restore``)."""
     compact_every: int = 20_000
     cpu_weights: str = "auto"
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

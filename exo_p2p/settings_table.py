@@ -125,6 +125,8 @@ _SETTINGS = (
     Setting("--max-moves", "count (≥ 0)", "Times a request may move to another instance when its instance fails "
             "(0: never)", "max_moves", "N"),
     Setting("--no-mdns", "flag", "Do not discover peers on the LAN (use --bootstrap)", "mdns", inverted=True),
+    Setting("--no-restore-size", "flag", "While master, leave an instance re-placed on fewer nodes (shrunk) as it is "
+            "instead of placing it at its size again once its nodes are back", "restore_size", inverted=True),
     Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
             "many events", "compact_every", "N"),
     Setting("--api-key", "text, repeatable", "API key clients must send as Authorization: Bearer KEY (repeatable; "

@@ -32,6 +32,7 @@ from exo_p2p.types import (
 )
 from master.admission import memory_refusal, oversized_prompt
 from master.placement import PlacementError, place_instance, resolve_nodes
+from master.restore import draining
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -68,7 +69,8 @@ def handle_command(
       tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
       those with the memory, with the least load (ties: instance id; see ``instance_load``),
       preferring instances with no shard on an ``unreachable`` node (one the master does
-      not hear right now: dead but not timed out yet, e.g. the master just killed). A
+      not hear right now: dead but not timed out yet, e.g. the master just killed), and
+      never a shrunk instance whose full-size successor is ready (``master.restore``). A
       ``task_id`` already in State (the caller retried across a failover after the former
       master had decided it) is answered with that task's instance and no event: a second
       ``TaskCreated`` would move the running task's record to another instance, and its
@@ -173,6 +175,8 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         )
     views = [instance_view(state, i) for i in instances]
     ready = [v.instance for v in views if v.status == "ready"]
+    switching = draining(state)  # shrunk instances whose full-size successor is ready (master.restore)
+    ready = [i for i in ready if i.instance_id not in switching] or ready
     if not ready:
         loading = [v for v in views if v.status == "loading"]
         if loading:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import msgspec
 
 from exo_p2p import defaults
-from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, RankSettings, State
+from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, PlacedNode, RankSettings, State
 from master.placement import PlacementError, place_instance
 
 MAX_ATTEMPTS = 3
@@ -106,7 +106,8 @@ def replacement(
     listed as failed with the reason; no runner is started).
 
     The successor keeps the failed instance's size when it still fits (``world_size`` nodes
-    at least, same sharding), else any size. ``unreachable``: nodes the master does not hear
+    at least, same sharding; a shrunk instance's placed size first), else any size; on
+    fewer ranks than that it is shrunk and records the placement (``placed_as``). ``unreachable``: nodes the master does not hear
     right now (dead but not yet timed out): never chosen, so a re-placement does not land on
     the node whose death caused it. The successor keeps the failed instance's
     ``settings`` (decided once, when it was first placed), else takes ``rank_settings``.
@@ -123,7 +124,8 @@ def replacement(
     view = _without(state, unreachable) if unreachable else state
     new = None
     error: PlacementError | None = None
-    for min_nodes, sharding in ((failed.world_size, failed.sharding), (1, failed.sharding), (1, "pipeline")):
+    sizes = dict.fromkeys((failed.placed_ranks, failed.world_size, 1))  # the placed size first, for a shrunk one
+    for min_nodes, sharding in (*((n, failed.sharding) for n in sizes), (1, "pipeline")):
         try:
             new = place_instance(view, card, min_nodes=min_nodes, sharding=sharding, instance_id=new_instance_id)  # type: ignore[arg-type]
             break
@@ -135,6 +137,17 @@ def replacement(
             return ()  # the failed runners may still hold the memory it needs: try again
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {error}", final=True),)
     new = msgspec.structs.replace(
-        new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1, settings=failed.settings or rank_settings
+        new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1, settings=failed.settings or rank_settings,
+        placed=placed_as(state, failed, new.world_size),
     )
     return (InstanceDeleted(failed.instance_id), InstanceCreated(new))
+
+
+def placed_as(state: State, failed: Instance, world_size: int) -> tuple[PlacedNode, ...]:
+    """``Instance.placed`` of ``failed``'s successor of ``world_size`` ranks: the placement
+    ``failed`` stood in for (its own ``placed``, else its shards' nodes, named as ``state``
+    names them) when the successor has fewer ranks than that, else ``()``."""
+    placed = failed.placed or tuple(
+        PlacedNode(s.node_id, p.friendly_name if (p := state.nodes.get(s.node_id)) is not None else "") for s in failed.shards
+    )
+    return placed if world_size < len(placed) else ()

@@ -55,6 +55,7 @@ class MasterRole:
         reachable: Callable[[], set[str]] | None = None,
         heard_ago: Callable[[str], float | None] | None = None,
         rank_settings: RankSettings | None = None,
+        restore_size: bool = True,
     ) -> None:
         self.node_id = node_id
         self.term = term
@@ -69,6 +70,10 @@ class MasterRole:
         the failed instance's nodes to be heard again (``master.replace.unconfirmed``)."""
         self._rank_settings = rank_settings
         """What the instances this master places fix for all their ranks (``RankSettings``)."""
+        self._restore_size = restore_size
+        """Whether this master starts restores of shrunk instances (``master.restore``;
+        ``--no-restore-size``); restores under way are finished either way."""
+        self._restore_not_before: dict[str, float] = {}
         self._lock = trio.Lock()
         self._replacement_errors: set[str] = set()
         """Instances whose re-placement raised (logged once; tried again every pass)."""
@@ -122,17 +127,20 @@ class MasterRole:
     async def run(self, *, clock=trio.current_time) -> None:
         """Background duties while master: re-place failed instances after their delay
         (``master.replace.replace_delay``) once their nodes are heard again or unreachable
-        (``master.replace.unconfirmed``, at most ``CONFIRM_WAIT`` s). Runs until cancelled
+        (``master.replace.unconfirmed``, at most ``CONFIRM_WAIT`` s), and bring shrunk
+        instances back to their placed size (``master.restore``). Runs until cancelled
         (when this node stops being master)."""
         from exo_p2p.types import new_id
         from master.replace import CONFIRM_WAIT, effective_attempt, replace_delay, replacement, unconfirmed
+        from master.restore import handled_by_restore
 
         failed_since: dict[str, float] = {}
         while True:
             await trio.sleep(0.25)
             now = clock()
             state = self.replica.state
-            failed = {i: inst for i, inst in state.instances.items() if inst.failed_reason is not None and not inst.gave_up}
+            failed = {i: inst for i, inst in state.instances.items()
+                      if inst.failed_reason is not None and not inst.gave_up and not handled_by_restore(state, inst)}
             for gone in set(failed_since) - set(failed):
                 del failed_since[gone]
             for instance_id, inst in sorted(failed.items()):
@@ -161,6 +169,32 @@ class MasterRole:
                     if events:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)
+            await self._restore_pass(clock())
+
+    async def _restore_pass(self, now: float) -> None:
+        """One step of ``master.restore.restore_step`` under the lock: finish the restores
+        under way, else start at most one (when ``restore_size``)."""
+        from exo_p2p.types import new_id
+        from master.restore import restore_step
+
+        async with self._lock:
+            state = self.replica.state
+            if not any(i.shrunk or i.restores for i in state.instances.values()):
+                return
+            reachable = frozenset(self._reachable()) if self._reachable is not None else frozenset(state.nodes)
+            try:
+                plan = restore_step(state, reachable=reachable, now=now, not_before=self._restore_not_before,
+                                    new_instance_id=new_id(), start=self._restore_size)
+            except Exception:  # a rule bug must not take the master down
+                log.exception("restore of a shrunk instance failed")
+                return
+            if plan.instance_id is not None:
+                self._restore_not_before[plan.instance_id] = now + plan.wait
+            if plan.why:
+                log.debug("shrunk instance not restored yet", instance_id=plan.instance_id, why=plan.why)
+            if plan.events:
+                log.info("restoring the placed size", instance_id=plan.instance_id, events=[type(e).__name__ for e in plan.events])
+                await self._index(list(plan.events))
 
     async def _index(self, events: list[Event], origin: LocalEvent | None = None) -> int:
         pending = list(events)

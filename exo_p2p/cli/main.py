@@ -23,7 +23,7 @@ from typer._click.core import ParameterSource  # typer ships its own click
 from rich.console import Console
 
 from exo_p2p.cli import client as client_module
-from exo_p2p.cli import invite_cmd, render
+from exo_p2p.cli import invite_cmd, placed_view, render
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import (
     API_ENV,
@@ -156,6 +156,14 @@ def _split_nodes(nodes: str | None) -> list[str] | None:
     if not nodes:
         return None
     return [n.strip() for n in nodes.split(",") if n.strip()] or None
+
+
+def _state_or_none(client: NodeClient) -> dict | None:
+    """``GET /state``, or None when the node does not answer it (tables then show less)."""
+    try:
+        return client.state()
+    except CliError:
+        return None
 
 
 def _node_names(client: NodeClient) -> dict[str, str]:
@@ -294,6 +302,7 @@ def node(
         bool,
         node_option("--no-mdns"),
     ] = False,
+    no_restore_size: Annotated[bool, node_option("--no-restore-size")] = False,
     compact_every: Annotated[
         Optional[int],
         node_option("--compact-every", min=1),
@@ -350,6 +359,7 @@ def node(
         prompt_cache_bytes=values["prompt_cache_bytes"],
         kv_cache_bytes=values["kv_cache_bytes"],
         mdns=not values["no_mdns"],
+        restore_size=not values["no_restore_size"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],
         api_keys=values["api_key"],
@@ -475,6 +485,7 @@ def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> 
     """Placed models, their shards and status (loading progress)."""
     with _client(ctx, api) as client:
         listed = client.instances()
+        listed = placed_view.with_placed(listed, _state_or_none(client)) if listed else listed  # "shrunk from N ranks"
         names = {} if json else _node_names(client)
     if json:
         click.echo(render.dumps(render.instances_json(listed)))

@@ -39,6 +39,7 @@ def build_node_config(
     prompt_cache_bytes: int | None = None,
     kv_cache_bytes: int | None = None,
     mdns: bool = True,
+    restore_size: bool = True,
     max_moves: int | None = None,
     compact_every: int | None = None,
     api_keys: list[str] | None = None,
@@ -138,6 +139,7 @@ def build_node_config(
         bootstrap=list(bootstrap or []),
         new_identity=new_identity,
         mdns=mdns,
+        restore_size=restore_size,
         **given,
     )
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from rich.table import Table
 
+from exo_p2p.cli.placed_view import restoring_text, shrunk_text
+
 GIB = 1024**3
 
 NODE_FIELDS = ("node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs")
@@ -195,7 +197,7 @@ def shard_line(shard: dict, names: dict[str, str] | None = None) -> str:
 
 def instances_table(instances: list[dict], names: dict[str, str] | None = None) -> Table:
     """One row per instance: id (a unique prefix, never wrapped; ``--json`` has the whole
-    id), model, sharding, status / progress, shards."""
+    id), model, sharding, status / progress (and ``shrunk_text``), shards."""
     table = Table(title="instances", title_justify="left")
     table.add_column("id", no_wrap=True)
     # the model name is copied too (`exo-p2p stop MODEL`): never cut
@@ -206,11 +208,12 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
     prefixes = short_ids([str(i.get("instance_id", "")) for i in instances])
     for inst in instances:
         shards = "\n".join(shard_line(s, names) for s in inst.get("shards") or []) or "-"
+        status = "\n".join(t for t in (instance_progress(inst), shrunk_text(inst, names), restoring_text(inst, prefixes)) if t)
         table.add_row(
             prefixes[str(inst.get("instance_id", ""))],
             str(inst.get("model", "")),
             str(inst.get("sharding", "")),
-            instance_progress(inst),
+            status,
             shards,
         )
     return table

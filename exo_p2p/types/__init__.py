@@ -43,7 +43,7 @@ from exo_p2p.types.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from exo_p2p.types.instances import Instance, InstanceStatus, RankSettings, ShardMetadata, Sharding
+from exo_p2p.types.instances import Instance, InstanceStatus, PlacedNode, RankSettings, ShardMetadata, Sharding
 from exo_p2p.types.models import ModelCard
 from exo_p2p.types.runner import (
     SERVING_STATUSES,

@@ -50,6 +50,15 @@ class RankSettings(msgspec.Struct, frozen=True):
     max_batch: int = 1
 
 
+class PlacedNode(msgspec.Struct, frozen=True):
+    """A node of the placement a shrunk instance stands in for (``Instance.placed``):
+    its id and its friendly name when the instance was re-placed smaller (``""``: unknown),
+    kept because a node that left is no longer in State to be named from."""
+
+    node_id: NodeId
+    name: str = ""
+
+
 class Instance(msgspec.Struct, frozen=True):
     """A model placed on a cycle of nodes, ``shards`` in rank order.
 
@@ -70,6 +79,13 @@ class Instance(msgspec.Struct, frozen=True):
     the count of re-placement attempts again — the limit is for crash loops, not for a
     long-lived instance that outlives several node restarts."""
     settings: RankSettings | None = None
+    placed: tuple[PlacedNode, ...] = ()
+    """The nodes, in rank order, of the placement this instance stands in for when it was
+    re-placed on fewer ranks after a failure (a shrunk instance, ``master.replace``); ``()``
+    when it runs at its placed size. The master brings it back to that size (``master.restore``)."""
+    restores: bool = False
+    """This instance brings ``replaces`` (a shrunk instance, still serving) back to its placed
+    size: the master deletes that one once this one is ready (``master.restore``)."""
     model_digest: str = ""
     """The manifest digest of the placed model (docs/models.md): what a rank whose node lacks the
     model fetches from the nodes holding it (``""``: placed by a master before manifests)."""
@@ -77,6 +93,21 @@ class Instance(msgspec.Struct, frozen=True):
     @property
     def world_size(self) -> int:
         return len(self.shards)
+
+    @property
+    def placed_ranks(self) -> int:
+        """Ranks of the placement this instance stands in for (``world_size`` unless shrunk)."""
+        return max(len(self.placed), self.world_size)
+
+    @property
+    def shrunk(self) -> bool:
+        """Whether it runs on fewer ranks than it was placed with (``placed``)."""
+        return len(self.placed) > self.world_size
+
+    def left_nodes(self) -> tuple[PlacedNode, ...]:
+        """The nodes of ``placed`` it no longer has a rank on, in rank order."""
+        here = {s.node_id for s in self.shards}
+        return tuple(p for p in self.placed if p.node_id not in here)
 
     def shard_for(self, node_id: str) -> ShardMetadata | None:
         """This node's shard, or None when the node holds no rank of this instance."""
