@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from exo_p2p.cli.client import ApiError, CliError, NodeClient
+from exo_p2p.cli.client import ApiError, CliError, NodeClient, name_nodes_in
+from exo_p2p.cli.messages import AnswerStats, stats_line
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """The model every node can serve without downloads (docs/architecture.md#wire-and-storage)."""
@@ -32,8 +34,9 @@ def request_body(
     max_tokens: int | None = None,
     temperature: float | None = None,
 ) -> dict[str, Any]:
-    """An OpenAI chat-completion request with only the parameters the user gave."""
-    body: dict[str, Any] = {"model": model, "messages": messages}
+    """An OpenAI chat-completion request with only the parameters the user gave (and the
+    usage chunk asked for: the token count of the figures line)."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream_options": {"include_usage": True}}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if temperature is not None:
@@ -53,18 +56,29 @@ def stream_answer(
     body: dict,
     out: IO[str] | None = None,
     note: Callable[[str], None] | None = None,
+    *,
+    quiet: bool = False,
+    clock: Callable[[], float] = time.monotonic,
 ) -> str:
     """Write the answer's text to ``out`` (stdout) as it arrives; end the line; return the
     whole text. When the answer ends at the length limit, ``note`` (stderr) says so and how
-    to get more. Errors from the node raise ``CliError``; Ctrl-C closes the stream (the node
-    cancels the generation) and propagates."""
+    to get more; then, unless ``quiet``, one line of figures (``stats_line``: TTFT, tokens/s,
+    finish reason; ``clock`` gives seconds). Errors from the node raise ``CliError``;
+    Ctrl-C closes the stream (the node cancels the generation) and propagates."""
     out = out or sys.stdout
     note = note or (lambda text: print(text, file=sys.stderr, flush=True))
     pieces: list[str] = []
     reasons: list[str] = []
-    stream = client.chat_stream(body, on_finish=reasons.append)
+    stats = AnswerStats(started=clock())
+
+    def usage(counts: dict) -> None:
+        if isinstance(counts.get("completion_tokens"), int):
+            stats.completion_tokens = counts["completion_tokens"]
+
+    stream = client.chat_stream(body, on_finish=reasons.append, on_usage=usage)
     try:
         for delta in stream:
+            stats.delta(clock())
             pieces.append(delta)
             out.write(delta)
             out.flush()
@@ -75,6 +89,9 @@ def stream_answer(
             out.flush()
     if "length" in reasons:
         note(length_notice(body.get("max_tokens")))
+    if not quiet:
+        stats.finish_reason = reasons[-1] if reasons else None
+        note(stats_line(stats))
     return "".join(pieces)
 
 
@@ -91,14 +108,16 @@ def chat_once(
     system: str | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    quiet: bool = False,
 ) -> str:
-    """Answer one prompt, streamed to stdout; returns the answer. Raises ``CliError``
-    (exit 2) for an empty or blank prompt (a model asked nothing rambles for minutes)."""
+    """Answer one prompt, streamed to stdout; returns the answer; the figures line on
+    stderr unless ``quiet``. Raises ``CliError`` (exit 2) for an empty or blank prompt (a
+    model asked nothing rambles for minutes)."""
     if not prompt.strip():
         raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
     messages = start_messages(system) + [{"role": "user", "content": prompt}]
     body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
-    return stream_answer(client, body)
+    return stream_answer(client, body, quiet=quiet)
 
 
 def repl(
@@ -108,11 +127,12 @@ def repl(
     system: str | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    quiet: bool = False,
     read: Callable[[str], str] = input,
     note: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
 ) -> int:
     """Chat until ``/bye``, ``/exit`` or end of input, keeping the conversation; returns the
-    number of answers given. Ctrl-C during an answer stops that answer (the question is
+    number of answers given (each followed by the figures line unless ``quiet``). Ctrl-C during an answer stops that answer (the question is
     forgotten) and returns to the prompt, as does an error the node answers with; Ctrl-C at
     the prompt and an unreachable node propagate."""
     messages = start_messages(system)
@@ -138,14 +158,14 @@ def repl(
         messages.append({"role": "user", "content": line})
         body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
         try:
-            answer = stream_answer(client, body, note=note)
+            answer = stream_answer(client, body, note=note, quiet=quiet)
         except KeyboardInterrupt:
             messages.pop()
             note("(answer interrupted)")
             continue
         except ApiError as e:
             messages.pop()
-            note(f"error: {e.message}")
+            note(f"error: {name_nodes_in(e.message)}")
             continue
         messages.append({"role": "assistant", "content": answer})
         answers += 1

@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from exo_p2p.cli.messages import API_KEY_ENV, api_key_message, check_api_key, has_node_ids, name_node_ids
 from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT, DEFAULT_LISTEN_PORT
 
 DEFAULT_API = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
 API_ENV = "EXO_P2P_API"
-API_KEY_ENV = "EXO_P2P_API_KEY"
-"""The API key the CLI sends (``Authorization: Bearer``) to a node started with ``--api-key``."""
 REQUEST_TIMEOUT = 30.0
 """Seconds to wait for a plain (non-streaming) API answer."""
 STREAM_READ_TIMEOUT = 600.0
@@ -41,7 +40,11 @@ process runs, its API does not answer yet), e.g. right after `exo-p2p node &`.""
 _transport: httpx.BaseTransport | None = None
 answered_by: str | None = None
 """The API URL whose JSON answer this process decoded last (None: none yet): a command that
-then trips over the answer's shape blames that answer (``exo_p2p.cli.main.handled``)."""
+then trips over the answer's shape blames that answer (``exo_p2p.cli.common.handled``)."""
+last_node: tuple[str, str | None] | None = None
+"""The API URL and key of the node that answered last: ``name_nodes_in`` asks it for names."""
+NAMES_TIMEOUT = 3.0
+"""Seconds ``name_nodes_in`` waits for ``GET /nodes``."""
 
 
 def set_transport(transport: httpx.BaseTransport | None) -> None:
@@ -188,11 +191,16 @@ def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
-def chat_deltas(payloads: Iterable[str], on_finish: Callable[[str], None] | None = None) -> Iterator[str]:
+def chat_deltas(
+    payloads: Iterable[str],
+    on_finish: Callable[[str], None] | None = None,
+    on_usage: Callable[[dict], None] | None = None,
+) -> Iterator[str]:
     """Text deltas of an OpenAI chat-completion stream, given its SSE ``data`` payloads.
 
     Stops at ``[DONE]``. ``on_finish(reason)`` is called with each choice's
-    ``finish_reason`` ("stop", "length", …) when a chunk carries one. Raises ``ApiError`` (status 500) for a chunk carrying an
+    ``finish_reason`` ("stop", "length", …) when a chunk carries one, ``on_usage(usage)``
+    with a chunk's ``usage`` object (token counts). Raises ``ApiError`` (status 500) for a chunk carrying an
     ``error`` object (the node reports failures mid-stream that way) or for a payload that
     is not JSON.
     """
@@ -205,6 +213,8 @@ def chat_deltas(payloads: Iterable[str], on_finish: Callable[[str], None] | None
             raise ApiError(f"malformed stream chunk from the node: {payload[:80]!r}", 500) from e
         if not isinstance(chunk, dict):
             continue
+        if isinstance(chunk.get("usage"), dict) and on_usage is not None:
+            on_usage(chunk["usage"])
         err = chunk.get("error")
         if err:
             message = err.get("message") if isinstance(err, dict) else str(err)
@@ -221,12 +231,14 @@ class NodeClient:
     """Calls to one node's API at ``base_url``; every method returns decoded JSON.
 
     Raises ``NodeUnreachable`` when no node answers, ``ApiError`` for an error status,
-    ``CliError`` for a timeout or a broken answer.
+    ``CliError`` for a timeout or a broken answer. ``api_key`` (else ``$EXO_P2P_API_KEY``)
+    is sent as ``Authorization: Bearer``; a bad one raises ``CliError`` (exit 2).
     """
 
-    def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT, api_key: str | None = None) -> None:
         self.base_url = normalize_api_url(base_url)
-        key = os.environ.get(API_KEY_ENV, "").strip()
+        key, self.key_source = resolve_api_key(api_key)
+        self.api_key = key
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"authorization": f"Bearer {key}"} if key else None,
@@ -271,6 +283,14 @@ class NodeClient:
         time.sleep(0.25)
         return True
 
+    def _api_error(self, response: httpx.Response) -> ApiError:
+        """The ``ApiError`` of an error answer; a 401 says how to give the API key."""
+        global last_node
+        last_node = (self.base_url, self.api_key)
+        if response.status_code == 401:
+            return ApiError(api_key_message(self.base_url, self.key_source), 401)
+        return ApiError(error_message(response), response.status_code)
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call; the decoded JSON body (None when empty). A node on this machine that
         is still starting is waited for (``STARTUP_WAIT``)."""
@@ -291,9 +311,10 @@ class NodeClient:
             except httpx.HTTPError as e:
                 raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
         if response.status_code >= 400:
-            raise ApiError(error_message(response), response.status_code)
-        global answered_by
+            raise self._api_error(response)
+        global answered_by, last_node
         answered_by = self.base_url
+        last_node = (self.base_url, self.api_key)
         if not response.content:
             return None
         try:
@@ -355,9 +376,14 @@ class NodeClient:
             params["nodes"] = ",".join(nodes)
         return self.request("GET", "/instances/previews", params=params)
 
-    def chat_stream(self, body: dict, on_finish: Callable[[str], None] | None = None) -> Iterator[str]:
+    def chat_stream(
+        self,
+        body: dict,
+        on_finish: Callable[[str], None] | None = None,
+        on_usage: Callable[[dict], None] | None = None,
+    ) -> Iterator[str]:
         """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they
-        arrive. Closing the generator closes the connection (the node cancels the
+        arrive (``on_finish``/``on_usage`` as ``chat_deltas``). Closing the generator closes the connection (the node cancels the
         generation)."""
         body = {**body, "stream": True}
         timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=CONNECT_TIMEOUT)
@@ -368,8 +394,8 @@ class NodeClient:
             ) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ApiError(error_message(response), response.status_code)
-                yield from chat_deltas(iter_sse_data(response.iter_lines()), on_finish)
+                    raise self._api_error(response)
+                yield from chat_deltas(iter_sse_data(response.iter_lines()), on_finish, on_usage)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise self._unreachable(e) from e
         except httpx.TimeoutException as e:
@@ -378,6 +404,38 @@ class NodeClient:
             ) from e
         except httpx.HTTPError as e:
             raise CliError(f"the answer from {self.base_url} broke off: {_reason(e)}") from e
+
+
+def resolve_api_key(given: str | None) -> tuple[str | None, str | None]:
+    """The API key to send and where it came from: ``given`` (``--api-key``), else
+    ``$EXO_P2P_API_KEY`` when set and not blank, else ``(None, None)``. Raises ``CliError``
+    (exit 2) for a given key that is blank or no HTTP header can carry (``check_api_key``)."""
+    try:
+        if given is not None:
+            return check_api_key(given, "--api-key"), "--api-key"
+        env = os.environ.get(API_KEY_ENV, "")
+        if env.strip():
+            return check_api_key(env, f"${API_KEY_ENV}"), f"${API_KEY_ENV}"
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    return None, None
+
+
+def name_nodes_in(text: str) -> str:
+    """``text`` with the whole node ids in it replaced by the nodes' names, asked from the
+    node that answered last (``GET /nodes``, ``NAMES_TIMEOUT``); ``text`` unchanged when it
+    holds no id, no node answered yet, or the names cannot be had."""
+    if last_node is None or not has_node_ids(text):
+        return text
+    url, key = last_node
+    try:
+        with httpx.Client(base_url=url, timeout=NAMES_TIMEOUT, transport=_transport, trust_env=False,
+                          headers={"authorization": f"Bearer {key}"} if key else None) as http:
+            listed = http.get("/nodes").json()
+        names = {str(n["node_id"]): str(n["friendly_name"]) for n in listed if n.get("friendly_name")}
+    except (httpx.HTTPError, ValueError, TypeError, KeyError, AttributeError):
+        return text
+    return name_node_ids(text, names)
 
 
 def not_http_message(url: str, e: Exception) -> str:

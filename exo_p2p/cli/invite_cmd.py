@@ -15,7 +15,7 @@ import click
 import typer
 
 from exo_p2p.cli.client import CliError, NodeClient, resolve_api_url
-from exo_p2p.cli.membership import MembershipError, make_invite, stored_secret_file
+from exo_p2p.cli.common import ApiKeyOpt, given_api
 from exo_p2p.config import default_data_dir
 
 
@@ -26,16 +26,22 @@ def invite(
         Optional[Path],
         typer.Option(help="The member's data dir, where its cluster secret is kept (default: as `exo-p2p node`)."),
     ] = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Print a join token for a new machine: `exo-p2p node --join TOKEN` there."""
+    # here, not at import: the membership rules import py-libp2p (seconds), which the other
+    # client commands never need
+    from exo_p2p.cli.membership import MembershipError, make_invite, stored_secret_file
+
     directory = (data_dir or default_data_dir()).expanduser()
     if stored_secret_file(directory) is None:
         try:
             make_invite(directory, [])
         except MembershipError as e:
             raise CliError(str(e), 1) from None
-    url = resolve_api_url(api, getattr(ctx.obj, "api", None))
-    with NodeClient(url) as client:
+    given_url, key = given_api(ctx, api, api_key)
+    url = resolve_api_url(given_url)
+    with NodeClient(url, api_key=key) as client:
         own = next((n for n in client.nodes() if n.get("is_self")), None)
     if own is None:
         raise CliError(f"the node at {url} does not list itself")

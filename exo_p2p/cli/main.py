@@ -2,99 +2,52 @@
 
 Exit codes: 0 success, 1 a failure the node reported or an unreachable node (one line
 ``error: ...`` on stderr), 2 bad arguments, 130 Ctrl-C. Never a traceback.
-``--api URL`` is accepted before or after the subcommand; ``$EXO_P2P_API`` otherwise.
+``--api URL`` and ``--api-key KEY`` are accepted before or after the subcommand;
+``$EXO_P2P_API`` and ``$EXO_P2P_API_KEY`` otherwise. The shared options and the ``app``
+itself are in ``exo_p2p.cli.common``; ``chat`` and ``run`` in ``exo_p2p.cli.chat_cmds``.
+Nothing imported here loads py-libp2p, MLX or the node: the commands that need them import
+them when they run (``tests/test_cli_imports.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, TypeVar
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 from typer._click.core import ParameterSource  # typer ships its own click
 from rich.console import Console
 
-from exo_p2p.cli import client as client_module
 from exo_p2p.cli import invite_cmd, placed_view, render
-from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
-from exo_p2p.cli.client import (
-    API_ENV,
-    DEFAULT_API,
-    ApiError,
-    CliError,
-    NodeClient,
-    NodeUnreachable,
-    resolve_api_url,
+from exo_p2p.cli.client import ApiError, CliError, NodeClient
+from exo_p2p.cli.common import (  # noqa: F401  (Globals and root: the app's global options)
+    PLACE_TIMEOUT,
+    ApiKeyOpt,
+    ApiOpt,
+    Globals,
+    JsonOpt,
+    NodesOpt,
+    app,
+    client_for as _client,
+    handled,
+    node_names as _node_names,
+    root,
+    split_nodes as _split_nodes,
+    stderr_console as _stderr,
+    stdout_console as _stdout,
 )
-from exo_p2p.cli.local_node import running_node
+from exo_p2p.cli.messages import name_node_ids, named_reasons
 from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file, run_node
 from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
 from exo_p2p.settings_table import SETTINGS
 
-def _help_type(self: Any, ctx: click.Context) -> str | None:
-    """What ``--help`` shows after an option: its metavar (PORT, DIR, …), nothing for a flag
-    (typer 0.29 shows ``<bool>`` and Python types such as ``<list[Path]>``)."""
-    if self.metavar is not None:
-        return self.metavar or None
-    if getattr(self, "is_flag", False) or getattr(self, "count", False):
-        return None
-    shown = _typer_display_type(self, ctx) or ""
-    return _HELP_TYPES.get(shown, shown.strip("<>"))
-
-
-_HELP_TYPES = {"<int>": "N", "<int range>": "N", "<float>": "NUMBER", "<float range>": "NUMBER",
-               "<str>": "TEXT", "<path>": "PATH", "<list[str]>": "TEXT", "<list[Path]>": "PATH"}
-_typer_display_type = typer.core.TyperOption.display_type_rich
-
-
-typer.core.TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
-typer.core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
-
-PLACE_TIMEOUT = 900.0
-"""Default seconds ``place`` and ``run`` wait for an instance to be ready."""
-
-app = typer.Typer(
-    name="exo-p2p",
-    help="Run LLMs across the machines of a home or lab. Start `exo-p2p node` on each machine; "
-    "the other commands talk to a node's HTTP API.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-@dataclass
-class Globals:
-    """Options given before the subcommand."""
-
-    api: str | None = None
-
-
-ApiOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--api",
-        metavar="URL",
-        help=f"URL of the node's API (default ${API_ENV}, else {DEFAULT_API}).",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts).")]
-NodesOpt = Annotated[
-    Optional[str],
-    typer.Option("--nodes", metavar="NODES", help="Nodes that must take part: ids, unique id prefixes or names, comma-separated."),
-]
 
 
 class Sharding(str, Enum):
@@ -107,83 +60,12 @@ class LogFormat(str, Enum):
     json = "json"
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def handled(fn: F) -> F:
-    """Turn ``CliError`` into ``error: <message>`` on stderr and its exit code, and Ctrl-C
-    into a quiet exit 130: no command ever shows a traceback for these. A command that
-    trips over the shape of a JSON answer (``--api`` names some other JSON service, or a
-    node of another version) says so in one line, exit 1; before any answer such an error
-    is a bug and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CliError as e:
-            click.echo(f"error: {e.message}", err=True)
-            raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-        except (AttributeError, TypeError, KeyError, IndexError) as e:
-            if client_module.answered_by is None:
-                raise
-            click.echo(f"error: {client_module.answered_by} gave an answer this client does not understand "
-                       f"({type(e).__name__}: {e}); is it an exo-p2p node of this version?", err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _stdout() -> Console:
-    return Console(soft_wrap=False)
-
-
-def _stderr() -> Console:
-    """Progress and notes; not wrapped at 80 columns when stderr is not a terminal."""
-    return Console(stderr=True, soft_wrap=not sys.stderr.isatty())
-
-
-def _client(ctx: typer.Context, api: str | None) -> NodeClient:
-    globals_ = ctx.find_object(Globals)
-    client = NodeClient(resolve_api_url(api, globals_.api if globals_ else None))
-    client.on_wait = lambda text: click.echo(text, err=True)
-    return client
-
-
-def _split_nodes(nodes: str | None) -> list[str] | None:
-    if not nodes:
-        return None
-    return [n.strip() for n in nodes.split(",") if n.strip()] or None
-
-
 def _state_or_none(client: NodeClient) -> dict | None:
     """``GET /state``, or None when the node does not answer it (tables then show less)."""
     try:
         return client.state()
     except CliError:
         return None
-
-
-def _node_names(client: NodeClient) -> dict[str, str]:
-    """node id → friendly name, for tables (empty when the node list is unavailable)."""
-    try:
-        return {n["node_id"]: n["friendly_name"] for n in client.nodes() if n.get("friendly_name")}
-    except (CliError, KeyError, TypeError):
-        return {}
-
-
-@app.callback()
-def root(
-    ctx: typer.Context,
-    api: Annotated[
-        Optional[str],
-        typer.Option("--api", envvar=API_ENV, metavar="URL", help=f"URL of the node's API (default {DEFAULT_API}).", show_default=False),
-    ] = None,
-) -> None:
-    """Run LLMs across the machines of a home or lab."""
-    ctx.obj = Globals(api=api)
 
 
 # -- the node -------------------------------------------------------------------------------
@@ -440,9 +322,9 @@ app.command("invite")(handled(invite_cmd.invite))
 
 @app.command()
 @handled
-def nodes(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+def nodes(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, json: JsonOpt = False) -> None:
     """The cluster as the node sees it: peers, memory, master, addresses."""
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         listed = client.nodes()
         try:
             warnings = client.state().get("warnings") or []
@@ -455,16 +337,17 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None
         lines = render.address_lines(listed)
         if lines:
             click.echo("addresses (for --bootstrap):\n" + "\n".join(lines))
+    names = {} if json else {str(n.get("node_id")): str(n["friendly_name"]) for n in listed if n.get("friendly_name")}
     for warning in warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(f"warning: {name_node_ids(str(warning), names)}", err=True)
 
 
 @app.command()
 @handled
-def models(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+def models(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, json: JsonOpt = False) -> None:
     """Models this node can serve, with layers and size; then every model in the cluster with
     the nodes holding it (complete or part of it)."""
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         listed = client.models()
         try:
             cluster = client.request("GET", "/models/cluster")
@@ -481,9 +364,9 @@ def models(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> Non
 
 @app.command()
 @handled
-def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> None:
+def instances(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, json: JsonOpt = False) -> None:
     """Placed models, their shards and status (loading progress)."""
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         listed = client.instances()
         listed = placed_view.with_placed(listed, _state_or_none(client)) if listed else listed  # "shrunk from N ranks"
         names = {} if json else _node_names(client)
@@ -492,7 +375,7 @@ def instances(ctx: typer.Context, api: ApiOpt = None, json: JsonOpt = False) -> 
     elif not listed:
         _stderr().print("no instances; place one with `exo-p2p place MODEL`")
     else:
-        _stdout().print(render.instances_table(listed, names))
+        _stdout().print(render.instances_table(named_reasons(listed, names), names))
 
 
 @app.command()
@@ -502,10 +385,11 @@ def previews(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
     nodes: NodesOpt = None,
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """The best placement of MODEL per sharding and size, memory per node, or why none."""
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         try:
             listed = client.previews(model, _split_nodes(nodes))
         except ApiError as e:
@@ -519,7 +403,8 @@ def previews(
     if json:
         click.echo(render.dumps(listed))
     else:
-        _stdout().print(render.previews_table(model, listed, names))
+        shown = [{**p, "error": name_node_ids(p["error"], names)} if isinstance(p.get("error"), str) else p for p in listed]
+        _stdout().print(render.previews_table(model, shown, names))
 
 
 # -- placing --------------------------------------------------------------------------------
@@ -552,6 +437,7 @@ def place(
         typer.Option("--replica", help="Place it even when the model already has an instance (one more copy in memory)."),
     ] = False,
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Place MODEL on the cluster and wait until it is ready to serve.
 
@@ -561,7 +447,7 @@ def place(
     in a terminal.
     """
     console = _stderr()
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         from exo_p2p.cli.place_check import counted_instances, replica_notice
 
         listed = client.instances()
@@ -624,11 +510,12 @@ def delete(
     ctx: typer.Context,
     instance_id: Annotated[str, typer.Argument(metavar="ID", help="Instance id (or a unique prefix of it).")],
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Delete an instance: its runners stop and their memory is freed."""
     if not instance_id.strip() or "/" in instance_id:
         raise CliError(f"not an instance id: {instance_id!r} (see `exo-p2p instances`)", 2)
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         try:
             client.delete_instance(instance_id)
         except ApiError as e:
@@ -656,9 +543,10 @@ def stop(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id whose instances to delete.")],
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Delete every instance of MODEL (by name; `delete ID` deletes one instance)."""
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         ids = [str(i["instance_id"]) for i in client.instances() if i.get("model") == model]
         if not ids:
             raise CliError(f"no instance of {model} is placed (see `exo-p2p instances`)")
@@ -685,13 +573,14 @@ def doctor(
         typer.Option("--mdns-seconds", min=0, metavar="SECONDS", help="How long to listen for mDNS announcements (0: skip)."),
     ] = 2.0,
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Why machines do not see each other: this node's addresses and ports, mDNS, which
     peers are known, reachable or refused (another cluster secret), firewall hints."""
     from exo_p2p.cli import doctor as checks
 
-    with _client(ctx, api) as client:
+    with _client(ctx, api, api_key) as client:
         state = client.state()
         listed = client.nodes()
     findings = checks.Findings(api_url=client.base_url, state=state, nodes=listed, mdns_seconds=mdns_seconds)
@@ -712,157 +601,6 @@ def doctor(
         }))
     else:
         click.echo("\n".join(lines))
-
-
-# -- chatting -------------------------------------------------------------------------------
-
-ModelOpt = Annotated[
-    Optional[str],
-    typer.Option("--model", "-m", help="Model to ask (default: the first ready instance's, else the embedded one)."),
-]
-MaxTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Stop after this many tokens.")]
-TemperatureOpt = Annotated[
-    Optional[float],
-    typer.Option(min=0, help="Sampling temperature (0: greedy)."),
-]
-SystemOpt = Annotated[Optional[str], typer.Option(help="A system message.")]
-
-
-@app.command()
-@handled
-def chat(
-    ctx: typer.Context,
-    prompt: Annotated[
-        Optional[str],
-        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
-    ] = None,
-    model: ModelOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    temperature: TemperatureOpt = None,
-    system: SystemOpt = None,
-    api: ApiOpt = None,
-) -> None:
-    """Chat with a placed model; the answer streams as it is generated."""
-    _refuse_empty(prompt)
-    with _client(ctx, api) as client:
-        chosen = choose_model(client, model)
-        params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
-        if prompt is not None:
-            chat_once(client, chosen, prompt, **params)
-        else:
-            repl(client, chosen, **params)
-
-
-def ensure_ready_instance(
-    client: NodeClient, model: str, timeout: float, console: Console, on_placed: Callable[[str], None] | None = None
-) -> dict:
-    """A ready instance of ``model``: an existing ready one, else a loading one waited for,
-    else a new placement waited for (``on_placed(instance_id)`` is called as soon as it is
-    placed, so the caller can undo it however the wait ends). Raises ``CliError`` as
-    ``place`` does."""
-    existing = [
-        i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"
-    ]
-    for inst in existing:
-        if inst.get("status") == "ready":
-            return inst
-    if existing:
-        return wait_until_ready(client, existing[0], timeout=timeout, console=console)
-    inst = client.place(model)
-    if on_placed is not None:
-        on_placed(inst["instance_id"])
-    console.print(f"placed {model} as instance {inst['instance_id']}")
-    return wait_until_ready(client, inst, timeout=timeout, console=console)
-
-
-@app.command()
-@handled
-def run(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id.")] = EMBEDDED_MODEL,
-    prompt: Annotated[
-        Optional[str],
-        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
-    ] = None,
-    max_tokens: MaxTokensOpt = None,
-    temperature: TemperatureOpt = None,
-    system: SystemOpt = None,
-    data_dir: Annotated[
-        Optional[Path],
-        typer.Option(help="Data dir of the node started when none answers (default: as `exo-p2p node`)."),
-    ] = None,
-    timeout: Annotated[
-        float,
-        typer.Option(min=0, help="Seconds to wait for the model to be ready."),
-    ] = PLACE_TIMEOUT,
-    lan: Annotated[
-        bool,
-        typer.Option("--lan", help="The node started for this command joins the LAN's default cluster (mDNS) instead of staying private."),
-    ] = False,
-    api: ApiOpt = None,
-) -> None:
-    """Answer PROMPT with MODEL (or chat), like `ollama run`.
-
-    Uses the node at --api (or $EXO_P2P_API) and fails when nothing answers there; without
-    either, uses the local node at the default address, else runs a private node here for
-    this command (its own cluster name, no mDNS, loopback only; --lan makes it join the
-    LAN's default cluster instead).
-
-    Places MODEL first when it is not placed yet; stops what it started on exit: a node it
-    started, and the instance it placed on that node (so a later run or node does not bring
-    it back). On a node that was already running, a placement it made stays (like any
-    `place`) and it says so.
-    """
-    _refuse_empty(prompt)
-    globals_ = ctx.find_object(Globals)
-    explicit = api or (globals_.api if globals_ else None)
-    api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
-    console = _stderr()
-    with ExitStack() as stack:
-        probe = stack.enter_context(NodeClient(api_url))
-        started_node = False
-        if not probe.ping():
-            if explicit:
-                raise NodeUnreachable(
-                    f"nothing answers at {api_url} (the --api given); start a node there, "
-                    "or leave out --api to run a node for this command"
-                )
-            directory = (data_dir or default_data_dir()).expanduser()
-            where = "joining the LAN's default cluster" if lan else "private: loopback only, no mDNS"
-            console.print(
-                f"no node answers at {api_url}; starting one for this command ({where}; data dir {directory})"
-            )
-            api_url = stack.enter_context(running_node(directory, console, private=not lan))
-            started_node = True
-        client = stack.enter_context(NodeClient(api_url))
-
-        def placed(instance_id: str) -> None:
-            if started_node:
-                stack.callback(_delete_quietly, client, instance_id)
-            else:
-                stack.callback(
-                    console.print, f"instance {instance_id} stays placed; remove it with `exo-p2p delete {instance_id}`"
-                )
-
-        ensure_ready_instance(client, model, timeout, console, on_placed=placed)
-        params = dict(system=system, max_tokens=max_tokens, temperature=temperature)
-        if prompt is not None:
-            chat_once(client, model, prompt, **params)
-        else:
-            repl(client, model, **params)
-
-
-def _refuse_empty(prompt: str | None) -> None:
-    """A given prompt must say something (a model asked nothing rambles for minutes)."""
-    if prompt is not None and not prompt.strip():
-        raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
-
-
-def _delete_quietly(client: NodeClient, instance_id: str) -> None:
-    try:
-        client.delete_instance(instance_id)
-    except Exception:  # noqa: BLE001 - best effort on the way out; the node stops next
-        pass
 
 
 def main() -> None:
@@ -886,4 +624,4 @@ def main() -> None:
     app(prog_name="exo-p2p")
 
 
-from exo_p2p.cli import transfer_cmds  # noqa: E402,F401  (registers `pull` and `rm`)
+from exo_p2p.cli import chat_cmds, transfer_cmds  # noqa: E402,F401  (register `chat`, `run`, `pull`, `rm`)

@@ -18,8 +18,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from exo_p2p.cli.client import CliError
-from exo_p2p.cli.main import ApiOpt, _client, app, handled
-from exo_p2p.models.names import check_model_name
+from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, node_names
 
 POLL_SECONDS = 0.5
 PULL_TIMEOUT = 24 * 3600.0
@@ -43,6 +42,8 @@ def cluster_models_table(models: list[dict], names: dict[str, str] | None = None
 def _check_name(model: str) -> None:
     """A name the node would refuse (``check_model_name``) fails here, before an HTTP path
     built from it (``..`` segments) reaches another endpoint."""
+    from exo_p2p.models.names import check_model_name  # here: the models package imports numpy
+
     try:
         check_model_name(model)
     except ValueError as exc:
@@ -56,12 +57,13 @@ def pull(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Model name another node holds.")],
     from_node: Annotated[str | None, typer.Option("--from", help="Copy from this node (id, name or id prefix).")] = None,
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Copy a whole model from the nodes that hold it onto this node (verified, resumable)."""
     if not model.strip():
         raise CliError("pull needs a model name (see `exo-p2p models`)", 2)
     _check_name(model)
-    with _client(ctx, api) as client:
+    with client_for(ctx, api, api_key) as client:
         status = client.request("POST", "/models/pull", json={"model": model, "from": from_node})
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn(), TimeRemainingColumn())
@@ -73,11 +75,12 @@ def pull(
                 pulls = {p["model"]: p for p in client.request("GET", "/models/pulls")}
                 status = pulls.get(model, status)
                 bar.update(task, completed=status.get("bytes_done", 0), total=status.get("bytes_total") or None)
+        names = node_names(client) if status.get("bytes_by_peer") else {}
     if status.get("state") == "failed":
         raise CliError(f"pull of {model} failed: {status.get('error')}", 1)
     if status.get("state") != "done":
         raise CliError(f"pull of {model} still running after {PULL_TIMEOUT:.0f} s; see GET /models/pulls", 1)
-    peers = ", ".join(f"{p[:12]}: {b / 1e6:.1f} MB" for p, b in sorted(status.get("bytes_by_peer", {}).items()))
+    peers = ", ".join(f"{names.get(p, p[:12])}: {b / 1e6:.1f} MB" for p, b in sorted(status.get("bytes_by_peer", {}).items()))
     click.echo(f"pulled {model} ({status.get('bytes_total', 0) / 1e6:.1f} MB from {peers or 'cache'})")
 
 
@@ -87,9 +90,10 @@ def rm(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Model whose pulled/fetched files to delete.")],
     api: ApiOpt = None,
+    api_key: ApiKeyOpt = None,
 ) -> None:
     """Remove a model's pulled and fetched files from this node (refused while in use)."""
     _check_name(model)
-    with _client(ctx, api) as client:
+    with client_for(ctx, api, api_key) as client:
         reply = client.request("DELETE", f"/models/{quote(model, safe='/')}")
     click.echo(f"removed {model} from this node ({len(reply.get('paths', []))} dirs)")

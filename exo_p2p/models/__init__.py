@@ -1,11 +1,30 @@
 """The model store: the embedded model, GGUF import into the MLX format, model cards
-(docs/architecture.md#wire-and-storage)."""
+(docs/architecture.md#wire-and-storage).
 
-from exo_p2p.models.card import card_from_gguf, card_from_model_dir
-from exo_p2p.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
-from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
-from exo_p2p.models.gguf_import import import_gguf
-from exo_p2p.models.store import ModelStore
+The names below are imported on first use: importing a light submodule such as
+``exo_p2p.models.names`` (the CLI's model-name check) must not load numpy and MLX.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "card_from_gguf": "card", "card_from_model_dir": "card", "EMBEDDED_MODEL_ID": "embedded",
+    "find_embedded_gguf": "embedded", "ModelNotFoundError": "errors", "UnsupportedModelError": "errors",
+    "import_gguf": "gguf_import", "ModelStore": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package-level names, from their submodules (``_HOMES``) on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "EMBEDDED_MODEL_ID",

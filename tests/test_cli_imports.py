@@ -1,0 +1,89 @@
+"""Client commands start fast: importing the CLI, ``--help`` (of the app and of every
+command) and a client command that finds no node load neither py-libp2p, MLX, the
+tokenizer libraries nor the node (each is seconds of import on a busy machine; only
+``node``, ``invite`` and the join handling need them, and import them when they run).
+
+Each check runs in a fresh interpreter (a subprocess: the test process itself has long
+imported everything) and reads that interpreter's ``sys.modules`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+FORBIDDEN = ("libp2p", "multiaddr", "mlx", "mlx_lm", "transformers", "tokenizers", "numpy",
+             "exo_p2p.node", "exo_p2p.net", "master", "worker")
+"""Top-level packages (and exo-p2p modules) a client command must not import. Not trio:
+httpcore (under httpx) imports it whenever it is installed, at the first request."""
+
+PROBE = r"""
+import json, sys
+argvs = json.loads(sys.argv[1])
+if argvs is None:
+    import exo_p2p.cli.main
+else:
+    from exo_p2p.cli.main import app
+    for argv in argvs:
+        try:
+            app(args=argv, prog_name="exo-p2p")
+        except SystemExit:
+            pass
+print("MODULES=" + json.dumps(sorted(sys.modules)))
+"""
+
+
+def loaded_modules(argvs: list[list[str]] | None) -> list[str]:
+    """The modules a fresh interpreter holds after importing the CLI (``argvs`` None) or
+    after running each command line of ``argvs`` through the app."""
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "COLUMNS": "100", "EXO_P2P_HOME": "/nonexistent-exo-p2p-home"})
+    assert out.returncode == 0, out.stderr
+    line = next(li for li in out.stdout.splitlines() if li.startswith("MODULES="))
+    return json.loads(line.removeprefix("MODULES="))
+
+
+def forbidden_in(modules: list[str]) -> list[str]:
+    """The modules of ``modules`` under a ``FORBIDDEN`` name."""
+    return [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def client_commands() -> list[str]:
+    from exo_p2p.cli.main import app
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def test_importing_the_cli_loads_no_node_library() -> None:
+    modules = loaded_modules(None)
+    assert "exo_p2p.cli.main" in modules
+    assert forbidden_in(modules) == []
+    assert "trio" not in modules  # before any request, not even httpcore's
+
+
+def test_help_of_every_command_loads_no_node_library() -> None:
+    commands = client_commands()
+    assert {"node", "models", "ps", "chat", "invite"} <= set(commands)
+    modules = loaded_modules([["--help"], *([c, "--help"] for c in commands)])
+    assert forbidden_in(modules) == []
+    assert "trio" not in modules
+
+
+def test_client_commands_without_a_node_load_no_node_library() -> None:
+    api = f"http://127.0.0.1:{closed_port()}"
+    argvs = [["models", "--api", api], ["ps", "--api", api], ["nodes", "--json", "--api", api],
+             ["chat", "hi", "--api", api], ["stop", "m", "--api", api], ["rm", "m", "--api", api]]
+    assert forbidden_in(loaded_modules(argvs)) == []
