@@ -19,11 +19,21 @@ NO_PEERS_WARNING_AFTER = 10.0
 PEER_TIMEOUT = defaults.PEER_TIMEOUT
 """Seconds without a heartbeat after which a peer is considered gone (``exo_p2p.defaults``)."""
 RUNNER_SILENT_GENERATING = 10.0
-"""Seconds a runner may stay silent while generating before its supervisor kills it."""
+"""Seconds a ready runner may send nothing at all (not even the heartbeat its own thread sends
+every second: a stopped or frozen process) before its supervisor kills it (``worker.liveness``)."""
 CPU_WEIGHTS = ("auto", "float32", "stored")
 """``--cpu-weights``: what a CPU-only node's runners hold (``master.placement_split.rank_weights``)."""
 RUNNER_SILENT_LOADING = 60.0
-"""Seconds a runner may stay silent while loading or warming up before it is killed."""
+"""Seconds a runner may send nothing at all while loading or warming up before it is killed."""
+RUNNER_STEP_FLOOR = 45.0
+"""Seconds one engine step or agreement round may always last before its runner counts as
+stuck (the bound is the larger of this and ``RUNNER_STEP_FACTOR`` × the longest recent step;
+``worker.liveness``). A rank wedged in a collective (a dropped ring link) is killed after it."""
+RUNNER_STEP_FACTOR = 5.0
+"""How many times its longest recent step (warm-up included) one step may last (``worker.liveness``)."""
+RUNNER_UNIT_BOUND = 60.0
+"""Seconds a runner may go without a layer loaded (loading), a warm-up step ended (warming up)
+or a message handled before it counts as stuck (``worker.liveness``)."""
 RUNNER_OUTPUT_DRAIN = 2.0
 """Seconds a supervisor keeps relaying a runner's fd 1/2 output after the runner exited (its
 last lines; ``worker.runner_output``), in JSON log mode."""

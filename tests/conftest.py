@@ -63,7 +63,12 @@ def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 T_FAIL = 10.0
 """Seconds within which a request ends with an error after a node or runner process dies."""
 T_LINK = 15.0
-"""Seconds within which a request ends with an error after a link between ranks drops."""
+"""Seconds within which a request ends with an error after a link between ranks is reset, or
+a node's whole link drops (it is timed out)."""
+T_WEDGE = 50.0
+"""Seconds within which a request ends with an error after only the ranks' ring link silently
+drops (both ranks wedge in a collective, their nodes stay connected): a step stuck past
+``RUNNER_STEP_FLOOR`` (45 s; ``worker.liveness``) and the kill."""
 T_GONE = 5.0
 """Seconds without a heartbeat after which a peer is gone (``exo_p2p.defaults.PEER_TIMEOUT``)."""
 NEW_MASTER = 5.0

@@ -32,6 +32,7 @@ from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.prepare import validate_prompt  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
+from worker.engine.pipeline import LocalStage, StageFailed  # noqa: E402
 from worker.engine.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
 
 MAX_STEPS = 5_000
@@ -405,3 +406,40 @@ def test_context_rule(n: int, max_tokens: int, ctx: int) -> None:
     assert (validate_prompt(n, None, ctx) is None) == (0 < n < ctx)  # no max_tokens: no limit
     if n >= ctx:
         assert problem == f"prompt is {n} tokens but the model's context is {ctx} tokens"
+
+
+# -- a failed forward pass: the request on one rank, the runner on several ------------------
+
+
+class FailingStage:
+    """A stage that is not ``LocalStage`` (as a pipeline or tensor rank's) whose forward
+    passes raise, as MLX's ring does when a ring socket fails mid-collective."""
+
+    def prefill(self, model, tokens, cache):
+        raise RuntimeError("[ring] Too many send/recv errors")
+
+    next_token = next_tokens = prefill
+
+
+class FailingLocal(LocalStage):
+    def prefill(self, model, tokens, cache):
+        raise RuntimeError("bad input")
+
+    next_token = next_tokens = prefill
+
+
+def test_a_failed_forward_fails_the_request_on_one_rank_and_the_stage_on_several(loaded: LoadedModel) -> None:
+    """On one rank the request fails and the engine goes on; on a multi-rank stage a failed
+    forward pass raises ``StageFailed`` out of ``step`` (the ranks are out of step for good:
+    the runner fails, worker/runner/main.py)."""
+    local = Engine(loaded, EngineSettings(prefill_chunk_size=16, max_batch=4), stage=FailingLocal())
+    local.submit(*req("a", "hello"))
+    local.submit(*req("b", "hello"))
+    chunks = run(local)
+    assert [c.task_id for c in chunks if isinstance(c, ErrorChunk)] == ["a", "b"]
+    assert "bad input" in chunks[-1].error.message and not local.has_work()
+    ring = Engine(loaded, EngineSettings(prefill_chunk_size=16, max_batch=4), stage=FailingStage())
+    ring.submit(*req("a", "hello"))
+    with pytest.raises(StageFailed, match="send/recv errors"):
+        for _ in range(10):
+            ring.step()

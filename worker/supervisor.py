@@ -1,7 +1,9 @@
 """Runner supervision: start a runner subprocess, relay its messages, notice its death.
 
 One ``RunnerSupervisor`` per runner. It turns the runner's messages into events (runner
-status, task status) and chunks, kills a runner that stays silent past its bound (docs/architecture.md#defaults: 10 s while generating, 60 s while loading or warming up), and reports ``Failed`` with
+status, task status) and chunks, kills a runner that is silent or stuck (``worker.liveness``:
+nothing heard for 10 s once serving, 60 s before; one step running past the larger of 45 s
+and 5 × its longest recent step; no layer loaded for 60 s), and reports ``Failed`` with
 the reason when the process dies on its own. Closing the node's end of the task pipe makes
 the runner exit; so does the parent-death signal when the node is killed.
 """
@@ -20,7 +22,14 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.config import RUNNER_OUTPUT_DRAIN, RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING
+from exo_p2p.config import (
+    RUNNER_OUTPUT_DRAIN,
+    RUNNER_SILENT_GENERATING,
+    RUNNER_SILENT_LOADING,
+    RUNNER_STEP_FACTOR,
+    RUNNER_STEP_FLOOR,
+    RUNNER_UNIT_BOUND,
+)
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types import (
     FINISHED_TASK_STATUSES,
@@ -41,10 +50,12 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TokenChunk,
 )
+from worker.liveness import silence_bound, stuck_reason
 from worker.runner_output import OutputRelay
 from worker.runner.protocol import (
     MAX_FRAME,
     ChunkMsg,
+    HeartbeatMsg,
     RunnerSetup,
     StatusMsg,
     TaskStatusMsg,
@@ -53,15 +64,6 @@ from worker.runner.protocol import (
 )
 
 log = structlog.get_logger(__name__)
-
-_LOADING_TAGS = ("idle", "connecting", "connected", "loading", "loaded", "warming_up")
-
-
-def silence_bound(status: RunnerStatus, *, generating: float, loading: float) -> float:
-    """Seconds a runner in ``status`` may stay silent before it is killed."""
-    tag = type(status).__struct_config__.tag  # type: ignore[attr-defined]
-    return loading if tag in _LOADING_TAGS else generating
-
 
 LIFECYCLE_KEYS = frozenset({"connect", "load", "warmup", "shutdown"})
 """Keys of ``RunnerSupervisor.sent`` that are not task ids (``worker.plan``)."""
@@ -77,6 +79,8 @@ class RunnerSupervisor:
     ``worker.blas.runner_environment`` so the runner loads the optimised BLAS. ``engine``:
     the runner's engine settings, sent in its ``RunnerSetup`` (``Worker`` passes this node's,
     narrowed by ``EngineSettings.for_runner``: ``kv_cache_bytes`` the resolved budget, bytes).
+    ``silent_*``: the silence bounds, ``step_floor``/``step_factor``/``unit_bound`` the stuck
+    bounds (seconds; ``worker.liveness``, defaults in ``exo_p2p.config``).
     """
 
     def __init__(
@@ -92,6 +96,9 @@ class RunnerSupervisor:
         fault_hooks: dict[str, str] | None = None,
         silent_generating: float = RUNNER_SILENT_GENERATING,
         silent_loading: float = RUNNER_SILENT_LOADING,
+        step_floor: float = RUNNER_STEP_FLOOR,
+        step_factor: float = RUNNER_STEP_FACTOR,
+        unit_bound: float = RUNNER_UNIT_BOUND,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
@@ -124,6 +131,8 @@ class RunnerSupervisor:
         )
         self._silent_generating = silent_generating
         self._silent_loading = silent_loading
+        self._stuck_bounds = {"floor": step_floor, "factor": step_factor, "unit_bound": unit_bound}
+        self._beat: tuple[HeartbeatMsg, float] | None = None  # the last heartbeat, when it came
         self.exited = trio.Event()
 
     @property
@@ -273,7 +282,9 @@ class RunnerSupervisor:
                 self._handle(msg)
 
     def _handle(self, msg: object) -> None:
-        if isinstance(msg, StatusMsg):
+        if isinstance(msg, HeartbeatMsg):
+            self._beat = (msg, trio.current_time())
+        elif isinstance(msg, StatusMsg):
             if isinstance(msg.status, RunnerLoaded):
                 log.info("runner loaded", runner_id=self.runner_id, rank=self.shard.rank,
                          weights_dtype=self.shard.weights_dtype, share_bytes=self.shard.share_bytes,
@@ -315,21 +326,39 @@ class RunnerSupervisor:
             tokens_sent=sent,
         )
 
+    def _liveness_fault(self) -> str | None:
+        """Why the runner must be killed now (silent or stuck, ``worker.liveness``), or None."""
+        if isinstance(self.status, TERMINAL_STATUSES):
+            return None
+        now = trio.current_time()
+        bound = silence_bound(_tag(self.status), generating=self._silent_generating, loading=self._silent_loading)
+        silent = now - self._last_heard
+        if silent > bound:
+            log.error("runner silent; killing it", runner_id=self.runner_id, silent_s=round(silent, 1), bound_s=bound)
+            return f"runner silent for {silent:.0f} s (bound {bound:.0f} s) while {_tag(self.status)}; killed"
+        if self._beat is None:
+            return None
+        beat, at = self._beat
+        reason = stuck_reason(beat, now - at, **self._stuck_bounds)
+        if reason is None:
+            return None
+        log.error("runner stuck; killing it", runner_id=self.runner_id, reason=reason, busy=beat.busy)
+        return f"runner stuck: {reason} while {_tag(self.status)}; killed"
+
     async def _watchdog(self, scope: trio.CancelScope) -> None:
         while True:
             await trio.sleep(0.5)
-            bound = silence_bound(self.status, generating=self._silent_generating, loading=self._silent_loading)
-            silent = trio.current_time() - self._last_heard
-            if silent > bound and not isinstance(self.status, TERMINAL_STATUSES):
-                log.error("runner silent; killing it", runner_id=self.runner_id, silent_s=round(silent, 1), bound_s=bound)
-                self._set_status(RunnerFailed(f"runner silent for {silent:.0f} s (bound {bound:.0f} s) while {_tag(self.status)}; killed"))
-                if self.process is not None and self.process.returncode is None:
-                    try:
-                        self.process.send_signal(signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                scope.cancel()
-                return
+            fault = self._liveness_fault()
+            if fault is None:
+                continue
+            self._set_status(RunnerFailed(fault))
+            if self.process is not None and self.process.returncode is None:
+                try:
+                    self.process.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            scope.cancel()
+            return
 
     async def _reap(self) -> None:
         assert self.process is not None

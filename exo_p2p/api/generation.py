@@ -40,6 +40,7 @@ from starlette.types import Receive, Scope, Send
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.errors import Family, error_headers, error_info, family_error_body
+from exo_p2p.api.replacement_progress import ProgressAge, progress_mark
 from exo_p2p.api.resume import (
     FAIL_WAIT,
     MAX_MOVES,
@@ -329,6 +330,7 @@ class GenerationResponse:
         await self._cancel()  # the failed task may still run (chunks lost on the way)
         self.backend.close_chunks(self.task_id)
         params = msgspec.structs.replace(self.job.params, resume_tokens=decision.resume_tokens, origin_task_id=self.job.task_id)
+        progress = ProgressAge(trio.current_time())
         while True:
             task_id = new_task_id()
             # the continuation is the current task from its submission on: a disconnect
@@ -349,9 +351,11 @@ class GenerationResponse:
                 return None
             self.backend.close_chunks(task_id)
             self._ended = True
-            waited = trio.current_time() - started
-            given_up = model_given_up(self.backend.state(), self.job.model_id)
-            step = on_refusal(failure, result.error, waited=waited, bound=self.settings.move_bound, given_up=given_up)
+            now = trio.current_time()
+            state = self.backend.state()
+            given_up = model_given_up(state, self.job.model_id)
+            step = on_refusal(failure, result.error, waited=now - started, bound=self.settings.move_bound, given_up=given_up,
+                              progress_age=progress.age(progress_mark(state, self.job.model_id), now))
             if isinstance(step, GiveUp):
                 self.counters.failed += 1
                 log.info("api.request_not_moved", task_id=self.task_id, origin=self.job.task_id, error=step.error.message)
@@ -365,11 +369,13 @@ class GenerationResponse:
         meanwhile, until accepted or the rules give up (``on_refusal``: the bound, a model
         given up, another refusal); returns the last answer (``exo_p2p.api.resume``)."""
         started = trio.current_time()
+        progress = ProgressAge(started)
         refusal = result.error
         while refusal is not None:
-            waited = trio.current_time() - started
-            step = on_refusal(refusal, refusal, waited=waited, bound=self.settings.move_bound,
-                              given_up=model_given_up(self.backend.state(), self.job.model_id))
+            now, state = trio.current_time(), self.backend.state()
+            step = on_refusal(refusal, refusal, waited=now - started, bound=self.settings.move_bound,
+                              given_up=model_given_up(state, self.job.model_id),
+                              progress_age=progress.age(progress_mark(state, self.job.model_id), now))
             if isinstance(step, GiveUp):
                 return result
             await trio.sleep(step.delay)

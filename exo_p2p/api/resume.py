@@ -23,7 +23,8 @@ Rules (``on_failure``, ``on_refusal``):
 - a continuation the master refuses because nothing is ready yet (503 while the
   re-placement loads or has not been made, 429 queue full, a master unreachable during a
   failover) is submitted again every ``RETRY_INTERVAL`` seconds until ``MOVE_BOUND`` seconds
-  after the failure; then — or at once when the model was given up (every instance of it
+  after the failure — longer, up to ``PROGRESS_BOUND``, while the re-placement visibly
+  progresses (``exo_p2p.api.replacement_progress``: layers loading on a busy machine); then — or at once when the model was given up (every instance of it
   failed for good: no placement left), deleted or is unknown, or the refusal is one retrying
   cannot fix (4xx but 429) — the request ends with the failure's error (the one it would have
   had without moving), its message naming why it could not move.
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exo_p2p.api.replacement_progress import PROGRESS_BOUND, PROGRESS_FRESH
 from exo_p2p.types import ErrorInfo, State
 
 MAX_MOVES = 2
@@ -116,17 +118,26 @@ def on_failure(error: ErrorInfo, sent_tokens: tuple[int, ...], moves: int, max_m
 
 
 def on_refusal(
-    failure: ErrorInfo, refusal: ErrorInfo, *, waited: float, bound: float = MOVE_BOUND, given_up: bool = False
+    failure: ErrorInfo, refusal: ErrorInfo, *, waited: float, bound: float = MOVE_BOUND, given_up: bool = False,
+    progress_age: float | None = None,
 ) -> Retry | GiveUp:
     """What to do when the master refuses a continuation with ``refusal``, ``waited``
     seconds after ``failure``; ``given_up``: the model has no placement left
-    (``model_given_up``). Waits only for refusals that a ready instance will end."""
+    (``model_given_up``). Waits only for refusals that a ready instance will end; past
+    ``bound`` only while the re-placement progresses (``progress_age``: seconds since its last
+    visible progress, None: nothing on its way; ``exo_p2p.api.replacement_progress``), up to
+    ``PROGRESS_BOUND``."""
     if given_up:
         return GiveUp(_with_reason(failure, f"could not move: {refusal.message}"))
     if refusal.status not in (429, 503) or refusal.code == "out_of_memory":
         return GiveUp(_with_reason(failure, f"could not move: {refusal.message}"))
     if waited + RETRY_INTERVAL > bound:
-        return GiveUp(_with_reason(failure, f"could not move within {bound:g} s: {refusal.message}"))
+        progressing = progress_age is not None and progress_age <= PROGRESS_FRESH
+        if not progressing:
+            return GiveUp(_with_reason(failure, f"could not move within {bound:g} s: {refusal.message}"))
+        if waited + RETRY_INTERVAL > max(bound, PROGRESS_BOUND):
+            return GiveUp(_with_reason(failure, f"could not move within {max(bound, PROGRESS_BOUND):g} s "
+                                                f"(the re-placement was still progressing): {refusal.message}"))
     return Retry(RETRY_INTERVAL)
 
 

@@ -54,6 +54,22 @@ class Stage(Protocol):
         ...
 
 
+class StageFailed(RuntimeError):
+    """A forward pass of a multi-rank stage failed (a collective failed, e.g. its ring
+    link was reset, or only this rank raised): the ranks can no longer be assumed in step,
+    and a ring whose socket failed never works again, so the runner fails, not the request
+    (docs/architecture.md#engine)."""
+
+
+def request_error(stage: object, exc: Exception) -> Exception:
+    """``exc``, raised by a forward pass of ``stage``, as the failing request's error: as it
+    is on a single-rank stage (``LocalStage``: that request fails, the others go on).
+    Raises ``StageFailed`` from it on any other stage."""
+    if isinstance(stage, LocalStage):
+        return exc
+    raise StageFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
 def sample_rows(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
     """Row ``i`` of ``logprobs [B, vocab]`` drawn by ``samplers[i]`` → ``[B]`` (lazy): every
     sequence of a batch keeps its own sampling parameters, key and penalty history."""

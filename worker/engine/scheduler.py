@@ -19,7 +19,8 @@ every rank holds the same rows in the same order and the stage's collectives mee
 and seeded output of a request in a batch equals its output alone, token for token.
 
 A request always ends with exactly one ``FinishChunk`` or ``ErrorChunk``; a failing request
-never stops the engine from serving the others.
+never stops the engine from serving the others, but a failed forward pass of a multi-rank
+stage raises ``StageFailed`` out of ``step`` (``pipeline.request_error``): the runner fails.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from worker.engine.batch import DecodeBatch
 from worker.engine.batch_memory import Verdict, join_verdict, peak_batch_tokens
 from worker.engine.forward import new_cache
 from worker.engine.loader import LoadedModel
-from worker.engine.pipeline import LocalStage, Stage
+from worker.engine.pipeline import LocalStage, Stage, request_error
 from worker.engine.prepare import error_chunk, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
@@ -183,7 +184,7 @@ class Engine:
             try:
                 out += seq.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
             except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                out.append(self._fail(seq, e))
+                out.append(self._fail(seq, request_error(self.stage, e)))
                 continue
             self.prefilled_tokens += seq.processed - before
             budget -= seq.processed - before
@@ -224,7 +225,7 @@ class Engine:
         try:
             self._start(seq)
         except Exception as e:  # noqa: BLE001
-            return [self._fail(seq, e)], True
+            return [self._fail(seq, request_error(self.stage, e))], True
         return [seq.progress()], True
 
     def _pop(self, queued: Queued, chunks: list[Chunk]) -> list[Chunk]:
@@ -256,7 +257,8 @@ class Engine:
         try:
             tokens = self.batch.decode(self.stage, self.loaded.model)
         except Exception as e:  # noqa: BLE001 - the batch's forward failed: every row fails
-            out = [self._fail(row, e) for row in self.batch.rows]
+            error = request_error(self.stage, e)
+            out = [self._fail(row, error) for row in self.batch.rows]
             self.batch.drop(list(range(len(self.batch.rows))))
             return out
         now = self.clock()

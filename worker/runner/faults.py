@@ -4,7 +4,8 @@ A runner started without fault hooks gets ``NO_FAULTS``, whose methods do nothin
 (``RunnerSetup.fault_hooks``): ``fail=loading`` raises at the start of the load (the runner
 reports ``Failed``); ``stall=loading`` / ``stall=warmup`` hangs there (its supervisor kills it
 when silent past its bound, ``config.RUNNER_SILENT_LOADING``); ``ring=no_hostfile`` drops the
-ring's host list (a ring that must fail to form). The same seam for gossip and chunks is
+ring's host list (a ring that must fail to form); ``slow_step=SECONDS`` makes the first
+serving step take that much longer (a long step, not a dead runner: ``worker.liveness``). The same seam for gossip and chunks is
 ``exo_p2p.cluster.faults``.
 """
 
@@ -24,17 +25,27 @@ STAGE_LOADING = "loading"
 STAGE_WARMUP = "warmup"
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunnerFaults:
-    """The faults one runner injects (module docstring); each field is a stage name or None."""
+    """The faults one runner injects (module docstring): ``fail``/``stall``/``ring`` a stage
+    name or None, ``slow_step`` seconds added to the first serving step (0: none)."""
 
     fail: str | None = None
     stall: str | None = None
     ring: str | None = None
+    slow_step: float = 0.0
 
     @classmethod
     def from_hooks(cls, hooks: Mapping[str, str]) -> RunnerFaults:
-        return cls(fail=hooks.get("fail"), stall=hooks.get("stall"), ring=hooks.get("ring"))
+        """Raises ``ValueError`` for a ``slow_step`` that is not a number of seconds."""
+        return cls(fail=hooks.get("fail"), stall=hooks.get("stall"), ring=hooks.get("ring"),
+                   slow_step=float(hooks.get("slow_step", 0.0)))
+
+    def before_step(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Called before each serving step: the first one sleeps ``slow_step`` seconds."""
+        if self.slow_step > 0:
+            seconds, self.slow_step = self.slow_step, 0.0
+            sleep(seconds)
 
     def at(self, stage: str, sleep: Callable[[float], None] = time.sleep) -> None:
         """Called when the runner reaches ``stage``: raise or hang there when asked to.

@@ -18,9 +18,13 @@ and prefill chunk, every ``check_every`` decode steps, and every ``IDLE_ROUND_IN
 seconds when idle). Each round also re-agrees ``check_every`` from every rank's measured
 decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SECONDS`` of
 decode even when the machine slows down after warm-up (tests/test_cancel.py). Every rank reports task status; rank 0 alone emits the chunks (every rank
-holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats are
-sent from the main loop only: a rank blocked in a collective because a peer died falls
-silent and its supervisor kills it (docs/architecture.md#defaults).
+holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats
+come from a thread of their own (``worker.runner.pulse``), however long a step computes, and
+say which unit of work the main thread is in and for how long: a rank blocked in a collective
+because a peer vanished reports one step that never ends, and its supervisor kills it as
+stuck (``worker.liveness``); a collective that fails (a reset ring link: MLX fails the
+pending work and that socket never works again) fails the runner at once
+(``worker.engine.pipeline.StageFailed``), not only the request.
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ from exo_p2p.types import (
     TextGeneration,
 )
 from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
+from worker.runner.pulse import Pulse, start_heartbeat
 from worker.runner.protocol import (
     ChunkMsg,
-    HeartbeatMsg,
     RunnerSetup,
     StatusMsg,
     TaskStatusMsg,
@@ -162,7 +166,8 @@ class RunnerProcess:
         self.steps_since_round = 0
         self.decode_steps = 0
         self.decode_seconds = 0.0
-        self.last_sent = time.monotonic()
+        self.pulse = Pulse()
+        self.faults = NO_FAULTS
 
     @property
     def multi(self) -> bool:
@@ -177,7 +182,6 @@ class RunnerProcess:
     def send(self, message: object) -> None:
         with self._write_lock:
             write_all(self.out_fd, frame(message))
-            self.last_sent = time.monotonic()
 
     def set_status(self, status: RunnerStatus) -> None:
         self.status = status
@@ -205,11 +209,17 @@ class RunnerProcess:
         if not isinstance(first, RunnerSetup):
             return 2
         self.setup = first
+        self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
         interval = first.heartbeat_interval
-        last_sent = time.monotonic()
+        start_heartbeat(self.pulse, self.send, interval)
         while True:
             if self.multi and isinstance(self.status, (RunnerReady, RunnerRunning)):
-                code = self.serve_round(interval)
+                try:
+                    code = self.serve_round()
+                except Exception as exc:  # a collective failed (StageFailed, a round's all-gather)
+                    traceback.print_exc()
+                    self.set_status(RunnerFailed(f"a collective failed, the ranks cannot go on in step: {exc}"))
+                    return 1
                 if code is not None:
                     return code
                 continue
@@ -221,25 +231,30 @@ class RunnerProcess:
             if item is _EOF:
                 return 0  # our node is gone: exit, no orphans
             if item is not None:
-                try:
-                    if self.handle(item) == "exit":
-                        return 0
-                except Exception as exc:  # a failure in a lifecycle task fails the runner
-                    traceback.print_exc()
-                    self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
-                    return 1
-                last_sent = time.monotonic()
+                code = self.handle_item(item)
+                if code is not None:
+                    return code
                 continue
             if busy:
                 self.step_generation()
-                last_sent = time.monotonic()
-            elif time.monotonic() - last_sent >= interval:
-                self.send(HeartbeatMsg())
-                last_sent = time.monotonic()
+
+    def handle_item(self, item: object) -> int | None:
+        """Handle one message from the node as one unit of work (``worker.runner.pulse``);
+        a failure in a lifecycle task fails the runner. Returns an exit code, or None."""
+        kind = {LoadModel: "load", StartWarmup: "warmup", ConnectToGroup: "connect"}.get(type(item), "task")
+        try:
+            with self.pulse.unit(kind):
+                if self.handle(item) == "exit":
+                    return 0
+        except Exception as exc:
+            traceback.print_exc()
+            self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
+            return 1
+        return None
 
     def handle(self, task: object) -> str | None:
         assert self.setup is not None
-        faults = RunnerFaults.from_hooks(self.setup.fault_hooks) if self.setup.fault_hooks else NO_FAULTS
+        faults = self.faults
         if isinstance(task, ConnectToGroup):
             if self.multi:
                 self.connect(faults)
@@ -307,6 +322,7 @@ class RunnerProcess:
         for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer,
                                tensor_group=tensor_group, weights_dtype=shard.weights_dtype):
             if isinstance(item, LoadProgress):
+                self.pulse.progress()
                 self.set_status(RunnerLoading(item.layers_loaded, item.layers_total))
             else:
                 loaded = item
@@ -332,9 +348,12 @@ class RunnerProcess:
         for _ in range(1000):
             if not self.engine.has_work():
                 break
+            started = time.monotonic()
             for chunk in self.engine.step():
                 if isinstance(chunk, FinishChunk):
                     tps = chunk.decode_tokens_per_second
+            self.pulse.record(time.monotonic() - started, warmup=True)  # the stuck bound's history
+            self.pulse.progress()
         if self.multi:  # the pace is the same on every rank: the slowest rank's
             assert self.all_gather is not None
             proposal = np.array([check_every_for(tps, round_seconds(self.setup.engine.max_batch))], dtype=np.int64)
@@ -369,10 +388,10 @@ class RunnerProcess:
             self.send(ChunkMsg(FinishChunk(task_id=task_id, finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)))
         self.send(TaskStatusMsg(task_id, "cancelled"))
 
-    def serve_round(self, interval: float) -> int | None:
+    def serve_round(self) -> int | None:
         """One turn of a serving multi-rank runner: take input, run an agreement round when
-        this is an agreement point (identical on every rank), do one generation step, keep
-        the heartbeat. Returns an exit code, or None to go on."""
+        this is an agreement point (identical on every rank), do one generation step.
+        Returns an exit code, or None to go on."""
         assert self.engine is not None and self.agreement is not None and self.all_gather is not None
         busy = self.engine.has_work()
         deadline = time.monotonic() + (0.0 if busy else IDLE_ROUND_INTERVAL)
@@ -384,29 +403,14 @@ class RunnerProcess:
                 break
             if item is _EOF:
                 return 0
-            try:
-                self.handle(item)
-            except Exception as exc:
-                traceback.print_exc()
-                self.set_status(RunnerFailed(f"{type(exc).__name__}: {exc}"))
-                return 1
+            code = self.handle_item(item)
+            if code is not None:
+                return code
         if not busy or self.engine.in_prefill or self.steps_since_round >= self.check_every:
-            result = self.agreement.round(self.all_gather, self.pace_proposal())
-            self.steps_since_round, self.decode_steps, self.decode_seconds = 0, 0, 0.0
-            if result.check_every > 0:
-                self.check_every = result.check_every
-            for task in result.start:
-                self.engine.submit(task.task_id, task.params)
-            for task_id in result.cancel:
-                self.engine.cancel(task_id)
-            for task in result.dropped:
-                self.end_cancelled(task.task_id)
-            if result.shutdown:
-                self.set_status(RunnerShuttingDown())
-                self.engine = None
-                self.loaded = None
-                self.set_status(RunnerShutdown())
-                return 0
+            with self.pulse.unit("round"):
+                code = self.agreement_round()
+            if code is not None:
+                return code
         if self.engine.has_work():
             decoding = not self.engine.in_prefill
             started = time.monotonic()
@@ -415,8 +419,28 @@ class RunnerProcess:
                 self.decode_steps += 1
                 self.decode_seconds += time.monotonic() - started
             self.steps_since_round += 1
-        if time.monotonic() - self.last_sent >= interval:
-            self.send(HeartbeatMsg())
+        return None
+
+    def agreement_round(self) -> int | None:
+        """One agreement round (a collective): start, cancel and drop what every rank agreed;
+        0 when the ranks agreed to shut down."""
+        assert self.engine is not None and self.agreement is not None and self.all_gather is not None
+        result = self.agreement.round(self.all_gather, self.pace_proposal())
+        self.steps_since_round, self.decode_steps, self.decode_seconds = 0, 0, 0.0
+        if result.check_every > 0:
+            self.check_every = result.check_every
+        for task in result.start:
+            self.engine.submit(task.task_id, task.params)
+        for task_id in result.cancel:
+            self.engine.cancel(task_id)
+        for task in result.dropped:
+            self.end_cancelled(task.task_id)
+        if result.shutdown:
+            self.set_status(RunnerShuttingDown())
+            self.engine = None
+            self.loaded = None
+            self.set_status(RunnerShutdown())
+            return 0
         return None
 
     def pace_proposal(self) -> int:
@@ -428,10 +452,15 @@ class RunnerProcess:
         return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.engine.max_batch))
 
     def step_generation(self) -> None:
+        """One engine step (a prefill chunk or a decode step of the batch) as one ``step`` unit
+        of work, its chunks and task statuses sent."""
         assert self.engine is not None
         if not isinstance(self.status, RunnerRunning):
             self.set_status(RunnerRunning())
-        for chunk in self.engine.step():
+        with self.pulse.unit("step"):
+            self.faults.before_step()
+            chunks = self.engine.step()
+        for chunk in chunks:
             if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):
                 self.running_tasks.add(chunk.task_id)
                 self.send(TaskStatusMsg(chunk.task_id, "running"))

@@ -3,7 +3,8 @@
 Frames are ``u32 length (little-endian) | msgpack``, on two dedicated pipes (file
 descriptors passed to the runner), never on stdout/stderr, which libraries may write to.
 Supervisor → runner: ``RunnerSetup`` first, then ``Task``s. Runner → supervisor:
-``ToSupervisor`` messages; every message counts as a heartbeat.
+``ToSupervisor`` messages; every message counts as a sign of life, and ``HeartbeatMsg``
+(from a thread of its own, ``worker.runner.pulse``) also says what the runner is busy with.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ class TaskStatusMsg(msgspec.Struct, frozen=True, tag="task_status", tag_field="k
 
 
 class HeartbeatMsg(msgspec.Struct, frozen=True, tag="heartbeat", tag_field="kind"):
-    pass
+    """Sent every ``heartbeat_interval`` seconds by the runner's heartbeat thread
+    (``worker.runner.pulse``): ``busy`` the main thread's unit of work ("" waiting for input),
+    ``busy_for`` its age in seconds, ``longest_step`` the longest recent engine step in
+    seconds (warm-up steps included); the supervisor's stuck rule is ``worker.liveness``."""
+
+    busy: str = ""
+    busy_for: float = 0.0
+    longest_step: float = 0.0
 
 
 ToSupervisor = StatusMsg | ChunkMsg | TaskStatusMsg | HeartbeatMsg

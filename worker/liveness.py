@@ -1,0 +1,60 @@
+"""Whether a runner is dead or stuck (pure rules; docs/architecture.md#rules, runner liveness).
+
+Two separate questions, from the runner's messages (``worker.runner.pulse`` sends a heartbeat
+every second from a thread the compute does not block):
+
+- **silent**: nothing at all came from the runner for ``silence_bound`` seconds (10 s once
+  serving, 60 s while loading or warming up, when a library may hold the GIL for long). A
+  stopped (SIGSTOP), frozen or swapped-out process is silent however its work goes.
+- **stuck**: the heartbeats come, but one unit of work never ends. An engine step (a prefill
+  chunk or a decode step) or an agreement round is stuck past ``max(floor, factor × the
+  longest recent step)`` — the bound scales with the work a step measurably takes on this
+  machine and model (warm-up steps included), and the floor (45 s) leaves room for the machine
+  slowing down several-fold after those steps were measured. A rank blocked in a collective
+  whose peer vanished (a dropped link) is stuck this way. Loading is stuck when no layer
+  loaded for ``unit_bound`` (60 s), warm-up when no warm-up step ended for as long; handling a
+  message, the same.
+
+A runner that is only slow is never killed: its steps end, however long they take, as long as
+each stays within the bound its own history sets.
+"""
+
+from __future__ import annotations
+
+from worker.runner.protocol import HeartbeatMsg
+
+_LOADING_TAGS = ("idle", "connecting", "connected", "loading", "loaded", "warming_up")
+STEP_KINDS = ("step", "round")
+"""Units of work whose bound scales with the measured step time."""
+
+
+def silence_bound(status_tag: str, *, generating: float, loading: float) -> float:
+    """Seconds a runner whose status is ``status_tag`` may send nothing at all before it is
+    killed as silent: ``loading`` before it is ready, ``generating`` after."""
+    return loading if status_tag in _LOADING_TAGS else generating
+
+
+def step_bound(longest_step: float, *, floor: float, factor: float) -> float:
+    """Seconds one engine step or agreement round may last: ``max(floor, factor ×
+    longest_step)`` (``longest_step``: the longest recent step, seconds)."""
+    return max(floor, factor * longest_step)
+
+
+def stuck_reason(beat: HeartbeatMsg, age: float, *, floor: float, factor: float, unit_bound: float) -> str | None:
+    """Why a runner whose last heartbeat was ``beat``, received ``age`` seconds ago, is stuck;
+    None when it is not (idle, or its unit of work is within its bound)."""
+    if not beat.busy:
+        return None
+    busy_for = beat.busy_for + max(0.0, age)
+    if beat.busy in STEP_KINDS:
+        bound = step_bound(beat.longest_step, floor=floor, factor=factor)
+        if busy_for <= bound:
+            return None
+        what = "engine step" if beat.busy == "step" else "agreement round"
+        return (f"one {what} ran for {busy_for:.0f} s without ending (bound {bound:.0f} s: "
+                f"the larger of {floor:g} s and {factor:g} x its longest recent step, {beat.longest_step:.1f} s)")
+    if busy_for <= unit_bound:
+        return None
+    what = {"load": "while loading (no layer loaded)", "warmup": "while warming up (no warm-up step ended)",
+            "connect": "while connecting its ring"}.get(beat.busy, f"in one {beat.busy}")
+    return f"no progress for {busy_for:.0f} s {what} (bound {unit_bound:g} s)"
