@@ -130,3 +130,6 @@ class NodeConfig(msgspec.Struct):
     """API keys a client must present (``--api-key``/``--api-key-file``); empty = none needed."""
     cors_origins: list[str] = msgspec.field(default_factory=list)
     """Web origins browsers may call the API from (``--cors-origins``; ``*`` = any)."""
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """Host names the API answers besides IP addresses and ``localhost`` (``--allowed-hosts``;
+    ``*`` = any; ``exo_p2p.api.hosts``)."""

@@ -432,6 +432,7 @@ class Node:
     # --- main -----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from exo_p2p.api.access import AccessPolicy, is_loopback_host
+        from exo_p2p.api.hosts import bind_names
         from exo_p2p.api.app import create_app
         from exo_p2p.api.server import serve
         from exo_p2p.cluster.member import ClusterMember, ClusterSettings
@@ -481,7 +482,7 @@ class Node:
                 nursery.start_soon(self.worker.run)
                 await self._wait_joined(15.0)
                 log.debug("start-up", step="joined")
-                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins)
+                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)])
                 if not access.api_keys and not is_loopback_host(cfg.api_host):
                     warning = (
                         f"the API listens on {cfg.api_host} without an API key: anyone who reaches "

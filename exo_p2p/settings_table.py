@@ -135,6 +135,9 @@ _SETTINGS = (
             None, "FILE"),
     Setting("--cors-origins", "origins, repeatable", "Web origins browsers may call the API from, comma-separated "
             "or repeated; * = any", "cors_origins", "ORIGINS", repeatable=True),
+    Setting("--allowed-hosts", "names, repeatable", "Host names the API answers to besides IP addresses and "
+            "localhost (e.g. macbook.local), comma-separated or repeated; others get 403 (DNS-rebinding "
+            "protection); * = any", "allowed_hosts", "NAMES", repeatable=True),
     Setting("--join", "token", "Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is "
             "kept in the data dir: later starts need no flag)", None, "TOKEN"),
     Setting("--fault-hook", "KEY=VALUE, repeatable", "Tests only: KEY=VALUE fault injected into runners "

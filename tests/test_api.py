@@ -255,7 +255,7 @@ def run_api(body: Body, *, timeout: float = 10.0, **app_kwargs: Any) -> None:
             backend = FakeMaster(nursery)
             app = create_app(backend, **app_kwargs)
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(timeout):
                     await body(client, backend)
             nursery.cancel_scope.cancel()

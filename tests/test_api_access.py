@@ -87,16 +87,20 @@ def test_content_type_loopback_key_file_and_origin_parsing() -> None:
 def test_node_flags_build_the_policy(tmp_path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("# one a line\nfile-key\n")
-    cfg = build_node_config(data_dir=tmp_path, api_keys=["flag-key"], api_key_file=keys, cors_origins=["http://a.example,http://b.example"])
+    cfg = build_node_config(data_dir=tmp_path, api_keys=["flag-key"], api_key_file=keys, cors_origins=["http://a.example,http://b.example"],
+                            allowed_hosts=["MacBook.local.,nas", "nas"])
     assert sorted(cfg.api_keys) == ["file-key", "flag-key"]
     assert cfg.cors_origins == ["http://a.example", "http://b.example"]
+    assert cfg.allowed_hosts == ["macbook.local", "nas"]
     assert build_node_config(data_dir=tmp_path).api_keys == []
+    assert build_node_config(data_dir=tmp_path).allowed_hosts == []
     (tmp_path / "empty").write_text("\n# nothing\n")
     for kwargs, needle in [
         ({"api_key_file": tmp_path / "empty"}, "holds no key"),
         ({"api_key_file": tmp_path / "missing"}, "--api-key-file"),
         ({"api_keys": ["  "]}, "must not be empty"),
         ({"cors_origins": ["nota-url"]}, "--cors-origins"),
+        ({"allowed_hosts": ["http://macbook.local:52515"]}, "--allowed-hosts"),
     ]:
         with pytest.raises(CliError, match=needle) as info:
             build_node_config(data_dir=tmp_path, **kwargs)
@@ -259,13 +263,18 @@ def test_errors_retrying_cannot_fix_say_so_and_loading_keeps_retry_after() -> No
 def test_node_with_key_file_and_open_host_warning(tmp_path) -> None:
     keys = tmp_path / "keys"
     keys.write_text(KEY + "\n")
-    node = NodeProcess(tmp_path / "keyed", extra_args=["--api-key-file", str(keys), "--api-host", "127.0.0.1"])
+    node = NodeProcess(tmp_path / "keyed", extra_args=["--api-key-file", str(keys), "--api-host", "127.0.0.1",
+                                                       "--allowed-hosts", "box.test"])
     open_node = NodeProcess(tmp_path / "open", extra_args=["--api-host", "0.0.0.0"])
     try:
         node.start()
         assert node.get("/state").status_code == 401
         assert node.get("/state", headers={"authorization": f"Bearer {KEY}"}).status_code == 200
         assert node.get("/health").status_code == 200
+        # the Host rule (exo_p2p.api.hosts) comes before the key, and the flag widens it
+        rebound = node.get("/health", headers={"host": f"evil.test:{node.api_port}"})
+        assert rebound.status_code == 403 and "--allowed-hosts evil.test" in rebound.json()["error"]["message"]
+        assert node.get("/health", headers={"host": f"box.test:{node.api_port}"}).status_code == 200
         assert "without an API key" not in node.log_path.read_text()
         open_node.start()
         wait_until(lambda: "without an API key" in open_node.log_path.read_text(), timeout=10, what="open-API warning")

@@ -191,7 +191,7 @@ def test_hostile_requests_never_5xx_and_api_keeps_serving(requests: list[tuple[s
             backend = FakeMaster(nursery)
             app = create_app(backend, queue_limit=1)
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(30):
                     for method, path, params, body in requests:
                         r = await client.request(method, path, params=params, content=body, headers=JSON)
@@ -212,7 +212,7 @@ def test_every_endpoint_survives_10_mb_and_deep_nesting() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             app = create_app(FakeMaster(nursery))
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
                 with trio.fail_after(30):
                     for method, path in [("POST", "/v1/chat/completions"), ("POST", "/instances"), ("DELETE", "/instances/x")]:
                         for body in bodies:

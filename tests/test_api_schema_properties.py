@@ -161,7 +161,7 @@ def run_requests(requests: list[tuple[str, dict[str, Any]]]) -> None:
         async with trio.open_nursery() as nursery:
             backend = FakeMaster(nursery)
             transport = httpx.ASGITransport(app=create_app(backend, queue_limit=1))
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(60):
                     for path, body in requests:
                         data = json.dumps(body).encode()

@@ -362,7 +362,7 @@ def _delete(backend: _Backend, name: str) -> httpx.Response:
     app = Starlette(routes=model_routes(backend, 1 << 20), exception_handlers={ApiError: _api_error})
 
     async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
             return await c.delete(f"/models/{name}")
 
     return trio.run(go)
@@ -597,7 +597,7 @@ def test_a_second_pull_of_the_same_files_under_another_name_is_refused_with_409(
             backend = _Backend(depot)
             backend.pulls = pulls
             app = Starlette(routes=model_routes(backend, 1 << 20), exception_handlers={ApiError: _api_error})
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as c:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
                 assert (await c.post("/models/pull", json={"model": "tiny"})).status_code == 201
                 reply = await c.post("/models/pull", json={"model": "tiny-copy"})
                 assert reply.status_code == 409, reply.text

@@ -56,7 +56,7 @@ def test_count_tokens_beyond_its_concurrency_is_a_429_and_the_slots_come_back() 
         async with trio.open_nursery() as nursery:
             backend = SlowCounter(nursery)
             transport = httpx.ASGITransport(app=create_app(backend))
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(10):
                     answers: list[httpx.Response] = []
 

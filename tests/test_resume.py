@@ -139,7 +139,7 @@ def run_refusing(body: Any, refusals: list[ErrorInfo], *, timeout: float = 20.0,
             backend = RefusingMaster(nursery)
             backend.refusals = list(refusals)
             transport = httpx.ASGITransport(app=create_app(backend, **app_kwargs))
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(timeout):
                     await body(client, backend)
             nursery.cancel_scope.cancel()
@@ -369,7 +369,7 @@ def test_a_runner_error_on_a_healthy_instance_is_the_models_own() -> None:
             backend = HealthyInstance(nursery)
             backend.script, calls = _runner_error_script(0)
             transport = httpx.ASGITransport(app=create_app(backend, generation=GenerationSettings(fail_wait=1.0)))
-            async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                 with trio.fail_after(10):
                     t0 = trio.current_time()
                     r = await client.post("/v1/chat/completions", json=chat_body())

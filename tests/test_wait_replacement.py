@@ -67,7 +67,7 @@ def _run(body, *, replaces: str | None):  # type: ignore[no-untyped-def]
         async with trio.open_nursery() as nursery:
             backend = Replacing(nursery, replaces=replaces)
             app = create_app(backend)
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
                 with trio.fail_after(20):
                     await body(client, backend)
             nursery.cancel_scope.cancel()

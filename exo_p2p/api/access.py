@@ -1,15 +1,23 @@
-"""Who may use the API: API keys, CORS, and the refusal of cross-site requests.
+"""Who may use the API: the Host rule, API keys, CORS, and the refusal of cross-site requests.
 
-``AccessPolicy`` holds the settings (``--api-key``, ``--cors-origins``); ``AccessGuard`` is
-the ASGI middleware that applies them to every HTTP request before routing, answering in
-the error shape of the route's API family (``exo_p2p.api.errors.family_of``):
+``AccessPolicy`` holds the settings (``--api-key``, ``--cors-origins``, ``--allowed-hosts``);
+``AccessGuard`` is the ASGI middleware that applies them to every HTTP request before
+routing, in this order, answering in the error shape of the route's API family
+(``exo_p2p.api.errors.family_of``):
 
+0. A request whose ``Host`` header is not an IP literal, ``localhost``, a name given to
+   ``--allowed-hosts`` or the host of an origin given to ``--cors-origins`` gets 403
+   (``host_not_allowed``), with or without ``Origin``, on every path: a DNS-rebinding page
+   (same-origin for the browser, so no ``Origin`` on its GETs) cannot read anything. The
+   rule, its edge cases (no ``Host``, ports, IPv6, ``localhost.``, ``*``) and why:
+   ``exo_p2p.api.hosts``.
 1. A request whose ``Origin`` header is present and not allowed gets 403. Allowed: an origin
    listed in ``cors_origins`` (``*`` allows every origin), or the API's own origin — the
-   ``Origin`` equals ``http://<Host header>`` and that host is an IP literal or
-   ``localhost`` (so a page the node itself serves can call it, while a DNS-rebinding page,
-   whose host is a domain name, cannot). A web page on another site therefore cannot place,
-   delete or chat through the user's browser, even with a form post that needs no preflight.
+   ``Origin`` equals ``http(s)://<Host header>`` and that host is an IP literal,
+   ``localhost`` or a name given to ``--allowed-hosts`` (so a page the node itself serves
+   can call it, while a DNS-rebinding page, whose host is another name, cannot). A web page
+   on another site therefore cannot place, delete or chat through the user's browser, even
+   with a form post that needs no preflight.
 2. ``POST``/``PUT``/``PATCH`` bodies must be ``application/json`` (415 otherwise): a
    cross-site form post (``application/x-www-form-urlencoded``, ``multipart/form-data``,
    ``text/plain``) never reaches a route.
@@ -19,7 +27,9 @@ the error shape of the route's API family (``exo_p2p.api.errors.family_of``):
    ``x-api-key: KEY``. Missing or wrong → 401. Keys are compared in constant time.
 
 CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered by
-Starlette's ``CORSMiddleware``, placed outside this guard.
+Starlette's ``CORSMiddleware``, placed outside this guard (a preflight carries and returns
+no data; the request that follows it meets every rule here, and its refusal carries the CORS
+headers, so the calling page can show why).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.errors import error_info, family_error_response, family_of
+from exo_p2p.api.hosts import host_allowed, host_of, is_ip_or_localhost, parse_names, refusal_message
 from exo_p2p.types import ErrorInfo
 from exo_p2p.dashboard.routes import ASSET_PREFIX
 
@@ -54,18 +65,34 @@ class AccessPolicy:
 
     ``api_keys``: accepted keys (empty: no key needed); ``cors_origins``: origins allowed to
     call the API from a browser (``"*"`` = any; empty = none but the API's own);
-    ``public_paths``: paths that need no key.
+    ``allowed_hosts``: host names the API answers besides IP literals and ``localhost``
+    (``"*"`` = any; ``exo_p2p.api.hosts``); ``public_paths``: paths that need no key.
     """
 
     api_keys: frozenset[str] = frozenset()
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     public_paths: frozenset[str] = field(default=PUBLIC_PATHS)
 
+    @property
+    def host_names(self) -> frozenset[str]:
+        """Every name the ``Host`` rule allows besides IPs and ``localhost``: the
+        ``allowed_hosts`` and the hosts of the ``cors_origins`` (``*`` only when it is in
+        ``allowed_hosts``: a ``*`` origin allows no name)."""
+        names = set(self.allowed_hosts)
+        for origin in self.cors_origins:
+            host = host_of(urlsplit(origin).netloc) if origin != "*" else None
+            if host:
+                names.add(host)
+        return frozenset(names)
+
     @classmethod
-    def of(cls, api_keys: Iterable[str] = (), cors_origins: Iterable[str] = ()) -> AccessPolicy:
+    def of(cls, api_keys: Iterable[str] = (), cors_origins: Iterable[str] = (),
+           allowed_hosts: Iterable[str] = ()) -> AccessPolicy:
         """A policy from flag values: keys stripped (empty ones dropped), origins split on
-        commas, stripped, trailing ``/`` removed. Raises ``ValueError`` for an origin that is
-        not ``*`` or ``scheme://host[:port]``."""
+        commas, stripped, trailing ``/`` removed, host names as ``hosts.parse_names`` gives
+        them. Raises ``ValueError`` for an origin that is not ``*`` or
+        ``scheme://host[:port]``, or a host that is not a name or ``*``."""
         keys = frozenset(k.strip() for k in api_keys if k.strip())
         origins: list[str] = []
         for item in cors_origins:
@@ -78,7 +105,7 @@ class AccessPolicy:
                     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
                         raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port], e.g. http://localhost:3000")
                 origins.append(origin)
-        return cls(api_keys=keys, cors_origins=tuple(dict.fromkeys(origins)))
+        return cls(api_keys=keys, cors_origins=tuple(dict.fromkeys(origins)), allowed_hosts=parse_names(allowed_hosts))
 
 
 def read_api_key_file(text: str) -> list[str]:
@@ -98,35 +125,20 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def _host_name(netloc: str) -> str:
-    """The host of ``host[:port]`` / ``[v6][:port]``, without brackets and port."""
-    if netloc.startswith("["):
-        return netloc[1:].split("]", 1)[0]
-    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
-
-
-def _is_ip_or_localhost(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def origin_allowed(origin: str, host_header: str | None, cors_origins: Iterable[str]) -> bool:
+def origin_allowed(origin: str, host_header: str | None, cors_origins: Iterable[str],
+                   allowed_hosts: Iterable[str] = ()) -> bool:
     """Rule 1 of the module docstring: may a browser page of ``origin`` call this API,
-    reached as ``host_header``?"""
+    reached as ``host_header``, given the ``--allowed-hosts`` names ``allowed_hosts``?"""
     allowed = tuple(cors_origins)
     origin = origin.strip().rstrip("/")
     if "*" in allowed or origin in allowed:
         return True
-    if host_header:
-        for scheme in ("http", "https"):
-            if origin == f"{scheme}://{host_header.strip()}" and _is_ip_or_localhost(_host_name(host_header.strip())):
-                return True
-    return False
+    host = host_of(host_header) if host_header else None
+    if host is None:
+        return False
+    names = frozenset(allowed_hosts)
+    own = is_ip_or_localhost(host) or host in names or "*" in names
+    return own and origin.lower() in (f"http://{host_header.strip().lower()}", f"https://{host_header.strip().lower()}")
 
 
 def is_json_content_type(value: str | None) -> bool:
@@ -166,6 +178,7 @@ class AccessGuard:
     def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
         self.app = app
         self.policy = policy
+        self._host_names = policy.host_names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,8 +195,11 @@ class AccessGuard:
         await self.app(scope, receive, send)
 
     def _problem(self, path: str, method: str, headers: Headers, family: str) -> ErrorInfo | None:
+        host = headers.get("host")
+        if not host_allowed(host, self._host_names):
+            return error_info(403, refusal_message(host or ""), code="host_not_allowed")
         origin = headers.get("origin")
-        if origin is not None and not origin_allowed(origin, headers.get("host"), self.policy.cors_origins):
+        if origin is not None and not origin_allowed(origin, host, self.policy.cors_origins, self.policy.allowed_hosts):
             return error_info(
                 403,
                 f"requests from origin {origin[:200]!r} are not allowed; start the node with --cors-origins to allow a web origin",

@@ -201,6 +201,10 @@ def node(
         Optional[list[str]],
         node_option("--cors-origins"),
     ] = None,
+    allowed_hosts: Annotated[
+        Optional[list[str]],
+        node_option("--allowed-hosts"),
+    ] = None,
     join: Annotated[
         Optional[str],
         node_option("--join"),
@@ -247,6 +251,7 @@ def node(
         api_keys=values["api_key"],
         api_key_file=values["api_key_file"],
         cors_origins=values["cors_origins"],
+        allowed_hosts=values["allowed_hosts"],
         join=values["join"],
         cpu_weights=values["cpu_weights"],
     )

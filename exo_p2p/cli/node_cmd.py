@@ -45,6 +45,7 @@ def build_node_config(
     api_keys: list[str] | None = None,
     api_key_file: Path | None = None,
     cors_origins: list[str] | None = None,
+    allowed_hosts: list[str] | None = None,
     join: str | None = None,
     cpu_weights: str | None = None,
 ) -> NodeConfig:
@@ -54,14 +55,14 @@ def build_node_config(
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
     a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist
     or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
-    ``api_key_file``, a malformed CORS origin, or an engine setting out of range. The four
+    ``api_key_file``, a malformed CORS origin or allowed host name, or an engine setting out of range. The four
     engine settings (``prefill_chunk_size`` tokens, ``max_batch`` sequences,
     ``prompt_cache_bytes`` and ``kv_cache_bytes`` bytes) become ``NodeConfig.engine``.
     ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
     ``exo_p2p.cli.membership``.
     """
     given: dict = {}
-    given.update(_access_flags(api_keys, api_key_file, cors_origins))
+    given.update(_access_flags(api_keys, api_key_file, cors_origins, allowed_hosts))
     if memory_limit is not None:
         try:
             given["memory_limit"] = parse_bytes(memory_limit)
@@ -158,10 +159,13 @@ def _engine_settings(
         raise CliError(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}", 2) from None
 
 
-def _access_flags(api_keys: list[str] | None, api_key_file: Path | None, cors_origins: list[str] | None) -> dict:
-    """``api_keys``/``cors_origins`` of ``NodeConfig`` from ``--api-key`` (repeatable),
-    ``--api-key-file`` (one key a line) and ``--cors-origins`` (comma-separated, repeatable)."""
+def _access_flags(api_keys: list[str] | None, api_key_file: Path | None, cors_origins: list[str] | None,
+                  allowed_hosts: list[str] | None = None) -> dict:
+    """``api_keys``/``cors_origins``/``allowed_hosts`` of ``NodeConfig`` from ``--api-key``
+    (repeatable), ``--api-key-file`` (one key a line), ``--cors-origins`` and
+    ``--allowed-hosts`` (comma-separated, repeatable)."""
     from exo_p2p.api.access import AccessPolicy, read_api_key_file
+    from exo_p2p.api.hosts import parse_names
 
     keys = [k.strip() for k in api_keys or [] if k.strip()]
     if api_keys and not keys:
@@ -178,11 +182,17 @@ def _access_flags(api_keys: list[str] | None, api_key_file: Path | None, cors_or
         policy = AccessPolicy.of(keys, cors_origins or [])
     except ValueError as e:
         raise CliError(f"--cors-origins: {e}", 2) from None
+    try:
+        hosts = parse_names(allowed_hosts or [])
+    except ValueError as e:
+        raise CliError(f"--allowed-hosts: {e}", 2) from None
     out: dict = {}
     if keys:
         out["api_keys"] = sorted(policy.api_keys)
     if policy.cors_origins:
         out["cors_origins"] = list(policy.cors_origins)
+    if hosts:
+        out["allowed_hosts"] = list(hosts)
     return out
 
 

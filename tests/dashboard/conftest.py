@@ -18,7 +18,9 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(request):
+    """Chromium with ``CHROMIUM_ARGS`` and the test module's ``CHROMIUM_EXTRA_ARGS`` (a list of
+    launch args, e.g. ``--host-resolver-rules=...``), if it has any."""
     if not CHROMIUM.exists():
         # scripts/install.sh --test installs it wherever it can (root with apt): there a missing
         # browser is a broken set-up, not a reason to skip.
@@ -27,7 +29,8 @@ def browser():
         pytest.skip(f"no chromium at {CHROMIUM} (install Debian's chromium package as root)")
     from playwright import sync_api
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        extra = list(getattr(request.module, "CHROMIUM_EXTRA_ARGS", ()))
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, *extra])
         try:
             yield b
         finally:
