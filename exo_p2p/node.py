@@ -67,6 +67,7 @@ class Node:
         Raises ``OSError`` when the data dir cannot be read."""
         from exo_p2p.cluster.member import ClusterMember, MasterHooks
         from exo_p2p.models.store import ModelStore
+        from exo_p2p.models.token_count import TokenCounter
         from exo_p2p.net import Network, load_or_create_identity, new_boot_id
         from master.role import MasterRole
         from worker.worker import Worker
@@ -112,6 +113,10 @@ class Node:
         self.replica.listeners.append(self.router.on_event)
         self.replica.snapshot_listeners.append(lambda _s: self.worker.wake())
         self.replica.listeners.append(lambda _e, _s: self.worker.wake())
+        # tokenizers for counting tokens, loaded while an instance placed here loads
+        self.tokens = TokenCounter(self.store.resolve)
+        self.replica.snapshot_listeners.append(lambda _s: self.tokens.wake())
+        self.replica.listeners.append(lambda _e, _s: self.tokens.wake())
         # the master role, driven by the cluster member while this node is master
         self.master: MasterRole | None = None
         self.hooks = MasterHooks(
@@ -387,31 +392,10 @@ class Node:
 
     async def count_tokens(self, model_id: str, params) -> int:  # type: ignore[no-untyped-def]
         """``ApiBackend.count_tokens``: the prompt of ``params`` tokenized with the tokenizer of
-        this node's copy of ``model_id`` (loaded once, in a thread). Raises ``KeyError`` when
-        the model is not stored here, ``ValueError`` when its chat template fails."""
-        from exo_p2p.models.errors import ModelNotFoundError
-
-        cache: dict = self.__dict__.setdefault("_tokenizers", {})
-        tokenizer = cache.get(model_id)
-        if tokenizer is None:
-            from mlx_lm.utils import load_tokenizer
-
-            try:
-                path = await trio.to_thread.run_sync(self.store.resolve, model_id)
-            except ModelNotFoundError:
-                raise KeyError(model_id) from None
-            tokenizer = cache[model_id] = await trio.to_thread.run_sync(load_tokenizer, path)
-
-        def count() -> int:
-            if params.prompt is not None:
-                return len(tokenizer.encode(params.prompt))
-            messages = [{"role": m.role, "content": m.content} for m in params.messages]
-            try:
-                return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-            except Exception as e:  # noqa: BLE001 - a template error is the request's problem
-                raise ValueError(f"the chat template of model {model_id} failed: {e}") from None
-
-        return await trio.to_thread.run_sync(count)
+        this node's copy of ``model_id`` (kept, and loaded at placement: ``exo_p2p.models.token_count``).
+        Raises ``KeyError`` when the model is not stored here, ``ValueError`` when its chat
+        template fails."""
+        return await self.tokens.count(model_id, params)
 
     async def _fetch_shard(self, instance, shard, on_progress) -> Path:  # type: ignore[no-untyped-def]
         """The worker's ``FetchShard``: this rank's chunks from the peers holding the model
@@ -480,6 +464,7 @@ class Node:
                                          nursery, self.models_changed)
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
+                nursery.start_soon(self.tokens.run, self.state, self.node_id, self.boot_id)
                 await self._wait_joined(15.0)
                 log.debug("start-up", step="joined")
                 access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)])

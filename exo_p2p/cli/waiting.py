@@ -1,7 +1,7 @@
 """Wait for a placed instance to be ready, showing its phase (preparing, downloading shards,
-connecting ranks, loading layers, warming up) as a progress bar whose clock keeps running
-until the instance is ready: bytes fetched / total and the speed while some rank fetches its
-shard from peers (docs/models.md), then layers loaded / total."""
+starting runners, connecting ranks, loading layers, warming up) as a progress bar whose clock
+keeps running until the instance is ready: bytes fetched / total and the speed while some
+rank fetches its shard from peers (docs/models.md), then layers loaded / total."""
 
 from __future__ import annotations
 
@@ -22,14 +22,19 @@ POLL_INTERVAL = 0.5
 
 
 PHASES = (
-    ("preparing", ("pending",)),  # importing the model file if needed, starting runners
+    ("preparing", ("pending",)),  # importing the model file if needed
     ("downloading shards", ("downloading",)),  # a node lacking the model fetches its shard
-    ("connecting ranks", ("idle", "connecting", "connected")),
+    # a runner process is up and imports MLX and mlx-lm (seconds on a busy machine); a rank
+    # of a multi-rank instance also waits there for the other ranks' runners
+    ("starting runners", ("idle",)),
+    ("connecting ranks", ("connecting", "connected")),  # the ranks' ring: multi-rank instances only
     ("loading layers", ("loading",)),
     ("warming up", ("loaded", "warming_up")),
     ("ready", ("ready", "running")),
 )
-"""Phases of a loading instance, in order, with the runner statuses that are in each."""
+"""Phases of a loading instance, in order, with the runner statuses that are in each. A
+single-rank runner goes from idle to loading (``worker.plan``), so its instance never shows
+"connecting ranks"."""
 
 
 def instance_phase(instance: dict) -> str:
