@@ -308,14 +308,16 @@ class RunnerProcess:
         self.set_status(RunnerConnected())
 
     def load(self, faults: RunnerFaults) -> None:
-        import mlx.core as mx
-
-        from worker.engine.loader import LoadProgress, load_model
-
+        """Load this rank's layers, reporting ``RunnerLoading`` from the start (the imports of
+        MLX and mlx-lm below take seconds on a busy machine: that is loading too)."""
         assert self.setup is not None
         shard = self.setup.shard
         total = shard.end_layer - shard.start_layer
         self.set_status(RunnerLoading(0, total))
+        import mlx.core as mx
+
+        from worker.engine.loader import LoadProgress, load_model
+
         faults.at(STAGE_LOADING)
         loaded = None
         tensor_group = self.group if self.multi and self.setup.instance.sharding == "tensor" else None
