@@ -9,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.runner_output import MAX_LINE_CHARS, OutputRelay
+from worker.runner_output import MAX_LINE_CHARS, OutputRelay, ring_failure
 
 FIELDS = {"runner_id": "r0", "pid": 42, "node": "alpha"}
 
@@ -81,3 +81,28 @@ def test_every_relayed_line_is_one_json_object_whatever_the_splits(lines: list[s
         assert isinstance(json.loads(line), dict)
     # every non-blank line came through (no rate limit reached here)
     assert len(out) == sum(1 for x in "\n".join(lines).split("\n") if x.strip())
+
+
+def test_console_format_passes_lines_unchanged_within_the_same_bounds() -> None:
+    out: list[str] = []
+    clock = Clock()
+    r = OutputRelay(out.append, FIELDS, max_lines_per_second=2, clock=clock, raw=True)
+    r.feed(b"[ring] one\n[ring] two\n[ring] three\n")
+    clock.now += 1
+    r.feed(b"after\n")
+    assert out == ["[ring] one\n", "[ring] two\n", "runner output suppressed: 1 lines\n", "after\n"]
+
+
+def test_every_line_is_watched_even_when_suppressed_and_a_ring_giving_up_is_recognised() -> None:
+    """MLX's ring prints this after 10 send/recv errors on a socket: that socket's thread is
+    gone, so the supervisor fails the runner at once (worker/supervisor.py) instead of
+    waiting for a collective that never ends to count as stuck."""
+    seen: list[str] = []
+    r = OutputRelay(lambda _: None, FIELDS, max_lines_per_second=1, clock=Clock(), on_line=seen.append)
+    lines = ["[ring] Socket 5 was closed by the peer"] * 10 + ["[ring] Too many send/recv errors. Failing pending tasks..."]
+    r.feed("\n".join(lines).encode() + b"\n")
+    assert seen == lines  # 10 of them were suppressed from the log, none from the watcher
+    assert [ring_failure(line) for line in seen].count(None) == 10
+    assert ring_failure(seen[-1]) == "[ring] Too many send/recv errors. Failing pending tasks..."
+    assert ring_failure("[ring] Too many send/recv errors. Aborting...") is not None
+    assert ring_failure("warning: something else") is None

@@ -14,6 +14,12 @@ feeds what arrives to an ``OutputRelay``:
   (a C library printing in a loop while a peer rank dies cannot swamp the node's event loop
   or its log).
 
+With the console log format (``raw=True``) lines pass unchanged, under the same bounds. In
+both formats every line, written or suppressed, is also shown to ``on_line``: the supervisor
+learns there that MLX's ring gave up on a socket (``ring_failure``: that socket's thread is
+gone for good and any collective still to come on it would wait forever, so the runner is
+failed at once; docs/architecture.md#rules, runner supervision).
+
 The relay is pure bookkeeping (``feed`` / ``close`` with a clock you pass in), so it is
 tested without processes; the supervisor owns the pipe.
 """
@@ -28,6 +34,15 @@ MAX_LINE_CHARS = 4096
 """Characters of one runner output line kept in its record (the rest is cut)."""
 MAX_LINES_PER_SECOND = 100
 """Runner output lines written per second at most; beyond that they are counted."""
+RING_GAVE_UP = ("[ring] Too many send/recv errors",)
+"""How MLX's ring backend says it stopped a socket's thread after repeated errors (its
+pending collectives fail, later ones on that socket never end)."""
+
+
+def ring_failure(line: str) -> str | None:
+    """``line`` (a runner's output line) when it says MLX's ring gave up on a socket, cut to
+    200 characters; None otherwise."""
+    return line.strip()[:200] if any(marker in line for marker in RING_GAVE_UP) else None
 
 
 class OutputRelay:
@@ -35,6 +50,7 @@ class OutputRelay:
 
     ``write(text)`` receives whole lines ending in a newline. ``fields`` are added to every
     wrapped record (``runner_id``, ``pid``, ``node``). ``clock()`` is seconds (monotonic).
+    ``raw``: lines pass unchanged (the console format); ``on_line(text)`` sees every line.
     """
 
     def __init__(
@@ -44,8 +60,12 @@ class OutputRelay:
         *,
         max_lines_per_second: int = MAX_LINES_PER_SECOND,
         clock: Callable[[], float] = time.monotonic,
+        raw: bool = False,
+        on_line: Callable[[str], None] | None = None,
     ) -> None:
         self._write = write
+        self._raw = raw
+        self._on_line = on_line
         self._fields = dict(fields)
         self._limit = max_lines_per_second
         self._clock = clock
@@ -77,6 +97,8 @@ class OutputRelay:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         if not text.strip():
             return
+        if self._on_line is not None:
+            self._on_line(text)
         window = int(self._clock())
         if window != self._window:
             self._window, self._written = window, 0
@@ -86,14 +108,14 @@ class OutputRelay:
             self._unsaid += 1
             return
         self._written += 1
-        self._write(_as_json_line(text, self._fields))
+        self._write(text[:MAX_LINE_CHARS] + "\n" if self._raw else _as_json_line(text, self._fields))
 
     def _say_suppressed(self) -> None:
         if self._unsaid:
             record = {"event": "runner output suppressed", "lines": self._unsaid, "level": "warning",
                       "timestamp": _now(), **self._fields}
             self._unsaid = 0
-            self._write(json.dumps(record) + "\n")
+            self._write(f"runner output suppressed: {record['lines']} lines\n" if self._raw else json.dumps(record) + "\n")
 
 
 def _as_json_line(text: str, fields: dict[str, object]) -> str:

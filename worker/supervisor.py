@@ -1,7 +1,8 @@
 """Runner supervision: start a runner subprocess, relay its messages, notice its death.
 
 One ``RunnerSupervisor`` per runner. It turns the runner's messages into events (runner
-status, task status) and chunks, kills a runner that is silent or stuck (``worker.liveness``:
+status, task status) and chunks, kills a runner whose ring gave up (``worker.runner_output``)
+or that is silent or stuck (``worker.liveness``:
 nothing heard for 10 s once serving, 60 s before; one step running past the larger of 45 s
 and 5 × its longest recent step; no layer loaded for 60 s), and reports ``Failed`` with
 the reason when the process dies on its own. Closing the node's end of the task pipe makes
@@ -51,7 +52,7 @@ from exo_p2p.types import (
     TokenChunk,
 )
 from worker.liveness import silence_bound, stuck_reason
-from worker.runner_output import OutputRelay
+from worker.runner_output import OutputRelay, ring_failure
 from worker.runner.protocol import (
     MAX_FRAME,
     ChunkMsg,
@@ -133,6 +134,7 @@ class RunnerSupervisor:
         self._silent_loading = silent_loading
         self._stuck_bounds = {"floor": step_floor, "factor": step_factor, "unit_bound": unit_bound}
         self._beat: tuple[HeartbeatMsg, float] | None = None  # the last heartbeat, when it came
+        self._ring_failed: str | None = None  # MLX's line saying the ring gave up on a socket
         self.exited = trio.Event()
 
     @property
@@ -146,22 +148,20 @@ class RunnerSupervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the runner and supervise it until it exits. Cancelling this kills it.
 
-        With the node's JSON log format the runner's fds 1 and 2 are a pipe whose lines are
-        relayed as JSON log lines (``worker.runner_output``); otherwise they are the node's."""
+        The runner's fds 1 and 2 are a pipe whose lines are relayed to the node's log, as JSON
+        lines with the node's JSON log format, unchanged otherwise, and watched for MLX's ring
+        giving up (``worker.runner_output``)."""
         async with trio.open_nursery() as relays:
-            output_r, output_w = os.pipe() if self._json_output() else (None, None)
+            output_r, output_w = os.pipe()
             try:
                 await self._start_process(output_w)
             except BaseException:
-                if output_r is not None:
-                    os.close(output_r)
+                os.close(output_r)
                 self._writable.set()  # sends now fail at once (no process), never wait
                 raise
             finally:
-                if output_w is not None:
-                    os.close(output_w)
-            if output_r is not None:
-                relays.start_soon(self._relay_output, trio.lowlevel.FdStream(output_r))
+                os.close(output_w)
+            relays.start_soon(self._relay_output, trio.lowlevel.FdStream(output_r))
             await self._supervise(task_status)
             relays.cancel_scope.deadline = trio.current_time() + RUNNER_OUTPUT_DRAIN  # EOF comes with the exit
 
@@ -209,8 +209,13 @@ class RunnerSupervisor:
             out.write(line)
             out.flush()
 
+        def watch(line: str) -> None:
+            if self._ring_failed is None:
+                self._ring_failed = ring_failure(line)
+
         fields = {"runner_id": self.runner_id, "pid": self.pid, "node": self._log_settings().get("node")}
-        relay = OutputRelay(write, {k: v for k, v in fields.items() if v is not None})
+        relay = OutputRelay(write, {k: v for k, v in fields.items() if v is not None},
+                            raw=not self._json_output(), on_line=watch)
         try:
             while True:
                 try:
@@ -330,6 +335,9 @@ class RunnerSupervisor:
         """Why the runner must be killed now (silent or stuck, ``worker.liveness``), or None."""
         if isinstance(self.status, TERMINAL_STATUSES):
             return None
+        if self._ring_failed is not None:
+            log.error("runner's ring failed; killing it", runner_id=self.runner_id, line=self._ring_failed)
+            return f"its ring failed ({self._ring_failed}); killed"
         now = trio.current_time()
         bound = silence_bound(_tag(self.status), generating=self._silent_generating, loading=self._silent_loading)
         silent = now - self._last_heard
