@@ -456,7 +456,7 @@ class Node:
                 log.debug("start-up", step="member running")
                 await self._load_models()
                 log.debug("start-up", step="models listed")
-                await nursery.start(self.depot.run, net, cfg.listen_host)  # models travel: docs/models.md
+                await nursery.start(self.depot.run, net)  # models travel: docs/models.md
                 log.debug("start-up", step="depot running")
                 from exo_p2p.models.pulls import PullManager
 

@@ -35,7 +35,8 @@ import numpy as np
 import structlog
 import trio
 
-from exo_p2p.models.bulk import BulkServer, bulk_chunk_getter
+from exo_p2p.models.bulk import BulkServer
+from exo_p2p.models.bulk_client import bulk_chunk_getter
 from exo_p2p.models.fetch import FetchLimits, fetch_chunks
 from exo_p2p.models.manifest import MAX_CHUNK_BYTES, build_manifest, shard_chunks
 from exo_p2p.models.partial import PartialModel
@@ -81,7 +82,7 @@ async def _holder(args: argparse.Namespace) -> None:
         async with open_host(config) as net, trio.open_nursery() as nursery:
             server.register(net)
             bulk.register(net)
-            await nursery.start(bulk.run, "127.0.0.1")
+            await nursery.start(bulk.run, ["127.0.0.1"])
             nursery.start_soon(serve_tcp)
             print(json.dumps({"addrs": net.listen_addrs(), "node_id": net.node_id,
                               "tcp_port": listener.getsockname()[1]}), flush=True)

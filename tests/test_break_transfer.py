@@ -392,7 +392,8 @@ def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Pa
 def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> None:
     """A holder announcing a 1 TiB reply used to have the fetcher buffer whatever it sent
     (until memory or the 30 s chunk bound ran out)."""
-    from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkConnection, BulkError, BulkTicket
+    from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkError, BulkTicket
+    from exo_p2p.models.bulk_client import BulkConnection
     from exo_p2p.models.peer_transfer import ChunkRequest
 
     sent = [0]

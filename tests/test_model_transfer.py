@@ -298,7 +298,8 @@ class FakeNet:
 
 @pytest.mark.integration
 def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Path, model: Path) -> None:
-    from exo_p2p.models.bulk import BulkConnection, BulkError, BulkServer, bulk_chunk_getter
+    from exo_p2p.models.bulk import BulkError, BulkServer
+    from exo_p2p.models.bulk_client import BulkConnection, bulk_chunk_getter
     from exo_p2p.models.peer_transfer import ChunkRequest, LocalModel
 
     m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
@@ -307,7 +308,7 @@ def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Pat
 
     async def main():
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.run, "127.0.0.1")
+            await nursery.start(server.run, ["127.0.0.1"])
             get, close = bulk_chunk_getter(FakeNet(server), m.digest, timeout=5.0)
             wanted = shard_chunks(m, start_layer=0, end_layer=4, n_layers=4, tied=False)
             with PartialModel(tmp_path / "c", m) as p:

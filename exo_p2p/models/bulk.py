@@ -15,28 +15,47 @@ cluster's authenticated channel decides who may open one:
    ``ChunkRequest`` of the ticket's digest) and reads replies (1 status byte, 8-byte length,
    then the chunk bytes, or a UTF-8 error message when the status is not 0), one at a time.
 
+Where it listens: on the IPv4 addresses the node's libp2p host listens on (``listen_hosts``:
+every concrete interface for ``--listen-host 0.0.0.0``, else that one address), one port for
+all of them, never the wildcard: the bulk port is reachable exactly where the cluster is. In a
+closed cluster a host without the secret reaches that port but never gets a ticket (tickets
+travel over the PSK-private libp2p channel); in an open cluster any host can join and ask.
+
+Admission, so that connections without a ticket cannot starve ticket holders:
+
+- on Linux a connection that has sent nothing reaches the node only after ``DEFER_ACCEPT``
+  (10 s, ``TCP_DEFER_ACCEPT``); a fetcher sends its token right after connecting;
+- a connection then waits, as *unredeemed*, at most ``TICKET_WAIT`` (2 s) for its token; at
+  most ``MAX_UNREDEEMED`` (64) wait at once, and a new connection arriving when 64 wait closes
+  the oldest waiting one (a fetcher's token is read as soon as it is accepted, so a flood
+  evicts itself, not the fetcher); while 64 wait, accepts are paced to one per
+  ``FULL_ACCEPT_PAUSE`` (2 ms), so a flood that reconnects at once costs bounded CPU and a
+  fetcher waits at most its place in the accept queue times 2 ms;
+- only a redeemed ticket takes one of the ``MAX_CONNECTIONS`` (16) serving slots; a ticket
+  holder finding them all taken is closed (its fetcher falls back to the libp2p stream,
+  ``exo_p2p.models.bulk_client``).
+
 Integrity does not rest on the TCP path: every chunk is checked against the manifest's hash
 on arrival (``PartialModel.write_chunk``), whatever path carried it. The bytes are not
 encrypted on this path (they are the model's weights, which the manifest names anyway).
-Bounds: a connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed; at most
-``MAX_CONNECTIONS`` bulk connections are served at once (more are closed on arrival); a reply
-announcing more than ``MAX_CHUNK_BYTES`` (no chunk or error message is longer) fails that
-request before a byte of it is read, so a hostile holder cannot make the fetcher buffer
-without bound.
+Bounds: a serving connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed; a
+request longer than ``MAX_REQUEST_BYTES`` closes it. The client side (connections, limits on
+replies, the fall-back to libp2p) is ``exo_p2p.models.bulk_client``.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 import structlog
 import trio
 
-from exo_p2p.models.manifest import MAX_CHUNK_BYTES
 from exo_p2p.models.peer_transfer import ChunkRequest, ChunkSource
 
 log = structlog.get_logger(__name__)
@@ -44,8 +63,21 @@ log = structlog.get_logger(__name__)
 TICKET_PROTOCOL = "/exo-p2p/model-bulk-ticket/1"
 TOKEN_BYTES = 32
 TICKET_TTL = 30.0
+"""Seconds a ticket may wait before its connection presents it."""
+TICKET_WAIT = 2.0
+"""Seconds a new connection has to present its token (a fetcher sends it at once)."""
 IDLE_TIMEOUT = 60.0
+"""Seconds a serving connection may stay silent between two requests."""
 MAX_CONNECTIONS = 16
+"""Connections with a redeemed ticket served at once."""
+MAX_UNREDEEMED = 64
+"""Connections waiting to present a token at once; a newer one closes the oldest."""
+DEFER_ACCEPT = 10.0
+"""Linux: the kernel hands a connection to the node only once it has sent a byte, or after
+about this many seconds (``TCP_DEFER_ACCEPT``): silent connections cost no place at all."""
+FULL_ACCEPT_PAUSE = 0.002
+"""Seconds between two accepts while ``MAX_UNREDEEMED`` connections wait (at most 500
+evictions a second: a flood that reconnects at once gets bounded CPU)."""
 _LEN = struct.Struct(">I")
 _REPLY = struct.Struct(">BQ")
 MAX_REQUEST_BYTES = 64 * 1024
@@ -59,33 +91,101 @@ class BulkTicket(msgspec.Struct, frozen=True, array_like=True):
 
 
 class BulkError(RuntimeError):
-    """The bulk connection failed or the holder refused a chunk (message says why)."""
+    """The bulk path failed: no ticket, the connection was refused, broke, stalled or carried a
+    malformed reply (message says why). The fetcher falls back to the libp2p stream."""
 
 
-async def _receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+class BulkRefused(BulkError):
+    """The holder answered a chunk request with an error (its message): an answer, not a
+    failure of the path; the libp2p stream would give the same one."""
+
+
+async def _receive_exactly(stream: trio.abc.ReceiveStream, n: int, *, stall: float = math.inf) -> bytes:
+    """``n`` bytes from ``stream``; raises ``BulkError`` when it closes first or sends nothing
+    for ``stall`` seconds."""
     buf = bytearray()
     while len(buf) < n:
-        part = await stream.receive_some(min(n - len(buf), 4 << 20))
+        with trio.move_on_after(stall) as waited:
+            part = await stream.receive_some(min(n - len(buf), 4 << 20))
+        if waited.cancelled_caught:
+            raise BulkError(f"nothing received for {stall} s after {len(buf)} of {n} bytes")
         if not part:
             raise BulkError(f"connection closed after {len(buf)} of {n} bytes")
         buf += part
     return bytes(buf)
 
 
+def listen_hosts(addrs: Sequence[str]) -> list[str]:
+    """The IPv4 addresses, in order and without repeats, of libp2p listen multiaddrs
+    ``/ip4/A/tcp/P/...`` (what the bulk listener binds); ``["127.0.0.1"]`` when there is none.
+    A wildcard ``0.0.0.0`` is never returned."""
+    out: list[str] = []
+    for addr in addrs:
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0" and parts[2] not in out:
+            out.append(parts[2])
+    return out or ["127.0.0.1"]
+
+
+async def open_listeners(hosts: Sequence[str], *, attempts: int = 5) -> list[trio.SocketListener]:
+    """One TCP listener per IPv4 address of ``hosts``, all on one free port (the ticket names
+    one port), with ``DEFER_ACCEPT`` where the OS has it. Retries with another port when a later address finds the first's taken; raises
+    ``OSError`` after ``attempts`` tries or when an address cannot be bound at all."""
+    for attempt in range(attempts):
+        listeners: list[trio.SocketListener] = []
+        try:
+            for host in hosts:
+                port = listeners[0].socket.getsockname()[1] if listeners else 0
+                listeners += await trio.open_tcp_listeners(port, host=host)
+            for listener in listeners if hasattr(socket, "TCP_DEFER_ACCEPT") else []:  # Linux
+                listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, int(DEFER_ACCEPT))
+            return listeners
+        except OSError:
+            for listener in listeners:
+                await listener.aclose()
+            if attempt + 1 >= attempts or not listeners:
+                raise
+    raise OSError("no port free on every listen address")  # not reached: attempts >= 1
+
+
+class _Paced(trio.abc.Listener[trio.SocketStream]):
+    """A listener that accepts at most one connection per ``FULL_ACCEPT_PAUSE`` seconds while
+    ``full()``: a flood that is closed and reconnects at once cannot spin the node's CPU."""
+
+    def __init__(self, inner: trio.SocketListener, full: Callable[[], bool]) -> None:
+        self.inner, self.full = inner, full
+
+    async def accept(self) -> trio.SocketStream:
+        if self.full():
+            await trio.sleep(FULL_ACCEPT_PAUSE)
+        return await self.inner.accept()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class BulkServer:
     """Serves chunks of ``sources(digest)`` on a TCP port to holders of a valid ticket.
 
-    ``register(net)`` serves ``TICKET_PROTOCOL``; ``run(listen_host)`` (in a nursery) accepts
-    connections; ``port`` is known once ``run`` has started (``nursery.start``).
+    ``register(net)`` serves ``TICKET_PROTOCOL``; ``run(hosts)`` (in a nursery) accepts
+    connections on those IPv4 addresses (``listen_hosts``); ``port`` is known once ``run`` has
+    started (``nursery.start``). Admission (module docstring): at most ``MAX_UNREDEEMED``
+    connections wait ``TICKET_WAIT`` s for a token, the oldest closed first; only redeemed ones
+    take one of ``MAX_CONNECTIONS`` serving slots. ``counts`` says how many connections were
+    served, ``evicted`` (closed waiting for a token to make room), ``no_ticket`` (none or a bad
+    one in time) and ``busy`` (a valid ticket, every slot taken).
     """
 
     def __init__(self, sources: Callable[[str], ChunkSource | None], *, clock: Callable[[], float] = time.monotonic) -> None:
         self._sources = sources
         self._clock = clock
         self._tickets: dict[bytes, tuple[str, str, float]] = {}  # token -> (peer, digest, expiry)
-        self._open = 0
+        self._serving = 0
+        self._waiting: dict[object, trio.CancelScope] = {}  # oldest first
         self.port = 0
+        self.hosts: list[str] = []
         self.bytes_served = 0
+        self.counts = {"served": 0, "evicted": 0, "no_ticket": 0, "busy": 0}
 
     def register(self, net) -> None:  # type: ignore[no-untyped-def]
         net.set_request_handler(TICKET_PROTOCOL, self.serve_ticket)
@@ -114,124 +214,79 @@ class BulkServer:
             return None
         return entry[1]
 
-    async def run(self, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        listeners = await trio.open_tcp_listeners(0, host=listen_host)
+    async def run(self, hosts: Sequence[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        """Listen on ``hosts`` (IPv4 addresses, ``open_listeners``) and serve until cancelled;
+        ``task_status.started(port)``. Raises ``OSError`` when they cannot be bound."""
+        listeners = await open_listeners(hosts)
         self.port = listeners[0].socket.getsockname()[1]
+        self.hosts = [listener.socket.getsockname()[0] for listener in listeners]
+        log.info("bulk model transfer listening", hosts=self.hosts, port=self.port)
         task_status.started(self.port)
-        await trio.serve_listeners(self._handle, listeners)
+        await trio.serve_listeners(self._handle, [_Paced(listener, self._full) for listener in listeners])
+
+    def _full(self) -> bool:
+        return len(self._waiting) >= MAX_UNREDEEMED
+
+    async def _admit(self, stream: trio.SocketStream) -> str | None:
+        """Wait (as unredeemed) for the token; the digest of its ticket, or None (closed to make
+        room for a newer connection, no valid token within ``TICKET_WAIT`` s)."""
+        if len(self._waiting) >= MAX_UNREDEEMED:
+            self._waiting.pop(next(iter(self._waiting))).cancel()
+            self.counts["evicted"] += 1
+        key = object()
+        scope = self._waiting[key] = trio.CancelScope(deadline=trio.current_time() + TICKET_WAIT)
+        try:
+            with scope:
+                digest = self.redeem(await _receive_exactly(stream, TOKEN_BYTES))
+                if digest is not None:
+                    return digest
+            if key in self._waiting:  # else evicted, counted there
+                self.counts["no_ticket"] += 1
+            return None
+        finally:
+            self._waiting.pop(key, None)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        if self._open >= MAX_CONNECTIONS:
-            await stream.aclose()
-            return
-        self._open += 1
         try:
-            with trio.move_on_after(5.0):
-                token = await _receive_exactly(stream, TOKEN_BYTES)
-                digest = self.redeem(token)
+            digest = await self._admit(stream)
             if digest is None:
                 return
-            source = self._sources(digest)
-            while source is not None:
-                with trio.move_on_after(IDLE_TIMEOUT) as idle:
-                    (length,) = _LEN.unpack(await _receive_exactly(stream, _LEN.size))
-                    if length > MAX_REQUEST_BYTES:
-                        return
-                    request = msgspec.msgpack.decode(await _receive_exactly(stream, length), type=ChunkRequest)
-                if idle.cancelled_caught:
-                    return
-                try:
-                    if request.digest != digest:
-                        raise LookupError("the ticket is for another model")
-                    chunk = await trio.to_thread.run_sync(source.read_chunk, request.path, request.index)
-                except Exception as exc:  # the fetcher moves to another holder
-                    message = str(exc).encode()
-                    await stream.send_all(_REPLY.pack(1, len(message)) + message)
-                    continue
-                await stream.send_all(_REPLY.pack(0, len(chunk)))
-                await stream.send_all(chunk)
-                self.bytes_served += len(chunk)
+            if self._serving >= MAX_CONNECTIONS:
+                self.counts["busy"] += 1
+                return
+            self._serving += 1
+            self.counts["served"] += 1
+            try:
+                await self._serve(stream, digest)
+            finally:
+                self._serving -= 1
         except (BulkError, trio.BrokenResourceError, trio.ClosedResourceError, msgspec.DecodeError,
                 msgspec.ValidationError, OSError) as exc:
             log.debug("bulk connection ended", error=repr(exc))
         finally:
-            self._open -= 1
-            await stream.aclose()
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
 
-
-class BulkConnection:
-    """One open bulk connection to a holder (one request at a time)."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-
-    @classmethod
-    async def open(cls, host: str, ticket: BulkTicket) -> BulkConnection:
-        stream = await trio.open_tcp_stream(host, ticket.port)
-        await stream.send_all(ticket.token)
-        return cls(stream)
-
-    async def get(self, request: ChunkRequest) -> bytes:
-        """The chunk bytes; raises ``BulkError`` (refused, the connection broke, or a reply
-        longer than any chunk announced)."""
-        body = msgspec.msgpack.encode(request)
-        try:
-            await self.stream.send_all(_LEN.pack(len(body)) + body)
-            status, length = _REPLY.unpack(await _receive_exactly(self.stream, _REPLY.size))
-            if length > MAX_CHUNK_BYTES:
-                raise BulkError(f"the holder announced a {length}-byte reply, more than a chunk "
-                                f"({MAX_CHUNK_BYTES} bytes)")
-            data = await _receive_exactly(self.stream, length)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise BulkError(f"bulk connection broke: {exc!r}") from exc
-        if status != 0:
-            raise BulkError(data.decode(errors="replace"))
-        return data
-
-    async def aclose(self) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-            await self.stream.aclose()
-
-
-def ip_of_peer(addrs: list[str]) -> str | None:
-    """The first IPv4 address among libp2p multiaddrs ``/ip4/A/tcp/P/...``; None if none."""
-    for addr in addrs:
-        parts = addr.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
-            return parts[2]
-    return None
-
-
-def bulk_chunk_getter(net, digest: str, *, timeout: float):  # type: ignore[no-untyped-def]
-    """A ``exo_p2p.models.fetch.GetChunk`` over the bulk path: per peer, a pool of idle
-    connections (at most one per concurrent request, i.e. the fetcher's streams per peer);
-    a connection that failed is closed, never reused. Returns ``(get_chunk, aclose)``.
-    Ticket requests are bounded by ``timeout`` seconds."""
-    idle: dict[str, list[BulkConnection]] = {}
-
-    async def get_chunk(peer: str, path: str, index: int) -> bytes:
-        pool = idle.setdefault(peer, [])
-        conn = pool.pop() if pool else None
-        if conn is None:
-            host = ip_of_peer(net.peer_addrs(peer))
-            if host is None:
-                raise BulkError(f"no IPv4 address known for {peer}")
-            reply = await net.request(peer, TICKET_PROTOCOL, digest.encode(), timeout=timeout)
-            ticket = msgspec.msgpack.decode(reply, type=BulkTicket)
-            with trio.fail_after(timeout):
-                conn = await BulkConnection.open(host, ticket)
-        try:
-            data = await conn.get(ChunkRequest(digest, path, index))
-        except BaseException:
-            await conn.aclose()
-            raise
-        pool.append(conn)
-        return data
-
-    async def aclose() -> None:
-        for pool in idle.values():
-            for conn in pool:
-                await conn.aclose()
-        idle.clear()
-
-    return get_chunk, aclose
+    async def _serve(self, stream: trio.SocketStream, digest: str) -> None:
+        """Answer chunk requests of ``digest`` on ``stream`` until it is closed, silent for
+        ``IDLE_TIMEOUT`` s or sends a request longer than ``MAX_REQUEST_BYTES``."""
+        source = self._sources(digest)
+        while source is not None:
+            with trio.move_on_after(IDLE_TIMEOUT) as idle:
+                (length,) = _LEN.unpack(await _receive_exactly(stream, _LEN.size))
+                if length > MAX_REQUEST_BYTES:
+                    return
+                request = msgspec.msgpack.decode(await _receive_exactly(stream, length), type=ChunkRequest)
+            if idle.cancelled_caught:
+                return
+            try:
+                if request.digest != digest:
+                    raise LookupError("the ticket is for another model")
+                chunk = await trio.to_thread.run_sync(source.read_chunk, request.path, request.index)
+            except Exception as exc:  # the fetcher moves to another holder
+                message = str(exc).encode()
+                await stream.send_all(_REPLY.pack(1, len(message)) + message)
+                continue
+            await stream.send_all(_REPLY.pack(0, len(chunk)))
+            await stream.send_all(chunk)
+            self.bytes_served += len(chunk)

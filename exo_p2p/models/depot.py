@@ -21,9 +21,9 @@ hold the bytes of its files).
 
 Serving: ``ModelServer`` (libp2p chunk protocol) and ``BulkServer`` (ticket + TCP) read from
 ``source(digest)``: a complete local model or the verified chunks of a partial copy.
-Fetching (``fetch``): bulk path first, per peer; a peer whose ticket request fails (an older
-node, no bulk port) is asked over the libp2p chunk protocol instead. Limits:
-``exo_p2p.models.fetch.FetchLimits``.
+Fetching (``fetch``): bulk path first, per peer; a peer whose bulk path fails (no ticket, the
+connection refused, closed, stalled or malformed) is asked over the libp2p chunk protocol
+instead (``exo_p2p.models.bulk_client``). Limits: ``exo_p2p.models.fetch.FetchLimits``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.models.bulk import BulkServer, bulk_chunk_getter
+from exo_p2p.models.bulk import BulkServer, listen_hosts
+from exo_p2p.models.bulk_client import fetch_getter
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
 from exo_p2p.models.gguf_import import IMPORT_MARKER
 from exo_p2p.models.held import held_models
@@ -160,16 +161,17 @@ class ModelDepot:
         return source
 
     # -- serving ---------------------------------------------------------------------------
-    async def run(self, net, listen_host: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+    async def run(self, net, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
         """Register the protocols on ``net``, delete what ``clean_orphans`` finds (before
-        ``task_status.started``: no fetch runs yet) and serve bulk connections until cancelled;
+        ``task_status.started``: no fetch runs yet) and serve bulk connections until cancelled
+        (on the IPv4 addresses ``net`` listens on: ``exo_p2p.models.bulk.listen_hosts``);
         re-scan the models every ``REFRESH_SECONDS`` (the first scan hashes new models in a
         thread after start, so a node with large models is not held up)."""
         self.server.register(net)
         self.bulk.register(net)
         async with trio.open_nursery() as nursery:
-            host = listen_host if listen_host not in ("", "0.0.0.0") else None
-            await nursery.start(self.bulk.run, host)
+            # where libp2p listens, never the wildcard (exo_p2p.models.bulk)
+            await nursery.start(self.bulk.run, listen_hosts(net.listen_addrs()))
             await trio.to_thread.run_sync(self.clean_orphans)  # before any fetch of this run
             task_status.started()
             while True:
@@ -207,26 +209,13 @@ class ModelDepot:
     ) -> FetchReport:
         """Fetch ``wanted`` chunks of ``manifest`` from ``holders`` into its partial copy
         (``fetch_chunks``; raises its ``FetchError``)."""
-        from exo_p2p.net import RequestError
-
         partial = self.partial(manifest)
-        bulk_get, bulk_close = bulk_chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
         p2p_get = chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
-        no_bulk: set[str] = set()
-
-        async def get(peer: str, path: str, index: int) -> bytes:
-            if peer not in no_bulk:
-                try:
-                    return await bulk_get(peer, path, index)
-                except RequestError as exc:  # the ticket request: no bulk path to this peer
-                    log.info("no bulk path, using the libp2p stream", peer=peer, error=str(exc))
-                    no_bulk.add(peer)
-            return await p2p_get(peer, path, index)
-
+        get, close = fetch_getter(net, manifest.digest, p2p_get, timeout=limits.chunk_timeout)
         try:
             return await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress)
         finally:
-            await bulk_close()
+            await close()
 
     def promote(self, digest: str, name: str) -> Path:
         """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``
