@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from exo_p2p.models import bulk_client
-from exo_p2p.models.bulk import _REPLY, MAX_UNREDEEMED, TICKET_WAIT, TOKEN_BYTES, BulkServer, BulkTicket, listen_hosts
+from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkServer, BulkTicket, listen_hosts
 from exo_p2p.models.bulk_client import FELL_BACK, fetch_getter
 from exo_p2p.models.fetch import fetch_chunks
 from exo_p2p.models.manifest import build_manifest, chunk_span, shard_chunks
@@ -217,16 +217,8 @@ def test_a_failing_bulk_path_falls_back_to_the_libp2p_stream(tmp_path: Path, mod
 
 
 # --- two real nodes ------------------------------------------------------------------------------
-def _listening(node: NodeProcess) -> dict[int, set[str]]:
-    """The node process's listening TCP sockets: port -> addresses bound."""
-    out: dict[int, set[str]] = {}
-    for c in psutil.Process(node.proc.pid).net_connections(kind="tcp"):
-        if c.status == psutil.CONN_LISTEN:
-            out.setdefault(c.laddr.port, set()).add(c.laddr.ip)
-    return out
-
-
 def _libp2p_ips_and_ports(node: NodeProcess) -> tuple[set[str], set[int]]:
+    """The addresses and ports of the node's libp2p listeners (from its advertised addrs)."""
     ips, ports = set(), set()
     for a in node.addrs():
         parts = a.split("/")
@@ -238,7 +230,10 @@ def _libp2p_ips_and_ports(node: NodeProcess) -> tuple[set[str], set[int]]:
 def _bulk_listener(node: NodeProcess) -> tuple[int, set[str]]:
     """The bulk port and its bound addresses: the listener that is neither the API nor libp2p."""
     _, libp2p_ports = _libp2p_ips_and_ports(node)
-    others = {p: a for p, a in _listening(node).items() if p != node.api_port and p not in libp2p_ports}
+    others: dict[int, set[str]] = {}
+    for c in psutil.Process(node.proc.pid).net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr.port != node.api_port and c.laddr.port not in libp2p_ports:
+            others.setdefault(c.laddr.port, set()).add(c.laddr.ip)
     assert len(others) == 1, f"expected one bulk listener, found {others}"
     return next(iter(others.items()))
 

@@ -45,6 +45,7 @@ replies, the fall-back to libp2p) is ``exo_p2p.models.bulk_client``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import socket
@@ -129,8 +130,9 @@ def listen_hosts(addrs: Sequence[str]) -> list[str]:
 
 async def open_listeners(hosts: Sequence[str], *, attempts: int = 5) -> list[trio.SocketListener]:
     """One TCP listener per IPv4 address of ``hosts``, all on one free port (the ticket names
-    one port), with ``DEFER_ACCEPT`` where the OS has it. Retries with another port when a later address finds the first's taken; raises
-    ``OSError`` after ``attempts`` tries or when an address cannot be bound at all."""
+    one port), with ``DEFER_ACCEPT`` where the OS has it. Retries with another port when a
+    later address finds the first's taken; raises ``OSError`` after ``attempts`` tries or when
+    an address cannot be bound at all."""
     for attempt in range(attempts):
         listeners: list[trio.SocketListener] = []
         try:
@@ -138,7 +140,8 @@ async def open_listeners(hosts: Sequence[str], *, attempts: int = 5) -> list[tri
                 port = listeners[0].socket.getsockname()[1] if listeners else 0
                 listeners += await trio.open_tcp_listeners(port, host=host)
             for listener in listeners if hasattr(socket, "TCP_DEFER_ACCEPT") else []:  # Linux
-                listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, int(DEFER_ACCEPT))
+                with contextlib.suppress(OSError):  # an optimisation only: admission holds without it
+                    listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, int(DEFER_ACCEPT))
             return listeners
         except OSError:
             for listener in listeners:
