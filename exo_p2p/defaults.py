@@ -60,9 +60,23 @@ LOG_SYNC_POLL = 1.0
 LOG_FETCH_FALLBACK_PEERS = 3
 """Peers following the same master asked for the log when the master is unreachable."""
 LOG_FETCH_MAX_ROUNDS = 1000
-"""Requests of one catch-up at most (each returns up to ``LOG_SERVE_MAX_EVENTS`` events)."""
+"""Requests of one catch-up at most (each returns up to ``LOG_SERVE_MAX_EVENTS`` events and
+``LOG_SERVE_MAX_BYTES`` bytes)."""
 LOG_SERVE_MAX_EVENTS = 5000
 """Events one log response carries at most."""
+LOG_SERVE_MAX_BYTES = 4 * 1024 * 1024
+"""Bytes of events (their frames in the log) one log response carries at most, and at least
+one event: a follower far behind catches up in several requests of ~4 MiB, never one frame of
+tens of MiB (5,000 events of ~130 KiB, the largest a request makes, would exceed the 64 MiB
+request frame). Each response costs both ends tens of milliseconds to encode, decode and
+apply, so the heartbeats sharing its connection and event loop wait that long at most."""
+LOG_COMPACT_EVENTS = 20_000
+"""Events in a node's log at which it is compacted into the snapshot (``--compact-every``)."""
+LOG_COMPACT_BYTES = 16 * 1024 * 1024
+"""Bytes of a node's log (``events.log``) at which it is compacted, whatever the count: ~125
+requests of the largest size a request may have, or ~160 s of a flood of them at the rate a
+2-node cluster sequences them; the log file stays below this plus one applied batch (at most
+one log response, ``LOG_SERVE_MAX_BYTES``), and so does the memory its events take."""
 TIMEOUT_CHECK_INTERVAL = 0.5
 """Seconds between two checks of the master for nodes to time out."""
 COMMIT_POLL = 0.05

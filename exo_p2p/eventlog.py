@@ -39,7 +39,14 @@ def encode_frame(event: IndexedEvent) -> bytes:
 def scan_frames(data: bytes) -> tuple[list[IndexedEvent], int]:
     """Decode frames from ``data``; returns the events and the byte offset after the last
     good frame (where a torn or corrupt tail starts, or ``len(data)``)."""
+    events, _sizes, pos = _scan(data)
+    return events, pos
+
+
+def _scan(data: bytes) -> tuple[list[IndexedEvent], list[int], int]:
+    """``scan_frames`` with each good frame's size in bytes (header included)."""
     events: list[IndexedEvent] = []
+    sizes: list[int] = []
     pos = 0
     while pos + _HEADER.size <= len(data):
         length, crc = _HEADER.unpack_from(data, pos)
@@ -53,15 +60,17 @@ def scan_frames(data: bytes) -> tuple[list[IndexedEvent], int]:
             events.append(_decoder.decode(payload))
         except msgspec.DecodeError:
             break
+        sizes.append(end - pos)
         pos = end
-    return events, pos
+    return events, sizes, pos
 
 
 class EventLog:
     """An append-only log of indexed events in one file.
 
     ``EventLog(path)`` opens (creating) the file, truncates a torn tail and loads the
-    events; ``events`` holds them in file order. ``append`` writes one frame and, with
+    events; ``events`` holds them in file order, ``sizes`` each one's frame in bytes (header
+    included) and ``bytes`` their sum, the file's length. ``append`` writes one frame and, with
     ``sync=True``, fsyncs so the event survives a crash (docs/architecture.md#log-guarantees: in a one-node cluster
     an event is committed once persisted). Not safe for use by two processes at once.
     """
@@ -70,7 +79,8 @@ class EventLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         data = path.read_bytes() if path.exists() else b""
-        self.events, good = scan_frames(data)
+        self.events, self.sizes, good = _scan(data)
+        self.bytes = good
         if good != len(data):
             log.warning("event log tail truncated", path=str(path), dropped_bytes=len(data) - good, kept_events=len(self.events))
             with open(path, "r+b") as f:
@@ -92,14 +102,17 @@ class EventLog:
 
         Raises ``OSError`` naming the log's path (a full disk: the event is not in
         ``events``; the file may end in a torn frame, which the next open truncates)."""
+        frame = encode_frame(event)
         try:
-            self._file.write(encode_frame(event))
+            self._file.write(frame)
             self._file.flush()
             if sync:
                 os.fsync(self._file.fileno())
         except OSError as exc:
             raise self._error(exc) from exc
         self.events.append(event)
+        self.sizes.append(len(frame))
+        self.bytes += len(frame)
 
     def sync(self) -> None:
         """fsync what was appended so far (one disk flush for any number of appends).
@@ -120,13 +133,16 @@ class EventLog:
             return
         self._file.close()
         tmp = self.path.with_suffix(".tmp")
+        frames = [encode_frame(e) for e in keep]
         with open(tmp, "wb") as f:
-            for e in keep:
-                f.write(encode_frame(e))
+            for frame in frames:
+                f.write(frame)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         self.events = keep
+        self.sizes = [len(frame) for frame in frames]
+        self.bytes = sum(self.sizes)
         self._file = open(self.path, "ab")
 
     def clear(self) -> None:

@@ -12,7 +12,11 @@ log fetch, the commit of a lone node): one fsync per burst the master sequences,
 another node or a client sees was not persisted first (docs/architecture.md#log-guarantees).
 The log is compacted: ``snapshot.msgpack`` holds the State as of some index and the log
 holds only the events after it; a node far behind installs a peer's snapshot instead of
-replaying every event. Waiters are woken on every change.
+replaying every event. It is compacted after a group commit that leaves it holding
+``compact_every`` events or ``compact_bytes`` bytes (``exo_p2p.defaults.LOG_COMPACT_EVENTS``,
+``LOG_COMPACT_BYTES``), whichever comes first (``compaction_due``): so ``events.log`` stays
+below ``compact_bytes`` plus one group commit, however large the events, and the snapshot is
+one State. Waiters are woken on every change.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p import defaults
 from exo_p2p.eventlog import EventLog
 from exo_p2p.state import apply, state_hash
 from exo_p2p.state.chain import chain_base, chain_step
@@ -37,11 +42,20 @@ MAX_BUFFERED = 100_000
 ones are dropped (they will be fetched again)."""
 
 
+def compaction_due(events: int, size: int, *, compact_every: int, compact_bytes: int) -> bool:
+    """Whether a log of ``events`` events and ``size`` bytes is compacted now (pure): at
+    ``compact_every`` events or ``compact_bytes`` bytes, whichever comes first."""
+    return events >= compact_every or size >= compact_bytes
+
+
 class Replica:
     """State + log of one node. ``offer(event)`` returns what happened: ``"applied"``,
-    ``"duplicate"``, ``"buffered"`` or ``"dropped"``; applying may drain the buffer."""
+    ``"duplicate"``, ``"buffered"`` or ``"dropped"``; applying may drain the buffer.
+    ``compact_every`` (events) and ``compact_bytes`` (bytes of ``events.log``): when the log is
+    compacted (module docstring)."""
 
-    def __init__(self, log_path: Path, *, sync: bool = True, compact_every: int = 20_000) -> None:
+    def __init__(self, log_path: Path, *, sync: bool = True, compact_every: int = defaults.LOG_COMPACT_EVENTS,
+                 compact_bytes: int = defaults.LOG_COMPACT_BYTES) -> None:
         self.log = EventLog(log_path)
         self.snapshot_path = log_path.with_name("snapshot.msgpack")
         self._sync = sync
@@ -50,6 +64,7 @@ class Replica:
         group commit); set by the cluster member while this node is master."""
         self._unsynced = False
         self.compact_every = compact_every
+        self.compact_bytes = compact_bytes
         self.chain_path = log_path.with_name("snapshot.chain")
         self.snapshot = self._read_snapshot()
         state = self.snapshot
@@ -126,13 +141,21 @@ class Replica:
             return self.log.events[pos].term
         return None
 
-    def events_from(self, from_idx: int, max_events: int) -> list[IndexedEvent] | None:
-        """Applied events ``from_idx..`` (at most ``max_events``), or None when some of them
-        were compacted into the snapshot."""
+    def events_from(self, from_idx: int, max_events: int, max_bytes: int | None = None) -> list[IndexedEvent] | None:
+        """Applied events ``from_idx..`` (at most ``max_events``, and at most ``max_bytes``
+        bytes of their log frames but at least one event), or None when some of them were
+        compacted into the snapshot."""
         if from_idx <= self.base_idx:
             return None
         pos = from_idx - self.base_idx - 1
-        return list(self.log.events[pos : pos + max_events])
+        end = min(len(self.log.events), pos + max(max_events, 0))
+        if max_bytes is not None:
+            total, stop = 0, pos
+            while stop < end and (stop == pos or total + self.log.sizes[stop] <= max_bytes):
+                total += self.log.sizes[stop]
+                stop += 1
+            end = stop
+        return list(self.log.events[pos:end])
 
     def compact(self) -> None:
         """Snapshot the current State and empty the log (the chain digest carries over)."""
@@ -246,7 +269,7 @@ class Replica:
                     listener(event, state)
                 except Exception:
                     log.exception("state listener failed", idx=event.idx)
-        if len(self.log.events) >= self.compact_every:
+        if compaction_due(len(self.log), self.log.bytes, compact_every=self.compact_every, compact_bytes=self.compact_bytes):
             self.compact()
         self._notify()
 

@@ -19,7 +19,13 @@ Rules:
   itself tells that this node's tail agrees with the master's log: a fallback peer's answer does not end the check (two followers
   that both missed the check once held another master's tail and vouched for each other).
 - ``tail_diverged`` / ``log_answer``: the server answers with its State as a snapshot when
-  the asker's tail is not a prefix of its log or the range was compacted, else the events.
+  the asker's tail is not a prefix of its log or the range was compacted, else the events:
+  at most ``LOG_SERVE_MAX_EVENTS`` and ``LOG_SERVE_MAX_BYTES`` (4 MiB of log frames, at least
+  one event) a response, so a follower far behind catches up in several requests and no
+  response approaches the request frame limit (64 MiB) whatever the events' size. Heartbeats
+  travel on streams of their own (``direct_heartbeat``, gossip) over the same connection,
+  whose muxer interleaves streams in frames of 64 KiB (docs/architecture.md#networking-notes,
+  note 12): what a log transfer can hold them up by is the work of one bounded response.
 """
 
 from __future__ import annotations
@@ -86,11 +92,13 @@ def tail_diverged(replica: Replica, request: LogRequest) -> bool:
 
 
 def log_answer(replica: Replica, request: LogRequest) -> LogResponse:
-    """The answer to ``request`` (module docstring); events at most ``LOG_SERVE_MAX_EVENTS``."""
+    """The answer to ``request`` (module docstring): events at most ``LOG_SERVE_MAX_EVENTS``,
+    their log frames at most ``LOG_SERVE_MAX_BYTES`` bytes (one event at least)."""
     chain = replica.chain_at(replica.last_idx) or b""
     if tail_diverged(replica, request):
         return LogResponse(snapshot=replica.state, last_idx=replica.last_idx, snapshot_chain=chain, diverged=True)
-    events = replica.events_from(request.from_idx, min(request.max_events, defaults.LOG_SERVE_MAX_EVENTS))
+    events = replica.events_from(request.from_idx, min(request.max_events, defaults.LOG_SERVE_MAX_EVENTS),
+                                 defaults.LOG_SERVE_MAX_BYTES)
     if events is None:
         return LogResponse(snapshot=replica.state, last_idx=replica.last_idx, snapshot_chain=chain)
     return LogResponse(events=tuple(events), last_idx=replica.last_idx)
