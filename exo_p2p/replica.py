@@ -31,15 +31,13 @@ import trio
 
 from exo_p2p import defaults
 from exo_p2p.eventlog import EventLog
+from exo_p2p.gap_buffer import GapBuffer
 from exo_p2p.state import apply, state_hash
 from exo_p2p.state.chain import chain_base, chain_step
 from exo_p2p.types import IndexedEvent, State
 
 log = structlog.get_logger(__name__)
 
-MAX_BUFFERED = 100_000
-"""Out-of-order events kept while waiting for a gap to be filled; beyond this the furthest
-ones are dropped (they will be fetched again)."""
 
 
 def compaction_due(events: int, size: int, *, compact_every: int, compact_bytes: int) -> bool:
@@ -74,7 +72,7 @@ class Replica:
                 state = apply(state, e)
                 self._chain.append(chain_step(self._chain[-1], e))
         self.state = state
-        self._buffer: dict[int, IndexedEvent] = {}
+        self._buffer = GapBuffer()
         self._changed = trio.Event()
         self.listeners: list[Callable[[IndexedEvent, State], None]] = []
         self.snapshot_listeners: list[Callable[[State], None]] = []
@@ -169,7 +167,7 @@ class Replica:
         self._write_snapshot(state, digest or chain_base(state))
         self.log.clear()
         self.state = state
-        self._buffer = {i: e for i, e in self._buffer.items() if i > state.last_event_idx}
+        self._buffer.drop_through(state.last_event_idx)
         for listener in list(self.snapshot_listeners):
             listener(state)
         self._notify()
@@ -221,19 +219,14 @@ class Replica:
                 outcomes.append("duplicate")
                 continue
             if event.idx > self.state.last_event_idx + 1:
-                if len(self._buffer) >= MAX_BUFFERED:
-                    outcomes.append("dropped")
-                else:
-                    self._buffer.setdefault(event.idx, event)
-                    outcomes.append("buffered")
+                outcomes.append("buffered" if self._buffer.add(event) else "dropped")
                 continue
             applied.append(self._apply(event))
-            while (nxt := self._buffer.pop(self.state.last_event_idx + 1, None)) is not None:
+            while (nxt := self._buffer.pop(self.state.last_event_idx + 1)) is not None:
                 applied.append(self._apply(nxt))
             outcomes.append("applied")
         if applied:
-            if self._buffer:
-                self._buffer = {i: e for i, e in self._buffer.items() if i > self.state.last_event_idx}
+            self._buffer.drop_through(self.state.last_event_idx)
             self._unsynced = True
             if not self.defer_sync:
                 self.sync()
@@ -249,9 +242,8 @@ class Replica:
 
     def missing_range(self) -> tuple[int, int] | None:
         """``(first, last)`` indices missing before the earliest buffered event, if any."""
-        if not self._buffer:
-            return None
-        return self.state.last_event_idx + 1, min(self._buffer) - 1
+        first = self._buffer.first()
+        return None if first is None else (self.state.last_event_idx + 1, first - 1)
 
     def _apply(self, event: IndexedEvent) -> tuple[IndexedEvent, State]:
         """Apply ``event`` (the next index) to State and write it to the log (not fsynced)."""

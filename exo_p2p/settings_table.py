@@ -128,7 +128,7 @@ _SETTINGS = (
     Setting("--no-restore-size", "flag", "While master, leave an instance re-placed on fewer nodes (shrunk) as it is "
             "instead of placing it at its size again once its nodes are back", "restore_size", inverted=True),
     Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
-            "many events", "compact_every", "N"),
+            "many events (or 16 MiB of events, whichever comes first)", "compact_every", "N"),
     Setting("--api-key", "text, repeatable", "API key clients must send as Authorization: Bearer KEY (repeatable; "
             "/health needs none)", "api_keys", "KEY", repeatable=True),
     Setting("--api-key-file", "path", "File of API keys, one a line, # comments (with or instead of --api-key)",

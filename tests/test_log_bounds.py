@@ -17,6 +17,7 @@ from exo_p2p.cluster.log_sync import LogFollower, log_answer
 from exo_p2p.cluster.messages import LogRequest, encode, log_request_decoder
 from exo_p2p.cluster.settings import ClusterSettings
 from exo_p2p.eventlog import encode_frame
+from exo_p2p.gap_buffer import MAX_BUFFERED_BYTES, GapBuffer
 from exo_p2p.replica import Replica, compaction_due
 from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, TaskCreated, TaskDeleted, TextGeneration
 
@@ -110,3 +111,35 @@ def test_the_log_is_compacted_by_bytes_before_its_count(tmp_path: Path):
 def test_compaction_due_at_either_bound(events, size):
     due = compaction_due(events, size, compact_every=defaults.LOG_COMPACT_EVENTS, compact_bytes=defaults.LOG_COMPACT_BYTES)
     assert due == (events >= defaults.LOG_COMPACT_EVENTS or size >= defaults.LOG_COMPACT_BYTES)
+
+
+def test_events_ahead_of_a_gap_are_buffered_up_to_a_byte_bound_then_fetched_again(tmp_path: Path):
+    """A follower missing event 1 while gossip brings 2, 3, … of ~134 KiB each buffers them up
+    to ``MAX_BUFFERED_BYTES`` (32 MiB, ~250 of them; a count of 100,000 alone would let it take
+    13 GB) and refuses the rest; once 1 arrives it applies what it held, and the refused ones
+    come again (a fetch) and apply."""
+    replica = Replica(tmp_path / "events.log", sync=False)
+    event = bulky(2)
+    outcomes = replica.offer_many([bulky(i) for i in range(2, 302)])
+    held = outcomes.count("buffered")
+    assert 0 < held < 300 and outcomes[held:] == ["dropped"] * (300 - held)
+    assert held * len(encode(event)) <= MAX_BUFFERED_BYTES < (held + 1) * len(encode(event)) + 1024
+    assert replica.missing_range() == (1, 1)
+    replica.offer_many([bulky(1)])
+    assert replica.last_idx == held + 1 and replica.missing_range() is None
+    replica.offer_many([bulky(i) for i in range(held + 2, 302)])
+    assert replica.last_idx == 301
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "pop", "drop"]), st.integers(1, 40), st.integers(0, 300)), max_size=60))
+def test_the_gap_buffer_counts_its_bytes_exactly(ops):
+    buffer = GapBuffer(max_events=20, max_bytes=3000)
+    for op, idx, n in ops:
+        if op == "add":
+            buffer.add(IndexedEvent(1, idx, TaskDeleted("x" * n)))
+        elif op == "pop":
+            buffer.pop(idx)
+        else:
+            buffer.drop_through(idx)
+        assert buffer.bytes == sum(len(encode(e)) for e, _ in buffer._events.values()) <= 3000
+        assert len(buffer) <= 20
