@@ -39,7 +39,6 @@ from exo_p2p.types import IndexedEvent, State
 log = structlog.get_logger(__name__)
 
 
-
 def compaction_due(events: int, size: int, *, compact_every: int, compact_bytes: int) -> bool:
     """Whether a log of ``events`` events and ``size`` bytes is compacted now (pure): at
     ``compact_every`` events or ``compact_bytes`` bytes, whichever comes first."""
