@@ -1,7 +1,7 @@
 """A flood of the largest requests the API accepts, from one client, against a 2-node closed
 cluster: the master stays master (no new term), each request adds a bounded number of bytes
 to the log, and both nodes' disk use stays bounded (docs/architecture.md#log-guarantees,
-README "Security").
+docs/security.md).
 
 Each request is as large as the bounds allow (``exo_p2p.api.bounds``): 16 stop strings of
 256 bytes and a prompt filling the rest of the 128 KiB command, which the master's size check
