@@ -783,8 +783,12 @@ def _fake_node_command(monkeypatch):
     from exo_p2p.cli import local_node
 
     def command(api_port: int, data_dir: Path, private: bool = True) -> list[str]:
-        (data_dir / "private").write_text(str(private))
-        return [sys.executable, __file__, "--api-port", str(api_port), "--data-dir", str(data_dir)]
+        # a private node's state dir is DATA_DIR/private-runs/run-XXXX (removed after the
+        # run): the fake writes what the tests read into DATA_DIR itself
+        home = data_dir.parent.parent if data_dir.parent.name == "private-runs" else data_dir
+        (home / "private").write_text(str(private))
+        (home / "state-dir").write_text(str(data_dir))
+        return [sys.executable, __file__, "--api-port", str(api_port), "--data-dir", str(home)]
 
     monkeypatch.setattr(local_node, "node_command", command)
 
@@ -817,6 +821,9 @@ def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     assert "starting one for this command" in result.stderr and "30/30" in result.stderr
     pid = int((tmp_path / "fake-node.pid").read_text())
     assert _gone(pid)
+    # its state was a fresh dir of its own (exo_p2p.cli.private_state), removed after
+    state_dir = Path((tmp_path / "state-dir").read_text())
+    assert state_dir.parent == tmp_path / "private-runs" and not state_dir.exists()
     log = (tmp_path / "run-node.log").read_text()
     assert "POST /instances" in log and "POST /v1/chat/completions" in log
 
@@ -1079,49 +1086,46 @@ def test_instances_table_shows_short_ids_on_one_line_and_json_the_full_ids(serve
 
 
 @pytest.mark.integration
-def test_placing_a_model_twice_needs_replica(served):
+def test_placing_a_model_twice_does_not_add_a_replica_unless_asked(served):
     assert invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url]).exit_code == 0
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
-    assert result.exit_code == 1
-    (line,) = error_lines(result)
-    assert "already has 1 instance (inst0001)" in line and "adds a replica" in line and "pass --replica" in line
+    assert result.exit_code == 0, result.output  # the model is placed: what was asked holds
+    assert "already has 1 instance (inst0001)" in result.stderr and "not placing another" in result.stderr
+    assert "--replica adds a replica" in result.stderr
     assert len(served.node.instances) == 1
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--replica", "--api", served.url])
     assert result.exit_code == 0 and len(served.node.instances) == 2
 
 
 @pytest.mark.integration
-def test_placing_a_model_twice_asks_in_a_terminal(served):
-    """In a terminal, `place` asks before adding a replica; "n" places
-    nothing, "y" places the replica."""
+def test_placing_a_model_twice_in_a_terminal_asks_nothing_and_reads_no_input(served):
+    """Pasted into a terminal, the lines after ``place`` are the shell's, not answers to a
+    question: ``place`` of a placed model reads nothing, says so and ends with 0."""
     import pty
 
     served.node.place({"model": "smollm2-135m-instruct"})
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
-    for answer, placed in ((b"n\n", 1), (b"y\n", 2)):
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the CLI on the pty's terminal
-            os.execve(sys.executable, [sys.executable, "-m", "exo_p2p", "place", "smollm2-135m-instruct", "--no-wait",
-                                       "--api", served.url], env)  # fmt: skip
-        seen = b""
-        deadline = time.monotonic() + 60
-        while b"Place a replica?" not in seen and time.monotonic() < deadline:
-            try:
-                seen += os.read(fd, 4096)
-            except OSError:
-                break
-        assert b"already has" in seen and b"adds a replica" in seen, seen
-        os.write(fd, answer)
-        while True:
-            try:
-                if not os.read(fd, 4096):
-                    break
-            except OSError:
-                break
-        _, status = os.waitpid(pid, 0)
-        os.close(fd)
-        assert os.waitstatus_to_exitcode(status) == (1 if answer == b"n\n" else 0)
-        assert len(served.node.instances) == placed
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on the pty's terminal
+        os.execve(sys.executable, [sys.executable, "-m", "exo_p2p", "place", "smollm2-135m-instruct", "--no-wait",
+                                   "--api", served.url], env)  # fmt: skip
+    os.write(fd, b"exo-p2p chat hello\n")  # the next pasted line, typed ahead
+    seen = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        seen += data
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+    assert b"already has 1 instance" in seen and b"not placing another" in seen, seen
+    assert b"?" not in seen.replace(b"exo-p2p chat hello", b""), seen  # no question was asked
+    assert len(served.node.instances) == 1
 
 
 @pytest.mark.integration

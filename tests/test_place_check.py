@@ -36,8 +36,8 @@ def test_a_failed_instance_state_does_not_list_is_not_counted():
 def test_the_notice_says_which_instances_are_being_re_placed():
     short = {"inst-ready": "r", "inst-coming": "c"}
     one = replica_notice("tiny", [LISTED[2]], short, IN_STATE)
-    assert one == "tiny already has 1 instance (c), being re-placed; placing it again adds a replica, using its memory again"
+    assert one == "tiny already has 1 instance (c), being re-placed; not placing another (--replica adds a replica, using its memory again)"
     two = replica_notice("tiny", [LISTED[0], LISTED[2]], short, IN_STATE)
-    assert two.startswith("tiny already has 2 instances (r, c), 1 of them being re-placed; placing it again adds a replica")
+    assert two.startswith("tiny already has 2 instances (r, c), 1 of them being re-placed; not placing another")
     plain = replica_notice("tiny", [LISTED[0]], short, IN_STATE)
-    assert plain == "tiny already has 1 instance (r); placing it again adds a replica, using its memory again"
+    assert plain == "tiny already has 1 instance (r); not placing another (--replica adds a replica, using its memory again)"

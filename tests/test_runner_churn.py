@@ -57,6 +57,7 @@ NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; move
 SILENT_LOADING = 60.0  # exo_p2p.config.RUNNER_UNIT_BOUND: runner killed as stuck when warm-up makes no progress this long
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3
+CONVERGE_WAIT = 120.0  # seconds for the last re-placement to be ready (a model load: generous)
 RUNNER_MODULE = "worker.runner.main"
 DEAD = ("shutdown", "failed")
 
@@ -248,7 +249,10 @@ def test_planner_stays_idempotent_under_runner_churn(tmp_path, big_models_dir):
                 view = api.get(f"/instances/{inst['instance_id']}").json()
                 return (inst, "ready") if view["status"] == "ready" else None
 
-            inst, outcome = wait_until(settled, 2 * T_FAIL + SLACK, interval=0.2, what="instance converged")
+            # generous (docs/testing.md): the last re-placement starts 3 runners that import MLX,
+            # load, form their ring and warm up; 30 s was too short with the machine's 2 cores
+            # shared by 3 test workers and other runs (load 10): only a hang must fail here
+            inst, outcome = wait_until(settled, CONVERGE_WAIT, interval=0.2, what="instance converged")
             t_settled = time.monotonic() - t_last
             # ShuttingDown runners reached a terminal state; nothing of old instances is alive
             def quiet():

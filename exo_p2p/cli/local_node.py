@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from exo_p2p.cli.client import CliError, NodeClient
+from exo_p2p.cli.private_state import private_state
 
 LOG_NAME = "run-node.log"
 START_TIMEOUT = 180.0
@@ -118,12 +119,20 @@ def _wait_for_api(
 def running_node(
     data_dir: Path, console: Console, *, start_timeout: float = START_TIMEOUT, private: bool = True
 ) -> Iterator[str]:
-    """Start a node with its state in ``data_dir``, wait until its API answers, yield the API
-    URL; stop the node (and reap it) on leaving, however the block ends.
+    """Start a node with its state in ``data_dir`` (``private``: in a fresh state dir of its
+    own that shares ``data_dir``'s models, ``exo_p2p.cli.private_state``), wait until its API
+    answers, yield the API URL; stop the node (and reap it) on leaving, however the block ends.
 
     Raises ``CliError`` (with the tail of the node's log) when it does not come up.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        state_dir = stack.enter_context(private_state(data_dir)) if private else data_dir
+        yield from _run_node(data_dir, state_dir, console, start_timeout, private)
+
+
+def _run_node(data_dir: Path, state_dir: Path, console: Console, start_timeout: float, private: bool) -> Iterator[str]:
+    """``running_node``'s body: the node's state in ``state_dir``, its log in ``data_dir``."""
     api_port = free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     log_path = data_dir / LOG_NAME
@@ -131,7 +140,7 @@ def running_node(
     with open(log_path, "ab") as log:
         start = log.tell()
         process = subprocess.Popen(
-            node_command(api_port, data_dir, private),
+            node_command(api_port, state_dir, private),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -448,8 +448,8 @@ def place(
 
     With --min-nodes N it first waits up to 20 s for N nodes to be in the cluster (nodes
     that were just started). A model that already has an instance (one being re-placed
-    counts) gets another one (a replica, the same memory again): pass --replica, or confirm
-    in a terminal.
+    counts) is not placed again: place says so and waits for that instance instead (exit 0);
+    --replica adds another one (a replica, the same memory again).
     """
     console = _stderr()
     with _client(ctx, api, api_key) as client:
@@ -461,11 +461,9 @@ def place(
         existing = counted_instances(model, listed, in_state)
         if existing and not replica:
             short = render.short_ids([str(i["instance_id"]) for i in existing])
-            notice = replica_notice(model, existing, short, in_state)
-            if not (sys.stdin.isatty() and sys.stderr.isatty()):
-                raise CliError(f"{notice}: pass --replica to do that", 1)
-            if not typer.confirm(f"{notice}. Place a replica?", default=False, err=True):
-                raise typer.Exit(1)
+            console.print(replica_notice(model, existing, short, in_state), highlight=False)
+            _wait_for_existing(client, existing, timeout, console, no_wait)
+            return
         if min_nodes and min_nodes > 1:
             _wait_for_nodes(client, min_nodes, console)
         inst = client.place(
@@ -494,6 +492,20 @@ def place(
 
 NODES_WAIT = 20.0
 """Seconds ``place --min-nodes N`` waits for N nodes to be in the cluster."""
+
+
+def _wait_for_existing(client: NodeClient, existing: list, timeout: float, console: Console, no_wait: bool) -> None:
+    """``place`` of a model that already has instances (``exo_p2p.cli.place_check``): wait for
+    the first one that is not failed to be ready, as for a placement of its own; when all
+    are being re-placed, say where to follow that (the API waits for it too)."""
+    live = [i for i in existing if i.get("status") != "failed"]
+    if no_wait:
+        return
+    if not live:
+        console.print("the master re-places it; `exo-p2p instances` shows its progress", highlight=False)
+        return
+    ready = wait_until_ready(client, live[0], timeout=timeout, console=console)
+    click.echo(f"instance {ready.get('instance_id', live[0]['instance_id'])} is ready")
 
 
 def _wait_for_nodes(client: NodeClient, wanted: int, console: Console) -> None:

@@ -1,7 +1,9 @@
 """``place``'s replica check (pure; docs/cli.md): which instances of a model count as existing.
 
-Placing a model that already has an instance adds a replica (its memory again), so ``place``
-asks first (or needs ``--replica``). An instance counts when it is not failed (ready, loading,
+Placing a model that already has an instance would add a replica (its memory again), so
+``place`` does not, unless ``--replica`` says so: it says which instances the model has and
+waits for one of them instead, like a placement of its own (never a question: a prompt
+would eat the next lines of a pasted block, and a refusal would stop a script). An instance counts when it is not failed (ready, loading,
 warming up), and also when it failed but the master will re-place it (not given up): a
 cluster restarted with its data dirs re-places the instances of its previous run a moment
 after it starts, and a placement made meanwhile would double them.
@@ -37,9 +39,9 @@ def replacing(inst: Mapping, state_instances: Mapping[str, Mapping]) -> bool:
 
 def replica_notice(model: str, counted: Sequence[Mapping], short: Mapping[str, str],
                    state_instances: Mapping[str, Mapping]) -> str:
-    """What ``place`` says before adding a replica of ``model``: how many instances it has
-    (``counted``, named by ``short`` id -> short id), how many of them are being re-placed,
-    and that a replica takes the memory again."""
+    """What ``place`` says instead of adding a replica of ``model``: how many instances it
+    has (``counted``, named by ``short`` id -> short id), how many of them are being
+    re-placed, and that ``--replica`` adds one, taking the memory again."""
     n = len(counted)
     ids = ", ".join(short.get(str(i["instance_id"]), str(i["instance_id"])) for i in counted)
     coming = sum(1 for i in counted if replacing(i, state_instances))
@@ -50,4 +52,4 @@ def replica_notice(model: str, counted: Sequence[Mapping], short: Mapping[str, s
     else:
         being = f", {coming} of them being re-placed"
     return (f"{model} already has {n} instance{'s' if n > 1 else ''} ({ids}){being}; "
-            "placing it again adds a replica, using its memory again")
+            "not placing another (--replica adds a replica, using its memory again)")
