@@ -77,7 +77,7 @@ def test_a_restarted_node_re_places_its_instance_and_place_does_not_double_it(tm
         state = node.get("/state").json()
         (record,) = [i for i in state["instances"].values() if i["model_id"] == MODEL]
         assert record["failed_reason"] and not record["gave_up"], record  # awaiting re-placement
-        result = invoke(["place", MODEL, "--api", node.url])  # waits for nothing: it is being re-placed
+        result = invoke(["place", MODEL, "--no-wait", "--api", node.url])
         assert result.exit_code == 0, result.output
         assert "already has 1 instance" in result.stderr and "being re-placed" in result.stderr, result.stderr
         assert "--replica adds a replica" in result.stderr and "the master re-places it" in result.stderr

@@ -499,10 +499,10 @@ def _wait_for_existing(client: NodeClient, existing: list, timeout: float, conso
     the first one that is not failed to be ready, as for a placement of its own; when all
     are being re-placed, say where to follow that (the API waits for it too)."""
     live = [i for i in existing if i.get("status") != "failed"]
-    if no_wait:
-        return
     if not live:
         console.print("the master re-places it; `exo-p2p instances` shows its progress", highlight=False)
+        return
+    if no_wait:
         return
     ready = wait_until_ready(client, live[0], timeout=timeout, console=console)
     click.echo(f"instance {ready.get('instance_id', live[0]['instance_id'])} is ready")
