@@ -545,8 +545,16 @@ def _default_name() -> str:
     return socket.gethostname()
 
 
+def stop_signals() -> tuple[int, ...]:
+    """The signals a node stops on, as on SIGTERM (runners shut down, the log closed):
+    SIGINT, SIGTERM, and SIGHUP (the terminal it runs in was closed) unless SIGHUP is ignored
+    (``nohup``: the user asked the node to outlive its terminal)."""
+    hup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGINT, signal.SIGTERM, *hup)
+
+
 async def _run_until_signal(node: Node) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*stop_signals()) as signals:
         async with trio.open_nursery() as nursery:
 
             async def run_then_stop() -> None:

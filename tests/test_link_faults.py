@@ -9,7 +9,8 @@ silently dropped, runners aborted; docs/architecture.md#instance-lifecycle).
   the request on its instance ends with an error, and after the link returns it rejoins;
 - a runner is SIGSTOPped mid-generation: its heartbeat thread stops too, and its supervisor
   kills it after the silence bound;
-- a node gets SIGTERM mid-request: the client's request ends, the node and its runners exit;
+- a node gets SIGTERM (or SIGHUP: its terminal closed) mid-request: the client's request
+  ends, the node and its runners exit;
 - bad ``exo-p2p node`` arguments: a short error and a non-zero exit, never a traceback.
 """
 
@@ -256,8 +257,12 @@ def test_stopped_runner_is_killed_after_the_silence_bound(tmp_path, models_dir):
         node.stop()
 
 
-def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, models_dir):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, models_dir, signum):
+    """SIGHUP (the terminal of ``exo-p2p node &`` closed) stops the node as SIGTERM does:
+    exit 0, its runners shut down, no traceback (``exo_p2p.node.stop_signals``)."""
     node = NodeProcess(tmp_path / "n", extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal (the node inherits it)
     try:
         node.start()
         node.place_and_wait(MODEL, timeout=90)
@@ -265,10 +270,11 @@ def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, mo
         thread, result = _stream(node)
         wait_until(lambda: result["first_at"] is not None, 60, interval=0.05, what="first token")
         t_term = time.monotonic()
-        node.proc.send_signal(signal.SIGTERM)
+        node.proc.send_signal(signum)
         code = node.proc.wait(T_FAIL + SLACK)
-        print(f"SIGTERM: node exited with {code} after {time.monotonic() - t_term:.1f} s")
+        print(f"{signal.Signals(signum).name}: node exited with {code} after {time.monotonic() - t_term:.1f} s")
         assert code == 0, node.log_tail()
+        assert signal.Signals(signum).name in node.log_path.read_text(errors="replace")  # "stopping", signal=…
         thread.join(5)
         assert result["ended_at"] is not None and result["ended_at"] - t_term <= T_FAIL + SLACK
         assert result["lines"][-1] != "data: [DONE]" or _ended_with_error(result), "a cut-off stream must not look complete"
@@ -276,7 +282,18 @@ def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, mo
         assert not alive, "runner outlived its node"
         assert "Traceback" not in node.log_path.read_text(errors="replace")
     finally:
+        signal.signal(signal.SIGHUP, before)
         node.stop()
+
+
+def test_a_node_started_with_sighup_ignored_keeps_running_through_it(monkeypatch):
+    """``nohup exo-p2p node``: SIGHUP ignored before the node starts stays ignored."""
+    from exo_p2p.node import stop_signals
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_IGN if signum == signal.SIGHUP else signal.SIG_DFL)
+    assert stop_signals() == (signal.SIGINT, signal.SIGTERM)
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)
+    assert signal.SIGHUP in stop_signals()
 
 
 @pytest.mark.parametrize(
