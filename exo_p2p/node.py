@@ -342,38 +342,58 @@ class Node:
 
     # --- loops ----------------------------------------------------------------------------
     async def _profile_loop(self) -> None:
+        """Measure and publish this node's profile every 2 s; a transient OS error (out of
+        descriptors reading ``/proc``) costs a round, not the node (``exo_p2p.listeners``);
+        each round also keeps the open-file limit (``exo_p2p.limits.check_nofile``)."""
+        from exo_p2p.limits import check_nofile
+        from exo_p2p.listeners import Backoff, is_transient
+
+        pause = Backoff("profile")
+        last: tuple = (None, None)
+        while True:
+            try:
+                last = self._profile_round(*last)
+                check_nofile("profile")
+            except OSError as exc:
+                if not is_transient(exc):
+                    raise
+                await pause.pause(exc)
+                continue
+            pause.reset()
+            await trio.sleep(2.0)
+
+    def _profile_round(self, last, last_hosted):  # type: ignore[no-untyped-def]
+        """One round of ``_profile_loop``: returns the (profile, hosted bytes) last published."""
         from worker.profile import measure_profile, publish_due
 
-        last, last_hosted = None, None
-        while True:
-            hosted = self.worker.hosted_bytes()
-            addrs = tuple(_address_of(a) for a in self.net.listen_addrs())
-            profile = measure_profile(
-                self.node_id,
-                self.boot_id,
-                self.config.friendly_name or _default_name(),
-                memory_limit=self.config.memory_limit,
-                hosted_bytes=hosted,
-                addrs=addrs,
-                models=tuple(sorted(c.model_id for c in self._local_cards)),
-                priority=self.config.priority,
-                cpu_weights=self.config.cpu_weights,
-            )
-            profile = _with_fault_hooks(profile, self.config.fault_hooks)
-            profile = msgspec.structs.replace(  # models travel between nodes (docs/models.md)
-                profile, held_models=self.depot.held(), models_disk_free=self.depot.disk_free() >> 30 << 30)
-            # (free disk rounded down to whole GiB: other writers on the disk must not churn it)
-            published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
-            # also re-publish when State's copy differs from what we published (we were timed
-            # out, our log was replaced by another master's) once nothing of ours is in flight
-            stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
-            if publish_due(last, profile, last_hosted, hosted) or stale:
-                log.debug("profile published", boot_id=self.boot_id)
-                self.emit_local(NodeProfileUpdated(profile))
-                last, last_hosted = profile, hosted
-            if published is not None and published.models != profile.models and self.member.outbox.idle:
-                self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
-            await trio.sleep(2.0)
+        hosted = self.worker.hosted_bytes()
+        addrs = tuple(_address_of(a) for a in self.net.listen_addrs())
+        profile = measure_profile(
+            self.node_id,
+            self.boot_id,
+            self.config.friendly_name or _default_name(),
+            memory_limit=self.config.memory_limit,
+            hosted_bytes=hosted,
+            addrs=addrs,
+            models=tuple(sorted(c.model_id for c in self._local_cards)),
+            priority=self.config.priority,
+            cpu_weights=self.config.cpu_weights,
+        )
+        profile = _with_fault_hooks(profile, self.config.fault_hooks)
+        profile = msgspec.structs.replace(  # models travel between nodes (docs/models.md)
+            profile, held_models=self.depot.held(), models_disk_free=self.depot.disk_free() >> 30 << 30)
+        # (free disk rounded down to whole GiB: other writers on the disk must not churn it)
+        published = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
+        # also re-publish when State's copy differs from what we published (we were timed
+        # out, our log was replaced by another master's) once nothing of ours is in flight
+        stale = last is not None and published != last and self.member.master is not None and self.member.outbox.idle
+        if publish_due(last, profile, last_hosted, hosted) or stale:
+            log.debug("profile published", boot_id=self.boot_id)
+            self.emit_local(NodeProfileUpdated(profile))
+            last, last_hosted = profile, hosted
+        if published is not None and published.models != profile.models and self.member.outbox.idle:
+            self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
+        return last, last_hosted
 
     async def _wait_joined(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until a master is known and this node's profile and
@@ -629,8 +649,10 @@ def first_leaf(exc: BaseException) -> BaseException:
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start)."""
+    from exo_p2p.limits import guard_setrlimit, keep_nofile
     from exo_p2p.logging import configure_logging, report_error
 
+    guard_setrlimit()  # first: no import may lower the open-file limit (exo_p2p.limits)
     try:
         configure_logging(config.log_format, config.log_level, node_name=config.friendly_name or _default_name(), log_file=config.log_file)
     except OSError as exc:
@@ -641,6 +663,7 @@ def run_node(config: NodeConfig) -> int:
     except StartupError as exc:
         report_error(str(exc))
         return 1
+    keep_nofile("node")
     try:
         node = Node(config)
     except OSError as exc:

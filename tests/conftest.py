@@ -23,6 +23,10 @@ import urllib3  # noqa: F401  (imported here, at collection: its import probes I
 # through requests, lazily from ``exo_p2p.net``)
 from hypothesis import HealthCheck, settings
 
+from exo_p2p.limits import guard_setrlimit
+
+guard_setrlimit()  # this process imports mlx-lm, which would lower its open-file limit and every node's it starts (exo_p2p.limits)
+
 from tests.tiers import (  # noqa: F401  (the tier markers and their check: tests/tiers.py)
     pytest_collection_modifyitems,
     pytest_configure,

@@ -1,17 +1,47 @@
-"""``serve``: run an ASGI app with hypercorn's trio worker inside the caller's nursery."""
+"""``serve``: run an ASGI app with hypercorn's HTTP/1.1 protocol on trio inside the caller's
+nursery, with bounds on what a client can hold.
+
+The bounds (``server_config`` and ``serve``), so that idle, slow or many clients cost a
+bounded number of descriptors and never the node:
+
+- **connections**: at most ``exo_p2p.limits.api_connection_cap`` of the process's soft
+  open-file limit at once (4,096 with a limit of 5,452 or more); one beyond is closed on
+  arrival (``exo_p2p.listeners.serve_bounded``, which also rides out ``EMFILE`` and other
+  transient accept errors). The kernel queues at most ``BACKLOG`` connections not accepted yet.
+- **a request's head** (request line and headers) must arrive within ``KEEP_ALIVE_TIMEOUT``
+  s of the connection's start or of the previous response (hypercorn's keep-alive timer runs
+  until a whole head is parsed, so an idle or header-slowloris connection is closed then) and
+  be at most ``MAX_HEAD_BYTES`` (hypercorn's ``h11_max_incomplete_size``; larger: 400, closed).
+- **a request's body** must arrive within ``slow_clients.BODY_TIMEOUT`` s of its head (408,
+  connection closed; ``exo_p2p.api.slow_clients.BodyDeadline``).
+- hypercorn's ``read_timeout`` stays off: it bounds every read, also while a client waits
+  silently for a long streamed answer, which it would cut.
+
+hypercorn's ``worker_serve`` has no connection cap, so ``serve`` runs its parts (lifespan,
+``TCPServer`` per connection, graceful shutdown) around our accept loop instead.
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
 import socket
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import trio
-from hypercorn.config import Config, Sockets
-from hypercorn.trio.run import worker_serve
+from hypercorn.config import Config
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 from starlette.types import ASGIApp
+
+from exo_p2p.api.slow_clients import BODY_TIMEOUT, BodyDeadline
+from exo_p2p.limits import api_connection_cap
+from exo_p2p.listeners import serve_bounded
 
 SERVER_LOGGER = "exo_p2p.api.server"
 """The stdlib logger hypercorn's own messages go to ("Running on …", protocol errors)."""
@@ -53,15 +83,27 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _BoundPort:
-    """Adapts hypercorn's ``started(list_of_urls)`` to ``started(port)`` of the caller."""
+KEEP_ALIVE_TIMEOUT = 5.0
+"""Seconds a connection may wait for a whole request head (hypercorn's ``keep_alive_timeout``)."""
+MAX_HEAD_BYTES = 16 * 1024
+"""Bytes of a request line and headers at most (hypercorn's ``h11_max_incomplete_size``)."""
+BACKLOG = 1024
+"""Connections the kernel queues before they are accepted (``listen`` backlog): a burst of
+connections waits there rather than in SYN retries (1 s and more per retry)."""
 
-    def __init__(self, task_status: trio.TaskStatus[int], port: int) -> None:
-        self.task_status = task_status
-        self.port = port
 
-    def started(self, binds: Any = None) -> None:
-        self.task_status.started(self.port)
+def server_config(graceful_timeout: float) -> Config:
+    """hypercorn's ``Config`` with the bounds of this module: access log off, error log to
+    ``SERVER_LOGGER``, ``graceful_timeout`` seconds for open connections at shutdown."""
+    config = Config()
+    config.accesslog = None
+    config.errorlog = logging.getLogger(SERVER_LOGGER)
+    config.graceful_timeout = graceful_timeout
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
+    config.h11_max_incomplete_size = MAX_HEAD_BYTES
+    config.backlog = BACKLOG
+    config.read_timeout = None
+    return config
 
 
 async def serve(
@@ -72,6 +114,8 @@ async def serve(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     shutdown_event: trio.Event | None = None,
     graceful_timeout: float = 3.0,
+    max_connections: int | None = None,
+    body_timeout: float = BODY_TIMEOUT,
 ) -> None:
     """Serve ``app`` over HTTP on ``host:port`` until ``shutdown_event`` is set or the
     caller's scope is cancelled; use with ``await nursery.start(serve, app, host, port)``,
@@ -79,29 +123,62 @@ async def serve(
 
     Binding happens before ``started``: a failure raises ``ApiBindError`` (an ``OSError``)
     with a message such as "port 52515 on 127.0.0.1 is in use". Access logs are off;
-    hypercorn's own messages go to the ``exo_p2p.api.server`` logger. On shutdown, open
-    connections get ``graceful_timeout`` seconds to finish, then are cancelled (streams
+    hypercorn's own messages go to the ``exo_p2p.api.server`` logger. At most
+    ``max_connections`` connections at once (default: ``api_connection_cap`` of the soft
+    open-file limit); bodies within ``body_timeout`` s (see the module docstring). On shutdown,
+    open connections get ``graceful_timeout`` seconds to finish, then are cancelled (streams
     in progress end; their generations are cancelled by the API).
     """
-    config = Config()
-    config.accesslog = None
-    config.errorlog = logging.getLogger(SERVER_LOGGER)
-    config.graceful_timeout = graceful_timeout
+    import resource
+
+    config = server_config(graceful_timeout)
+    if max_connections is None:
+        max_connections = api_connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     try:
         sock = listen_socket(host, port)
     except OSError as exc:
         raise ApiBindError(exc.errno, bind_error_message(host, port, exc)) from None
-    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
-    trigger = shutdown_event.wait if shutdown_event is not None else None
+    trigger = shutdown_event.wait if shutdown_event is not None else trio.sleep_forever
+    wrapped = wrap_app(BodyDeadline(app, body_timeout), config.wsgi_max_body_size, "asgi")
     try:
         sock.listen(config.backlog)
         bound_port = sock.getsockname()[1]
-        await worker_serve(
-            wrap_app(app, config.wsgi_max_body_size, "asgi"),
-            config,
-            sockets=sockets,
-            shutdown_trigger=trigger,
-            task_status=_BoundPort(task_status, bound_port),  # type: ignore[arg-type]
-        )
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        await _serve_hypercorn(wrapped, config, listener, max_connections, trigger,
+                               lambda: task_status.started(bound_port))
     finally:
         sock.close()
+
+
+async def _serve_hypercorn(app, config: Config, listener: trio.SocketListener, max_connections: int,  # type: ignore[no-untyped-def]
+                           shutdown_trigger: Callable[[], Awaitable[object]], started: Callable[[], None]) -> None:
+    """hypercorn's ``trio.run.worker_serve`` for one plain listener, accepting through
+    ``serve_bounded``: lifespan start, serve until ``shutdown_trigger`` returns or the scope is
+    cancelled, then ``config.graceful_timeout`` s for open connections, lifespan shutdown."""
+    config.set_statsd_logger_class(StatsdLogger)
+    lifespan_state: dict = {}
+    lifespan = Lifespan(app, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            handler = partial(TCPServer, app, config, context, ConnectionState(lifespan_state.copy()))
+            try:
+                async with trio.open_nursery() as accepting:
+                    await accepting.start(partial(serve_bounded, listener, handler, max_connections=max_connections,
+                                                  name="api", handler_nursery=server_nursery))
+                    await config.log.info(f"Running on http://{_where(listener)} (CTRL + C to quit)")
+                    started()
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()
+            finally:
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+def _where(listener: trio.SocketListener) -> str:
+    host, port = listener.socket.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -247,6 +247,9 @@ def run_node(config: NodeConfig) -> int:
     (imported here so client commands never pay for the node's imports); returns its exit
     code (0 after a clean stop). Raises ``CliError`` when this installation has no node
     runtime."""
+    from exo_p2p.limits import guard_setrlimit
+
+    guard_setrlimit()  # before any import can lower the open-file limit (exo_p2p.limits)
     try:
         from exo_p2p.node import run_node as node_main
     except ImportError as e:

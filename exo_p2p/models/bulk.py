@@ -38,7 +38,8 @@ Admission, so that connections without a ticket cannot starve ticket holders:
 Integrity does not rest on the TCP path: every chunk is checked against the manifest's hash
 on arrival (``PartialModel.write_chunk``), whatever path carried it. The bytes are not
 encrypted on this path (they are the model's weights, which the manifest names anyway).
-Bounds: a serving connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed; a
+Bounds: a serving connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed,
+as is one whose reader takes more than ``REPLY_TIMEOUT`` seconds to take one reply; a
 request longer than ``MAX_REQUEST_BYTES`` closes it. The client side (connections, limits on
 replies, the fall-back to libp2p) is ``exo_p2p.models.bulk_client``.
 """
@@ -69,6 +70,7 @@ TICKET_WAIT = 2.0
 """Seconds a new connection has to present its token (a fetcher sends it at once)."""
 IDLE_TIMEOUT = 60.0
 """Seconds a serving connection may stay silent between two requests."""
+REPLY_TIMEOUT = 30.0  # seconds a reader may take to take one reply (as the fetcher's bound)
 MAX_CONNECTIONS = 16
 """Connections with a redeemed ticket served at once."""
 MAX_UNREDEEMED = 64
@@ -286,10 +288,13 @@ class BulkServer:
                 if request.digest != digest:
                     raise LookupError("the ticket is for another model")
                 chunk = await trio.to_thread.run_sync(source.read_chunk, request.path, request.index)
+                reply = [_REPLY.pack(0, len(chunk)), chunk]
             except Exception as exc:  # the fetcher moves to another holder
                 message = str(exc).encode()
-                await stream.send_all(_REPLY.pack(1, len(message)) + message)
-                continue
-            await stream.send_all(_REPLY.pack(0, len(chunk)))
-            await stream.send_all(chunk)
+                reply, chunk = [_REPLY.pack(1, len(message)) + message], b""
+            with trio.move_on_after(REPLY_TIMEOUT) as slow:  # a reader that takes nothing is closed
+                for part in reply:
+                    await stream.send_all(part)
+            if slow.cancelled_caught:
+                return
             self.bytes_served += len(chunk)

@@ -48,10 +48,15 @@ def models_to_preload(state: State, node_id: str, boot_id: str, limit: int = TOK
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer of the MLX model directory ``path`` (mlx-lm's ``TokenizerWrapper``, the
     one the runners use, so counts match what a generation's prompt takes). Blocking: imports
-    mlx-lm on first use, reads the files; run it in a thread."""
+    mlx-lm on first use, reads the files; run it in a thread. The node's open-file limit is
+    checked after (mlx-lm's import tries to lower it: ``exo_p2p.limits``)."""
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
-    return mlx_load_tokenizer(path)
+    from exo_p2p.limits import check_nofile
+
+    tokenizer = mlx_load_tokenizer(path)
+    check_nofile("mlx-lm imported")
+    return tokenizer
 
 
 class _Entry:

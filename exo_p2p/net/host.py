@@ -36,6 +36,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.address_validation import get_available_interfaces
 
 from exo_p2p import defaults
+from exo_p2p.limits import LIBP2P_MAX_CONNECTIONS, LIBP2P_MAX_INBOUND
 
 from . import libdrops
 from .config import NetConfig, derive_psk, mdns_fingerprint
@@ -336,7 +337,15 @@ def _listen_multiaddrs(host: str, port: int) -> list[multiaddr.Multiaddr]:
 
 
 def _connection_config(config: NetConfig) -> ConnectionConfig:
+    """py-libp2p's connection settings. Inbound connections are bounded: at most
+    ``LIBP2P_MAX_INBOUND`` at once, handshaking or not (py-libp2p's inbound slots are
+    ``max_connections - min_connections``; one beyond is closed on arrival) and ``LIBP2P_MAX_CONNECTIONS``
+    established ones; a connection whose Noise/PSK and muxer handshake is not done within
+    ``dial_timeout`` s (one that says nothing) is closed. Its accept loop is trio's
+    ``serve_listeners``, which pauses on ``EMFILE``/``ENFILE``/``ENOBUFS``/``ENOMEM``."""
     return ConnectionConfig(
+        max_connections=LIBP2P_MAX_CONNECTIONS,
+        min_connections=LIBP2P_MAX_CONNECTIONS - LIBP2P_MAX_INBOUND,
         dial_timeout=config.dial_timeout,
         # a PSK mismatch stalls the upgrade; do not let the library hold it longer than a dial
         inbound_upgrade_timeout=config.dial_timeout,

@@ -485,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    from exo_p2p.limits import guard_setrlimit
     from exo_p2p.logging import configure_runner_output
+
+    guard_setrlimit()  # before the preload imports mlx-lm, which would lower the open-file limit (exo_p2p.limits)
 
     configure_runner_output()  # the node's log format for prints, warnings, tracebacks
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()

@@ -1,0 +1,218 @@
+"""The rules that keep a node's descriptors bounded, without sockets or processes: the
+open-file limit never lowered (``exo_p2p.limits``), the accept loop's cap and its patience
+with transient OS errors (``exo_p2p.listeners``), the API's body deadline
+(``exo_p2p.api.slow_clients``). Real nodes under a flood: ``tests/test_flood.py``."""
+
+from __future__ import annotations
+
+import errno
+import resource
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exo_p2p import limits
+from exo_p2p.api.slow_clients import BodyDeadline
+from exo_p2p.listeners import BACKOFF_MAX, backoff_delay, is_transient, serve_bounded
+
+INF = resource.RLIM_INFINITY
+limit_values = st.one_of(st.just(INF), st.integers(0, 1 << 20))
+
+
+def _rank(v: int) -> float:
+    return float("inf") if v == INF else v
+
+
+@st.composite
+def limit_pairs(draw) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    a, b = draw(limit_values), draw(limit_values)
+    return (a, b) if _rank(a) <= _rank(b) else (b, a)
+
+
+@given(limit_pairs(), limit_pairs())
+def test_kept_limits_are_never_lower_than_current_nor_requested(requested, current):
+    soft, hard = limits.kept_nofile(requested, current)
+    assert _rank(hard) >= max(_rank(requested[1]), _rank(current[1]))
+    assert _rank(soft) >= _rank(current[0])
+    assert _rank(soft) <= _rank(hard)
+
+
+def test_mlx_lm_request_changes_nothing_on_a_higher_limit():
+    assert limits.kept_nofile((2048, 4096), (20000, 20000)) == (20000, 20000)
+    assert limits.kept_nofile((2048, 4096), (1024, 4096)) == (2048, 4096)  # a raise passes
+    assert limits.kept_nofile((2048, 4096), (1024, INF)) == (2048, INF)
+
+
+def test_guarded_setrlimit_never_lowers_nofile_and_passes_other_resources():
+    calls: list[tuple[int, tuple[int, int]]] = []
+    current = {resource.RLIMIT_NOFILE: (20000, 20000)}
+    setrlimit = limits.guarded(lambda which, lim: calls.append((which, lim)), lambda which: current[which])
+    setrlimit(resource.RLIMIT_NOFILE, (2048, 4096))  # what mlx-lm asks at import
+    assert calls == []
+    current[resource.RLIMIT_NOFILE] = (1024, 20000)
+    setrlimit(resource.RLIMIT_NOFILE, (2048, 4096))
+    assert calls == [(resource.RLIMIT_NOFILE, (2048, 20000))]
+    setrlimit(resource.RLIMIT_CORE, (0, 0))
+    assert calls[-1] == (resource.RLIMIT_CORE, (0, 0))
+
+
+def test_the_guard_is_installed_in_this_process_and_mlx_lm_keeps_the_limit():
+    """conftest installs the guard, as the node and the runner do first thing: importing
+    mlx-lm here leaves this process's limits as they were."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    import mlx_lm  # noqa: F401
+
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == before
+
+
+@pytest.mark.parametrize("current,wanted", [
+    ((1024, 20000), 20000), ((20000, 20000), 20000), ((1024, INF), limits.NOFILE_CEILING),
+    ((100000, INF), 100000), ((256, 256), 256),
+])
+def test_wanted_soft_is_the_hard_limit(current, wanted):
+    assert limits.wanted_soft(current) == wanted
+
+
+@given(st.integers(0, 1 << 20))
+def test_api_cap_fits_the_budget(nofile):
+    cap = limits.api_connection_cap(nofile)
+    assert limits.API_MIN_CONNECTIONS <= cap <= limits.API_MAX_CONNECTIONS
+    reserved = limits.FD_RESERVE + limits.LIBP2P_MAX_CONNECTIONS + limits.BULK_MAX_CONNECTIONS
+    assert cap == limits.API_MIN_CONNECTIONS or cap + reserved <= nofile
+
+
+def test_api_cap_figures():
+    assert limits.api_connection_cap(20000) == 4096
+    assert limits.api_connection_cap(4096) == 4096 - 1024 - 300 - 32
+    assert limits.api_connection_cap(1024) == limits.API_MIN_CONNECTIONS
+    assert limits.api_connection_cap(INF) == 4096
+
+
+# --- the accept loop ------------------------------------------------------------------------------
+def test_transient_errors():
+    for code in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
+        assert is_transient(OSError(code, "x"))
+    assert not is_transient(OSError(errno.EBADF, "x"))
+    assert not is_transient(ValueError())
+
+
+@given(st.integers(0, 200))
+def test_backoff_grows_and_is_capped(n):
+    assert 0 <= backoff_delay(n) <= BACKOFF_MAX
+    assert backoff_delay(n) <= backoff_delay(n + 1)
+    assert backoff_delay(0) == 0
+
+
+class _FakeSocket:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.socket = _FakeSocket()
+
+    async def aclose(self) -> None:
+        self.socket.close()
+
+
+class _FakeListener:
+    """accept(): raises the queued errors and returns the queued streams in order, then waits."""
+
+    def __init__(self, script: list) -> None:  # type: ignore[type-arg]
+        self.script = script
+
+    async def accept(self):  # type: ignore[no-untyped-def]
+        await trio.sleep(0.01)
+        if not self.script:
+            await trio.sleep_forever()
+        item = self.script.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        pass
+
+    async def __aenter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    async def __aexit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def test_serve_bounded_caps_connections_and_rides_out_emfile():
+    """Three connections under a cap of two: the third is closed at once; EMFILE and
+    ECONNABORTED between them pause the loop instead of ending it."""
+    streams = [_FakeStream() for _ in range(3)]
+    script = [streams[0], OSError(errno.EMFILE, "Too many open files"), streams[1],
+              OSError(errno.ECONNABORTED, "aborted"), OSError(errno.EMFILE, "again"), streams[2]]
+    served: list[_FakeStream] = []
+
+    async def handler(stream) -> None:  # type: ignore[no-untyped-def]
+        served.append(stream)
+        await trio.sleep_forever()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            refusals = await nursery.start(lambda task_status: serve_bounded(
+                _FakeListener(script), handler, max_connections=2, name="t", task_status=task_status))
+            await trio.sleep(30)
+            assert served == streams[:2] and refusals.count == 1 and streams[2].socket.closed
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_serve_bounded_raises_other_errors():
+    async def main() -> None:
+        await serve_bounded(_FakeListener([OSError(errno.EBADF, "bad")]), None, max_connections=1, name="t")  # type: ignore[arg-type]
+
+    with pytest.raises(BaseExceptionGroup) as raised:  # noqa: F821 - Python 3.11 builtin
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert raised.value.split(OSError)[1] is None
+
+
+# --- the body deadline ----------------------------------------------------------------------------
+def _body_run(messages_every: float, n_parts: int) -> list[dict]:
+    """Run ``BodyDeadline(20 s)`` around an app that reads the body and answers 200, with a
+    client sending ``n_parts`` body parts ``messages_every`` s apart; returns what was sent."""
+    sent: list[dict] = []
+
+    async def receive():  # type: ignore[no-untyped-def]
+        receive.count += 1  # type: ignore[attr-defined]
+        await trio.sleep(messages_every)
+        return {"type": "http.request", "body": b"x", "more_body": receive.count < n_parts}  # type: ignore[attr-defined]
+
+    receive.count = 0  # type: ignore[attr-defined]
+
+    async def send(message) -> None:  # type: ignore[no-untyped-def]
+        sent.append(message)
+
+    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        from starlette.requests import Request
+
+        await Request(scope, receive).body()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> None:
+        await BodyDeadline(app, 20.0)({"type": "http", "method": "POST", "path": "/", "headers": []}, receive, send)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return sent
+
+
+def test_a_slow_body_gets_408_at_its_deadline():
+    sent = _body_run(messages_every=1.0, n_parts=1000)  # a slowloris: a byte a second
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+
+
+def test_a_body_within_the_deadline_is_served():
+    assert _body_run(messages_every=1.0, n_parts=15)[0]["status"] == 200
