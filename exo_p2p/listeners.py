@@ -6,7 +6,8 @@ beyond it is closed on arrival (counted, logged at most every ``REFUSAL_LOG_EVER
 an accept that fails with a transient error (:func:`is_transient`: out of descriptors,
 buffers or memory, a connection aborted before it was accepted) is retried after a pause
 that doubles from ``BACKOFF_FIRST`` to ``BACKOFF_MAX`` s (:func:`backoff_delay`) instead of
-ending the loop — and with it the node. Any other error still ends the loop.
+ending the loop — and with it the node. Any other accept error still ends the loop; a
+handler that raises ends its own connection only (logged).
 
 Background loops that touch the OS each round (reading ``/proc``, opening files) use
 :class:`Backoff` the same way: a transient error costs one round, never the process.
@@ -93,6 +94,8 @@ async def _run(stream: trio.SocketStream, handler: Callable[[trio.SocketStream],
                slots: trio.CapacityLimiter) -> None:
     try:
         await handler(stream)
+    except Exception:  # one connection's failure is not the listener's (nor the node's)
+        log.exception("connection handler failed")
     finally:
         slots.release_on_behalf_of(stream)
         await trio.aclose_forcefully(stream)
@@ -111,7 +114,7 @@ async def serve_bounded(
     ``handler_nursery`` (a nursery of its own when None; the stream is closed when the handler
     returns) while fewer than ``max_connections`` are being served; a connection beyond is
     closed at once. Transient accept errors pause the loop (:class:`Backoff`); any other
-    ``OSError`` is raised. ``task_status.started`` gets the :class:`Refusals` counter. Closes
+    ``OSError`` is raised. An exception of a handler is logged and ends its connection only. ``task_status.started`` gets the :class:`Refusals` counter. Closes
     ``listener`` on exit."""
     slots = trio.CapacityLimiter(max_connections)
     refusals = Refusals(name, max_connections)

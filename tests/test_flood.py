@@ -1,0 +1,139 @@
+"""A real node keeps its open-file limit and survives thousands of idle and slow connections.
+
+- its NOFILE limits: raised to the hard limit at start, and not lowered after a model is
+  placed (its runner imports mlx-lm, which would set 2048/4096) nor after ``count_tokens``
+  (the node imports mlx-lm itself) — read in ``/proc/PID/limits``;
+- started under the limits mlx-lm leaves (2048/4096), 2,000 idle and slowloris connections to
+  its API and a few hundred to its libp2p and model-transfer (bulk) ports: the node stays up,
+  ``/health`` answers within 1 s throughout, each kind of connection is closed by the node
+  within its bound (``exo_p2p.api.server``, ``exo_p2p.api.slow_clients``,
+  ``exo_p2p.net.host``, ``exo_p2p.models.bulk``), and its descriptors return to their idle
+  count.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exo_p2p.api.server import KEEP_ALIVE_TIMEOUT
+from exo_p2p.api.slow_clients import BODY_TIMEOUT
+from exo_p2p.models.bulk import TOKEN_TIMEOUT
+from tests.cluster import NodeProcess, wait_until
+from tests.conftest import TINY_MODEL
+from tests.flood import Wave, run_flood
+
+pytestmark = pytest.mark.integration
+
+SLACK = 4.0
+"""Seconds beyond a bound the node may take to close a connection on a loaded machine."""
+IDLE_FDS_SLACK = 20
+"""Descriptors beyond the idle count the node may hold after the flood (log rotation, a
+runner's pipes, a peer's stream)."""
+_EXEC_WITH_LIMITS = (
+    "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])));"
+    " os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
+class LimitedNode(NodeProcess):
+    """A node started under the NOFILE limits ``(soft, hard)`` (set, then ``exec``)."""
+
+    def __init__(self, data_dir: Path, nofile: tuple[int, int], **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(data_dir, **kw)
+        self.nofile = nofile
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _EXEC_WITH_LIMITS, *map(str, self.nofile), *super().command()]
+
+
+def nofile_of(pid: int) -> tuple[int, int]:
+    """(soft, hard) NOFILE limits of process ``pid`` from ``/proc/PID/limits``."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise LookupError(pid)
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on (its socket inodes in ``/proc/net/tcp``)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_nofile_limits_are_raised_at_start_and_kept_after_placing(tmp_path, models_dir):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    node = LimitedNode(tmp_path / "node", (1024, hard), extra_args=["--models-dir", str(models_dir)])
+    try:
+        node.start()
+        pid = node.proc.pid  # type: ignore[union-attr]
+        assert nofile_of(pid) == (hard, hard), "the soft limit is raised to the hard one at start"
+        node.place_and_wait(TINY_MODEL, timeout=120)
+        runners = node.children()
+        assert runners, "a runner holds the placed model"
+        counted = node.post("/v1/messages/count_tokens", json={"model": TINY_MODEL, "max_tokens": 8,
+                                                                "messages": [{"role": "user", "content": "hi"}]})
+        assert counted.status_code == 200, counted.text
+        assert nofile_of(pid) == (hard, hard), "the node's limits after it imported mlx-lm"
+        for runner in runners:
+            assert nofile_of(runner.pid) == (hard, hard), "a runner's limits after it imported mlx-lm"
+    finally:
+        node.stop()
+
+
+def test_a_flood_of_idle_and_slow_connections_leaves_the_node_up(tmp_path):
+    """Started under 2048/4096 (what mlx-lm's import leaves): 2,000 connections to the API
+    (800 idle, 600 slowloris heads, 600 slowloris bodies), 300 idle ones to libp2p, 100 to the
+    bulk port."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds ~2,400 sockets
+    node = LimitedNode(tmp_path / "node", (2048, 4096))
+    try:
+        node.start()
+        pid = node.proc.pid  # type: ignore[union-attr]
+        libp2p = int(node.addrs()[0].split("/tcp/")[1].split("/")[0])
+        bulk = (listening_ports(pid) - {node.api_port, libp2p}).pop()
+        time.sleep(2.0)  # the first profile rounds and heartbeats: the idle count settles
+        idle_fds = fd_count(pid)
+        plan = [Wave("idle", node.api_port, 800), Wave("head", node.api_port, 600), Wave("body", node.api_port, 600),
+                Wave("idle", libp2p, 300), Wave("idle", bulk, 100)]
+        result = run_flood(plan, hold=BODY_TIMEOUT + 2 * SLACK, probe_port=node.api_port)
+        assert node.proc.poll() is None, f"the node exited:\n{node.log_tail()}"  # type: ignore[union-attr]
+        assert result.probes and None not in result.probes and max(result.probes) < 1.0, result.probes
+        assert not result.connect_failures, result.connect_failures
+        bounds = {f"idle:{node.api_port}": KEEP_ALIVE_TIMEOUT, f"head:{node.api_port}": KEEP_ALIVE_TIMEOUT,
+                  f"body:{node.api_port}": BODY_TIMEOUT, f"idle:{libp2p}": 5.0, f"idle:{bulk}": TOKEN_TIMEOUT}
+        for key, bound in bounds.items():
+            closed = result.closed_after[key]
+            late = [t for t in closed if t is None or t > bound + SLACK]
+            assert not late, f"{key}: {len(late)} of {len(closed)} not closed within {bound} + {SLACK} s"
+        assert result.first_bytes[f"body:{node.api_port}"] == {b"HTTP/1.1 408"}
+        settled = wait_until(lambda: fd_count(pid) <= idle_fds + IDLE_FDS_SLACK, 10, what="descriptors back to idle")
+        assert settled and nofile_of(pid) == (4096, 4096)
+        assert node.get("/health", timeout=2).status_code == 200
+    finally:
+        node.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
