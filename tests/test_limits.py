@@ -216,3 +216,36 @@ def test_a_slow_body_gets_408_at_its_deadline():
 
 def test_a_body_within_the_deadline_is_served():
     assert _body_run(messages_every=1.0, n_parts=15)[0]["status"] == 200
+
+
+def test_a_handler_that_raises_ends_its_connection_only():
+    streams = [_FakeStream(), _FakeStream()]
+    served: list[_FakeStream] = []
+
+    async def handler(stream) -> None:  # type: ignore[no-untyped-def]
+        served.append(stream)
+        raise RuntimeError("a bug in one connection")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: serve_bounded(_FakeListener(list(streams)), handler, max_connections=1, name="t"))
+            await trio.sleep(5)
+            assert served == streams and all(s.socket.closed for s in streams)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_bulk_connection_without_a_token_is_closed_after_its_timeout():
+    """A connection to the model-transfer port that sends nothing ends quietly after
+    ``TOKEN_TIMEOUT`` (it once raised and took the node down)."""
+    from exo_p2p.models.bulk import TOKEN_TIMEOUT, BulkServer
+
+    async def main() -> None:
+        server_side, client_side = trio.testing.memory_stream_pair()
+        started = trio.current_time()
+        await BulkServer(lambda digest: None)._handle(server_side)  # type: ignore[arg-type]
+        assert trio.current_time() - started == pytest.approx(TOKEN_TIMEOUT)
+        assert await client_side.receive_some(1) == b""  # closed by the server
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
