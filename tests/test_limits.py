@@ -249,3 +249,39 @@ def test_a_bulk_connection_without_a_token_is_closed_after_its_timeout():
         assert await client_side.receive_some(1) == b""  # closed by the server
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_response_the_client_does_not_read_closes_its_connection():
+    """hypercorn's writes have no bound; ``BoundedTCPServer``'s wait ``SEND_TIMEOUT`` s for
+    the client to take them, then close the connection."""
+    from hypercorn.config import Config
+    from hypercorn.events import Closed, RawData
+
+    from exo_p2p.api.server import SEND_TIMEOUT, BoundedTCPServer
+
+    handled: list[object] = []
+
+    class Protocol:
+        async def handle(self, event: object) -> None:
+            handled.append(event)
+
+    async def main() -> None:
+        server_side, _never_read = trio.testing.lockstep_stream_pair()
+        server = BoundedTCPServer(None, Config(), None, {}, server_side)  # type: ignore[arg-type]
+        server.protocol = Protocol()  # type: ignore[assignment]
+        returned_after: list[float] = []
+
+        async def write() -> None:
+            started = trio.current_time()
+            await server.protocol_send(RawData(b"x" * 1024))
+            returned_after.append(trio.current_time() - started)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            await trio.sleep(2 * SEND_TIMEOUT)
+            if not returned_after:  # hypercorn's own TCPServer waits forever: break its write
+                await trio.aclose_forcefully(server_side)
+        assert returned_after and returned_after[0] == pytest.approx(SEND_TIMEOUT)
+        assert handled and isinstance(handled[-1], Closed)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -14,6 +14,9 @@ bounded number of descriptors and never the node:
   be at most ``MAX_HEAD_BYTES`` (hypercorn's ``h11_max_incomplete_size``; larger: 400, closed).
 - **a request's body** must arrive within ``slow_clients.BODY_TIMEOUT`` s of its head (408,
   connection closed; ``exo_p2p.api.slow_clients.BodyDeadline``).
+- **a response's bytes**: each write must be taken by the client within ``SEND_TIMEOUT`` s
+  (``BoundedTCPServer``; hypercorn's writes have no bound), else the connection is closed: a
+  client that asks and never reads is a slowloris too.
 - hypercorn's ``read_timeout`` stays off: it bounds every read, also while a client waits
   silently for a long streamed answer, which it would cut.
 
@@ -31,6 +34,7 @@ from functools import partial
 
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
@@ -90,6 +94,32 @@ MAX_HEAD_BYTES = 16 * 1024
 BACKLOG = 1024
 """Connections the kernel queues before they are accepted (``listen`` backlog): a burst of
 connections waits there rather than in SYN retries (1 s and more per retry)."""
+
+
+SEND_TIMEOUT = 30.0
+"""Seconds one write of a response may wait for the client to take it (its receive window)."""
+
+
+class BoundedTCPServer(TCPServer):
+    """hypercorn's per-connection server whose writes wait at most ``SEND_TIMEOUT`` s: a
+    client that does not read is closed like one that went away (``Closed`` to the protocol,
+    which ends the request; the app's stream sees a disconnect). The class attribute
+    ``send_timeout`` is read per write."""
+
+    send_timeout = SEND_TIMEOUT
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):  # as hypercorn: a write is not cut by a cancel
+                    with trio.fail_after(self.send_timeout):
+                        await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                await self.stream.aclose()
+                await self.protocol.handle(Closed())
 
 
 def server_config(graceful_timeout: float) -> Config:
@@ -163,7 +193,7 @@ async def _serve_hypercorn(app, config: Config, listener: trio.SocketListener, m
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as server_nursery:
-            handler = partial(TCPServer, app, config, context, ConnectionState(lifespan_state.copy()))
+            handler = partial(BoundedTCPServer, app, config, context, ConnectionState(lifespan_state.copy()))
             try:
                 async with trio.open_nursery() as accepting:
                     await accepting.start(partial(serve_bounded, listener, handler, max_connections=max_connections,
