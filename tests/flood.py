@@ -1,25 +1,36 @@
 """Careless and hostile TCP clients for the flood tests: idle connections, slowloris heads and
 bodies, and a ``/health`` probe timed while they hold the node's ports.
 
-``run_flood(plan, hold, probe_port)`` opens every connection of ``plan`` (at most
-``CONNECTS_IN_FLIGHT`` connects at once), keeps each until the server closes it or ``hold``
+``run_flood(plan, hold, probe_port)`` opens every connection of ``plan`` in random order (at
+most ``CONNECTS_IN_FLIGHT`` connects at once, ``CONNECTS_PER_SECOND``), keeps each until the server closes it or ``hold``
 seconds pass, and meanwhile asks ``GET /health`` every ``PROBE_EVERY`` s. It returns, per
 kind, when the server closed each connection (seconds after it was opened; None: still open
 at the end), and every probe's latency (None: no answer within ``PROBE_TIMEOUT`` s)."""
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 CONNECTS_IN_FLIGHT = 200
+CONNECTS_PER_SECOND = 500
+"""Connections opened per second at most: a 2,400-connection flood opens within ~5 s, all of
+it open at once before the first idle ones time out."""
 PROBE_EVERY = 0.5
 PROBE_TIMEOUT = 3.0
 TRICKLE_EVERY = 2.0
 """Seconds between two bytes of a slowloris client."""
 
+READER_REQUEST = b"GET /dashboard/views.js HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+READER_REQUESTS = 2000
+"""Pipelined requests of a "reader" client: ~25 MB of answers, more than loopback buffers hold."""
+READER_LOOKS_AFTER = 26.0
+"""Seconds after which a "reader" client drains what it was sent, to see whether the server
+closed the connection meanwhile (it cannot tell before without reading)."""
 HEAD_START = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
 BODY_HEAD = HEAD_START + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
 
@@ -28,7 +39,8 @@ BODY_HEAD = HEAD_START + b"content-type: application/json\r\ncontent-length: 100
 class Wave:
     """``count`` connections of ``kind`` to ``port``: "idle" (say nothing), "head" (a request
     head one header line every ``TRICKLE_EVERY`` s), "body" (a whole head, then one body byte
-    every ``TRICKLE_EVERY`` s)."""
+    every ``TRICKLE_EVERY`` s), "reader" (``READER_REQUESTS`` pipelined requests for a static
+    file, never reading an answer until ``READER_LOOKS_AFTER`` s have passed)."""
 
     kind: str
     port: int
@@ -41,6 +53,7 @@ class FloodResult:
     connect_failures: dict[str, int] = field(default_factory=dict)
     probes: list[float | None] = field(default_factory=list)
     first_bytes: dict[str, set[bytes]] = field(default_factory=dict)
+    peak_fds: int = 0
 
 
 async def _trickle(stream: trio.SocketStream, kind: str) -> None:
@@ -52,6 +65,25 @@ async def _trickle(stream: trio.SocketStream, kind: str) -> None:
         await stream.send_all(b"x" if kind == "body" else b"x-slow: 1\r\n")
 
 
+async def _reader(stream: trio.SocketStream) -> float | None:
+    """A "reader" client: seconds after which it saw the server's close, or None."""
+    import socket
+
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    opened = time.monotonic()
+    with trio.move_on_after(5):
+        await stream.send_all(READER_REQUEST * READER_REQUESTS)
+    await trio.sleep(READER_LOOKS_AFTER - (time.monotonic() - opened))
+    with trio.move_on_after(5):
+        try:
+            while await stream.receive_some(1 << 20):
+                pass
+        except (trio.BrokenResourceError, OSError):
+            pass
+        return time.monotonic() - opened
+    return None
+
+
 async def _one(wave: Wave, key: str, result: FloodResult, hold: float, connects: trio.CapacityLimiter) -> None:
     async with connects:
         try:
@@ -59,6 +91,10 @@ async def _one(wave: Wave, key: str, result: FloodResult, hold: float, connects:
         except OSError:
             result.connect_failures[key] = result.connect_failures.get(key, 0) + 1
             return
+    if wave.kind == "reader":
+        async with stream:
+            result.closed_after.setdefault(key, []).append(await _reader(stream))
+        return
     opened = time.monotonic()
     closed: float | None = None
     async with stream:
@@ -102,22 +138,30 @@ async def probe_health(port: int) -> float | None:
     return None
 
 
-async def _flood(plan: list[Wave], hold: float, probe_port: int, result: FloodResult) -> None:
+async def _flood(plan: list[Wave], hold: float, probe_port: int, result: FloodResult, fds: Callable[[], int]) -> None:
     connects = trio.CapacityLimiter(CONNECTS_IN_FLIGHT)
+    waves = [wave for wave in plan for _ in range(wave.count)]
+    random.Random(0).shuffle(waves)  # every port and kind from the first second on
+
+    async def start_clients(clients: trio.Nursery) -> None:
+        for wave in waves:
+            clients.start_soon(_one, wave, f"{wave.kind}:{wave.port}", result, hold, connects)
+            await trio.sleep(1 / CONNECTS_PER_SECOND)
+
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as clients:
-            for wave in plan:
-                for _ in range(wave.count):
-                    clients.start_soon(_one, wave, f"{wave.kind}:{wave.port}", result, hold, connects)
+            clients.start_soon(start_clients, clients)
             while clients.child_tasks:
                 result.probes.append(await probe_health(probe_port))
+                result.peak_fds = max(result.peak_fds, fds())
                 await trio.sleep(PROBE_EVERY)
         nursery.cancel_scope.cancel()
 
 
-def run_flood(plan: list[Wave], hold: float, probe_port: int) -> FloodResult:
+def run_flood(plan: list[Wave], hold: float, probe_port: int, fds: Callable[[], int] = lambda: 0) -> FloodResult:
     """Run the flood of ``plan`` (see the module docstring); blocks until every connection is
-    closed (by the server, or by the client after ``hold`` s)."""
+    closed (by the server, or by the client after ``hold`` s). ``fds()`` (the server's open
+    descriptors) is read at each probe; its largest value is ``peak_fds``."""
     result = FloodResult()
-    trio.run(_flood, plan, hold, probe_port, result)
+    trio.run(_flood, plan, hold, probe_port, result, fds)
     return result

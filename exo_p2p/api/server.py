@@ -96,7 +96,7 @@ BACKLOG = 1024
 connections waits there rather than in SYN retries (1 s and more per retry)."""
 
 
-SEND_TIMEOUT = 30.0
+SEND_TIMEOUT = 20.0
 """Seconds one write of a response may wait for the client to take it (its receive window)."""
 
 
