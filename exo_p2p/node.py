@@ -8,6 +8,7 @@ the HTTP API in one trio process. This is the only module that imports both ``ma
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -507,6 +508,7 @@ class Node:
                 )
                 facts = self._start_facts(secret is None)
                 announce(banner(self.node_id, f"http://{cfg.api_host}:{self.api_port}", net.listen_addrs(), facts), facts)
+                gc.freeze()  # what start-up built stays: a full collection under a flood of connections scans only theirs
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()

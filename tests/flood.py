@@ -2,19 +2,27 @@
 bodies, and a ``/health`` probe timed while they hold the node's ports.
 
 ``run_flood(plan, hold, probe_port)`` opens every connection of ``plan`` in random order (at
-most ``CONNECTS_IN_FLIGHT`` connects at once, ``CONNECTS_PER_SECOND``), keeps each until the server closes it or ``hold``
-seconds pass, and meanwhile asks ``GET /health`` every ``PROBE_EVERY`` s. It returns, per
-kind, when the server closed each connection (seconds after it was opened; None: still open
-at the end), and every probe's latency (None: no answer within ``PROBE_TIMEOUT`` s)."""
+most ``CONNECTS_IN_FLIGHT`` connects at once, ``CONNECTS_PER_SECOND``) and keeps each until
+the server closes it or ``hold`` seconds pass, in a process of its own, while the caller's
+process asks ``GET /health`` every ``PROBE_EVERY`` s. It returns, per kind, when the server
+closed each connection (seconds after it was opened; None: still open at the end), and every
+probe's latency (None: no answer within ``PROBE_TIMEOUT`` s)."""
 
 from __future__ import annotations
 
+import json
 import random
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
+
+REPO = Path(__file__).resolve().parents[1]
 
 CONNECTS_IN_FLIGHT = 200
 CONNECTS_PER_SECOND = 500
@@ -30,7 +38,8 @@ READER_REQUESTS = 2000
 """Pipelined requests of a "reader" client: ~25 MB of answers, more than loopback buffers hold."""
 READER_LOOKS_AFTER = 26.0
 """Seconds after which a "reader" client drains what it was sent, to see whether the server
-closed the connection meanwhile (it cannot tell before without reading)."""
+closed the connection meanwhile (it cannot tell before without reading): the API's
+``SEND_TIMEOUT`` (20 s) after its buffers filled, plus slack."""
 HEAD_START = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
 BODY_HEAD = HEAD_START + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
 
@@ -49,6 +58,10 @@ class Wave:
 
 @dataclass
 class FloodResult:
+    """Per "kind:port": seconds after which the server closed each connection (None: it did
+    not), connects that failed, the first bytes the server sent; the probes' latencies (None:
+    no answer) and the server's largest descriptor count seen."""
+
     closed_after: dict[str, list[float | None]] = field(default_factory=dict)
     connect_failures: dict[str, int] = field(default_factory=dict)
     probes: list[float | None] = field(default_factory=list)
@@ -120,48 +133,65 @@ async def _trickle_quietly(stream: trio.SocketStream, kind: str) -> None:
         await trio.sleep_forever()  # the reader sees the close
 
 
-async def probe_health(port: int) -> float | None:
-    """Seconds ``GET /health`` on ``port`` took to a whole 200 answer; None when it failed or
-    took more than ``PROBE_TIMEOUT`` s."""
-    started = time.monotonic()
-    with trio.move_on_after(PROBE_TIMEOUT):
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            async with stream:
-                await stream.send_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
-                data = b""
-                while part := await stream.receive_some(65536):
-                    data += part
-        except (OSError, trio.BrokenResourceError):
-            return None
-        return time.monotonic() - started if data.startswith(b"HTTP/1.1 200") else None
-    return None
-
-
-async def _flood(plan: list[Wave], hold: float, probe_port: int, result: FloodResult, fds: Callable[[], int]) -> None:
+async def _flood(plan: list[Wave], hold: float, result: FloodResult) -> None:
     connects = trio.CapacityLimiter(CONNECTS_IN_FLIGHT)
     waves = [wave for wave in plan for _ in range(wave.count)]
     random.Random(0).shuffle(waves)  # every port and kind from the first second on
-
-    async def start_clients(clients: trio.Nursery) -> None:
+    async with trio.open_nursery() as clients:
         for wave in waves:
             clients.start_soon(_one, wave, f"{wave.kind}:{wave.port}", result, hold, connects)
             await trio.sleep(1 / CONNECTS_PER_SECOND)
 
-    async with trio.open_nursery() as nursery:
-        async with trio.open_nursery() as clients:
-            clients.start_soon(start_clients, clients)
-            while clients.child_tasks:
-                result.probes.append(await probe_health(probe_port))
-                result.peak_fds = max(result.peak_fds, fds())
-                await trio.sleep(PROBE_EVERY)
-        nursery.cancel_scope.cancel()
+
+def probe_health(port: int) -> float | None:
+    """Seconds ``GET /health`` on ``port`` took to a whole 200 answer (a blocking socket: no
+    client library's own time in it); None when it failed or took more than ``PROBE_TIMEOUT`` s."""
+    started = time.monotonic()
+    data = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+            while (part := sock.recv(65536)) and time.monotonic() - started < PROBE_TIMEOUT:
+                data += part
+    except OSError:
+        return None
+    took = time.monotonic() - started
+    return took if data.startswith(b"HTTP/1.1 200") and took < PROBE_TIMEOUT else None
 
 
 def run_flood(plan: list[Wave], hold: float, probe_port: int, fds: Callable[[], int] = lambda: 0) -> FloodResult:
-    """Run the flood of ``plan`` (see the module docstring); blocks until every connection is
-    closed (by the server, or by the client after ``hold`` s). ``fds()`` (the server's open
-    descriptors) is read at each probe; its largest value is ``peak_fds``."""
+    """Run the flood of ``plan`` in a process of its own (see the module docstring; its CPU
+    does not delay the probes) and probe ``/health`` on ``probe_port`` meanwhile; blocks until
+    every connection is closed (by the server, or by the client after ``hold`` s). ``fds()``
+    (the server's open descriptors) is read at each probe; its largest value is ``peak_fds``."""
+    spec = json.dumps({"plan": [[w.kind, w.port, w.count] for w in plan], "hold": hold})
+    flood = subprocess.Popen([sys.executable, "-m", "tests.flood", spec], stdout=subprocess.PIPE, cwd=REPO)
+    probes, peak = [], 0
+    try:
+        while flood.poll() is None:
+            probes.append(probe_health(probe_port))
+            peak = max(peak, fds())
+            time.sleep(PROBE_EVERY)
+        out = json.loads(flood.stdout.read())  # type: ignore[union-attr]
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+        flood.wait()
+    return FloodResult(out["closed_after"], out["connect_failures"], probes,
+                       {k: {b.encode("latin-1") for b in v} for k, v in out["first_bytes"].items()}, peak)
+
+
+def main(spec: str) -> None:
+    """The flood process: run ``spec`` (JSON: plan, hold), print the result as JSON."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    args = json.loads(spec)
     result = FloodResult()
-    trio.run(_flood, plan, hold, probe_port, result, fds)
-    return result
+    trio.run(_flood, [Wave(*w) for w in args["plan"]], args["hold"], result)
+    print(json.dumps({"closed_after": result.closed_after, "connect_failures": result.connect_failures,
+                      "first_bytes": {k: sorted(b.decode("latin-1") for b in v) for k, v in result.first_bytes.items()}}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
