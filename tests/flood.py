@@ -41,6 +41,7 @@ READER_LOOKS_AFTER = 26.0
 closed the connection meanwhile (it cannot tell before without reading): the API's
 ``SEND_TIMEOUT`` (20 s) after its buffers filled, plus slack."""
 HEAD_START = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 BODY_HEAD = HEAD_START + b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
 
 
@@ -48,8 +49,9 @@ BODY_HEAD = HEAD_START + b"content-type: application/json\r\ncontent-length: 100
 class Wave:
     """``count`` connections of ``kind`` to ``port``: "idle" (say nothing), "head" (a request
     head one header line every ``TRICKLE_EVERY`` s), "body" (a whole head, then one body byte
-    every ``TRICKLE_EVERY`` s), "reader" (``READER_REQUESTS`` pipelined requests for a static
-    file, never reading an answer until ``READER_LOOKS_AFTER`` s have passed)."""
+    every ``TRICKLE_EVERY`` s), "h2" (the HTTP/2 prior-knowledge preface, then nothing),
+    "reader" (``READER_REQUESTS`` pipelined requests for a static file, never reading an
+    answer until ``READER_LOOKS_AFTER`` s have passed)."""
 
     kind: str
     port: int
@@ -70,7 +72,9 @@ class FloodResult:
 
 
 async def _trickle(stream: trio.SocketStream, kind: str) -> None:
-    if kind == "idle":
+    if kind in ("idle", "h2"):
+        if kind == "h2":
+            await stream.send_all(H2_PREFACE)
         await trio.sleep_forever()
     await stream.send_all(BODY_HEAD if kind == "body" else HEAD_START)
     while True:

@@ -10,7 +10,8 @@ bounded number of descriptors and never the node:
   transient accept errors). The kernel queues at most ``BACKLOG`` connections not accepted yet.
 - **a request's head** (request line and headers) must arrive within ``KEEP_ALIVE_TIMEOUT``
   s of the connection's start or of the previous response (hypercorn's keep-alive timer runs
-  until a whole head is parsed, so an idle or header-slowloris connection is closed then) and
+  until a whole head is parsed, so an idle or header-slowloris connection is closed then; an
+  HTTP/2 connection, whose first request hypercorn does not time, by ``BoundedTCPServer``) and
   be at most ``MAX_HEAD_BYTES`` (hypercorn's ``h11_max_incomplete_size``; larger: 400, closed).
 - **a request's body** must arrive within ``slow_clients.BODY_TIMEOUT`` s of its head (408,
   connection closed; ``exo_p2p.api.slow_clients.BodyDeadline``).
@@ -101,12 +102,39 @@ SEND_TIMEOUT = 20.0
 
 
 class BoundedTCPServer(TCPServer):
-    """hypercorn's per-connection server whose writes wait at most ``SEND_TIMEOUT`` s: a
-    client that does not read is closed like one that went away (``Closed`` to the protocol,
-    which ends the request; the app's stream sees a disconnect). The class attribute
-    ``send_timeout`` is read per write."""
+    """hypercorn's per-connection server with two more bounds:
+
+    - its writes wait at most ``SEND_TIMEOUT`` s: a client that does not read is closed like
+      one that went away (``Closed`` to the protocol, which ends the request; the app's stream
+      sees a disconnect). The class attribute ``send_timeout`` is read per write.
+    - the connection's first request must reach the app within ``config.keep_alive_timeout``
+      s, else the connection is closed. For HTTP/1.1 hypercorn's keep-alive timer does that
+      already; an HTTP/2 connection opened with the prior-knowledge preface (``PRI *``) stops
+      that timer before it has a stream, and one that then says nothing was held forever.
+    """
 
     send_timeout = SEND_TIMEOUT
+
+    def __init__(self, app, config: Config, context, state, stream) -> None:  # type: ignore[no-untyped-def]
+        self.first_request = trio.Event()
+
+        async def app_seen(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            self.first_request.set()
+            await app(*args, **kwargs)
+
+        super().__init__(app_seen, config, context, state, stream)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._first_request_deadline)
+            await super().run()
+            nursery.cancel_scope.cancel()
+
+    async def _first_request_deadline(self) -> None:
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            await self.first_request.wait()
+            return
+        await self.stream.aclose()  # the reader sees it closed and the connection ends
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
