@@ -15,6 +15,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ CONNECTS_PER_SECOND = 500
 it open at once before the first idle ones time out."""
 PROBE_EVERY = 0.5
 PROBE_TIMEOUT = 3.0
+FLOOD_SLACK = 60.0
+"""Seconds the flood process may run beyond ``hold`` (opening connections at
+``CONNECTS_PER_SECOND``, a loaded machine) before it is killed."""
 TRICKLE_EVERY = 2.0
 """Seconds between two bytes of a slowloris client."""
 
@@ -168,33 +172,38 @@ def run_flood(plan: list[Wave], hold: float, probe_port: int, fds: Callable[[], 
     does not delay the probes) and probe ``/health`` on ``probe_port`` meanwhile; blocks until
     every connection is closed (by the server, or by the client after ``hold`` s). ``fds()``
     (the server's open descriptors) is read at each probe; its largest value is ``peak_fds``."""
-    spec = json.dumps({"plan": [[w.kind, w.port, w.count] for w in plan], "hold": hold})
-    flood = subprocess.Popen([sys.executable, "-m", "tests.flood", spec], stdout=subprocess.PIPE, cwd=REPO)
-    probes, peak = [], 0
-    try:
-        while flood.poll() is None:
-            probes.append(probe_health(probe_port))
-            peak = max(peak, fds())
-            time.sleep(PROBE_EVERY)
-        out = json.loads(flood.stdout.read())  # type: ignore[union-attr]
-    finally:
-        if flood.poll() is None:
-            flood.kill()
-        flood.wait()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = Path(tmp) / "flood.json"  # not a pipe: the child would block on a full one
+        spec = json.dumps({"plan": [[w.kind, w.port, w.count] for w in plan], "hold": hold, "out": str(out_path)})
+        flood = subprocess.Popen([sys.executable, "-m", "tests.flood", spec], cwd=REPO)
+        probes, peak = [], 0
+        deadline = time.monotonic() + hold + FLOOD_SLACK
+        try:
+            while flood.poll() is None and time.monotonic() < deadline:
+                probes.append(probe_health(probe_port))
+                peak = max(peak, fds())
+                time.sleep(PROBE_EVERY)
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+            flood.wait()
+        out = json.loads(out_path.read_text())
     return FloodResult(out["closed_after"], out["connect_failures"], probes,
                        {k: {b.encode("latin-1") for b in v} for k, v in out["first_bytes"].items()}, peak)
 
 
 def main(spec: str) -> None:
-    """The flood process: run ``spec`` (JSON: plan, hold), print the result as JSON."""
+    """The flood process: run ``spec`` (JSON: plan, hold, out), write the result as JSON to
+    the file ``out``."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     args = json.loads(spec)
     result = FloodResult()
     trio.run(_flood, [Wave(*w) for w in args["plan"]], args["hold"], result)
-    print(json.dumps({"closed_after": result.closed_after, "connect_failures": result.connect_failures,
-                      "first_bytes": {k: sorted(b.decode("latin-1") for b in v) for k, v in result.first_bytes.items()}}))
+    Path(args["out"]).write_text(json.dumps({
+        "closed_after": result.closed_after, "connect_failures": result.connect_failures,
+        "first_bytes": {k: sorted(b.decode("latin-1") for b in v) for k, v in result.first_bytes.items()}}))
 
 
 if __name__ == "__main__":
