@@ -68,6 +68,19 @@ def test_the_guard_is_installed_in_this_process_and_mlx_lm_keeps_the_limit():
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == before
 
 
+def test_a_lowered_soft_limit_is_restored_by_the_check():
+    """What a library that bypasses the guard does to the soft limit, ``check_nofile`` undoes
+    (the hard one could not be)."""
+    kept = limits.keep_nofile("test")
+    if kept[0] < 512:
+        pytest.skip("this process's limit is too low to lower it")
+    limits._state["original"](resource.RLIMIT_NOFILE, (256, kept[1]))  # type: ignore[operator]
+    try:
+        assert limits.check_nofile("test") == kept
+    finally:
+        limits._state["original"](resource.RLIMIT_NOFILE, kept)  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("current,wanted", [
     ((1024, 20000), 20000), ((20000, 20000), 20000), ((1024, INF), limits.NOFILE_CEILING),
     ((100000, INF), 100000), ((256, 256), 256),
