@@ -251,14 +251,14 @@ def test_a_handler_that_raises_ends_its_connection_only():
 
 def test_a_bulk_connection_without_a_token_is_closed_after_its_timeout():
     """A connection to the model-transfer port that sends nothing ends quietly after
-    ``TOKEN_TIMEOUT`` (it once raised and took the node down)."""
-    from exo_p2p.models.bulk import TOKEN_TIMEOUT, BulkServer
+    ``TICKET_WAIT`` (it once raised and took the node down)."""
+    from exo_p2p.models.bulk import TICKET_WAIT, BulkServer
 
     async def main() -> None:
         server_side, client_side = trio.testing.memory_stream_pair()
         started = trio.current_time()
         await BulkServer(lambda digest: None)._handle(server_side)  # type: ignore[arg-type]
-        assert trio.current_time() - started == pytest.approx(TOKEN_TIMEOUT)
+        assert trio.current_time() - started == pytest.approx(TICKET_WAIT)
         assert await client_side.receive_some(1) == b""  # closed by the server
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

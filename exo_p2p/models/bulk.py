@@ -252,7 +252,7 @@ class BulkServer:
             self._waiting.pop(key, None)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        digest: str | None = None  # stays None when no token came within TOKEN_TIMEOUT
+        digest: str | None = None  # stays None when no token came within TICKET_WAIT
         try:
             digest = await self._admit(stream)
             if digest is None:
