@@ -72,6 +72,12 @@ class Backoff:
     def reset(self) -> None:
         self.failures = 0
 
+    async def ride_out(self, exc: OSError) -> None:
+        """``pause(exc)`` when ``exc`` is transient (:func:`is_transient`); raises it otherwise."""
+        if not is_transient(exc):
+            raise exc
+        await self.pause(exc)
+
 
 class Refusals:
     """Connections refused at a cap: ``count`` in all, logged at most every
@@ -126,9 +132,7 @@ async def serve_bounded(
             try:
                 stream = await listener.accept()
             except OSError as exc:
-                if not is_transient(exc):
-                    raise
-                await pause.pause(exc)
+                await pause.ride_out(exc)
                 continue
             pause.reset()
             try:

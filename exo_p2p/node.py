@@ -347,7 +347,7 @@ class Node:
         descriptors reading ``/proc``) costs a round, not the node (``exo_p2p.listeners``);
         each round also keeps the open-file limit (``exo_p2p.limits.check_nofile``)."""
         from exo_p2p.limits import check_nofile
-        from exo_p2p.listeners import Backoff, is_transient
+        from exo_p2p.listeners import Backoff
 
         pause = Backoff("profile")
         last: tuple = (None, None)
@@ -356,9 +356,7 @@ class Node:
                 last = self._profile_round(*last)
                 check_nofile("profile")
             except OSError as exc:
-                if not is_transient(exc):
-                    raise
-                await pause.pause(exc)
+                await pause.ride_out(exc)
                 continue
             pause.reset()
             await trio.sleep(2.0)
