@@ -56,9 +56,9 @@ LIBP2P_MAX_INBOUND = 256
 """Inbound libp2p connections being handled at once at most (``exo_p2p.net.host``)."""
 LIBP2P_MAX_CONNECTIONS = 300
 """Established libp2p connections, inbound and outbound, at most (py-libp2p's default)."""
-BULK_MAX_CONNECTIONS = 32
-"""Descriptors budgeted for the model-transfer (bulk) listener, whose own cap is lower
-(``exo_p2p.models.bulk.MAX_CONNECTIONS``)."""
+BULK_MAX_CONNECTIONS = 80
+"""Descriptors budgeted for the model-transfer (bulk) listener: its connections waiting for a
+ticket and those served (``exo_p2p.models.bulk.MAX_UNREDEEMED`` + ``MAX_CONNECTIONS``)."""
 
 _state: dict[str, object] = {}
 """``original``: the unpatched ``resource.setrlimit``; ``kept``: the limits set at start."""

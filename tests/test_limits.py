@@ -97,9 +97,15 @@ def test_api_cap_fits_the_budget(nofile):
     assert cap == limits.API_MIN_CONNECTIONS or cap + reserved <= nofile
 
 
+def test_the_bulk_budget_is_what_the_bulk_listener_can_hold():
+    from exo_p2p.models import bulk
+
+    assert limits.BULK_MAX_CONNECTIONS == bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS
+
+
 def test_api_cap_figures():
     assert limits.api_connection_cap(20000) == 4096
-    assert limits.api_connection_cap(4096) == 4096 - 1024 - 300 - 32
+    assert limits.api_connection_cap(4096) == 4096 - 1024 - 300 - 80
     assert limits.api_connection_cap(1024) == limits.API_MIN_CONNECTIONS
     assert limits.api_connection_cap(INF) == 4096
 

@@ -15,11 +15,9 @@ cluster's authenticated channel decides who may open one:
    ``ChunkRequest`` of the ticket's digest) and reads replies (1 status byte, 8-byte length,
    then the chunk bytes, or a UTF-8 error message when the status is not 0), one at a time.
 
-Where it listens: on the IPv4 addresses the node's libp2p host listens on (``listen_hosts``:
-every concrete interface for ``--listen-host 0.0.0.0``, else that one address), one port for
-all of them, never the wildcard: the bulk port is reachable exactly where the cluster is. In a
-closed cluster a host without the secret reaches that port but never gets a ticket (tickets
-travel over the PSK-private libp2p channel); in an open cluster any host can join and ask.
+Where it listens: on the IPv4 addresses libp2p listens on (``listen_hosts``: every concrete
+interface for ``--listen-host 0.0.0.0``), one port for all, never the wildcard. A host without
+the secret of a closed cluster reaches that port but never gets a ticket.
 
 Admission, so that connections without a ticket cannot starve ticket holders:
 
@@ -36,8 +34,7 @@ Admission, so that connections without a ticket cannot starve ticket holders:
   ``exo_p2p.models.bulk_client``).
 
 Integrity does not rest on the TCP path: every chunk is checked against the manifest's hash
-on arrival (``PartialModel.write_chunk``), whatever path carried it. The bytes are not
-encrypted on this path (they are the model's weights, which the manifest names anyway).
+(``PartialModel.write_chunk``). The bytes are not encrypted (the weights the manifest names).
 Bounds: a serving connection silent for ``IDLE_TIMEOUT`` seconds between requests is closed,
 as is one whose reader takes more than ``REPLY_TIMEOUT`` seconds to take one reply; a
 request longer than ``MAX_REQUEST_BYTES`` closes it. The client side (connections, limits on
@@ -269,6 +266,8 @@ class BulkServer:
         except (BulkError, trio.BrokenResourceError, trio.ClosedResourceError, msgspec.DecodeError,
                 msgspec.ValidationError, OSError) as exc:
             log.debug("bulk connection ended", error=repr(exc))
+        except Exception:  # one connection's failure is not the listener's (nor the node's)
+            log.exception("bulk connection handler failed")
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
