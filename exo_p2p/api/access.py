@@ -44,7 +44,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.errors import error_info, family_error_response, family_of
-from exo_p2p.api.hosts import host_allowed, host_of, is_ip_or_localhost, parse_names, refusal_message
+from exo_p2p.api.hosts import host_allowed, host_of, parse_names, refusal_message
 from exo_p2p.types import ErrorInfo
 from exo_p2p.dashboard.routes import ASSET_PREFIX
 
@@ -56,7 +56,6 @@ PUBLIC_PREFIXES: tuple[str, ...] = (ASSET_PREFIX + "/",)
 secret; the data it then fetches is, and needs the key)."""
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods whose body must be JSON."""
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 @dataclass(frozen=True)
@@ -133,12 +132,10 @@ def origin_allowed(origin: str, host_header: str | None, cors_origins: Iterable[
     origin = origin.strip().rstrip("/")
     if "*" in allowed or origin in allowed:
         return True
-    host = host_of(host_header) if host_header else None
-    if host is None:
-        return False
     names = frozenset(allowed_hosts)
-    own = is_ip_or_localhost(host) or host in names or "*" in names
-    return own and origin.lower() in (f"http://{host_header.strip().lower()}", f"https://{host_header.strip().lower()}")
+    if not host_header or not host_allowed(host_header, names):
+        return False  # the API's own origin: only when its Host is one the Host rule allows
+    return origin.lower() in (f"http://{host_header.strip().lower()}", f"https://{host_header.strip().lower()}")
 
 
 def is_json_content_type(value: str | None) -> bool:
