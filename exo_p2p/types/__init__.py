@@ -71,6 +71,7 @@ from exo_p2p.types.tasks import (
     CreateRunner,
     GenerationParams,
     LoadModel,
+    OutputFormat,
     Shutdown,
     StartWarmup,
     Task,

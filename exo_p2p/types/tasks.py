@@ -25,6 +25,25 @@ class ChatMessage(msgspec.Struct, frozen=True):
     content: str
 
 
+FormatKind = Literal["json_object", "json_schema", "regex", "lark"]
+
+
+class OutputFormat(msgspec.Struct, frozen=True):
+    """The shape a generation's output must have (structured output, ``exo_p2p.output_format``).
+
+    ``kind``: ``json_object`` (any JSON object; ``source`` empty), ``json_schema`` (``source``
+    is the schema as JSON text), ``regex`` (``source`` is the pattern, the whole output must
+    match it) or ``lark`` (``source`` is a Lark grammar, llguidance's dialect). ``name`` is the
+    client's name for the format (OpenAI's ``json_schema.name``), kept for error messages.
+    The runner that samples constrains every token to the format; the output ends when the
+    format is complete (docs/api.md#structured-output).
+    """
+
+    kind: FormatKind
+    source: str = ""
+    name: str | None = None
+
+
 class GenerationParams(msgspec.Struct, frozen=True):
     """Validated sampling parameters of one generation (every API family maps to these).
 
@@ -43,6 +62,9 @@ class GenerationParams(msgspec.Struct, frozen=True):
     runner prefills prompt + them, replays them through detokenizer and stop matcher without
     emitting their text, counts them as completion tokens, and continues. ``origin_task_id``
     is the request's first task id (the seed of a request without ``seed`` derives from it).
+
+    ``output_format``: the shape the output must have (None: free text); a resumed request's
+    ``resume_tokens`` are replayed into its grammar before it continues.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -61,6 +83,7 @@ class GenerationParams(msgspec.Struct, frozen=True):
     prompt: str | None = None
     resume_tokens: tuple[int, ...] = ()
     origin_task_id: str | None = None
+    output_format: OutputFormat | None = None
 
 
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):

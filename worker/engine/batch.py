@@ -13,6 +13,12 @@ Decode pipelines like ``mlx_lm.generate.generate_step``: the next step's tokens 
 detokenizes and matches stop strings; when every row ends with this step's token (each is at
 its last allowed token) no next step is built.
 
+Rows with an output format (``constraint``) need their next token's mask, which depends on
+this step's token, before the next step's draw: when the batch holds such a row, a step is
+split in two (``Stage.forward_last``, then ``Stage.sample``): the next forward pass is
+queued first, the masks are computed while it runs, then its draw is queued. A batch without
+such rows takes the one-call path and pays nothing.
+
 Choice (not measured against per-sequence caches): left-padding, since one batched attention
 call per layer keeps the decode step one forward pass; the padding costs at most the length
 difference between the longest and the shortest row. A batch of one row is the same path.
@@ -81,22 +87,48 @@ class DecodeBatch:
         """One decode step: each row's token (``len(rows)`` ints, row order). This step's
         forward pass feeds them into the KV (appended to each row's ``fed``) and computes the
         next step's tokens in the background — unless every row ends with this token (each at
-        its last allowed one): then nothing is fed."""
+        its last allowed one): then nothing is fed. Constrained rows' grammars advance by
+        their token and their next masks are set between the forward and the draw."""
         assert self._cache is not None and self._next is not None
         tokens_in = self._next
         fed = any(row.completion_tokens + 1 < row.max_new for row in self.rows)
-        if fed:
-            with mx.stream(generation_stream):
-                self._next = stage.next_tokens(model, tokens_in[:, None], self._cache,
-                                               [row.sampler for row in self.rows])
-            mx.async_eval(self._next)
-        else:
+        samplers = [row.sampler for row in self.rows]
+        if not fed:
             self._next = None  # every row ends with this token: it is never fed
-        tokens = [int(t) for t in tokens_in.tolist()]
-        if fed:
-            for row, token in zip(self.rows, tokens, strict=True):
-                row.fed.append(token)
+            return [int(t) for t in tokens_in.tolist()]
+        with mx.stream(generation_stream):
+            if any(row.constraint is not None for row in self.rows):
+                pending = stage.forward_last(model, tokens_in[:, None], self._cache)
+                mx.async_eval(pending)
+                tokens = [int(t) for t in tokens_in.tolist()]
+                self._mask(stage, tokens)
+                self._next = stage.sample(pending, samplers)
+            else:
+                self._next = stage.next_tokens(model, tokens_in[:, None], self._cache, samplers)
+                tokens = []
+        mx.async_eval(self._next)
+        tokens = tokens or [int(t) for t in tokens_in.tolist()]
+        for row, token in zip(self.rows, tokens, strict=True):
+            row.fed.append(token)
         return tokens
+
+    def _mask(self, stage: Stage, tokens: list[int]) -> None:
+        """Advance each constrained row's grammar by its ``tokens`` entry and, on the rank
+        that samples, set its sampler's mask for the next draw (every active row's computed
+        together; None inside a think block)."""
+        rows = [row for row in self.rows if row.constraint is not None]
+        for row, token in zip(self.rows, tokens, strict=True):
+            if row.constraint is not None:
+                row.constraint.advance(token)
+        if not stage.samples:
+            return
+        active = [row for row in rows if row.constraint.active and row.constraint.error is None]  # type: ignore[union-attr]
+        for row in rows:
+            row.sampler.mask = None
+        if active:
+            masks = active[0].constraint.grammars.masks([row.constraint for row in active])  # type: ignore[union-attr]
+            for i, row in enumerate(active):
+                row.sampler.mask = masks[i : i + 1]
 
     def extract(self, index: int) -> list[Any]:
         """Row ``index``'s KV as one plain ``KVCache`` per layer (padding removed)."""

@@ -53,6 +53,21 @@ class Stage(Protocol):
         and return the lazy next tokens ``[B]`` (int), row ``i`` drawn by ``samplers[i]``."""
         ...
 
+    samples: bool
+    """Whether this rank draws the tokens (the one whose samplers' masks matter)."""
+
+    def forward_last(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """The first half of ``next_tokens``: feed ``tokens [B, L]`` and return what
+        ``sample`` draws from (lazy: the last position's log-probabilities ``[B, vocab]`` on
+        the rank that samples, this rank's part of the step elsewhere). The engine evaluates
+        it in the background while it computes the rows' token masks."""
+        ...
+
+    def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        """The second half of ``next_tokens``: the lazy tokens ``[B]`` drawn from
+        ``forward_last``'s result, the same on every rank."""
+        ...
+
 
 class StageFailed(RuntimeError):
     """A forward pass of a multi-rank stage failed (a collective failed, e.g. its ring
@@ -91,13 +106,16 @@ def sample_rows(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
 
 
 def logprobs_of(logits: mx.array) -> mx.array:
-    """Log-probabilities of the last position: ``[1, L, vocab] -> [1, vocab]``."""
+    """Log-probabilities of the last position, each row normalized on its own:
+    ``[B, L, vocab] -> [B, vocab]`` (top-p and min-p read them as probabilities)."""
     last = logits[:, -1, :]
-    return last - mx.logsumexp(last, keepdims=True)
+    return last - mx.logsumexp(last, axis=-1, keepdims=True)
 
 
 class LocalStage:
     """The whole model on one rank, through ``forward`` (the single-rank path)."""
+
+    samples = True
 
     def __init__(self, forward_fn: Forward = forward) -> None:
         self.forward = forward_fn
@@ -112,6 +130,12 @@ class LocalStage:
     def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
                     samplers: Sequence[Sampler]) -> mx.array:
         return sample_rows(samplers, logprobs_of(self.forward(model, tokens, cache)))
+
+    def forward_last(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+        return logprobs_of(self.forward(model, tokens, cache))
+
+    def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        return sample_rows(samplers, pending)
 
 
 def _layers_of(model: nn.Module) -> Any:
@@ -164,6 +188,7 @@ class PipelineStage:
         self.hidden_dtype = hidden_dtype
         self.is_first = self.rank == 0
         self.is_last = self.rank == self.world_size - 1
+        self.samples = self.is_last
 
     def _hidden(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
         if self.is_first:
@@ -187,11 +212,17 @@ class PipelineStage:
 
     def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
                     samplers: Sequence[Sampler]) -> mx.array:
+        return self.sample(self.forward_last(model, tokens, cache), samplers)
+
+    def forward_last(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
         h = self._hidden(model, tokens, cache)
+        return logprobs_of(head(model, h)) if self.is_last else h
+
+    def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
         if self.is_last:
-            token = sample_rows(samplers, logprobs_of(head(model, h))).astype(mx.int32)
+            token = sample_rows(samplers, pending).astype(mx.int32)
         else:
-            token = mx.depends(mx.zeros((tokens.shape[0],), dtype=mx.int32), h)
+            token = mx.depends(mx.zeros((pending.shape[0],), dtype=mx.int32), pending)
         return mx.distributed.all_sum(token, group=self.group)
 
 

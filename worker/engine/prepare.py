@@ -17,15 +17,22 @@ generated and sent) are appended to the prompt (they count against the context l
 prompt), replayed through the detokenizer and the stop matcher without output, and count as
 completion tokens; the sampler starts at their position, so the continuation equals the
 uninterrupted run.
+
+Structured output (``worker/engine/constraint.py``): a request with an ``output_format`` gets
+its row's grammar from the runner's ``Grammars``; a format that cannot be built is a 400
+naming ``response_format`` with llguidance's message; a resumed request's tokens are replayed
+into it (a resume that does not fit its format is a 400 too).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from exo_p2p.output_format import FormatError
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import GenerationParams
+from worker.engine.constraint import ConstraintError, Grammars
 from worker.engine.loader import LoadedModel
 from worker.engine.sampling import Sampler, seed_for
 from worker.engine.sequence import Sequence
@@ -106,11 +113,30 @@ def max_new_tokens(params: GenerationParams, prompt_tokens: int, context_length:
     return left if params.max_tokens is None else min(params.max_tokens, left)
 
 
+def think_markers(loaded: LoadedModel) -> tuple[int, int] | None:
+    """The model's think-start and think-end token ids when its tokenizer has single-token
+    think markers (mlx-lm's ``TokenizerWrapper.has_thinking``), else None."""
+    tok = loaded.tokenizer
+    try:
+        if getattr(tok, "has_thinking", False):
+            start, end = tok.think_start_id, tok.think_end_id
+            if isinstance(start, int) and isinstance(end, int):
+                return start, end
+    except ValueError:  # multi-token markers
+        pass
+    return None
+
+
+def new_grammars(loaded: LoadedModel) -> Grammars:
+    """The runner's ``Grammars`` for ``loaded`` (its tokenizer is built in the background)."""
+    return Grammars(loaded.tokenizer, vocab_size(loaded), sorted(loaded.eos_token_ids), think_markers(loaded))
+
+
 def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, model_id: str,
-            submitted_at: float) -> Sequence | ErrorChunk:
+            submitted_at: float, grammars: Grammars | None = None) -> Sequence | ErrorChunk:
     """The ``Sequence`` of a request (no KV cache yet: the engine gives it one when it
     starts), or the ``ErrorChunk`` it ends with at once. ``submitted_at``: seconds of the
-    engine's clock."""
+    engine's clock; ``grammars``: the runner's (needed by a request with an output format)."""
     ids = prompt_ids(task_id, params, loaded, model_id)
     if isinstance(ids, ErrorChunk):
         return ids
@@ -125,5 +151,15 @@ def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, m
         detokenizer=loaded.tokenizer.detokenizer, stops=StopMatcher(params.stop),
         eos=frozenset(loaded.eos_token_ids), resumed=len(resumed), completion_tokens=len(resumed),
     )
-    seq.replay(resumed)
+    if params.output_format is not None:
+        try:
+            seq.constraint = (grammars or new_grammars(loaded)).constraint(params.output_format, ids)
+        except FormatError as e:
+            return error_chunk(task_id, 400, f"invalid output format: {e}", param="response_format",
+                               code="invalid_format")
+    try:
+        seq.replay(resumed)
+    except ConstraintError as e:
+        return error_chunk(task_id, 400, f"cannot resume: the tokens already sent do not fit the output format ({e})",
+                           param="resume_tokens")
     return seq

@@ -64,7 +64,12 @@ class Sampler:
     appended to it. ``position`` is the sequence position of the first drawn token (default
     ``len(prompt)``); each draw's key is ``step_key_seed(seed, position)``. Calls are lazy
     (they only build the graph), so the engine can
-    ``mx.async_eval`` the next token while the current one is detokenized. Not thread-safe:
+    ``mx.async_eval`` the next token while the current one is detokenized.
+
+    A constrained request (``constrained``: it has an output format) has ``mask``, set by the
+    engine before each draw: ``[1, vocab]`` bool, the tokens its grammar allows; every other
+    log-probability is −∞ before anything else (``worker/engine/constraint.py``), then the
+    row is renormalized. ``mask`` None draws unmasked (a row inside a think block). Not thread-safe:
     one per request. Raises ``ValueError`` for a negative temperature or penalty context.
     """
 
@@ -91,6 +96,8 @@ class Sampler:
             frequency_context_size=penalty_context,
         )
         self._context = penalty_context
+        self.constrained = params.output_format is not None
+        self.mask: mx.array | None = None
         self._history: mx.array | None = None
         if self._processors:
             ids = prompt if isinstance(prompt, mx.array) else mx.array(list(prompt), dtype=mx.int32)
@@ -104,9 +111,13 @@ class Sampler:
     def plain_greedy(self) -> bool:
         """Greedy with no logits processors: the draw is ``argmax`` of the row alone and
         keeps no state, so a batch may draw all such rows with one ``argmax``."""
-        return self.temperature == 0 and not self._processors
+        return self.temperature == 0 and not self._processors and not self.constrained
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        if self.mask is not None:
+            logprobs = mx.where(self.mask, logprobs, -mx.inf)
+            if not self._processors and self.temperature != 0:
+                logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
         if self._processors:
             assert self._history is not None
             for process in self._processors:

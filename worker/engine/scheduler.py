@@ -38,7 +38,7 @@ from worker.engine.batch_memory import Verdict, join_verdict, peak_batch_tokens
 from worker.engine.forward import new_cache
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage, request_error
-from worker.engine.prepare import error_chunk, prepare
+from worker.engine.prepare import Grammars, error_chunk, new_grammars, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
 from worker.engine.task_queue import Queued, TaskQueue
@@ -77,12 +77,15 @@ class Engine:
         self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch
         self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
         self._lock = threading.Lock()
+        self.grammars: Grammars | None = None  # at the first request with an output format (submit)
 
     # -- control (any thread) ------------------------------------------------------------
 
     def submit(self, task_id: TaskId, params: GenerationParams) -> None:
         """Queue a request; it is accepted after every request submitted before it."""
         with self._lock:
+            if params.output_format is not None and self.grammars is None:
+                self.grammars = new_grammars(self.loaded)  # its tokenizer is built meanwhile
             self.queue.push(Queued(task_id, params, self.clock()))
 
     def cancel(self, task_id: TaskId) -> bool:
@@ -204,7 +207,7 @@ class Engine:
             return [], False
         try:
             seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
-                                             submitted_at=queued.submitted_at)
+                                             submitted_at=queued.submitted_at, grammars=self.grammars)
         except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
             seq = error_chunk(queued.task_id, 500, f"generation failed: {e!r}")
         if isinstance(seq, ErrorChunk):
@@ -229,8 +232,7 @@ class Engine:
         return [seq.progress()], True
 
     def _pop(self, queued: Queued, chunks: list[Chunk]) -> list[Chunk]:
-        """``chunks`` when ``queued`` was still the head (now removed), else none: a cancel
-        removed it meanwhile and its end is in the outbox."""
+        """``chunks`` when ``queued`` was still the head (now removed), else none (cancelled)."""
         with self._lock:
             return chunks if self.queue.pop_head(queued) else []
 

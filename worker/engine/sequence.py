@@ -32,6 +32,7 @@ from exo_p2p.types.chunks import Chunk, FinishChunk, FinishReason, PrefillProgre
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.tasks import GenerationParams
 from worker.engine.batch_memory import RowKV
+from worker.engine.constraint import RowConstraint
 from worker.engine.forward import generation_stream
 from worker.engine.pipeline import Stage
 from worker.engine.sampling import Sampler
@@ -75,6 +76,8 @@ class Sequence:
     t_first: float | None = None
     t_last: float | None = None
     cancel_requested: bool = False
+    constraint: RowConstraint | None = None
+    """The row's grammar when the request has an output format (``constraint``)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -124,6 +127,8 @@ class Sequence:
                 out.append(PrefillProgressChunk(task_id=self.task_id, processed=self.processed, total=total))
                 mx.clear_cache()
             if total - self.processed == 1:  # within this call, as mlx-lm's generate_step
+                if self.constraint is not None and stage.samples:
+                    self.sampler.mask = self.constraint.mask()
                 self.next_token = stage.next_token(model, self.prompt[total - 1 :][None], self.cache, self.sampler)
                 mx.async_eval(self.next_token)
                 self.processed = total
@@ -135,10 +140,15 @@ class Sequence:
         for token in tokens:
             self.detokenizer.add_token(token)
             self.stops.feed(self.detokenizer.last_segment)
+        if self.constraint is not None:
+            self.constraint.replay(tokens)
+            self.constraint.check()
 
     def consume(self, token: int, now: float) -> tuple[list[Chunk], bool]:
         """The chunks for sampled ``token`` (read at ``now``, seconds) and whether the
         sequence ended with it (its ``FinishChunk`` is then the last chunk)."""
+        if self.constraint is not None:
+            self.constraint.check()
         out: list[Chunk] = []
         if self.t_first is None:
             self.t_first = now

@@ -115,6 +115,7 @@ class TensorStage:
         self.rank = group.rank()
         self.world_size = group.size()
         self.forward = forward_fn
+        self.samples = self.rank == 0
 
     def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
         """Feed ``tokens [1, L]`` into this rank's KV cache (its kv heads) and evaluate."""
@@ -128,9 +129,19 @@ class TensorStage:
     def next_tokens(self, model: nn.Module, tokens: mx.array, cache: list[Any],
                     samplers: Sequence[Sampler]) -> mx.array:
         """The lazy next tokens ``[B]`` (int32) of a batch, the same on every rank: rank 0's."""
+        return self.sample(self.forward_last(model, tokens, cache), samplers)
+
+    def forward_last(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """Rank 0: the last position's log-probabilities ``[B, vocab]`` (lazy); elsewhere
+        this rank's hidden states (no head: only rank 0 samples)."""
         if self.rank == 0:
-            token = sample_rows(samplers, logprobs_of(self.forward(model, tokens, cache))).astype(mx.int32)
+            return logprobs_of(self.forward(model, tokens, cache))
+        return model.model(tokens, cache=cache)
+
+    def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        """Rank 0's draw from ``pending``, shared with every rank (``all_sum``)."""
+        if self.rank == 0:
+            token = sample_rows(samplers, pending).astype(mx.int32)
         else:
-            h = model.model(tokens, cache=cache)  # no head: only rank 0 samples
-            token = mx.depends(mx.zeros((tokens.shape[0],), dtype=mx.int32), h)
+            token = mx.depends(mx.zeros((pending.shape[0],), dtype=mx.int32), pending)
         return mx.distributed.all_sum(token, group=self.group)
