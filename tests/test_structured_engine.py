@@ -194,3 +194,27 @@ def test_generated_schemas_hold_whenever_the_output_stops(loaded: LoadedModel, s
     assert isinstance(end, FinishChunk), end
     if end.finish_reason == "stop":
         jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The synthetic model with think and tool-call markers (``agent=True``)."""
+    return load_all(make_synthetic_model(tmp_path_factory.mktemp("a") / "agent", agent=True))
+
+
+def test_the_format_starts_after_the_reasoning(thinker: LoadedModel) -> None:
+    """A prompt that ends inside a think block: the reasoning is free (here forced to end at
+    once by a logit bias on the think-end token), the format holds from there on."""
+    start, end = thinker.tokenizer.think_start_id, thinker.tokenizer.think_end_id
+    p = GenerationParams(messages=(), prompt="<|im_start|>user\nn?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                         max_tokens=20, temperature=0.0, logit_bias=((end, 100.0),),
+                         output_format=OutputFormat("regex", "[0-9]{3}"))
+    text, fin = serve(thinker, {"t": p})["t"]
+    assert isinstance(fin, FinishChunk) and fin.finish_reason == "stop", (text, fin)
+    assert text.startswith("</think>") and re.fullmatch("[0-9]{3}", text.removeprefix("</think>")), text
+    gen = build_engine(thinker, EngineSettings())
+    gen.submit("x", params(fmt=OutputFormat("regex", "[0-9]{3}")))
+    run(gen)
+    row = gen.grammars.constraint(OutputFormat("regex", "[0-9]{3}"), [1, 2])  # type: ignore[union-attr]
+    allowed = np.array(row.mask()).reshape(-1)
+    assert allowed[start] and not allowed[end] and allowed[thinker.tokenizer.encode("7")[0]]

@@ -48,8 +48,9 @@ _MERGES: tuple[tuple[str, str], ...] = (
 ChatTemplateWhere = Literal["config", "jinja"] | None
 
 
-def _build_tokenizer():
-    """The byte-level BPE tokenizer: specials, 256 byte tokens, then ``_MERGES``."""
+def _build_tokenizer(added: tuple[str, ...] = ()):
+    """The byte-level BPE tokenizer: specials, 256 byte tokens, ``_MERGES``, then ``added``
+    (tokens that are not special: they appear in decoded text)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -66,6 +67,8 @@ def _build_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    if added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tok
 
 
@@ -134,6 +137,7 @@ def make_synthetic_model(
     tie_word_embeddings: bool = True,
     quantize: bool = False,
     dtype: str = "float32",
+    agent: bool = False,
 ) -> Path:
     """Write a tiny random llama model in the MLX format into ``out_dir`` and return it.
 
@@ -144,13 +148,16 @@ def make_synthetic_model(
     ``dtype``: the weights' dtype (``"float32"``, ``"float16"`` or ``"bfloat16"``; quantized
     weights then have scales and biases of that dtype, like a GGUF import's float16 ones).
     ``hidden_size`` and ``intermediate_size`` must be multiples of 32
-    when quantizing. Deterministic for a given set of arguments.
+    when quantizing. ``agent``: the vocabulary also has think and tool-call markers and the
+    chat template is the agent layout (``exo_p2p.models.agent_template``) instead of ChatML.
+    Deterministic for a given set of arguments.
     """
+    from exo_p2p.models.agent_template import AGENT_TEMPLATE, AGENT_TOKENS
     from mlx_lm.models.llama import Model, ModelArgs
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = _build_tokenizer()
+    tok = _build_tokenizer(AGENT_TOKENS if agent else ())
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     config = _model_config(
         vocab_size=vocab_size,
@@ -200,10 +207,11 @@ def make_synthetic_model(
         },
     }
     jinja_path = out_dir / "chat_template.jinja"
+    template = AGENT_TEMPLATE if agent else CHATML_TEMPLATE
     if chat_template == "config":
-        tok_config["chat_template"] = CHATML_TEMPLATE
+        tok_config["chat_template"] = template
     elif chat_template == "jinja":
-        jinja_path.write_text(CHATML_TEMPLATE)
+        jinja_path.write_text(template)
     elif chat_template is not None:
         raise ValueError(f"chat_template must be 'config', 'jinja' or None, not {chat_template!r}")
     if chat_template != "jinja" and jinja_path.exists():
