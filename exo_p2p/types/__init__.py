@@ -78,6 +78,7 @@ from exo_p2p.types.tasks import (
     TaskRecord,
     TaskStatus,
     TextGeneration,
+    ToolCall,
 )
 from exo_p2p.types.topology import InterfaceType, NetworkAddress, NodeProfile, TopologyEdge
 

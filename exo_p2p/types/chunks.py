@@ -8,8 +8,9 @@ from typing import Literal
 import msgspec
 
 from exo_p2p.types.common import ErrorInfo, TaskId
+from exo_p2p.types.tasks import ToolCall
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 class _Chunk(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
@@ -33,6 +34,10 @@ class TokenChunk(_Chunk, tag="token"):
     text: str
     completion_tokens: int
     token_id: int | None = None
+    reasoning: str = ""
+    """Reasoning text of this token (a thinking model's think block), apart from ``text``."""
+    calls: tuple[ToolCall, ...] = ()
+    """Tool calls this token completed (parsed out of the output: never in ``text``)."""
 
 
 class FinishChunk(_Chunk, tag="finish"):

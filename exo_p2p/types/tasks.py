@@ -18,11 +18,28 @@ TaskStatus = Literal["pending", "running", "complete", "failed", "cancelled"]
 FINISHED_TASK_STATUSES: tuple[str, ...] = ("complete", "failed", "cancelled")
 
 
+class ToolCall(msgspec.Struct, frozen=True):
+    """One tool call of an assistant turn: its ``id`` (the client's, or ours:
+    ``call_<task>_<n>``), the tool's ``name`` and its ``arguments`` as JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, frozen=True):
-    """One chat message with its text content (content parts already joined)."""
+    """One chat message with its text content (content parts already joined).
+
+    An assistant turn may carry ``tool_calls`` and its ``reasoning`` (rendered by templates
+    that show earlier reasoning); a ``tool`` turn is one call's result, ``tool_call_id``
+    naming the call and ``name`` the tool (when the client says)."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
 
 
 FormatKind = Literal["json_object", "json_schema", "regex", "lark"]
@@ -65,6 +82,12 @@ class GenerationParams(msgspec.Struct, frozen=True):
 
     ``output_format``: the shape the output must have (None: free text); a resumed request's
     ``resume_tokens`` are replayed into its grammar before it continues.
+
+    Tools (docs/api.md#tools): ``tools`` is the JSON text of the request's function tools, each
+    ``{"type": "function", "function": {"name", "description", "parameters"}}``, rendered by
+    the model's chat template (or the generic tool format for a model without one);
+    ``tool_choice`` is ``auto``, ``none``, ``required`` or ``function:NAME``. ``thinking``
+    reaches the chat template as ``enable_thinking`` (None: the template's default).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -84,6 +107,9 @@ class GenerationParams(msgspec.Struct, frozen=True):
     resume_tokens: tuple[int, ...] = ()
     origin_task_id: str | None = None
     output_format: OutputFormat | None = None
+    tools: str | None = None
+    tool_choice: str = "auto"
+    thinking: bool | None = None
 
 
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):

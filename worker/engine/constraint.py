@@ -149,18 +149,7 @@ class Grammars:
         matcher = llguidance.LLMatcher(self.tokenizer(), grammar_of(fmt), log_level=0, limits=matcher_limits())
         if matcher.is_error():
             raise FormatError(" ".join(matcher.get_error().split())[:600])
-        return RowConstraint(matcher, self, thinking=self._inside_think(prompt))
-
-    def _inside_think(self, prompt: Sequence[int]) -> bool:
-        if self.think is None:
-            return False
-        start, end = self.think
-        for token in reversed(list(prompt)):
-            if token == end:
-                return False
-            if token == start:
-                return True
-        return False
+        return RowConstraint(matcher, self, thinking=inside_think(prompt, self.think))
 
     def masks(self, rows: Sequence[RowConstraint]) -> mx.array:
         """The allowed tokens of each of ``rows`` (all active): ``[len(rows), vocab]`` bool,
@@ -180,6 +169,17 @@ class Grammars:
             allow[mx.array(opens), self.think[0]] = True
             mask = mask | allow
         return mask
+
+
+def inside_think(prompt: Sequence[int], think: tuple[int, int] | None) -> bool:
+    """Whether ``prompt`` (token ids) ends inside a think block: its last think marker is
+    the start one (``think``: start and end ids; None: never)."""
+    if think is None:
+        return False
+    for token in reversed(list(prompt)):
+        if token in think:
+            return token == think[0]
+    return False
 
 
 _BITS = mx.arange(32, dtype=mx.int32)

@@ -32,11 +32,12 @@ from exo_p2p.output_format import FormatError
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import GenerationParams
-from worker.engine.constraint import ConstraintError, Grammars
+from worker.engine.constraint import ConstraintError, Grammars, inside_think
 from worker.engine.loader import LoadedModel
 from worker.engine.sampling import Sampler, seed_for
 from worker.engine.sequence import Sequence
 from worker.engine.stop import StopMatcher
+from worker.engine.tools import output_parser, render_kwargs, tool_grammar
 
 
 def error_chunk(task_id: TaskId, status: int, message: str, *, param: str | None = None,
@@ -77,9 +78,9 @@ def prompt_ids(task_id: TaskId, params: GenerationParams, loaded: LoadedModel,
     if not tok.has_chat_template:
         return error_chunk(task_id, 400, f"model {model_id} has no chat template", param="messages",
                            code="no_chat_template")
-    messages = [{"role": m.role, "content": m.content} for m in params.messages]
+    messages, kwargs = render_kwargs(params, tok)
     try:
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True))
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
     except Exception as e:  # noqa: BLE001 - a template error is the request's fault
         return error_chunk(task_id, 400, f"the chat template of model {model_id} failed: {e}", param="messages")
 
@@ -151,12 +152,15 @@ def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, m
         detokenizer=loaded.tokenizer.detokenizer, stops=StopMatcher(params.stop),
         eos=frozenset(loaded.eos_token_ids), resumed=len(resumed), completion_tokens=len(resumed),
     )
-    if params.output_format is not None:
+    fmt = tool_grammar(params, loaded.tokenizer) or params.output_format
+    if fmt is not None:
         try:
-            seq.constraint = (grammars or new_grammars(loaded)).constraint(params.output_format, ids)
+            seq.constraint = (grammars or new_grammars(loaded)).constraint(fmt, ids)
+            seq.sampler.constrained = True
         except FormatError as e:
             return error_chunk(task_id, 400, f"invalid output format: {e}", param="response_format",
                                code="invalid_format")
+    seq.parser = output_parser(params, loaded.tokenizer, thinking=inside_think(ids, think_markers(loaded)))
     try:
         seq.replay(resumed)
     except ConstraintError as e:

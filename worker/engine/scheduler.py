@@ -84,7 +84,7 @@ class Engine:
     def submit(self, task_id: TaskId, params: GenerationParams) -> None:
         """Queue a request; it is accepted after every request submitted before it."""
         with self._lock:
-            if params.output_format is not None and self.grammars is None:
+            if (params.output_format is not None or params.tools) and self.grammars is None:
                 self.grammars = new_grammars(self.loaded)  # its tokenizer is built meanwhile
             self.queue.push(Queued(task_id, params, self.clock()))
 

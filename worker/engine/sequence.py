@@ -23,6 +23,7 @@ and its sampler at their position, and ``prompt_tokens`` is the original prompt'
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +31,10 @@ import mlx.core as mx
 
 from exo_p2p.types.chunks import Chunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
 from exo_p2p.types.common import TaskId
-from exo_p2p.types.tasks import GenerationParams
+from exo_p2p.types.tasks import GenerationParams, ToolCall
 from worker.engine.batch_memory import RowKV
 from worker.engine.constraint import RowConstraint
+from worker.engine.output_parser import OutputParser, Piece
 from worker.engine.forward import generation_stream
 from worker.engine.pipeline import Stage
 from worker.engine.sampling import Sampler
@@ -78,6 +80,9 @@ class Sequence:
     cancel_requested: bool = False
     constraint: RowConstraint | None = None
     """The row's grammar when the request has an output format (``constraint``)."""
+    parser: OutputParser | None = None
+    """Splits reasoning and tool calls out of the text (``output_parser``), when there may be any."""
+    calls_made: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -139,7 +144,8 @@ class Sequence:
         output (a resumed request's state when it moved)."""
         for token in tokens:
             self.detokenizer.add_token(token)
-            self.stops.feed(self.detokenizer.last_segment)
+            text, _ = self.stops.feed(self.detokenizer.last_segment)
+            self._pieces(text)
         if self.constraint is not None:
             self.constraint.replay(tokens)
             self.constraint.check()
@@ -155,8 +161,8 @@ class Sequence:
             out.append(PrefillProgressChunk(task_id=self.task_id, processed=self.prompt_tokens,
                                             total=self.prompt_tokens))
         if token in self.eos:
-            if text := self._final_text():
-                out.append(TokenChunk(task_id=self.task_id, text=text, completion_tokens=self.completion_tokens))
+            if end := self._token_chunk(self._final_text(), None, final=True):
+                out.append(end)
             out.append(self.finish("stop"))
             return out, True
         self.t_last = now
@@ -167,14 +173,38 @@ class Sequence:
         if at_limit:
             text += self._final_text()
             stopped = self.stops.stopped
-        out.append(TokenChunk(task_id=self.task_id, text=text, completion_tokens=self.completion_tokens,
-                              token_id=int(token)))
+        out.append(self._token_chunk(text, int(token), final=stopped or at_limit)
+                   or TokenChunk(task_id=self.task_id, text="", completion_tokens=self.completion_tokens, token_id=int(token)))
         if stopped or at_limit:
             out.append(self.finish("stop" if stopped else "length"))
             return out, True
         if self.completion_tokens % CLEAR_CACHE_EVERY == 1:
             mx.clear_cache()
         return out, False
+
+    def _pieces(self, text: str, final: bool = False) -> list[Piece]:
+        if self.parser is None:
+            return [Piece("content", text)] if text else []
+        return self.parser.feed(text) + (self.parser.finish() if final else [])
+
+    def _token_chunk(self, text: str, token: int | None, *, final: bool) -> TokenChunk | None:
+        """The chunk of ``text`` (split by the parser into content, reasoning and calls), or
+        None when there is nothing to send and no token to report."""
+        pieces = self._pieces(text, final)
+        content = "".join(p.text for p in pieces if p.channel == "content" and p.call is None)
+        reasoning = "".join(p.text for p in pieces if p.channel == "reasoning")
+        calls = []
+        for p in pieces:
+            if p.call is not None:
+                calls.append(ToolCall(f"call_{self.params.origin_task_id or self.task_id}_{self.calls_made}",
+                                      p.call.name, p.call.arguments))
+                self.calls_made += 1
+            elif p.warning:
+                warnings.warn(f"{self.task_id}: {p.warning}", stacklevel=1)
+        if not (content or reasoning or calls) and token is None:
+            return None
+        return TokenChunk(task_id=self.task_id, text=content, completion_tokens=self.completion_tokens,
+                          token_id=token, reasoning=reasoning, calls=tuple(calls))
 
     def _final_text(self) -> str:
         """Flush the detokenizer and the stop matcher when generation ends: the text held
@@ -186,6 +216,8 @@ class Sequence:
     def finish(self, reason: FinishReason) -> FinishChunk:
         """This sequence's ``FinishChunk`` (its counts and speeds, see the module docstring)."""
         n = self.completion_tokens
+        if reason == "stop" and self.calls_made and self.stops.matched is None:
+            reason = "tool_calls"
         ttft = 0.0 if self.t_first is None else self.t_first - self.submitted_at
         tps = 0.0
         new = n - self.resumed  # tokens decoded by this task
