@@ -150,3 +150,27 @@ def test_earlier_turns_render_byte_stable(plain: LoadedModel, agent: LoadedModel
         one = prompt_ids("t", GenerationParams(messages=turn1, tools=TOOLS), loaded, "m")
         two = prompt_ids("t", GenerationParams(messages=turn2, tools=TOOLS), loaded, "m")
         assert isinstance(one, list) and isinstance(two, list) and two[: len(one)] == one
+
+
+def test_a_six_turn_tool_session_reuses_its_prompt(plain: LoadedModel) -> None:
+    """Each turn (a forced call, its result sent back) reuses ≥ 90% of its prompt from the
+    prompt cache: earlier turns render byte-stable and a forced call's text is the template's
+    own rendering of it."""
+    gen = build_engine(plain, EngineSettings(prompt_cache_bytes=64 << 20))
+    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Paris, Rome, Oslo?")]
+    reuse = []
+    for turn in range(6):
+        before = gen.prefilled_tokens
+        gen.submit(f"t{turn}", GenerationParams(messages=tuple(messages), tools=TOOLS, tool_choice="required",
+                                                max_tokens=60, temperature=0.0))
+        chunks: list = []
+        for _ in range(MAX_STEPS):
+            if not gen.has_work():
+                break
+            chunks += gen.step()
+        end = next(c for c in chunks if isinstance(c, FinishChunk))
+        calls = [c for t in chunks if isinstance(t, TokenChunk) for c in t.calls]
+        reuse.append(1 - (gen.prefilled_tokens - before) / end.prompt_tokens)
+        messages.append(ChatMessage("assistant", "", tool_calls=tuple(calls)))
+        messages += [ChatMessage("tool", '{"sky": "clear"}', tool_call_id=c.id) for c in calls]
+    assert reuse[0] < 0.05 and min(reuse[1:]) >= 0.9, reuse
