@@ -37,7 +37,7 @@ def test_anthropic_mapping_and_refusals() -> None:
     for fields, param in [
         ({"tools": [{"name": "f"}]}, "tools"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
         ({"messages": []}, "messages"),
@@ -71,7 +71,7 @@ def test_ollama_chat_and_generate_requests() -> None:
     assert ollama.chat_params(msgspec.convert({"model": "m"}, ollama.ChatRequest)) is None  # a load request
     tools = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, ollama.ChatRequest)
     assert refused(ollama.chat_params, tools).info.param == "tools"
-    fmt = msgspec.convert({"model": "m", "prompt": "hi", "format": "json"}, ollama.GenerateRequest)
+    fmt = msgspec.convert({"model": "m", "prompt": "hi", "format": "yaml"}, ollama.GenerateRequest)
     assert refused(ollama.generate_params, fmt).info.param == "format"
     ctx = msgspec.convert({"model": "m", "prompt": "hi", "context": [1, 2]}, ollama.GenerateRequest)
     assert refused(ollama.generate_params, ctx).info.param == "context"
@@ -91,7 +91,7 @@ def test_responses_input_forms_and_refusals() -> None:
     for fields, param in [
         ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools"),
-        ({"text": {"format": {"type": "json_schema"}}}, "text.format"), ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),

@@ -60,10 +60,6 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool | None = None
 
 
-class ResponseFormat(msgspec.Struct, frozen=True):
-    type: str
-
-
 class ChatCompletionRequest(msgspec.Struct, frozen=True):
     """``POST /v1/chat/completions``; token counts in tokens. Unsupported parameters are
     kept so they can be refused with a 400 that names them when set to a non-default value."""
@@ -85,6 +81,10 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    # Structured output (exo_p2p.api.formats); ``regex`` and ``grammar`` as llama-server and vLLM
+    response_format: Any = None
+    regex: str | None = None
+    grammar: str | None = None
     # Known but unsupported: refused by name when not at their default.
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     tools: list[Any] | None = None
@@ -93,7 +93,6 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     function_call: Any = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     audio: Any = None
     modalities: list[str] | None = None
 

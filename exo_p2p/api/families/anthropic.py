@@ -2,11 +2,12 @@
 
 ``system`` (a string or text blocks) becomes the system message; ``messages`` alternate
 ``user``/``assistant`` with string or text-block content; ``max_tokens`` is required;
-``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours. Tools, images,
-documents, extended thinking and structured output (``output_config.format``) are refused by
-name; ``output_config.effort`` is a hint and is ignored. Errors have Anthropic's shape
-(``{"type": "error", "error": {"type", "message"}}``, ``exo_p2p.api.errors``); the key may be
-sent as ``x-api-key`` (``exo_p2p.api.access``).
+``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours;
+``output_config.format`` (the beta's ``output_format``; the extensions ``regex``, ``grammar``)
+constrains the output (``exo_p2p.api.formats``). Tools, images, documents and extended
+thinking are refused by name; ``output_config.effort`` is a hint and is ignored. Errors have
+Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``, ``exo_p2p.api.errors``);
+the key may be sent as ``x-api-key`` (``exo_p2p.api.access``).
 
 A stream is the documented event sequence: ``message_start``, ``content_block_start``,
 ``ping``, ``content_block_delta``…, ``content_block_stop``, ``message_delta`` (``stop_reason``
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, anthropic_error_body
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, refuse_set, sse, stop_strings
+from exo_p2p.api.formats import anthropic_output_format, extensions, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import NonEmptyStr, PositiveTokens, StopList, TopK, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
@@ -64,6 +66,9 @@ class MessagesRequest(msgspec.Struct, frozen=True):
     tool_choice: Any = None
     thinking: Any = None
     output_config: dict[str, Any] | None = None
+    output_format: Any = None
+    regex: str | None = None
+    grammar: str | None = None
 
 
 class CountTokensRequest(msgspec.Struct, frozen=True):
@@ -109,11 +114,11 @@ def messages_params(r: MessagesRequest) -> GenerationParams:
          "tool use is not supported"),
         ("thinking", r.thinking is not None and not (isinstance(r.thinking, dict) and r.thinking.get("type") == "disabled"),
          "extended thinking is not supported by the models served"),
-        ("output_config.format", bool((r.output_config or {}).get("format")), "structured output is not supported"),
     ])
     fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences, "stop_sequences")}
     optional = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
     fields.update({k: v for k, v in optional.items() if v is not None})
+    fields["output_format"] = output_format(anthropic_output_format(r.output_config, r.output_format), *extensions(r.regex, r.grammar))
     return GenerationParams(messages=anthropic_messages(r.messages, r.system), **fields)  # type: ignore[arg-type]
 
 

@@ -5,11 +5,12 @@ which clients probe).
 ``stream`` defaults to true, as in Ollama. ``options`` map to ours: ``temperature``,
 ``top_p``, ``top_k``, ``min_p``, ``num_predict`` (-1 / -2: until the model stops or the
 context is full), ``stop``, ``seed``, ``repeat_penalty``, ``repeat_last_n`` (the penalty
-window; 0 turns the penalties off), ``presence_penalty``, ``frequency_penalty``. Options that
-only tune Ollama's own runtime (``num_ctx``, ``num_thread``, ``num_gpu``, ``num_batch``, …) are
-ignored, as Ollama ignores options it does not know; sampling options we cannot honour
-(``mirostat``, ``tfs_z``, ``typical_p`` at non-default values) are refused by name. Defaults
-not given are ``GenerationParams``' own (Ollama's model files would set their own).
+window; 0 turns the penalties off), ``presence_penalty``, ``frequency_penalty``; ``format``
+(``"json"`` or a schema) and the extensions ``regex``, ``grammar`` (``exo_p2p.api.formats``)
+constrain the output. Options that only tune Ollama's own runtime (``num_ctx``,
+``num_thread``, ``num_gpu``, ``num_batch``, …) are ignored, as Ollama ignores options it does
+not know; sampling options we cannot honour (``mirostat``, ``tfs_z``, ``typical_p`` at
+non-default values) are refused by name. Defaults not given are ``GenerationParams``' own (Ollama's model files would set their own).
 ``/api/generate`` with ``raw: true`` sends the prompt without the chat template; an empty
 prompt (or no messages) answers at once with ``done_reason: "load"``, as Ollama does. The
 last object of a stream (and a non-streamed body) has ``done: true``, ``done_reason``,
@@ -38,6 +39,7 @@ from exo_p2p.api.bounds import check_stop
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, ollama_error_body
 from exo_p2p.api.families.common import check_range, one_line_json, refuse_set
+from exo_p2p.api.formats import extensions, ollama_format, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, NonEmptyStr
 from exo_p2p.state import instance_view
@@ -79,6 +81,8 @@ class ChatRequest(msgspec.Struct, frozen=True):
     keep_alive: Any = None
     tools: list[Any] | None = None
     think: Any = None
+    regex: str | None = None
+    grammar: str | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True):
@@ -97,6 +101,8 @@ class GenerateRequest(msgspec.Struct, frozen=True):
     context: list[int] | None = None
     images: list[Any] | None = None
     think: Any = None
+    regex: str | None = None
+    grammar: str | None = None
 
 
 class ShowRequest(msgspec.Struct, frozen=True):
@@ -172,18 +178,16 @@ def options_fields(options: dict[str, Any] | None) -> dict[str, Any]:
     return fields
 
 
-def _refuse_common(fmt: Any, tools: list[Any] | None, think: Any) -> None:
-    refuse_set([
-        ("format", fmt not in (None, ""), "structured output (format) is not supported"),
-        ("tools", bool(tools), "tool calling is not supported"),
-        ("think", bool(think), "thinking is not supported by the models served"),
-    ])
+def _common_fields(r: ChatRequest | GenerateRequest, tools: list[Any] | None) -> dict[str, Any]:
+    """``options_fields`` and the output format (``format``, ``regex``, ``grammar``); 400 for tools or think."""
+    refuse_set([("tools", bool(tools), "tool calling is not supported"),
+                ("think", bool(r.think), "thinking is not supported by the models served")])
+    return {**options_fields(r.options), "output_format": output_format(ollama_format(r.format), *extensions(r.regex, r.grammar))}
 
 
 def chat_params(r: ChatRequest) -> GenerationParams | None:
     """``GenerationParams`` of ``/api/chat``; None for a load request (no messages)."""
-    _refuse_common(r.format, r.tools, r.think)
-    fields = options_fields(r.options)
+    fields = _common_fields(r, r.tools)
     if not r.messages:
         return None
     messages = []
@@ -200,14 +204,13 @@ def chat_params(r: ChatRequest) -> GenerationParams | None:
 
 def generate_params(r: GenerateRequest) -> GenerationParams | None:
     """``GenerationParams`` of ``/api/generate``; None for a load request (empty prompt)."""
-    _refuse_common(r.format, None, r.think)
+    fields = _common_fields(r, None)
     refuse_set([
         ("suffix", bool(r.suffix), "insertion (suffix) is not supported"),
         ("template", bool(r.template), "custom prompt templates are not supported (use raw: true with a formatted prompt)"),
         ("context", bool(r.context), "the token context of an earlier answer is not supported; use /api/chat"),
         ("images", bool(r.images), "the models served take text only"),
     ])
-    fields = options_fields(r.options)
     if not r.prompt:
         return None
     if r.raw:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, error_body
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
+from exo_p2p.api.formats import extensions, openai_response_format, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import (
     AssistantMessage,
@@ -54,8 +55,9 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     unknown role; a content part other than text; an assistant message with tool calls; a
     known unsupported parameter at a non-default value (``n`` > 1, ``tools``,
     ``tool_choice``, ``functions``, ``function_call``, ``logprobs``, ``top_logprobs``,
-    ``response_format`` other than text, ``audio``, ``modalities`` other than text); a bad
-    ``logit_bias``. Empty stop strings are dropped.
+    ``audio``, ``modalities`` other than text); a bad ``logit_bias``; a bad or second output
+    format (``response_format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``). Empty stop
+    strings are dropped.
     """
     _refuse_unsupported(request)
     if not request.messages:
@@ -76,6 +78,8 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     fields["logit_bias"] = logit_bias_pairs(request.logit_bias)
+    fields["output_format"] = output_format(openai_response_format(request.response_format),
+                                            *extensions(request.regex, request.grammar))
     return GenerationParams(**fields)  # type: ignore[arg-type]
 
 
@@ -134,8 +138,6 @@ def _refuse_unsupported(r: ChatCompletionRequest) -> None:
         ("function_call", r.function_call not in _NO_TOOLS, "function calling is not supported"),
         ("logprobs", bool(r.logprobs), "logprobs are not supported"),
         ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
-        ("response_format", r.response_format is not None and r.response_format.type != "text",
-         "only response_format type 'text' is supported"),
         ("audio", r.audio is not None, "audio output is not supported"),
         ("modalities", any(m != "text" for m in r.modalities or ()), "only the 'text' modality is supported"),
     ])

@@ -1,6 +1,8 @@
 """OpenAI (legacy) completions, ``POST /v1/completions``: a raw prompt, no chat template.
 
-The prompt is one string (or a list of exactly one string); ``echo``, ``suffix``,
+The prompt is one string (or a list of exactly one string); ``response_format`` (as in chat,
+an extension here, as in vLLM), ``regex`` and ``grammar`` constrain the output
+(``exo_p2p.api.formats``); ``echo``, ``suffix``,
 ``best_of`` > 1, ``n`` > 1 and ``logprobs`` are refused by name. Bodies are
 ``text_completion`` objects (``choices[].logprobs`` is null, as the spec requires); a stream is
 ``text_completion`` events, the last with a ``finish_reason``, [a usage event], then
@@ -20,6 +22,7 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, error_body
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
 from exo_p2p.api.families.openai_chat import DONE, openai_finish_reason
+from exo_p2p.api.formats import extensions, openai_response_format, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import (
     MinP,
@@ -58,6 +61,9 @@ class CompletionRequest(msgspec.Struct, frozen=True):
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    response_format: Any = None
+    regex: str | None = None
+    grammar: str | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
     echo: bool | None = None
@@ -82,7 +88,9 @@ class TextCompletion(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 def completion_params(r: CompletionRequest) -> GenerationParams:
-    """``GenerationParams`` of a completion; 400 naming the parameter we cannot honour."""
+    """``GenerationParams`` of a completion; 400 naming the parameter we cannot honour, or a
+    bad or second output format (``response_format``, ``regex``, ``grammar``:
+    ``exo_p2p.api.formats``)."""
     refuse_set([
         ("n", r.n is not None and r.n > 1, "only n=1 is supported"),
         ("best_of", r.best_of is not None and r.best_of > 1, "only best_of=1 is supported"),
@@ -103,6 +111,7 @@ def completion_params(r: CompletionRequest) -> GenerationParams:
         "frequency_penalty": r.frequency_penalty, "repetition_penalty": r.repetition_penalty,
     }
     fields: dict[str, object] = {k: v for k, v in optional.items() if v is not None}
+    fields["output_format"] = output_format(openai_response_format(r.response_format), *extensions(r.regex, r.grammar))
     return GenerationParams(messages=(), prompt=prompt, stop=stop_strings(r.stop), logit_bias=logit_bias_pairs(r.logit_bias), **fields)  # type: ignore[arg-type]
 
 

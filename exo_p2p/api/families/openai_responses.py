@@ -2,9 +2,11 @@
 
 ``input`` is text or a list of message items (``{"role", "content"}`` with text or
 ``input_text``/``output_text`` parts); ``instructions`` becomes the system message;
-``max_output_tokens``, ``temperature``, ``top_p`` map to ours. Nothing is stored: ``store:
-true``, ``previous_response_id``, ``conversation`` and ``background`` are refused with a 400
-that says so, as are tools, non-text formats and other item types. A stream is
+``max_output_tokens``, ``temperature``, ``top_p`` map to ours; ``text.format`` (and the
+extensions ``regex``, ``grammar``) constrain the output (``exo_p2p.api.formats``) and is echoed
+in the response. Nothing is stored: ``store: true``, ``previous_response_id``,
+``conversation`` and ``background`` are refused with a 400 that says so, as are tools and
+other item types. A stream is
 ``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta``…, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``, then ``response.completed`` (or
@@ -26,6 +28,7 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, refuse_set, sse
 from exo_p2p.api.families.openai_chat import ROLE_ALIASES
+from exo_p2p.api.formats import extensions, output_format, responses_text_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import ContentPart, NonEmptyStr, PositiveTokens, Temperature, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
@@ -42,12 +45,10 @@ class InputItem(msgspec.Struct, frozen=True):
     type: str | None = None
 
 
-class TextFormat(msgspec.Struct, frozen=True):
-    type: str = "text"
-
-
 class TextConfig(msgspec.Struct, frozen=True):
-    format: TextFormat | None = None
+    """``text``: its ``format`` is read by ``exo_p2p.api.formats.responses_text_format``."""
+
+    format: Any = None
 
 
 class ResponsesRequest(msgspec.Struct, frozen=True):
@@ -72,6 +73,8 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     reasoning: Any = None
     prompt: Any = None
     metadata: dict[str, Any] | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
 
 def responses_params(r: ResponsesRequest) -> GenerationParams:
@@ -84,8 +87,6 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
         ("background", bool(r.background), "background responses are not supported"),
         ("tools", bool(r.tools), "tool calling is not supported"),
         ("tool_choice", r.tool_choice not in _NO_TOOLS, "tool calling is not supported"),
-        ("text.format", r.text is not None and r.text.format is not None and r.text.format.type != "text",
-         "only the 'text' output format is supported"),
         ("include", bool(r.include), "no additional output data can be included"),
         ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("prompt", r.prompt is not None, "stored prompt templates are not supported"),
@@ -102,7 +103,8 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
     if not messages or all(m.role == "system" for m in messages):
         raise ApiError(400, "input must contain at least one message", param="input")
     optional = {"max_tokens": r.max_output_tokens, "temperature": r.temperature, "top_p": r.top_p}
-    return GenerationParams(messages=tuple(messages), **{k: v for k, v in optional.items() if v is not None})  # type: ignore[arg-type]
+    fmt = output_format(responses_text_format(r.text and r.text.format), *extensions(r.regex, r.grammar))
+    return GenerationParams(messages=tuple(messages), output_format=fmt, **{k: v for k, v in optional.items() if v is not None})  # type: ignore[arg-type]
 
 
 def _reasoning_set(reasoning: Any) -> bool:
@@ -186,7 +188,7 @@ class ResponsesEncoder:
             "reasoning": {"effort": None, "summary": None},
             "store": False,
             "temperature": r.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": r.text.format if r.text and isinstance(r.text.format, dict) else {"type": "text"}},
             "tool_choice": "auto",
             "tools": [],
             "top_p": r.top_p,
