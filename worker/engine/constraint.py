@@ -182,12 +182,11 @@ def inside_think(prompt: Sequence[int], think: tuple[int, int] | None) -> bool:
     return False
 
 
-_BITS = mx.arange(32, dtype=mx.int32)
-
-
 def unpack_bits(bits: mx.array, vocab: int) -> mx.array:
     """``[rows, words]`` int32 bitmasks (bit ``j`` of word ``w`` = token ``32 w + j``) as
-    ``[rows, vocab]`` bool."""
+    ``[rows, vocab]`` bool. The shifts are made here, on the calling thread's stream: an
+    array made at import would belong to the importing thread's stream (a runner imports
+    the engine on its preload thread), which the engine's thread cannot evaluate."""
     rows = bits.shape[0]
-    flags = mx.right_shift(bits[:, :, None], _BITS) & 1
+    flags = mx.right_shift(bits[:, :, None], mx.arange(32, dtype=mx.int32)) & 1
     return flags.reshape(rows, -1)[:, :vocab].astype(mx.bool_)
