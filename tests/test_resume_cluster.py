@@ -4,7 +4,8 @@ One cluster shared by the module (node 0 is master and serves every client; the 
 instances), the tests in order:
 
 1. a 1-node instance on each of 2 nodes; 4 streams (one of them seeded sampling,
-   temperature > 0) and 1 non-streamed request all on node 1's instance (the runner serves
+   temperature > 0, one constrained to a regex: its grammar replays the tokens sent) and 1
+   non-streamed request all on node 1's instance (the runner serves
    them one after another: one mid-stream, the others queued); node 1 is SIGKILLed: every
    request completes, each equal to its uninterrupted reference, within the bound;
 2. a 2-node pipeline instance (the only one left) whose second rank's node is killed while
@@ -17,6 +18,7 @@ instances), the tests in order:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -36,6 +38,8 @@ CONTEXT = 8192
 STREAM_SECONDS = 5.0  # how long one stream should last at the measured rate
 SEEDED = {"temperature": 0.8, "seed": 1234, "top_p": 0.95}
 GREEDY = {"temperature": 0}
+CONSTRAINED = {"temperature": 0, "regex": "([a-z]{1,8} )*[a-z]{1,8}[.]"}
+"""Structured output (``exo_p2p.api.formats``): long enough to be cut by the kill."""
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +155,11 @@ def test_1_requests_on_a_killed_node_move_to_the_other_instance(cluster):
     _complete(api, 200, GREEDY)
     rate = 200 / max(time.monotonic() - t0, 1e-3)
     max_tokens = int(min(CONTEXT - 200, max(100, rate * STREAM_SECONDS)))
-    kinds = [SEEDED, GREEDY, GREEDY, GREEDY]
+    kinds = [SEEDED, GREEDY, CONSTRAINED, GREEDY]
     expected = [_complete(api, max_tokens, k) for k in kinds]
     expected_plain = _complete(api, max_tokens, GREEDY)
     assert expected[0] != expected[1], "the seeded run should differ from the greedy one"
+    assert re.fullmatch(r"[a-z ]*[.]?", expected[2][0]) and expected[2][2] >= 20, expected[2]
     assert expected[0][2] >= 20, f"the seeded reference ended after {expected[0][2]} tokens: too short to resume"
     moved_before = _moves(api)
     print(f"\nrate {rate:.0f} tokens/s, max_tokens {max_tokens}, reference lengths {[e[2] for e in expected]}")
