@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
-from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
@@ -45,7 +45,8 @@ def user(text: str) -> tuple[ChatMessage, ...]:
 
 def requests(n: int = 12) -> list[Request]:
     """``n`` requests (task id, parameters) with different prompt lengths, max_tokens, stop
-    strings, seeds and temperatures (every third one sampled with its seed, the rest greedy)."""
+    strings, seeds and temperatures (every third one sampled with its seed, the rest greedy);
+    every fifth, from the third, constrained to a regex (structured output's split step)."""
     return [
         (f"t{i}", GenerationParams(
             messages=user(PROMPTS[i % len(PROMPTS)] + f" {i}"),
@@ -53,6 +54,7 @@ def requests(n: int = 12) -> list[Request]:
             temperature=0.8 if i % 3 == 0 else 0.0,
             seed=100 + i,
             stop=("e",) if i % 4 == 1 else (),
+            output_format=OutputFormat("regex", "[a-z ]{1,60}") if i % 5 == 2 else None,
         ))
         for i in range(n)
     ]
