@@ -184,4 +184,10 @@ a loaded 2-core CPU. The master fixes it per instance."""
 MAX_BATCH = 16
 """Sequences a runner decodes together in one forward pass (1: one request at a time)."""
 PROMPT_CACHE_BYTES = 0
-"""Bytes of finished conversations' KV a runner keeps for reuse (0: no prompt cache)."""
+"""Bytes of finished conversations' KV an engine keeps for reuse (0: no prompt cache): the
+default of ``EngineSettings`` (an engine built in process); a node's is
+``NODE_PROMPT_CACHE_BYTES``."""
+NODE_PROMPT_CACHE_BYTES = 256 * 1024 * 1024
+"""A node's ``--prompt-cache-bytes`` by default: a chat's next turn and an agent's next step
+reuse the previous one's KV. A runner keeps at most a quarter of its KV budget for it
+(``EngineSettings.for_runner``), so a small machine keeps most of its memory for the batch."""

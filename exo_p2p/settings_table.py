@@ -113,8 +113,8 @@ _SETTINGS = (
             "at a time); a request joins only when its KV fits (--kv-cache-bytes); the master fixes its value in each "
             "instance it places, for every rank", "engine.max_batch", "N"),
     Setting("--prompt-cache-bytes", "bytes (≥ 0)", "KV of finished conversations a runner keeps (LRU) so a request "
-            "extending one prefills only its new tokens (bounded in tokens: BYTES ÷ the KV bytes per token); 0 is off; a multi-rank instance "
-            "keeps the smallest rank's bound, in tokens", "engine.prompt_cache_bytes", "BYTES"),
+            "extending one prefills only its new tokens (bounded in tokens: BYTES ÷ the KV bytes per token; at most a quarter "
+            "of the runner's KV budget); 0 is off; a multi-rank instance keeps the smallest rank's bound, in tokens", "engine.prompt_cache_bytes", "BYTES"),
     Setting("--kv-cache-bytes", "bytes (≥ 0)", "KV cache a runner's batch may hold: a request joins the batch only "
             "when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 "
             "out_of_memory", "engine.kv_cache_bytes", "BYTES",

@@ -565,9 +565,11 @@ def test_node_defaults_come_from_config(monkeypatch, tmp_path):
     assert (config.api_host, config.api_port) == (cfg.DEFAULT_API_HOST, cfg.DEFAULT_API_PORT)
     assert config.listen_port == cfg.DEFAULT_LISTEN_PORT
     assert config.memory_limit is None and config.mdns is True and config.bootstrap == []
+    from exo_p2p.defaults import NODE_PROMPT_CACHE_BYTES
     from exo_p2p.types.engine import EngineSettings
 
-    assert config.engine == EngineSettings()  # every engine default from exo_p2p.defaults
+    # every engine default from exo_p2p.defaults; a node keeps a prompt cache
+    assert config.engine == EngineSettings(prompt_cache_bytes=NODE_PROMPT_CACHE_BYTES) == cfg.NodeConfig(data_dir=tmp_path).engine
 
 
 def test_node_engine_flags_make_one_record(tmp_path):

@@ -125,3 +125,10 @@ def test_nodes_with_different_prefill_chunk_sizes_serve_a_two_node_instance(tmp_
         assert placed["settings"] == {"prefill_chunk_size": 16, "max_batch": 16} and len(placed["shards"]) == 2
         assert [_chat(b, p) for p in PROMPTS] == expected
         assert [_chat(a, p) for p in PROMPTS] == expected
+
+
+def test_the_prompt_cache_takes_at_most_a_quarter_of_a_known_kv_budget():
+    node = EngineSettings(prompt_cache_bytes=256 << 20)
+    assert node.for_runner(None, 400 << 20).prompt_cache_bytes == 100 << 20
+    assert node.for_runner(None, 4 << 30).prompt_cache_bytes == 256 << 20
+    assert node.for_runner(None, None).prompt_cache_bytes == 256 << 20  # no budget known: no memory check

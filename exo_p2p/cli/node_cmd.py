@@ -8,6 +8,7 @@ from pathlib import Path
 from exo_p2p.cli.client import CliError
 from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 from exo_p2p.types.engine import EngineSettings
+from exo_p2p.defaults import NODE_PROMPT_CACHE_BYTES
 
 NODE_CONFIG_FILE = "config.toml"
 """The optional file of ``exo-p2p node`` settings in the data dir (TOML; keys are flag names)."""
@@ -150,9 +151,11 @@ def _engine_settings(
 ) -> EngineSettings:
     """``NodeConfig.engine`` from ``--prefill-chunk-size`` (tokens), ``--max-batch``
     (sequences), ``--prompt-cache-bytes`` and ``--kv-cache-bytes`` (bytes); None keeps the
-    default of ``EngineSettings``. A value out of range is a ``CliError`` (exit 2)."""
+    default of ``EngineSettings`` (``NODE_PROMPT_CACHE_BYTES`` for the prompt cache). A value
+    out of range is a ``CliError`` (exit 2)."""
     values = {"prefill_chunk_size": prefill_chunk_size, "max_batch": max_batch,
-              "prompt_cache_bytes": prompt_cache_bytes, "kv_cache_bytes": kv_cache_bytes}
+              "prompt_cache_bytes": NODE_PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes,
+              "kv_cache_bytes": kv_cache_bytes}
     try:
         return EngineSettings(**{k: v for k, v in values.items() if v is not None}).check()
     except ValueError as e:

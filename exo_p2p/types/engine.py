@@ -53,7 +53,9 @@ class EngineSettings(msgspec.Struct, frozen=True):
     def for_runner(self, instance_settings: RankSettings | None, kv_cache_bytes: int | None) -> EngineSettings:
         """This node's settings for a runner of an instance placed with ``instance_settings``
         (None: placed without; this node's own rank settings then) and a resolved KV budget
-        (bytes; None: no memory check)."""
+        (bytes; None: no memory check). The prompt cache gets at most a quarter of a known
+        budget."""
         rank = instance_settings or self.rank_settings()
-        return msgspec.structs.replace(self, prefill_chunk_size=rank.prefill_chunk_size,
-                                       max_batch=rank.max_batch, kv_cache_bytes=kv_cache_bytes)
+        cache = self.prompt_cache_bytes if kv_cache_bytes is None else min(self.prompt_cache_bytes, kv_cache_bytes // 4)
+        return msgspec.structs.replace(self, prefill_chunk_size=rank.prefill_chunk_size, max_batch=rank.max_batch,
+                                       prompt_cache_bytes=cache, kv_cache_bytes=kv_cache_bytes)
