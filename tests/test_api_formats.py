@@ -99,6 +99,8 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("/v1/messages", {"output_config": {"format": {"type": "json", "schema": SCHEMA}}}, "output_config.format.type", "json_schema"),
     ("/v1/messages", {"output_config": {"format": ANTHROPIC_SCHEMA}, "output_format": ANTHROPIC_SCHEMA}, "output_format", "only"),
     ("/v1/messages", {"grammar": "start: x"}, "grammar", "unknown name"),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": {"enum": ["x" * 100] * 700}}}},
+     "output_config.format.schema", f"at most {MAX_FORMAT_BYTES} are accepted"),
     ("/api/chat", {"format": {"type": "nope"}}, "format", "Invalid type: nope"),
     ("/api/chat", {"format": "yaml"}, "format", "\"json\" or a JSON schema"),
     ("/api/chat", {"format": "json", "regex": "[0-9]"}, "regex", "at most one"),
@@ -132,6 +134,17 @@ def test_a_bad_format_is_a_400_in_the_familys_shape_naming_the_field(path: str, 
         assert not submits(backend)
 
     run_api(body)
+
+
+def test_the_readers_directly() -> None:
+    assert formats.extensions("", None) == (None, None)  # an empty field is no format
+    assert formats.ollama_format("") is None and formats.openai_response_format(None) is None
+    one = formats.openai_response_format({"type": "json_schema", "json_schema": {"name": "n", "schema": json.dumps(SCHEMA)}})
+    assert one == formats.Asked("response_format", "response_format.json_schema.schema", OutputFormat("json_schema", TEXT, "n"))
+    assert formats.output_format(None, one, None) == one.fmt  # a schema sent as JSON text is read too
+    assert formats.output_format(None, None) is None
+    with pytest.raises(ApiError, match="at most one output format"):
+        formats.output_format(*formats.extensions("a", "start: \"a\""))
 
 
 def test_responses_echo_the_format_asked() -> None:
