@@ -1,6 +1,6 @@
 """Structured output on real node processes with a tiny synthetic model: every API family
-through its official client (``openai`` chat, completions, Responses, their ``parse``
-helpers; ``anthropic``; ``ollama``), streamed and not, answers text that validates against the
+through its official client (``openai`` chat, completions, Responses, their ``parse`` and
+``stream`` helpers; ``anthropic``; ``ollama``), streamed and not, answers text that validates against the
 schema (``jsonschema``) and ends with ``stop``, the same greedy text through every chat
 family; the extensions ``regex`` and ``grammar``; bad formats are a 400 with llguidance's
 message through each client; in a batch of 8 mixed constrained and free requests the free
@@ -157,6 +157,11 @@ def test_the_sdks_parse_helpers_get_their_models_back(pair) -> None:
     assert isinstance(response.output_parsed, Pet)
     message = ac.messages.parse(model=MODEL, max_tokens=MAX, messages=msgs, output_format=Pet, extra_body={"temperature": 0})
     assert isinstance(message.parsed_output, Pet)
+    # the streaming helpers, which parse the whole answer at its end
+    with oc.chat.completions.stream(model=MODEL, messages=msgs, temperature=0, max_tokens=MAX, response_format=Pet) as stream:
+        assert stream.get_final_completion().choices[0].message.parsed == parsed.choices[0].message.parsed
+    with oc.responses.stream(model=MODEL, input="a pet", temperature=0, max_output_tokens=MAX, text_format=Pet) as stream:
+        assert stream.get_final_response().output_parsed == response.output_parsed
 
 
 def test_the_regex_and_grammar_extensions(pair) -> None:
