@@ -133,3 +133,10 @@ class NodeConfig(msgspec.Struct):
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     """Host names the API answers besides IP addresses and ``localhost`` (``--allowed-hosts``;
     ``*`` = any; ``exo_p2p.api.hosts``)."""
+    metrics_loopback_open: bool = False
+    """``GET /metrics`` needs no API key from a loopback client (``--metrics-loopback-open``)."""
+    request_log_bytes: int = 16 * 1024 * 1024
+    """Bytes of ``requests.jsonl`` in the data dir before it rotates; 0: no file
+    (``--request-log-bytes``; ``exo_p2p.metrics.request_log``)."""
+    log_request_text: bool = False
+    """Request records carry the prompt and output text (``--log-request-text``)."""

@@ -118,6 +118,8 @@ class Node:
         self.tokens = TokenCounter(self.store.resolve)
         self.replica.snapshot_listeners.append(lambda _s: self.tokens.wake())
         self.replica.listeners.append(lambda _e, _s: self.tokens.wake())
+        # metrics and the record of every request (docs/operations.md)
+        self.observer = self._observer()
         # the master role, driven by the cluster member while this node is master
         self.master: MasterRole | None = None
         self.hooks = MasterHooks(
@@ -134,6 +136,27 @@ class Node:
         self._send_chunk = None  # the member's send_chunk, or its test-only faulty wrapper
         self._nursery: trio.Nursery | None = None
         self._master_scope: trio.CancelScope | None = None
+
+    def _observer(self):  # type: ignore[no-untyped-def]
+        """The node's ``exo_p2p.metrics.observer.Observer``: its metrics read State, its
+        runners' figures, its counters and the model bytes it received; its request log
+        writes ``requests.jsonl`` in the data dir unless ``--request-log-bytes 0``."""
+        from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures, count_event
+        from exo_p2p.metrics.observer import Observer
+        from exo_p2p.metrics.registry import NodeMetrics
+        from exo_p2p.metrics.request_log import FILE_NAME, RequestLog
+
+        cfg = self.config
+        counts = NodeCounts(transfer_bytes=self.depot.bytes_received)
+        self.replica.listeners.append(lambda indexed, _s: count_event(counts, indexed.event, self.node_id))
+        sources = MetricSources(
+            state=self.state, node_id=self.node_id, is_master=lambda: self.master is not None,
+            runners=lambda: [RunnerFigures(*r) for r in self.worker.runner_figures()],
+            counters=lambda: self.health().counters if self.member is not None and self.net is not None else {},
+            counts=counts)
+        metrics = NodeMetrics(known_model=lambda m: m in self.replica.state.model_cards, sources=sources)
+        path = self.data_dir / FILE_NAME if cfg.request_log_bytes > 0 else None
+        return Observer(metrics, RequestLog(path, max(1, cfg.request_log_bytes)), keep_text=cfg.log_request_text)
 
     # --- events -------------------------------------------------------------------------
     def emit_local(self, event: Event) -> None:
@@ -486,7 +509,8 @@ class Node:
                 nursery.start_soon(self.tokens.run, self.state, self.node_id, self.boot_id)
                 await self._wait_joined(15.0)
                 log.debug("start-up", step="joined")
-                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)])
+                access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)],
+                                         metrics_loopback_open=cfg.metrics_loopback_open)
                 if not access.api_keys and not is_loopback_host(cfg.api_host):
                     warning = (
                         f"the API listens on {cfg.api_host} without an API key: anyone who reaches "
@@ -495,7 +519,7 @@ class Node:
                     log.warning("api open to the network", api_host=cfg.api_host)
                     print(f"warning: {warning}", file=sys.stderr)
                 app = create_app(self, queue_limit=cfg.queue_limit, access=access,
-                                 generation=GenerationSettings(max_moves=cfg.max_moves))
+                                 generation=GenerationSettings(max_moves=cfg.max_moves), observer=self.observer)
                 self.api_port = await nursery.start(serve, app, cfg.api_host, cfg.api_port)
                 log.info(
                     "node ready",

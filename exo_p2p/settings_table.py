@@ -138,6 +138,13 @@ _SETTINGS = (
     Setting("--allowed-hosts", "names, repeatable", "Host names the API answers to besides IP addresses and "
             "localhost (e.g. macbook.local), comma-separated or repeated; others get 403 (DNS-rebinding "
             "protection); * = any", "allowed_hosts", "NAMES", repeatable=True),
+    Setting("--metrics-loopback-open", "flag", "Serve GET /metrics without an API key to clients on this machine "
+            "(loopback addresses), for a local Prometheus; other clients still need a key", "metrics_loopback_open"),
+    Setting("--request-log-bytes", "bytes (≥ 0)", "Size of requests.jsonl in the data dir (one record per finished "
+            "request) before it rotates to requests.jsonl.1; 0: no file (records still go to the log)",
+            "request_log_bytes", "BYTES"),
+    Setting("--log-request-text", "flag", "Request records also carry the prompt and the output text (off: counts, "
+            "times and ids only)", "log_request_text"),
     Setting("--join", "token", "Join a closed cluster with a token from `exo-p2p invite` on a member (its secret is "
             "kept in the data dir: later starts need no flag)", None, "TOKEN"),
     Setting("--fault-hook", "KEY=VALUE, repeatable", "Tests only: KEY=VALUE fault injected into runners "

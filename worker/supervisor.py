@@ -53,6 +53,7 @@ from exo_p2p.types import (
 )
 from worker.liveness import silence_bound, stuck_reason
 from worker.runner_output import OutputRelay, ring_failure
+from exo_p2p.types.observe import EngineStats
 from worker.runner.protocol import (
     MAX_FRAME,
     ChunkMsg,
@@ -136,6 +137,11 @@ class RunnerSupervisor:
         self._beat: tuple[HeartbeatMsg, float] | None = None  # the last heartbeat, when it came
         self._ring_failed: str | None = None  # MLX's line saying the ring gave up on a socket
         self.exited = trio.Event()
+
+    @property
+    def engine_stats(self) -> EngineStats | None:
+        """The engine's figures in the runner's last heartbeat (None before warm-up)."""
+        return self._beat[0].stats if self._beat is not None else None
 
     @property
     def pid(self) -> int | None:

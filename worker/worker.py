@@ -8,6 +8,7 @@ from pathlib import Path
 import structlog
 import trio
 
+from exo_p2p.types.observe import EngineStats
 from exo_p2p.types import (
     CancelTask,
     Chunk,
@@ -126,6 +127,16 @@ class Worker:
                          for s in i.shards if s.node_id == self.node_id)
             usable = min(usable, profile.memory_total - placed)
         return max(0, usable)
+
+    def runner_figures(self) -> list[tuple[str, str, int, EngineStats]]:
+        """(instance id, model id, rank, the engine's last figures) of each live runner of
+        this node that has reported them (``worker.runner.stats``)."""
+        out = []
+        for sup in self.supervisors.values():
+            stats = sup.engine_stats
+            if stats is not None and not isinstance(sup.status, TERMINAL_STATUSES):
+                out.append((sup.instance.instance_id, sup.instance.model_id, sup.shard.rank, stats))
+        return out
 
     def runner_pids(self) -> list[int]:
         return [s.pid for s in self.supervisors.values() if s.pid is not None and not s.exited.is_set()]

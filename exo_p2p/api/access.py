@@ -24,7 +24,11 @@ routing, in this order, answering in the error shape of the route's API family
 3. With API keys configured, every path but the public ones (``/health``, and the
    dashboard: ``/`` and ``/dashboard/…``) needs
    ``Authorization: Bearer KEY``; Anthropic routes (``/v1/messages…``) also accept
-   ``x-api-key: KEY``. Missing or wrong → 401. Keys are compared in constant time.
+   ``x-api-key: KEY``. Missing or wrong → 401. Keys are compared in constant time. With
+   ``--metrics-loopback-open``, ``GET /metrics`` from a loopback client address needs no
+   key (a scraper on the same machine); from anywhere else it still does. An accepted
+   request carries ``key_id`` (a digest of its key, never the key) in its scope's
+   ``state["api_key_id"]`` for the request's record.
 
 CORS preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered by
 Starlette's ``CORSMiddleware``, placed outside this guard (a preflight carries and returns
@@ -34,6 +38,7 @@ headers, so the calling page can show why).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from collections.abc import Iterable
@@ -65,13 +70,15 @@ class AccessPolicy:
     ``api_keys``: accepted keys (empty: no key needed); ``cors_origins``: origins allowed to
     call the API from a browser (``"*"`` = any; empty = none but the API's own);
     ``allowed_hosts``: host names the API answers besides IP literals and ``localhost``
-    (``"*"`` = any; ``exo_p2p.api.hosts``); ``public_paths``: paths that need no key.
+    (``"*"`` = any; ``exo_p2p.api.hosts``); ``public_paths``: paths that need no key;
+    ``metrics_loopback_open``: ``GET /metrics`` needs no key from a loopback client.
     """
 
     api_keys: frozenset[str] = frozenset()
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     public_paths: frozenset[str] = field(default=PUBLIC_PATHS)
+    metrics_loopback_open: bool = False
 
     @property
     def host_names(self) -> frozenset[str]:
@@ -87,7 +94,7 @@ class AccessPolicy:
 
     @classmethod
     def of(cls, api_keys: Iterable[str] = (), cors_origins: Iterable[str] = (),
-           allowed_hosts: Iterable[str] = ()) -> AccessPolicy:
+           allowed_hosts: Iterable[str] = (), metrics_loopback_open: bool = False) -> AccessPolicy:
         """A policy from flag values: keys stripped (empty ones dropped), origins split on
         commas, stripped, trailing ``/`` removed, host names as ``hosts.parse_names`` gives
         them. Raises ``ValueError`` for an origin that is not ``*`` or
@@ -104,7 +111,8 @@ class AccessPolicy:
                     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
                         raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port], e.g. http://localhost:3000")
                 origins.append(origin)
-        return cls(api_keys=keys, cors_origins=tuple(dict.fromkeys(origins)), allowed_hosts=parse_names(allowed_hosts))
+        return cls(api_keys=keys, cors_origins=tuple(dict.fromkeys(origins)), allowed_hosts=parse_names(allowed_hosts),
+                   metrics_loopback_open=metrics_loopback_open)
 
 
 def read_api_key_file(text: str) -> list[str]:
@@ -161,11 +169,28 @@ def presented_keys(headers: Headers, family: str) -> list[str]:
 
 def key_accepted(presented: Iterable[str], keys: frozenset[str]) -> bool:
     """Whether any presented key is one of ``keys`` (constant-time per comparison)."""
+    return accepted_key(presented, keys) is not None
+
+
+def accepted_key(presented: Iterable[str], keys: frozenset[str]) -> str | None:
+    """The first presented key that is one of ``keys`` (constant-time per comparison), or None."""
     for given in presented:
         for key in keys:
             if hmac.compare_digest(given.encode(), key.encode()):
-                return True
-    return False
+                return key
+    return None
+
+
+def key_id(key: str) -> str:
+    """A short, stable name of an API key for records: the first 12 hex digits of its
+    sha256 (the key cannot be recovered from it)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def loopback_client(scope: Scope) -> bool:
+    """Whether the request's client address is a loopback one (127.0.0.0/8, ::1)."""
+    client = scope.get("client")
+    return bool(client) and client[0] != "localhost" and is_loopback_host(str(client[0]))
 
 
 class AccessGuard:
@@ -185,13 +210,13 @@ class AccessGuard:
         method: str = scope.get("method", "GET").upper()
         headers = Headers(scope=scope)
         family = family_of(path)
-        problem = self._problem(path, method, headers, family)
+        problem = self._problem(path, method, headers, family, scope)
         if problem is not None:
             await family_error_response(family, problem)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
-    def _problem(self, path: str, method: str, headers: Headers, family: str) -> ErrorInfo | None:
+    def _problem(self, path: str, method: str, headers: Headers, family: str, scope: Scope) -> ErrorInfo | None:
         host = headers.get("host")
         if not host_allowed(host, self._host_names):
             return error_info(403, refusal_message(host or ""), code="host_not_allowed")
@@ -202,17 +227,29 @@ class AccessGuard:
                 f"requests from origin {origin[:200]!r} are not allowed; start the node with --cors-origins to allow a web origin",
                 code="origin_not_allowed",
             )
-        if self.policy.api_keys and path not in self.policy.public_paths and not path.startswith(PUBLIC_PREFIXES):
-            if not key_accepted(presented_keys(headers, family), self.policy.api_keys):
+        if self.policy.api_keys and self._needs_key(path, scope):
+            key = accepted_key(presented_keys(headers, family), self.policy.api_keys)
+            if key is not None:
+                scope.setdefault("state", {})["api_key_id"] = key_id(key)
+            else:
                 where = "Authorization: Bearer KEY" + (" or x-api-key: KEY" if family == "anthropic" else "")
                 given = bool(presented_keys(headers, family))
                 what = "invalid API key" if given else "missing API key"
                 return error_info(401, f"{what}: this node requires {where}", code="invalid_api_key")
         if method in BODY_METHODS and not is_json_content_type(headers.get("content-type")):
-            got = headers.get("content-type")
-            return error_info(
-                415,
-                f"request body must be application/json, got {got[:100]!r}" if got else "request body must be application/json (no Content-Type given)",
-                code="unsupported_media_type",
-            )
+            return self._not_json(headers)
         return None
+
+    def _needs_key(self, path: str, scope: Scope) -> bool:
+        if path in self.policy.public_paths or path.startswith(PUBLIC_PREFIXES):
+            return False
+        return not (path == "/metrics" and self.policy.metrics_loopback_open and loopback_client(scope))
+
+    @staticmethod
+    def _not_json(headers: Headers) -> ErrorInfo:
+        got = headers.get("content-type")
+        return error_info(
+            415,
+            f"request body must be application/json, got {got[:100]!r}" if got else "request body must be application/json (no Content-Type given)",
+            code="unsupported_media_type",
+        )

@@ -25,7 +25,10 @@ from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
+from exo_p2p.api.observe_routes import observe_routes
 from exo_p2p.api.routes import api_routes
+from exo_p2p.metrics.observer import Observer
+from exo_p2p.metrics.registry import NodeMetrics
 from exo_p2p.dashboard import dashboard_routes
 
 log = structlog.get_logger("exo_p2p.api")
@@ -41,6 +44,7 @@ def create_app(
     command_timeout: float = 30.0,
     access: AccessPolicy | None = None,
     extra_routes: Sequence[BaseRoute] = (),
+    observer: Observer | None = None,
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -51,7 +55,9 @@ def create_app(
     place/delete (seconds); ``access`` the API keys and CORS origins
     (``exo_p2p.api.access``; default: no key, no cross-origin browser access);
     ``extra_routes`` are served too (e.g. a page route named ``dashboard``, which ``GET /``
-    serves to browsers; see ``exo_p2p.api.families.ollama``).
+    serves to browsers; see ``exo_p2p.api.families.ollama``); ``observer`` receives every
+    finished request's record and serves ``/metrics`` and ``/requests`` (default: metrics of
+    this API alone, no request file).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -62,9 +68,10 @@ def create_app(
         max_body_bytes=max_body_bytes,
         generation=generation or GenerationSettings(),
         command_timeout=command_timeout,
+        observer=observer or Observer(NodeMetrics(known_model=lambda m: m in backend.state().model_cards)),
     )
     return Starlette(
-        routes=[*api_routes(backend, config), *dashboard_routes(), *extra_routes],
+        routes=[*api_routes(backend, config), *observe_routes(config.observer), *dashboard_routes(), *extra_routes],
         middleware=[
             Middleware(CatchAll),
             Middleware(

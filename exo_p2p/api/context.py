@@ -20,6 +20,7 @@ from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, che
 from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
 from exo_p2p.api.resume import MoveCounters
+from exo_p2p.metrics.observer import Observer
 from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitGeneration, new_id
 
 T = TypeVar("T")
@@ -28,13 +29,16 @@ T = TypeVar("T")
 @dataclass
 class ApiConfig:
     """Settings of one API: model aliases (alias → model id), the in-flight generation limit
-    (None = unlimited), the request body limit in bytes, and the generation waits."""
+    (None = unlimited), the request body limit in bytes, the generation waits, and the
+    observer of finished requests."""
 
     model_aliases: Mapping[str, str]
     queue_limit: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     generation: GenerationSettings = GenerationSettings()
     command_timeout: float = 30.0
+    observer: Observer = field(default_factory=Observer)
+    """Where finished requests' records go (metrics, the request log)."""
 
 
 @dataclass
@@ -98,4 +102,5 @@ class ApiContext:
         (before anything is sent or counted)."""
         check_command_size(SubmitGeneration(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
                                             params=job.params, api_node_id=NodeId(self.backend.node_id)))
-        return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves)
+        return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves,
+                                  observer=self.config.observer)

@@ -40,7 +40,9 @@ from starlette.types import Receive, Scope, Send
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.errors import Family, error_headers, error_info, family_error_body
+from exo_p2p.metrics.observer import Observer
 from exo_p2p.api.replacement_progress import ProgressAge, progress_mark
+from exo_p2p.api.request_trace import RequestTrace, prompt_text
 from exo_p2p.api.resume import (
     FAIL_WAIT,
     MAX_MOVES,
@@ -185,7 +187,7 @@ class GenerationResponse:
     """The ASGI app answering one ``GenerationJob`` (see the module docstring)."""
 
     def __init__(self, backend: ApiBackend, job: GenerationJob, inflight: InFlight, settings: GenerationSettings,
-                 counters: MoveCounters | None = None) -> None:
+                 counters: MoveCounters | None = None, observer: Observer | None = None) -> None:
         self.backend = backend
         self.job = job
         self.encoder = job.encoder
@@ -204,12 +206,16 @@ class GenerationResponse:
         self._moves = 0
         self._instance_id: str | None = None
         """The instance the master gave the current task to."""
+        self.observer = observer
+        self.trace = RequestTrace(job.task_id, job.encoder.family, job.model_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._start_trace(scope)
         if not self.inflight.try_acquire():
             limit = self.inflight.limit
             message = f"queue full: {self.inflight.count} requests in flight, limit {limit}"
             await send_error(send, error_info(429, message, code="queue_full"), self.encoder.family)
+            self._observe("refused 429")
             return
         try:
             self._chunks = self.backend.open_chunks(self.task_id)
@@ -225,6 +231,23 @@ class GenerationResponse:
         finally:
             self.inflight.release()
             log.debug("api.generation", task_id=self.task_id, model=self.job.model_id, family=self.encoder.family, outcome=self._outcome)
+            self._observe(self._outcome)
+
+    def _start_trace(self, scope: Scope) -> None:
+        """The request's trace, with the id of the API key it presented (``AccessGuard``)."""
+        if self.observer is None:
+            return
+        key_id = (scope.get("state") or {}).get("api_key_id")
+        keep = self.observer.keep_text
+        params = self.job.params
+        self.trace = RequestTrace(self.job.task_id, self.encoder.family, self.job.model_id, key_id=key_id,
+                                  keep_text=keep, prompt=prompt_text(params.messages, params.prompt) if keep else None)
+
+    def _observe(self, outcome: str) -> None:
+        """Hand the request's record to the observer (once, at the end)."""
+        if self.observer is not None:
+            self.trace.streamed = self._streaming
+            self.observer.finished(self.trace.record(outcome, self.backend.state()))
 
     async def _watch_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
         while True:
@@ -258,6 +281,7 @@ class GenerationResponse:
         if result.error is not None and self.settings.max_moves and waits_for_replacement(result.error, self.backend.state(), self.job.model_id):
             result = await self._wait_for_replacement(submit, result, send)
         self._instance_id = result.instance_id
+        self.trace.routed(result)
         if result.error is not None:
             self._ended = True
             self._outcome = f"refused {result.error.status}"
@@ -304,6 +328,7 @@ class GenerationResponse:
                 return ErrorChunk(task_id=self.task_id, error=error)
             if isinstance(chunk, TokenChunk) and chunk.token_id is not None:
                 self._sent_tokens.append(chunk.token_id)
+            self.trace.chunk(chunk)
             return chunk
 
     async def _instance_fails(self, send: Send) -> bool:
@@ -346,6 +371,8 @@ class GenerationResponse:
                 self._instance_id = result.instance_id
                 self._moves += 1
                 self.counters.moved += 1
+                self.trace.routed(result)
+                self.trace.moves = self._moves
                 log.info("api.request_moved", task_id=task_id, origin=self.job.task_id, instance_id=result.instance_id,
                          resumed_tokens=len(decision.resume_tokens), moves=self._moves, reason=failure.message)
                 return None

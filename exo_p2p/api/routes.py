@@ -43,6 +43,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     """The routes of the API, bound to ``backend`` (closures; no global state)."""
     ctx = ApiContext(backend, config)
     started = ctx.started
+    config.observer.attach_api(lambda: ctx.inflight.count, lambda: (ctx.moves.moved, ctx.moves.failed))
 
     def _model_id(name: str) -> ModelId:
         return ctx.model_id(name)

@@ -205,6 +205,9 @@ def node(
         Optional[list[str]],
         node_option("--allowed-hosts"),
     ] = None,
+    metrics_loopback_open: Annotated[bool, node_option("--metrics-loopback-open")] = False,
+    request_log_bytes: Annotated[Optional[int], node_option("--request-log-bytes", min=0)] = None,
+    log_request_text: Annotated[bool, node_option("--log-request-text")] = False,
     join: Annotated[
         Optional[str],
         node_option("--join"),
@@ -254,6 +257,9 @@ def node(
         allowed_hosts=values["allowed_hosts"],
         join=values["join"],
         cpu_weights=values["cpu_weights"],
+        metrics_loopback_open=values["metrics_loopback_open"],
+        request_log_bytes=values["request_log_bytes"],
+        log_request_text=values["log_request_text"],
     )
     for hook in fault_hook or []:
         key, sep, value = hook.partition("=")

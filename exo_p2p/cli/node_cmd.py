@@ -49,6 +49,9 @@ def build_node_config(
     allowed_hosts: list[str] | None = None,
     join: str | None = None,
     cpu_weights: str | None = None,
+    metrics_loopback_open: bool = False,
+    request_log_bytes: int | None = None,
+    log_request_text: bool = False,
 ) -> NodeConfig:
     """A ``NodeConfig`` from flag values; None means "the default of ``NodeConfig``".
 
@@ -129,6 +132,7 @@ def build_node_config(
         ("queue_limit", queue_limit),
         ("compact_every", compact_every),
         ("max_moves", max_moves),
+        ("request_log_bytes", request_log_bytes),
     ):
         if value is not None:
             given[name] = value
@@ -142,6 +146,8 @@ def build_node_config(
         new_identity=new_identity,
         mdns=mdns,
         restore_size=restore_size,
+        metrics_loopback_open=metrics_loopback_open,
+        log_request_text=log_request_text,
         **given,
     )
 

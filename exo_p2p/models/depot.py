@@ -93,6 +93,8 @@ class ModelDepot:
         self.fetched_dir = self.models_dir / FETCHED_DIR
         self.pulled_dir = self.models_dir / PULLED_DIR
         self._lock = threading.Lock()
+        self.bytes_received: dict[str, int] = {}
+        """Model bytes received by completed fetches, by the peer that sent them."""
         self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (first name, source)
         self._names: dict[str, str] = {}  # every local model's name -> digest (one digest may have several)
         self._partials: dict[str, PartialModel] = {}
@@ -213,9 +215,12 @@ class ModelDepot:
         p2p_get = chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
         get, close = fetch_getter(net, manifest.digest, p2p_get, timeout=limits.chunk_timeout)
         try:
-            return await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress)
+            report = await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress)
         finally:
             await close()
+        for peer, nbytes in report.bytes_by_peer.items():  # GET /metrics: exo_model_transfer_bytes
+            self.bytes_received[peer] = self.bytes_received.get(peer, 0) + nbytes
+        return report
 
     def promote(self, digest: str, name: str) -> Path:
         """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``

@@ -42,7 +42,8 @@ class TokenChunk(_Chunk, tag="token"):
 
 class FinishChunk(_Chunk, tag="finish"):
     """The last chunk of a successful or cancelled generation; times in seconds.
-    ``stop_sequence`` is the stop string that ended it (None for an end-of-turn token)."""
+    ``stop_sequence`` is the stop string that ended it (None for an end-of-turn token);
+    ``cached_tokens``: prompt tokens taken from the prompt cache instead of prefilled."""
 
     finish_reason: FinishReason
     prompt_tokens: int
@@ -50,6 +51,7 @@ class FinishChunk(_Chunk, tag="finish"):
     ttft: float = 0.0
     decode_tokens_per_second: float = 0.0
     stop_sequence: str | None = None
+    cached_tokens: int = 0
 
 
 class ErrorChunk(_Chunk, tag="error"):

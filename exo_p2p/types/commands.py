@@ -60,10 +60,12 @@ class CommandEnvelope(msgspec.Struct, frozen=True):
 class CommandResult(msgspec.Struct, frozen=True):
     """The master's answer: ``error`` is None on success; ``instance`` is set by a placement,
     ``instance_id`` by a generation (the instance chosen), ``event_idx`` is the index of the
-    event the answer depends on (committed before the answer is sent, docs/architecture.md#log-guarantees)."""
+    event the answer depends on (committed before the answer is sent, docs/architecture.md#log-guarantees);
+    ``route`` says why a generation's instance was chosen (``master.routing``)."""
 
     command_id: CommandId
     error: ErrorInfo | None = None
     instance: Instance | None = None
     instance_id: InstanceId | None = None
     event_idx: int = 0
+    route: str | None = None

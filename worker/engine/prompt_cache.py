@@ -63,6 +63,12 @@ class PromptCache:
         self.gather = gather
         self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()
         self._next_key = 0
+        self.hits = 0
+        """Requests that reused a prefix (counted on ``reuse`` while the cache is on)."""
+        self.misses = 0
+        """Requests that found none."""
+        self.reused_tokens = 0
+        """Prompt tokens reused in all."""
 
     @property
     def enabled(self) -> bool:
@@ -127,7 +133,10 @@ class PromptCache:
         key, length = self.nearest(ids)
         length = self.agreed_length(length)
         if key is None or length < 1:
+            self.misses += 1
             return [], 0
+        self.hits += 1
+        self.reused_tokens += length
         self._entries.move_to_end(key)
         from mlx_lm.models.cache import KVCache
 

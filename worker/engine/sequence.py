@@ -225,4 +225,4 @@ class Sequence:
             tps = (new - 1) / (self.t_last - self.t_first)
         return FinishChunk(task_id=self.task_id, finish_reason=reason, prompt_tokens=self.prompt_tokens,
                            completion_tokens=n, ttft=ttft, decode_tokens_per_second=tps,
-                           stop_sequence=self.stops.matched if reason == "stop" else None)
+                           stop_sequence=self.stops.matched if reason == "stop" else None, cached_tokens=self.reused)

@@ -65,6 +65,7 @@ from exo_p2p.types import (
 )
 from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.pulse import Pulse, start_heartbeat
+from worker.runner.stats import StatsClock, engine_stats
 from worker.runner.protocol import (
     ChunkMsg,
     RunnerSetup,
@@ -168,6 +169,8 @@ class RunnerProcess:
         self.decode_seconds = 0.0
         self.pulse = Pulse()
         self.faults = NO_FAULTS
+        self.stats_clock = StatsClock()
+        self.kv_bytes_per_token = 0
 
     @property
     def multi(self) -> bool:
@@ -340,6 +343,7 @@ class RunnerProcess:
         model without a chat template is warmed up all the same (the error chunk is
         discarded). A multi-rank instance then agrees its pace (``check_every``)."""
         from exo_p2p.types.tasks import ChatMessage, GenerationParams
+        from worker.engine.batch_memory import model_kv_bytes_per_token
         from worker.engine.builder import build_engine
 
         assert self.setup is not None and self.loaded is not None
@@ -356,6 +360,10 @@ class RunnerProcess:
                     tps = chunk.decode_tokens_per_second
             self.pulse.record(time.monotonic() - started, warmup=True)  # the stuck bound's history
             self.pulse.progress()
+        self.kv_bytes_per_token = model_kv_bytes_per_token(self.loaded.model)
+        cache = self.engine.prompt_cache  # the warm-up request is not traffic
+        cache.hits = cache.misses = cache.reused_tokens = self.engine.prefilled_tokens = 0
+        self.note_stats(force=True)
         if self.multi:  # the pace is the same on every rank: the slowest rank's
             assert self.all_gather is not None
             proposal = np.array([check_every_for(tps, round_seconds(self.setup.engine.max_batch))], dtype=np.int64)
@@ -453,6 +461,11 @@ class RunnerProcess:
         assert self.setup is not None
         return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.engine.max_batch))
 
+    def note_stats(self, force: bool = False) -> None:
+        """The engine's figures for the next heartbeat (``worker.runner.stats``), when due."""
+        if self.engine is not None and self.stats_clock.due(force):
+            self.pulse.stats = engine_stats(self.engine, self.kv_bytes_per_token)
+
     def step_generation(self) -> None:
         """One engine step (a prefill chunk or a decode step of the batch) as one ``step`` unit
         of work, its chunks and task statuses sent."""
@@ -462,6 +475,7 @@ class RunnerProcess:
         with self.pulse.unit("step"):
             self.faults.before_step()
             chunks = self.engine.step()
+        self.note_stats(force=any(isinstance(c, (FinishChunk, ErrorChunk)) for c in chunks))
         for chunk in chunks:
             if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):
                 self.running_tasks.add(chunk.task_id)

@@ -16,6 +16,7 @@ import msgspec
 
 from exo_p2p.types import Chunk, Instance, RunnerStatus, ShardMetadata, Task, TaskId, TaskStatus
 from exo_p2p.types.engine import EngineSettings
+from exo_p2p.types.observe import EngineStats
 
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 * 1024 * 1024
@@ -59,11 +60,13 @@ class HeartbeatMsg(msgspec.Struct, frozen=True, tag="heartbeat", tag_field="kind
     """Sent every ``heartbeat_interval`` seconds by the runner's heartbeat thread
     (``worker.runner.pulse``): ``busy`` the main thread's unit of work ("" waiting for input),
     ``busy_for`` its age in seconds, ``longest_step`` the longest recent engine step in
-    seconds (warm-up steps included); the supervisor's stuck rule is ``worker.liveness``."""
+    seconds (warm-up steps included); the supervisor's stuck rule is ``worker.liveness``.
+    ``stats``: the engine's last figures (``worker.runner.stats``; None before warm-up)."""
 
     busy: str = ""
     busy_for: float = 0.0
     longest_step: float = 0.0
+    stats: EngineStats | None = None
 
 
 ToSupervisor = StatusMsg | ChunkMsg | TaskStatusMsg | HeartbeatMsg

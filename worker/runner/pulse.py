@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from exo_p2p.types.observe import EngineStats
 from worker.runner.protocol import HeartbeatMsg
 
 RECENT_STEPS = 256
@@ -40,6 +41,8 @@ class Pulse:
         self._since = 0.0
         self._recent: deque[float] = deque(maxlen=recent)
         self._warmup_longest = 0.0
+        self.stats: EngineStats | None = None
+        """The engine's last figures (set by the main thread, sent with each heartbeat)."""
 
     def begin(self, kind: str) -> None:
         """The main thread starts a unit of work of ``kind`` (module docstring)."""
@@ -85,7 +88,8 @@ class Pulse:
             longest = max(self._recent, default=0.0)
             longest = max(longest, self._warmup_longest)
             busy_for = self._clock() - self._since if self._kind else 0.0
-            return HeartbeatMsg(busy=self._kind, busy_for=round(busy_for, 3), longest_step=round(longest, 3))
+            return HeartbeatMsg(busy=self._kind, busy_for=round(busy_for, 3), longest_step=round(longest, 3),
+                                stats=self.stats)
 
 
 def heartbeat_loop(pulse: Pulse, send: Callable[[object], None], interval: float,

@@ -1,0 +1,168 @@
+"""The gauges and counters a scrape reads from the node as it is (``NodeCollector``).
+
+Per node: whether it is master, the term and the log index it applied, term changes and its
+runners' starts and failures seen in the log, its API's requests in flight and moved, its
+message counters (those of ``GET /state``) and model bytes received by source. Per runner of
+this node (labels instance, model, rank): queue, batch rows and limit, KV bytes in use and
+budget, prompt-cache bytes, bound, hits, misses and reused tokens (``EngineStats``). The
+master's view of the cluster (nodes, instances by status, unfinished tasks and load per
+instance) only while this node is master, so a sum over every node's scrape counts the
+cluster once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exo_p2p.state import instance_view
+from exo_p2p.types import FINISHED_TASK_STATUSES, Event, MasterElected, RunnerFailed, RunnerIdle, RunnerStatusUpdated, State
+from exo_p2p.types.observe import EngineStats
+
+
+@dataclass(frozen=True)
+class RunnerFigures:
+    """One runner of this node as a scrape sees it: its labels and its last ``EngineStats``."""
+
+    instance: str
+    model: str
+    rank: int
+    stats: EngineStats
+
+
+@dataclass
+class NodeCounts:
+    """What the node counts from the log it applies (mutated by ``count_event``)."""
+
+    term_changes: int = 0
+    runners_started: int = 0
+    runner_failures: int = 0
+    transfer_bytes: dict[str, int] = field(default_factory=dict)
+    """Model bytes received, by source (a peer's node id, or ``huggingface``)."""
+
+
+def count_event(counts: NodeCounts, event: Event, node_id: str) -> None:
+    """Count ``event`` (one the node applied): a master elected, a runner of ``node_id``
+    started (idle) or failed."""
+    if isinstance(event, MasterElected):
+        counts.term_changes += 1
+    elif isinstance(event, RunnerStatusUpdated) and event.node_id == node_id:
+        if isinstance(event.status, RunnerIdle):
+            counts.runners_started += 1
+        elif isinstance(event.status, RunnerFailed):
+            counts.runner_failures += 1
+
+
+@dataclass
+class MetricSources:
+    """Zero-argument readers of the node, called at each scrape."""
+
+    state: Callable[[], State]
+    node_id: str
+    is_master: Callable[[], bool] = lambda: False
+    runners: Callable[[], list[RunnerFigures]] = lambda: []
+    counters: Callable[[], dict[str, int]] = lambda: {}
+    in_flight: Callable[[], int] = lambda: 0
+    moves: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    """(requests moved, moves that failed)."""
+    counts: NodeCounts = field(default_factory=NodeCounts)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class NodeCollector(Collector):
+    """A prometheus collector over ``MetricSources`` (module docstring)."""
+
+    def __init__(self, sources: MetricSources) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sources
+        state = s.state()
+        yield _gauge("exo_is_master", "1 when this node is the master", 1.0 if s.is_master() else 0.0)
+        yield _gauge("exo_term", "The master's term in the log this node applied", state.term)
+        yield _gauge("exo_log_index", "Index of the last event this node applied", state.last_event_idx)
+        yield _counter("exo_term_changes", "Masters elected in the log this node applied", s.counts.term_changes)
+        yield _counter("exo_runners_started", "Runners of this node started (idle reported)", s.counts.runners_started)
+        yield _counter("exo_runner_failures", "Runners of this node that failed", s.counts.runner_failures)
+        yield _gauge("exo_requests_in_flight", "Generations this node's API is serving", s.in_flight())
+        moved, failed = s.moves()
+        yield _counter("exo_requests_moved", "Requests moved to another instance after a failure", moved)
+        yield _counter("exo_requests_move_failed", "Requests that could not move after a failure", failed)
+        messages = GaugeMetricFamily("exo_node_counter", "This node's message counters (GET /state)", labels=["counter"])
+        for name, value in sorted(s.counters().items()):
+            messages.add_metric([name], value)
+        yield messages
+        transfer = CounterMetricFamily("exo_model_transfer_bytes", "Model bytes received, by source", labels=["source"])
+        for source, value in sorted(s.counts.transfer_bytes.items()):
+            transfer.add_metric([source], value)
+        yield transfer
+        yield from _runner_metrics(s.runners())
+        if s.is_master():
+            yield from _cluster_metrics(state)
+
+
+_RUNNER_GAUGES = (
+    ("exo_runner_queue_length", "Requests waiting for a batch row", lambda st: st.queued),
+    ("exo_runner_batch_rows", "Sequences being served (prefilling or decoding)", lambda st: st.batch_rows),
+    ("exo_runner_batch_limit", "Sequences the batch may hold (--max-batch)", lambda st: st.batch_limit),
+    ("exo_runner_kv_bytes", "Bytes of KV the batch holds", lambda st: st.kv_tokens * st.kv_bytes_per_token),
+    ("exo_runner_kv_budget_bytes", "Bytes of KV the batch may hold (0: unchecked)",
+     lambda st: (st.kv_capacity_tokens or 0) * st.kv_bytes_per_token),
+    ("exo_prompt_cache_bytes", "Bytes of KV the prompt cache holds", lambda st: st.cache_tokens * st.kv_bytes_per_token),
+    ("exo_prompt_cache_bound_bytes", "Bytes of KV the prompt cache may hold (0: off)",
+     lambda st: st.cache_bound_tokens * st.kv_bytes_per_token),
+)
+_RUNNER_COUNTERS = (
+    ("exo_prompt_cache_hits", "Requests that reused a cached prefix", lambda st: st.cache_hits_total),
+    ("exo_prompt_cache_misses", "Requests that found no cached prefix", lambda st: st.cache_misses_total),
+    ("exo_prompt_cache_reused_tokens", "Prompt tokens reused from the prompt cache", lambda st: st.reused_tokens_total),
+    ("exo_runner_prefilled_tokens", "Prompt tokens fed through the model", lambda st: st.prefilled_tokens_total),
+)
+
+
+def _runner_metrics(runners: list[RunnerFigures]) -> Iterator[Metric]:
+    labels = ["instance", "model", "rank"]
+    for name, doc, read in _RUNNER_GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for r in runners:
+            family.add_metric([r.instance, r.model, str(r.rank)], read(r.stats))
+        yield family
+    for name, doc, read in _RUNNER_COUNTERS:
+        counter = CounterMetricFamily(name, doc, labels=labels)
+        for r in runners:
+            counter.add_metric([r.instance, r.model, str(r.rank)], read(r.stats))
+        yield counter
+
+
+def _cluster_metrics(state: State) -> Iterator[Metric]:
+    yield _gauge("exo_cluster_nodes", "Nodes in the cluster's State (master only)", len(state.nodes))
+    by_status = GaugeMetricFamily("exo_cluster_instances", "Instances by status (master only)", labels=["status"])
+    counts = {"loading": 0, "ready": 0, "failed": 0}
+    for inst in state.instances.values():
+        status = instance_view(state, inst).status
+        counts[status] = counts.get(status, 0) + 1
+    for status, n in sorted(counts.items()):
+        by_status.add_metric([status], n)
+    yield by_status
+    tasks = GaugeMetricFamily("exo_cluster_tasks", "Unfinished tasks per instance (master only)",
+                              labels=["instance", "model"])
+    loads = GaugeMetricFamily("exo_cluster_instance_load", "Unfinished tasks ÷ batch limit, the master's load "
+                              "(master only)",
+                              labels=["instance", "model"])
+    for iid, inst in sorted(state.instances.items()):
+        n = sum(1 for t in state.tasks.values() if t.task.instance_id == iid and t.status not in FINISHED_TASK_STATUSES)
+        tasks.add_metric([iid, inst.model_id], n)
+        limit = inst.settings.max_batch if inst.settings is not None else 1
+        loads.add_metric([iid, inst.model_id], n / max(1, limit))
+    yield tasks
+    yield loads

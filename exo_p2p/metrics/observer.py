@@ -1,0 +1,40 @@
+"""``Observer``: where an API hands each finished request's record (metrics and the request
+log), built by the node, or by ``create_app`` with no file when none is given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from exo_p2p.metrics.registry import NodeMetrics
+from exo_p2p.metrics.request_log import RequestLog
+from exo_p2p.types.observe import RequestRecord
+
+log = structlog.get_logger("exo_p2p.requests")
+
+
+@dataclass
+class Observer:
+    """``metrics``: the node's registry; ``requests``: its request log; ``keep_text``: records
+    carry the prompt and output (``--log-request-text``)."""
+
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    requests: RequestLog = field(default_factory=RequestLog)
+    keep_text: bool = False
+
+    def attach_api(self, in_flight: Callable[[], int], moves: Callable[[], tuple[int, int]]) -> None:
+        """The API's readers of its generations in flight and its moves (moved, failed)."""
+        if self.metrics.collector is not None:
+            self.metrics.collector.sources.in_flight = in_flight
+            self.metrics.collector.sources.moves = moves
+
+    def finished(self, record: RequestRecord) -> None:
+        """Count and log one finished request; a failure here is logged, never raised into
+        the request."""
+        try:
+            self.metrics.observe(record)
+            self.requests.write(record)
+        except Exception:  # noqa: BLE001 - observing must never fail a request
+            log.exception("request record failed", request_id=record.request_id)

@@ -1,0 +1,196 @@
+"""Metrics and request records without processes: ``exo_p2p.metrics`` (the registry, the
+scrape-time collector, the request log) and ``exo_p2p.api.request_trace``, and ``GET
+/metrics``/``GET /requests`` with their access rules on the fake backend of ``tests.test_api``.
+The same against real nodes: ``tests/test_metrics_nodes.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from exo_p2p.api.access import AccessPolicy, key_id
+from exo_p2p.api.app import create_app
+from exo_p2p.api.request_trace import RequestTrace, outcome_word
+from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures, count_event
+from exo_p2p.metrics.observer import Observer
+from exo_p2p.metrics.registry import NodeMetrics
+from exo_p2p.metrics.request_log import RequestLog
+from exo_p2p.types import (
+    CommandResult,
+    FinishChunk,
+    MasterElected,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerStatusUpdated,
+    State,
+    TokenChunk,
+)
+from exo_p2p.types.observe import EngineStats, RequestRecord
+from tests.test_api import MODEL, FakeMaster, chat_body
+
+KEY = "sk-metrics-0123"
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, by (name, sorted labels)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def record(**kw: Any) -> RequestRecord:
+    base = dict(request_id="r1", family="openai", model="m", status=200, outcome="complete", started=1.0,
+                duration=0.5, instance="i1", finish_reason="stop", prompt_tokens=7, cached_tokens=3,
+                completion_tokens=5, ttft=0.2, decode_tps=20.0)
+    return RequestRecord(**{**base, **kw})
+
+
+def test_observe_counts_and_bounds_labels() -> None:
+    metrics = NodeMetrics(known_model=lambda m: m == "m")
+    metrics.observe(record())
+    metrics.observe(record(model="made-up-by-a-client", family="evil", status=404, finish_reason=None))
+    text = metrics.exposition().decode()
+    assert value(text, "exo_requests_total", family="openai", model="m", status="200") == 1
+    assert value(text, "exo_requests_total", family="other", model="other", status="404") == 1
+    assert value(text, "exo_prompt_tokens_total", model="m", instance="i1") == 7
+    assert value(text, "exo_cached_prompt_tokens_total", model="m", instance="i1") == 3
+    assert value(text, "exo_completion_tokens_total", model="m", instance="i1") == 5
+    assert value(text, "exo_time_to_first_token_seconds_count", model="m") == 1
+    assert value(text, "exo_time_per_output_token_seconds_sum", model="m") == pytest.approx(0.05)
+    assert "made-up" not in text and "evil" not in text
+
+
+def test_collector_reads_sources_and_master_view() -> None:
+    stats = EngineStats(queued=2, batch_rows=3, batch_limit=16, kv_tokens=100, kv_capacity_tokens=1000,
+                        kv_bytes_per_token=4, cache_tokens=50, cache_bound_tokens=200, cache_hits_total=5,
+                        cache_misses_total=1, reused_tokens_total=70)
+    counts = NodeCounts(transfer_bytes={"peer-a": 1234})
+    master = [True]
+    sources = MetricSources(state=lambda: State(term=3, last_event_idx=42), node_id="n",
+                            is_master=lambda: master[0], runners=lambda: [RunnerFigures("i1", "m", 0, stats)],
+                            counters={"dropped": 2}.copy, counts=counts)
+    metrics = NodeMetrics(sources=sources)
+    for event in (MasterElected("n", 3), RunnerStatusUpdated("r", "i1", "n", RunnerIdle()),
+                  RunnerStatusUpdated("r", "i1", "n", RunnerFailed("x")), RunnerStatusUpdated("r", "i1", "o", RunnerIdle())):
+        count_event(counts, event, "n")  # type: ignore[arg-type]
+    text = metrics.exposition().decode()
+    runner = {"instance": "i1", "model": "m", "rank": "0"}
+    assert value(text, "exo_term") == 3 and value(text, "exo_log_index") == 42
+    assert value(text, "exo_term_changes_total") == 1
+    assert value(text, "exo_runners_started_total") == 1 and value(text, "exo_runner_failures_total") == 1
+    assert value(text, "exo_runner_queue_length", **runner) == 2
+    assert value(text, "exo_runner_batch_rows", **runner) == 3
+    assert value(text, "exo_runner_kv_bytes", **runner) == 400
+    assert value(text, "exo_runner_kv_budget_bytes", **runner) == 4000
+    assert value(text, "exo_prompt_cache_hits_total", **runner) == 5
+    assert value(text, "exo_prompt_cache_reused_tokens_total", **runner) == 70
+    assert value(text, "exo_model_transfer_bytes_total", source="peer-a") == 1234
+    assert value(text, "exo_node_counter", counter="dropped") == 2
+    assert value(text, "exo_cluster_nodes") == 0 and "exo_cluster_instances" in text
+    master[0] = False
+    assert "exo_cluster_nodes" not in metrics.exposition().decode()
+
+
+def test_trace_record_and_status() -> None:
+    clock = iter([10.0, 10.5, 11.5, 12.0]).__next__
+    trace = RequestTrace("t1", "openai", "m", key_id="k", clock=clock, wall=lambda: 1000.0)
+    trace.routed(CommandResult("c", instance_id="i1", route="prefix:40"))
+    trace.chunk(TokenChunk(task_id="t1", text="a", completion_tokens=1))
+    trace.chunk(FinishChunk(task_id="t1", finish_reason="stop", prompt_tokens=9, completion_tokens=3, cached_tokens=4))
+    rec = trace.record("complete, stop")
+    assert (rec.status, rec.outcome, rec.ttft, rec.decode_tps, rec.duration) == (200, "complete", 0.5, 2.0, 2.0)
+    assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens, rec.route, rec.key_id) == (9, 4, 3, "prefix:40", "k")
+    assert rec.prompt is None and rec.output is None
+    assert RequestTrace("t", "openai", "m").status("refused 503") == 503
+    assert RequestTrace("t", "openai", "m").status("error 400 before output") == 400
+    assert RequestTrace("t", "openai", "m").status("client disconnected") == 499
+    assert RequestTrace("t", "openai", "m").status("unanswered") == 500
+    assert outcome_word("client disconnected") == "disconnected" and outcome_word("streamed, stop") == "streamed"
+
+
+def test_request_log_rotates_and_serves_recent(tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    rlog = RequestLog(path, max_bytes=600, recent=3)
+    for i in range(6):
+        rlog.write(record(request_id=f"r{i}"))
+    rotated = path.with_name("requests.jsonl.1")
+    assert rotated.exists() and path.stat().st_size <= 600 and rotated.stat().st_size <= 600
+    lines = [msgspec.json.decode(line, type=RequestRecord) for line in path.read_bytes().splitlines()]
+    assert lines[-1].request_id == "r5"
+    recs, last = rlog.since(0)
+    assert [r.request_id for r in recs] == ["r3", "r4", "r5"] and last == 6
+    assert rlog.since(6) == ([], 6)
+    assert [r.request_id for r in rlog.since(4, limit=1)[0]] == ["r4"]
+
+
+def test_request_log_gives_up_an_unwritable_file(tmp_path: Path) -> None:
+    rlog = RequestLog(tmp_path / "missing-dir" / "requests.jsonl")
+    rlog.write(record())
+    assert rlog.path is None and rlog.since(0)[1] == 1
+
+
+def _run(body, *, access: AccessPolicy | None = None, client: tuple[str, int] = ("127.0.0.1", 5000),
+         observer: Observer | None = None) -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            backend = FakeMaster(nursery)
+            app = create_app(backend, access=access, observer=observer)
+            transport = httpx.ASGITransport(app=app, client=client)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                with trio.fail_after(10):
+                    await body(http)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_metrics_and_records_through_the_api() -> None:
+    observer = Observer(NodeMetrics(known_model=lambda m: m == MODEL), RequestLog(None))
+
+    async def body(http: httpx.AsyncClient) -> None:
+        auth = {"authorization": f"Bearer {KEY}"}
+        r = await http.post("/v1/chat/completions", json=chat_body(), headers=auth)
+        assert r.status_code == 200
+        usage = r.json()["usage"]
+        r = await http.post("/v1/chat/completions", json=chat_body(model="nope"), headers=auth)
+        assert r.status_code == 404
+        text = (await http.get("/metrics", headers=auth)).text
+        assert value(text, "exo_requests_total", family="openai", model=MODEL, status="200") == 1
+        assert value(text, "exo_requests_total", family="openai", model="other", status="404") == 1
+        got = sum(v for (n, _), v in samples(text).items() if n == "exo_completion_tokens_total")
+        assert got == usage["completion_tokens"]
+        recs = (await http.get("/requests", headers=auth)).json()
+        assert [r["status"] for r in recs["records"]] == [200, 404] and recs["last"] == 2
+        assert recs["records"][0]["key_id"] == key_id(KEY) and KEY not in str(recs)
+        assert (await http.get("/requests?after=2", headers=auth)).json() == {"records": [], "last": 2}
+        assert (await http.get("/requests?after=x", headers=auth)).status_code == 400
+        assert (await http.get("/requests?limit=0", headers=auth)).status_code == 400
+
+    _run(body, access=AccessPolicy.of([KEY]), observer=observer)
+
+
+@pytest.mark.parametrize("open_flag,client,status", [
+    (False, ("127.0.0.1", 5000), 401),
+    (True, ("127.0.0.1", 5000), 200),
+    (True, ("::1", 5000), 200),
+    (True, ("192.168.1.9", 5000), 401),
+])
+def test_metrics_key_rule(open_flag: bool, client: tuple[str, int], status: int) -> None:
+    async def body(http: httpx.AsyncClient) -> None:
+        assert (await http.get("/metrics")).status_code == status
+        assert (await http.get("/requests")).status_code == 401  # records need the key, always
+        assert (await http.get("/metrics", headers={"authorization": f"Bearer {KEY}"})).status_code == 200
+
+    _run(body, access=AccessPolicy.of([KEY], metrics_loopback_open=open_flag), client=client)

@@ -1,0 +1,45 @@
+"""A runner's ``EngineStats``: what its engine holds and has done, read by the main thread
+between steps and sent with the next heartbeat (``worker.runner.pulse``), at most every
+``STATS_EVERY`` seconds (the sums walk the batch's rows and the prompt cache's entries)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from exo_p2p.types.observe import EngineStats
+
+STATS_EVERY = 0.5
+"""Seconds between two readings of the engine's figures at most."""
+
+
+def engine_stats(engine: Any, kv_bytes_per_token: int, prefixes: tuple[int, ...] = ()) -> EngineStats:
+    """The figures of ``engine`` (a ``worker.engine.scheduler.Engine``) now; call it from the
+    thread that steps the engine. ``kv_bytes_per_token``: this rank's KV bytes per token."""
+    rows = [row.kv().used for row in engine.batch.rows]
+    if engine.prefilling is not None:
+        rows.append(int(engine.prefilling.processed))
+    cache = engine.prompt_cache
+    return EngineStats(
+        queued=len(engine.queued_task_ids), batch_rows=engine.batch_size, batch_limit=engine.settings.max_batch,
+        kv_tokens=sum(rows), kv_capacity_tokens=engine.kv_capacity_tokens, kv_bytes_per_token=kv_bytes_per_token,
+        cache_tokens=cache.tokens, cache_bound_tokens=cache.max_tokens, cache_hits_total=cache.hits,
+        cache_misses_total=cache.misses, reused_tokens_total=cache.reused_tokens,
+        prefilled_tokens_total=engine.prefilled_tokens, prefixes=prefixes,
+    )
+
+
+class StatsClock:
+    """Whether the figures are due again (``STATS_EVERY`` seconds since the last reading)."""
+
+    def __init__(self, every: float = STATS_EVERY, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self._clock, self._last = every, clock, float("-inf")
+
+    def due(self, force: bool = False) -> bool:
+        """True (and the clock restarts) when due or ``force``."""
+        now = self._clock()
+        if force or now - self._last >= self.every:
+            self._last = now
+            return True
+        return False
