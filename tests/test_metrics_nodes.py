@@ -10,6 +10,8 @@ started with ``--metrics-loopback-open``; one record per request on each API nod
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -144,3 +146,10 @@ def test_key_rule_and_records(nodes) -> None:
     lines = (b.data_dir / "requests.jsonl").read_text().splitlines()
     assert len(lines) == len(recs) and KEY not in "".join(lines)
     assert KEY not in (b.data_dir / "node.log").read_text()
+    out = subprocess.run([sys.executable, "-m", "exo_p2p", "logs", "requests", "--api", b.url, "--api-key", KEY, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["request_id"] for line in out.stdout.splitlines()] == [r["request_id"] for r in recs]
+    out = subprocess.run([sys.executable, "-m", "exo_p2p", "logs", "requests", "--api", b.url, "--api-key", KEY, "-n", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.count("\n") == 1 and " 404 " in out.stdout, out

@@ -647,4 +647,4 @@ def main() -> None:
     app(prog_name="exo-p2p")
 
 
-from exo_p2p.cli import chat_cmds, transfer_cmds  # noqa: E402,F401  (register `chat`, `run`, `pull`, `rm`)
+from exo_p2p.cli import chat_cmds, observe_cmds, transfer_cmds  # noqa: E402,F401  (register `chat`, `run`, `pull`, `rm`, `logs`)
