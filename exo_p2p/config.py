@@ -140,3 +140,6 @@ class NodeConfig(msgspec.Struct):
     (``--request-log-bytes``; ``exo_p2p.metrics.request_log``)."""
     log_request_text: bool = False
     """Request records carry the prompt and output text (``--log-request-text``)."""
+    routing: str = "prefix"
+    """While master, how requests are routed among ready instances: ``prefix`` or ``load``
+    (``--routing``; ``master.routing``)."""

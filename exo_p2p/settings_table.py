@@ -138,6 +138,9 @@ _SETTINGS = (
     Setting("--allowed-hosts", "names, repeatable", "Host names the API answers to besides IP addresses and "
             "localhost (e.g. macbook.local), comma-separated or repeated; others get 403 (DNS-rebinding "
             "protection); * = any", "allowed_hosts", "NAMES", repeatable=True),
+    Setting("--routing", "prefix | load", "While master, how a request picks among a model's ready instances: "
+            "prefix (the one whose prompt cache holds the longest prefix of it, unless it is much busier) or load "
+            "(the least loaded)", "routing", "prefix|load"),
     Setting("--metrics-loopback-open", "flag", "Serve GET /metrics without an API key to clients on this machine "
             "(loopback addresses), for a local Prometheus; other clients still need a key", "metrics_loopback_open"),
     Setting("--request-log-bytes", "bytes (≥ 0)", "Size of requests.jsonl in the data dir (one record per finished "

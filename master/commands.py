@@ -33,6 +33,8 @@ from exo_p2p.types import (
 from master.admission import memory_refusal, oversized_prompt
 from master.placement import PlacementError, place_instance, resolve_nodes
 from master.restore import draining
+from master.routing import Option, choose
+from exo_p2p.prefixes import longest_match, prefix_chain
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -48,7 +50,7 @@ def _error(command: Command, status: int, message: str, *, type_: str = "invalid
 
 def handle_command(
     state: State, command: Command, *, queue_limit: int | None = None, rank_settings: RankSettings | None = None,
-    unreachable: frozenset[str] = frozenset(),
+    unreachable: frozenset[str] = frozenset(), routing: str = "prefix",
 ) -> Decision:
     """Decide what ``command`` does on ``state``.
 
@@ -67,7 +69,10 @@ def handle_command(
       no ready instance whose ranks have the free memory for the prompt → 503
       ``code="out_of_memory"`` (``master.admission``: memory admission); ``queue_limit`` unfinished
       tasks on the chosen instance → 429; else ``TaskCreated`` on the ready instance, among
-      those with the memory, with the least load (ties: instance id; see ``instance_load``),
+      those with the memory, that ``master.routing.choose`` picks: the one holding the
+      longest prefix of the request unless it is much busier, else the least loaded (ties:
+      instance id; see ``instance_load``; ``routing="load"``: load alone; the answer's
+      ``route`` says which),
       preferring instances with no shard on an ``unreachable`` node (one the master does
       not hear right now: dead but not timed out yet, e.g. the master just killed), and
       never a shrunk instance whose full-size successor is ready (``master.restore``). A
@@ -84,7 +89,7 @@ def handle_command(
     if isinstance(command, DeleteInstance):
         return _delete(state, command)
     if isinstance(command, SubmitGeneration):
-        return _submit(state, command, queue_limit, unreachable)
+        return _submit(state, command, queue_limit, unreachable, routing)
     if isinstance(command, CancelGeneration):
         record = state.tasks.get(command.task_id)
         if record is None or record.status in ("complete", "failed", "cancelled") or record.cancel_requested:
@@ -156,7 +161,7 @@ def _unfinished(state: State, instance_id: str) -> int:
 
 
 def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
-            unreachable: frozenset[str] = frozenset()) -> Decision:
+            unreachable: frozenset[str] = frozenset(), routing: str = "prefix") -> Decision:
     existing = state.tasks.get(command.task_id)
     if existing is not None:  # a retry of a submission already decided: the same answer
         return Decision((), CommandResult(command.command_id, instance_id=existing.task.instance_id))
@@ -195,7 +200,7 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         first = min(refusals.items())[1]
         return _error(command, 503, str(first), type_="server_error", param="messages", code="out_of_memory")
     heard = [i for i in fitting if not any(sh.node_id in unreachable for sh in i.shards)]
-    chosen: Instance = min(heard or fitting, key=lambda i: (instance_load(state, i), i.instance_id))
+    chosen, route = _route(state, heard or fitting, command, routing)
     if queue_limit is not None and _unfinished(state, chosen.instance_id) >= queue_limit:
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"
@@ -207,4 +212,15 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         params=command.params,
         api_node_id=command.api_node_id,
     )
-    return Decision((TaskCreated(task),), CommandResult(command.command_id, instance_id=chosen.instance_id))
+    return Decision((TaskCreated(task),), CommandResult(command.command_id, instance_id=chosen.instance_id, route=route))
+
+
+def _route(state: State, pool: list[Instance], command: SubmitGeneration, routing: str) -> tuple[Instance, str]:
+    """The instance of ``pool`` to serve ``command`` and why (``master.routing``)."""
+    if len(pool) == 1:
+        return pool[0], "only"
+    chain = prefix_chain(command.params) if routing == "prefix" else []
+    options = [Option(i.instance_id, instance_load(state, i), longest_match(chain, state.prefixes.get(i.instance_id, ())))
+               for i in pool]
+    chosen_id, reason = choose(options)
+    return next(i for i in pool if i.instance_id == chosen_id), reason

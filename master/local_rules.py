@@ -1,7 +1,8 @@
 """Which local events a node may report (pure; docs/architecture.md#wire-and-storage).
 
 A node reports facts about itself only: its profile, the models it holds, its own edges,
-its own runners, and the status of tasks of instances it serves. Every other kind of event
+its own runners, the status of tasks of instances it serves, and the prefix digests of
+instances whose rank 0 it hosts. Every other kind of event
 is the master's to make. ``refuse_local`` says why an event is refused, or None. The master
 records the sequence number of a refused event anyway, so the origin's later events are not
 stuck behind a gap.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from exo_p2p.types import (
     Event,
+    InstancePrefixesUpdated,
     NodeModelsUpdated,
     NodeProfileUpdated,
     RunnerStatusUpdated,
@@ -37,6 +39,11 @@ def refuse_local(state: State, origin: str, event: Event) -> str | None:
         instance = state.instances.get(event.instance_id)
         if instance is not None and not any(s.runner_id == event.runner_id and s.node_id == origin for s in instance.shards):
             return "runner not placed on this node"
+        return None
+    if isinstance(event, InstancePrefixesUpdated):
+        instance = state.instances.get(event.instance_id)
+        if instance is not None and (not instance.shards or instance.shards[0].node_id != origin):
+            return "prefixes of an instance whose rank 0 is not on this node"
         return None
     if isinstance(event, TaskStatusUpdated):
         record = state.tasks.get(event.task_id)

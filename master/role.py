@@ -56,6 +56,7 @@ class MasterRole:
         heard_ago: Callable[[str], float | None] | None = None,
         rank_settings: RankSettings | None = None,
         restore_size: bool = True,
+        routing: str = "prefix",
     ) -> None:
         self.node_id = node_id
         self.term = term
@@ -73,6 +74,8 @@ class MasterRole:
         self._restore_size = restore_size
         """Whether this master starts restores of shrunk instances (``master.restore``;
         ``--no-restore-size``); restores under way are finished either way."""
+        self._routing = routing
+        """How requests are routed among ready instances (``master.routing``; ``--routing``)."""
         self._restore_not_before: dict[str, float] = {}
         self._lock = trio.Lock()
         self._replacement_errors: set[str] = set()
@@ -109,7 +112,7 @@ class MasterRole:
                 state = self.replica.state
                 unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
                 decision = handle_command(state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings,
-                                          unreachable=unreachable)
+                                          unreachable=unreachable, routing=self._routing)
             except Exception as exc:  # a rule bug must not take the master down
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))

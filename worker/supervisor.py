@@ -53,8 +53,10 @@ from exo_p2p.types import (
 )
 from worker.liveness import silence_bound, stuck_reason
 from worker.runner_output import OutputRelay, ring_failure
+from exo_p2p.types import InstancePrefixesUpdated
 from exo_p2p.types.observe import EngineStats
 from worker.runner.protocol import (
+    PrefixesMsg,
     MAX_FRAME,
     ChunkMsg,
     HeartbeatMsg,
@@ -304,6 +306,8 @@ class RunnerSupervisor:
         elif isinstance(msg, ChunkMsg):
             self._count_chunk(msg.chunk)
             self._on_chunk(msg.chunk)
+        elif isinstance(msg, PrefixesMsg):
+            self._emit(InstancePrefixesUpdated(self.instance.instance_id, msg.digests))
         elif isinstance(msg, TaskStatusMsg):
             self._emit(TaskStatusUpdated(msg.task_id, msg.status))
             if msg.status in FINISHED_TASK_STATUSES:

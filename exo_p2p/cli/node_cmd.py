@@ -49,6 +49,7 @@ def build_node_config(
     allowed_hosts: list[str] | None = None,
     join: str | None = None,
     cpu_weights: str | None = None,
+    routing: str | None = None,
     metrics_loopback_open: bool = False,
     request_log_bytes: int | None = None,
     log_request_text: bool = False,
@@ -57,7 +58,7 @@ def build_node_config(
 
     ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a ``cpu_weights`` other than auto/float32/stored, a cluster-secret file that does not exist
+    a ``cpu_weights`` other than auto/float32/stored, a ``routing`` other than prefix/load, a cluster-secret file that does not exist
     or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
     ``api_key_file``, a malformed CORS origin or allowed host name, or an engine setting out of range. The four
     engine settings (``prefill_chunk_size`` tokens, ``max_batch`` sequences,
@@ -82,6 +83,10 @@ def build_node_config(
         if cpu_weights not in CPU_WEIGHTS:
             raise CliError(f"--cpu-weights must be one of {', '.join(CPU_WEIGHTS)}, got {cpu_weights!r}", 2)
         given["cpu_weights"] = cpu_weights
+    if routing is not None:
+        if routing not in ("prefix", "load"):
+            raise CliError(f"--routing must be prefix or load, got {routing!r}", 2)
+        given["routing"] = routing
     if log_format is not None:
         if log_format not in LOG_FORMATS:
             raise CliError(f"--log-format must be one of {', '.join(LOG_FORMATS)}", 2)

@@ -14,6 +14,7 @@ from exo_p2p.types import (
     InstanceCreated,
     InstanceDeleted,
     InstanceFailed,
+    InstancePrefixesUpdated,
     MasterElected,
     NodeModelsUpdated,
     NodeProfileUpdated,
@@ -32,6 +33,8 @@ from exo_p2p.types import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+
+from exo_p2p.prefixes import bounded
 
 replace = msgspec.structs.replace
 
@@ -144,7 +147,17 @@ def _apply_instance_deleted(event: InstanceDeleted, state: State) -> State:
         return state
     instances = {k: v for k, v in state.instances.items() if k != event.instance_id}
     runners = {k: v for k, v in state.runners.items() if v.instance_id != event.instance_id}
-    return replace(state, instances=instances, runners=runners)
+    prefixes = {k: v for k, v in state.prefixes.items() if k != event.instance_id}
+    return replace(state, instances=instances, runners=runners, prefixes=prefixes)
+
+
+@_apply_event.register
+def _apply_instance_prefixes(event: InstancePrefixesUpdated, state: State) -> State:
+    if event.instance_id not in state.instances:
+        return state
+    prefixes = dict(state.prefixes)
+    prefixes[event.instance_id] = bounded(event.digests)
+    return replace(state, prefixes=prefixes)
 
 
 @_apply_event.register

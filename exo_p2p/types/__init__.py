@@ -29,6 +29,7 @@ from exo_p2p.types.events import (
     InstanceCreated,
     InstanceDeleted,
     InstanceFailed,
+    InstancePrefixesUpdated,
     LocalEvent,
     MasterElected,
     NodeModelsUpdated,

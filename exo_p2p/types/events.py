@@ -69,6 +69,15 @@ class RunnerStatusUpdated(_Event, tag="runner_status_updated"):
     status: RunnerStatus
 
 
+class InstancePrefixesUpdated(_Event, tag="instance_prefixes_updated"):
+    """The prefixes rank 0's prompt cache of ``instance_id`` holds now, as digests
+    (``exo_p2p.prefixes``; at most ``MAX_DIGESTS``, most recently used last): the master
+    routes a request to the instance holding its longest prefix (``master.routing``)."""
+
+    instance_id: InstanceId
+    digests: tuple[int, ...]
+
+
 class RunnerDeleted(_Event, tag="runner_deleted"):
     runner_id: RunnerId
 
@@ -101,6 +110,7 @@ Event = (
     | InstanceDeleted
     | InstanceFailed
     | RunnerStatusUpdated
+    | InstancePrefixesUpdated
     | RunnerDeleted
     | TaskCreated
     | TaskStatusUpdated

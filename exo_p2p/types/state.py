@@ -33,6 +33,7 @@ class State(msgspec.Struct, frozen=True):
     so a snapshot (and its hash) carries it and a master rebuilt from snapshot + tail
     de-duplicates exactly like one rebuilt from the whole log. One entry per node boot (and
     per origin epoch after a replaced log): it grows with restarts, never with traffic.
+    ``prefixes`` holds at most ``exo_p2p.prefixes.MAX_DIGESTS`` digests per instance.
     """
 
     nodes: dict[NodeId, NodeProfile] = msgspec.field(default_factory=dict)
@@ -45,3 +46,5 @@ class State(msgspec.Struct, frozen=True):
     term: int = 0
     last_event_idx: int = 0
     origin_seqs: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    prefixes: dict[InstanceId, tuple[int, ...]] = msgspec.field(default_factory=dict)
+    """Per instance, the digests of the prefixes its prompt cache holds (``InstancePrefixesUpdated``)."""

@@ -28,16 +28,21 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from exo_p2p.prefixes import bounded, entry_digests
+from exo_p2p.types.tasks import GenerationParams
+
 Gather = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
 class CachedPrefix:
-    """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, and its bytes."""
+    """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, its bytes,
+    and the digests of the prefixes of the request that made it (``exo_p2p.prefixes``)."""
 
     tokens: tuple[int, ...]
     cache: list[Any]
     nbytes: int
+    digests: tuple[int, ...] = ()
 
 
 def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
@@ -89,9 +94,10 @@ class PromptCache:
         """Bytes of KV held."""
         return sum(e.nbytes for e in self._entries.values())
 
-    def insert(self, tokens: list[int], cache: list[Any]) -> bool:
+    def insert(self, tokens: list[int], cache: list[Any], params: GenerationParams | None = None) -> bool:
         """Keep ``cache`` (one ``KVCache`` per layer holding exactly ``tokens``), evicting least
-        recently used entries beyond the bound. False when not kept: the cache is off, the
+        recently used entries beyond the bound; ``params``, the request that made it, gives
+        the entry its prefix digests. False when not kept: the cache is off, the
         entry alone exceeds the bound, or the cache does not hold ``len(tokens)`` tokens."""
         if not self.enabled or len(tokens) > self.max_tokens:
             return False
@@ -99,10 +105,16 @@ class PromptCache:
             return False  # not the tokens we think it holds: never reuse it
         mx.eval([c.state for c in cache])
         self._next_key += 1
-        self._entries[self._next_key] = CachedPrefix(tuple(tokens), cache, sum(c.nbytes for c in cache))
+        self._entries[self._next_key] = CachedPrefix(tuple(tokens), cache, sum(c.nbytes for c in cache),
+                                                     entry_digests(params))
         while self.tokens > self.max_tokens:
             self._entries.popitem(last=False)
         return True
+
+    def digests(self) -> tuple[int, ...]:
+        """The prefix digests of the entries, those of the most recently used last, at most
+        ``exo_p2p.prefixes.MAX_DIGESTS`` (what the runner publishes)."""
+        return bounded(d for e in self._entries.values() for d in e.digests)
 
     def nearest(self, ids: list[int]) -> tuple[int | None, int]:
         """The key of the entry sharing the longest prefix with prompt ``ids`` and that length,

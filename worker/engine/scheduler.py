@@ -281,7 +281,7 @@ class Engine:
                 with self._lock:
                     self._live.pop(row.task_id, None)
                 if self.prompt_cache.enabled:
-                    self.prompt_cache.insert(row.tokens(), self.batch.extract(i))
+                    self.prompt_cache.insert(row.tokens(), self.batch.extract(i), row.params)
         self.batch.drop(ended)
         return out
 

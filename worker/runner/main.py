@@ -65,9 +65,10 @@ from exo_p2p.types import (
 )
 from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.pulse import Pulse, start_heartbeat
-from worker.runner.stats import StatsClock, engine_stats
+from worker.runner.stats import PrefixPublisher, StatsClock, engine_stats
 from worker.runner.protocol import (
     ChunkMsg,
+    PrefixesMsg,
     RunnerSetup,
     StatusMsg,
     TaskStatusMsg,
@@ -170,6 +171,7 @@ class RunnerProcess:
         self.pulse = Pulse()
         self.faults = NO_FAULTS
         self.stats_clock = StatsClock()
+        self.prefixes = PrefixPublisher()
         self.kv_bytes_per_token = 0
 
     @property
@@ -240,6 +242,8 @@ class RunnerProcess:
                 continue
             if busy:
                 self.step_generation()
+            else:
+                self.note_stats()  # digests kept back by the gap
 
     def handle_item(self, item: object) -> int | None:
         """Handle one message from the node as one unit of work (``worker.runner.pulse``);
@@ -462,9 +466,17 @@ class RunnerProcess:
         return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.engine.max_batch))
 
     def note_stats(self, force: bool = False) -> None:
-        """The engine's figures for the next heartbeat (``worker.runner.stats``), when due."""
-        if self.engine is not None and self.stats_clock.due(force):
+        """The engine's figures for the next heartbeat (``worker.runner.stats``), when due;
+        rank 0's prefix digests when they changed (sent before the step's chunks, so the
+        master knows them before the request's client does)."""
+        if self.engine is None:
+            return
+        if self.stats_clock.due(force):
             self.pulse.stats = engine_stats(self.engine, self.kv_bytes_per_token)
+        if self.emits_chunks and self.engine.prompt_cache.enabled:
+            digests = self.prefixes.offer(self.engine.prompt_cache.digests()) if force else self.prefixes.flush()
+            if digests is not None:
+                self.send(PrefixesMsg(digests))
 
     def step_generation(self) -> None:
         """One engine step (a prefill chunk or a decode step of the batch) as one ``step`` unit

@@ -69,7 +69,14 @@ class HeartbeatMsg(msgspec.Struct, frozen=True, tag="heartbeat", tag_field="kind
     stats: EngineStats | None = None
 
 
-ToSupervisor = StatusMsg | ChunkMsg | TaskStatusMsg | HeartbeatMsg
+class PrefixesMsg(msgspec.Struct, frozen=True, tag="prefixes", tag_field="kind"):
+    """The digests of the prefixes rank 0's prompt cache holds now (``exo_p2p.prefixes``),
+    sent when they changed, at most every ``worker.runner.stats.PREFIX_MIN_GAP`` seconds."""
+
+    digests: tuple[int, ...]
+
+
+ToSupervisor = StatusMsg | ChunkMsg | TaskStatusMsg | HeartbeatMsg | PrefixesMsg
 
 _enc = msgspec.msgpack.Encoder()
 to_runner_decoder = msgspec.msgpack.Decoder(ToRunner)

@@ -12,6 +12,9 @@ from exo_p2p.types.observe import EngineStats
 
 STATS_EVERY = 0.5
 """Seconds between two readings of the engine's figures at most."""
+PREFIX_MIN_GAP = 0.2
+"""Seconds between two publications of a runner's prefix digests at least (each is one
+event in the cluster's log: ``InstancePrefixesUpdated``)."""
 
 
 def engine_stats(engine: Any, kv_bytes_per_token: int, prefixes: tuple[int, ...] = ()) -> EngineStats:
@@ -43,3 +46,30 @@ class StatsClock:
             self._last = now
             return True
         return False
+
+
+class PrefixPublisher:
+    """When to publish the prompt cache's prefix digests: at once when they changed and
+    ``gap`` seconds passed since the last publication, else later (``flush``)."""
+
+    def __init__(self, gap: float = PREFIX_MIN_GAP, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gap, self._clock = gap, clock
+        self.sent: tuple[int, ...] = ()
+        self.pending: tuple[int, ...] | None = None
+        self._last = float("-inf")
+
+    def offer(self, digests: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The digests to publish now, or None (unchanged, or kept until the gap passed)."""
+        if digests == self.sent:
+            self.pending = None
+            return None
+        now = self._clock()
+        if now - self._last < self.gap:
+            self.pending = digests
+            return None
+        self.sent, self.pending, self._last = digests, None, now
+        return digests
+
+    def flush(self) -> tuple[int, ...] | None:
+        """The digests kept back, once their gap passed; None otherwise."""
+        return self.offer(self.pending) if self.pending is not None else None
