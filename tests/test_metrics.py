@@ -194,3 +194,52 @@ def test_metrics_key_rule(open_flag: bool, client: tuple[str, int], status: int)
         assert (await http.get("/metrics", headers={"authorization": f"Bearer {KEY}"})).status_code == 200
 
     _run(body, access=AccessPolicy.of([KEY], metrics_loopback_open=open_flag), client=client)
+
+
+def test_top_frame_and_rates() -> None:
+    from rich.console import Console
+
+    from exo_p2p.cli.top_cmd import Rates, frame, parse_metrics, tokens_by_instance
+
+    text = ('exo_runner_generated_tokens_total{instance="inst-1",model="m",rank="0"} 100\n'
+            'exo_completion_tokens_total{instance="inst-2",model="m"} 40\nexo_requests_in_flight 2\n')
+    samples = parse_metrics(text)
+    assert tokens_by_instance(samples) == {"inst-1": 100.0, "inst-2": 40.0}
+    rates = Rates({"inst-1": 50.0}, 10.0)
+    assert rates.update({"inst-1": 100.0, "inst-2": 40.0}, 12.0) == {"inst-1": 25.0, "inst-2": 0.0}
+    state = {"master": "node-aaaa1", "term": 2, "last_event_idx": 9, "node_id": "node-aaaa1",
+             "nodes": {"node-aaaa1": {"friendly_name": "box", "memory_available": 2**30, "memory_total": 2**31}},
+             "runners": {"r1": {"node_id": "node-aaaa1", "status": {"kind": "running"}}},
+             "instances": {"inst-1": {"model_id": "m", "settings": {"max_batch": 4},
+                                      "shards": [{"node_id": "node-aaaa1", "runner_id": "r1"}]}},
+             "tasks": {"t1": {"task": {"instance_id": "inst-1"}, "status": "running"},
+                       "t2": {"task": {"instance_id": "inst-1"}, "status": "pending"}}}
+    console = Console(width=160, record=True)
+    console.print(frame(state, samples, {"inst-1": 25.0}))
+    out = console.export_text()
+    assert "master box" in out and "2 requests in flight" in out
+    assert "inst-1" in out and "ready" in out and "1/4" in out and "25.0" in out
+
+
+def test_every_metric_is_documented_and_the_dashboard_names_only_real_ones() -> None:
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    stats = EngineStats()
+    sources = MetricSources(state=State, node_id="n", is_master=lambda: True,
+                            runners=lambda: [RunnerFigures("i", "m", 0, stats)], counters={"x": 1}.copy,
+                            counts=NodeCounts(transfer_bytes={"p": 1}))
+    metrics = NodeMetrics(sources=sources)
+    metrics.observe(record(route="prefix:3"))
+    names = {family.name for family in metrics.registry.collect()}
+    assert len(names) > 30
+    page = (root / "docs" / "operations.md").read_text()
+    documented = set(re.findall(r"`(exo_[a-z_]+)`", page))
+    exported = {n + "_total" if any(f.name == n and f.type == "counter" for f in metrics.registry.collect()) else n
+                for n in names}
+    assert exported <= documented, exported - documented
+    dashboard = json.loads((root / "docs" / "grafana-exo-p2p.json").read_text())
+    used = {n for p in dashboard["panels"] for t in p["targets"] for n in re.findall(r"exo_[a-z_]+", t["expr"])}
+    samples_ = {s.name for f in metrics.registry.collect() for s in f.samples}
+    assert used and used <= samples_, used - samples_

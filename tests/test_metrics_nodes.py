@@ -10,6 +10,7 @@ started with ``--metrics-loopback-open``; one record per request on each API nod
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -153,3 +154,7 @@ def test_key_rule_and_records(nodes) -> None:
     out = subprocess.run([sys.executable, "-m", "exo_p2p", "logs", "requests", "--api", b.url, "--api-key", KEY, "-n", "1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.count("\n") == 1 and " 404 " in out.stdout, out
+    out = subprocess.run([sys.executable, "-m", "exo_p2p", "top", "--once", "--api", a.url, "--api-key", KEY],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
+    assert out.returncode == 0, out.stderr
+    assert MODEL in out.stdout and iid[:8] in out.stdout and "ready" in out.stdout, out.stdout

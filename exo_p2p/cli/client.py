@@ -322,6 +322,15 @@ class NodeClient:
         except ValueError as e:
             raise CliError(f"the node at {self.base_url} sent a non-JSON answer to {path}") from e
 
+    def text(self, path: str) -> str | None:
+        """The text body of ``GET path`` (``/metrics``), or None when the node refuses it
+        (4xx or 5xx). Raises ``CliError`` when the node cannot be reached."""
+        try:
+            response = self._http.get(path)
+        except httpx.HTTPError as e:
+            raise CliError(f"GET {path} at {self.base_url} failed: {_reason(e)}") from e
+        return response.text if response.status_code < 400 else None
+
     def ping(self, timeout: float = PING_TIMEOUT) -> bool:
         """True when something answers HTTP at ``GET /state`` within ``timeout`` seconds,
         whatever the status (a troubled node is still a node: ``run`` must not start a

@@ -649,4 +649,4 @@ def main() -> None:
     app(prog_name="exo-p2p")
 
 
-from exo_p2p.cli import chat_cmds, observe_cmds, transfer_cmds  # noqa: E402,F401  (register `chat`, `run`, `pull`, `rm`, `logs`)
+from exo_p2p.cli import chat_cmds, observe_cmds, top_cmd, transfer_cmds  # noqa: E402,F401  (register `chat`, `run`, `pull`, `rm`, `logs`, `top`)

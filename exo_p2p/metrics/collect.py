@@ -127,6 +127,7 @@ _RUNNER_COUNTERS = (
     ("exo_prompt_cache_misses", "Requests that found no cached prefix", lambda st: st.cache_misses_total),
     ("exo_prompt_cache_reused_tokens", "Prompt tokens reused from the prompt cache", lambda st: st.reused_tokens_total),
     ("exo_runner_prefilled_tokens", "Prompt tokens fed through the model", lambda st: st.prefilled_tokens_total),
+    ("exo_runner_generated_tokens", "Tokens sampled for requests", lambda st: st.generated_tokens_total),
 )
 
 

@@ -19,8 +19,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     (0: off); ``cache_hits_total``/``cache_misses_total``: requests that did / did not
     reuse a cached prefix; ``reused_tokens_total``: prompt tokens not prefilled thanks to
     it; ``prefilled_tokens_total``: prompt tokens fed through the model;
-    ``prefixes``: digests of the prefixes the prompt cache holds (``exo_p2p.prefixes``), at
-    most ``exo_p2p.prefixes.MAX_DIGESTS``, most recently used last.
+    ``generated_tokens_total``: tokens sampled for requests.
     """
 
     queued: int = 0
@@ -35,7 +34,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     cache_misses_total: int = 0
     reused_tokens_total: int = 0
     prefilled_tokens_total: int = 0
-    prefixes: tuple[int, ...] = ()
+    generated_tokens_total: int = 0
 
 
 class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):

@@ -62,6 +62,7 @@ from exo_p2p.types import (
     Shutdown,
     StartWarmup,
     TextGeneration,
+    TokenChunk,
 )
 from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.pulse import Pulse, start_heartbeat
@@ -172,6 +173,8 @@ class RunnerProcess:
         self.faults = NO_FAULTS
         self.stats_clock = StatsClock()
         self.prefixes = PrefixPublisher()
+        self.generated = 0
+        """Tokens sampled for requests (``EngineStats.generated_tokens_total``)."""
         self.kv_bytes_per_token = 0
 
     @property
@@ -472,7 +475,7 @@ class RunnerProcess:
         if self.engine is None:
             return
         if self.stats_clock.due(force):
-            self.pulse.stats = engine_stats(self.engine, self.kv_bytes_per_token)
+            self.pulse.stats = engine_stats(self.engine, self.kv_bytes_per_token, self.generated)
         if self.emits_chunks and self.engine.prompt_cache.enabled:
             digests = self.prefixes.offer(self.engine.prompt_cache.digests()) if force else self.prefixes.flush()
             if digests is not None:
@@ -487,6 +490,7 @@ class RunnerProcess:
         with self.pulse.unit("step"):
             self.faults.before_step()
             chunks = self.engine.step()
+        self.generated += sum(1 for c in chunks if isinstance(c, TokenChunk) and c.token_id is not None)
         self.note_stats(force=any(isinstance(c, (FinishChunk, ErrorChunk)) for c in chunks))
         for chunk in chunks:
             if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):

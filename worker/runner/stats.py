@@ -17,9 +17,10 @@ PREFIX_MIN_GAP = 0.2
 event in the cluster's log: ``InstancePrefixesUpdated``)."""
 
 
-def engine_stats(engine: Any, kv_bytes_per_token: int, prefixes: tuple[int, ...] = ()) -> EngineStats:
+def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> EngineStats:
     """The figures of ``engine`` (a ``worker.engine.scheduler.Engine``) now; call it from the
-    thread that steps the engine. ``kv_bytes_per_token``: this rank's KV bytes per token."""
+    thread that steps the engine. ``kv_bytes_per_token``: this rank's KV bytes per token;
+    ``generated``: tokens the runner sampled for requests so far."""
     rows = [row.kv().used for row in engine.batch.rows]
     if engine.prefilling is not None:
         rows.append(int(engine.prefilling.processed))
@@ -29,7 +30,7 @@ def engine_stats(engine: Any, kv_bytes_per_token: int, prefixes: tuple[int, ...]
         kv_tokens=sum(rows), kv_capacity_tokens=engine.kv_capacity_tokens, kv_bytes_per_token=kv_bytes_per_token,
         cache_tokens=cache.tokens, cache_bound_tokens=cache.max_tokens, cache_hits_total=cache.hits,
         cache_misses_total=cache.misses, reused_tokens_total=cache.reused_tokens,
-        prefilled_tokens_total=engine.prefilled_tokens, prefixes=prefixes,
+        prefilled_tokens_total=engine.prefilled_tokens, generated_tokens_total=generated,
     )
 
 
