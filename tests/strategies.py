@@ -12,6 +12,7 @@ from exo_p2p.types import (
     InstanceCreated,
     InstanceDeleted,
     InstanceFailed,
+    InstancePrefixesUpdated,
     MasterElected,
     ModelCard,
     NodeModelsUpdated,
@@ -72,6 +73,8 @@ events = st.one_of(
     st.builds(lambda i, n: InstanceCreated(_instance(i, n)), st.sampled_from(INSTANCES), node_ids),
     st.builds(InstanceDeleted, instance_id=st.sampled_from(INSTANCES)),
     st.builds(InstanceFailed, instance_id=st.sampled_from(INSTANCES), reason=st.just("x")),
+    st.builds(InstancePrefixesUpdated, instance_id=st.sampled_from(INSTANCES),
+              digests=st.lists(st.integers(0, 2**63 - 1), max_size=80).map(tuple)),
     st.builds(
         lambda i, n, s: RunnerStatusUpdated(f"{i}-r0", i, n, s), st.sampled_from(INSTANCES), node_ids, statuses
     ),

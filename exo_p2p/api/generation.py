@@ -245,9 +245,14 @@ class GenerationResponse:
 
     def _observe(self, outcome: str) -> None:
         """Hand the request's record to the observer (once, at the end)."""
-        if self.observer is not None:
-            self.trace.streamed = self._streaming
-            self.observer.finished(self.trace.record(outcome, self.backend.state()))
+        if self.observer is None:
+            return
+        self.trace.streamed = self._streaming
+        try:
+            state = self.backend.state()
+        except Exception:  # noqa: BLE001 - the record goes without the instance's nodes
+            state = None
+        self.observer.finished(self.trace.record(outcome, state))
 
     async def _watch_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
         while True:
