@@ -152,7 +152,9 @@ def test_every_client_command_takes_api_key() -> None:
     clients = set(commands) - {"node", "cluster-secret"}
     assert {"models", "ps", "place", "stop", "delete", "chat", "run", "nodes", "previews", "doctor", "pull", "rm", "invite"} <= clients
     for name in clients:
-        assert any("--api-key" in p.opts for p in commands[name].params), name
+        group = getattr(commands[name], "commands", None)  # a group (``logs``): each of its commands
+        for sub, command in (group.items() if group else [("", commands[name])]):
+            assert any("--api-key" in p.opts for p in command.params), f"{name} {sub}".strip()
     node_key = next(p for p in commands["node"].params if "--api-key" in p.opts)
     assert node_key.multiple and node_key.envvar == "EXO_P2P_API_KEY"  # the node's own keys, unchanged
 
