@@ -157,6 +157,8 @@ def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, m
         try:
             seq.constraint = (grammars or new_grammars(loaded)).constraint(fmt, ids)
             seq.sampler.constrained = True
+            if params.thinking is False:  # thinking turned off: no think block opens before the format
+                seq.constraint.think = None
         except FormatError as e:
             return error_chunk(task_id, 400, f"invalid output format: {e}", param="response_format",
                                code="invalid_format")
