@@ -58,6 +58,7 @@ from exo_p2p.api.resume import (
     suspect,
     waits_for_replacement,
 )
+from exo_p2p.api.turn import Turn, answer_bytes, token_bytes
 from exo_p2p.types import (
     CancelGeneration,
     CommandResult,
@@ -112,7 +113,7 @@ class StreamEncoder(Protocol):
     not known yet); ``text(delta)`` one text delta (may be empty bytes); ``finish(chunk)``
     the closing events; ``error(info)`` an in-stream error that ends the stream;
     ``keepalive()`` bytes that carry no content; ``body(text, chunk)`` a whole non-streamed
-    answer (JSON).
+    answer (JSON). Reasoning and tool calls: ``exo_p2p.api.turn.TurnEncoder``.
     """
 
     family: Family
@@ -208,6 +209,8 @@ class GenerationResponse:
         """The instance the master gave the current task to."""
         self.observer = observer
         self.trace = RequestTrace(job.task_id, job.encoder.family, job.model_id)
+        self._turn = Turn()
+        """The answer handed to the client so far (``exo_p2p.api.turn``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._start_trace(scope)
@@ -469,8 +472,7 @@ class GenerationResponse:
             await self._begin_stream(send, chunk.total if isinstance(chunk, PrefillProgressChunk) else None)
         while True:
             if isinstance(chunk, TokenChunk):
-                if chunk.text:
-                    await self._send(send, self.encoder.text(chunk.text))
+                await self._send(send, token_bytes(self.encoder, chunk, self._turn))
             elif isinstance(chunk, FinishChunk):
                 self._outcome = f"streamed, {chunk.finish_reason}"
                 await self._send(send, self.encoder.finish(chunk), more=False)
@@ -484,13 +486,12 @@ class GenerationResponse:
             chunk = await self._next(send)
 
     async def _collect(self, chunk: Chunk, send: Send) -> None:
-        texts: list[str] = []
         while True:
             if isinstance(chunk, TokenChunk):
-                texts.append(chunk.text)
+                self._turn.add(chunk)
             elif isinstance(chunk, FinishChunk):
                 self._outcome = f"complete, {chunk.finish_reason}"
-                await send_bytes(send, 200, self.encoder.body("".join(texts), chunk))
+                await send_bytes(send, 200, answer_bytes(self.encoder, self._turn, chunk))
                 return
             elif isinstance(chunk, ErrorChunk):
                 self._outcome = f"error {chunk.error.status}"

@@ -54,6 +54,9 @@ class MessageIn(msgspec.Struct, frozen=True):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -85,6 +88,11 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     response_format: Any = None
     regex: str | None = None
     grammar: str | None = None
+    # Tools and reasoning (exo_p2p.api.families.openai_tools)
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # Known but unsupported: refused by name when not at their default.
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     tools: list[Any] | None = None

@@ -22,6 +22,15 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, error_body
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
 from exo_p2p.api.formats import extensions, openai_response_format, output_format
+from exo_p2p.api.families.openai_tools import (
+    answer_message,
+    assistant_calls,
+    call_events,
+    chat_tool_fields,
+    reasoning_event,
+    tool_result,
+    usage_of,
+)
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import (
     AssistantMessage,
@@ -34,7 +43,8 @@ from exo_p2p.api.schemas import (
     StreamChoice,
     Usage,
 )
-from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
+from exo_p2p.api.turn import Turn
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ToolCall
 
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "developer": "system"}
 """Accepted roles and the role they are served as (``developer`` is OpenAI's newer ``system``)."""
@@ -51,12 +61,12 @@ def openai_finish_reason(reason: str) -> str:
 def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     """Validate ``request`` and map it to ``GenerationParams``.
 
-    Raises ``ApiError(400, param=...)`` for: empty ``messages``; a ``tool``/``function`` or
-    unknown role; a content part other than text; an assistant message with tool calls; a
-    known unsupported parameter at a non-default value (``n`` > 1, ``tools``,
-    ``tool_choice``, ``functions``, ``function_call``, ``logprobs``, ``top_logprobs``,
-    ``audio``, ``modalities`` other than text); a bad ``logit_bias``; a bad or second output
-    format (``response_format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``). Empty stop
+    Raises ``ApiError(400, param=...)`` for: empty ``messages``; a ``function`` or unknown
+    role; a content part other than text; bad tools, tool calls or tool messages
+    (``openai_tools``); a known unsupported parameter at a non-default value (``n`` > 1,
+    ``functions``, ``function_call``, ``logprobs``, ``top_logprobs``, ``audio``,
+    ``modalities`` other than text); a bad ``logit_bias``; a bad or second output format
+    (``response_format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``). Empty stop
     strings are dropped.
     """
     _refuse_unsupported(request)
@@ -80,6 +90,7 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     fields["logit_bias"] = logit_bias_pairs(request.logit_bias)
     fields["output_format"] = output_format(openai_response_format(request.response_format),
                                             *extensions(request.regex, request.grammar))
+    fields.update(chat_tool_fields(request))
     return GenerationParams(**fields)  # type: ignore[arg-type]
 
 
@@ -89,7 +100,8 @@ def chat_job(request: ChatCompletionRequest, ctx: ApiContext) -> GenerationJob:
     model_id = ctx.model_id(request.model)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     task_id = new_task_id()
-    encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage)
+    encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage,
+                          call_limit=1 if request.parallel_tool_calls is False else None)
     return GenerationJob(model_id=model_id, params=params, stream=bool(request.stream), encoder=encoder, task_id=task_id)
 
 
@@ -97,24 +109,32 @@ def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -
     """One OpenAI message as a ``ChatMessage`` (text parts joined); 400 naming
     ``messages[i]…`` for a role, content or tool call we cannot serve."""
     where = f"{where_prefix}[{index}]"
+    if message.role == "tool":
+        return tool_result(where, _text_of(where, message.content or ""), message.tool_call_id, message.name)
     role = ROLE_ALIASES.get(message.role)
     if role is None:
-        if message.role in ("tool", "function"):
-            raise ApiError(400, f"{where}.role '{message.role}' is not supported: tool calling is not served", param=f"{where}.role")
+        if message.role == "function":
+            raise ApiError(400, f"{where}.role 'function' is not supported: send tool calls and role 'tool'", param=f"{where}.role")
         raise ApiError(
             400,
             f"{where}.role '{message.role[:64]}' is unknown: expected system, user, assistant or developer",
             param=f"{where}.role",
         )
-    if message.tool_calls:
-        raise ApiError(400, f"{where}.tool_calls is not supported: tool calling is not served", param=f"{where}.tool_calls")
-    content = message.content
-    if content is None:
-        if role != "assistant":
-            raise ApiError(400, f"{where}.content is required for role '{message.role}'", param=f"{where}.content")
-        return ChatMessage(role=role, content="")
+    calls: tuple[ToolCall, ...] = ()
+    if message.tool_calls and role == "assistant":
+        calls = assistant_calls(where, message.tool_calls)
+    elif message.tool_calls:
+        raise ApiError(400, f"{where}.tool_calls: only assistant messages carry tool calls", param=f"{where}.tool_calls")
+    if message.content is None and role != "assistant":
+        raise ApiError(400, f"{where}.content is required for role '{message.role}'", param=f"{where}.content")
+    reasoning = (message.reasoning_content or message.reasoning) if role == "assistant" else None
+    return ChatMessage(role=role, content=_text_of(where, message.content or ""), tool_calls=calls, reasoning=reasoning)
+
+
+def _text_of(where: str, content: str | list) -> str:
+    """A message's content as text (text parts joined; 400 naming another part)."""
     if isinstance(content, str):
-        return ChatMessage(role=role, content=content)
+        return content
     texts: list[str] = []
     for j, part in enumerate(content):
         if part.type not in ("text", "input_text", "output_text"):
@@ -126,14 +146,12 @@ def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -
         if part.text is None:
             raise ApiError(400, f"{where}.content[{j}].text is required", param=f"{where}.content[{j}].text")
         texts.append(part.text)
-    return ChatMessage(role=role, content="".join(texts))
+    return "".join(texts)
 
 
 def _refuse_unsupported(r: ChatCompletionRequest) -> None:
     refuse_set([
         ("n", r.n is not None and r.n > 1, "only n=1 is supported"),
-        ("tools", bool(r.tools), "tool calling is not supported"),
-        ("tool_choice", r.tool_choice not in _NO_TOOLS, "tool calling is not supported"),
         ("functions", bool(r.functions), "function calling is not supported"),
         ("function_call", r.function_call not in _NO_TOOLS, "function calling is not supported"),
         ("logprobs", bool(r.logprobs), "logprobs are not supported"),
@@ -151,6 +169,8 @@ class ChatEncoder(msgspec.Struct, frozen=True):
     created: int
     model: str
     include_usage: bool = False
+    call_limit: int | None = None
+    """Calls of an answer returned at most (1 for ``parallel_tool_calls: false``)."""
     family: str = "openai"
     media_type: str = SSE_MEDIA_TYPE
 
@@ -178,6 +198,22 @@ class ChatEncoder(msgspec.Struct, frozen=True):
 
     def keepalive(self) -> bytes:
         return SSE_KEEPALIVE
+
+    def _head(self) -> dict[str, object]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
+
+    def reasoning(self, delta: str) -> bytes:
+        return reasoning_event(self._head(), delta)
+
+    def calls(self, calls: tuple[ToolCall, ...], first: int) -> bytes:
+        return call_events(self._head(), calls, first, self.call_limit)
+
+    def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
+        """A whole ``chat.completion`` with the text, reasoning and calls (``openai_tools``)."""
+        choice = {"index": 0, "message": answer_message(turn, self.call_limit), "finish_reason": openai_finish_reason(chunk.finish_reason),
+                  "logprobs": None}
+        return _json.encode({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                             "choices": [choice], "usage": usage_of(chunk, turn.reasoning_tokens)})
 
     def body(self, text: str, chunk: FinishChunk) -> bytes:
         """A whole non-streamed ``chat.completion`` JSON body."""

@@ -1,0 +1,136 @@
+"""Function tools of a request, checked once for every API family (docs/api.md#tools-and-reasoning).
+
+Each family turns its own tool shape into OpenAI's — ``{"type": "function", "function":
+{"name", "description", "parameters"}}`` — and calls ``tools_text``, which checks the list and
+returns the JSON text ``GenerationParams.tools`` carries. A tool call's arguments are
+grammar-constrained to its ``parameters`` schema in the runner (``worker/engine/tools.py``),
+so a schema llguidance cannot compile is refused here, with a 400 naming the tool's field,
+before anything is sent.
+
+Bounds: at most ``MAX_TOOLS`` tools, their JSON text at most ``MAX_TOOLS_BYTES`` (the tools
+travel in the command and the replicated log, ``exo_p2p.api.bounds``); a name is 1 to 64
+characters of letters, digits, ``_``, ``-``, ``.`` and ``:``, unique in the list. Pure; raises
+``ApiError(400, param=…)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from exo_p2p.api.errors import ApiError
+from exo_p2p.output_format import MAX_FORMAT_BYTES, FormatError, format_problem, schema_text
+from exo_p2p.types import OutputFormat, ToolCall
+
+MAX_TOOLS = 128
+"""Tools per request at most (OpenAI's own limit)."""
+MAX_TOOLS_BYTES = MAX_FORMAT_BYTES
+"""UTF-8 bytes of a request's tools as JSON at most (64 KiB)."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+"""What a tool's name may be."""
+
+
+def bad(param: str, message: str) -> ApiError:
+    """The 400 of a bad tool field: ``param`` named in the body and in the message."""
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_tool")
+
+
+def function_tool(name: Any, description: Any, parameters: Any, where: str, names: tuple[str, str, str]) -> dict[str, Any]:
+    """One tool in OpenAI's shape from its parts; ``names`` are the family's names of the three
+    fields (for the 400's ``param``: ``where.<name>``). Raises ``ApiError(400)`` for a name that
+    is not ``NAME_PATTERN``, a description that is not a string, a ``parameters`` that is not a
+    JSON object or whose schema llguidance cannot compile."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise bad(f"{where}.{names[0]}", f"a tool needs a name of 1 to 64 letters, digits, '_', '-', '.' or ':', got {str(name)[:80]!r}")
+    if description is not None and not isinstance(description, str):
+        raise bad(f"{where}.{names[1]}", "must be a string")
+    fn: dict[str, Any] = {"name": name}
+    if description:
+        fn["description"] = description
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise bad(f"{where}.{names[2]}", "must be a JSON schema object")
+        problem = schema_problem(name, parameters)
+        if problem is not None:
+            raise bad(f"{where}.{names[2]}", f"the schema cannot be enforced: {problem}")
+        fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+def call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON schema of one call of tool ``name``: ``{"name": name, "arguments": <parameters>}``
+    (the shape the runner's grammar holds a call to)."""
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters or {"type": "object"}},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def schema_problem(name: str, parameters: dict[str, Any]) -> str | None:
+    """Why llguidance cannot enforce a call of ``name`` with ``parameters`` (None: it can)."""
+    try:
+        text = schema_text(call_schema(name, parameters))
+    except FormatError as e:
+        return str(e)
+    return format_problem(OutputFormat("json_schema", text))
+
+
+def tools_text(tools: list[dict[str, Any]], param: str = "tools") -> str | None:
+    """The JSON text of ``tools`` (OpenAI's shape, from ``function_tool``), None for none.
+    Raises ``ApiError(400)`` beyond ``MAX_TOOLS`` tools or ``MAX_TOOLS_BYTES``, or for a name
+    given twice."""
+    if not tools:
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise bad(param, f"{len(tools)} tools; at most {MAX_TOOLS} are accepted")
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in seen:
+            raise bad(f"{param}[{i}]", f"the tool name {name!r} is given twice")
+        seen.add(name)
+    text = json.dumps(tools, ensure_ascii=False)
+    if len(text.encode()) > MAX_TOOLS_BYTES:
+        raise bad(param, f"the tools are {len(text.encode())} bytes as JSON; at most {MAX_TOOLS_BYTES} are accepted")
+    return text
+
+
+def tool_names(text: str | None) -> list[str]:
+    """The names of the tools in ``tools_text``'s output."""
+    return [t["function"]["name"] for t in json.loads(text)] if text else []
+
+
+def checked_choice(choice: str, tools: str | None, param: str = "tool_choice") -> str:
+    """``choice`` (``auto``, ``none``, ``required`` or ``function:NAME``) checked against the
+    request's tools: ``required`` or a name need tools, a name one of them (400 otherwise)."""
+    if choice in ("auto", "none"):
+        return choice
+    if not tools:
+        raise bad(param, f"tool choice {choice.removeprefix('function:')!r} needs tools, and the request has none")
+    if choice.startswith("function:") and choice.removeprefix("function:") not in tool_names(tools):
+        raise bad(param, f"names the tool {choice.removeprefix('function:')!r}, which is not among the request's tools")
+    return choice
+
+
+def arguments_text(arguments: Any, param: str) -> str:
+    """A call's arguments as JSON text of an object: a JSON string is kept as sent (so an
+    agent's earlier turn renders the same bytes again), a dict is encoded; 400 otherwise."""
+    if isinstance(arguments, dict):
+        return json.dumps(arguments, ensure_ascii=False)
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise bad(param, "must be the JSON text of an object") from None
+        if isinstance(value, dict):
+            return arguments if arguments.strip() else "{}"
+    raise bad(param, "must be a JSON object (or its JSON text)")
+
+
+def earlier_call(call_id: Any, name: Any, arguments: Any, where: str) -> ToolCall:
+    """An earlier turn's tool call (its id, the tool's name, its arguments as sent); 400 naming
+    ``where`` for a missing id or name or arguments that are not a JSON object."""
+    if not isinstance(call_id, str) or not call_id:
+        raise bad(f"{where}.id", "a tool call needs an id")
+    if not isinstance(name, str) or not name:
+        raise bad(f"{where}.name", "a tool call needs the tool's name")
+    return ToolCall(call_id, name, arguments_text(arguments, f"{where}.arguments"))

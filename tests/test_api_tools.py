@@ -1,0 +1,125 @@
+"""Tools and reasoning through the API families, in process (exo_p2p/api/tools.py, turn.py,
+families/*_tools.py): what a request with tools, earlier calls and results becomes; bad tools
+refused naming the field; a scripted answer with reasoning, text and calls in each family's
+shapes, streamed and not."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from exo_p2p.api.tools import MAX_TOOLS
+from exo_p2p.types import FinishChunk, PrefillProgressChunk, TokenChunk, ToolCall
+from tests.test_api import MODEL, FakeMaster, run_api, sse_events, submits
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time"}}]
+CALLS = (ToolCall("call_t_0", "get_weather", '{"city": "Paris"}'), ToolCall("call_t_1", "get_time", "{}"))
+
+
+def tool_script(task_id: str, calls: tuple[ToolCall, ...] = CALLS, reason: str = "tool_calls") -> list[Any]:
+    """Reasoning over two tokens, a text token, then the calls on the last token."""
+    return [
+        PrefillProgressChunk(task_id=task_id, processed=0, total=12),
+        TokenChunk(task_id=task_id, text="", completion_tokens=1, token_id=1, reasoning="plan "),
+        TokenChunk(task_id=task_id, text="", completion_tokens=2, token_id=2, reasoning="it"),
+        TokenChunk(task_id=task_id, text="Let me look.", completion_tokens=3, token_id=3),
+        TokenChunk(task_id=task_id, text="", completion_tokens=4, token_id=4, calls=calls),
+        FinishChunk(task_id=task_id, finish_reason=reason, prompt_tokens=12, completion_tokens=4),  # type: ignore[arg-type]
+    ]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "weather?"}], **fields}
+
+
+def test_openai_chat_request_with_tools_calls_and_results() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        messages = [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "reasoning_content": "plan",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"}]},
+        ]
+        r = await client.post("/v1/chat/completions", json=chat(messages=messages, tools=TOOLS, reasoning_effort="none",
+                                                               tool_choice={"type": "function", "function": {"name": "get_time"}}))
+        assert r.status_code == 200, r.text
+        p = submits(backend)[0].params
+        assert json.loads(p.tools or "") == TOOLS and (p.tool_choice, p.thinking) == ("function:get_time", False)
+        assert p.messages[1].tool_calls == (ToolCall("c1", "get_weather", '{"city":"Paris"}'),)  # as sent: byte-stable
+        assert p.messages[1].reasoning == "plan"
+        assert (p.messages[2].role, p.messages[2].content, p.messages[2].tool_call_id) == ("tool", "sunny", "c1")
+
+    run_api(body)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?<=a)b"}}}}}]}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools[2]"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(MAX_TOOLS + 1)]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": "x" * 70_000}}]}, "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{oops"}}]}]},
+     "messages[0].tool_calls[0].arguments"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]}, "messages[0].tool_calls[0].id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+])
+def test_openai_chat_bad_tools_are_400_naming_the_field(fields: dict[str, Any], param: str) -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        r = await client.post("/v1/chat/completions", json=chat(**fields))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.json()
+        assert not submits(backend)
+
+    run_api(body)
+
+
+def test_openai_chat_answer_with_reasoning_text_and_calls() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id)
+        doc = (await client.post("/v1/chat/completions", json=chat(tools=TOOLS))).json()
+        choice = doc["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        message = choice["message"]
+        assert message["content"] == "Let me look." and message["reasoning_content"] == message["reasoning"] == "plan it"
+        assert message["tool_calls"] == [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                         for c in CALLS]
+        assert doc["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
+        one = (await client.post("/v1/chat/completions", json=chat(tools=TOOLS, parallel_tool_calls=False))).json()
+        assert [c["id"] for c in one["choices"][0]["message"]["tool_calls"]] == ["call_t_0"]
+        backend.script = lambda cmd: tool_script(cmd.task_id, calls=CALLS[:1])[:3] + tool_script(cmd.task_id, calls=CALLS[:1])[4:]
+        only_calls = (await client.post("/v1/chat/completions", json=chat(tools=TOOLS))).json()["choices"][0]["message"]
+        assert only_calls["content"] is None and len(only_calls["tool_calls"]) == 1
+
+    run_api(body)
+
+
+def test_openai_chat_stream_of_reasoning_text_and_calls() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id)
+        r = await client.post("/v1/chat/completions", json=chat(tools=TOOLS, stream=True))
+        events = [json.loads(e) for e in sse_events(r.text)[:-1]]
+        deltas = [e["choices"][0]["delta"] for e in events]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "plan it"
+        assert "".join(d.get("reasoning", "") for d in deltas) == "plan it"
+        assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
+        parts = [p for d in deltas for p in d.get("tool_calls", [])]
+        assert [p["index"] for p in parts] == [0, 0, 1, 1]
+        assert [(p["id"], p["function"]["name"]) for p in parts if "id" in p] == [(c.id, c.name) for c in CALLS]
+        assert ["".join(p["function"]["arguments"] for p in parts if p["index"] == i) for i in (0, 1)] == [c.arguments for c in CALLS]
+        assert [e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]] == ["tool_calls"]
+
+    run_api(body)
