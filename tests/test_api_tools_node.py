@@ -1,0 +1,118 @@
+"""Tool calling and reasoning through real node processes and the official clients, on the
+agent synthetic model (tests/tools_node.py). Its random weights say nothing useful, so the
+answers are forced: ``tool_choice`` required or named (the runner's grammar), a logit bias on
+the end-of-turn token (+100: one call then the end, as the grammar allows the end only after
+a complete call; -100: call after call — parallel calls) and on the think-end token (a
+reasoning that ends). Thinking is turned off where a test wants no think block."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.tools_node import AGENT_MODEL, OPENAI_TOOLS, agent_node, check_call, no_eos
+
+pytestmark = pytest.mark.integration
+openai = pytest.importorskip("openai")
+
+QUESTION = [{"role": "user", "content": "weather in Paris?"}]
+NO_THINKING = {"enable_thinking": False}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    node, ids = agent_node(tmp_path_factory)
+    try:
+        yield node, ids
+    finally:
+        node.stop()
+
+
+def client(node):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def streamed(oc, **kw):  # type: ignore[no-untyped-def]
+    """A streamed chat answer assembled from its deltas: (content, reasoning, calls, finish)."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in oc.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = part.id or call["id"]
+            call["name"] += (part.function.name or "") if part.function else ""
+            call["arguments"] += (part.function.arguments or "") if part.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def test_openai_chat_forced_calls_come_back_structured(served) -> None:
+    node, ids = served
+    oc = client(node)
+    one_call = {"model": AGENT_MODEL, "messages": QUESTION, "tools": OPENAI_TOOLS, "temperature": 0, "max_tokens": 100,
+                "extra_body": NO_THINKING, "logit_bias": {str(ids["<|im_end|>"]): 100}}
+    for choice, names in (("required", {"get_weather", "get_time"}), ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"})):
+        answer = oc.chat.completions.create(tool_choice=choice, **one_call).choices[0]
+        assert answer.finish_reason == "tool_calls" and answer.message.content is None, answer
+        (call,) = answer.message.tool_calls
+        assert call.function.name in names and call.id.startswith("call_") and call.type == "function"
+        check_call(call.function.name, call.function.arguments)
+        content, _, calls, finish = streamed(oc, tool_choice=choice, **one_call)
+        assert (content, finish) == ("", "tool_calls")
+        assert [(c["name"], c["arguments"]) for c in calls] == [(call.function.name, call.function.arguments)]
+
+
+def test_openai_chat_parallel_calls_and_choice_none(served) -> None:
+    node, ids = served
+    oc = client(node)
+    many = oc.chat.completions.create(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, tool_choice="required", temperature=0,
+                                      max_tokens=100, extra_body=NO_THINKING, logit_bias=no_eos(ids)).choices[0]
+    assert len(many.message.tool_calls) >= 2, many
+    assert len({c.id for c in many.message.tool_calls}) == len(many.message.tool_calls)
+    for call in many.message.tool_calls:
+        check_call(call.function.name, call.function.arguments)
+    none = oc.chat.completions.create(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, tool_choice="none", temperature=0,
+                                      max_tokens=20, extra_body=NO_THINKING).choices[0]
+    assert not none.message.tool_calls and none.finish_reason in ("stop", "length") and none.message.content
+
+
+def test_openai_chat_tool_result_gives_the_final_answer(served) -> None:
+    node, ids = served
+    oc = client(node)
+    forced = oc.chat.completions.create(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, tool_choice="required", temperature=0,
+                                        max_tokens=100, extra_body=NO_THINKING, logit_bias={str(ids["<|im_end|>"]): 100})
+    message = forced.choices[0].message
+    turn = [*QUESTION, message.model_dump(exclude_none=True)]
+    turn += [{"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature": 21})} for c in message.tool_calls]
+    final = oc.chat.completions.create(model=AGENT_MODEL, messages=turn, tools=OPENAI_TOOLS, tool_choice="auto", temperature=0,
+                                       max_tokens=20, extra_body=NO_THINKING)
+    answer = final.choices[0]
+    assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
+    assert final.usage.prompt_tokens > forced.usage.prompt_tokens
+    content, _, calls, finish = streamed(oc, model=AGENT_MODEL, messages=turn, tools=OPENAI_TOOLS, tool_choice="auto", temperature=0,
+                                         max_tokens=20, extra_body=NO_THINKING)
+    assert (content, calls, finish) == (answer.message.content or "", [], answer.finish_reason)
+
+
+def test_openai_chat_reasoning_in_its_own_field(served) -> None:
+    """Thinking on: the prompt ends inside a think block, so the answer starts as reasoning;
+    with the think end favoured it ends, and a forced call follows."""
+    node, ids = served
+    oc = client(node)
+    ask = {"model": AGENT_MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 10, "extra_body": {"enable_thinking": True}}
+    message = oc.chat.completions.create(**ask).choices[0].message
+    reasoning = message.reasoning_content
+    assert reasoning and message.reasoning == reasoning and not message.content
+    content, streamed_reasoning, _, _ = streamed(oc, **ask)
+    assert (content, streamed_reasoning) == ("", reasoning)
+    answer = oc.chat.completions.create(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, tool_choice="required", temperature=0,
+                                        max_tokens=100, logit_bias={str(ids["</think>"]): 2}).choices[0]
+    assert answer.message.reasoning_content and answer.message.tool_calls, answer
+    assert "</think>" not in (answer.message.content or "") and "<think>" not in (answer.message.content or "")
+    for call in answer.message.tool_calls:
+        check_call(call.function.name, call.function.arguments)
