@@ -65,7 +65,7 @@ def test_anthropic_sdk_create_stream_errors_and_count_tokens() -> None:
             out["conflict"] = exc
         try:
             client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}],
-                                   tools=[{"name": "f", "input_schema": {"type": "object"}}])
+                                   tools=[{"name": "no spaces allowed", "input_schema": {"type": "object"}}])
         except anthropic.BadRequestError as exc:
             out["tools"] = exc
         out["count"] = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "one two three"}])

@@ -35,9 +35,10 @@ def test_anthropic_mapping_and_refusals() -> None:
     assert p.messages == (ChatMessage("system", "Be brief."), ChatMessage("user", "hi"), ChatMessage("assistant", "yes"))
     assert (p.max_tokens, p.stop, p.top_k, p.temperature) == (5, ("a", "b"), 3, 0.7)
     for fields, param in [
-        ({"tools": [{"name": "f"}]}, "tools"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+        ({"tools": [{"description": "f"}]}, "tools.0.name"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
         ({"messages": []}, "messages"),

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from exo_p2p.api.tools import MAX_TOOLS
-from exo_p2p.types import FinishChunk, PrefillProgressChunk, TokenChunk, ToolCall
+from exo_p2p.types import ChatMessage, FinishChunk, PrefillProgressChunk, TokenChunk, ToolCall
 from tests.test_api import MODEL, FakeMaster, run_api, sse_events, submits
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -121,5 +121,69 @@ def test_openai_chat_stream_of_reasoning_text_and_calls() -> None:
         assert [(p["id"], p["function"]["name"]) for p in parts if "id" in p] == [(c.id, c.name) for c in CALLS]
         assert ["".join(p["function"]["arguments"] for p in parts if p["index"] == i) for i in (0, 1)] == [c.arguments for c in CALLS]
         assert [e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]] == ["tool_calls"]
+
+    run_api(body)
+
+
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "weather", "input_schema": WEATHER}, {"name": "get_time", "input_schema": {"type": "object"}}]
+
+
+def messages(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "weather?"}], **fields}
+
+
+def anthropic_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(block.split("\n")[1].removeprefix("data: ")) for block in text.strip().split("\n\n")]
+
+
+def test_anthropic_request_with_tools_blocks_and_a_noisy_system_prompt() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        turns = [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan", "signature": "s"}, {"type": "text", "text": "Looking."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]},
+                                         {"type": "text", "text": "and?"}]},
+        ]
+        system = "x-anthropic-billing-header: cc_version=1.0.1; cch=abc\nBe brief."
+        r = await client.post("/v1/messages", json=messages(messages=turns, tools=ANTHROPIC_TOOLS, system=system,
+                                                            tool_choice={"type": "tool", "name": "get_time"}, thinking={"type": "enabled", "budget_tokens": 1024}))
+        assert r.status_code == 200, r.text
+        p = submits(backend)[0].params
+        assert [t["function"]["name"] for t in json.loads(p.tools or "")] == ["get_weather", "get_time"]
+        assert (p.tool_choice, p.thinking) == ("function:get_time", True)
+        assert p.messages[0].content == "Be brief."
+        assert p.messages[2] == ChatMessage("assistant", "Looking.", tool_calls=(ToolCall("toolu_1", "get_weather", '{"city": "Paris"}'),),
+                                            reasoning="plan")
+        assert p.messages[3:] == (ChatMessage("tool", "sunny", tool_call_id="toolu_1"), ChatMessage("user", "and?"))
+        for fields, param in [({"tool_choice": {"type": "tool", "name": "nope"}, "tools": ANTHROPIC_TOOLS}, "tool_choice"),
+                              ({"tool_choice": {"type": "any"}}, "tool_choice"),
+                              ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+                               "messages.0.content[0].type")]:
+            bad = await client.post("/v1/messages", json=messages(**fields))
+            assert bad.status_code == 400 and param in bad.json()["error"]["message"], bad.text
+
+    run_api(body)
+
+
+def test_anthropic_answer_blocks_streamed_and_not() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id)
+        whole = (await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, thinking={"type": "enabled", "budget_tokens": 1024}))).json()
+        assert whole["stop_reason"] == "tool_use"
+        assert whole["content"] == [{"type": "thinking", "thinking": "plan it", "signature": ""}, {"type": "text", "text": "Let me look."},
+                                    {"type": "tool_use", "id": "call_t_0", "name": "get_weather", "input": {"city": "Paris"}},
+                                    {"type": "tool_use", "id": "call_t_1", "name": "get_time", "input": {}}]
+        plain = (await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True}))).json()
+        assert [b["type"] for b in plain["content"]] == ["text", "tool_use"]  # no thinking asked: none answered
+        r = await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, stream=True, thinking={"type": "enabled", "budget_tokens": 1024}))
+        events = anthropic_events(r.text)
+        starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+        assert starts == ["thinking", "text", "tool_use", "tool_use"]
+        assert [e["index"] for e in events if e["type"] == "content_block_stop"] == [0, 1, 2, 3]
+        deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+        assert "".join(d.get("thinking", "") for d in deltas) == "plan it"
+        assert [d["partial_json"] for d in deltas if d["type"] == "input_json_delta"] == [c.arguments for c in CALLS]
+        assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["tool_use"]
 
     run_api(body)

@@ -116,3 +116,54 @@ def test_openai_chat_reasoning_in_its_own_field(served) -> None:
     assert "</think>" not in (answer.message.content or "") and "<think>" not in (answer.message.content or "")
     for call in answer.message.tool_calls:
         check_call(call.function.name, call.function.arguments)
+
+
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]}
+                   for t in OPENAI_TOOLS]
+THINKING_OFF = {"type": "disabled"}
+
+
+def anthropic_client(node):  # type: ignore[no-untyped-def]
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=node.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_anthropic_forced_tool_use_and_the_result_turn(served) -> None:
+    node, _ = served
+    ac = anthropic_client(node)
+    ask = {"model": AGENT_MODEL, "max_tokens": 100, "messages": QUESTION, "tools": ANTHROPIC_TOOLS, "thinking": THINKING_OFF,
+           "extra_body": {"temperature": 0}}
+    for choice, names in (({"type": "any"}, {"get_weather", "get_time"}), ({"type": "tool", "name": "get_weather"}, {"get_weather"})):
+        message = ac.messages.create(tool_choice=choice, **ask)
+        with ac.messages.stream(tool_choice=choice, **ask) as stream:
+            final = stream.get_final_message()
+        uses = [b for b in message.content if b.type == "tool_use"]
+        assert uses and message.stop_reason in ("tool_use", "max_tokens"), message
+        assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [(b.name, b.input) for b in uses]
+        for block in uses:
+            assert block.name in names
+            check_call(block.name, block.input)
+    one = ac.messages.create(tool_choice={"type": "any", "disable_parallel_tool_use": True}, **ask)
+    assert len([b for b in one.content if b.type == "tool_use"]) == 1
+    turn = [*QUESTION, {"role": "assistant", "content": [b.model_dump(include={"type", "id", "name", "input"}) for b in uses]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id, "content": "21 degrees"} for b in uses]}]
+    answer = ac.messages.create(**{**ask, "messages": turn, "max_tokens": 20})
+    assert answer.stop_reason in ("end_turn", "max_tokens") and not [b for b in answer.content if b.type == "tool_use"]
+    assert answer.usage.input_tokens > message.usage.input_tokens
+    none = ac.messages.create(tool_choice={"type": "none"}, **{**ask, "max_tokens": 20})
+    assert not [b for b in none.content if b.type == "tool_use"]
+
+
+def test_anthropic_thinking_blocks_only_when_enabled(served) -> None:
+    node, _ = served
+    ac = anthropic_client(node)
+    ask = {"model": AGENT_MODEL, "max_tokens": 10, "messages": QUESTION, "extra_body": {"temperature": 0}}
+    enabled = {"type": "enabled", "budget_tokens": 1024}
+    message = ac.messages.create(thinking=enabled, **ask)
+    thoughts = [b.thinking for b in message.content if b.type == "thinking"]
+    assert len(thoughts) == 1 and thoughts[0]
+    with ac.messages.stream(thinking=enabled, **ask) as stream:
+        final = stream.get_final_message()
+    assert [b.thinking for b in final.content if b.type == "thinking"] == thoughts
+    plain = ac.messages.create(**ask)  # the template thinks by default; the blocks are not asked for
+    assert [b.type for b in plain.content] == ["text"] and thoughts[0] not in plain.content[0].text

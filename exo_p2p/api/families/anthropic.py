@@ -2,12 +2,13 @@
 
 ``system`` (a string or text blocks) becomes the system message; ``messages`` alternate
 ``user``/``assistant`` with string or text-block content; ``max_tokens`` is required;
-``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours;
-``output_config.format`` (the beta's ``output_format``; the extensions ``regex``, ``grammar``)
-constrains the output (``exo_p2p.api.formats``). Tools, images, documents and extended
-thinking are refused by name; ``output_config.effort`` is a hint and is ignored. Errors have
-Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``, ``exo_p2p.api.errors``);
-the key may be sent as ``x-api-key`` (``exo_p2p.api.access``).
+``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours; tools, tool
+blocks and thinking as ``anthropic_tools`` says; ``output_config.format`` (the beta's
+``output_format``; the extensions ``regex``, ``grammar``) constrains the output
+(``exo_p2p.api.formats``). Images and documents are refused by name; ``output_config.effort``
+is a hint and is ignored. Errors have Anthropic's shape (``{"type": "error", "error": {"type",
+"message"}}``, ``exo_p2p.api.errors``); the key may be sent as ``x-api-key``
+(``exo_p2p.api.access``).
 
 A stream is the documented event sequence: ``message_start``, ``content_block_start``,
 ``ping``, ``content_block_delta``…, ``content_block_stop``, ``message_delta`` (``stop_reason``
@@ -27,7 +28,16 @@ from starlette.routing import Route
 
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, anthropic_error_body
-from exo_p2p.api.families.common import SSE_MEDIA_TYPE, refuse_set, sse, stop_strings
+from exo_p2p.api.families.anthropic_tools import (
+    BlocksEncoder,
+    anthropic_choice,
+    anthropic_tools,
+    counted_messages,
+    system_text,
+    thinking_of,
+    turn_messages,
+)
+from exo_p2p.api.families.common import SSE_MEDIA_TYPE, sse, stop_strings
 from exo_p2p.api.formats import anthropic_output_format, extensions, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import NonEmptyStr, PositiveTokens, StopList, TopK, TopP
@@ -38,10 +48,18 @@ UnitTemperature = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
 class Block(msgspec.Struct, frozen=True):
-    """A content block; only ``{"type": "text", "text": …}`` is served."""
+    """A content block: text, and tool use, tool result and thinking blocks (``anthropic_tools``)."""
 
     type: str
     text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None
+    content: Any = None
+    is_error: bool | None = None
+    thinking: str | None = None
+    signature: str | None = None
 
 
 class MessageParam(msgspec.Struct, frozen=True):
@@ -96,29 +114,27 @@ def anthropic_messages(messages: list[MessageParam], system: str | list[Block] |
     """Our messages from Anthropic's ``system`` and ``messages`` (400 naming a bad one)."""
     out: list[ChatMessage] = []
     if system:
-        out.append(ChatMessage("system", _text("system", system)))
+        out.append(ChatMessage("system", system_text(_text("system", system))))
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant"):
             raise ApiError(400, f"messages.{i}.role must be 'user' or 'assistant', got {m.role[:64]!r}", param=f"messages.{i}.role")
-        out.append(ChatMessage(m.role, _text(f"messages.{i}.content", m.content)))
+        if isinstance(m.content, str):
+            out.append(ChatMessage(m.role, m.content))
+        else:
+            out += turn_messages(i, m.role, m.content)
     return tuple(out)
 
 
 def messages_params(r: MessagesRequest) -> GenerationParams:
     """``GenerationParams`` of a Messages request; 400 naming what cannot be honoured."""
-    refuse_set([
-        ("tools", bool(r.tools), "tool use is not supported"),
-        ("tool_choice", r.tool_choice is not None and not (isinstance(r.tool_choice, dict) and r.tool_choice.get("type") in ("auto", "none")),
-         "tool use is not supported"),
-        ("thinking", r.thinking is not None and not (isinstance(r.thinking, dict) and r.thinking.get("type") == "disabled"),
-         "extended thinking is not supported by the models served"),
-    ])
     fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences, "stop_sequences")}
     optional = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
     fields.update({k: v for k, v in optional.items() if v is not None})
     fields["output_format"] = output_format(anthropic_output_format(r.output_config, r.output_format), *extensions(r.regex, r.grammar))
+    tools = anthropic_tools(r.tools)
+    fields.update(tools=tools, tool_choice=anthropic_choice(r.tool_choice, tools)[0], thinking=thinking_of(r.thinking))
     return GenerationParams(messages=anthropic_messages(r.messages, r.system), **fields)  # type: ignore[arg-type]
 
 
@@ -191,7 +207,10 @@ def messages_job(r: MessagesRequest, ctx: ApiContext) -> GenerationJob:
     params = messages_params(r)
     model_id = ctx.model_id(r.model)
     task_id = new_task_id()
-    return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=MessagesEncoder(task_id, model_id), task_id=task_id)
+    encoder: MessagesEncoder | BlocksEncoder = MessagesEncoder(task_id, model_id)
+    if params.tools or params.thinking:
+        encoder = BlocksEncoder(task_id, model_id, thinking=bool(params.thinking), limit=anthropic_choice(r.tool_choice, params.tools)[1])
+    return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=encoder, task_id=task_id)
 
 
 def routes(ctx: ApiContext) -> list[Route]:
@@ -202,8 +221,7 @@ def routes(ctx: ApiContext) -> list[Route]:
 
     async def count_tokens(request: Request) -> Response:
         r = await ctx.read_json(request, CountTokensRequest)
-        refuse_set([("tools", bool(r.tools), "tool use is not supported")])
-        params = GenerationParams(messages=anthropic_messages(r.messages, r.system))
+        params = GenerationParams(messages=counted_messages(anthropic_messages(r.messages, r.system), anthropic_tools(r.tools)))
         model_id = ctx.model_id(r.model)
         if ctx.card(r.model) is None:
             raise ApiError(404, f"model: {r.model[:200]} does not exist in this cluster", param="model", code="model_not_found")
