@@ -91,10 +91,10 @@ def test_responses_input_forms_and_refusals() -> None:
     assert p.messages == (ChatMessage("system", "Be brief."), ChatMessage("user", "hi"), ChatMessage("assistant", "hello"))
     for fields, param in [
         ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools"),
-        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools[0].name"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"input": [{"type": "function_call_output", "call_id": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call_output"}]}, "input[0].call_id"), ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
         ({"input": [], "instructions": "x"}, "input"),
     ]:

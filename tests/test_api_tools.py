@@ -187,3 +187,53 @@ def test_anthropic_answer_blocks_streamed_and_not() -> None:
         assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["tool_use"]
 
     run_api(body)
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER},
+                   {"type": "function", "name": "get_time"}]
+
+
+def test_responses_request_with_function_call_items() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        items = [{"role": "user", "content": "weather?"}, {"type": "reasoning", "id": "rs_1", "summary": []},
+                 {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                 {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                 {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "noon"}]}]
+        r = await client.post("/v1/responses", json={"model": MODEL, "input": items, "tools": RESPONSES_TOOLS, "tool_choice": "required",
+                                                     "reasoning": {"effort": "none"}})
+        assert r.status_code == 200, r.text
+        p = submits(backend)[0].params
+        assert (p.tool_choice, p.thinking) == ("required", False)
+        assert p.messages[1] == ChatMessage("assistant", "", tool_calls=(ToolCall("c1", "get_weather", '{"city": "Paris"}'),
+                                                                          ToolCall("c2", "get_time", "{}")))
+        assert p.messages[2:] == (ChatMessage("tool", "sunny", tool_call_id="c1"), ChatMessage("tool", "noon", tool_call_id="c2"))
+
+    run_api(body)
+
+
+def test_responses_items_streamed_and_not() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id)
+        ask = {"model": MODEL, "input": "weather?", "tools": RESPONSES_TOOLS}
+        whole = (await client.post("/v1/responses", json=ask)).json()
+        assert [i["type"] for i in whole["output"]] == ["reasoning", "message", "function_call", "function_call"]
+        assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": "plan it"}]
+        assert whole["output"][1]["content"][0]["text"] == "Let me look."
+        assert [(i["call_id"], i["name"], i["arguments"], i["status"]) for i in whole["output"][2:]] == [
+            (c.id, c.name, c.arguments, "completed") for c in CALLS]
+        assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] == 2 and whole["tools"] == RESPONSES_TOOLS
+        r = await client.post("/v1/responses", json={**ask, "stream": True})
+        events = [json.loads(e.split("\n")[1].removeprefix("data: ")) for e in r.text.strip().split("\n\n")]
+        kinds = [e["type"] for e in events]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == ["reasoning", "message", "function_call",
+                                                                                                     "function_call"]
+        assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "plan it"
+        assert [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"] == [c.arguments for c in CALLS]
+        def strip(items):  # the ids name each response
+            return [{k: v for k, v in i.items() if k != "id"} for i in items]
+
+        assert kinds[-1] == "response.completed" and strip(events[-1]["response"]["output"]) == strip(whole["output"])
+
+    run_api(body)

@@ -167,3 +167,30 @@ def test_anthropic_thinking_blocks_only_when_enabled(served) -> None:
     assert [b.thinking for b in final.content if b.type == "thinking"] == thoughts
     plain = ac.messages.create(**ask)  # the template thinks by default; the blocks are not asked for
     assert [b.type for b in plain.content] == ["text"] and thoughts[0] not in plain.content[0].text
+
+
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in OPENAI_TOOLS]
+
+
+def test_responses_function_calls_outputs_and_reasoning_items(served) -> None:
+    node, _ = served
+    oc = client(node)
+    ask = {"model": AGENT_MODEL, "input": "weather in Paris?", "tools": RESPONSES_TOOLS, "reasoning": {"effort": "none"}, "temperature": 0,
+           "max_output_tokens": 100}
+    for choice, names in (("required", {"get_weather", "get_time"}), ({"type": "function", "name": "get_weather"}, {"get_weather"})):
+        response = oc.responses.create(tool_choice=choice, **ask)
+        calls = [o for o in response.output if o.type == "function_call"]
+        events = list(oc.responses.create(tool_choice=choice, stream=True, **ask))
+        final = events[-1].response
+        assert calls and [(c.name, c.arguments) for c in calls] == [(o.name, o.arguments) for o in final.output if o.type == "function_call"]
+        assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [c.arguments for c in calls]
+        for call in calls:
+            assert call.name in names and call.call_id.startswith("call_")
+            check_call(call.name, call.arguments)
+    turn = [{"role": "user", "content": "weather in Paris?"}, *[c.model_dump(exclude_none=True) for c in calls]]
+    turn += [{"type": "function_call_output", "call_id": c.call_id, "output": "21 degrees"} for c in calls]
+    answer = oc.responses.create(**{**ask, "input": turn, "max_output_tokens": 20})
+    assert answer.status in ("completed", "incomplete") and answer.usage.input_tokens > response.usage.input_tokens
+    thinking = oc.responses.create(model=AGENT_MODEL, input="weather in Paris?", reasoning={"effort": "high"}, temperature=0, max_output_tokens=10)
+    (reasoning,) = [o for o in thinking.output if o.type == "reasoning"]
+    assert reasoning.content[0].text and not thinking.output_text

@@ -2,11 +2,12 @@
 
 ``input`` is text or a list of message items (``{"role", "content"}`` with text or
 ``input_text``/``output_text`` parts); ``instructions`` becomes the system message;
-``max_output_tokens``, ``temperature``, ``top_p`` map to ours; ``text.format`` (and the
-extensions ``regex``, ``grammar``) constrain the output (``exo_p2p.api.formats``) and is echoed
-in the response. Nothing is stored: ``store: true``, ``previous_response_id``,
-``conversation`` and ``background`` are refused with a 400 that says so, as are tools and
-other item types. A stream is
+``max_output_tokens``, ``temperature``, ``top_p`` map to ours; tools, function call items and
+reasoning as ``responses_tools`` says; ``text.format`` (and the extensions ``regex``,
+``grammar``) constrain the output (``exo_p2p.api.formats``) and is echoed in the response.
+Nothing is stored: ``store: true``, ``previous_response_id``, ``conversation`` and
+``background`` are refused with a 400 that says so, as are other item types. A stream
+(without tools or reasoning) is
 ``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta``…, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``, then ``response.completed`` (or
@@ -28,13 +29,13 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, refuse_set, sse
 from exo_p2p.api.families.openai_chat import ROLE_ALIASES
+from exo_p2p.api.families.responses_tools import ItemsEncoder, responses_choice, responses_thinking, responses_tools, tool_item
 from exo_p2p.api.formats import extensions, output_format, responses_text_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import ContentPart, NonEmptyStr, PositiveTokens, Temperature, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
 
 _json = msgspec.json.Encoder()
-_NO_TOOLS = (None, "none", "auto")
 
 
 class InputItem(msgspec.Struct, frozen=True):
@@ -43,6 +44,10 @@ class InputItem(msgspec.Struct, frozen=True):
     role: str | None = None
     content: str | list[ContentPart] | None = None
     type: str | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: Any = None
+    output: Any = None
 
 
 class TextConfig(msgspec.Struct, frozen=True):
@@ -67,6 +72,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     background: bool | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None
@@ -85,12 +91,9 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
          "responses are not stored by this server, so none can be continued; send the whole conversation in input"),
         ("conversation", r.conversation is not None, "conversations are not stored by this server"),
         ("background", bool(r.background), "background responses are not supported"),
-        ("tools", bool(r.tools), "tool calling is not supported"),
-        ("tool_choice", r.tool_choice not in _NO_TOOLS, "tool calling is not supported"),
         ("include", bool(r.include), "no additional output data can be included"),
         ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("prompt", r.prompt is not None, "stored prompt templates are not supported"),
-        ("reasoning", _reasoning_set(r.reasoning), "reasoning options are not supported by the models served"),
     ])
     messages: list[ChatMessage] = []
     if r.instructions:
@@ -99,19 +102,18 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
         messages.append(ChatMessage("user", r.input))
     else:
         for i, item in enumerate(r.input):
-            messages.append(_item_message(i, item))
+            if item.type in ("function_call", "function_call_output", "reasoning"):
+                tool_item(i, item, messages)
+            else:
+                messages.append(_item_message(i, item))
     if not messages or all(m.role == "system" for m in messages):
         raise ApiError(400, "input must contain at least one message", param="input")
     optional = {"max_tokens": r.max_output_tokens, "temperature": r.temperature, "top_p": r.top_p}
     fmt = output_format(responses_text_format(r.text and r.text.format), *extensions(r.regex, r.grammar))
-    return GenerationParams(messages=tuple(messages), output_format=fmt, **{k: v for k, v in optional.items() if v is not None})  # type: ignore[arg-type]
-
-
-def _reasoning_set(reasoning: Any) -> bool:
-    """Whether ``reasoning`` asks for anything (``null``, ``{}`` and all-null fields do not)."""
-    if reasoning is None:
-        return False
-    return not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())
+    tools = responses_tools(r.tools)
+    fields = {"tools": tools, "tool_choice": responses_choice(r.tool_choice, tools), "thinking": responses_thinking(r.reasoning)}
+    return GenerationParams(messages=tuple(messages), output_format=fmt, **fields,  # type: ignore[arg-type]
+                            **{k: v for k, v in optional.items() if v is not None})
 
 
 def _item_message(index: int, item: InputItem) -> ChatMessage:
@@ -239,7 +241,9 @@ def responses_job(r: ResponsesRequest, ctx: ApiContext) -> GenerationJob:
     params = responses_params(r)
     model_id = ctx.model_id(r.model)
     task_id = new_task_id()
-    encoder = ResponsesEncoder(task_id, model_id, r)
+    encoder: ResponsesEncoder | ItemsEncoder = ResponsesEncoder(task_id, model_id, r)
+    if params.tools or params.thinking:
+        encoder = ItemsEncoder(encoder, limit=1 if r.parallel_tool_calls is False else None, tools=r.tools or [], choice=r.tool_choice)
     return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=encoder, task_id=task_id)
 
 
