@@ -71,7 +71,7 @@ def test_ollama_chat_and_generate_requests() -> None:
     assert refused(ollama.chat_params, chat).info.param == "messages[0].images"
     assert ollama.chat_params(msgspec.convert({"model": "m"}, ollama.ChatRequest)) is None  # a load request
     tools = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, ollama.ChatRequest)
-    assert refused(ollama.chat_params, tools).info.param == "tools"
+    assert refused(ollama.chat_params, tools).info.param == "tools[0].type"
     fmt = msgspec.convert({"model": "m", "prompt": "hi", "format": "yaml"}, ollama.GenerateRequest)
     assert refused(ollama.generate_params, fmt).info.param == "format"
     ctx = msgspec.convert({"model": "m", "prompt": "hi", "context": [1, 2]}, ollama.GenerateRequest)

@@ -237,3 +237,29 @@ def test_responses_items_streamed_and_not() -> None:
         assert kinds[-1] == "response.completed" and strip(events[-1]["response"]["output"]) == strip(whole["output"])
 
     run_api(body)
+
+
+def test_ollama_chat_with_tools_calls_results_and_thinking() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id)
+        turns = [{"role": "user", "content": "weather?"},
+                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                 {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+        ask = {"model": MODEL, "messages": turns, "tools": TOOLS, "think": True, "stream": False}
+        doc = (await client.post("/api/chat", json=ask)).json()
+        p = submits(backend)[0].params
+        assert p.thinking is True and json.loads(p.tools or "") == TOOLS
+        assert p.messages[1].tool_calls == (ToolCall("call_1_0", "get_weather", '{"city": "Paris"}'),)
+        assert p.messages[2] == ChatMessage("tool", "sunny", name="get_weather")
+        assert doc["message"]["thinking"] == "plan it" and doc["message"]["content"] == "Let me look."
+        assert doc["message"]["tool_calls"] == [{"function": {"index": i, "name": c.name, "arguments": json.loads(c.arguments)}}
+                                                for i, c in enumerate(CALLS)]
+        lines = [json.loads(line) for line in (await client.post("/api/chat", json={**ask, "stream": True})).text.splitlines()]
+        assert "".join(m["message"].get("thinking", "") for m in lines) == "plan it"
+        assert [c for m in lines for c in m["message"].get("tool_calls", [])] == doc["message"]["tool_calls"]
+        quiet = (await client.post("/api/chat", json={**ask, "think": False})).json()
+        assert "thinking" not in quiet["message"] and submits(backend)[-1].params.thinking is False
+        bad = await client.post("/api/chat", json={**ask, "think": "very"})
+        assert bad.status_code == 400 and "think" in bad.json()["error"]
+
+    run_api(body)

@@ -194,3 +194,30 @@ def test_responses_function_calls_outputs_and_reasoning_items(served) -> None:
     thinking = oc.responses.create(model=AGENT_MODEL, input="weather in Paris?", reasoning={"effort": "high"}, temperature=0, max_output_tokens=10)
     (reasoning,) = [o for o in thinking.output if o.type == "reasoning"]
     assert reasoning.content[0].text and not thinking.output_text
+
+
+def test_ollama_tool_calls_results_and_thinking(served) -> None:
+    ollama = pytest.importorskip("ollama")
+    node, _ = served
+    lc = ollama.Client(host=node.url, timeout=120)
+    options = {"temperature": 0, "num_predict": 100}
+    # Ollama has no tool choice, so nothing forces a call: whatever the random weights answer
+    # (text here) is the same streamed; the earlier turn's calls and results render (tests/test_api_tools.py
+    # shows the calls' shapes)
+    answer = lc.chat(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, think=False, options=options)
+    calls = answer.message.tool_calls or []
+    parts = list(lc.chat(model=AGENT_MODEL, messages=QUESTION, tools=OPENAI_TOOLS, think=False, options=options, stream=True))
+    streamed_calls = [c for p in parts for c in p.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in streamed_calls] == [(c.function.name, dict(c.function.arguments)) for c in calls]
+    turn = [*QUESTION, {"role": "assistant", "content": answer.message.content or "",
+                        "tool_calls": [{"function": {"name": c.function.name, "arguments": dict(c.function.arguments)}} for c in calls]}]
+    turn += [{"role": "tool", "content": "21 degrees", "tool_name": c.function.name} for c in calls]
+    final = lc.chat(model=AGENT_MODEL, messages=turn, tools=OPENAI_TOOLS, think=False, options={"temperature": 0, "num_predict": 20})
+    assert final.done_reason in ("stop", "length") and final.prompt_eval_count > answer.prompt_eval_count
+    thinking = lc.chat(model=AGENT_MODEL, messages=QUESTION, think=True, options={"temperature": 0, "num_predict": 10})
+    assert thinking.message.thinking and not thinking.message.content
+    streamed = "".join(p.message.thinking or "" for p in lc.chat(model=AGENT_MODEL, messages=QUESTION, think=True, stream=True,
+                                                                  options={"temperature": 0, "num_predict": 10}))
+    assert streamed == thinking.message.thinking
+    for call in calls:
+        check_call(call.function.name, dict(call.function.arguments))

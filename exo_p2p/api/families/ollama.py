@@ -11,7 +11,7 @@ constrain the output. Options that only tune Ollama's own runtime (``num_ctx``,
 ``num_thread``, ``num_gpu``, ``num_batch``, …) are ignored, as Ollama ignores options it does
 not know; sampling options we cannot honour (``mirostat``, ``tfs_z``, ``typical_p`` at
 non-default values) are refused by name. Defaults not given are ``GenerationParams``' own (Ollama's model files would set their own).
-``/api/generate`` with ``raw: true`` sends the prompt without the chat template; an empty
+``tools``, tool calls and ``think`` as ``ollama_tools`` says. ``/api/generate`` with ``raw: true`` sends the prompt without the chat template; an empty
 prompt (or no messages) answers at once with ``done_reason: "load"``, as Ollama does. The
 last object of a stream (and a non-streamed body) has ``done: true``, ``done_reason``,
 ``prompt_eval_count``, ``eval_count`` and durations in nanoseconds. Errors are
@@ -39,11 +39,13 @@ from exo_p2p.api.bounds import check_stop
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, ollama_error_body
 from exo_p2p.api.families.common import check_range, one_line_json, refuse_set
+from exo_p2p.api.families.ollama_tools import calls_doc, ollama_message, ollama_thinking, ollama_tool_fields, with_parts
 from exo_p2p.api.formats import extensions, ollama_format, output_format
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, NonEmptyStr
 from exo_p2p.state import instance_view
-from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ModelCard
+from exo_p2p.api.turn import Turn
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ModelCard, ToolCall
 
 OLLAMA_VERSION = "0.12.0"
 """The Ollama version ``/api/version`` reports (clients check for a recent enough one)."""
@@ -59,7 +61,7 @@ RUNTIME_OPTIONS = frozenset({
 OPTION_INT_LIMIT = 2**64
 """Largest absolute integer an option may be (JSON integers of hundreds of digits decode, and
 no float holds them)."""
-_ROLES = ("system", "user", "assistant")
+_ROLES = ("system", "user", "assistant", "tool")
 _json = msgspec.json.Encoder()
 
 
@@ -68,6 +70,7 @@ class OllamaMessage(msgspec.Struct, frozen=True):
     content: str = ""
     images: list[Any] | None = None
     tool_calls: list[Any] | None = None
+    tool_name: str | None = None
 
 
 class ChatRequest(msgspec.Struct, frozen=True):
@@ -178,39 +181,38 @@ def options_fields(options: dict[str, Any] | None) -> dict[str, Any]:
     return fields
 
 
-def _common_fields(r: ChatRequest | GenerateRequest, tools: list[Any] | None) -> dict[str, Any]:
-    """``options_fields`` and the output format (``format``, ``regex``, ``grammar``); 400 for tools or think."""
-    refuse_set([("tools", bool(tools), "tool calling is not supported"),
-                ("think", bool(r.think), "thinking is not supported by the models served")])
-    return {**options_fields(r.options), "output_format": output_format(ollama_format(r.format), *extensions(r.regex, r.grammar))}
+def _format_field(r: ChatRequest | GenerateRequest) -> dict[str, Any]:
+    """The output format (``format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``)."""
+    return {"output_format": output_format(ollama_format(r.format), *extensions(r.regex, r.grammar))}
 
 
 def chat_params(r: ChatRequest) -> GenerationParams | None:
     """``GenerationParams`` of ``/api/chat``; None for a load request (no messages)."""
-    fields = _common_fields(r, r.tools)
+    fields = options_fields(r.options) | ollama_tool_fields(r.tools, r.think) | _format_field(r)
     if not r.messages:
         return None
     messages = []
     for i, m in enumerate(r.messages):
         if m.role not in _ROLES:
-            raise ApiError(400, f"messages[{i}].role must be system, user or assistant, got {m.role[:64]!r}", param=f"messages[{i}].role")
+            raise ApiError(400, f"messages[{i}].role must be system, user, assistant or tool, got {m.role[:64]!r}", param=f"messages[{i}].role")
         if m.images:
             raise ApiError(400, f"unsupported parameter 'messages[{i}].images': the models served take text only", param=f"messages[{i}].images")
-        if m.tool_calls:
-            raise ApiError(400, f"unsupported parameter 'messages[{i}].tool_calls': tool calling is not supported", param=f"messages[{i}].tool_calls")
-        messages.append(ChatMessage(m.role, m.content))
+        if m.tool_calls or m.role == "tool":
+            messages.append(ollama_message(i, m.role, m.content, m.tool_calls, m.tool_name))
+        else:
+            messages.append(ChatMessage(m.role, m.content))
     return GenerationParams(messages=tuple(messages), **fields)
 
 
 def generate_params(r: GenerateRequest) -> GenerationParams | None:
     """``GenerationParams`` of ``/api/generate``; None for a load request (empty prompt)."""
-    fields = _common_fields(r, None)
     refuse_set([
         ("suffix", bool(r.suffix), "insertion (suffix) is not supported"),
         ("template", bool(r.template), "custom prompt templates are not supported (use raw: true with a formatted prompt)"),
         ("context", bool(r.context), "the token context of an earlier answer is not supported; use /api/chat"),
         ("images", bool(r.images), "the models served take text only"),
     ])
+    fields = options_fields(r.options) | {"thinking": ollama_thinking(r.think)} | _format_field(r)
     if not r.prompt:
         return None
     if r.raw:
@@ -233,9 +235,11 @@ class OllamaEncoder:
     family = "ollama"
     media_type = NDJSON_MEDIA_TYPE
 
-    def __init__(self, model: str, kind: str) -> None:
+    def __init__(self, model: str, kind: str, think: bool = False) -> None:
         self.model = model
         self.kind = kind
+        self.think = think
+        """Whether reasoning is answered (``think`` asked for it)."""
         self.t0 = time.monotonic()
 
     def _object(self, text: str, done: bool, **extra: Any) -> dict[str, Any]:
@@ -281,6 +285,17 @@ class OllamaEncoder:
 
     def body(self, text: str, chunk: FinishChunk) -> bytes:
         return _json.encode(self._object(text, True, **self.stats(chunk)))
+
+    def reasoning(self, delta: str) -> bytes:
+        return self._line(with_parts(self._object("", False), thinking=delta)) if self.think else b""
+
+    def calls(self, calls: tuple[ToolCall, ...], first: int) -> bytes:
+        return self._line(with_parts(self._object("", False), calls=calls_doc(calls, first)))
+
+    def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
+        """A whole answer with its thinking (when asked for) and tool calls (``ollama_tools``)."""
+        doc = self._object(turn.text, True, **self.stats(chunk))
+        return _json.encode(with_parts(doc, thinking=turn.reasoning if self.think else "", calls=calls_doc(turn.calls)))
 
     def load_answer(self) -> Response:
         """The answer to a load request (no prompt): done at once, ``done_reason: "load"``."""
@@ -332,7 +347,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         r = await ctx.read_json(request, request_type)
         params = to_params(r)
         model_id = ctx.model_id(r.model)
-        encoder = OllamaEncoder(model_id, kind)
+        encoder = OllamaEncoder(model_id, kind, think=bool(ollama_thinking(r.think)))
         if params is None:
             known(r.model)
             return encoder.load_answer()
