@@ -263,3 +263,27 @@ def test_ollama_chat_with_tools_calls_results_and_thinking() -> None:
         assert bad.status_code == 400 and "think" in bad.json()["error"]
 
     run_api(body)
+
+
+def test_a_call_sent_back_renders_the_arguments_it_was_answered_with() -> None:
+    """Each family's answer, sent back as the next turn's history, gives the runner the same
+    arguments text (so turn N+1's prompt starts with turn N's bytes: the prompt cache)."""
+    unicode_call = ToolCall("call_t_0", "get_weather", '{"city": "Zürich", "days": 2}')
+
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        backend.script = lambda cmd: tool_script(cmd.task_id, calls=(unicode_call,))
+        oa = (await client.post("/v1/chat/completions", json=chat(tools=TOOLS))).json()["choices"][0]["message"]
+        an = (await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS))).json()["content"]
+        ol = (await client.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+                                                   "stream": False})).json()["message"]
+        backend.script = lambda cmd: tool_script(cmd.task_id, calls=())
+        await client.post("/v1/chat/completions", json=chat(tools=TOOLS, messages=[{"role": "user", "content": "x"}, oa]))
+        await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": [b for b in an if b["type"] == "tool_use"]}]))
+        await client.post("/api/chat", json={"model": MODEL, "tools": TOOLS, "stream": False, "messages": [
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": ol["tool_calls"]}]})
+        for submit in submits(backend)[3:]:
+            (call,) = submit.params.messages[1].tool_calls
+            assert (call.name, call.arguments) == (unicode_call.name, unicode_call.arguments)
+
+    run_api(body)
