@@ -21,6 +21,7 @@ from typing import Any
 
 from exo_p2p.api.errors import ApiError
 from exo_p2p.output_format import MAX_FORMAT_BYTES, FormatError, format_problem, schema_text
+from exo_p2p.schema_refs import rebase_refs
 from exo_p2p.types import OutputFormat, ToolCall
 
 MAX_TOOLS = 128
@@ -60,8 +61,9 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str, name
 
 def call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
     """The JSON schema of one call of tool ``name``: ``{"name": name, "arguments": <parameters>}``
-    (the shape the runner's grammar holds a call to)."""
-    return {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters or {"type": "object"}},
+    (the shape the runner's grammar holds a call to; local ``$ref``s moved under it)."""
+    arguments = rebase_refs(parameters, "#/properties/arguments") if parameters else {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 

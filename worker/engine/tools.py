@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 from exo_p2p.output_format import JSON_OPTIONS
+from exo_p2p.schema_refs import rebase_refs
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat
 from worker.engine.output_parser import Markers, OutputParser
 
@@ -110,9 +111,11 @@ def render_kwargs(params: GenerationParams, tokenizer: Any) -> tuple[list[dict[s
     return messages, kwargs
 
 
-def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+def _call_schema(tool: dict[str, Any], base: str) -> dict[str, Any]:
+    """The schema of one call of ``tool``, placed at ``base`` in the grammar's schema (its
+    parameters' local ``$ref``s moved there)."""
     fn = tool.get("function", tool)
-    params = fn.get("parameters") or {"type": "object"}
+    params = rebase_refs(fn.get("parameters") or {"type": "object"}, f"{base}/properties/arguments")
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
 
@@ -129,7 +132,7 @@ def tool_grammar(params: GenerationParams, tokenizer: Any) -> OutputFormat | Non
     if params.tool_choice.startswith("function:"):
         name = params.tool_choice.removeprefix("function:")
         tools = [t for t in tools if t.get("function", t).get("name") == name]
-    schema = {"anyOf": [_call_schema(t) for t in tools], "x-guidance": JSON_OPTIONS}
+    schema = {"anyOf": [_call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)], "x-guidance": JSON_OPTIONS}
     call = f"call: {_marker(tokenizer, CALL_START)} %json {json.dumps(schema)} {_marker(tokenizer, CALL_END)}"
     start = "start: calls" if forced else "start: TEXT | calls"
     return OutputFormat("lark", "\n".join([start, "calls: call+", call, r"TEXT: /[^<](.|\n)*/"]))
