@@ -37,7 +37,8 @@ def test_anthropic_mapping_and_refusals() -> None:
     for fields, param in [
         ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
         ({"tools": [{"description": "f"}]}, "tools.0.name"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "tool_choice": {"type": "tool", "name": "web_search"}},
+         "tool_choice"),
         ({"thinking": {"type": "sometimes"}}, "thinking.type"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
@@ -92,7 +93,7 @@ def test_responses_input_forms_and_refusals() -> None:
     for fields, param in [
         ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools[0].name"),
-        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"input": [{"type": "function_call_output"}]}, "input[0].call_id"), ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),

@@ -1,7 +1,7 @@
 """Tools and thinking in Anthropic Messages (docs/api.md#tools-and-reasoning).
 
 Request: custom ``tools`` (``name``, ``description``, ``input_schema``; server tools such as
-web search are refused by name), ``tool_choice`` (``auto``, ``any`` → required, ``tool`` →
+web search, which the models here cannot run, are left out), ``tool_choice`` (``auto``, ``any`` → required, ``tool`` →
 that tool, ``none``; ``disable_parallel_tool_use``: one call at most), assistant ``tool_use``
 and ``thinking`` blocks, user ``tool_result`` blocks (each becomes a tool message, before the
 user's text); ``thinking`` ``enabled``/``adaptive`` turns the template's thinking on and
@@ -46,9 +46,10 @@ def anthropic_tools(tools: list[Any] | None) -> str | None:
     out = []
     for i, tool in enumerate(tools or ()):
         where = f"tools.{i}"
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise bad(f"{where}.type", f"only custom tools are supported, not {str(kind)[:64]!r}")
+        if not isinstance(tool, dict):
+            raise bad(where, "a tool must be an object")
+        if tool.get("type", "custom") != "custom":
+            continue  # a server tool (web search, code execution…): not offered to the model
         out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), where, _FIELDS))
     return tools_text(out, "tools")
 

@@ -1,7 +1,7 @@
 """Tools and reasoning in OpenAI Responses (docs/api.md#tools-and-reasoning).
 
 Request: function ``tools`` (``{"type": "function", "name", "description", "parameters"}``;
-built-in tools such as web search are refused by name), ``tool_choice`` (``auto``, ``none``,
+built-in tools such as web search, which the models here cannot run, are left out), ``tool_choice`` (``auto``, ``none``,
 ``required``, ``{"type": "function", "name"}``), ``parallel_tool_calls`` (false: one call at
 most), ``reasoning.effort`` (``none`` turns thinking off, any other effort on); ``input``
 items ``function_call`` (joined to the assistant turn before them) and
@@ -33,9 +33,10 @@ def responses_tools(tools: list[Any] | None) -> str | None:
     out = []
     for i, tool in enumerate(tools or ()):
         where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise bad(f"{where}.type", f"only function tools are supported, not {str(kind)[:64]!r}")
+        if not isinstance(tool, dict):
+            raise bad(where, "a tool must be an object")
+        if tool.get("type") != "function":
+            continue  # a built-in tool (web search, file search…): not offered to the model
         out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), where, _FIELDS))
     return tools_text(out, "tools")
 
