@@ -33,14 +33,18 @@ def request_body(
     *,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    response_format: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An OpenAI chat-completion request with only the parameters the user gave (and the
-    usage chunk asked for: the token count of the figures line)."""
+    usage chunk asked for: the token count of the figures line); ``response_format`` from
+    ``--json`` / ``--schema`` (``exo_p2p.cli.structured``)."""
     body: dict[str, Any] = {"model": model, "messages": messages, "stream_options": {"include_usage": True}}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if temperature is not None:
         body["temperature"] = temperature
+    if response_format is not None:
+        body["response_format"] = response_format
     return body
 
 
@@ -109,6 +113,7 @@ def chat_once(
     max_tokens: int | None = None,
     temperature: float | None = None,
     quiet: bool = False,
+    response_format: dict[str, Any] | None = None,
 ) -> str:
     """Answer one prompt, streamed to stdout; returns the answer; the figures line on
     stderr unless ``quiet``. Raises ``CliError`` (exit 2) for an empty or blank prompt (a
@@ -116,7 +121,8 @@ def chat_once(
     if not prompt.strip():
         raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
     messages = start_messages(system) + [{"role": "user", "content": prompt}]
-    body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
+    body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature,
+                        response_format=response_format)
     return stream_answer(client, body, quiet=quiet)
 
 
@@ -128,6 +134,7 @@ def repl(
     max_tokens: int | None = None,
     temperature: float | None = None,
     quiet: bool = False,
+    response_format: dict[str, Any] | None = None,
     read: Callable[[str], str] = input,
     note: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
 ) -> int:
@@ -156,7 +163,8 @@ def repl(
             note("conversation cleared")
             continue
         messages.append({"role": "user", "content": line})
-        body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature)
+        body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature,
+                            response_format=response_format)
         try:
             answer = stream_answer(client, body, note=note, quiet=quiet)
         except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import CliError, NodeClient, NodeUnreachable, resolve_api_url
 from exo_p2p.cli.common import PLACE_TIMEOUT, ApiKeyOpt, ApiOpt, app, client_for, given_api, handled, stderr_console
 from exo_p2p.cli.local_node import running_node
+from exo_p2p.cli.structured import JsonAnswerOpt, SchemaOpt, response_format
 from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
 
@@ -46,16 +47,22 @@ def chat(
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
     system: SystemOpt = None,
+    json_object: JsonAnswerOpt = False,
+    schema: SchemaOpt = None,
     quiet: QuietOpt = False,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:
     """Chat with a placed model; the answer streams as it is generated, then one line on
-    stderr gives the time to the first token, tokens/s and the finish reason (--quiet: not)."""
+    stderr gives the time to the first token, tokens/s and the finish reason (--quiet: not).
+    --json or --schema FILE: the answer is JSON (a JSON object, or one that validates against
+    the schema), enforced by the node while it decodes."""
     _refuse_empty(prompt)
+    fmt = response_format(json_object, schema)
     with client_for(ctx, api, api_key) as client:
         chosen = choose_model(client, model)
-        params = dict(system=system, max_tokens=max_tokens, temperature=temperature, quiet=quiet)
+        params = dict(system=system, max_tokens=max_tokens, temperature=temperature, quiet=quiet,
+                      response_format=fmt)
         if prompt is not None:
             chat_once(client, chosen, prompt, **params)
         else:
@@ -96,6 +103,8 @@ def run(
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
     system: SystemOpt = None,
+    json_object: JsonAnswerOpt = False,
+    schema: SchemaOpt = None,
     data_dir: Annotated[
         Optional[Path],
         typer.Option(help="Data dir of the node started when none answers (default: as `exo-p2p node`)."),
@@ -123,9 +132,11 @@ def run(
     started, and the instance it placed on that node (so a later run or node does not bring
     it back). On a node that was already running, a placement it made stays (like any
     `place`) and it says so. After the answer, one line on stderr gives the time to the
-    first token, tokens/s and the finish reason (--quiet: not).
+    first token, tokens/s and the finish reason (--quiet: not). --json and --schema FILE as
+    for `chat`.
     """
     _refuse_empty(prompt)
+    fmt = response_format(json_object, schema)
     explicit, key = given_api(ctx, api, api_key)
     api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
     console = stderr_console()
@@ -156,7 +167,8 @@ def run(
                 )
 
         ensure_ready_instance(client, model, timeout, console, on_placed=placed)
-        params = dict(system=system, max_tokens=max_tokens, temperature=temperature, quiet=quiet)
+        params = dict(system=system, max_tokens=max_tokens, temperature=temperature, quiet=quiet,
+                      response_format=fmt)
         if prompt is not None:
             chat_once(client, model, prompt, **params)
         else:
