@@ -1,9 +1,11 @@
 // The chat panel: pick a model with a ready instance, stream the answer token by token, stop
 // (aborting the request makes the node cancel the task), TTFT and tokens/s under each answer.
-// The conversation stays in the page (and in sessionStorage, so a reload keeps it).
+// The conversation stays in the page (and in sessionStorage, so a reload keeps it). The
+// "Output format" field (collapsed) asks for JSON: any object, or one a schema validates.
 
 import { AuthRequired, streamChat } from "./api.js";
 import { h } from "./dom.js";
+import { FORMAT_KINDS, responseFormat } from "./format.js";
 import { answerStats, formatSeconds } from "./model.js";
 
 const HISTORY_STORAGE = "exo-p2p.chat";
@@ -52,6 +54,7 @@ export class Chat {
     this.maxTokens = h("input", { id: "chat-max-tokens", type: "number", min: 1, placeholder: "default", "aria-label": "max tokens" });
     this.temperature = h("input", { id: "chat-temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default", "aria-label": "temperature" });
     this.clear = h("button", { id: "chat-clear", class: "ghost", type: "button", onclick: () => this.reset() }, "New chat");
+    this.buildFormat();
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey) {
         e.preventDefault();
@@ -66,10 +69,36 @@ export class Chat {
         h("label", {}, "max tokens ", this.maxTokens),
         h("label", {}, "temperature ", this.temperature),
       ),
+      this.formatBox,
       this.log,
       form,
     );
     this.setModels([]);
+  }
+
+  /** The collapsible output format field: a kind, the schema text, an error line. */
+  buildFormat() {
+    this.formatKind = h("select", { id: "chat-format-kind", "aria-label": "output format",
+      onchange: () => this.checkFormat() }, ...FORMAT_KINDS.map(([v, label]) => h("option", { value: v }, label)));
+    this.schema = h("textarea", { id: "chat-schema", rows: 6, spellcheck: "false", hidden: true, "aria-label": "JSON schema",
+      placeholder: '{"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}' });
+    this.schema.addEventListener("input", () => this.checkFormat());
+    this.formatError = h("div", { id: "chat-format-error", class: "error inline", role: "alert", hidden: true });
+    this.formatSummary = h("summary", {}, "Output format: free text");
+    this.formatBox = h("details", { id: "chat-format", class: "chat-format" },
+      this.formatSummary, h("label", {}, "answer with ", this.formatKind), this.schema, this.formatError);
+  }
+
+  /** The output format as set (`{format}` or `{error}`), the field updated to show it. */
+  checkFormat() {
+    const kind = this.formatKind.value;
+    this.schema.hidden = kind !== "json_schema";
+    const label = FORMAT_KINDS.find(([v]) => v === kind)[1];
+    this.formatSummary.textContent = `Output format: ${label}`;
+    const out = responseFormat(kind, this.schema.value);
+    this.formatError.textContent = out.error || "";
+    this.formatError.hidden = !out.error;
+    return out;
   }
 
   /** Models with a ready instance; keeps the current pick when it is still there. */
@@ -84,9 +113,10 @@ export class Chat {
     this.updateButtons();
   }
 
-  /** Sampling settings the user set (empty fields: the node's defaults). */
-  params() {
+  /** Sampling settings the user set (empty fields: the node's defaults), and the format. */
+  params(format = null) {
     const out = {};
+    if (format) out.response_format = format;
     const max = parseInt(this.maxTokens.value, 10);
     if (Number.isFinite(max) && max > 0) out.max_tokens = max;
     const temperature = parseFloat(this.temperature.value);
@@ -161,6 +191,12 @@ export class Chat {
     const text = this.input.value.trim();
     const model = this.select.value;
     if (!text || this.busy || !model) return;
+    const { format, error } = this.checkFormat();
+    if (error) {
+      this.formatBox.open = true;
+      this.schema.focus();
+      return;
+    }
     this.input.value = "";
     const history = this.messages
       .filter((m) => !m.error && m.content)
@@ -180,7 +216,7 @@ export class Chat {
       answer.finish = await streamChat({
         model,
         messages: [...history, { role: "user", content: text }],
-        params: this.params(),
+        params: this.params(format),
         signal: this.controller.signal,
         onDelta: (piece) => {
           const now = performance.now();
