@@ -177,4 +177,4 @@ def test_a_real_node_answers_the_cli_with_valid_json(node, tmp_path: Path) -> No
     proc = _cli(node.url, "x", "--schema", str(bad))
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("error: ") and "response_format" in line
+    assert line.startswith("error: ") and "nope" in line  # llguidance's message: "Invalid type: nope"
