@@ -1,9 +1,8 @@
 """``exo-p2p chat|run --json`` and ``--schema FILE`` (docs/cli.md): the ``response_format``
 the CLI builds (unit), what it sends to a fake node and how it refuses a bad schema file
 (the CLI in process against ``tests.test_cli``'s fake API), and a real node serving the tiny
-synthetic model answering the CLI, run as a subprocess, with JSON that validates (this last
-test needs the node's OpenAI chat family to accept ``response_format``: it is skipped, with
-that reason, while the node refuses it)."""
+synthetic model answering the CLI, run as a subprocess, with JSON that validates, and with
+the node's 400 for a schema llguidance refuses."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import jsonschema
 import pytest
 
@@ -149,17 +147,8 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180, env=env)
 
 
-def _skip_unless_the_api_takes_formats(url: str) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
-            "response_format": {"type": "json_object"}}
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-    if r.status_code == 400 and "response_format" in r.text and "only response_format type 'text'" in r.text:
-        pytest.skip("this node's OpenAI chat family does not accept response_format yet")
-
-
 @pytest.mark.integration
 def test_a_real_node_answers_the_cli_with_valid_json(node, tmp_path: Path) -> None:
-    _skip_unless_the_api_takes_formats(node.url)
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
     proc = _cli(node.url, "give me a person", "--schema", str(schema), "--temperature", "0", "--max-tokens", "200")
