@@ -4,7 +4,8 @@ through its official client (``openai`` chat, completions, Responses, their ``pa
 schema (``jsonschema``) and ends with ``stop``, the same greedy text through every chat
 family; the extensions ``regex`` and ``grammar``; bad formats are a 400 with llguidance's
 message through each client; in a batch of 8 mixed constrained and free requests the free
-ones equal their solo answers; a 2-node pipeline instance answers as a 1-node one.
+ones equal their solo answers; a 2-node pipeline instance answers as a 1-node one (a forced
+tool call too, in the batch and on the pipeline).
 """
 
 from __future__ import annotations
@@ -226,6 +227,28 @@ def chat(node: NodeProcess, content: str, max_tokens: int, **extra: Any) -> tupl
     return choice["message"]["content"], choice["finish_reason"]
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+
+
+def tool_chat(node: NodeProcess, content: str) -> tuple[list[tuple[str, str]], str]:
+    """A call forced with ``tool_choice`` (the generic tool format: the synthetic model has no
+    native one): the calls (name, arguments) and the finish reason."""
+    r = node.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": content}],
+                                                "temperature": 0, "max_tokens": 200, "tools": [TOOL],
+                                                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                                                "parallel_tool_calls": False})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
+    # a second call that max_tokens cut comes back as text (a random model goes on calling)
+    assert calls and calls[0][1] not in (choice["message"]["content"] or ""), choice
+    for _name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), TOOL["function"]["parameters"])
+    return calls, choice["finish_reason"]
+
+
 def check_format(extra: dict, text: str, finish: str) -> None:
     """The answer matches its format; it ended with ``stop`` unless the format is any JSON
     object (unbounded: a random model's may be cut at ``max_tokens``, an object's start)."""
@@ -247,10 +270,13 @@ def test_a_batch_of_eight_mixed_rows_keeps_the_free_rows_solo_answers(pair) -> N
     free = [(f"tell me about {i} things", 40 + 10 * i) for i in range(4)]
     solo = [chat(a, content, n) for content, n in free]
     jobs = [(lambda c=c, n=n: chat(a, c, n)) for c, n in free]
-    jobs += [(lambda e=e, i=i: chat(a, f"format {i}", MAX, **e)) for i, e in enumerate(FORMATS)]
+    jobs += [(lambda e=e, i=i: chat(a, f"format {i}", MAX, **e)) for i, e in enumerate(FORMATS[:3])]
+    tool_solo = tool_chat(a, "weather?")
+    jobs.append(lambda: tool_chat(a, "weather?"))  # a forced tool call among them
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(lambda job: job(), jobs))
-    assert results[:4] == solo
+    assert results[:4] == solo and results[-1] == tool_solo
+    results = results[:-1]
     for extra, (text, finish) in zip(FORMATS, results[4:]):
         check_format(extra, text, finish)
 
@@ -260,8 +286,10 @@ def test_a_two_node_pipeline_answers_as_one_node(pair) -> None:
     one = [chat(a, f"format {i}", MAX, **e) for i, e in enumerate(FORMATS)]
     for extra, (text, finish) in zip(FORMATS, one):
         check_format(extra, text, finish)
+    one_call = tool_chat(a, "weather in two places?")
     for instance in a.get("/instances").json():
         assert httpx.delete(a.url + f"/instances/{instance['instance_id']}", timeout=30).status_code == 200
     pipeline = a.place_and_wait(MODEL, timeout=120, min_nodes=2)
     assert len(pipeline["shards"]) == 2
     assert [chat(b, f"format {i}", MAX, **e) for i, e in enumerate(FORMATS)] == one
+    assert tool_chat(b, "weather in two places?") == one_call  # tool calls too
