@@ -165,12 +165,18 @@ def test_the_prompt_cache_publishes_its_entries_digests() -> None:
     assert cache.misses == 1
 
 
-def test_the_runner_publishes_changes_at_most_every_gap() -> None:
+def test_the_runner_publishes_changes_at_most_every_gap_after_a_burst() -> None:
     now = [0.0]
-    pub = PrefixPublisher(gap=0.2, clock=lambda: now[0])
+    pub = PrefixPublisher(gap=0.2, clock=lambda: now[0], burst=2)
     assert pub.offer((1,)) == (1,)
     assert pub.offer((1,)) is None  # unchanged
+    assert pub.offer((1, 2)) == (1, 2)  # quick turns publish at once, up to the burst
     now[0] = 0.1
-    assert pub.offer((1, 2)) is None and pub.flush() is None  # within the gap: kept
-    now[0] = 0.3
-    assert pub.flush() == (1, 2) and pub.flush() is None
+    assert pub.offer((1, 2, 3)) is None and pub.flush() is None  # the bucket is empty: kept
+    now[0] = 0.25
+    assert pub.flush() == (1, 2, 3) and pub.flush() is None
+    published = 0
+    for i in range(50):  # a flood over 0.5 s: one publication per gap on average
+        now[0] += 0.01
+        published += pub.offer(tuple(range(i + 10))) is not None
+    assert published <= 3 and pub.pending is not None

@@ -13,8 +13,12 @@ from exo_p2p.types.observe import EngineStats
 STATS_EVERY = 0.5
 """Seconds between two readings of the engine's figures at most."""
 PREFIX_MIN_GAP = 0.2
-"""Seconds between two publications of a runner's prefix digests at least (each is one
-event in the cluster's log: ``InstancePrefixesUpdated``)."""
+"""Seconds between two publications of a runner's prefix digests on average at least (each
+is one event in the cluster's log: ``InstancePrefixesUpdated``)."""
+PREFIX_BURST = 8
+"""Publications a runner may make at once before ``PREFIX_MIN_GAP`` holds: a conversation's
+quick turns (or an agent's steps) each publish before the next turn is routed; a flood of
+finishing requests is held to one publication per gap."""
 
 
 def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> EngineStats:
@@ -50,25 +54,31 @@ class StatsClock:
 
 
 class PrefixPublisher:
-    """When to publish the prompt cache's prefix digests: at once when they changed and
-    ``gap`` seconds passed since the last publication, else later (``flush``)."""
+    """When to publish the prompt cache's prefix digests: at once when they changed and a
+    token of a bucket of ``burst`` (refilled one per ``gap`` seconds) is left, else later
+    (``flush``, once a token is back)."""
 
-    def __init__(self, gap: float = PREFIX_MIN_GAP, clock: Callable[[], float] = time.monotonic) -> None:
-        self.gap, self._clock = gap, clock
+    def __init__(self, gap: float = PREFIX_MIN_GAP, clock: Callable[[], float] = time.monotonic,
+                 burst: int = PREFIX_BURST) -> None:
+        self.gap, self._clock, self.burst = gap, clock, burst
         self.sent: tuple[int, ...] = ()
         self.pending: tuple[int, ...] | None = None
-        self._last = float("-inf")
+        self._tokens = float(burst)
+        self._last = clock()
 
     def offer(self, digests: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The digests to publish now, or None (unchanged, or kept until the gap passed)."""
+        """The digests to publish now, or None (unchanged, or kept until a token is back)."""
         if digests == self.sent:
             self.pending = None
             return None
         now = self._clock()
-        if now - self._last < self.gap:
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) / self.gap)
+        self._last = now
+        if self._tokens < 1:
             self.pending = digests
             return None
-        self.sent, self.pending, self._last = digests, None, now
+        self._tokens -= 1
+        self.sent, self.pending = digests, None
         return digests
 
     def flush(self) -> tuple[int, ...] | None:
