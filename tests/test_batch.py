@@ -25,6 +25,7 @@ from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat  # n
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.pipeline import LocalStage  # noqa: E402
 
 MAX_STEPS = 20_000
 CHUNK = 16
@@ -141,6 +142,39 @@ def test_cancelled_row_leaves_and_others_are_unchanged(loaded: LoadedModel, solo
     for task_id, alone in solo.items():
         if task_id != "t10":
             assert got["ids"][task_id] == alone["ids"][task_id], task_id
+    assert not gen.batch.holds_kv and gen.batch_size == 0
+
+
+class PrefillWatch(LocalStage):
+    """The whole model, noting how many prompts each prefill forward pass fed (``tokens [B, L]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[int] = []
+
+    def prefill(self, model, tokens, cache) -> None:  # type: ignore[no-untyped-def]
+        self.widths.append(int(tokens.shape[0]))
+        super().prefill(model, tokens, cache)
+
+
+def test_prompts_accepted_together_are_prefilled_together(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
+    """12 requests queued at once are prefilled as one group (one forward pass a chunk for all
+    their prompts, the shorter ones padded); one cancelled while the group prefills leaves it at
+    once with no token, and every other request still equals its solo run."""
+    watch = PrefillWatch()
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16), stage=watch)
+    for req in requests():
+        gen.submit(*req)
+    gen.step()  # the group's first chunk: t2's long prompt needs several more
+    assert gen.prefilling is not None and len(gen.prefilling.task_ids) == 12
+    assert gen.cancel("t2")
+    got = drive(gen)
+    assert max(watch.widths) == 12
+    assert got["finish"]["t2"] == ("cancelled", 0) and "t2" not in got["ids"]
+    for task_id, alone in solo.items():
+        if task_id != "t2":
+            assert got["ids"][task_id] == alone["ids"][task_id], task_id
+            assert got["finish"][task_id] == alone["finish"][task_id], task_id
     assert not gen.batch.holds_kv and gen.batch_size == 0
 
 
@@ -261,7 +295,7 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
     """Two simulated ranks (a generator each, ``max_batch`` 3, the runner's round rule and a
     simulated all-gather): tasks reach the ranks at different ticks, cancels reach one rank
     only, and with a KV capacity some wait for memory. After every step both ranks hold the
-    same rows in the same order, the same prefilling sequence and queue, and every task ends
+    same rows in the same order, the same prefilling group and queue, and every task ends
     the same way on both."""
     import numpy as np
 
@@ -306,7 +340,7 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
                         ended[r][chunk.task_id] = getattr(chunk, "finish_reason", "error")
             since_round += 1
         seen = [([row.task_id for row in g.batch.rows],
-                 None if g.prefilling is None else g.prefilling.task_id, g.queued_task_ids) for g in gens]
+                 None if g.prefilling is None else g.prefilling.task_ids, g.queued_task_ids) for g in gens]
         assert seen[0] == seen[1], seen
         if tick > 40 and all(len(e) == len(reqs) for e in ended):
             break

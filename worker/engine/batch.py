@@ -2,7 +2,8 @@
 
 A prefilled sequence joins as the batch's last row: its own KV cache is merged in as a new
 row of mlx-lm's left-padded ``BatchKVCache`` (the padding is masked, each row keeps its own
-RoPE offset). Each ``decode`` feeds every row its last token in one forward pass ``[B, 1]``
+RoPE offset); sequences prefilled together (``prefill.PrefillGroup``) join as the last rows,
+their batch cache appended as it is. Each ``decode`` feeds every row its last token in one forward pass ``[B, 1]``
 and draws row ``i`` with its own ``Sampler``; rows that end leave at once (``drop``: their KV
 rows are freed), the others keep their order. Every rank of a multi-rank instance holds the
 same rows in the same order: joins and drops only follow agreed requests, cancels and the
@@ -67,21 +68,27 @@ class DecodeBatch:
         """``seq`` (prefilled) becomes the last row; the batch takes over its KV cache."""
         from mlx_lm.models.cache import BatchKVCache
 
-        if self.full:
-            raise ValueError(f"the batch holds {len(self.rows)} rows already (at most {self.max_rows})")
         if seq.next_token is None:
             raise ValueError(f"sequence {seq.task_id} has not finished its prefill")
-        rows = [BatchKVCache.merge([c]) for c in seq.cache]
-        first = seq.next_token.reshape(-1)
+        self.join_group([seq], [BatchKVCache.merge([c]) for c in seq.cache], seq.next_token.reshape(-1))
+
+    def join_group(self, seqs: list[Sequence], cache: list[Any], first: mx.array) -> None:
+        """``seqs`` (prefilled together) become the last rows, in order: ``cache`` is their
+        batch KV (one left-padded ``BatchKVCache`` per local layer, a row per sequence) and
+        ``first`` ``[len(seqs)]`` their first tokens (lazy). Raises ``ValueError`` beyond
+        ``max_rows``."""
+        if len(self.rows) + len(seqs) > self.max_rows:
+            raise ValueError(f"the batch holds {len(self.rows)} rows already (at most {self.max_rows})")
         if self._cache is None:
-            self._cache, self._next = rows, first
+            self._cache, self._next = cache, first
         else:
             assert self._next is not None
-            for batch, row in zip(self._cache, rows, strict=True):
-                batch.extend(row)
+            for batch, rows in zip(self._cache, cache, strict=True):
+                batch.extend(rows)
             self._next = mx.concatenate([self._next, first])
-        seq.cache = []
-        self.rows.append(seq)
+        for seq in seqs:
+            seq.cache = []
+        self.rows.extend(seqs)
 
     def decode(self, stage: Stage, model: Any) -> list[int]:
         """One decode step: each row's token (``len(rows)`` ints, row order). This step's

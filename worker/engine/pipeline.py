@@ -40,7 +40,8 @@ class Stage(Protocol):
     """One rank's part of a generation step (all calls in the same order on every rank)."""
 
     def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
-        """Feed ``tokens [1, L]`` into the KV cache and evaluate (blocks)."""
+        """Feed ``tokens [B, L]`` into the KV cache and evaluate (blocks); B > 1: the
+        prompts of a prefill group, ``cache`` a batch cache."""
         ...
 
     def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:

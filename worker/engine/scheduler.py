@@ -2,16 +2,18 @@
 
 ``Engine`` owns the parts and decides, step by step, what each does: the ``TaskQueue``
 (submitted requests, first come, first served), ``prepare`` (a request into a ``Sequence``,
-no model work), the sequence prefilling alone, the ``DecodeBatch`` (every prefilled sequence,
-one forward pass per step) and the ``PromptCache``. One path serves every ``max_batch``: a
-batch of at most one row is the same batch. ``step`` does one bounded unit of work and
-returns the chunks it produced; see its docstring for the order.
+no model work), the ``PrefillGroup`` (sequences accepted together, prefilled together), the
+``DecodeBatch`` (every prefilled sequence, one forward pass per step) and the
+``PromptCache``. One path serves every ``max_batch``: a batch of at most one row is the same
+batch. ``step`` does one bounded unit of work and returns the chunks it produced; see its
+docstring for the order.
 
-Admission: the head of the queue is accepted when nothing prefills, the batch has room, and
-the KV it can grow to (prompt + its token budget, bounded by the context) fits beside the
-batch's within ``kv_capacity_tokens`` (``batch_memory``); otherwise it waits at the head (later
-requests behind it), and one that cannot fit even alone ends at once with a 503
-``out_of_memory``.
+Admission: when nothing prefills, the heads of the queue are accepted into a new group, one
+after the other, while the batch has room beside the group, the group is under its limit
+(``prefill.group_limit``) and each head's KV (prompt + its token budget, bounded by the
+context) fits beside the batch's and the group's within ``kv_capacity_tokens``
+(``batch_memory``); otherwise the head waits (later requests behind it), and one that cannot
+fit even alone ends at once with a 503 ``out_of_memory``.
 
 Ranks: every rank of a multi-rank instance steps the same requests (agreed by the runner's
 rounds before each step that accepts or prefills: ``in_prefill``), cancels and tokens, so
@@ -34,10 +36,10 @@ from exo_p2p.types.common import TaskId
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import GenerationParams
 from worker.engine.batch import DecodeBatch
-from worker.engine.batch_memory import Verdict, join_verdict, peak_batch_tokens
-from worker.engine.forward import new_cache
+from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage, request_error
+from worker.engine.prefill import PrefillGroup, group_limit, out_of_memory, start_kv
 from worker.engine.prepare import Grammars, error_chunk, new_grammars, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
@@ -71,7 +73,7 @@ class Engine:
         self.on_token = on_token
         self.queue = TaskQueue()
         self.batch = DecodeBatch(settings.max_batch)
-        self.prefilling: Sequence | None = None
+        self.prefilling: PrefillGroup | None = None
         self.prefilled_tokens = 0
         """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
         self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch
@@ -126,18 +128,21 @@ class Engine:
         with self._lock:
             return self.prefilling is not None or (len(self.queue) > 0 and self._room())
 
-    def _room(self) -> bool:
-        """Whether the head of the queue may be accepted now (lock held): nothing prefills,
-        the batch is not full, and the head is not waiting for KV memory."""
-        if self.prefilling is not None or self.batch.full:
+    def _room(self, forming: list[Sequence] | None = None) -> bool:
+        """Whether the head of the queue may join the group ``forming`` now (lock held):
+        nothing else prefills, the group is under its limit, the head does not wait for KV."""
+        forming = forming or []
+        if self.prefilling is not None or len(forming) >= group_limit(self.settings.prefill_chunk_size,
+                                                                      self.batch.max_rows - len(self.batch.rows)):
             return False
         head = self.queue.head()
-        return head is None or head.prepared is None or self._verdict(head.prepared) != "wait"
+        return head is None or head.prepared is None or self._verdict(head.prepared, forming) != "wait"
 
-    def _verdict(self, seq: Sequence) -> Verdict:
+    def _verdict(self, seq: Sequence, forming: list[Sequence] | None = None) -> Verdict:
         if seq.done_before_start:
             return "join"  # nothing left to generate: no KV
-        return join_verdict(seq.kv(), self.batch.kv_rows(), self.kv_capacity_tokens)
+        rows = self.batch.kv_rows() + [s.kv() for s in forming or []]
+        return join_verdict(seq.kv(), rows, self.kv_capacity_tokens)
 
     # -- work (one thread) ---------------------------------------------------------------
 
@@ -146,28 +151,25 @@ class Engine:
 
         1. the ends of requests cancelled while queued, and of sequences cancelled since
            the last step;
-        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens: while the batch
-           has room the head of the queue is accepted and prefilled (its own KV cache); a
-           sequence whose prefill ends joins the batch at once and the next may follow in
-           the same step; a prompt longer than what is left of the budget goes on next step;
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: when
+           nothing prefills, the heads of the queue are accepted into a ``PrefillGroup``
+           (prefilled together, one forward pass a chunk); a group whose prefill ends joins
+           the batch at once and the next may follow in the same step; prompts longer than
+           what is left of the budget go on next step;
         3. one decode step of the batch; rows that end leave at once.
         """
-        out = self._take_outbox()
+        with self._lock:
+            out, self._outbox = self._outbox, []
         out += self._end_cancelled()
         out += self._prefill(self.settings.prefill_chunk_size)
         if self.batch.rows:
             out += self._decode()
         return out
 
-    def _take_outbox(self) -> list[Chunk]:
-        with self._lock:
-            out, self._outbox = self._outbox, []
-        return out
-
     def _end_cancelled(self) -> list[Chunk]:
         out: list[Chunk] = []
-        if self.prefilling is not None and self.prefilling.cancel_requested:
-            out.append(self._end(self.prefilling, "cancelled"))
+        if self.prefilling is not None:
+            out += [self._end(s, "cancelled") for s in list(self.prefilling.rows) if s.cancel_requested]
         gone = [i for i, row in enumerate(self.batch.rows) if row.cancel_requested]
         out += [self._end(self.batch.rows[i], "cancelled") for i in gone]
         self.batch.drop(gone)
@@ -176,82 +178,81 @@ class Engine:
     def _prefill(self, budget: int) -> list[Chunk]:
         out: list[Chunk] = []
         while budget > 0:
-            seq = self.prefilling
-            if seq is None:
-                chunks, go_on = self._accept_next()
+            group = self.prefilling
+            if group is None:
+                chunks, formed = self._form_group()
                 out += chunks
-                if not go_on:
+                if not formed:
                     break
                 continue
-            before = seq.processed
+            before = [s.processed for s in group.rows]
             try:
-                out += seq.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
-            except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-                out.append(self._fail(seq, request_error(self.stage, e)))
+                out += group.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
+            except Exception as e:  # noqa: BLE001 - these requests fail, the engine goes on
+                error = request_error(self.stage, e)
+                out += [self._fail(s, error) for s in list(group.rows)]
                 continue
-            self.prefilled_tokens += seq.processed - before
-            budget -= seq.processed - before
-            if not seq.prefilled:
-                break  # the rest of its prompt next step
+            fed = [s.processed - b for s, b in zip(group.rows, before, strict=True)]
+            self.prefilled_tokens += sum(fed)
+            budget -= max(fed)
+            if not group.prefilled:
+                break  # the rest of the prompts next step
             with self._lock:
-                self.batch.join(seq)
+                group.join(self.batch)
                 self.prefilling = None
         return out
 
-    def _accept_next(self) -> tuple[list[Chunk], bool]:
-        """Accept the head of the queue when there is room: its chunks, and whether the
-        prefill loop may go on (False: nothing to accept, or the head waits for memory)."""
+    def _form_group(self) -> tuple[list[Chunk], bool]:
+        """Accept heads of the queue into a new group while there is room: their chunks,
+        and whether a group was formed."""
+        out: list[Chunk] = []
+        forming: list[Sequence] = []
+        go_on = True
+        while go_on:
+            chunks, seq, go_on = self._accept_next(forming)
+            out, forming = out + chunks, forming + ([seq] if seq is not None else [])
+        if forming:
+            with self._lock:
+                self.prefilling = PrefillGroup(forming)
+        return out, bool(forming)
+
+    def _accept_next(self, forming: list[Sequence]) -> tuple[list[Chunk], Sequence | None, bool]:
+        """Accept the head of the queue into the group ``forming`` when there is room: its
+        chunks, the sequence accepted (None: none), and whether to try the next head (False:
+        nothing to accept, the group is full, or the head waits for memory)."""
         with self._lock:
-            queued = self.queue.head() if self._room() else None
+            queued = self.queue.head() if self._room(forming) else None
         if queued is None:
-            return [], False
+            return [], None, False
         try:
             seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
                                              submitted_at=queued.submitted_at, grammars=self.grammars)
         except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
             seq = error_chunk(queued.task_id, 500, f"generation failed: {e!r}")
         if isinstance(seq, ErrorChunk):
-            return self._pop(queued, [seq]), True
+            return self._pop(queued, [seq]), None, True
         queued.prepared = seq
-        verdict = self._verdict(seq)
+        verdict = self._verdict(seq, forming)
         if verdict == "wait":
-            return [], False
+            return [], None, False
         if verdict == "never":
-            return self._pop(queued, [self._out_of_memory(seq)]), True
+            return self._pop(queued, [out_of_memory(seq, self.kv_capacity_tokens, self.model_id)]), None, True
         if seq.done_before_start:  # every allowed token was sent before the move
-            return self._pop(queued, [seq.progress(), seq.finish("length")]), True
+            return self._pop(queued, [seq.progress(), seq.finish("length")]), None, True
         with self._lock:
             if not self.queue.pop_head(queued):
-                return [], True  # cancelled meanwhile: its end is in the outbox
+                return [], None, True  # cancelled meanwhile: its end is in the outbox
             self._live[seq.task_id] = seq
-            self.prefilling = seq
         try:
-            self._start(seq)
+            start_kv(seq, self.prompt_cache, self.loaded.model)
         except Exception as e:  # noqa: BLE001
-            return [self._fail(seq, request_error(self.stage, e))], True
-        return [seq.progress()], True
+            return [self._fail(seq, request_error(self.stage, e))], None, True
+        return [seq.progress()], seq, True
 
     def _pop(self, queued: Queued, chunks: list[Chunk]) -> list[Chunk]:
         """``chunks`` when ``queued`` was still the head (now removed), else none (cancelled)."""
         with self._lock:
             return chunks if self.queue.pop_head(queued) else []
-
-    def _start(self, seq: Sequence) -> None:
-        """Give ``seq`` its KV: the prompt cache's longest prefix of its prompt (a collective
-        on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache."""
-        cache, reused = self.prompt_cache.reuse(seq.tokens())
-        if reused:
-            seq.cache, seq.processed, seq.reused = cache, reused, reused
-        else:
-            seq.cache = new_cache(self.loaded.model)
-
-    def _out_of_memory(self, seq: Sequence) -> ErrorChunk:
-        need = peak_batch_tokens([seq.kv()])
-        return error_chunk(seq.task_id, 503,
-                           f"out of memory: the prompt ({seq.prompt_tokens} tokens) and its token budget "
-                           f"({seq.max_new} tokens: max_tokens or the context) need up to {need} tokens of KV cache, "
-                           f"but the runners of model {self.model_id} can hold {self.kv_capacity_tokens} tokens; "
-                           "shorten the prompt or lower max_tokens", param="messages", code="out_of_memory")
 
     def _decode(self) -> list[Chunk]:
         """One decode step of the batch: every row's token consumed; rows that end leave
@@ -286,15 +287,16 @@ class Engine:
         return out
 
     def _end(self, seq: Sequence, reason: FinishReason) -> FinishChunk:
-        with self._lock:
-            self._live.pop(seq.task_id, None)
-            if self.prefilling is seq:
-                self.prefilling = None
+        self._forget(seq)
         return seq.finish(reason)
 
     def _fail(self, seq: Sequence, exc: Exception) -> ErrorChunk:
+        self._forget(seq)
+        return error_chunk(seq.task_id, 500, f"generation failed: {exc!r}")
+
+    def _forget(self, seq: Sequence) -> None:
+        """``seq`` is no longer live, nor in the prefilling group (its KV rows freed)."""
         with self._lock:
             self._live.pop(seq.task_id, None)
-            if self.prefilling is seq:
+            if self.prefilling is not None and self.prefilling.discard(seq):
                 self.prefilling = None
-        return error_chunk(seq.task_id, 500, f"generation failed: {exc!r}")

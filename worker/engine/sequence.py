@@ -132,12 +132,16 @@ class Sequence:
                 out.append(PrefillProgressChunk(task_id=self.task_id, processed=self.processed, total=total))
                 mx.clear_cache()
             if total - self.processed == 1:  # within this call, as mlx-lm's generate_step
-                if self.constraint is not None and stage.samples:
-                    self.sampler.mask = self.constraint.mask()
+                self.first_mask(stage)
                 self.next_token = stage.next_token(model, self.prompt[total - 1 :][None], self.cache, self.sampler)
                 mx.async_eval(self.next_token)
                 self.processed = total
         return out
+
+    def first_mask(self, stage: Stage) -> None:
+        """Before the first token's draw: a constrained row's mask, on the rank that samples."""
+        if self.constraint is not None and stage.samples:
+            self.sampler.mask = self.constraint.mask()
 
     def replay(self, tokens: list[int]) -> None:
         """Feed already-sent ``tokens`` through the detokenizer and the stop matcher without

@@ -118,7 +118,7 @@ class TensorStage:
         self.samples = self.rank == 0
 
     def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
-        """Feed ``tokens [1, L]`` into this rank's KV cache (its kv heads) and evaluate."""
+        """Feed ``tokens [B, L]`` into this rank's KV cache (its kv heads) and evaluate."""
         model.model(tokens, cache=cache)  # the cache state depends on every layer's collectives
         mx.eval([c.state for c in cache])
 
