@@ -133,6 +133,14 @@ def new_grammars(loaded: LoadedModel) -> Grammars:
     return Grammars(loaded.tokenizer, vocab_size(loaded), sorted(loaded.eos_token_ids), think_markers(loaded))
 
 
+def grammars_for(params: GenerationParams, grammars: Grammars | None, loaded: LoadedModel) -> Grammars | None:
+    """``grammars``, or a new ``Grammars`` when it is None and ``params`` will need one (an
+    output format or tools): its tokenizer is built in the background meanwhile."""
+    if grammars is None and (params.output_format is not None or params.tools):
+        return new_grammars(loaded)
+    return grammars
+
+
 def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, model_id: str,
             submitted_at: float, grammars: Grammars | None = None) -> Sequence | ErrorChunk:
     """The ``Sequence`` of a request (no KV cache yet: the engine gives it one when it

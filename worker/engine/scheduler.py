@@ -40,7 +40,7 @@ from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage, request_error
 from worker.engine.prefill import PrefillGroup, group_limit, out_of_memory, start_kv
-from worker.engine.prepare import Grammars, error_chunk, new_grammars, prepare
+from worker.engine.prepare import Grammars, error_chunk, grammars_for, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
 from worker.engine.task_queue import Queued, TaskQueue
@@ -74,8 +74,7 @@ class Engine:
         self.queue = TaskQueue()
         self.batch = DecodeBatch(settings.max_batch)
         self.prefilling: PrefillGroup | None = None
-        self.prefilled_tokens = 0
-        """Prompt tokens fed through the model so far (the prompt cache's saving shows here)."""
+        self.prefilled_tokens = 0  # prompt tokens fed through the model (the prompt cache's saving shows)
         self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch
         self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
         self._lock = threading.Lock()
@@ -86,8 +85,7 @@ class Engine:
     def submit(self, task_id: TaskId, params: GenerationParams) -> None:
         """Queue a request; it is accepted after every request submitted before it."""
         with self._lock:
-            if (params.output_format is not None or params.tools) and self.grammars is None:
-                self.grammars = new_grammars(self.loaded)  # its tokenizer is built meanwhile
+            self.grammars = grammars_for(params, self.grammars, self.loaded)
             self.queue.push(Queued(task_id, params, self.clock()))
 
     def cancel(self, task_id: TaskId) -> bool:
