@@ -1,8 +1,8 @@
 """Which local events a node may report (pure; docs/architecture.md#wire-and-storage).
 
-A node reports facts about itself only: its profile, the models it holds, its own edges,
-its own runners, the status of tasks of instances it serves, and the prefix digests of
-instances whose rank 0 it hosts. Every other kind of event
+A node reports facts about itself only: its profile, the models it holds or read from a hub,
+its own edges, its own runners, the status of tasks of instances it serves, and the prefix
+digests of instances whose rank 0 it hosts. Every other kind of event
 is the master's to make. ``refuse_local`` says why an event is refused, or None. The master
 records the sequence number of a refused event anyway, so the origin's later events are not
 stuck behind a gap.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from exo_p2p.types import (
     Event,
+    HubModelResolved,
     InstancePrefixesUpdated,
     NodeModelsUpdated,
     NodeProfileUpdated,
@@ -29,6 +30,8 @@ def refuse_local(state: State, origin: str, event: Event) -> str | None:
         return None if event.profile.node_id == origin else "profile of another node"
     if isinstance(event, NodeModelsUpdated):
         return None if event.node_id == origin else "models of another node"
+    if isinstance(event, HubModelResolved):  # what this node read from a hub
+        return None if event.node_id == origin else "hub model read by another node"
     if isinstance(event, TopologyEdgeCreated):
         return None if event.edge.source == origin else "edge from another node"
     if isinstance(event, TopologyEdgeDeleted):

@@ -10,6 +10,7 @@ import msgspec
 
 from exo_p2p.types import (
     Event,
+    HubModelResolved,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -92,6 +93,15 @@ def _apply_node_models_updated(event: NodeModelsUpdated, state: State) -> State:
     if profile is not None:
         nodes[event.node_id] = replace(profile, models=tuple(sorted(c.model_id for c in event.cards)))
     return replace(state, model_cards=cards, nodes=nodes)
+
+
+@_apply_event.register
+def _apply_hub_model_resolved(event: HubModelResolved, state: State) -> State:
+    cards = dict(state.model_cards)
+    cards.setdefault(event.card.model_id, event.card)  # a node's own copy's card stays
+    hub = dict(state.hub_models)
+    hub[event.card.model_id] = event.source
+    return replace(state, model_cards=cards, hub_models=hub)
 
 
 @_apply_event.register

@@ -25,6 +25,7 @@ from exo_p2p.types.common import (
 )
 from exo_p2p.types.events import (
     Event,
+    HubModelResolved,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -45,7 +46,7 @@ from exo_p2p.types.events import (
     TopologyEdgeDeleted,
 )
 from exo_p2p.types.instances import Instance, InstanceStatus, PlacedNode, RankSettings, ShardMetadata, Sharding
-from exo_p2p.types.models import ModelCard
+from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import (
     SERVING_STATUSES,
     TERMINAL_STATUSES,

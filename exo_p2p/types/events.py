@@ -6,7 +6,7 @@ import msgspec
 
 from exo_p2p.types.common import PROTOCOL_VERSION, InstanceId, NodeId, RunnerId, TaskId
 from exo_p2p.types.instances import Instance
-from exo_p2p.types.models import ModelCard
+from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
 from exo_p2p.types.tasks import TaskStatus, TextGeneration
 from exo_p2p.types.topology import NodeProfile, TopologyEdge
@@ -25,6 +25,16 @@ class NodeModelsUpdated(_Event, tag="node_models_updated"):
 
     node_id: NodeId
     cards: tuple[ModelCard, ...]
+
+
+class HubModelResolved(_Event, tag="hub_model_resolved"):
+    """``node_id`` read model ``card.model_id`` from a model hub (``source``): its card enters
+    ``State.model_cards`` (unless a node's own copy already gave one) and its source
+    ``State.hub_models``, so placement may put it on nodes that fetch it (docs/models.md)."""
+
+    node_id: NodeId
+    card: ModelCard
+    source: HubSource
 
 
 class NodeTimedOut(_Event, tag="node_timed_out"):
@@ -102,6 +112,7 @@ class TaskDeleted(_Event, tag="task_deleted"):
 Event = (
     NodeProfileUpdated
     | NodeModelsUpdated
+    | HubModelResolved
     | NodeTimedOut
     | TopologyEdgeCreated
     | TopologyEdgeDeleted

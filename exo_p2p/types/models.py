@@ -94,3 +94,14 @@ class ModelCard(msgspec.Struct, frozen=True):
         is the embedding again when the embeddings are tied."""
         head = self.embedding_bytes if self.tie_word_embeddings else self.head_bytes
         return self.norm_bytes + head
+
+
+class HubSource(msgspec.Struct, frozen=True):
+    """Where a model no node holds comes from: a Hugging Face repo (``repo_id``, ``ORG/NAME``)
+    at the commit ``revision`` (40 hex digits: a moved branch never changes what the cluster
+    fetches), whose files' manifest has ``digest`` (``ModelManifest.digest``, weight chunks
+    without hashes until fetched: ``exo_p2p.models.hub_manifest``)."""
+
+    repo_id: str
+    revision: str
+    digest: str

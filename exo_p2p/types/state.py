@@ -6,7 +6,7 @@ import msgspec
 
 from exo_p2p.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_p2p.types.instances import Instance
-from exo_p2p.types.models import ModelCard
+from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
 from exo_p2p.types.tasks import TaskRecord
 from exo_p2p.types.topology import NodeProfile, TopologyEdge
@@ -34,6 +34,9 @@ class State(msgspec.Struct, frozen=True):
     de-duplicates exactly like one rebuilt from the whole log. One entry per node boot (and
     per origin epoch after a replaced log): it grows with restarts, never with traffic.
     ``prefixes`` holds at most ``exo_p2p.prefixes.MAX_DIGESTS`` digests per instance.
+
+    ``hub_models`` names the model hub source of each model read from a hub
+    (``HubModelResolved``): one entry per model name ever resolved, never per request.
     """
 
     nodes: dict[NodeId, NodeProfile] = msgspec.field(default_factory=dict)
@@ -48,3 +51,4 @@ class State(msgspec.Struct, frozen=True):
     origin_seqs: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
     prefixes: dict[InstanceId, tuple[int, ...]] = msgspec.field(default_factory=dict)
     """Per instance, the digests of the prefixes its prompt cache holds (``InstancePrefixesUpdated``)."""
+    hub_models: dict[ModelId, HubSource] = msgspec.field(default_factory=dict)
