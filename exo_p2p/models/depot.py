@@ -208,12 +208,18 @@ class ModelDepot:
         *,
         limits: FetchLimits = DEFAULT_LIMITS,
         on_progress: Progress | None = None,
+        hub=None,  # type: ignore[no-untyped-def]
     ) -> FetchReport:
         """Fetch ``wanted`` chunks of ``manifest`` from ``holders`` into its partial copy
-        (``fetch_chunks``; raises its ``FetchError``)."""
+        (``fetch_chunks``; raises its ``FetchError``); the holder ``HUB`` is read through
+        ``hub`` (an ``exo_p2p.models.hub.HubClient``)."""
         partial = self.partial(manifest)
         p2p_get = chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
         get, close = fetch_getter(net, manifest.digest, p2p_get, timeout=limits.chunk_timeout)
+        if hub is not None:
+            from exo_p2p.models.hub_fetch import hub_get
+
+            get = hub_get(get, hub, manifest)
         try:
             report = await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress)
         finally:

@@ -6,6 +6,10 @@ under ``chunk_timeout`` seconds and hands the bytes to ``PartialModel.write_chun
 verifies them against the manifest before writing. Several holders thus share one shard's
 chunks, a fast peer taking more of them.
 
+The hub (holder id ``exo_p2p.models.hub.HUB``, when the model comes from one) is the last
+source: its workers take only the chunks that every live peer lacks or was dropped for, so a
+chunk another node already fetched comes from that node (``HUB_STREAMS`` requests at once).
+
 Failures, and what bounds them:
 
 - a chunk failing verification: the sender is logged (``chunk failed verification``) and
@@ -34,6 +38,7 @@ import structlog
 import trio
 
 from exo_p2p import defaults
+from exo_p2p.models.hub import HUB
 from exo_p2p.models.manifest import chunk_span, missing_chunks
 from exo_p2p.models.partial import ChunkVerificationError, PartialModel
 
@@ -41,6 +46,11 @@ log = structlog.get_logger(__name__)
 
 GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 """``get_chunk(peer_id, path, index) -> bytes``; may raise anything (counted as a failure)."""
+HUB_STREAMS = 4
+"""Requests in flight to a hub (holder ``HUB``) at once."""
+HUB_TIMEOUT_FACTOR = 4
+"""A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
+connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
 NOT_HELD = "is not held here"
 """What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
 Progress = Callable[[int, int], None]
@@ -113,9 +123,13 @@ async def fetch_chunks(
         state["changed"].set()
         state["changed"] = trio.Event()
 
+    def peer_could(key: tuple[str, int]) -> bool:
+        """Some live holder other than the hub may still have ``key`` (the hub comes last)."""
+        return any(p != HUB and p in live and p not in excluded.get(key, ()) for p in holders)
+
     def next_for(peer: str) -> tuple[str, int] | None:
         for key in todo:
-            if key not in in_flight and peer not in excluded.get(key, ()):
+            if key not in in_flight and peer not in excluded.get(key, ()) and (peer != HUB or not peer_could(key)):
                 return key
         return None
 
@@ -123,14 +137,14 @@ async def fetch_chunks(
         while peer in live and todo:
             key = next_for(peer)
             if key is None:
-                if not in_flight:
+                if not in_flight and (peer != HUB or not any(peer_could(k) for k in todo)):
                     return
                 await state["changed"].wait()
                 continue
             in_flight.add(key)
             path, index = key
             try:
-                with trio.fail_after(limits.chunk_timeout):
+                with trio.fail_after(limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
                     data = await get_chunk(peer, path, index)
                 # hash + write in a thread: the next chunks keep arriving meanwhile
                 try:
@@ -174,7 +188,7 @@ async def fetch_chunks(
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
                 for peer in holders:
-                    for _ in range(max(1, limits.streams_per_peer)):
+                    for _ in range(HUB_STREAMS if peer == HUB else max(1, limits.streams_per_peer)):
                         nursery.start_soon(worker, peer)
     finally:
         # journal the last chunks now, not at the next checkpoint: what this fetch verified

@@ -165,7 +165,8 @@ def check_manifest(manifest: ModelManifest) -> ModelManifest:
     Rules: ``chunk_bytes`` in ``[1, MAX_CHUNK_BYTES]``; every file path safe and relative
     (``exo_p2p.models.names.check_relative_path``), not ending in ``.part``, listed once,
     and no path a directory of another; a file's chunks tile ``[0, size)`` in order, each
-    non-empty, at most ``chunk_bytes`` long, with a lower-case hex SHA-256; ``header_end``
+    non-empty, at most ``chunk_bytes`` long, with a lower-case hex SHA-256 (or "": a hub chunk
+    no node has read yet, ``exo_p2p.models.hub_manifest``); ``header_end``
     within the file; tensors within ``[header_end, size]``, sorted and not overlapping.
 
     Raises:
@@ -191,7 +192,7 @@ def check_manifest(manifest: ModelManifest) -> ModelManifest:
             if c.start != at or not c.start < c.end <= f.size or c.end - c.start > manifest.chunk_bytes:
                 raise ValueError(f"{f.path}: chunk {i} [{c.start}, {c.end}) does not continue the "
                                  f"chunks at {at} within {f.size} bytes and {manifest.chunk_bytes} per chunk")
-            if not _SHA256_RE.fullmatch(c.sha256):
+            if c.sha256 and not _SHA256_RE.fullmatch(c.sha256):  # "": a hub chunk not read yet
                 raise ValueError(f"{f.path}: chunk {i} has no hex SHA-256")
             at = c.end
         if at != f.size:

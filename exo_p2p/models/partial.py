@@ -48,6 +48,8 @@ from exo_p2p.models.names import check_relative_path
 from exo_p2p.types.manifest import ModelManifest
 
 JOURNAL = ".verified"
+CHECKED = ".checked"
+"""Complete files that passed their whole-file hash (hub copies: ``exo_p2p.models.hub_manifest``)."""
 CHECKPOINT_BYTES = 64 * 1024 * 1024
 CHECKPOINT_SECONDS = 0.5
 """Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
@@ -224,7 +226,8 @@ class PartialModel:
         if len(data) != end - start:
             raise ChunkVerificationError(
                 f"chunk {index} of {path}: {len(data)} bytes, expected {end - start}")
-        if hashlib.sha256(data).hexdigest() != entry.chunks[index].sha256:
+        expected = entry.chunks[index].sha256
+        if expected and hashlib.sha256(data).hexdigest() != expected:  # "": from a hub, no hash yet
             raise ChunkVerificationError(f"chunk {index} of {path}: hash mismatch")
         with self._lock:
             if index in self._held[path]:
@@ -256,6 +259,41 @@ class PartialModel:
                     self._pending_bytes -= len(data)
                 raise
         return True
+
+    def discard_file(self, path: str) -> None:
+        """Forget every chunk of ``path`` and delete its bytes (a complete file that failed its
+        whole-file hash): the journal is rewritten without it, so a fetch asks for it again."""
+        with self._lock:
+            self._checkpoint()
+            self._held[path] = set()
+            (self.root / path).unlink(missing_ok=True)
+            (self.root / f"{path}.part").unlink(missing_ok=True)
+            journal = self.root / JOURNAL
+            lines = [ln for ln in journal.read_text(encoding="utf-8", errors="replace").splitlines()
+                     if ln.partition(" ")[2] != path]
+            self._journal.close()
+            tmp = journal.with_suffix(".tmp")
+            tmp.write_text("".join(f"{ln}\n" for ln in lines), encoding="utf-8")
+            os.replace(tmp, journal)
+            self._journal = open(journal, "a", encoding="utf-8")
+            self._torn = False
+            self._unmark(path)
+
+    def file_checked(self, path: str) -> bool:
+        """Whether complete file ``path`` passed its whole-file hash (``mark_checked``)."""
+        marks = self.root / CHECKED
+        return marks.is_file() and path in marks.read_text(encoding="utf-8").splitlines()
+
+    def mark_checked(self, path: str) -> None:
+        """Record that complete file ``path`` passed its whole-file hash."""
+        with open(self.root / CHECKED, "a", encoding="utf-8") as f:
+            f.write(f"{path}\n")
+
+    def _unmark(self, path: str) -> None:
+        marks = self.root / CHECKED
+        if marks.is_file():
+            kept = [p for p in marks.read_text(encoding="utf-8").splitlines() if p != path]
+            marks.write_text("".join(f"{p}\n" for p in kept), encoding="utf-8")
 
     def _finish_file(self, path: str) -> None:
         """Rename a fully verified ``<path>.part`` to ``<path>`` (size fixed to the manifest's)."""

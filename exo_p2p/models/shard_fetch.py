@@ -18,6 +18,11 @@ now), at most ``MODEL_FETCH_ROUNDS`` rounds; chunks verified in earlier rounds (
 a restart: the partial copy's journal) are never fetched again. Then the error, naming the
 holders and why each was dropped, fails the runner (and so the instance).
 
+The hub: when State names a hub source of the model with this digest (``State.hub_models``)
+and this node may ask a hub (``HubAccess``), the hub is the last holder: chunks no peer has
+come from it (``exo_p2p.models.hub_fetch``); a node no peer sends the manifest to reads it
+from the hub; complete files are checked against the hub's SHA-256 after each round.
+
 The result is ``PartialModel.shard_view``: a directory of the files this rank reads, in
 which every chunk it needs is verified.
 """
@@ -33,6 +38,8 @@ import trio
 from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
+from exo_p2p.models.hub import HUB, HubError
+from exo_p2p.models.hub_fetch import HubAccess, hub_manifest, verify_files
 from exo_p2p.models.manifest import all_chunks, shard_chunks
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import Instance, ShardMetadata, State
@@ -89,6 +96,7 @@ async def fetch_shard(
     limits: FetchLimits = DEFAULT_LIMITS,
     rounds: int = defaults.MODEL_FETCH_ROUNDS,
     pause: float = defaults.MODEL_FETCH_ROUND_PAUSE,
+    hub: HubAccess | None = None,
 ) -> Path:
     """Fetch this rank's chunks of ``instance``'s model and return the directory to load
     it from (rules: module docstring).
@@ -107,15 +115,28 @@ async def fetch_shard(
     for attempt in range(max(1, rounds)):
         if attempt:
             await trio.sleep(pause)
-        peers = holders(get_state(), digest, me)
+        state = get_state()
+        peers = holders(state, digest, me)
+        source = state.hub_models.get(instance.model_id)
+        if source is None or source.digest != digest or hub is None or not hub.enabled:
+            source = None  # not from a hub, or this node never asks one
         try:
-            manifest = await _manifest(depot, net, digest, peers)
+            try:
+                manifest = await _manifest(depot, net, digest, peers)
+            except FetchError:
+                if source is None:
+                    raise
+                manifest = await hub_manifest(hub, source, depot)  # type: ignore[arg-type]
+            client = hub.client(source.repo_id, source.revision) if source is not None and hub is not None else None
             wanted = wanted_chunks(manifest, instance, shard, tied=tied)
             # taken before the fetch: a pull completing this copy meanwhile moves it to
             # pulled/ and this object with it (ModelDepot.promote), a new one would be empty
             partial = depot.partial(manifest)
-            report = await depot.fetch(net, manifest, wanted, peers, limits=limits, on_progress=on_progress)
-        except FetchError as exc:
+            report = await depot.fetch(net, manifest, wanted, peers + ([HUB] if client else []), limits=limits,
+                                       on_progress=on_progress, hub=client)
+            if client is not None:
+                await verify_files(partial, client)
+        except (FetchError, HubError) as exc:
             last = exc
             log.warning("shard fetch round failed", instance_id=instance.instance_id, rank=shard.rank,
                         round=attempt + 1, rounds=rounds, error=str(exc))

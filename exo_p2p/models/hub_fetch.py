@@ -1,0 +1,117 @@
+"""The hub beside the peers when a node fetches a model (docs/models.md#models-from-a-hub).
+
+``HubAccess`` is a node's way to a hub: none at all with ``--offline`` or ``HF_HUB_OFFLINE``
+(nothing is ever asked of a hub then), else one ``HubClient`` per repo and commit, its
+``User-Agent`` naming the node. ``resolve`` reads a repo's card and manifest
+(``hub_manifest.resolve_hub_model``) and keeps its small files in the node's partial copy,
+which the node then publishes: peers take the manifest and those files from it.
+
+``hub_manifest`` gives a fetching node the manifest of a hub model it has never seen: its
+own copy's, else a peer's, else read from the hub at the pinned commit — refused when the
+digest differs from the one placement chose. ``hub_get`` wraps a fetch's ``get_chunk`` so
+that the holder ``HUB`` is answered with range requests. ``verify_files`` runs after a
+fetch: a complete file that fails its LFS SHA-256 is discarded and the fetch fails with
+``FetchError`` (a next round fetches it again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from exo_p2p.models.fetch import FetchError, GetChunk
+from exo_p2p.models.hub import HUB, HubClient, HubError, hub_offline, parse_repo
+from exo_p2p.models.manifest import chunk_span
+from exo_p2p.models.partial import PartialModel
+from exo_p2p.types.manifest import ModelManifest
+from exo_p2p.types.models import HubSource, ModelCard
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class HubAccess:
+    """A node's access to a hub: ``offline`` (the node's ``--offline``) and the node id its
+    requests name. Clients are cached per (repo, commit): their file lists are read once."""
+
+    offline: bool = False
+    node_id: str = ""
+
+    def __post_init__(self) -> None:
+        self._clients: dict[tuple[str, str | None], HubClient] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """False with ``--offline`` or ``HF_HUB_OFFLINE`` (read now)."""
+        return not hub_offline(self.offline)
+
+    def client(self, repo_id: str, revision: str | None) -> HubClient:
+        """The client of ``repo_id`` at ``revision``. Raises ``HubError`` when offline."""
+        if not self.enabled:
+            raise HubError("this node is offline (--offline or HF_HUB_OFFLINE=1): it never asks a model hub")
+        key = (repo_id, revision)
+        if key not in self._clients:
+            self._clients[key] = HubClient(repo_id, revision, user_agent={"exo-p2p-node": self.node_id or "unknown"})
+        return self._clients[key]
+
+    async def resolve(self, name: str, depot) -> tuple[HubSource, ModelCard]:  # type: ignore[no-untyped-def]
+        """Card and source of ``name`` (``ORG/NAME[@REV]``) read from the hub; its manifest's
+        small files and headers are stored in ``depot``'s partial copy. Raises ``HubError``,
+        ``UnsupportedModelError``, ``ValueError`` (not a repo id)."""
+        from exo_p2p.models.hub_manifest import resolve_hub_model, store_known
+
+        repo, revision = parse_repo(name)
+        client = self.client(repo, revision)
+        source, card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, repo)
+        self._clients[(repo, source.revision)] = client
+        partial = depot.partial(manifest)
+        await trio.to_thread.run_sync(store_known, partial, known)
+        await trio.to_thread.run_sync(partial.flush)
+        log.info("model read from the hub", model=repo, commit=source.revision, layers=card.n_layers,
+                 bytes=card.storage_size, digest=source.digest[:12])
+        return source, card
+
+
+async def hub_manifest(access: HubAccess, source: HubSource, depot) -> ModelManifest:  # type: ignore[no-untyped-def]
+    """The manifest of ``source`` read from the hub at its commit; its small files are
+    stored in ``depot``'s partial copy. Raises ``FetchError`` when the hub's files now give
+    another digest, ``HubError`` when the hub cannot be read."""
+    from exo_p2p.models.hub_manifest import resolve_hub_model, store_known
+
+    client = access.client(source.repo_id, source.revision)
+    got, _card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, source.repo_id)
+    if got.digest != source.digest:
+        raise FetchError(f"model {source.repo_id} at {source.revision[:12]} gives manifest {got.digest[:12]} here, "
+                         f"not {source.digest[:12]} as placed; place it again")
+    await trio.to_thread.run_sync(store_known, depot.partial(manifest), known)
+    return manifest
+
+
+def hub_get(inner: GetChunk, client: HubClient, manifest: ModelManifest) -> GetChunk:
+    """``get_chunk`` answering the holder ``HUB`` from ``client`` (range requests in a
+    thread, abandoned when the fetch gives up on it) and every other holder with ``inner``."""
+
+    async def get(peer: str, path: str, index: int) -> bytes:
+        if peer != HUB:
+            return await inner(peer, path, index)
+        start, end = chunk_span(manifest, path, index)
+        return await trio.to_thread.run_sync(client.get_range, path, start, end, abandon_on_cancel=True)
+
+    return get
+
+
+async def verify_files(partial: PartialModel, client: HubClient) -> None:
+    """Check the complete files of ``partial`` against the hub's LFS SHA-256
+    (``hub_manifest.check_complete_files``). Raises ``FetchError`` naming the files that
+    failed (discarded: fetched again by the next round)."""
+    from exo_p2p.models.hub_manifest import check_complete_files
+
+    if not client.files:
+        await trio.to_thread.run_sync(client.info)
+    shas = {p: f.sha256 for p, f in client.files.items() if f.sha256}
+    bad = await trio.to_thread.run_sync(check_complete_files, partial, shas)
+    if bad:
+        log.warning("file failed its hub SHA-256; discarded to be fetched again", files=bad)
+        raise FetchError(f"{', '.join(bad)} of {partial.manifest.name} failed the hub's SHA-256 and will be fetched again")
