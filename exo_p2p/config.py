@@ -121,6 +121,9 @@ class NodeConfig(msgspec.Struct):
     ``--prompt-cache-bytes``, ``--kv-cache-bytes``; ``exo_p2p.types.engine``), handed to the
     worker as one record."""
     mdns: bool = True
+    offline: bool = False
+    """Never ask a model hub (``--offline``; ``HF_HUB_OFFLINE=1`` does the same):
+    models come only from this node's dirs and its peers (``exo_p2p.models.hub_fetch``)."""
     restore_size: bool = True
     """While master, bring shrunk instances back to their placed size (``master.restore``)."""
     compact_every: int = 20_000

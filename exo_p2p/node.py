@@ -97,6 +97,9 @@ class Node:
         from exo_p2p.models.depot import ModelDepot
 
         self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=config.fault_hooks)
+        from exo_p2p.models.hub_fetch import HubAccess
+
+        self.hub = HubAccess(offline=config.offline, node_id=self.node_id)  # docs/models.md#models-from-a-hub
         # the worker, fed by the replica
         self.worker = Worker(
             self.node_id,
@@ -300,7 +303,48 @@ class Node:
         return list(self._local_cards)
 
     async def command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Send ``command`` to the master; a placement of a model no node holds whose name is a
+        hub repo id is read from the hub first (``_from_hub``)."""
+        from exo_p2p.types import PlaceInstance
+
+        if isinstance(command, PlaceInstance) and command.model_id not in self.replica.state.model_cards:
+            command, failed = await self._from_hub(command)
+            if failed is not None:
+                return failed
         return await self.member.command(command, timeout)
+
+    async def _from_hub(self, command):  # type: ignore[no-untyped-def]
+        """``(command, None)`` with its model read from a hub and in State (``HubModelResolved``),
+        or ``(command, error result)`` naming why not; a name that is no repo id or a node
+        that never asks a hub: the command unchanged (the master answers 404)."""
+        from exo_p2p.models.hub import is_repo_id, parse_repo
+        from exo_p2p.models.hub_manifest import hub_error_text
+        from exo_p2p.types import HubModelResolved
+
+        name = str(command.model_id)
+        if not is_repo_id(name) or not self.hub.enabled:
+            return command, None
+        repo, _ = parse_repo(name)
+        command = msgspec.structs.replace(command, model_id=repo)
+        if repo in self.replica.state.model_cards:
+            return command, None
+        try:
+            source, card = await self.hub.resolve(name, self.depot)
+        except Exception as exc:  # the hub's answer, as one line for the caller
+            status = 502 if "reach" in str(exc) or "answered" in str(exc) else 404
+            return command, CommandResult(command.command_id, error=ErrorInfo(status, hub_error_text(exc), "invalid_request_error", "model"))
+        await self._publish_now()
+        self.emit_local(HubModelResolved(self.node_id, card, source))  # type: ignore[arg-type]
+        with trio.move_on_after(15):
+            while repo not in self.replica.state.hub_models:
+                await trio.sleep(0.05)
+        return command, None
+
+    async def _publish_now(self) -> None:
+        """Publish this node's profile now (its held models changed)."""
+        profile = self.replica.state.nodes.get(self.node_id)  # type: ignore[call-overload]
+        if profile is not None:
+            self.emit_local(NodeProfileUpdated(msgspec.structs.replace(profile, held_models=self.depot.held())))
 
     def open_chunks(self, task_id: str) -> trio.MemoryReceiveChannel[Chunk]:
         return self.router.open(task_id)
@@ -446,7 +490,7 @@ class Node:
         from exo_p2p.models.shard_fetch import fetch_shard
 
         return await fetch_shard(self.depot, self.net, self.node_id, self.state, instance, shard,
-                                 on_progress=on_progress)
+                                 on_progress=on_progress, hub=self.hub)
 
     async def models_changed(self) -> None:
         """Re-list this node's models after a pull or a removal."""

@@ -125,6 +125,8 @@ _SETTINGS = (
     Setting("--max-moves", "count (≥ 0)", "Times a request may move to another instance when its instance fails "
             "(0: never)", "max_moves", "N"),
     Setting("--no-mdns", "flag", "Do not discover peers on the LAN (use --bootstrap)", "mdns", inverted=True),
+    Setting("--offline", "flag", "Never fetch anything from a model hub (as HF_HUB_OFFLINE=1): models come only "
+            "from this node's dirs and its peers", "offline"),
     Setting("--no-restore-size", "flag", "While master, leave an instance re-placed on fewer nodes (shrunk) as it is "
             "instead of placing it at its size again once its nodes are back", "restore_size", inverted=True),
     Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
@@ -168,6 +170,10 @@ ENVIRONMENT = (
     EnvVar("XDG_DATA_HOME", "node, client commands", "Base of the default data dir ($XDG_DATA_HOME/exo-p2p) "
            "when neither --data-dir nor EXO_P2P_HOME is given"),
     EnvVar("HF_HUB_CACHE", "node", "The Hugging Face cache whose MLX-format models the node lists, read-only"),
+    EnvVar("HF_ENDPOINT", "node", "The model hub a node reads models no node holds from (default "
+           "https://huggingface.co)"),
+    EnvVar("HF_TOKEN", "node", "The token a node sends the model hub (else the one `hf auth login` stored)"),
+    EnvVar("HF_HUB_OFFLINE", "node", "1: never ask a model hub (as --offline)"),
     EnvVar("HF_HOME", "node", "$HF_HOME/hub is the Hugging Face cache when HF_HUB_CACHE is not set"),
     EnvVar("OPENBLAS_NUM_THREADS", "runners", "Set by the supervisor to the cores the node offers; other "
            "OPENBLAS_* variables pass through to runners"),

@@ -7,7 +7,8 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   fetched earlier); it loads from disk and fetches nothing.
 - **Fetchers**: a node that does not hold it may still be a candidate when (a) some node
   publishes a *complete* manifest of the model (``master.model_identity.chosen_digest``:
-  a source to fetch from exists) and (b) its profile reports the free disk of its models dir
+  a source to fetch from exists), or, when none does, State names a hub source of it
+  (``State.hub_models``: the hub is the source), and (b) its profile reports the free disk of its models dir
   (``NodeProfile.models_disk_free``; None, as from nodes before it: not a candidate). The
   memory rule is unchanged (``master.placement``).
 - **Bytes a rank fetches** (``shard_fetch_bytes``): a pipeline rank the stored bytes of its
@@ -44,15 +45,18 @@ def holds_model(state: State, node: NodeId, model_id: str) -> bool:
 
 def fetch_source_digest(state: State, model_id: str) -> str | None:
     """The manifest digest a fetcher would fetch (None: no node publishes a complete
-    manifest of ``model_id``, so nothing can be fetched)."""
-    return chosen_digest(state, model_id)
+    manifest of ``model_id`` and no hub source names one, so nothing can be fetched)."""
+    digest = chosen_digest(state, model_id)
+    if digest is None and model_id in state.hub_models:
+        return state.hub_models[model_id].digest  # read from a hub: its source is the hub
+    return digest
 
 
 def fetcher_problem(state: State, node: NodeId, model_id: str) -> str | None:
     """Why ``node``, which lacks ``model_id``, cannot fetch it; None when it can (rule (a)
     and (b) of the module docstring)."""
     if fetch_source_digest(state, model_id) is None:
-        return f"does not hold model {model_id} and no node publishes a complete copy to fetch from"
+        return f"does not hold model {model_id} and no node publishes a complete copy to fetch from (nor a hub)"
     if state.nodes[node].models_disk_free is None:
         return f"does not hold model {model_id} and does not report its free disk"
     return None

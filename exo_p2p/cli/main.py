@@ -184,6 +184,7 @@ def node(
         bool,
         node_option("--no-mdns"),
     ] = False,
+    offline: Annotated[bool, node_option("--offline")] = False,
     no_restore_size: Annotated[bool, node_option("--no-restore-size")] = False,
     compact_every: Annotated[
         Optional[int],
@@ -249,6 +250,7 @@ def node(
         prompt_cache_bytes=values["prompt_cache_bytes"],
         kv_cache_bytes=values["kv_cache_bytes"],
         mdns=not values["no_mdns"],
+        offline=values["offline"],
         restore_size=not values["no_restore_size"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],
