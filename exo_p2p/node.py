@@ -548,7 +548,7 @@ class Node:
                 from exo_p2p.models.pulls import PullManager
 
                 self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
-                                         nursery, self.models_changed)
+                                         nursery, self.models_changed, hub=self.hub)
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self.worker.run)
                 nursery.start_soon(self.tokens.run, self.state, self.node_id, self.boot_id)

@@ -15,7 +15,8 @@ Faults for tests (``HubServer.faults``, each a count of answers it spoils, then 
 ``drop`` (a body cut after ``drop_after`` bytes and the connection closed), ``unavailable``
 (503), ``corrupt`` (one byte flipped in a weight range past the first 64 KiB: never the header), ``delay`` (seconds before each weight
 answer: a slow hub, not a count), and ``token`` (every request without
-``Authorization: Bearer TOKEN`` gets 401 ``GatedRepo``).
+``Authorization: Bearer TOKEN`` gets 401 ``GatedRepo``; the CDN port wants none, as the
+hub's CDN takes signed URLs).
 
 ``bytes_by_client``: body bytes served per client, the client named by the
 ``exo-p2p-node/ID`` part of its ``User-Agent`` (``other`` without one).
@@ -159,7 +160,8 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             with hub.lock:
                 hub.requests.append((self.command, self.path))
                 f = hub.faults
-                if f.token is not None and self.headers.get("Authorization") != f"Bearer {f.token}":
+                signed = self.path.startswith("/cdn/")  # the hub's CDN takes signed URLs, no token
+                if f.token is not None and not signed and self.headers.get("Authorization") != f"Bearer {f.token}":
                     self._error(401, "GatedRepo", "Access to this model is restricted. You must be authenticated.")
                     return True
                 if f.unavailable > 0 and self.command == "GET" and "/api/" not in self.path:

@@ -212,3 +212,26 @@ def test_a_restarted_node_resumes_its_download(tmp_path, nodes, hub):
     assert after < manifest.total_bytes - manifest.total_bytes // 4, (before, after)
     lines = [json.loads(x) for x in a.log_path.read_text(errors="replace").splitlines() if x.startswith("{")]
     assert any(r.get("event") == "shard fetched" for r in lines)
+
+
+def test_a_pull_from_the_hub_sends_the_token_and_lands_as_a_local_model(tmp_path, nodes, hub, model_dir):
+    """``POST /models/pull`` of ``org/tiny`` from a hub that wants a token, on a node with
+    ``HF_TOKEN``: the copy in ``pulled/org/tiny`` has the repo's bytes, the hub sent each byte
+    about once, and the node lists the model as its own."""
+    hub.faults.token = "secret"
+    a = _start(nodes, tmp_path / "a", hub, env={"HF_TOKEN": "secret"})
+    r = a.post("/models/pull", json={"model": MODEL})
+    assert r.status_code in (200, 201, 202), r.text
+
+    def done():
+        pulls = {p["model"]: p for p in a.get("/models/pulls").json()}
+        assert pulls.get(MODEL, {}).get("state") != "failed", pulls
+        return pulls.get(MODEL, {}).get("state") == "done"
+
+    wait_until(done, 120, what="pull done")
+    copy = a.data_dir / "models" / "pulled" / MODEL
+    for path in model_dir.iterdir():
+        assert (copy / path.name).read_bytes() == path.read_bytes(), path.name
+    size = sum(p.stat().st_size for p in model_dir.iterdir())
+    assert hub.hub_bytes(self_id(a)) <= size * 1.05
+    wait_until(lambda: any(m["model"] == MODEL for m in a.get("/models").json()), 40, what="listed")

@@ -6,6 +6,11 @@ given; several different manifests under one name are refused as ambiguous unles
 ``from_node`` picks one. ``PullManager`` runs one pull per model name at a time in the
 node's nursery and keeps its progress (``PullStatus``) for the API.
 
+A repo id (``ORG/NAME[@REV]``) no node holds completely is pulled from the hub when the
+node may ask one (``exo_p2p.models.hub_fetch.HubAccess``): the chunks other nodes hold
+come from them, the rest from the hub; every file is checked against the hub's SHA-256;
+the copy lands in ``pulled/ORG/NAME`` like any pull.
+
 One pull per manifest at a time: pulls of one manifest's files under two names would write
 one partial copy (``.fetched/DIGEST``), and the first to finish moves it to its
 ``pulled/NAME``, under the other's fetch. So a pull whose manifest another running pull
@@ -24,6 +29,8 @@ import trio
 from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError
+from exo_p2p.models.hub import is_repo_id, parse_repo
+from exo_p2p.models.hub_fetch import HubAccess
 from exo_p2p.models.manifest import all_chunks
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.peer_transfer import fetch_manifest
@@ -31,6 +38,8 @@ from exo_p2p.types import State
 
 log = structlog.get_logger(__name__)
 
+HUB_PULL_ROUNDS = 3
+"""Fetches of a hub pull before a file that keeps failing its SHA-256 fails the pull."""
 MANIFEST_TIMEOUT = defaults.MODEL_MANIFEST_TIMEOUT
 """Seconds to get a manifest from one holder."""
 
@@ -98,9 +107,10 @@ class PullManager:
     became a local model (the node re-lists its models)."""
 
     def __init__(self, depot: ModelDepot, net, me: str, state: Callable[[], State],  # type: ignore[no-untyped-def]
-                 nursery: trio.Nursery, on_done: Callable[[], Awaitable[None]]) -> None:
+                 nursery: trio.Nursery, on_done: Callable[[], Awaitable[None]], hub: HubAccess | None = None) -> None:
         self._depot, self._net, self._me, self._state = depot, net, me, state
-        self._nursery, self._on_done = nursery, on_done
+        self._nursery, self._on_done, self._hub = nursery, on_done, hub
+        self._revisions: dict[str, str | None] = {}  # a hub pull's revision, by repo id
         self.pulls: dict[str, PullStatus] = {}
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
@@ -116,7 +126,15 @@ class PullManager:
         current = self.pulls.get(name)
         if current is not None and current.state == "running":
             raise PullConflict(f"model {name!r} is already being pulled")
-        digest, holders = holders_of(self._state(), name, self._me, from_node)
+        try:
+            digest, holders = holders_of(self._state(), name, self._me, from_node)
+        except PullError:
+            if from_node is not None or self._hub is None or not self._hub.enabled or not is_repo_id(name):
+                raise
+            digest, holders = "", []  # nobody holds it: from the hub (_from_hub)
+            name, self._revisions[name] = parse_repo(name)
+            if self._depot.local_digest(name) is not None:
+                raise PullConflict(f"model {name!r} is already on this node")
         other = next((s for s in self.pulls.values() if s.digest == digest and s.state == "running"), None)
         if other is not None:  # one partial copy for both: rule in the module docstring
             raise PullConflict(f"the files of model {name!r} (manifest {digest[:12]}) are already being pulled "
@@ -126,6 +144,42 @@ class PullManager:
         self._nursery.start_soon(self._run, status)
         return status
 
+    async def _from_hub(self, status: PullStatus, progress: Callable[[int, int], None]) -> None:
+        """Pull ``status.model`` from the hub (and the peers holding chunks of it): read its
+        manifest, fetch every chunk (peers first), check every file's SHA-256 (a failed file
+        is fetched again, at most ``HUB_PULL_ROUNDS`` rounds), move the copy to ``pulled/``."""
+        from exo_p2p.models.hub import HUB
+        from exo_p2p.models.hub_fetch import verify_files
+        from exo_p2p.models.shard_fetch import holders as peers_of
+
+        assert self._hub is not None
+        revision = self._revisions.get(status.model)
+        source, _card = await self._hub.resolve(f"{status.model}@{revision}" if revision else status.model, self._depot)
+        status.digest = source.digest
+        manifest = self._depot.manifest(source.digest)
+        assert manifest is not None  # resolve stored its partial copy
+        client = self._hub.client(source.repo_id, source.revision)
+        check_disk(manifest.total_bytes - self._depot.verified_bytes(source.digest),
+                   await trio.to_thread.run_sync(self._depot.disk_free))
+        for attempt in range(HUB_PULL_ROUNDS):
+            peers = peers_of(self._state(), source.digest, self._me)
+            status.holders = (*peers, HUB)
+            report = await self._depot.fetch(self._net, manifest, all_chunks(manifest), [*peers, HUB],
+                                             on_progress=progress, hub=client)
+            for peer, n in report.bytes_by_peer.items():
+                status.bytes_by_peer[peer] = status.bytes_by_peer.get(peer, 0) + n
+            try:
+                await verify_files(self._depot.partial(manifest), client)
+                break
+            except FetchError:
+                if attempt + 1 == HUB_PULL_ROUNDS:
+                    raise
+        await trio.to_thread.run_sync(self._depot.promote, source.digest, status.model)
+        await trio.to_thread.run_sync(self._depot.refresh)
+        await self._on_done()
+        status.state = "done"
+        log.info("model pulled from the hub", model=status.model, bytes=status.bytes_total, sources=status.bytes_by_peer)
+
     async def _run(self, status: PullStatus) -> None:
         start = trio.current_time()
 
@@ -134,6 +188,9 @@ class PullManager:
             status.elapsed = trio.current_time() - start
 
         try:
+            if not status.digest:
+                await self._from_hub(status, progress)
+                return
             manifest = None
             errors = []
             for peer in status.holders:
@@ -156,7 +213,7 @@ class PullManager:
             status.state = "done"
             log.info("model pulled", model=status.model, bytes=status.bytes_total, peers=status.bytes_by_peer)
         except Exception as exc:
-            status.state, status.error = "failed", str(exc)
+            status.state, status.error = "failed", str(exc) or type(exc).__name__
             log.warning("model pull failed", model=status.model, error=str(exc))
         finally:
             status.elapsed = trio.current_time() - start
