@@ -133,7 +133,7 @@ def configure_logging(
     logging.lastResort = last_resort
     logging.captureWarnings(True)
     # stdlib records of other libraries: warnings and above unless debugging
-    for name in ("hypercorn", "exo_p2p.api.server", "asyncio", "httpx", "httpcore", "multiaddr"):
+    for name in ("hypercorn", "exo_p2p.api.server", "asyncio", "httpx", "httpx2", "httpcore", "multiaddr"):
         logging.getLogger(name).setLevel(max(lvl, logging.WARNING) if name != "exo_p2p.api.server" else lvl)
     # py-libp2p logs an ERROR for every failed re-dial of a peer that is down; our re-dialler
     # retries with backoff and reports peers itself, so keep those out of the node's log.

@@ -377,6 +377,10 @@ class Node:
         if card is None:
             raise KeyError(model_id)
         required = resolve_nodes(state, nodes) if nodes else None
+        from master.model_identity import chosen_digest
+
+        # a model read from a hub that no node holds whole: what peers lack comes from the hub
+        source = "peers" if model_id not in state.hub_models or chosen_digest(state, model_id) else "peers, then the hub"
         out = []
         for p in placement_previews(state, card, nodes=required):
             out.append(
@@ -388,6 +392,7 @@ class Node:
                     "bytes": list(p.bytes_per_node),
                     "weights": list(p.weights_per_node),
                     "fetch_bytes": list(p.fetch_bytes_per_node),  # from peers first (docs/models.md)
+                    "fetch_from": source,
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }

@@ -255,7 +255,8 @@ def previews_table(model: str, previews: list[dict], names: dict[str, str] | Non
             for i, node in enumerate(nodes):
                 layer = _layers_text(layers[i]) if i < len(layers) else "?"
                 size = gib(sizes[i]) if i < len(sizes) else "?"
-                fetched = f", fetches {size_text(fetch[i])} from peers" if i < len(fetch) and fetch[i] else ""
+                where = p.get("fetch_from") or "peers"
+                fetched = f", fetches {size_text(fetch[i])} from {where}" if i < len(fetch) and fetch[i] else ""
                 rows.append(f"{short_id(node, names)}: {layer}, {size}{fetched}")
             detail = "\n".join(rows) or "-"
         table.add_row(str(p.get("sharding", "")), world, detail)

@@ -96,10 +96,13 @@ async def fetch_chunks(
     *,
     limits: FetchLimits = DEFAULT_LIMITS,
     on_progress: Progress | None = None,
+    known_held: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
 ) -> FetchReport:
     """Fetch every chunk of ``wanted`` (path -> indices) that ``partial`` does not hold yet.
 
     ``on_progress`` counts chunks already held as done (a resumed fetch starts past 0).
+    ``known_held`` (peer -> path -> indices, from ``HELD_PROTOCOL``): a peer listed there is
+    never asked for a chunk it does not list (as if it had answered ``NOT_HELD``).
     On return (or error) every chunk it verified is journaled (``PartialModel.flush``).
     Raises ``FetchError`` (module docstring); chunks verified before it stay held.
     """
@@ -113,6 +116,11 @@ async def fetch_chunks(
     if not todo:
         return report
     excluded: dict[tuple[str, int], set[str]] = {}
+    for peer, held in (known_held or {}).items():
+        sets = {p: set(idx) for p, idx in held.items()}
+        for key in todo:
+            if key[1] not in sets.get(key[0], ()):
+                excluded.setdefault(key, set()).add(peer)
     strikes = {peer: 0 for peer in holders}
     live = set(holders)
     in_flight: set[tuple[str, int]] = set()

@@ -102,6 +102,31 @@ def hub_get(inner: GetChunk, client: HubClient, manifest: ModelManifest) -> GetC
     return get
 
 
+HELD_TIMEOUT = 10.0
+"""Seconds to ask one peer which chunks it holds."""
+
+
+async def held_maps(net, digest: str, holders) -> dict[str, dict[str, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+    """Peer -> the chunks of ``digest`` it holds, for every holder but ``HUB`` that answers
+    ``HELD_PROTOCOL`` within ``HELD_TIMEOUT`` (asked at once); one that does not is left
+    out (then asked chunk by chunk, as before)."""
+    from exo_p2p.models.peer_transfer import fetch_held
+
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
+
+    async def ask(peer: str) -> None:
+        try:
+            out[peer] = await fetch_held(net, peer, digest, timeout=HELD_TIMEOUT)
+        except Exception as exc:  # an older node, a peer gone: asked chunk by chunk
+            log.info("peer did not say which chunks it holds", peer=peer, error=str(exc))
+
+    async with trio.open_nursery() as nursery:
+        for peer in holders:
+            if peer != HUB:
+                nursery.start_soon(ask, peer)
+    return out
+
+
 async def verify_files(partial: PartialModel, client: HubClient) -> None:
     """Check the complete files of ``partial`` against the hub's LFS SHA-256
     (``hub_manifest.check_complete_files``). Raises ``FetchError`` naming the files that

@@ -7,6 +7,9 @@ Two request/response protocols on ``exo_p2p.net.Network`` (one stream per reques
 - ``MANIFEST_PROTOCOL``: request = a manifest digest (hex, UTF-8); reply = the manifest's
   JSON. The requester accepts it only when its digest is the one asked for
   (``fetch_manifest``).
+- ``HELD_PROTOCOL``: request = a manifest digest; reply = msgpack ``{path: [chunk index, ...]}``
+  of the chunks held (every chunk of a complete copy): a fetch from peers and a hub asks
+  the hub only for what no peer holds, without asking each peer chunk by chunk first.
 - ``CHUNK_PROTOCOL``: request = ``ChunkRequest`` (msgpack); reply = the chunk's bytes. The
   server answers only from a complete local copy or a verified chunk of a partial one; the
   requester verifies every byte anyway (``PartialModel.write_chunk``).
@@ -33,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 MANIFEST_PROTOCOL = "/exo-p2p/model-manifest/1"
 CHUNK_PROTOCOL = "/exo-p2p/model-chunk/1"
+HELD_PROTOCOL = "/exo-p2p/model-held/1"
 HOOK_CORRUPT_CHUNKS = "model_corrupt_chunks"
 """``--fault-hook model_corrupt_chunks=N``: the node serves its first N chunks with a bit flipped."""
 
@@ -89,6 +93,14 @@ class ModelServer:
         """Serve both protocols on ``net`` (an ``exo_p2p.net.Network``)."""
         net.set_request_handler(MANIFEST_PROTOCOL, self.serve_manifest)
         net.set_request_handler(CHUNK_PROTOCOL, self.serve_chunk)
+        net.set_request_handler(HELD_PROTOCOL, self.serve_held)
+
+    async def serve_held(self, peer: str, data: bytes) -> bytes:
+        source = self._source(data.decode())
+        held = getattr(source, "held", None)
+        if held is None:  # a complete copy
+            return msgspec.msgpack.encode({f.path: list(range(len(f.chunks))) for f in source.manifest.files})
+        return msgspec.msgpack.encode(held())
 
     def _source(self, digest: str) -> ChunkSource:
         source = self._sources(digest)
@@ -127,6 +139,13 @@ async def fetch_manifest(net, peer: str, digest: str, *, timeout: float) -> Mode
         return check_manifest(manifest)
     except ValueError as exc:
         raise ValueError(f"{peer} sent a malformed manifest {digest[:12]}: {exc}") from None
+
+
+async def fetch_held(net, peer: str, digest: str, *, timeout: float) -> dict[str, tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """The chunks of manifest ``digest`` that ``peer`` holds (``HELD_PROTOCOL``). Raises as
+    ``Network.request`` (a node without the protocol too) and ``msgspec`` errors."""
+    reply = await net.request(peer, HELD_PROTOCOL, digest.encode(), timeout=timeout)
+    return msgspec.msgpack.decode(reply, type=dict[str, tuple[int, ...]])
 
 
 def chunk_getter(net, digest: str, *, timeout: float):  # type: ignore[no-untyped-def]

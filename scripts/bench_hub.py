@@ -1,0 +1,136 @@
+"""Models from a hub, measured against the local stand-in hub (``tests/hub_server.py``).
+
+One run, on this machine, with an MLX-format copy of the embedded model served as
+``org/smol`` (``--model synthetic`` serves a tiny synthetic model instead):
+
+1. download rate: ``huggingface_hub.snapshot_download`` of the repo into a fresh cache (the
+   baseline), then ``POST /models/pull`` of it on a fresh node (range requests into a
+   verified partial copy, each file checked against the hub's SHA-256): MB/s of each, and
+   the ratio (target ≥ 0.8);
+2. hub bytes of placements of a model no node holds: a 2-node and a 3-node pipeline on fresh
+   nodes, the bytes the hub served in all ÷ the model's size (target ≤ 1.05), per node too.
+
+    .venv/bin/python scripts/bench_hub.py [--model embedded|synthetic] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.cluster import NodeProcess, converged, self_id, wait_until  # noqa: E402
+from tests.hub_server import HubServer  # noqa: E402
+
+NAME = "org/smol"
+
+
+def model_dir(kind: str, tmp: Path) -> Path:
+    """The directory the stand-in serves: the embedded model imported into MLX format, or a
+    tiny synthetic one."""
+    if kind == "synthetic":
+        from exo_p2p.models.synthetic import make_synthetic_model
+
+        return make_synthetic_model(tmp / "synthetic", n_layers=8, hidden_size=256, intermediate_size=512, seed=1)
+    from exo_p2p.models.embedded import EMBEDDED_MODEL_ID
+    from exo_p2p.models.store import ModelStore
+
+    return ModelStore(tmp / "import").resolve(EMBEDDED_MODEL_ID)
+
+
+def baseline(hub: HubServer, tmp: Path) -> float:
+    """Seconds of ``snapshot_download`` of the repo into a fresh cache."""
+    from huggingface_hub import snapshot_download
+
+    start = time.monotonic()
+    snapshot_download(NAME, endpoint=hub.endpoint, cache_dir=str(tmp / "hf-baseline"))
+    return time.monotonic() - start
+
+
+def node_env(hub: HubServer, path: Path) -> dict:
+    return {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(path / "hf")}
+
+
+def pull_seconds(hub: HubServer, tmp: Path) -> float:
+    """Seconds of a node's pull of the repo (as the pull reports it)."""
+    node = NodeProcess(tmp / "puller", env=node_env(hub, tmp / "puller")).start()
+    try:
+        r = node.post("/models/pull", json={"model": NAME})
+        r.raise_for_status()
+
+        def done():
+            pulls = {p["model"]: p for p in node.get("/models/pulls").json()}
+            p = pulls.get(NAME, {})
+            if p.get("state") == "failed":
+                raise RuntimeError(p)
+            return p if p.get("state") == "done" else None
+
+        return wait_until(done, 600, interval=0.05, what="pull")["elapsed"]
+    finally:
+        node.stop()
+
+
+def placement_bytes(hub: HubServer, tmp: Path, n: int) -> dict:
+    """Hub bytes per node of an ``n``-node pipeline of the repo on fresh nodes."""
+    nodes: list[NodeProcess] = []
+    try:
+        for i in range(n):
+            path = tmp / f"p{n}-{i}"
+            extra = [x for addr in nodes[0].addrs() for x in ("--bootstrap", addr)] if nodes else []
+            nodes.append(NodeProcess(path, cluster=nodes[0].cluster if nodes else None, extra_args=extra,
+                                     env=node_env(hub, path)).start())
+        wait_until(lambda: converged(nodes, n), 60, what="cluster")
+        ids = [self_id(x) for x in nodes]
+        wait_until(lambda: all(nodes[0].get("/state").json()["nodes"].get(i, {}).get("models_disk_free") is not None
+                               for i in ids), 60, what="free disk")
+        before = {i: hub.hub_bytes(i) for i in ids}
+        r = nodes[0].post("/instances", json={"model": NAME, "min_nodes": n, "nodes": ids}, timeout=120)
+        r.raise_for_status()
+        iid = r.json()["instance_id"]
+        wait_until(lambda: nodes[0].get(f"/instances/{iid}").json()["status"] == "ready", 600, what="ready")
+        return {i: hub.hub_bytes(i) - before[i] for i in ids}
+    finally:
+        for x in nodes:
+            x.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("embedded", "synthetic"), default="embedded")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d, HubServer() as hub:
+        tmp = Path(d)
+        served = model_dir(args.model, tmp)
+        hub.add_dir(NAME, served)
+        size = sum(len(b) for b in hub.repos[NAME].files.values())
+        os.environ["HF_HUB_OFFLINE"] = "0"
+        base = baseline(hub, tmp)
+        pull = pull_seconds(hub, tmp)
+        out = {"model_bytes": size, "snapshot_download_mb_s": size / base / 1e6, "pull_mb_s": size / pull / 1e6}
+        out["rate_ratio"] = out["pull_mb_s"] / out["snapshot_download_mb_s"]
+        for n in (2, 3):
+            per_node = placement_bytes(hub, tmp, n)
+            out[f"hub_bytes_{n}_nodes"] = sum(per_node.values())
+            out[f"hub_ratio_{n}_nodes"] = sum(per_node.values()) / size
+            out[f"per_node_{n}"] = sorted(per_node.values())
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"model {size / 1e6:.1f} MB")
+    print(f"snapshot_download {out['snapshot_download_mb_s']:.1f} MB/s, pull {out['pull_mb_s']:.1f} MB/s, "
+          f"ratio {out['rate_ratio']:.2f} (target >= 0.8)")
+    for n in (2, 3):
+        print(f"{n}-node pipeline: hub bytes {out[f'hub_bytes_{n}_nodes'] / 1e6:.1f} MB = {out[f'hub_ratio_{n}_nodes']:.3f} "
+              f"x model (target <= 1.05); per node {[round(b / 1e6, 1) for b in out[f'per_node_{n}']]} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Models from a hub, the rules without a network (docs/models.md#models-from-a-hub): the
+manifest and card read from a repo's small files and headers equal a local copy's, weight
+chunks wait for their hash, a complete file failing the hub's SHA-256 is discarded, the hub
+is the last holder a fetch asks, and repo ids and offline mode."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import trio
+
+from exo_p2p.models.card import card_from_model_dir
+from exo_p2p.models.fetch import NOT_HELD, fetch_chunks
+from exo_p2p.models.hub import HUB, HubFile, hub_offline, is_repo_id, parse_repo
+from exo_p2p.models.hub_manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
+from exo_p2p.models.manifest import all_chunks, build_manifest, chunk_span
+from exo_p2p.models.partial import PartialModel
+from exo_p2p.models.synthetic import make_synthetic_model
+
+pytestmark = pytest.mark.unit
+
+
+class LocalRepo:
+    """A ``HubClient`` look-alike reading a directory (no network): what the code under test
+    calls, and the bytes it asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.repo_id, self.asked = root, "org/tiny", 0
+        self.files = {p.name: HubFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()
+                                      if p.suffix == ".safetensors" else "") for p in root.iterdir()}
+
+    def info(self):
+        return "a" * 40, sorted(self.files.values(), key=lambda f: f.path)
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        self.asked += end - start
+        with open(self.root / path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_synthetic_model(tmp_path_factory.mktemp("hub") / "tiny", n_layers=4, hidden_size=64,
+                                intermediate_size=128, seed=5)
+
+
+def test_the_hub_manifest_is_the_local_layout_with_weight_chunks_unhashed(model_dir):
+    repo = LocalRepo(model_dir)
+    source, card, manifest, known = resolve_hub_model(repo, "org/tiny")
+    local = build_manifest(model_dir, "org/tiny", chunk_bytes=manifest.chunk_bytes)
+    assert [(f.path, f.size, f.header_end, f.tensors) for f in manifest.files] == \
+        [(f.path, f.size, f.header_end, f.tensors) for f in local.files]
+    for hub_file, local_file in zip(manifest.files, local.files):
+        for h, c in zip(hub_file.chunks, local_file.chunks, strict=True):
+            assert (h.start, h.end) == (c.start, c.end)
+            assert h.sha256 in (UNKNOWN, c.sha256)
+            assert (h.sha256 == UNKNOWN) == (hub_file.path == "model.safetensors" and c.start >= hub_file.header_end)
+    assert card == card_from_model_dir(model_dir, "org/tiny")
+    assert source.digest == manifest.digest == resolve_hub_model(LocalRepo(model_dir), "org/tiny")[2].digest
+    weights = (model_dir / "model.safetensors").stat().st_size
+    assert repo.asked < sum(p.stat().st_size for p in model_dir.iterdir()) - weights + 64 * 1024  # headers only
+    assert known["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()[: manifest.file("model.safetensors").header_end]
+
+
+def test_a_complete_file_failing_the_hub_sha256_is_discarded(model_dir, tmp_path):
+    repo = LocalRepo(model_dir)
+    _, _, manifest, known = resolve_hub_model(repo, "org/tiny")
+    shas = {p: f.sha256 for p, f in repo.files.items() if f.sha256}
+    for corrupt in (True, False):
+        with PartialModel(tmp_path / f"copy-{corrupt}", manifest) as partial:
+            assert store_known(partial, known) > 0
+            entry = manifest.file("model.safetensors")
+            for i in range(len(entry.chunks)):
+                start, end = chunk_span(manifest, entry.path, i)
+                data = repo.get_range(entry.path, start, end)
+                if corrupt and i == len(entry.chunks) - 1:
+                    data = bytes([data[0] ^ 1]) + data[1:]
+                assert partial.write_chunk(entry.path, i, data) or i == 0  # chunk 0: the header, stored
+            assert check_complete_files(partial, shas) == (["model.safetensors"] if corrupt else [])
+            assert partial.has({entry.path: range(len(entry.chunks))}) is (not corrupt)
+            assert partial.file_checked(entry.path) is (not corrupt)
+        if corrupt:  # the journal forgot it: a reopened copy fetches it again
+            with PartialModel(tmp_path / "copy-True", manifest) as again:
+                assert entry.path not in again.held()
+
+
+def _fetch(model_dir, tmp_path, peer_has) -> dict[str, list]:
+    """Fetch every chunk with holders ``p1`` (holding the chunks ``peer_has`` accepts) and
+    the hub; the chunks each was asked for and answered."""
+    repo = LocalRepo(model_dir)
+    _, _, manifest, _ = resolve_hub_model(repo, "org/tiny")
+    answered: dict[str, list] = {"p1": [], HUB: []}
+
+    async def get(peer: str, path: str, index: int) -> bytes:
+        if peer == "p1" and not peer_has(path, index):
+            raise RuntimeError(f"chunk {index} of {path} {NOT_HELD}")
+        answered[peer].append((path, index))
+        start, end = chunk_span(manifest, path, index)
+        return repo.get_range(path, start, end)
+
+    with PartialModel(tmp_path / "copy", manifest) as partial:
+        report = trio.run(fetch_chunks, partial, all_chunks(manifest), ["p1", HUB], get)
+        assert partial.complete
+    assert sum(report.bytes_by_peer.values()) == manifest.total_bytes
+    return answered
+
+
+def test_the_hub_gives_only_the_chunks_no_peer_holds(model_dir, tmp_path):
+    answered = _fetch(model_dir, tmp_path / "all", lambda path, index: True)
+    assert answered[HUB] == [] and answered["p1"]
+    answered = _fetch(model_dir, tmp_path / "half", lambda path, index: index % 2 == 0)
+    assert answered[HUB] and all(i % 2 == 1 for _, i in answered[HUB])
+    assert all(i % 2 == 0 for _, i in answered["p1"])
+
+
+def test_repo_ids_and_offline(monkeypatch):
+    assert parse_repo("mlx-community/Llama-3.2-1B-Instruct-4bit") == ("mlx-community/Llama-3.2-1B-Instruct-4bit", None)
+    assert parse_repo("org/name@v1.0") == ("org/name", "v1.0")
+    for bad in ("smollm2-135m-instruct", "a/b/c", "org/..", "/x", "org/name@", "org/.hidden/x"):
+        assert not is_repo_id(bad), bad
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert not hub_offline() and hub_offline(True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_offline()
