@@ -318,7 +318,7 @@ class Node:
         or ``(command, error result)`` naming why not; a name that is no repo id or a node
         that never asks a hub: the command unchanged (the master answers 404)."""
         from exo_p2p.models.hub import is_repo_id, parse_repo
-        from exo_p2p.models.hub_manifest import hub_error_text
+        from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
         from exo_p2p.types import HubModelResolved
 
         name = str(command.model_id)
@@ -331,7 +331,7 @@ class Node:
         try:
             source, card = await self.hub.resolve(name, self.depot)
         except Exception as exc:  # the hub's answer, as one line for the caller
-            status = 502 if "reach" in str(exc) or "answered" in str(exc) else 404
+            status = hub_error_status(exc)
             return command, CommandResult(command.command_id, error=ErrorInfo(status, hub_error_text(exc), "invalid_request_error", "model"))
         await self._publish_now()
         self.emit_local(HubModelResolved(self.node_id, card, source))  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ One run, on this machine, with an MLX-format copy of the embedded model served a
 2. hub bytes of placements of a model no node holds: a 2-node and a 3-node pipeline on fresh
    nodes, the bytes the hub served in all ÷ the model's size (target ≤ 1.05), per node too.
 
-    .venv/bin/python scripts/bench_hub.py [--model embedded|synthetic] [--json]
+    .venv/bin/python scripts/bench_hub.py [--model embedded|synthetic] [--rounds 3] [--nodes 2 3] [--json]
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def placement_bytes(hub: HubServer, tmp: Path, n: int) -> dict:
         before = {i: hub.hub_bytes(i) for i in ids}
         r = nodes[0].post("/instances", json={"model": NAME, "min_nodes": n, "nodes": ids}, timeout=120)
         r.raise_for_status()
-        iid = r.json()["instance_id"]
-        wait_until(lambda: nodes[0].get(f"/instances/{iid}").json()["status"] == "ready", 600, what="ready")
+        # a loaded machine may re-place it (a node timed out): any ready instance of it counts
+        wait_until(lambda: any(i.get("model") == NAME and i.get("status") == "ready"
+                               for i in nodes[0].get("/instances").json()), 900, what="ready")
         return {i: hub.hub_bytes(i) - before[i] for i in ids}
     finally:
         for x in nodes:
@@ -105,6 +106,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("embedded", "synthetic"), default="embedded")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="download-rate rounds (the best counts)")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 3], help="pipeline sizes to place")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d, HubServer() as hub:
         tmp = Path(d)
@@ -112,24 +115,25 @@ def main() -> None:
         hub.add_dir(NAME, served)
         size = sum(len(b) for b in hub.repos[NAME].files.values())
         os.environ["HF_HUB_OFFLINE"] = "0"
-        base = baseline(hub, tmp)
-        pull = pull_seconds(hub, tmp)
-        out = {"model_bytes": size, "snapshot_download_mb_s": size / base / 1e6, "pull_mb_s": size / pull / 1e6}
+        say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+        say(f"model {size / 1e6:.1f} MB")
+        out: dict = {"model_bytes": size}
+        for _ in range(args.rounds):  # best of the rounds: the machine may be shared
+            base, pull = baseline(hub, tmp / f"b{_}"), pull_seconds(hub, tmp / f"r{_}")
+            out["snapshot_download_mb_s"] = max(out.get("snapshot_download_mb_s", 0), size / base / 1e6)
+            out["pull_mb_s"] = max(out.get("pull_mb_s", 0), size / pull / 1e6)
         out["rate_ratio"] = out["pull_mb_s"] / out["snapshot_download_mb_s"]
-        for n in (2, 3):
+        say(f"snapshot_download {out['snapshot_download_mb_s']:.1f} MB/s, pull {out['pull_mb_s']:.1f} MB/s, "
+            f"ratio {out['rate_ratio']:.2f} (target >= 0.8)")
+        for n in args.nodes:
             per_node = placement_bytes(hub, tmp, n)
-            out[f"hub_bytes_{n}_nodes"] = sum(per_node.values())
             out[f"hub_ratio_{n}_nodes"] = sum(per_node.values()) / size
             out[f"per_node_{n}"] = sorted(per_node.values())
+            say(f"{n}-node pipeline: hub bytes {sum(per_node.values()) / 1e6:.1f} MB = "
+                f"{out[f'hub_ratio_{n}_nodes']:.3f} x model (target <= 1.05); "
+                f"per node {[round(b / 1e6, 1) for b in out[f'per_node_{n}']]} MB")
     if args.json:
         print(json.dumps(out, indent=1))
-        return
-    print(f"model {size / 1e6:.1f} MB")
-    print(f"snapshot_download {out['snapshot_download_mb_s']:.1f} MB/s, pull {out['pull_mb_s']:.1f} MB/s, "
-          f"ratio {out['rate_ratio']:.2f} (target >= 0.8)")
-    for n in (2, 3):
-        print(f"{n}-node pipeline: hub bytes {out[f'hub_bytes_{n}_nodes'] / 1e6:.1f} MB = {out[f'hub_ratio_{n}_nodes']:.3f} "
-              f"x model (target <= 1.05); per node {[round(b / 1e6, 1) for b in out[f'per_node_{n}']]} MB")
 
 
 if __name__ == "__main__":

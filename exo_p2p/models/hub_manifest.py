@@ -161,6 +161,17 @@ def check_complete_files(partial: PartialModel, file_sha256: dict[str, str]) -> 
     return bad
 
 
+def hub_error_status(exc: Exception) -> int:
+    """The HTTP status for a failed resolution: 400 not an MLX-format model, 502 the hub
+    not reached or failing, 404 otherwise (a missing, gated or private repo or revision)."""
+    if isinstance(exc, UnsupportedModelError):
+        return 400
+    text = str(exc)
+    if isinstance(exc, HubError) and ("cannot reach" in text or "answered" in text or "not received" in text):
+        return 502
+    return 404
+
+
 def hub_error_text(exc: Exception) -> str:
     """The line a user sees for a failed resolution."""
     if isinstance(exc, (HubError, UnsupportedModelError)):
