@@ -13,7 +13,7 @@ It answers what ``huggingface_hub`` asks a hub (no test ever reaches a real one)
 
 Faults for tests (``HubServer.faults``, each a count of answers it spoils, then off):
 ``drop`` (a body cut after ``drop_after`` bytes and the connection closed), ``unavailable``
-(503), ``corrupt`` (one byte flipped in a weight range past the first 64 KiB: never the header), ``delay`` (seconds before each weight
+(503), ``corrupt`` (the byte at 64 KiB, or the first past it, flipped in one weight answer: never the header), ``delay`` (seconds before each weight
 answer: a slow hub, not a count), and ``token`` (every request without
 ``Authorization: Bearer TOKEN`` gets 401 ``GatedRepo``; the CDN port wants none, as the
 hub's CDN takes signed URLs).
@@ -253,9 +253,10 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 if self.command == "GET" and f.drop > 0 and len(body) > f.drop_after:
                     f.drop -= 1
                     cut = f.drop_after
-                elif self.command == "GET" and weights and f.corrupt > 0 and len(body) > 16 and start >= 65536:
+                elif self.command == "GET" and weights and f.corrupt > 0 and start + len(body) > 65536 + 16:
                     f.corrupt -= 1
-                    body = body[:8] + bytes([body[8] ^ 0xFF]) + body[9:]
+                    at = max(8, 65536 - start)  # a byte past the first 64 KiB of the file
+                    body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
                 if self.command == "GET":
                     client = self._client()
                     hub.bytes_by_client[client] = hub.bytes_by_client.get(client, 0) + (cut or len(body))

@@ -87,9 +87,10 @@ def test_a_complete_file_failing_the_hub_sha256_is_discarded(model_dir, tmp_path
                 assert entry.path not in again.held()
 
 
-def _fetch(model_dir, tmp_path, peer_has) -> dict[str, list]:
+def _fetch(model_dir, tmp_path, peer_has, with_map: bool = False) -> dict[str, list]:
     """Fetch every chunk with holders ``p1`` (holding the chunks ``peer_has`` accepts) and
-    the hub; the chunks each was asked for and answered."""
+    the hub (``with_map``: p1 said up front which it holds); the chunks each was asked for
+    and answered, and the hub's runs (chunks per request)."""
     repo = LocalRepo(model_dir)
     _, _, manifest, _ = resolve_hub_model(repo, "org/tiny")
     answered: dict[str, list] = {"p1": [], HUB: []}
@@ -101,8 +102,15 @@ def _fetch(model_dir, tmp_path, peer_has) -> dict[str, list]:
         start, end = chunk_span(manifest, path, index)
         return repo.get_range(path, start, end)
 
+    async def get_run(path: str, indices: list[int]) -> list[bytes]:
+        answered["runs"].append(len(indices))
+        return [await get(HUB, path, i) for i in indices]
+
+    answered["runs"] = []
+    known = {"p1": {f.path: tuple(i for i in range(len(f.chunks)) if peer_has(f.path, i)) for f in manifest.files}}
     with PartialModel(tmp_path / "copy", manifest) as partial:
-        report = trio.run(fetch_chunks, partial, all_chunks(manifest), ["p1", HUB], get)
+        report = trio.run(lambda: fetch_chunks(partial, all_chunks(manifest), ["p1", HUB], get,
+                                               known_held=known if with_map else None, get_run=get_run))
         assert partial.complete
     assert sum(report.bytes_by_peer.values()) == manifest.total_bytes
     return answered
@@ -114,6 +122,9 @@ def test_the_hub_gives_only_the_chunks_no_peer_holds(model_dir, tmp_path):
     answered = _fetch(model_dir, tmp_path / "half", lambda path, index: index % 2 == 0)
     assert answered[HUB] and all(i % 2 == 1 for _, i in answered[HUB])
     assert all(i % 2 == 0 for _, i in answered["p1"])
+    answered = _fetch(model_dir, tmp_path / "none", lambda path, index: False, with_map=True)
+    assert answered["p1"] == [] and max(answered["runs"]) > 1  # consecutive chunks in one request
+    assert len(answered["runs"]) < len(answered[HUB])
 
 
 def test_repo_ids_and_offline(monkeypatch):

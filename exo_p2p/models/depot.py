@@ -216,15 +216,15 @@ class ModelDepot:
         partial = self.partial(manifest)
         p2p_get = chunk_getter(net, manifest.digest, timeout=limits.chunk_timeout)
         get, close = fetch_getter(net, manifest.digest, p2p_get, timeout=limits.chunk_timeout)
-        known = None
+        known = run = None
         if hub is not None:
-            from exo_p2p.models.hub_fetch import held_maps, hub_get
+            from exo_p2p.models.hub_fetch import held_maps, hub_get, hub_run
 
-            get = hub_get(get, hub, manifest)
+            get, run = hub_get(get, hub, manifest), hub_run(hub, manifest)
             known = await held_maps(net, manifest.digest, holders)
         try:
             report = await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress,
-                                        known_held=known)
+                                        known_held=known, get_run=run)
         finally:
             await close()
         for peer, nbytes in report.bytes_by_peer.items():  # GET /metrics: exo_model_transfer_bytes

@@ -48,11 +48,15 @@ GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 """``get_chunk(peer_id, path, index) -> bytes``; may raise anything (counted as a failure)."""
 HUB_STREAMS = 4
 """Requests in flight to a hub (holder ``HUB``) at once."""
+HUB_RUN_BYTES = 16 * 1024 * 1024
+"""At most this many bytes of consecutive chunks in one hub request (``get_run``)."""
 HUB_TIMEOUT_FACTOR = 4
 """A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
 connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
 NOT_HELD = "is not held here"
 """What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
+GetRun = Callable[[str, list[int]], Awaitable[list[bytes]]]
+"""``get_run(path, indices) -> bytes of each``: consecutive chunks of one file at once (the hub)."""
 Progress = Callable[[int, int], None]
 """``on_progress(bytes_done, bytes_total)`` of the chunks this fetch wanted."""
 
@@ -97,12 +101,15 @@ async def fetch_chunks(
     limits: FetchLimits = DEFAULT_LIMITS,
     on_progress: Progress | None = None,
     known_held: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
+    get_run: GetRun | None = None,
 ) -> FetchReport:
     """Fetch every chunk of ``wanted`` (path -> indices) that ``partial`` does not hold yet.
 
     ``on_progress`` counts chunks already held as done (a resumed fetch starts past 0).
     ``known_held`` (peer -> path -> indices, from ``HELD_PROTOCOL``): a peer listed there is
     never asked for a chunk it does not list (as if it had answered ``NOT_HELD``).
+    ``get_run(path, indices)`` (the hub's, when given): the bytes of several consecutive
+    chunks of one file in one request, one ``bytes`` per chunk.
     On return (or error) every chunk it verified is journaled (``PartialModel.flush``).
     Raises ``FetchError`` (module docstring); chunks verified before it stay held.
     """
@@ -116,6 +123,7 @@ async def fetch_chunks(
     if not todo:
         return report
     excluded: dict[tuple[str, int], set[str]] = {}
+    waiting = set(todo)  # todo as a set: run_for asks often
     for peer, held in (known_held or {}).items():
         sets = {p: set(idx) for p, idx in held.items()}
         for key in todo:
@@ -141,6 +149,36 @@ async def fetch_chunks(
                 return key
         return None
 
+    def run_for(key: tuple[str, int]) -> list[tuple[str, int]]:
+        """``key`` and the chunks right after it in its file that only the hub can give, up
+        to ``HUB_RUN_BYTES``: one range request for them all."""
+        path, index = key
+        run, size = [key], span(key)
+        while get_run is not None:
+            nxt = (path, run[-1][1] + 1)
+            if (nxt not in waiting or nxt in in_flight or HUB in excluded.get(nxt, ()) or peer_could(nxt)
+                    or size + span(nxt) > HUB_RUN_BYTES):
+                break
+            run.append(nxt)
+            size += span(nxt)
+        return run
+
+    def span(key: tuple[str, int]) -> int:
+        start, end = chunk_span(partial.manifest, *key)
+        return end - start
+
+    def accepted(peer: str, key: tuple[str, int], data: bytes, fresh: bool) -> None:
+        strikes[peer] = 0
+        todo.remove(key)
+        waiting.discard(key)
+        if fresh:
+            report.bytes_fetched += len(data)
+            report.chunks_fetched += 1
+            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + len(data)
+            state["done"] += len(data)
+            if on_progress:
+                on_progress(state["done"], total)
+
     async def worker(peer: str) -> None:
         while peer in live and todo:
             key = next_for(peer)
@@ -149,23 +187,30 @@ async def fetch_chunks(
                     return
                 await state["changed"].wait()
                 continue
-            in_flight.add(key)
+            keys = run_for(key) if peer == HUB else [key]
+            in_flight.update(keys)
             path, index = key
             try:
                 with trio.fail_after(limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
-                    data = await get_chunk(peer, path, index)
-                # hash + write in a thread: the next chunks keep arriving meanwhile
-                try:
-                    fresh = await trio.to_thread.run_sync(partial.write_chunk, path, index, data)
-                except OSError as exc:  # this node's disk, not the peer: stop the fetch
-                    write_failed.append(exc)
-                    scope.cancel()
-                    return
-            except ChunkVerificationError as exc:
-                report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
-                excluded.setdefault(key, set()).add(peer)
-                log.warning("chunk failed verification", peer=peer, path=path, index=index,
-                            error=str(exc))
+                    if len(keys) == 1:
+                        datas = [await get_chunk(peer, path, index)]
+                    else:
+                        assert get_run is not None
+                        datas = await get_run(path, [i for _, i in keys])
+                for k, data in zip(keys, datas):
+                    # hash + write in a thread: the next chunks keep arriving meanwhile
+                    try:
+                        fresh = await trio.to_thread.run_sync(partial.write_chunk, k[0], k[1], data)
+                    except OSError as exc:  # this node's disk, not the peer: stop the fetch
+                        write_failed.append(exc)
+                        scope.cancel()
+                        return
+                    except ChunkVerificationError as exc:
+                        report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
+                        excluded.setdefault(k, set()).add(peer)
+                        log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(exc))
+                    else:
+                        accepted(peer, k, data, fresh)
             except Exception as exc:  # any failure of one request (trio.TooSlowError too)
                 if NOT_HELD in str(exc) and not isinstance(exc, trio.TooSlowError):
                     excluded.setdefault(key, set()).add(peer)  # a partial holder: ask another
@@ -177,19 +222,8 @@ async def fetch_chunks(
                 if strikes[peer] >= limits.max_peer_failures and peer in live:
                     live.discard(peer)
                     report.dropped[peer] = f"{strikes[peer]} failed requests in a row, last: {reason}"
-            else:
-                strikes[peer] = 0
-                todo.remove(key)
-                if fresh:
-                    size = len(data)
-                    report.bytes_fetched += size
-                    report.chunks_fetched += 1
-                    report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + size
-                    state["done"] += size
-                    if on_progress:
-                        on_progress(state["done"], total)
             finally:
-                in_flight.discard(key)
+                in_flight.difference_update(keys)
                 changed()
 
     try:

@@ -127,6 +127,19 @@ async def held_maps(net, digest: str, holders) -> dict[str, dict[str, tuple[int,
     return out
 
 
+def hub_run(client: HubClient, manifest: ModelManifest):  # type: ignore[no-untyped-def]
+    """``get_run`` for ``fetch_chunks``: consecutive chunks ``indices`` of ``path`` in one
+    range request to the hub, cut into one ``bytes`` per chunk."""
+
+    async def get_run(path: str, indices: list[int]) -> list[bytes]:
+        spans = [chunk_span(manifest, path, i) for i in indices]
+        first = spans[0][0]
+        data = await trio.to_thread.run_sync(client.get_range, path, first, spans[-1][1], abandon_on_cancel=True)
+        return [data[s - first:e - first] for s, e in spans]
+
+    return get_run
+
+
 async def verify_files(partial: PartialModel, client: HubClient) -> None:
     """Check the complete files of ``partial`` against the hub's LFS SHA-256
     (``hub_manifest.check_complete_files``). Raises ``FetchError`` naming the files that
