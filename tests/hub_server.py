@@ -131,144 +131,148 @@ def _info(repo_id: str, repo: Repo) -> dict:
             "siblings": siblings, "tags": [], "downloads": 0, "likes": 0}
 
 
-def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class Handler(BaseHTTPRequestHandler):
+    """The stand-in's answers (module docstring); ``hub`` is set by ``_handler``."""
 
-        def log_message(self, *args: object) -> None:
-            pass
+    hub: HubServer
+    protocol_version = "HTTP/1.1"
 
-        def _client(self) -> str:
-            m = re.search(r"exo-p2p-node/([^;\s]+)", self.headers.get("User-Agent", ""))
-            return m.group(1) if m else "other"
+    def log_message(self, *args: object) -> None:
+        pass
 
-        def _send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
-            self.send_response(status)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD" and body:
-                self.wfile.write(body)
+    def _client(self) -> str:
+        m = re.search(r"exo-p2p-node/([^;\s]+)", self.headers.get("User-Agent", ""))
+        return m.group(1) if m else "other"
 
-        def _error(self, status: int, code: str, message: str) -> None:
-            self._send(status, json.dumps({"error": message}).encode(),
-                       {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"})
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD" and body:
+            self.wfile.write(body)
 
-        def _gate(self) -> bool:
-            """Apply the request-wide faults; True when the request was answered."""
-            with hub.lock:
-                hub.requests.append((self.command, self.path))
-                f = hub.faults
-                signed = self.path.startswith("/cdn/")  # the hub's CDN takes signed URLs, no token
-                if f.token is not None and not signed and self.headers.get("Authorization") != f"Bearer {f.token}":
-                    self._error(401, "GatedRepo", "Access to this model is restricted. You must be authenticated.")
-                    return True
-                if f.unavailable > 0 and self.command == "GET" and "/api/" not in self.path:
-                    f.unavailable -= 1
-                    self._error(503, "", "Service Unavailable")
-                    return True
-            return False
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._send(status, json.dumps({"error": message}).encode(),
+                   {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"})
 
-        def do_HEAD(self) -> None:  # noqa: N802
-            self.do_GET()
+    def _gate(self) -> bool:
+        """Apply the request-wide faults; True when the request was answered."""
+        with self.hub.lock:
+            self.hub.requests.append((self.command, self.path))
+            f = self.hub.faults
+            signed = self.path.startswith("/cdn/")  # the hub's CDN takes signed URLs, no token
+            if f.token is not None and not signed and self.headers.get("Authorization") != f"Bearer {f.token}":
+                self._error(401, "GatedRepo", "Access to this model is restricted. You must be authenticated.")
+                return True
+            if f.unavailable > 0 and self.command == "GET" and "/api/" not in self.path:
+                f.unavailable -= 1
+                self._error(503, "", "Service Unavailable")
+                return True
+        return False
 
-        def do_GET(self) -> None:  # noqa: N802
-            if self._gate():
-                return
-            path = unquote(urlsplit(self.path).path)
-            if m := re.fullmatch(r"/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?", path):
-                return self._api(m.group(1), m.group(2))
-            if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)/?", path):
-                return self._tree(m.group(1), m.group(2))
-            if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
-                with hub.lock:
-                    data = hub.blobs.get(m.group(1))
-                if data is None:
-                    return self._error(404, "EntryNotFound", "no such object")
-                return self._body(data, {"ETag": f'"{m.group(1)}"'}, weights=True)
-            if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-                return self._resolve(m.group(1), m.group(2), m.group(3))
-            self._error(404, "", "not found")
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
 
-        def _repo(self, repo_id: str, rev: str | None) -> Repo | None:
-            with hub.lock:
-                repo = hub.repos.get(repo_id)
-            if repo is None:
-                self._error(401, "RepoNotFound", "Repository not found")
-                return None
-            if rev not in (None, "main", repo.commit):
-                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-                return None
-            return repo
-
-        def _api(self, repo_id: str, rev: str | None) -> None:
-            repo = self._repo(repo_id, unquote(rev) if rev else None)
-            if repo is not None:
-                self._send(200, json.dumps(_info(repo_id, repo)).encode(), {"Content-Type": "application/json"})
-
-        def _tree(self, repo_id: str, rev: str) -> None:
-            repo = self._repo(repo_id, unquote(rev))
-            if repo is None:
-                return
-            out = []
-            for s in _info(repo_id, repo)["siblings"]:
-                entry = {"type": "file", "oid": s["blobId"], "size": s["size"], "path": s["rfilename"]}
-                if "lfs" in s:
-                    entry["lfs"] = {"oid": s["lfs"]["sha256"], "size": s["size"], "pointerSize": 134}
-                out.append(entry)
-            self._send(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
-
-        def _resolve(self, repo_id: str, rev: str, file: str) -> None:
-            repo = self._repo(repo_id, rev)
-            if repo is None:
-                return
-            data = repo.files.get(file)
+    def do_GET(self) -> None:  # noqa: N802
+        if self._gate():
+            return
+        path = unquote(urlsplit(self.path).path)
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?", path):
+            return self._api(m.group(1), m.group(2))
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)/?", path):
+            return self._tree(m.group(1), m.group(2))
+        if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
+            with self.hub.lock:
+                data = self.hub.blobs.get(m.group(1))
             if data is None:
-                return self._error(404, "EntryNotFound", f"{file} does not exist")
-            common = {"X-Repo-Commit": repo.commit}
-            if _is_lfs(file):
-                sha = hashlib.sha256(data).hexdigest()
-                return self._send(302, b"", {**common, "Location": f"{hub.cdn}/cdn/{sha}", "X-Linked-Size": str(len(data)),
-                                             "X-Linked-Etag": f'"{sha}"', "ETag": f'"{_git_blob_id(data)}"'})
-            self._body(data, {**common, "ETag": f'"{_git_blob_id(data)}"'}, weights=False)
+                return self._error(404, "EntryNotFound", "no such object")
+            return self._body(data, {"ETag": f'"{m.group(1)}"'}, weights=True)
+        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+            return self._resolve(m.group(1), m.group(2), m.group(3))
+        self._error(404, "", "not found")
 
-        def _body(self, data: bytes, headers: dict, *, weights: bool) -> None:
-            if weights and hub.faults.delay > 0 and self.command == "GET":
-                time.sleep(hub.faults.delay)
-            start, end = 0, len(data)
-            rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            status = 200
-            if rng:
-                start = int(rng.group(1))
-                end = min(len(data), int(rng.group(2)) + 1) if rng.group(2) else len(data)
-                if start >= len(data):
-                    return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-                status = 206
-                headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
-            body = data[start:end]
-            cut = None
-            with hub.lock:
-                f = hub.faults
-                if self.command == "GET" and f.drop > 0 and len(body) > f.drop_after:
-                    f.drop -= 1
-                    cut = f.drop_after
-                elif self.command == "GET" and weights and f.corrupt > 0 and start + len(body) > 65536 + 16:
-                    f.corrupt -= 1
-                    at = max(8, 65536 - start)  # a byte past the first 64 KiB of the file
-                    body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
-                if self.command == "GET":
-                    client = self._client()
-                    hub.bytes_by_client[client] = hub.bytes_by_client.get(client, 0) + (cut or len(body))
-            if cut is None:
-                return self._send(status, body, {**headers, "Accept-Ranges": "bytes"})
-            self.send_response(status)
-            for k, v in {**headers, "Accept-Ranges": "bytes", "Content-Length": str(len(body))}.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body[:cut])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
+    def _repo(self, repo_id: str, rev: str | None) -> Repo | None:
+        with self.hub.lock:
+            repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            self._error(401, "RepoNotFound", "Repository not found")
+            return None
+        if rev not in (None, "main", repo.commit):
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            return None
+        return repo
 
-    return Handler
+    def _api(self, repo_id: str, rev: str | None) -> None:
+        repo = self._repo(repo_id, unquote(rev) if rev else None)
+        if repo is not None:
+            self._send(200, json.dumps(_info(repo_id, repo)).encode(), {"Content-Type": "application/json"})
+
+    def _tree(self, repo_id: str, rev: str) -> None:
+        repo = self._repo(repo_id, unquote(rev))
+        if repo is None:
+            return
+        out = []
+        for s in _info(repo_id, repo)["siblings"]:
+            entry = {"type": "file", "oid": s["blobId"], "size": s["size"], "path": s["rfilename"]}
+            if "lfs" in s:
+                entry["lfs"] = {"oid": s["lfs"]["sha256"], "size": s["size"], "pointerSize": 134}
+            out.append(entry)
+        self._send(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
+
+    def _resolve(self, repo_id: str, rev: str, file: str) -> None:
+        repo = self._repo(repo_id, rev)
+        if repo is None:
+            return
+        data = repo.files.get(file)
+        if data is None:
+            return self._error(404, "EntryNotFound", f"{file} does not exist")
+        common = {"X-Repo-Commit": repo.commit}
+        if _is_lfs(file):
+            sha = hashlib.sha256(data).hexdigest()
+            return self._send(302, b"", {**common, "Location": f"{self.hub.cdn}/cdn/{sha}", "X-Linked-Size": str(len(data)),
+                                         "X-Linked-Etag": f'"{sha}"', "ETag": f'"{_git_blob_id(data)}"'})
+        self._body(data, {**common, "ETag": f'"{_git_blob_id(data)}"'}, weights=False)
+
+    def _body(self, data: bytes, headers: dict, *, weights: bool) -> None:
+        if weights and self.hub.faults.delay > 0 and self.command == "GET":
+            time.sleep(self.hub.faults.delay)
+        start, end = 0, len(data)
+        rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        status = 200
+        if rng:
+            start = int(rng.group(1))
+            end = min(len(data), int(rng.group(2)) + 1) if rng.group(2) else len(data)
+            if start >= len(data):
+                return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            status = 206
+            headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
+        body = data[start:end]
+        cut = None
+        with self.hub.lock:
+            f = self.hub.faults
+            if self.command == "GET" and f.drop > 0 and len(body) > f.drop_after:
+                f.drop -= 1
+                cut = f.drop_after
+            elif self.command == "GET" and weights and f.corrupt > 0 and start + len(body) > 65536 + 16:
+                f.corrupt -= 1
+                at = max(8, 65536 - start)  # a byte past the first 64 KiB of the file
+                body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
+            if self.command == "GET":
+                client = self._client()
+                self.hub.bytes_by_client[client] = self.hub.bytes_by_client.get(client, 0) + (cut or len(body))
+        if cut is None:
+            return self._send(status, body, {**headers, "Accept-Ranges": "bytes"})
+        self.send_response(status)
+        for k, v in {**headers, "Accept-Ranges": "bytes", "Content-Length": str(len(body))}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body[:cut])
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.shutdown(2)
+
+
+def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
+    return type("BoundHandler", (Handler,), {"hub": hub})

@@ -42,7 +42,7 @@ from exo_p2p.models.hub import HUB, HubError
 from exo_p2p.models.hub_fetch import HubAccess, hub_manifest, verify_files
 from exo_p2p.models.manifest import all_chunks, shard_chunks
 from exo_p2p.models.peer_transfer import fetch_manifest
-from exo_p2p.types import Instance, ShardMetadata, State
+from exo_p2p.types import HubSource, Instance, ShardMetadata, State
 from exo_p2p.types.manifest import ModelManifest
 
 log = structlog.get_logger(__name__)
@@ -84,6 +84,15 @@ async def _manifest(depot: ModelDepot, net, digest: str, peers: list[str]) -> Mo
     raise FetchError(f"no holder sent manifest {digest[:12]} ({'; '.join(errors) or 'no holders'})")
 
 
+def _hub_source(state: State, instance: Instance, hub: HubAccess | None) -> HubSource | None:
+    """The hub source of ``instance``'s manifest, None when it has none or this node never
+    asks a hub."""
+    source = state.hub_models.get(instance.model_id)
+    if source is None or source.digest != instance.model_digest or hub is None or not hub.enabled:
+        return None
+    return source
+
+
 async def fetch_shard(
     depot: ModelDepot,
     net,  # type: ignore[no-untyped-def]
@@ -117,9 +126,7 @@ async def fetch_shard(
             await trio.sleep(pause)
         state = get_state()
         peers = holders(state, digest, me)
-        source = state.hub_models.get(instance.model_id)
-        if source is None or source.digest != digest or hub is None or not hub.enabled:
-            source = None  # not from a hub, or this node never asks one
+        source = _hub_source(state, instance, hub)
         try:
             try:
                 manifest = await _manifest(depot, net, digest, peers)
