@@ -13,8 +13,9 @@ It answers what ``huggingface_hub`` asks a hub (no test ever reaches a real one)
 
 Faults for tests (``HubServer.faults``, each a count of answers it spoils, then off):
 ``drop`` (a body cut after ``drop_after`` bytes and the connection closed), ``unavailable``
-(503), ``corrupt`` (the byte at 64 KiB, or the first past it, flipped in one weight answer: never the header), ``delay`` (seconds before each weight
-answer: a slow hub, not a count), and ``token`` (every request without
+(503), ``corrupt`` (the byte at 64 KiB, or the first past it, flipped in one weight
+answer: never the header), ``delay`` (seconds before each 64 KiB of a weight answer: a
+slow hub, not a count), and ``token`` (every request without
 ``Authorization: Bearer TOKEN`` gets 401 ``GatedRepo``; the CDN port wants none, as the
 hub's CDN takes signed URLs).
 
@@ -71,7 +72,7 @@ class HubServer:
         self.faults = Faults()
         self.bytes_by_client: dict[str, int] = {}
         self.requests: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         # the hub and its "CDN" on two ports: huggingface_hub follows a redirect to its own
         # origin itself, and takes an LFS file's metadata from a redirect to another one
         self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self)) for _ in range(2)]
@@ -235,9 +236,12 @@ class Handler(BaseHTTPRequestHandler):
                                          "X-Linked-Etag": f'"{sha}"', "ETag": f'"{_git_blob_id(data)}"'})
         self._body(data, {**common, "ETag": f'"{_git_blob_id(data)}"'}, weights=False)
 
+    def _count(self, n: int) -> None:
+        with self.hub.lock:
+            client = self._client()
+            self.hub.bytes_by_client[client] = self.hub.bytes_by_client.get(client, 0) + n
+
     def _body(self, data: bytes, headers: dict, *, weights: bool) -> None:
-        if weights and self.hub.faults.delay > 0 and self.command == "GET":
-            time.sleep(self.hub.faults.delay)
         start, end = 0, len(data)
         rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
         status = 200
@@ -259,19 +263,27 @@ class Handler(BaseHTTPRequestHandler):
                 f.corrupt -= 1
                 at = max(8, 65536 - start)  # a byte past the first 64 KiB of the file
                 body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
-            if self.command == "GET":
-                client = self._client()
-                self.hub.bytes_by_client[client] = self.hub.bytes_by_client.get(client, 0) + (cut or len(body))
+            slow = weights and f.delay > 0 and self.command == "GET"
+            if self.command == "GET" and not slow:
+                self._count(cut if cut is not None else len(body))
+        if cut is None and weights and self.hub.faults.delay > 0 and self.command == "GET":
+            cut = len(body)  # sent slowly below, 64 KiB at a time
         if cut is None:
             return self._send(status, body, {**headers, "Accept-Ranges": "bytes"})
         self.send_response(status)
         for k, v in {**headers, "Accept-Ranges": "bytes", "Content-Length": str(len(body))}.items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body[:cut])
+        for at in range(0, cut, 65536):
+            if slow:
+                time.sleep(self.hub.faults.delay)
+            self.wfile.write(body[at:min(cut, at + 65536)])
+            if slow:  # counted as sent: a client killed meanwhile did not get the rest
+                self._count(min(cut, at + 65536) - at)
         self.wfile.flush()
-        self.close_connection = True
-        self.connection.shutdown(2)
+        if cut < len(body):
+            self.close_connection = True
+            self.connection.shutdown(2)
 
 
 def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:

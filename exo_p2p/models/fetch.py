@@ -49,7 +49,9 @@ GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 HUB_STREAMS = 4
 """Requests in flight to a hub (holder ``HUB``) at once."""
 HUB_RUN_BYTES = 16 * 1024 * 1024
-"""At most this many bytes of consecutive chunks in one hub request (``get_run``)."""
+HUB_RUN_CHUNKS = 16
+"""At most this many bytes and chunks of consecutive chunks in one hub request (``get_run``;
+a run is journaled once it has all arrived, so a restart refetches at most the runs in flight)."""
 HUB_TIMEOUT_FACTOR = 4
 """A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
 connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
@@ -90,6 +92,21 @@ class FetchReport:
     bytes_by_peer: dict[str, int] = field(default_factory=dict)
     bad_chunks_by_peer: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
+
+
+def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[bytes]) -> list:
+    """``partial.write_chunk`` of each chunk in order: True/False (new or not), or the
+    ``ChunkVerificationError`` of a bad one; the first ``OSError`` ends the list (blocking)."""
+    out: list = []
+    for (path, index), data in zip(keys, datas):
+        try:
+            out.append(partial.write_chunk(path, index, data))
+        except ChunkVerificationError as exc:
+            out.append(exc)
+        except OSError as exc:
+            out.append(exc)
+            break
+    return out
 
 
 async def fetch_chunks(
@@ -157,7 +174,7 @@ async def fetch_chunks(
         while get_run is not None:
             nxt = (path, run[-1][1] + 1)
             if (nxt not in waiting or nxt in in_flight or HUB in excluded.get(nxt, ()) or peer_could(nxt)
-                    or size + span(nxt) > HUB_RUN_BYTES):
+                    or size + span(nxt) > HUB_RUN_BYTES or len(run) >= HUB_RUN_CHUNKS):
                 break
             run.append(nxt)
             size += span(nxt)
@@ -197,18 +214,17 @@ async def fetch_chunks(
                     else:
                         assert get_run is not None
                         datas = await get_run(path, [i for _, i in keys])
-                for k, data in zip(keys, datas):
-                    # hash + write in a thread: the next chunks keep arriving meanwhile
-                    try:
-                        fresh = await trio.to_thread.run_sync(partial.write_chunk, k[0], k[1], data)
-                    except OSError as exc:  # this node's disk, not the peer: stop the fetch
-                        write_failed.append(exc)
+                # hash + write in a thread (one hop for a run): the next chunks keep arriving meanwhile
+                results = await trio.to_thread.run_sync(_write_all, partial, keys, datas)
+                for k, data, fresh in zip(keys, datas, results):
+                    if isinstance(fresh, OSError):  # this node's disk, not the peer: stop the fetch
+                        write_failed.append(fresh)
                         scope.cancel()
                         return
-                    except ChunkVerificationError as exc:
+                    if isinstance(fresh, ChunkVerificationError):
                         report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
                         excluded.setdefault(k, set()).add(peer)
-                        log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(exc))
+                        log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(fresh))
                     else:
                         accepted(peer, k, data, fresh)
             except Exception as exc:  # any failure of one request (trio.TooSlowError too)
