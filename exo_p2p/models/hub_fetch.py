@@ -140,6 +140,49 @@ def hub_run(client: HubClient, manifest: ModelManifest):  # type: ignore[no-unty
     return get_run
 
 
+SHARED_WAIT = 60.0
+"""Seconds a rank waits for a lower rank's node to have the chunks both need (a tied
+embedding) before it takes them from the hub itself."""
+
+
+async def await_shared(net, digest: str, owners: list[str], shared: dict[str, tuple[int, ...]],  # type: ignore[no-untyped-def]
+                       timeout: float = SHARED_WAIT) -> bool:
+    """Wait (polling every second, at most ``timeout`` s) until the nodes ``owners`` hold
+    every chunk of ``shared`` between them; whether they do."""
+    with trio.move_on_after(timeout):
+        while True:
+            maps = await held_maps(net, digest, owners)
+            have = {(p, i) for held in maps.values() for p, idx in held.items() for i in idx}
+            if all((p, i) in have for p, idx in shared.items() for i in idx):
+                return True
+            await trio.sleep(1.0)
+    return False
+
+
+def shared_chunks(manifest: ModelManifest, instance, shard, wanted, *, tied: bool):  # type: ignore[no-untyped-def]
+    """``(chunks of wanted a lower rank also fetches, their nodes)``: a pipeline rank takes
+    those from that rank's node, not from the hub a second time (``await_shared``)."""
+    from exo_p2p.models.shard_fetch import wanted_chunks
+
+    if instance.sharding == "tensor" or shard.world_size == 1:
+        return {}, []
+    mine = {(p, i) for p, idx in wanted.items() for i in idx}
+    shared: set[tuple[str, int]] = set()
+    owners: list[str] = []
+    for other in instance.shards:
+        if other.rank < shard.rank and other.node_id != shard.node_id:
+            theirs = wanted_chunks(manifest, instance, other, tied=tied)
+            both = {(p, i) for p, i in mine & {(p, i) for p, idx in theirs.items() for i in idx}
+                    if not manifest.file(p).chunks[i].sha256}  # weights only the hub had
+            if both:
+                shared |= both
+                owners.append(other.node_id)
+    out: dict[str, tuple[int, ...]] = {}
+    for p, i in sorted(shared):
+        out[p] = (*out.get(p, ()), i)
+    return out, owners
+
+
 async def verify_files(partial: PartialModel, client: HubClient) -> None:
     """Check the complete files of ``partial`` against the hub's LFS SHA-256
     (``hub_manifest.check_complete_files``). Raises ``FetchError`` naming the files that

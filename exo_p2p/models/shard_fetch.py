@@ -39,8 +39,8 @@ from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
 from exo_p2p.models.hub import HUB, HubError
-from exo_p2p.models.hub_fetch import HubAccess, hub_manifest, verify_files
-from exo_p2p.models.manifest import all_chunks, shard_chunks
+from exo_p2p.models.hub_fetch import HubAccess, await_shared, hub_manifest, shared_chunks, verify_files
+from exo_p2p.models.manifest import all_chunks, chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import HubSource, Instance, ShardMetadata, State
 from exo_p2p.types.manifest import ModelManifest
@@ -93,6 +93,39 @@ def _hub_source(state: State, instance: Instance, hub: HubAccess | None) -> HubS
     return source
 
 
+async def _fetch_hub_aware(depot: ModelDepot, net, manifest: ModelManifest, instance: Instance,  # type: ignore[no-untyped-def]
+                           shard: ShardMetadata, wanted, peers: list[str], client, *, tied: bool,
+                           limits: FetchLimits, on_progress: Progress | None):
+    """``depot.fetch`` of ``wanted`` from ``peers`` (and the hub through ``client``); with a
+    hub, the chunks a lower rank also fetches (a tied embedding) come last, once that rank's
+    node holds them (``hub_fetch.await_shared``), so the hub sends them once."""
+    if client is None:
+        return await depot.fetch(net, manifest, wanted, peers, limits=limits, on_progress=on_progress)
+    shared, owners = shared_chunks(manifest, instance, shard, wanted, tied=tied)
+    own = missing_chunks(wanted, shared)
+    own_total = chunk_bytes_of(manifest, own)
+    total = chunk_bytes_of(manifest, wanted)
+
+    def first(done: int, _total: int) -> None:
+        if on_progress:
+            on_progress(done, total)
+
+    def second(done: int, _total: int) -> None:
+        if on_progress:
+            on_progress(own_total + done, total)
+
+    report = await depot.fetch(net, manifest, own, peers + [HUB], limits=limits, on_progress=first, hub=client)
+    if shared:
+        if not await await_shared(net, manifest.digest, owners, shared):
+            log.info("the ranks sharing chunks with this one do not hold them yet; taking them from the hub")
+        more = await depot.fetch(net, manifest, shared, peers + [HUB], limits=limits, on_progress=second, hub=client)
+        for peer, n in more.bytes_by_peer.items():
+            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + n
+        report.bytes_fetched += more.bytes_fetched
+        report.chunks_fetched += more.chunks_fetched
+    return report
+
+
 async def fetch_shard(
     depot: ModelDepot,
     net,  # type: ignore[no-untyped-def]
@@ -139,8 +172,8 @@ async def fetch_shard(
             # taken before the fetch: a pull completing this copy meanwhile moves it to
             # pulled/ and this object with it (ModelDepot.promote), a new one would be empty
             partial = depot.partial(manifest)
-            report = await depot.fetch(net, manifest, wanted, peers + ([HUB] if client else []), limits=limits,
-                                       on_progress=on_progress, hub=client)
+            report = await _fetch_hub_aware(depot, net, manifest, instance, shard, wanted, peers, client,
+                                            tied=tied, limits=limits, on_progress=on_progress)
             if client is not None:
                 await verify_files(partial, client)
         except (FetchError, HubError) as exc:
