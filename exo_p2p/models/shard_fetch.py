@@ -118,7 +118,9 @@ async def _fetch_hub_aware(depot: ModelDepot, net, manifest: ModelManifest, inst
     if shared:
         if not await await_shared(net, manifest.digest, owners, shared):
             log.info("the ranks sharing chunks with this one do not hold them yet; taking them from the hub")
-        more = await depot.fetch(net, manifest, shared, peers + [HUB], limits=limits, on_progress=second, hub=client)
+        # the owners may have published their copies after this round listed the holders
+        sources = peers + [o for o in owners if o not in peers] + [HUB]
+        more = await depot.fetch(net, manifest, shared, sources, limits=limits, on_progress=second, hub=client)
         for peer, n in more.bytes_by_peer.items():
             report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + n
         report.bytes_fetched += more.bytes_fetched
