@@ -63,9 +63,34 @@ def schema_text(schema: Any) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise FormatError(f"a JSON schema must be a JSON object, not {type(schema).__name__}")
-    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(close_objects(schema), separators=(",", ":"), ensure_ascii=False)
     _check_size(text)
     return text
+
+
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def close_objects(schema: Any, *, close: bool = True) -> Any:
+    """``schema`` with every object schema that lists ``properties`` and says nothing of
+    others (no ``additionalProperties``, ``patternProperties``, ``unevaluatedProperties``)
+    closed: ``additionalProperties: false``. A small model held to an open object invents
+    properties until its token limit (what Pydantic's ``model_json_schema()`` gives is open);
+    a client that wants others says ``additionalProperties: true``. The parts of an
+    ``allOf`` are left open (closing each would refuse the others' properties)."""
+    if isinstance(schema, list):
+        return [close_objects(item, close=close) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: close_objects(sub) for name, sub in value.items()}
+        else:
+            out[key] = close_objects(value, close=key != "allOf")
+    if close and "properties" in out and not any(key in out for key in _OPEN_KEYS):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check_size(text: str) -> None:

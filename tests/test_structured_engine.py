@@ -218,3 +218,16 @@ def test_the_format_starts_after_the_reasoning(thinker: LoadedModel) -> None:
     row = gen.grammars.constraint(OutputFormat("regex", "[0-9]{3}"), [1, 2])  # type: ignore[union-attr]
     allowed = np.array(row.mask()).reshape(-1)
     assert allowed[start] and not allowed[end] and allowed[thinker.tokenizer.encode("7")[0]]
+
+
+def test_object_schemas_with_properties_are_closed_unless_they_say_otherwise() -> None:
+    from exo_p2p.output_format import close_objects
+
+    got = close_objects({"type": "object", "properties": {"a": {"properties": {"b": {}}}},
+                         "$defs": {"P": {"properties": {"x": {}}}},
+                         "allOf": [{"properties": {"c": {}}}], "anyOf": [{"properties": {"y": {}}, "additionalProperties": True}]})
+    assert got["additionalProperties"] is False and got["properties"]["a"]["additionalProperties"] is False
+    assert got["$defs"]["P"]["additionalProperties"] is False
+    assert "additionalProperties" not in got["allOf"][0]  # each part of an allOf stays open
+    assert got["anyOf"][0]["additionalProperties"] is True
+    assert close_objects({"type": "object"}) == {"type": "object"}  # json_object: any object

@@ -174,3 +174,17 @@ def test_a_six_turn_tool_session_reuses_its_prompt(plain: LoadedModel) -> None:
         messages.append(ChatMessage("assistant", "", tool_calls=tuple(calls)))
         messages += [ChatMessage("tool", '{"sky": "clear"}', tool_call_id=c.id) for c in calls]
     assert reuse[0] < 0.05 and min(reuse[1:]) >= 0.9, reuse
+
+
+def test_auto_tools_with_a_format_answer_in_the_format_or_call(plain: LoadedModel) -> None:
+    """tools (auto) and a JSON schema together: the answer is a call or JSON of the schema,
+    never free text; a Lark grammar with tools is a 400."""
+    from exo_p2p.types.tasks import OutputFormat
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    got = serve(plain, {"f": ask(tools=TOOLS, max_tokens=120, output_format=OutputFormat("json_schema", json.dumps(schema))),
+                        "g": ask(tools=TOOLS, output_format=OutputFormat("lark", 'start: "a"'))})
+    tokens, end = got["f"]
+    text = "".join(t.text for t in tokens)
+    assert calls_of(tokens) or json.loads(text) == {"ok": True} or json.loads(text) == {"ok": False}, (text, end)
+    assert isinstance(got["g"][1], ErrorChunk) and got["g"][1].error.status == 400

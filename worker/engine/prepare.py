@@ -160,7 +160,10 @@ def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, m
         detokenizer=loaded.tokenizer.detokenizer, stops=StopMatcher(params.stop),
         eos=frozenset(loaded.eos_token_ids), resumed=len(resumed), completion_tokens=len(resumed),
     )
-    fmt = tool_grammar(params, loaded.tokenizer) or params.output_format
+    try:
+        fmt = tool_grammar(params, loaded.tokenizer) or params.output_format
+    except FormatError as e:
+        return error_chunk(task_id, 400, f"invalid output format: {e}", param="response_format", code="invalid_format")
     if fmt is not None:
         try:
             seq.constraint = (grammars or new_grammars(loaded)).constraint(fmt, ids)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_p2p.output_format import JSON_OPTIONS
+from exo_p2p.output_format import ANY_OBJECT, JSON_OPTIONS, FormatError, close_objects, schema_text
 from exo_p2p.schema_refs import rebase_refs
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat
 from worker.engine.output_parser import Markers, OutputParser
@@ -115,7 +115,7 @@ def _call_schema(tool: dict[str, Any], base: str) -> dict[str, Any]:
     """The schema of one call of ``tool``, placed at ``base`` in the grammar's schema (its
     parameters' local ``$ref``s moved there)."""
     fn = tool.get("function", tool)
-    params = rebase_refs(fn.get("parameters") or {"type": "object"}, f"{base}/properties/arguments")
+    params = rebase_refs(close_objects(fn.get("parameters") or {"type": "object"}), f"{base}/properties/arguments")
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
 
@@ -134,8 +134,22 @@ def tool_grammar(params: GenerationParams, tokenizer: Any) -> OutputFormat | Non
         tools = [t for t in tools if t.get("function", t).get("name") == name]
     schema = {"anyOf": [_call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)], "x-guidance": JSON_OPTIONS}
     call = f"call: {_marker(tokenizer, CALL_START)} %json {json.dumps(schema)} {_marker(tokenizer, CALL_END)}"
-    start = "start: calls" if forced else "start: TEXT | calls"
-    return OutputFormat("lark", "\n".join([start, "calls: call+", call, r"TEXT: /[^<](.|\n)*/"]))
+    start = "start: calls" if forced else "start: answer | calls"
+    return OutputFormat("lark", "\n".join([start, "calls: call+", call, _answer_rule(params.output_format)]))
+
+
+def _answer_rule(fmt: OutputFormat | None) -> str:
+    """The Lark rule of an answer that is not a call: any text not starting with ``<``, or
+    the request's output format (a JSON schema or object, a regex). Raises ``FormatError``
+    for a Lark grammar, which cannot be combined with tools."""
+    if fmt is None:
+        return r"answer: /[^<](.|\n)*/"
+    if fmt.kind in ("json_object", "json_schema"):
+        schema = json.loads(schema_text(fmt.source) if fmt.kind == "json_schema" else ANY_OBJECT)
+        return f"answer: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
+    if fmt.kind == "regex":
+        return "answer: /" + fmt.source.replace("/", "\\/") + "/"
+    raise FormatError("a Lark grammar cannot be combined with tools (tool_choice auto): send one or the other")
 
 
 def _marker(tokenizer: Any, text: str) -> str:
