@@ -327,6 +327,8 @@ class NodeClient:
         (4xx or 5xx). Raises ``CliError`` when the node cannot be reached."""
         try:
             response = self._http.get(path)
+        except httpx.ConnectError as e:
+            raise self._unreachable(e) from e
         except httpx.HTTPError as e:
             raise CliError(f"GET {path} at {self.base_url} failed: {_reason(e)}") from e
         return response.text if response.status_code < 400 else None
