@@ -169,10 +169,8 @@ class BlocksEncoder:
 
     def start(self, prompt_tokens: int | None) -> bytes:
         self.prompt_tokens = prompt_tokens or 0
-        out = sse({"type": "message_start", "message": self._message([], None)}, "message_start")
-        if not self.thinking:
-            out += self._block("text", {"type": "text", "text": ""})
-        return out + self.keepalive()
+        # blocks open as their content comes (no empty text block before a forced tool_use)
+        return sse({"type": "message_start", "message": self._message([], None)}, "message_start") + self.keepalive()
 
     def reasoning(self, delta: str) -> bytes:
         if not self.thinking:
@@ -195,7 +193,8 @@ class BlocksEncoder:
     def finish(self, chunk: FinishChunk) -> bytes:
         delta = {"stop_reason": stop_reason(chunk), "stop_sequence": chunk.stop_sequence}
         usage = {"input_tokens": chunk.prompt_tokens, "output_tokens": chunk.completion_tokens}
-        return (self._close() + sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
+        empty = self._block("text", {"type": "text", "text": ""}) if self._index < 0 else b""  # as answer(): text when nothing else
+        return (empty + self._close() + sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
                 + sse({"type": "message_stop"}, "message_stop"))
 
     def error(self, info: ErrorInfo) -> bytes:
