@@ -41,7 +41,7 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str, name
     """One tool in OpenAI's shape from its parts; ``names`` are the family's names of the three
     fields (for the 400's ``param``: ``where.<name>``). Raises ``ApiError(400)`` for a name that
     is not ``NAME_PATTERN``, a description that is not a string, a ``parameters`` that is not a
-    JSON object or whose schema llguidance cannot compile."""
+    JSON object. Its schema is compiled by ``tools_text``, once the list is within its bounds."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise bad(f"{where}.{names[0]}", f"a tool needs a name of 1 to 64 letters, digits, '_', '-', '.' or ':', got {str(name)[:80]!r}")
     if description is not None and not isinstance(description, str):
@@ -52,9 +52,6 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str, name
     if parameters is not None:
         if not isinstance(parameters, dict):
             raise bad(f"{where}.{names[2]}", "must be a JSON schema object")
-        problem = schema_problem(name, parameters)
-        if problem is not None:
-            raise bad(f"{where}.{names[2]}", f"the schema cannot be enforced: {problem}")
         fn["parameters"] = parameters
     return {"type": "function", "function": fn}
 
@@ -76,10 +73,12 @@ def schema_problem(name: str, parameters: dict[str, Any]) -> str | None:
     return format_problem(OutputFormat("json_schema", text))
 
 
-def tools_text(tools: list[dict[str, Any]], param: str = "tools") -> str | None:
+def tools_text(tools: list[dict[str, Any]], param: str = "tools", schema_params: list[str] | None = None) -> str | None:
     """The JSON text of ``tools`` (OpenAI's shape, from ``function_tool``), None for none.
-    Raises ``ApiError(400)`` beyond ``MAX_TOOLS`` tools or ``MAX_TOOLS_BYTES``, or for a name
-    given twice."""
+    Raises ``ApiError(400)`` beyond ``MAX_TOOLS`` tools or ``MAX_TOOLS_BYTES``, for a name
+    given twice, or for a ``parameters`` schema llguidance cannot compile (naming
+    ``schema_params[i]``, the family's param of tool i's schema). The bounds come first, so
+    a request's schemas cost at most ``MAX_TOOLS_BYTES`` of compiling."""
     if not tools:
         return None
     if len(tools) > MAX_TOOLS:
@@ -93,6 +92,12 @@ def tools_text(tools: list[dict[str, Any]], param: str = "tools") -> str | None:
     text = json.dumps(tools, ensure_ascii=False)
     if len(text.encode()) > MAX_TOOLS_BYTES:
         raise bad(param, f"the tools are {len(text.encode())} bytes as JSON; at most {MAX_TOOLS_BYTES} are accepted")
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        problem = schema_problem(fn["name"], fn["parameters"]) if "parameters" in fn else None
+        if problem is not None:
+            where = schema_params[i] if schema_params else f"{param}[{i}].parameters"
+            raise bad(where, f"the schema cannot be enforced: {problem}")
     return text
 
 

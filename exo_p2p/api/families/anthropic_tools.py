@@ -43,7 +43,7 @@ def system_text(text: str) -> str:
 
 def anthropic_tools(tools: list[Any] | None) -> str | None:
     """``GenerationParams.tools`` of Anthropic ``tools`` (400 naming ``tools.i…``)."""
-    out = []
+    out, schemas = [], []
     for i, tool in enumerate(tools or ()):
         where = f"tools.{i}"
         if not isinstance(tool, dict):
@@ -51,7 +51,8 @@ def anthropic_tools(tools: list[Any] | None) -> str | None:
         if tool.get("type", "custom") != "custom":
             continue  # a server tool (web search, code execution…): not offered to the model
         out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), where, _FIELDS))
-    return tools_text(out, "tools")
+        schemas.append(f"{where}.input_schema")
+    return tools_text(out, "tools", schemas)
 
 
 def anthropic_choice(choice: Any, tools: str | None) -> tuple[str, int | None]:

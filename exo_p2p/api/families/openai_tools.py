@@ -40,7 +40,7 @@ def openai_tools(tools: list[Any] | None, param: str = "tools") -> str | None:
         if not isinstance(fn, dict):
             raise bad(f"{where}.function", "a function tool needs its function object")
         out.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), f"{where}.function", _TOOL_FIELDS))
-    return tools_text(out, param)
+    return tools_text(out, param, [f"{param}[{i}].function.parameters" for i in range(len(out))])
 
 
 def openai_choice(choice: Any, tools: str | None, param: str = "tool_choice") -> str:

@@ -30,7 +30,7 @@ _FIELDS = ("name", "description", "parameters")
 
 def responses_tools(tools: list[Any] | None) -> str | None:
     """``GenerationParams.tools`` of Responses ``tools`` (400 naming ``tools[i]…``)."""
-    out = []
+    out, schemas = [], []
     for i, tool in enumerate(tools or ()):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -38,7 +38,8 @@ def responses_tools(tools: list[Any] | None) -> str | None:
         if tool.get("type") != "function":
             continue  # a built-in tool (web search, file search…): not offered to the model
         out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), where, _FIELDS))
-    return tools_text(out, "tools")
+        schemas.append(f"{where}.parameters")
+    return tools_text(out, "tools", schemas)
 
 
 def responses_choice(choice: Any, tools: str | None) -> str:

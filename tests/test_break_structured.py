@@ -1,0 +1,75 @@
+"""Hostile structured-output and tool requests on the API side (docs/api.md#structured-output,
+#tools-and-reasoning): each is a 400 naming the field, and what the API node spends checking it
+is bounded before any schema is compiled, so its event loop stays responsive."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from exo_p2p.api import tools as tools_mod
+from exo_p2p.api.errors import ApiError
+from exo_p2p.api.families.anthropic_tools import anthropic_tools
+from exo_p2p.api.families.openai_tools import openai_tools
+from exo_p2p.api.families.responses_tools import responses_tools
+from tests.test_api import MODEL, FakeMaster, run_api, submits
+
+WIDE = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(2000)}}
+"""A 50 KB schema that takes llguidance a few hundred ms to compile."""
+
+
+def _openai(n: int, schema: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": f"t{j}", "parameters": schema}} for j in range(n)]
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    compiled: list[str] = []
+    real = tools_mod.schema_problem
+
+    def spy(name: str, parameters: dict[str, Any]) -> str | None:
+        compiled.append(name)
+        return real(name, parameters)
+
+    monkeypatch.setattr(tools_mod, "schema_problem", spy)
+    return compiled
+
+
+@pytest.mark.parametrize("tools", [_openai(20, WIDE), _openai(2000, {"type": "object"})])
+def test_tools_past_their_bounds_are_refused_before_any_schema_is_compiled(
+        tools: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _counting(monkeypatch)
+    with pytest.raises(ApiError) as e:
+        openai_tools(tools)
+    assert e.value.info.status == 400 and e.value.info.param == "tools"
+    assert compiled == []
+
+
+def test_a_bad_schema_is_named_by_the_family_field_after_skipped_server_tools() -> None:
+    bad_schema = {"type": "string", "pattern": "(?=a)a"}
+    server = {"type": "web_search_20250305", "name": "web_search"}
+    with pytest.raises(ApiError) as e:
+        anthropic_tools([server, {"name": "f", "input_schema": bad_schema}])
+    assert e.value.info.param == "tools.1.input_schema"
+    with pytest.raises(ApiError) as e:
+        responses_tools([{"type": "file_search"}, {"type": "function", "name": "f", "parameters": bad_schema}])
+    assert e.value.info.param == "tools[1].parameters"
+    with pytest.raises(ApiError) as e:
+        openai_tools(_openai(1, {"type": "object"}) + [{"type": "function", "function": {"name": "g", "parameters": bad_schema}}])
+    assert e.value.info.param == "tools[1].function.parameters"
+
+
+def test_many_big_tool_schemas_are_a_quick_400() -> None:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": _openai(60, WIDE)})
+
+    async def run(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        start = time.perf_counter()
+        r = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        assert time.perf_counter() - start < 1.0
+        assert not submits(backend)
+
+    run_api(run)
