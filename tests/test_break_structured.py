@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from exo_p2p.api import tools as tools_mod
 from exo_p2p.api.errors import ApiError
@@ -20,6 +21,7 @@ from tests.test_api import MODEL, FakeMaster, run_api, submits
 
 WIDE = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(2000)}}
 """A 50 KB schema that takes llguidance a few hundred ms to compile."""
+MSGS = [{"role": "user", "content": "hi"}]
 
 
 def _openai(n: int, schema: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,3 +75,34 @@ def test_many_big_tool_schemas_are_a_quick_400() -> None:
         assert not submits(backend)
 
     run_api(run)
+
+
+SLOW = {"properties": {f"{i}": {} for i in range(5000)}}
+"""A valid 48 KB schema llguidance takes about half a second to check."""
+SLOW_BODIES = {
+    "/v1/chat/completions": {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SLOW}}},
+    "/v1/messages": {"max_tokens": 8, "messages": MSGS, "output_config": {"format": {"type": "json_schema", "schema": SLOW}}},
+    "/api/chat": {"messages": MSGS, "stream": False, "format": SLOW},
+    "/v1/responses": {"input": "hi", "text": {"format": {"type": "json_schema", "name": "s", "schema": SLOW}}},
+}
+
+
+@pytest.mark.parametrize("path", sorted(SLOW_BODIES))
+def test_health_answers_within_a_second_while_big_schemas_are_checked(path: str) -> None:
+    body = json.dumps({"model": MODEL} | SLOW_BODIES[path])
+
+    async def post(client: httpx.AsyncClient) -> None:
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+
+    async def run(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post, client)
+            start = time.perf_counter()
+            await trio.sleep(0.05)
+            r = await client.get("/health")
+            assert r.status_code == 200
+            assert time.perf_counter() - start < 1.0
+
+    run_api(run, timeout=60)

@@ -8,9 +8,11 @@ request body into a Struct, and ``generate`` the one way it answers a generation
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import trio
 
 from starlette.requests import Request
 
@@ -24,6 +26,9 @@ from exo_p2p.metrics.observer import Observer
 from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitGeneration, new_id
 
 T = TypeVar("T")
+
+CHECK_THREADS = 2
+"""Requests whose formats and tool schemas are checked at once, each in a worker thread."""
 
 
 @dataclass
@@ -55,9 +60,17 @@ class ApiContext:
     moves: MoveCounters = field(default_factory=MoveCounters)
     """Requests this API moved after a failure, and those that then failed (``/state`` counters)."""
     started: int = field(default_factory=lambda: int(time.time()))
+    checking: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(CHECK_THREADS))
+    """Threads checking requests (``job``)."""
 
     def __post_init__(self) -> None:
         self.inflight = InFlight(self.config.queue_limit)
+
+    async def job(self, build: Callable[..., T], *args: Any) -> T:
+        """``build(*args)`` in a worker thread, at most ``CHECK_THREADS`` at once: building a
+        request's job compiles its format and tool schemas with llguidance (up to about half a
+        second for a 64 KiB schema, without the GIL), which would otherwise hold the event loop."""
+        return await trio.to_thread.run_sync(build, *args, limiter=self.checking)
 
     def model_id(self, name: str) -> ModelId:
         """The model id a client's model name stands for (aliases resolved)."""

@@ -217,11 +217,11 @@ def routes(ctx: ApiContext) -> list[Route]:
     """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``."""
 
     async def messages(request: Request) -> GenerationResponse:
-        return ctx.generate(messages_job(await ctx.read_json(request, MessagesRequest), ctx))
+        return ctx.generate(await ctx.job(messages_job, await ctx.read_json(request, MessagesRequest), ctx))
 
     async def count_tokens(request: Request) -> Response:
         r = await ctx.read_json(request, CountTokensRequest)
-        params = GenerationParams(messages=counted_messages(anthropic_messages(r.messages, r.system), anthropic_tools(r.tools)))
+        params = GenerationParams(messages=counted_messages(anthropic_messages(r.messages, r.system), await ctx.job(anthropic_tools, r.tools)))
         model_id = ctx.model_id(r.model)
         if ctx.card(r.model) is None:
             raise ApiError(404, f"model: {r.model[:200]} does not exist in this cluster", param="model", code="model_not_found")

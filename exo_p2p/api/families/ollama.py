@@ -345,7 +345,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         """``/api/chat`` (``kind`` "chat") and ``/api/generate``: one generation, or the
         "load" answer Ollama gives a request without messages/prompt."""
         r = await ctx.read_json(request, request_type)
-        params = to_params(r)
+        params = await ctx.job(to_params, r)
         model_id = ctx.model_id(r.model)
         encoder = OllamaEncoder(model_id, kind, think=bool(ollama_thinking(r.think)))
         if params is None:

@@ -226,7 +226,7 @@ def routes(ctx: ApiContext) -> list[Route]:
     """``POST /v1/chat/completions``."""
 
     async def chat_completions(request: Request) -> GenerationResponse:
-        return ctx.generate(chat_job(await ctx.read_json(request, ChatCompletionRequest), ctx))
+        return ctx.generate(await ctx.job(chat_job, await ctx.read_json(request, ChatCompletionRequest), ctx))
 
     return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 

@@ -169,6 +169,6 @@ def routes(ctx: ApiContext) -> list[Route]:
     """``POST /v1/completions``."""
 
     async def completions(request: Request) -> GenerationResponse:
-        return ctx.generate(completion_job(await ctx.read_json(request, CompletionRequest), ctx))
+        return ctx.generate(await ctx.job(completion_job, await ctx.read_json(request, CompletionRequest), ctx))
 
     return [Route("/v1/completions", completions, methods=["POST"])]

@@ -251,6 +251,6 @@ def routes(ctx: ApiContext) -> list[Route]:
     """``POST /v1/responses``."""
 
     async def responses(request: Request) -> GenerationResponse:
-        return ctx.generate(responses_job(await ctx.read_json(request, ResponsesRequest), ctx))
+        return ctx.generate(await ctx.job(responses_job, await ctx.read_json(request, ResponsesRequest), ctx))
 
     return [Route("/v1/responses", responses, methods=["POST"])]
