@@ -149,6 +149,10 @@ class Grammars:
         matcher = llguidance.LLMatcher(self.tokenizer(), grammar_of(fmt), log_level=0, limits=matcher_limits())
         if matcher.is_error():
             raise FormatError(" ".join(matcher.get_error().split())[:600])
+        matcher.compute_bitmask()  # a format no output matches (a $ref cycle, an empty class) fails at its first mask
+        if matcher.is_error():
+            reason = " ".join(matcher.get_error().split())[:300]
+            raise FormatError(f"no output can match the format ({reason or 'it allows no text'})")
         return RowConstraint(matcher, self, thinking=inside_think(prompt, self.think))
 
     def masks(self, rows: Sequence[RowConstraint]) -> mx.array:
