@@ -59,11 +59,16 @@ def schema_text(schema: Any) -> str:
             schema = json.loads(schema)
         except ValueError as e:
             raise FormatError(f"the schema is not valid JSON: {e}") from None
+        except RecursionError:
+            raise FormatError("the schema is nested too deeply") from None
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise FormatError(f"a JSON schema must be a JSON object, not {type(schema).__name__}")
-    text = json.dumps(close_objects(schema), separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(close_objects(schema), separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise FormatError("the schema is nested too deeply") from None
     _check_size(text)
     return text
 

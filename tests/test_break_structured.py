@@ -106,3 +106,18 @@ def test_health_answers_within_a_second_while_big_schemas_are_checked(path: str)
             assert time.perf_counter() - start < 1.0
 
     run_api(run, timeout=60)
+
+
+@pytest.mark.parametrize("path", sorted(set(SLOW_BODIES) - {"/api/chat"}))
+def test_a_schema_sent_as_deeply_nested_json_text_is_a_400(path: str) -> None:
+    deep = '{"type":"array","items":' * 100_000 + "{}" + "}" * 100_000
+    fields = json.loads(json.dumps(SLOW_BODIES[path]).replace(json.dumps(SLOW), json.dumps(deep)))
+    body = json.dumps({"model": MODEL} | fields)
+
+    async def run(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert "nested too deeply" in r.text
+        assert not submits(backend)
+
+    run_api(run, timeout=60)
