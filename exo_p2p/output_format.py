@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from exo_p2p.schema_refs import ref_cycle
 from exo_p2p.types.tasks import OutputFormat
 
 MAX_FORMAT_BYTES = 64 * 1024
@@ -131,6 +132,8 @@ def format_problem(fmt: OutputFormat) -> str | None:
         grammar = grammar_of(fmt)
     except (FormatError, ValueError) as e:
         return str(e)
+    if fmt.kind == "json_schema" and (ref := ref_cycle(json.loads(fmt.source))) is not None:
+        return f"Unsatisfiable schema: the $ref {ref[:200]!r} leads back to itself without a schema"
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None, limits=_limits())
     if is_error:
         return _clean(messages[0] if messages else "the grammar does not compile")

@@ -121,3 +121,37 @@ def test_a_schema_sent_as_deeply_nested_json_text_is_a_400(path: str) -> None:
         assert not submits(backend)
 
     run_api(run, timeout=60)
+
+
+CYCLES = [{"$ref": "#"}, {"$ref": "#", "type": "object"},
+          {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}]
+
+
+@pytest.mark.parametrize("schema", CYCLES)
+def test_a_ref_cycle_no_value_can_match_is_a_400_as_format_and_as_tool(schema: dict[str, Any]) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+
+    async def run(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        r = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": MSGS, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.schema", r.text
+        r = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": MSGS, "tools": [tool], "tool_choice": "required"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.parameters", r.text
+        assert "leads back to itself" in r.text
+        assert not submits(backend)
+
+    run_api(run)
+
+
+def test_recursive_schemas_that_reach_a_value_still_pass() -> None:
+    from exo_p2p.schema_refs import ref_cycle
+
+    tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+            "$ref": "#/$defs/n"}
+    assert ref_cycle(tree) is None
+    assert ref_cycle({"type": "object", "properties": {"self": {"$ref": "#"}}}) is None
+    assert ref_cycle({"$ref": "#/$defs/missing"}) is None
+    chain = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(3000)} | {"d3000": {"type": "integer"}}}
+    start = time.perf_counter()
+    assert ref_cycle(chain | {"$ref": "#/$defs/d0"}) is None
+    assert time.perf_counter() - start < 0.5
