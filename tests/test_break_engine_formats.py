@@ -31,3 +31,12 @@ def test_a_format_nothing_matches_is_a_400_not_an_empty_stop(loaded: LoadedModel
 def test_a_format_only_the_empty_output_matches_still_runs(loaded: LoadedModel) -> None:
     text, end = serve(loaded, {"empty": params(fmt=OutputFormat("regex", "()"))})["empty"]
     assert text == "" and not isinstance(end, ErrorChunk) and end.finish_reason == "stop"
+
+
+def test_a_format_past_the_parser_limits_mid_output_is_a_400_and_the_batch_goes_on(loaded: LoadedModel) -> None:
+    endless = OutputFormat("lark", 'start: "ab" x\nx: "b" x')
+    out = serve(loaded, {"endless": params(fmt=endless), "free": params("hi", max_tokens=8)})
+    _text, end = out["endless"]
+    assert isinstance(end, ErrorChunk), end
+    assert end.error.status == 400 and end.error.param == "response_format", end.error
+    assert not isinstance(out["free"][1], ErrorChunk)

@@ -49,6 +49,15 @@ def error_chunk(task_id: TaskId, status: int, message: str, *, param: str | None
                                                        param=param, code=code))
 
 
+def failure_chunk(task_id: TaskId, exc: Exception) -> ErrorChunk:
+    """The ``ErrorChunk`` of a sequence that failed while it decoded: a 400 naming the format
+    when its matcher failed (a format past llguidance's limits on some step), else a 500."""
+    if isinstance(exc, ConstraintError):
+        return error_chunk(task_id, 400, f"invalid output format: {exc}"[:800], param="response_format",
+                           code="invalid_format")
+    return error_chunk(task_id, 500, f"generation failed: {exc!r}")
+
+
 def validate_prompt(prompt_tokens: int, max_tokens: int | None, context_length: int) -> str | None:
     """The context rule: None when a prompt of ``prompt_tokens`` may run, else the 400
     message. ``max_tokens`` beyond what is left is clamped, not an error (None: no limit)."""

@@ -40,7 +40,7 @@ from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, Stage, request_error
 from worker.engine.prefill import PrefillGroup, group_limit, out_of_memory, start_kv
-from worker.engine.prepare import Grammars, error_chunk, grammars_for, prepare
+from worker.engine.prepare import Grammars, failure_chunk, grammars_for, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
 from worker.engine.task_queue import Queued, TaskQueue
@@ -226,7 +226,7 @@ class Engine:
             seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
                                              submitted_at=queued.submitted_at, grammars=self.grammars)
         except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
-            seq = error_chunk(queued.task_id, 500, f"generation failed: {e!r}")
+            seq = failure_chunk(queued.task_id, e)
         if isinstance(seq, ErrorChunk):
             return self._pop(queued, [seq]), None, True
         queued.prepared = seq
@@ -290,7 +290,7 @@ class Engine:
 
     def _fail(self, seq: Sequence, exc: Exception) -> ErrorChunk:
         self._forget(seq)
-        return error_chunk(seq.task_id, 500, f"generation failed: {exc!r}")
+        return failure_chunk(seq.task_id, exc)
 
     def _forget(self, seq: Sequence) -> None:
         """``seq`` is no longer live, nor in the prefilling group (its KV rows freed)."""
