@@ -47,13 +47,21 @@ def hub(model_dir):
 
 
 def _manifest(hub: HubServer) -> ModelManifest:
+    """The hub model's manifest, read in this process (online, whatever ``HF_HUB_OFFLINE``
+    ``.ci/run`` exports: huggingface_hub reads it once, at import)."""
     import os
 
-    old = os.environ.get("HF_ENDPOINT")
-    os.environ["HF_ENDPOINT"] = hub.endpoint
+    from huggingface_hub import constants
+
+    old, old_offline = os.environ.get("HF_ENDPOINT"), constants.HF_HUB_OFFLINE
+    os.environ["HF_ENDPOINT"], constants.HF_HUB_OFFLINE = hub.endpoint, False
+    offline_env = os.environ.pop("HF_HUB_OFFLINE", None)
     try:
         return resolve_hub_model(HubClient(MODEL, user_agent={"exo-p2p-node": "test"}), MODEL)[2]
     finally:
+        constants.HF_HUB_OFFLINE = old_offline
+        if offline_env is not None:
+            os.environ["HF_HUB_OFFLINE"] = offline_env
         if old is None:
             os.environ.pop("HF_ENDPOINT")
         else:

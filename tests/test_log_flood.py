@@ -66,7 +66,7 @@ def models_dir(tmp_path_factory):
 def largest_request() -> dict:
     """Keyword arguments of ``chat.completions.create`` for a request just under the command bound."""
     stop = [f"{i:02d}" + "s" * (MAX_STOP_BYTES - 2) for i in range(MAX_STOP_STRINGS)]
-    prompt = "x" * (MAX_COMMAND_BYTES - MAX_STOP_STRINGS * (MAX_STOP_BYTES + 3) - 512)
+    prompt = "x" * (MAX_COMMAND_BYTES - MAX_STOP_STRINGS * (MAX_STOP_BYTES + 3) - 1024)  # 1 KiB for the rest of the command
     return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stop": stop, "max_tokens": 1, "temperature": 0}
 
 

@@ -99,7 +99,7 @@ def _place(api: NodeProcess, nodes: list[str], min_nodes: int) -> str:
 
 
 def test_master_killed_while_followers_stream_requests_complete_and_cluster_keeps_instances(tmp_path, models_dir):
-    cluster = Cluster(tmp_path, 3, extra_args=["--models-dir", str(models_dir), "--prefill-chunk-size", "16"])
+    cluster = Cluster(tmp_path, 3, extra_args=["--models-dir", str(models_dir), "--prefill-chunk-size", "16", "--routing", "load"])
     try:
         cluster.start()
         wait_until(lambda: agreement(cluster.nodes, 3), 30, what="3-node agreement")

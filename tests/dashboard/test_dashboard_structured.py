@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 
+from exo_p2p.output_format import close_objects
 from exo_p2p.types import SubmitGeneration
 from tests.dashboard.fake_backend import TOKENS, FakeCluster, ServedBackend, synthetic_state
 
@@ -141,7 +142,7 @@ def test_the_answer_to_a_format_streams_in_the_page(page, served) -> None:
     assert page.locator("#chat-log .msg.assistant .error").count() == 0
     assert page.locator("#chat-log .msg.assistant .content").last.inner_text() == "".join(TOKENS)
     fmt = served.backend.submitted[-1].params.output_format
-    assert fmt is not None and fmt.kind == "json_schema" and json.loads(fmt.source) == SCHEMA
+    assert fmt is not None and fmt.kind == "json_schema" and json.loads(fmt.source) == close_objects(SCHEMA)  # objects closed (output_format)
     page.fill("#chat-schema", '{"type": "nope"}')  # JSON, an object: the node's 400 says what is wrong
     page.fill("#chat-input", "again")
     page.click("#chat-send")
