@@ -30,9 +30,9 @@ from pathlib import Path
 from exo_p2p.models.card import card_from_config, float32_sizes
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.hub import HubClient, HubError, HubFile
-from exo_p2p.models.manifest import choose_chunk_bytes, chunk_bounds
+from exo_p2p.models.manifest import choose_chunk_bytes, chunk_bounds, tensor_ranges
 from exo_p2p.models.partial import PartialModel
-from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
+from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 from exo_p2p.types.models import HubSource, ModelCard
 
 UNKNOWN = ""
@@ -81,17 +81,9 @@ def _chunks(size: int, cuts: list[int], chunk_bytes: int, known: bytes) -> tuple
 
 def _weight_entry(path: str, size: int, raw: bytes, header: dict, chunk_bytes: int) -> ManifestFile:
     base = len(raw)
-    tensors = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = (base + int(o) for o in info["data_offsets"])
-        if not base <= start <= end <= size:
-            raise UnsupportedModelError(f"{path}: tensor {name} lies outside the file")
-        tensors.append(TensorRange(name, start, end))
-    tensors.sort(key=lambda t: (t.start, t.name))
+    tensors = tensor_ranges(path, header, base, size)
     cuts = [base, *(t.start for t in tensors), *(t.end for t in tensors)]
-    return ManifestFile(path, size, _chunks(size, cuts, chunk_bytes, raw), header_end=base, tensors=tuple(tensors))
+    return ManifestFile(path, size, _chunks(size, cuts, chunk_bytes, raw), header_end=base, tensors=tensors)
 
 
 def resolve_hub_model(client: HubClient, model_id: str) -> tuple[HubSource, ModelCard, ModelManifest, dict[str, bytes]]:

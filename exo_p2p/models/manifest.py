@@ -97,6 +97,13 @@ def safetensors_layout(path: Path) -> tuple[int, tuple[TensorRange, ...]]:
     except ValueError as e:
         raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
     base = 8 + length
+    return base, tensor_ranges(path, header, base, size)
+
+
+def tensor_ranges(path: str, header: dict, base: int, size: int) -> tuple[TensorRange, ...]:
+    """The byte ranges of a safetensors file's tensors from its ``header`` (``base``: where
+    the data starts, ``size``: the file's bytes), ordered by offset. Raises
+    ``UnsupportedModelError`` for a tensor outside the file."""
     ranges = []
     for name, info in header.items():
         if name == "__metadata__":
@@ -106,7 +113,7 @@ def safetensors_layout(path: Path) -> tuple[int, tuple[TensorRange, ...]]:
             raise UnsupportedModelError(f"{path}: tensor {name} lies outside the file")
         ranges.append(TensorRange(name, start, end))
     ranges.sort(key=lambda t: (t.start, t.name))
-    return base, tuple(ranges)
+    return tuple(ranges)
 
 
 def chunk_bounds(size: int, cuts: Iterable[int], chunk_bytes: int) -> list[tuple[int, int]]:
