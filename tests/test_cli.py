@@ -628,7 +628,7 @@ def test_place_waits_with_progress_until_ready(served):
 def test_place_no_wait_returns_at_once(served):
     result = invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url])
     assert result.exit_code == 0, result.output
-    assert served.paths("GET") == ["/instances"]  # only the replica check, no polling
+    assert served.paths("GET") == ["/state", "/instances"]  # only the replica check (State first), no polling
     assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout
 
 

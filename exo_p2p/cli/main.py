@@ -465,9 +465,10 @@ def place(
     with _client(ctx, api, api_key) as client:
         from exo_p2p.cli.place_check import counted_instances, replica_notice
 
+        # State first, then the list: a failed instance re-placed between the two reads is then
+        # listed as its successor, and counts; the other order missed both (and doubled it)
+        in_state = client.state().get("instances") or {}  # failed ones being re-placed count
         listed = client.instances()
-        failed = any(i.get("model") == model and i.get("status") == "failed" for i in listed)
-        in_state = (client.state().get("instances") or {}) if failed else {}  # re-placed ones count
         existing = counted_instances(model, listed, in_state)
         if existing and not replica:
             short = render.short_ids([str(i["instance_id"]) for i in existing])
