@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from worker.engine.stop import longest_suffix_prefix
+
 Channel = Literal["content", "reasoning"]
 
 
@@ -111,7 +113,7 @@ class OutputParser:
             watch = self._watch()
             hits = [(self._held.find(marker), marker, state) for marker, state in watch if marker in self._held]
             if not hits:
-                keep = _partial_suffix(self._held, [marker for marker, _ in watch])
+                keep = longest_suffix_prefix(self._held, [marker for marker, _ in watch])
                 out += self._emit(self._held[: len(self._held) - keep])
                 self._held = self._held[len(self._held) - keep :]
                 return out
@@ -154,15 +156,3 @@ class OutputParser:
         except Exception as e:  # noqa: BLE001 - any parser failure: the text comes back
             text = f"{self.markers.call_start}{raw}{self.markers.call_end}"
             return [Piece("content", text, warning=f"a tool call did not parse: {type(e).__name__}: {e}"[:300])]
-
-
-def _partial_suffix(text: str, markers: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of one of
-    ``markers`` (0 when none)."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best

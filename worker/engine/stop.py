@@ -56,7 +56,7 @@ class StopMatcher:
             self._matched = stop
             self._held = ""
             return buf[:first], True
-        keep = _longest_suffix_prefix(buf, self._stops)
+        keep = longest_suffix_prefix(buf, self._stops)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], False
 
@@ -80,8 +80,9 @@ def _first_completed(text: str, stops: Sequence[str]) -> tuple[int, str | None]:
     return (-1, None) if best is None else (best[1], best[2])
 
 
-def _longest_suffix_prefix(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some stop."""
+def longest_suffix_prefix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``stops``
+    (0 when none): what may still become a stop string (or a marker: ``output_parser``)."""
     best = 0
     for stop in stops:
         for k in range(min(len(stop) - 1, len(text)), best, -1):
