@@ -87,21 +87,19 @@ def _typed(spec: dict[str, Any], param: str, types: tuple[str, ...]) -> str:
 def openai_response_format(value: Any, param: str = "response_format") -> Asked | None:
     """OpenAI's ``response_format`` (chat, completions): None for absent or ``text``; 400 for
     another type, a ``json_schema`` without ``json_schema.schema``, a bad ``name``."""
-    if value is None:
-        return None
-    spec = _object(value, param)
-    kind = _typed(spec, param, ("text", "json_object", "json_schema"))
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return Asked(param, param, OutputFormat("json_object"))
-    inner = _object(spec.get("json_schema"), f"{param}.json_schema")
-    return _schema(inner.get("schema"), param, f"{param}.json_schema.schema", inner.get("name"))
+    return _openai_kind(value, param, nested=True)
 
 
 def responses_text_format(value: Any, param: str = "text.format") -> Asked | None:
     """Responses' ``text.format`` (``name``/``schema``/``strict`` beside ``type``): None for
     absent or ``text``; 400 as ``openai_response_format``."""
+    return _openai_kind(value, param, nested=False)
+
+
+def _openai_kind(value: Any, param: str, *, nested: bool) -> Asked | None:
+    """OpenAI's ``text`` / ``json_object`` / ``json_schema`` format object: the schema's
+    fields under ``json_schema`` (``nested``: chat, completions) or beside ``type``
+    (Responses)."""
     if value is None:
         return None
     spec = _object(value, param)
@@ -110,7 +108,9 @@ def responses_text_format(value: Any, param: str = "text.format") -> Asked | Non
         return None
     if kind == "json_object":
         return Asked(param, param, OutputFormat("json_object"))
-    return _schema(spec.get("schema"), param, f"{param}.schema", spec.get("name"))
+    where = f"{param}.json_schema" if nested else param
+    inner = _object(spec.get("json_schema"), where) if nested else spec
+    return _schema(inner.get("schema"), param, f"{where}.schema", inner.get("name"))
 
 
 def anthropic_output_format(output_config: Any, output_format: Any = None) -> Asked | None:
