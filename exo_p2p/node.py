@@ -732,6 +732,10 @@ def run_node(config: NodeConfig) -> int:
     except OSError as exc:
         print(f"error: cannot write the log file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    if config.log_file is not None:
+        from exo_p2p import log_rotation
+
+        log_rotation.watch(Path(config.log_file))  # bounded on disk (exo_p2p.log_rotation)
     try:
         lock = check_can_start(config)
     except StartupError as exc:

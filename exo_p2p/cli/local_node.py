@@ -23,6 +23,7 @@ from rich.console import Console
 
 from exo_p2p.cli.client import CliError, NodeClient
 from exo_p2p.cli.private_state import private_state
+from exo_p2p.log_rotation import RUN_LOG_MAX_BYTES, rotate_if_larger
 
 LOG_NAME = "run-node.log"
 START_TIMEOUT = 180.0
@@ -136,6 +137,10 @@ def _run_node(data_dir: Path, state_dir: Path, console: Console, start_timeout: 
     api_port = free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     log_path = data_dir / LOG_NAME
+    try:
+        rotate_if_larger(log_path, RUN_LOG_MAX_BYTES)  # bounded on disk (exo_p2p.log_rotation)
+    except OSError as exc:
+        console.print(f"[yellow]warning:[/] could not rotate {log_path}: {exc}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log_path, "ab") as log:
         start = log.tell()
