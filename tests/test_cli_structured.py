@@ -95,6 +95,7 @@ def _sent(served: Served) -> list[dict]:
 def test_chat_and_run_send_the_format(served: Served, tmp_path: Path) -> None:
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
+    served.node.chat_tokens = ['{"name"', ': "Ada"', "}"]
     assert invoke(["chat", "hi", "--json", "--api", served.url]).exit_code == 0
     assert _sent(served)[-1]["response_format"] == {"type": "json_object"}
     result = invoke(["chat", "--schema", str(schema), "--api", served.url], input="one\ntwo\n/bye\n")
@@ -109,6 +110,18 @@ def test_chat_and_run_send_the_format(served: Served, tmp_path: Path) -> None:
     assert _sent(served)[-1]["response_format"] == {"type": "json_object"}
     assert invoke(["chat", "hi", "--api", served.url]).exit_code == 0
     assert "response_format" not in _sent(served)[-1]
+
+
+@pytest.mark.integration
+def test_a_json_answer_cut_at_the_length_limit_exits_1(served: Served) -> None:
+    """Half an object on stdout is not an answer a script may take: exit 1, and the error
+    says how to get the whole one."""
+    served.node.chat_tokens, served.node.finish_reason = ['{"name"', ': "Ad'], "length"
+    result = invoke(["chat", "hi", "--json", "--max-tokens", "2", "--api", served.url])
+    assert result.exit_code == 1, result.output
+    assert error_lines(result)[-1] == "error: the answer is not complete JSON (cut before its end); pass --max-tokens 8"
+    served.node.chat_tokens = ["not", " json"]
+    assert invoke(["chat", "hi", "--api", served.url]).exit_code == 0, "without --json any text is an answer"
 
 
 @pytest.mark.integration
@@ -156,11 +169,11 @@ def test_a_real_node_answers_the_cli_with_valid_json(node, tmp_path: Path) -> No
     assert "finish reason: stop" in proc.stderr, proc.stderr
     jsonschema.validate(json.loads(proc.stdout), PERSON)
     proc = _cli(node.url, "anything", "--json", "--temperature", "0", "--max-tokens", "200")
-    assert proc.returncode == 0 and proc.stdout.startswith("{"), proc.stderr
+    assert proc.stdout.startswith("{"), proc.stderr
     if "finish reason: stop" in proc.stderr:
-        assert isinstance(json.loads(proc.stdout), dict)
+        assert proc.returncode == 0 and isinstance(json.loads(proc.stdout), dict), proc.stderr
     else:
-        assert "cut at the length limit" in proc.stderr
+        assert proc.returncode == 1 and "cut at the length limit" in proc.stderr and "not complete JSON" in proc.stderr
     bad = tmp_path / "bad-schema.json"
     bad.write_text(json.dumps({"type": "nope"}))
     proc = _cli(node.url, "x", "--schema", str(bad))

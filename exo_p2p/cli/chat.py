@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -116,14 +117,29 @@ def chat_once(
     response_format: dict[str, Any] | None = None,
 ) -> str:
     """Answer one prompt, streamed to stdout; returns the answer; the figures line on
-    stderr unless ``quiet``. Raises ``CliError`` (exit 2) for an empty or blank prompt (a
+    stderr unless ``quiet``. Raises ``CliError``: exit 2 for an empty or blank prompt (a
     model asked nothing rambles for minutes)."""
     if not prompt.strip():
         raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
     messages = start_messages(system) + [{"role": "user", "content": prompt}]
     body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature,
                         response_format=response_format)
-    return stream_answer(client, body, quiet=quiet)
+    answer = stream_answer(client, body, quiet=quiet)
+    if response_format is not None:
+        check_json_answer(answer, max_tokens)
+    return answer
+
+
+def check_json_answer(answer: str, max_tokens: int | None) -> None:
+    """Raise ``CliError`` (exit 1) when an answer asked for as JSON (``--json`` /
+    ``--schema``) is not one whole JSON value, e.g. cut at the length limit: a script reading
+    stdout must not take half an object for an answer. The node's grammar makes every whole
+    answer valid; only a cut one fails here."""
+    try:
+        json.loads(answer)
+    except ValueError:
+        more = f"--max-tokens {max_tokens * 4}" if max_tokens else "a larger --max-tokens"
+        raise CliError(f"the answer is not complete JSON (cut before its end); pass {more}", 1) from None
 
 
 def repl(
