@@ -120,7 +120,10 @@ def test_openai_chat_stream_of_reasoning_text_and_calls() -> None:
         assert [p["index"] for p in parts] == [0, 0, 1, 1]
         assert [(p["id"], p["function"]["name"]) for p in parts if "id" in p] == [(c.id, c.name) for c in CALLS]
         assert ["".join(p["function"]["arguments"] for p in parts if p["index"] == i) for i in (0, 1)] == [c.arguments for c in CALLS]
-        assert [e["choices"][0]["finish_reason"] for e in events if e["choices"][0]["finish_reason"]] == ["tool_calls"]
+        assert [e["choices"][0]["finish_reason"] for e in events if e["choices"] and e["choices"][0]["finish_reason"]] == ["tool_calls"]
+        r = await client.post("/v1/chat/completions", json=chat(tools=TOOLS, stream=True, stream_options={"include_usage": True}))
+        usage = [json.loads(e)["usage"] for e in sse_events(r.text)[:-1] if json.loads(e).get("usage")]
+        assert len(usage) == 1 and usage[0]["completion_tokens_details"] == {"reasoning_tokens": 2}, usage
 
     run_api(body)
 
@@ -235,6 +238,7 @@ def test_responses_items_streamed_and_not() -> None:
             return [{k: v for k, v in i.items() if k != "id"} for i in items]
 
         assert kinds[-1] == "response.completed" and strip(events[-1]["response"]["output"]) == strip(whole["output"])
+        assert events[-1]["response"]["usage"] == whole["usage"], "the stream's usage counts reasoning tokens too"
 
     run_api(body)
 

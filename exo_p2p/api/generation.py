@@ -58,7 +58,7 @@ from exo_p2p.api.resume import (
     suspect,
     waits_for_replacement,
 )
-from exo_p2p.api.turn import Turn, answer_bytes, token_bytes
+from exo_p2p.api.turn import Turn, answer_bytes, finish_bytes, token_bytes
 from exo_p2p.types import (
     CancelGeneration,
     CommandResult,
@@ -475,7 +475,7 @@ class GenerationResponse:
                 await self._send(send, token_bytes(self.encoder, chunk, self._turn))
             elif isinstance(chunk, FinishChunk):
                 self._outcome = f"streamed, {chunk.finish_reason}"
-                await self._send(send, self.encoder.finish(chunk), more=False)
+                await self._send(send, finish_bytes(self.encoder, chunk, self._turn), more=False)
                 return
             elif isinstance(chunk, ErrorChunk):
                 self._outcome = f"error {chunk.error.status} mid-stream"

@@ -73,6 +73,14 @@ def token_bytes(encoder: Any, chunk: TokenChunk, turn: Turn) -> bytes:
     return out
 
 
+def finish_bytes(encoder: Any, chunk: FinishChunk, turn: Turn) -> bytes:
+    """A stream's closing bytes: the encoder's ``finish_turn`` (whose usage counts the turn's
+    reasoning tokens) when it has one, else its ``finish``."""
+    if hasattr(encoder, "finish_turn"):
+        return encoder.finish_turn(chunk, turn)
+    return encoder.finish(chunk)
+
+
 def answer_bytes(encoder: Any, turn: Turn, chunk: FinishChunk) -> bytes:
     """A whole non-streamed answer: the encoder's ``answer`` when it has one, else its
     ``body`` of the text alone."""

@@ -187,10 +187,16 @@ class ChatEncoder(msgspec.Struct, frozen=True):
 
     def finish(self, chunk: FinishChunk) -> bytes:
         """The one event with a non-null ``finish_reason`` (empty delta), [usage], [DONE]."""
+        return self.finish_turn(chunk, None)
+
+    def finish_turn(self, chunk: FinishChunk, turn: Turn | None) -> bytes:
+        """``finish``, the usage chunk counting ``turn``'s reasoning tokens apart
+        (``completion_tokens_details.reasoning_tokens``, as a whole answer's usage does)."""
         tail = self._chunk(Delta(), openai_finish_reason(chunk.finish_reason))
         if self.include_usage:
-            usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens)
-            tail += sse(ChatCompletionChunk(self.id, "chat.completion.chunk", self.created, self.model, [], usage))
+            usage = usage_of(chunk, turn.reasoning_tokens if turn is not None else 0)
+            tail += sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                         "choices": [], "usage": usage})
         return tail + DONE
 
     def error(self, info: ErrorInfo) -> bytes:

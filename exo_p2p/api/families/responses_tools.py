@@ -176,8 +176,13 @@ class ItemsEncoder:
         return out
 
     def finish(self, chunk: FinishChunk) -> bytes:
+        return self.finish_turn(chunk, None)
+
+    def finish_turn(self, chunk: FinishChunk, turn: Turn | None) -> bytes:
+        """The closing events; the usage counts ``turn``'s reasoning tokens apart."""
         status = "incomplete" if chunk.finish_reason == "length" else "completed"
-        return self._close() + self._event(f"response.{status}", response=self._response(status, chunk))
+        reasoning = turn.reasoning_tokens if turn is not None else 0
+        return self._close() + self._event(f"response.{status}", response=self._response(status, chunk, reasoning_tokens=reasoning))
 
     def error(self, info: ErrorInfo) -> bytes:
         return (self._event("error", code=info.code or info.type, message=info.message, param=info.param)
