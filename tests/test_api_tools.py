@@ -162,7 +162,9 @@ def test_anthropic_request_with_tools_blocks_and_a_noisy_system_prompt() -> None
         for fields, param in [({"tool_choice": {"type": "tool", "name": "nope"}, "tools": ANTHROPIC_TOOLS}, "tool_choice"),
                               ({"tool_choice": {"type": "any"}}, "tool_choice"),
                               ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
-                               "messages.0.content[0].type")]:
+                               "messages.0.content[0].type"),
+                              ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+                                  {"type": "tool_use", "id": "t", "name": "f", "input": "oops"}]}]}, "content[0].input")]:
             bad = await client.post("/v1/messages", json=messages(**fields))
             assert bad.status_code == 400 and param in bad.json()["error"]["message"], bad.text
 
@@ -194,6 +196,18 @@ def test_anthropic_answer_blocks_streamed_and_not() -> None:
 
 RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": WEATHER},
                    {"type": "function", "name": "get_time"}]
+
+
+def test_responses_bad_items_name_their_own_field() -> None:
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        for item, param in [({"type": "function_call", "name": "get_time", "arguments": "{}"}, "input[1].call_id"),
+                            ({"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}, "input[1].arguments")]:
+            r = await client.post("/v1/responses", json={"model": MODEL, "tools": RESPONSES_TOOLS,
+                                                         "input": [{"role": "user", "content": "hi"}, item]})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert not submits(backend)
+
+    run_api(body)
 
 
 def test_responses_request_with_function_call_items() -> None:

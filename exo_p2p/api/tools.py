@@ -133,11 +133,14 @@ def arguments_text(arguments: Any, param: str) -> str:
     raise bad(param, "must be a JSON object (or its JSON text)")
 
 
-def earlier_call(call_id: Any, name: Any, arguments: Any, where: str) -> ToolCall:
+def earlier_call(call_id: Any, name: Any, arguments: Any, where: str, *, id_field: str = "id",
+                 arguments_field: str = "arguments") -> ToolCall:
     """An earlier turn's tool call (its id, the tool's name, its arguments as sent); 400 naming
-    ``where`` for a missing id or name or arguments that are not a JSON object."""
+    ``where`` and the family's own field (``id_field``: Responses says ``call_id``;
+    ``arguments_field``: Anthropic says ``input``) for a missing id or name or arguments
+    that are not a JSON object."""
     if not isinstance(call_id, str) or not call_id:
-        raise bad(f"{where}.id", "a tool call needs an id")
+        raise bad(f"{where}.{id_field}", "a tool call needs an id")
     if not isinstance(name, str) or not name:
         raise bad(f"{where}.name", "a tool call needs the tool's name")
-    return ToolCall(call_id, name, arguments_text(arguments, f"{where}.arguments"))
+    return ToolCall(call_id, name, arguments_text(arguments, f"{where}.{arguments_field}"))

@@ -103,7 +103,8 @@ def turn_messages(i: int, role: str, blocks: list[Any]) -> list[ChatMessage]:
         if block.type == "text" and block.text is not None:
             texts.append(block.text)
         elif block.type == "tool_use" and role == "assistant":
-            calls.append(earlier_call(block.id, block.name, block.input if block.input is not None else {}, where))
+            calls.append(earlier_call(block.id, block.name, block.input if block.input is not None else {}, where,
+                                      arguments_field="input"))
         elif block.type in ("thinking", "redacted_thinking") and role == "assistant":
             thoughts.append(block.thinking or "")
         elif block.type == "tool_result" and role == "user":

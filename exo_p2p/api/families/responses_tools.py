@@ -64,7 +64,7 @@ def tool_item(i: int, item: Any, messages: list[ChatMessage]) -> None:
     ``messages`` (a call joins the assistant turn just before it)."""
     where = f"input[{i}]"
     if item.type == "function_call":
-        call = earlier_call(item.call_id, item.name, item.arguments if item.arguments is not None else "{}", where)
+        call = earlier_call(item.call_id, item.name, item.arguments if item.arguments is not None else "{}", where, id_field="call_id")
         if messages and messages[-1].role == "assistant":
             last = messages.pop()
             messages.append(msgspec.structs.replace(last, tool_calls=(*last.tool_calls, call)))
