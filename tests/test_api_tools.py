@@ -201,7 +201,10 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "w
 def test_responses_bad_items_name_their_own_field() -> None:
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         for item, param in [({"type": "function_call", "name": "get_time", "arguments": "{}"}, "input[1].call_id"),
-                            ({"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}, "input[1].arguments")]:
+                            ({"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "[1]"}, "input[1].arguments"),
+                            ({"type": "function_call_output", "call_id": "c", "output": {"text": "x"}}, "input[1].output"),
+                            ({"type": "function_call_output", "call_id": "c"}, "input[1].output"),
+                            ({"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}, "input[1].output")]:
             r = await client.post("/v1/responses", json={"model": MODEL, "tools": RESPONSES_TOOLS,
                                                          "input": [{"role": "user", "content": "hi"}, item]})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -77,12 +77,14 @@ def tool_item(i: int, item: Any, messages: list[ChatMessage]) -> None:
 
 
 def _output_text(where: str, output: Any) -> str:
+    """A ``function_call_output``'s text: a string, or a list of parts each with a string
+    ``text`` (``input_text`` / ``output_text``); 400 naming ``where.output`` otherwise (an
+    object, a number, a missing output, a part without text)."""
     if isinstance(output, str):
         return output
-    texts = [p.get("text") for p in output or () if isinstance(p, dict)]
-    if not all(isinstance(t, str) for t in texts):
-        raise bad(f"{where}.output", "must be a string or text parts")
-    return "".join(texts)  # type: ignore[arg-type]
+    if not isinstance(output, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in output):
+        raise bad(f"{where}.output", "must be a string or a list of text parts")
+    return "".join(p["text"] for p in output)
 
 
 class ItemsEncoder:
