@@ -27,7 +27,7 @@ class ToolCall(msgspec.Struct, frozen=True):
     arguments: str
 
 
-class ChatMessage(msgspec.Struct, frozen=True):
+class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """One chat message with its text content (content parts already joined).
 
     An assistant turn may carry ``tool_calls`` and its ``reasoning`` (rendered by templates
@@ -61,8 +61,11 @@ class OutputFormat(msgspec.Struct, frozen=True):
     name: str | None = None
 
 
-class GenerationParams(msgspec.Struct, frozen=True):
+class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """Validated sampling parameters of one generation (every API family maps to these).
+    Encoded without the fields left at their defaults (``omit_defaults``, as ``ChatMessage``):
+    a plain request's ``SubmitGeneration`` / ``TaskCreated`` carry ~50 bytes of parameters in
+    every node's log, not ~440.
 
     ``messages`` are rendered with the model's chat template; when ``prompt`` is set it is
     the raw prompt text instead (``/v1/completions``, Ollama ``raw``) and ``messages`` is
