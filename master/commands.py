@@ -31,6 +31,7 @@ from exo_p2p.types import (
     TextGeneration,
 )
 from master.admission import memory_refusal, oversized_prompt
+from master.in_flight import busy_refusal
 from master.placement import PlacementError, place_instance, resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
@@ -205,6 +206,8 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"
         )
+    if (busy := busy_refusal(state, command.params)) is not None:
+        return _error(command, 429, busy, type_="rate_limit_error", code="cluster_busy")
     task = TextGeneration(
         task_id=command.task_id,
         instance_id=chosen.instance_id,
