@@ -38,7 +38,7 @@ from libp2p.utils.address_validation import get_available_interfaces
 from exo_p2p import defaults
 from exo_p2p.limits import LIBP2P_MAX_CONNECTIONS, LIBP2P_MAX_INBOUND
 
-from . import libdrops
+from . import libdrops, yamux_guard
 from .config import NetConfig, derive_psk, mdns_fingerprint
 from .discovery import MDNS_FALLBACK_DELAY, MdnsDialHook, Redialer, should_dial
 from .errors import DialError
@@ -366,6 +366,7 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     Raises ConfigError for invalid settings and OSError if the port is taken.
     """
     libdrops.install()
+    yamux_guard.install()  # whole messages on yamux streams (exo_p2p.net.yamux_guard)
     params = config.gossip
     # Raise the library's per-subscription queue before any subscribe (docs/architecture.md#networking-notes, note 3).
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = max(
