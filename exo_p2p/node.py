@@ -67,7 +67,7 @@ class Node:
         the master hooks. ``run`` opens the libp2p host and builds the cluster member on it.
         Raises ``OSError`` when the data dir cannot be read."""
         from exo_p2p.cluster.member import ClusterMember, MasterHooks
-        from exo_p2p.models.store import ModelStore
+        from exo_p2p.models.store import ModelStore, store_roots
         from exo_p2p.models.token_count import TokenCounter
         from exo_p2p.net import Network, load_or_create_identity, new_boot_id
         from master.role import MasterRole
@@ -93,7 +93,8 @@ class Node:
         self._from_before = instances_from_before(self.replica.state, self.node_id, self.boot_id)  # said at start
         self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.command)
         self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
-                                + [self.data_dir / "models" / "pulled"])  # pulled from peers (docs/models.md)
+                                + [self.data_dir / "models" / "pulled"],  # pulled from peers (docs/models.md)
+                                **store_roots(config))  # Ollama, LM Studio: docs/models.md#model-stores
         from exo_p2p.models.depot import ModelDepot
 
         self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=config.fault_hooks)

@@ -91,6 +91,13 @@ _SETTINGS = (
             "memory_limit", "SIZE", when_unset="the machine's memory"),
     Setting("--models-dir", "path, repeatable", "A directory of models to serve: MLX-format model directories and "
             "GGUF files (repeatable; in the variable, separated by colons like PATH)", "models_dirs", "DIR", repeatable=True),
+    Setting("--ollama-models", "path", "Ollama's models dir (manifests/ and blobs/): its models are listed read-only "
+            "as ollama:NAME:TAG", "ollama_models", "DIR", when_unset="$OLLAMA_MODELS, else ~/.ollama/models"),
+    Setting("--no-ollama", "flag", "Do not list the models of an Ollama install", "ollama", inverted=True),
+    Setting("--lmstudio-models", "path", "LM Studio's models dir (PUBLISHER/MODEL dirs of MLX or GGUF files): its "
+            "models are listed read-only as lmstudio:PUBLISHER/MODEL", "lmstudio_models", "DIR",
+            when_unset="~/.lmstudio/models, else ~/.cache/lm-studio/models"),
+    Setting("--no-lmstudio", "flag", "Do not list the models of LM Studio's models dir", "lmstudio", inverted=True),
     Setting("--log-format", "console or json", "Log format; json: one JSON object per line, libraries and runners "
             "included", "log_format", "console|json"),
     Setting("--log-level", "debug, info, warning or error", "Log level: debug, info, warning or error", "log_level", "LEVEL"),
@@ -169,6 +176,7 @@ ENVIRONMENT = (
            "not a setting"),
     EnvVar("XDG_DATA_HOME", "node, client commands", "Base of the default data dir ($XDG_DATA_HOME/exo-p2p) "
            "when neither --data-dir nor EXO_P2P_HOME is given"),
+    EnvVar("OLLAMA_MODELS", "node", "Ollama's models dir when --ollama-models is not given (as Ollama reads it)"),
     EnvVar("HF_HUB_CACHE", "node", "The Hugging Face cache whose MLX-format models the node lists, read-only"),
     EnvVar("HF_ENDPOINT", "node", "The model hub a node reads models no node holds from (default "
            "https://huggingface.co)"),

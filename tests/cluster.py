@@ -94,7 +94,10 @@ class NodeProcess:
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         # test nodes share this machine's few cores (several nodes, their runners and the
         # test process): one BLAS thread per runner, unless the test or the environment says
-        self.env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        # the machine's Ollama and LM Studio models stay out (a test gives --ollama-models /
+        # --lmstudio-models, which win over these variables)
+        stores = {"EXO_P2P_OLLAMA_MODELS": str(data_dir / "no-ollama"), "EXO_P2P_LMSTUDIO_MODELS": str(data_dir / "no-lmstudio")}
+        self.env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1", **stores, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir / "node.log"
         self._known_children: set[int] = set()

@@ -23,6 +23,7 @@ from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
 from exo_p2p.api.resume import MoveCounters
 from exo_p2p.metrics.observer import Observer
+from exo_p2p.models.names import canonical_model_name
 from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitGeneration, new_id
 
 T = TypeVar("T")
@@ -73,8 +74,9 @@ class ApiContext:
         return await trio.to_thread.run_sync(build, *args, limiter=self.checking)
 
     def model_id(self, name: str) -> ModelId:
-        """The model id a client's model name stands for (aliases resolved)."""
-        return ModelId(self.config.model_aliases.get(name, name))
+        """The model id a client's model name stands for (aliases resolved; an Ollama
+        store's name without its tag means ``:latest``, ``exo_p2p.models.names.canonical_model_name``)."""
+        return ModelId(canonical_model_name(self.config.model_aliases.get(name, name)))
 
     def card(self, name: str) -> ModelCard | None:
         """The cluster's card of model ``name`` (aliases resolved), or None."""

@@ -4,7 +4,9 @@
 another node holds onto this node (201 with its ``PullStatus``; 400 when no node holds it
 completely or the name is ambiguous, 409 when it is already here or being pulled, under
 this name or, for the same files, another: ``exo_p2p.models.pulls.PullConflict``);
-``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/cluster``
+``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/unsupported``
+lists the models this node's stores hold that it cannot serve, each ``{"model", "source",
+"path", "reason"}`` (``exo_p2p.models.store.ModelStore.unsupported``); ``GET /models/cluster``
 lists every model name held in the cluster with its manifests and holders (complete or
 partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
 (409 while an instance on this node uses it or a pull of it runs; 404 when this node has none; 400 for a name
@@ -77,6 +79,11 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
     async def list_pulls(request: Request) -> Response:
         return _response(sorted(backend.pulls.pulls.values(), key=lambda s: s.model))
 
+    async def list_unsupported(request: Request) -> Response:
+        problems = backend.depot.store.unsupported()
+        return _response([{"model": p.model_id, "source": p.origin, "path": str(p.path), "reason": p.reason}
+                          for p in problems])
+
     async def list_cluster_models(request: Request) -> Response:
         return _response(cluster_models(backend.state()))
 
@@ -108,5 +115,6 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
         Route("/models/pull", start_pull, methods=["POST"]),
         Route("/models/pulls", list_pulls, methods=["GET"]),
         Route("/models/cluster", list_cluster_models, methods=["GET"]),
+        Route("/models/unsupported", list_unsupported, methods=["GET"]),
         Route("/models/{name:path}", remove_model, methods=["DELETE"]),
     ]

@@ -62,7 +62,10 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         return json_response(model_entry(card, started))
 
     async def list_local_models(request: Request) -> Response:
-        return json_response([local_model(c) for c in sorted(backend.local_models(), key=lambda c: c.model_id)])
+        # where each was found (docs/models.md#model-stores); a backend without a depot: unknown
+        origins = backend.depot.store.origins() if hasattr(backend, "depot") else {}  # type: ignore[attr-defined]
+        cards = sorted(backend.local_models(), key=lambda c: c.model_id)
+        return json_response([local_model(c, origins.get(c.model_id)) for c in cards])
 
     async def get_state(request: Request) -> Response:
         health = backend.health()

@@ -198,8 +198,10 @@ class ModelList(msgspec.Struct, frozen=True):
     data: list[ModelEntry]
 
 
-class LocalModel(msgspec.Struct, frozen=True):
-    """An entry of ``GET /models``: a model this node can serve from its own store."""
+class LocalModel(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An entry of ``GET /models``: a model this node can serve from its own store; ``source``
+    says where it was found (embedded, models_dir, pulled, hf_cache, ollama, lmstudio; left
+    out when the backend cannot say)."""
 
     model: str
     n_layers: int
@@ -208,6 +210,7 @@ class LocalModel(msgspec.Struct, frozen=True):
     num_attention_heads: int
     num_key_value_heads: int
     context_length: int
+    source: str | None = None
 
 
 class ShardView(msgspec.Struct, frozen=True):

@@ -70,8 +70,9 @@ def model_list(cards: Iterable[ModelCard], created: int) -> ModelList:
     return ModelList(object="list", data=[model_entry(c, created) for c in sorted(cards, key=lambda c: c.model_id)])
 
 
-def local_model(card: ModelCard) -> LocalModel:
-    """``GET /models`` entry of a model this node holds (bytes, tokens)."""
+def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
+    """``GET /models`` entry of a model this node holds (bytes, tokens); ``source``: where the
+    store found it (``exo_p2p.models.sources.Origin``; None: not known)."""
     return LocalModel(
         model=card.model_id,
         n_layers=card.n_layers,
@@ -80,6 +81,7 @@ def local_model(card: ModelCard) -> LocalModel:
         num_attention_heads=card.num_attention_heads,
         num_key_value_heads=card.num_key_value_heads,
         context_length=card.context_length,
+        source=source,
     )
 
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from exo_p2p.cli import client as client_module
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
 from exo_p2p.cli.client import CliError, NodeClient, NodeUnreachable, resolve_api_url
-from exo_p2p.cli.common import PLACE_TIMEOUT, ApiKeyOpt, ApiOpt, app, client_for, given_api, handled, stderr_console
+from exo_p2p.cli.common import (PLACE_TIMEOUT, ApiKeyOpt, ApiOpt, app, client_for, given_api, handled, model_name,
+                                stderr_console)
 from exo_p2p.cli.local_node import running_node
 from exo_p2p.cli.structured import JsonAnswerOpt, SchemaOpt, response_format
 from exo_p2p.cli.waiting import wait_until_ready
@@ -21,7 +22,7 @@ from exo_p2p.config import default_data_dir
 
 ModelOpt = Annotated[
     Optional[str],
-    typer.Option("--model", "-m", help="Model to ask (default: the first ready instance's, else the embedded one)."),
+    typer.Option("--model", "-m", callback=model_name, help="Model to ask (default: the first ready instance's, else the embedded one)."),
 ]
 MaxTokensOpt = Annotated[Optional[int], typer.Option(min=1, help="Stop after this many tokens.")]
 TemperatureOpt = Annotated[
@@ -95,7 +96,7 @@ def ensure_ready_instance(
 @handled
 def run(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id.")] = EMBEDDED_MODEL,
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model id.")] = EMBEDDED_MODEL,
     prompt: Annotated[
         Optional[str],
         typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),

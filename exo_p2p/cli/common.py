@@ -143,6 +143,15 @@ def client_for(ctx: typer.Context, api: str | None, api_key: str | None = None) 
     return client
 
 
+def model_name(value: str | None) -> str | None:
+    """A MODEL argument or option as the node lists models (typer callback): an Ollama store's
+    name without its tag means ``:latest`` (``exo_p2p.models.names.canonical_model_name``), so
+    ``place``, ``stop`` and ``chat`` of ``ollama:llama3.2`` find ``ollama:llama3.2:latest``."""
+    from exo_p2p.models.names import canonical_model_name  # light: no numpy, no MLX
+
+    return None if value is None else canonical_model_name(value)
+
+
 def split_nodes(nodes: str | None) -> list[str] | None:
     """``--nodes "a, b"`` → ``["a", "b"]``; None when empty."""
     if not nodes:

@@ -35,6 +35,7 @@ from exo_p2p.cli.common import (  # noqa: F401  (Globals and root: the app's glo
     app,
     client_for as _client,
     handled,
+    model_name,
     node_names as _node_names,
     root,
     split_nodes as _split_nodes,
@@ -116,6 +117,10 @@ def node(
         Optional[list[Path]],
         node_option("--models-dir"),
     ] = None,
+    ollama_models: Annotated[Optional[Path], node_option("--ollama-models")] = None,
+    no_ollama: Annotated[bool, node_option("--no-ollama")] = False,
+    lmstudio_models: Annotated[Optional[Path], node_option("--lmstudio-models")] = None,
+    no_lmstudio: Annotated[bool, node_option("--no-lmstudio")] = False,
     log_format: Annotated[
         Optional[LogFormat],
         node_option("--log-format"),
@@ -235,6 +240,10 @@ def node(
         listen_port=values["listen_port"],
         memory_limit=values["memory_limit"],
         models_dirs=values["models_dir"],
+        ollama_models=values["ollama_models"],
+        ollama=not values["no_ollama"],
+        lmstudio_models=values["lmstudio_models"],
+        lmstudio=not values["no_lmstudio"],
         log_format=getattr(log_format, "value", log_format),
         log_level=values["log_level"],
         log_file=values["log_file"],
@@ -360,19 +369,23 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, jso
 @app.command()
 @handled
 def models(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, json: JsonOpt = False) -> None:
-    """Models this node can serve, with layers and size; then every model in the cluster with
-    the nodes holding it (complete or part of it)."""
+    """Models this node can serve, with layers, size and where they were found; those it found
+    but cannot serve, with the reason; then every model in the cluster with the nodes holding
+    it (complete or part of it)."""
     with _client(ctx, api, api_key) as client:
         listed = client.models()
         try:
             cluster = client.request("GET", "/models/cluster")
+            unsupported = client.request("GET", "/models/unsupported")  # docs/models.md#model-stores
         except ApiError:  # a node without models travelling between nodes (docs/models.md)
-            cluster = None
+            cluster, unsupported = None, []
         names = {} if json or not cluster else _node_names(client)
     if json:
-        click.echo(render.dumps(render.models_json(listed)))
+        click.echo(render.dumps(render.models_json(listed) + render.unsupported_json(unsupported)))
     else:
         _stdout().print(render.models_table(listed))
+        if unsupported:
+            _stdout().print(render.unsupported_table(unsupported))
         if cluster:
             _stdout().print(transfer_cmds.cluster_models_table(cluster, names))
 
@@ -397,7 +410,7 @@ def instances(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None,
 @handled
 def previews(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model id, e.g. smollm2-135m-instruct.")],
     nodes: NodesOpt = None,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
@@ -429,7 +442,7 @@ def previews(
 @handled
 def place(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id, e.g. smollm2-135m-instruct.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model id, e.g. smollm2-135m-instruct.")],
     min_nodes: Annotated[
         Optional[int],
         typer.Option(min=1, help="Use at least this many nodes (default: 1)."),
@@ -569,7 +582,7 @@ def delete(
 @handled
 def stop(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model id whose instances to delete.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model id whose instances to delete.")],
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:

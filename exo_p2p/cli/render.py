@@ -88,6 +88,13 @@ def models_json(models: list[dict]) -> list[dict]:
     return [_with_fields(m, MODEL_FIELDS) for m in models]
 
 
+def unsupported_json(problems: list[dict]) -> list[dict]:
+    """``GET /models/unsupported`` items as ``models --json`` lists them after the servable
+    models: ``MODEL_FIELDS`` (null), ``source``, ``path`` and ``unsupported`` (the reason)."""
+    return [{**{f: None for f in MODEL_FIELDS}, "model": p.get("model"), "source": p.get("source"),
+             "path": p.get("path"), "unsupported": p.get("reason")} for p in problems]
+
+
 def dumps(value: Any) -> str:
     """The JSON text printed by ``--json`` (indented, keys in API order)."""
     return json.dumps(value, indent=2)
@@ -220,19 +227,32 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
 
 
 def models_table(models: list[dict]) -> Table:
-    """model, layers, size on disk, context length."""
+    """model, layers, size on disk, context length, where the node found it."""
     table = Table(title="models on this node", title_justify="left")
     table.add_column("model")
     table.add_column("layers", justify="right")
     table.add_column("size", justify="right")
     table.add_column("context", justify="right")
+    table.add_column("source")
     for m in models:
         table.add_row(
             str(m.get("model", "")),
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
             str(m.get("context_length") or "-"),
+            str(m.get("source") or "-"),
         )
+    return table
+
+
+def unsupported_table(problems: list[dict]) -> Table:
+    """model, source, why this node cannot serve it (``GET /models/unsupported``)."""
+    table = Table(title="models found on this node that it cannot serve", title_justify="left")
+    table.add_column("model")
+    table.add_column("source")
+    table.add_column("why not", overflow="fold")
+    for p in problems:
+        table.add_row(str(p.get("model", "")), str(p.get("source") or "-"), str(p.get("reason") or "-"))
     return table
 
 

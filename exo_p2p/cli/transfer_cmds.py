@@ -18,7 +18,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from exo_p2p.cli.client import CliError
-from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, node_names
+from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, model_name, node_names
 
 POLL_SECONDS = 0.5
 PULL_TIMEOUT = 24 * 3600.0
@@ -54,7 +54,7 @@ def _check_name(model: str) -> None:
 @handled
 def pull(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model name another node holds.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model name another node holds.")],
     from_node: Annotated[str | None, typer.Option("--from", help="Copy from this node (id, name or id prefix).")] = None,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
@@ -88,7 +88,7 @@ def pull(
 @handled
 def rm(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model whose pulled/fetched files to delete.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model whose pulled/fetched files to delete.")],
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:

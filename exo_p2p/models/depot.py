@@ -110,7 +110,7 @@ class ModelDepot:
         local: dict[str, tuple[str, LocalModel]] = {}
         names: dict[str, str] = {}
         for model_id, src in sorted(self.store.sources().items()):
-            model_dir = src.path if src.kind == "mlx_dir" else self.models_dir / model_id
+            model_dir = src.path if src.kind == "mlx_dir" else self.store.import_dir(model_id)
             if src.kind == "gguf" and not (model_dir / IMPORT_MARKER).exists():
                 continue  # not imported yet: its manifest needs the imported files
             if not is_mlx_model_dir(model_dir):

