@@ -93,3 +93,33 @@ def test_store_models_are_listed_served_and_travel(tmp_path) -> None:
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
     assert {root: tree_snapshot(root) for root in (ollama, lmstudio)} == before
     assert (tmp_path / "a" / "models" / OLLAMA / "config.json").is_file()  # the import: in A's data dir
+
+
+@pytest.mark.timeout(400)  # a node start, an import and one answer; ~40 s alone here
+def test_run_answers_with_an_ollama_model_of_the_machine(tmp_path) -> None:
+    """``exo-p2p run ollama:tiny PROMPT`` as a user types it: no node answers, so it starts a
+    private one that finds the model in Ollama's dir (``OLLAMA_MODELS``, as Ollama reads it),
+    places it under the name with ``:latest``, answers and stops everything."""
+    import os
+
+    import psutil
+
+    from tests.cluster import free_port
+
+    ollama = tmp_path / "ollama"
+    ollama_model(ollama, tiny_gguf(tmp_path / "tiny.gguf", seed=3), "tiny", "latest")
+    before = tree_snapshot(ollama)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXO_P2P_")}
+    env.update(HF_HUB_OFFLINE="1", OLLAMA_MODELS=str(ollama), EXO_P2P_LMSTUDIO_MODELS=str(tmp_path / "no-lmstudio"))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import client, main; "
+         f"client.DEFAULT_API = 'http://127.0.0.1:{free_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
+         "run", "ollama:tiny", PROMPT, "--temperature", "0", "--max-tokens", "8", "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=360, env=env,
+    )  # fmt: skip
+    log = (tmp_path / "data" / "run-node.log")
+    assert proc.returncode == 0, proc.stderr + (log.read_text() if log.exists() else "")
+    assert proc.stdout.strip() and OLLAMA in proc.stderr, proc.stderr  # "placed ollama:tiny:latest ..."
+    assert tree_snapshot(ollama) == before
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == []

@@ -376,9 +376,12 @@ def models(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, js
         listed = client.models()
         try:
             cluster = client.request("GET", "/models/cluster")
-            unsupported = client.request("GET", "/models/unsupported")  # docs/models.md#model-stores
         except ApiError:  # a node without models travelling between nodes (docs/models.md)
-            cluster, unsupported = None, []
+            cluster = None
+        try:
+            unsupported = client.request("GET", "/models/unsupported")  # docs/models.md#model-stores
+        except ApiError:  # a node from before model stores
+            unsupported = []
         names = {} if json or not cluster else _node_names(client)
     if json:
         click.echo(render.dumps(render.models_json(listed) + render.unsupported_json(unsupported)))
