@@ -16,8 +16,8 @@ from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
 from exo_p2p.models.lmstudio_store import gguf_variants, scan_lmstudio
 from exo_p2p.models.names import canonical_model_name, check_relative_path
-from exo_p2p.models.ollama_store import (ADAPTER_MEDIA, MODEL_MEDIA, Layer, default_root, model_layer, ollama_name,
-                                         read_layers, scan_ollama)
+from exo_p2p.models.ollama_store import (ADAPTER_MEDIA, MODEL_MEDIA, Layer, default_root, manifest_files, model_layer,
+                                         ollama_name, read_layers, scan_ollama)
 from exo_p2p.models.store import ModelStore, import_dir_name
 from exo_p2p.models.synthetic import make_synthetic_model
 from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
@@ -175,6 +175,22 @@ def test_scan_lists_servable_models_and_says_why_not_for_the_rest(tmp_path: Path
     assert scan_ollama(tmp_path / "nowhere") == ([], [])
 
 
+def test_scan_bounds_manifests_and_finds_old_blob_names(tmp_path: Path, gguf: Path) -> None:
+    root = tmp_path / "ollama"
+    manifest = ollama_model(root, gguf, "old", "latest")
+    digest = json.loads(manifest.read_text())["layers"][0]["digest"]
+    (root / "blobs" / digest.replace(":", "-")).rename(root / "blobs" / digest)  # before Ollama renamed blobs
+    big = root / "manifests" / "registry.ollama.ai" / "library" / "big" / "latest"
+    big.parent.mkdir(parents=True)
+    big.write_text(" " * (1 << 20) + "{}")
+    found, bad = scan_ollama(root)
+    assert [(s.model_id, s.path.name) for s in found] == [("ollama:old:latest", digest)]
+    assert [(p.model_id, "more than 1048576 bytes" in p.reason) for p in bad] == [("ollama:big:latest", True)]
+    for i in range(5):
+        ollama_model(root, gguf, f"many{i}", "latest")
+    assert len(list(manifest_files(root, limit=3))) == 3
+
+
 # --- LM Studio ------------------------------------------------------------------------------
 
 
@@ -230,6 +246,7 @@ def test_lmstudio_dirs_are_listed_by_publisher_and_model(tmp_path: Path, gguf: P
 def test_store_lists_imports_and_identifies_store_models_without_writing_there(tmp_path: Path, gguf: Path) -> None:
     ollama, lmstudio, plain = tmp_path / "ollama", tmp_path / "lmstudio", tmp_path / "plain"
     ollama_model(ollama, gguf, "tiny", "latest")
+    ollama_model(ollama, gguf, "repo", "Q8_0", namespace="org", host="hf.co")
     ollama_model(ollama, tiny_gguf(tmp_path / "bert.gguf", architecture="bert"), "bert", "latest")
     ollama_model(ollama, tiny_gguf(tmp_path / "tok.gguf", tokenizer_model="no-such-tokenizer"), "tok", "latest")
     make_synthetic_model(lmstudio / "pub" / "tiny-mlx", n_layers=2, hidden_size=32, intermediate_size=64)
@@ -242,7 +259,8 @@ def test_store_lists_imports_and_identifies_store_models_without_writing_there(t
     store = ModelStore(tmp_path / "data", [plain], find_embedded=_no_embedded, hf_cache=False,
                        ollama_dir=ollama, lmstudio_dir=lmstudio)
     cards = {c.model_id: c for c in store.list_cards()}
-    assert sorted(cards) == ["lmstudio:pub/tiny-GGUF", "lmstudio:pub/tiny-mlx", "ollama:tiny:latest", "ollama:tok:latest", "tiny"]
+    assert sorted(cards) == ["lmstudio:pub/tiny-GGUF", "lmstudio:pub/tiny-mlx", "ollama:hf.co/org/repo:Q8_0",
+                             "ollama:tiny:latest", "ollama:tok:latest", "tiny"]
     assert cards["ollama:tiny:latest"].n_layers == 2 and cards["ollama:tiny:latest"] == msgspec_replace(cards["tiny"], "ollama:tiny:latest")
     assert store.origins()["ollama:tiny:latest"] == "ollama" and store.origins()["tiny"] == "models_dir"
     assert [(p.model_id, "bert" in p.reason) for p in store.unsupported()] == [("ollama:bert:latest", True)]
@@ -251,6 +269,7 @@ def test_store_lists_imports_and_identifies_store_models_without_writing_there(t
     assert imported == tmp_path / "data" / "models" / "ollama:tiny:latest"
     assert store.resolve("lmstudio:pub/tiny-GGUF") == tmp_path / "data" / "models" / "lmstudio:pub--tiny-GGUF"
     assert store.resolve("lmstudio:pub/tiny-mlx") == lmstudio / "pub" / "tiny-mlx"  # served in place
+    assert store.resolve("ollama:hf.co/org/repo:Q8_0") == tmp_path / "data" / "models" / "ollama:hf.co--org--repo:Q8_0"
     with pytest.raises(UnsupportedModelError, match="no-such-tokenizer"):
         store.resolve("ollama:tok:latest")
     assert [p.model_id for p in store.unsupported()] == ["ollama:bert:latest", "ollama:tok:latest"]
@@ -261,7 +280,8 @@ def test_store_lists_imports_and_identifies_store_models_without_writing_there(t
     store.resolve("tiny")
     depot = ModelDepot(store, tmp_path / "data")
     depot.refresh()
-    digests = {name: depot.local_digest(name) for name in ("tiny", "ollama:tiny:latest", "lmstudio:pub/tiny-GGUF")}
+    digests = {name: depot.local_digest(name)
+               for name in ("tiny", "ollama:tiny:latest", "ollama:hf.co/org/repo:Q8_0", "lmstudio:pub/tiny-GGUF")}
     assert len(set(digests.values())) == 1 and None not in digests.values(), digests
     held = {h.name for h in depot.held()}
     assert {"tiny", "ollama:tiny:latest", "lmstudio:pub/tiny-GGUF", "lmstudio:pub/tiny-mlx"} <= held

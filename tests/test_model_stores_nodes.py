@@ -86,6 +86,10 @@ def test_store_models_are_listed_served_and_travel(tmp_path) -> None:
         assert [s["node_id"] for s in on_b["shards"]] == [b_id]
         assert _greedy(b, OLLAMA) == text_a
         assert any(h[1] == held[0][1] for h in _held(a, b_id, OLLAMA)), "B holds the same manifest as A"
+        pulled = _cli(b, "pull", "ollama:tiny")  # a copy of its own, under the store's name
+        assert pulled.returncode == 0, pulled.stderr
+        wait_until(lambda: {m["model"]: m.get("source") for m in b.get("/models").json()}.get(OLLAMA) == "pulled", 30,
+                   what="B lists its pulled copy")
 
         # the LM Studio MLX model is served in place
         a.place_and_wait(LMSTUDIO, timeout=240, nodes=[a_id])

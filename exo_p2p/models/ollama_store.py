@@ -124,8 +124,11 @@ def model_layer(layers: tuple[Layer, ...]) -> Layer:
 
 
 def blob_path(root: Path, digest: str) -> Path:
-    """Where Ollama keeps the blob of ``digest`` (``sha256:<hex>`` -> ``blobs/sha256-<hex>``)."""
-    return root / "blobs" / digest.replace(":", "-", 1)
+    """Where Ollama keeps the blob of ``digest``: ``blobs/sha256-<hex>``, or ``blobs/sha256:<hex>``
+    where only that exists (the name Ollama gave blobs before it could run on Windows)."""
+    blob = root / "blobs" / digest.replace(":", "-", 1)
+    old = root / "blobs" / digest
+    return old if not blob.exists() and old.exists() else blob
 
 
 def model_blob(root: Path, manifest: Path) -> Path:
@@ -133,10 +136,11 @@ def model_blob(root: Path, manifest: Path) -> Path:
     size (a partial or interrupted download has another). Raises ``ValueError`` naming what
     is wrong (``read_layers``, ``model_layer``, a blob missing or of another size) and
     ``OSError`` for a manifest that cannot be read."""
-    size = manifest.stat().st_size
-    if size > MAX_MANIFEST_BYTES:
-        raise ValueError(f"manifest is {size} bytes, more than {MAX_MANIFEST_BYTES}")
-    layer = model_layer(read_layers(manifest.read_bytes()))
+    with open(manifest, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"manifest is more than {MAX_MANIFEST_BYTES} bytes")
+    layer = model_layer(read_layers(data))
     blob = blob_path(root, layer.digest)
     try:
         found = blob.stat().st_size
