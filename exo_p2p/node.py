@@ -506,6 +506,24 @@ class Node:
         self._local_cards = await trio.to_thread.run_sync(self.store.list_cards)
         self.emit_local(NodeModelsUpdated(self.node_id, tuple(self._local_cards)))  # type: ignore[arg-type]
 
+    async def _watch_models(self) -> None:
+        """Re-list this node's models every ``REFRESH_SECONDS`` (as the depot re-scans) and
+        publish them when they changed: a model downloaded into Ollama, LM Studio or a models
+        dir while the node runs is listed (docs/models.md#model-stores). Cheap when nothing
+        changed: cards are cached by their files' paths, sizes and mtimes."""
+        from exo_p2p.models.depot import REFRESH_SECONDS
+
+        while True:
+            await trio.sleep(REFRESH_SECONDS)
+            try:
+                cards = await trio.to_thread.run_sync(self.store.list_cards)
+            except Exception as exc:  # a scan failure must not stop the node
+                log.warning("model re-listing failed", error=repr(exc))
+                continue
+            if cards != self._local_cards:
+                self._local_cards = cards
+                self.emit_local(NodeModelsUpdated(self.node_id, tuple(cards)))  # type: ignore[arg-type]
+
     # --- main -----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from exo_p2p.api.access import AccessPolicy, is_loopback_host
@@ -556,6 +574,7 @@ class Node:
                 self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
                                          nursery, self.models_changed, hub=self.hub)
                 nursery.start_soon(self._profile_loop)
+                nursery.start_soon(self._watch_models)  # models added to a store while running
                 nursery.start_soon(self.worker.run)
                 nursery.start_soon(self.tokens.run, self.state, self.node_id, self.boot_id)
                 await self._wait_joined(15.0)

@@ -67,6 +67,8 @@ def test_store_models_are_listed_served_and_travel(tmp_path) -> None:
                    what="B's /v1/models lists A's store models")
         assert OLLAMA in {m["name"] for m in b.get("/api/tags").json()["models"]}
         assert not {OLLAMA, LMSTUDIO} & {m["model"] for m in b.get("/models").json()}  # B holds none of them
+        ollama_model(ollama, tiny_gguf(tmp_path / "late.gguf", seed=4), "late", "latest")  # `ollama pull` meanwhile
+        before[ollama] = tree_snapshot(ollama)
 
         # served by A: placed with the CLI under the name without its tag
         placed = _cli(a, "place", "ollama:tiny", "--nodes", a_id, "--timeout", "240")
@@ -90,6 +92,10 @@ def test_store_models_are_listed_served_and_travel(tmp_path) -> None:
         assert pulled.returncode == 0, pulled.stderr
         wait_until(lambda: {m["model"]: m.get("source") for m in b.get("/models").json()}.get(OLLAMA) == "pulled", 30,
                    what="B lists its pulled copy")
+
+        # a model added to the store while A runs is listed within REFRESH_SECONDS (30 s; 60 s with slack)
+        wait_until(lambda: "ollama:late:latest" in {m["id"] for m in b.get("/v1/models").json()["data"]}, 60,
+                   what="the model added to A's store listed")
 
         # the LM Studio MLX model is served in place
         a.place_and_wait(LMSTUDIO, timeout=240, nodes=[a_id])
