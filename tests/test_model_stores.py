@@ -302,3 +302,22 @@ def msgspec_replace(card, model_id):  # type: ignore[no-untyped-def]
     import msgspec
 
     return msgspec.structs.replace(card, model_id=model_id)
+
+
+def test_store_roots_follow_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.config import NodeConfig
+    from exo_p2p.models.store import store_roots
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # Path.home()
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "o"))
+    defaults = NodeConfig(data_dir=tmp_path)
+    assert store_roots(defaults) == {"ollama_dir": tmp_path / "o", "lmstudio_dir": tmp_path / ".lmstudio" / "models"}
+    (tmp_path / ".cache" / "lm-studio" / "models").mkdir(parents=True)  # only the older LM Studio's dir
+    assert store_roots(defaults)["lmstudio_dir"] == tmp_path / ".cache" / "lm-studio" / "models"
+    monkeypatch.delenv("OLLAMA_MODELS")
+    assert store_roots(defaults)["ollama_dir"] == tmp_path / ".ollama" / "models"
+    given = build_node_config(data_dir=tmp_path / "data", ollama_models=Path("~/mine"), lmstudio=False)
+    assert store_roots(given) == {"ollama_dir": tmp_path / "mine", "lmstudio_dir": None}
+    off = build_node_config(data_dir=tmp_path / "data", ollama=False, lmstudio_models=Path("/x/lm"))
+    assert store_roots(off) == {"ollama_dir": None, "lmstudio_dir": Path("/x/lm")}
