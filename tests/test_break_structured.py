@@ -68,10 +68,10 @@ def test_many_big_tool_schemas_are_a_quick_400() -> None:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": _openai(60, WIDE)})
 
     async def run(client: httpx.AsyncClient, backend: FakeMaster) -> None:
-        start = time.perf_counter()
+        start = time.process_time()  # CPU seconds of the process, all threads: not the machine's load
         r = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 1.0, "the bound is checked before any schema is compiled"
         assert not submits(backend)
 
     run_api(run)
