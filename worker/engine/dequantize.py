@@ -8,8 +8,9 @@ on the *lazy* model (after choosing this rank's modules and tensor-sharding them
 layer is dequantized when it is evaluated and memory grows by its float32 bytes only:
 
 - ``nn.QuantizedLinear`` → ``nn.Linear`` whose weight is ``mx.dequantize(weight, scales,
-  biases, group_size, bits, mode, dtype=float32)`` (exact: the affine dequantization in
-  float32, ``w = q × scale + bias`` per group);
+  biases, group_size, bits, mode, dtype=float32)`` with the scales and biases cast to float32
+  first (exact: the affine dequantization in float32, ``w = q × scale + bias`` per group;
+  with float16 scales MLX would compute it in float16);
 - ``nn.QuantizedEmbedding`` → ``nn.Embedding`` (a tied head, ``as_linear``, then is a float32
   matmul), dequantized at once, a block of rows at a time (``_dequantized_in_place``: the
   vocabulary-sized tensor would otherwise need ~3.5× its float32 bytes while it is expanded);
@@ -38,11 +39,20 @@ WEIGHTS_DTYPES = ("stored", "float32")
 """What a runner may hold (``ShardMetadata.weights_dtype``)."""
 
 
+def _float32(array: mx.array | None) -> mx.array | None:
+    """Affine scales or biases as float32: ``mx.dequantize`` computes ``q × scale + bias`` in
+    the scales' dtype whatever its ``dtype`` argument, so float16 scales would round every
+    weight. Other modes' scales (e8m0, e4m3 bytes) are left as they are."""
+    if array is None or not mx.issubdtype(array.dtype, mx.floating):
+        return array
+    return array.astype(mx.float32)
+
+
 def _dequantized(module: nn.Module) -> mx.array:
     return mx.dequantize(
         module["weight"],
-        scales=module["scales"],
-        biases=module.get("biases"),
+        scales=_float32(module["scales"]),
+        biases=_float32(module.get("biases")),
         group_size=module.group_size,
         bits=module.bits,
         mode=getattr(module, "mode", "affine"),
@@ -70,8 +80,8 @@ def _dequantized_in_place(module: nn.Module) -> mx.array:
     for start in range(0, rows, step):
         end = min(rows, start + step)
         out[start:end] = mx.dequantize(
-            weight[start:end], scales=module["scales"][start:end],
-            biases=biases[start:end] if biases is not None else None,
+            weight[start:end], scales=_float32(module["scales"][start:end]),
+            biases=_float32(biases[start:end]) if biases is not None else None,
             group_size=module.group_size, bits=module.bits, mode=getattr(module, "mode", "affine"), dtype=mx.float32,
         )
         mx.eval(out)
