@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_layout import config_from_gguf, hf_tensor_name, quantization_from_shapes
-from exo_p2p.models.gguf_reader import MLX_QUANTIZED_BITS, read_gguf_header
+from exo_p2p.models.gguf_layout import model_plan
+from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.models import ModelCard
 
@@ -139,17 +139,10 @@ def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
         UnsupportedModelError: as :func:`exo_p2p.models.gguf_import.import_gguf`.
     """
     header = read_gguf_header(gguf_path)
-    config = config_from_gguf(header.metadata, header.tensors)
-    tensors = {hf_tensor_name(name): shape_bytes
-               for info in header.tensors for name, shape_bytes in info.mlx_tensors().items()}
-    # the "quantization" entry the import writes, derived from the same shapes
-    in_features = {hf_tensor_name(t.name).removesuffix(".weight"): t.shape[-1]
-                   for t in header.tensors if t.ggml_type in MLX_QUANTIZED_BITS}
-    quantization = quantization_from_shapes({n: shape for n, (shape, _) in tensors.items()}, in_features)
-    if quantization is not None:
-        config["quantization"] = quantization
-    return card_from_config(config, {n: nbytes for n, (_, nbytes) in tensors.items()}, model_id,
-                            float32=float32_sizes(config, {n: shape for n, (shape, _) in tensors.items()}))
+    config, plans = model_plan(header, functools.partial(read_float_tensor, gguf_path, header))
+    tensors = [t for plan in plans for t in plan.outputs]
+    return card_from_config(config, {t.name: t.nbytes for t in tensors}, model_id,
+                            float32=float32_sizes(config, {t.name: t.shape for t in tensors}))
 
 
 #: bytes per element of a config's ``torch_dtype`` (the activations' dtype in mlx-lm)

@@ -1,23 +1,25 @@
-"""Pure rules mapping a llama-family GGUF onto the MLX/Hugging Face layout mlx-lm loads:
-``config.json`` from the GGUF metadata, tensor names, and the ``"quantization"`` entry.
-
-GGUF's llama converter stores the q/k projections permuted into the interleaved rotary
-layout of the original Meta checkpoints, so the config asks for ``rope_traditional: true``
-(mlx-lm then rotates adjacent pairs) instead of un-permuting the weights.
+"""Pure rules mapping a GGUF onto the MLX/Hugging Face layout mlx-lm loads: tensor names,
+``config.json`` from the GGUF metadata, the ``"quantization"`` entry, and the plan of every
+tensor (:func:`model_plan`, shared by the importer and the card so both agree on every
+byte). The architectures and their rules: :mod:`exo_p2p.models.gguf_arch`; the tensor types:
+:mod:`exo_p2p.models.gguf_tensors`.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_reader import GgufTensorInfo
+from exo_p2p.models.gguf_arch import ARCHITECTURES, ArchSpec, arch_spec, base_config
+from exo_p2p.models.gguf_reader import GgufHeader, GgufTensorInfo
+from exo_p2p.models.gguf_tensors import TensorPlan, plan_tensor
+from exo_p2p.models.gguf_tokenizer import check_tokenizer
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 """``general.architecture`` values the importer handles (Mistral GGUFs also say llama)."""
 
 _GLOBAL_NAMES = {
@@ -25,102 +27,81 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_SUFFIXES = ("weight", "scales", "biases", "bias")
+_SUFFIXES = ("weight", "bias")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.([a-z]+)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.([a-z]+)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face / mlx-lm name of a GGUF tensor as ``mx.load`` returns it.
+def hf_tensor_name(gguf_name: str, spec: ArchSpec = ARCHITECTURES["llama"]) -> str:
+    """The Hugging Face / mlx-lm name of a GGUF tensor of architecture ``spec``.
 
-    ``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``,
+    ``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``,
     ``token_embd.weight`` -> ``model.embed_tokens.weight``, ``output.weight`` -> ``lm_head.weight``.
 
     Raises:
-        UnsupportedModelError: a tensor outside the llama layout (e.g. ``rope_freqs.weight``
-            of Llama 3.1 rope scaling, or MoE experts).
+        UnsupportedModelError: a tensor outside the architecture's layout (e.g. MoE experts).
     """
     if m := _BLOCK_RE.match(gguf_name):
         layer, part, suffix = m.groups()
-        if part in _BLOCK_NAMES and suffix in _SUFFIXES:
-            return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{suffix}"
+        if part in spec.block_names and suffix in _SUFFIXES:
+            return f"model.layers.{layer}.{spec.block_names[part]}.{suffix}"
     elif m := _GLOBAL_RE.match(gguf_name):
         part, suffix = m.groups()
         if part in _GLOBAL_NAMES and suffix in _SUFFIXES:
             return f"{_GLOBAL_NAMES[part]}.{suffix}"
     raise UnsupportedModelError(
-        f"GGUF tensor {gguf_name!r} has no place in the llama layout this importer supports"
-    )
+        f"GGUF tensor {gguf_name!r} has no place in the {spec.model_type} layout this "
+        "importer supports")
 
 
-def config_from_gguf(metadata: Mapping[str, Any], tensors: tuple[GgufTensorInfo, ...]) -> dict:
-    """The mlx-lm ``config.json`` (without ``"quantization"``) of a llama-family GGUF.
+def _no_tensor_reads(name: str) -> np.ndarray:
+    raise UnsupportedModelError(f"reading GGUF tensor {name!r} needs the file")
 
-    Sizes come from ``<arch>.*`` metadata; ``max_position_embeddings`` is
-    ``<arch>.context_length`` (tokens); ``tie_word_embeddings`` is true when there is no
-    ``output.weight``; ``vocab_size`` falls back to the token list length.
+
+def config_from_gguf(metadata: Mapping[str, Any], tensors: tuple[GgufTensorInfo, ...],
+                     read_tensor: Callable[[str], np.ndarray] = _no_tensor_reads) -> dict:
+    """The mlx-lm ``config.json`` (without ``"quantization"``) of a GGUF: the shared sizes
+    (:func:`exo_p2p.models.gguf_arch.base_config`) and the architecture's own keys.
+    ``read_tensor`` reads the small tensors some configs hold (rope factors).
 
     Raises:
-        UnsupportedModelError: another architecture, missing sizes, or rope scaling other
-            than none/linear.
+        UnsupportedModelError: another architecture, missing sizes, or unsupported rope
+            settings (each named).
     """
-    arch = metadata.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    names = {t.name for t in tensors}
-    if "rope_freqs.weight" in names:
-        raise UnsupportedModelError(
-            "GGUF has rope_freqs.weight (Llama 3.1-style rope scaling), which is not supported"
-        )
-
-    def need(key: str) -> Any:
-        if f"{arch}.{key}" not in metadata:
-            raise UnsupportedModelError(f"GGUF metadata lacks {arch}.{key}")
-        return metadata[f"{arch}.{key}"]
-
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(metadata.get(f"{arch}.attention.key_length",
-                                metadata.get(f"{arch}.rope.dimension_count", hidden // heads)))
-    vocab = metadata.get(f"{arch}.vocab_size", len(metadata.get("tokenizer.ggml.tokens", ())))
-    config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": hidden,
-        "num_hidden_layers": int(need("block_count")),
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "vocab_size": int(vocab),
-        "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-        "rope_traditional": True,
-        "rope_scaling": _rope_scaling(metadata, arch),
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_q.bias" in names,
-        "mlp_bias": "blk.0.ffn_gate.bias" in names,
-    }
-    for key, token_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
-        if (value := metadata.get(f"tokenizer.ggml.{token_key}")) is not None:
-            config[key] = int(value)
+    arch, spec = arch_spec(metadata)
+    names = frozenset(t.name for t in tensors)
+    config = base_config(metadata, arch, names)
+    config.update({"model_type": spec.model_type, **spec.extra_config(metadata, config, names, read_tensor)})
     return config
+
+
+def model_plan(header: GgufHeader, read_tensor: Callable[[str], np.ndarray] = _no_tensor_reads,
+               ) -> tuple[dict[str, Any], list[TensorPlan]]:
+    """The imported directory of a GGUF, before any weight is read: its ``config.json``
+    (with ``"quantization"`` when a tensor stays quantized) and the plan of every tensor
+    (:func:`exo_p2p.models.gguf_tensors.plan_tensor`) in file order.
+
+    Raises:
+        UnsupportedModelError: as :func:`config_from_gguf` and :func:`hf_tensor_name`, a
+            tensor type or tokenizer kind the importer does not read (each named).
+    """
+    config = config_from_gguf(header.metadata, header.tensors, read_tensor)
+    check_tokenizer(header.metadata)
+    _, spec = arch_spec(header.metadata)
+    plans = []
+    for info in header.tensors:
+        if info.name in spec.consumed:
+            continue
+        name = hf_tensor_name(info.name, spec)
+        minus_one = spec.norms_plus_one and name.endswith("norm.weight")
+        plans.append(plan_tensor(info, name, minus_one=minus_one))
+    shapes = {t.name: t.shape for p in plans for t in p.outputs}
+    in_features = {p.outputs[0].name.removesuffix(".weight"): p.source.shape[-1]
+                   for p in plans if p.mode == "quantized"}
+    quantization = quantization_from_shapes(shapes, in_features)
+    if quantization is not None:
+        config["quantization"] = quantization
+    return config, plans
 
 
 def quantization_from_shapes(
@@ -154,17 +135,3 @@ def quantization_from_shapes(
         if name.endswith(".weight") and len(shape) == 2 and module not in params:
             quantization[module] = False
     return quantization
-
-
-def _rope_scaling(metadata: Mapping[str, Any], arch: str) -> dict | None:
-    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if kind == "none":
-        return None
-    if kind == "linear":
-        return {"type": "linear", "factor": _f32(metadata[f"{arch}.rope.scaling.factor"])}
-    raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (none, linear)")
-
-
-def _f32(value: float) -> float:
-    """A float32 metadata value as its shortest decimal (9.99999974e-06 -> 1e-05)."""
-    return float(str(np.float32(value)))

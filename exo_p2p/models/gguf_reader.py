@@ -3,7 +3,7 @@
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md — little endian; magic
 ``GGUF``, uint32 version (2 or 3), uint64 tensor count, uint64 metadata count, then the
 metadata key/values, then one info per tensor (name, dims innermost first, ggml type,
-offset). Reading the header of a 100 MB model takes tens of milliseconds, so a node can list
+offset), then the tensor data from the next multiple of ``general.alignment``. Reading the header of a 100 MB model takes tens of milliseconds, so a node can list
 a GGUF (:func:`exo_p2p.models.card.card_from_gguf`) without importing it.
 """
 
@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.gguf_quants import GGML_TYPES, dequantize, type_name
 
 GGUF_MAGIC = b"GGUF"
 
@@ -24,51 +27,37 @@ _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f"
                    10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
-# ggml tensor types (ggml.h).
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_Q4_K = 0, 1, 2, 3, 8, 12
-GGML_I8, GGML_I16, GGML_I32 = 24, 25, 26
-
-# How mlx.core.load converts each ggml type (mlx/io/gguf.cpp, gguf_quants.cpp): these are
-# quantized to MLX affine format (uint32-packed weight + float16 scales + float16 biases,
-# group 32); the plain types are copied; every other type is dequantized to float16.
-MLX_QUANTIZED_BITS = {GGML_Q4_0: 4, GGML_Q4_1: 4, GGML_Q4_K: 4, GGML_Q8_0: 8}
-MLX_GGUF_GROUP_SIZE = 32
-_MLX_PLAIN_ITEMSIZE = {GGML_F32: 4, GGML_F16: 2, GGML_I8: 1, GGML_I16: 2, GGML_I32: 4}
+DEFAULT_ALIGNMENT = 32
+"""Bytes the tensor data is aligned to when ``general.alignment`` does not say."""
 
 
 @dataclass(frozen=True)
 class GgufTensorInfo:
     """One tensor of a GGUF: ``shape`` in MLX/numpy order (outermost first, the reverse of
-    GGUF's ``ne``), ``ggml_type`` as in ggml.h."""
+    GGUF's ``ne``), ``ggml_type`` as in ggml.h, ``offset`` of its data in bytes from the
+    start of the data section (:attr:`GgufHeader.data_offset`)."""
 
     name: str
     shape: tuple[int, ...]
     ggml_type: int
+    offset: int = 0
 
     @property
     def n_elements(self) -> int:
         """Number of scalar elements."""
         return math.prod(self.shape)
 
-    def mlx_tensors(self) -> dict[str, tuple[tuple[int, ...], int]]:
-        """The tensors ``mx.load`` makes of this one: name -> (shape, bytes).
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its data in the file.
 
-        A quantized ``x.weight`` becomes ``x.weight`` (uint32, last dim × bits / 32),
-        ``x.scales`` and ``x.biases`` (float16, last dim / 32).
+        Raises:
+            UnsupportedModelError: a GGML type this importer does not read (named).
         """
-        bits = MLX_QUANTIZED_BITS.get(self.ggml_type)
-        if bits is None:
-            itemsize = _MLX_PLAIN_ITEMSIZE.get(self.ggml_type, 2)
-            return {self.name: (self.shape, self.n_elements * itemsize)}
-        *outer, last = self.shape
-        packed = (*outer, last * bits // 32)
-        groups = (*outer, last // MLX_GGUF_GROUP_SIZE)
-        prefix = self.name.removesuffix(".weight")
-        return {
-            self.name: (packed, math.prod(packed) * 4),
-            f"{prefix}.scales": (groups, math.prod(groups) * 2),
-            f"{prefix}.biases": (groups, math.prod(groups) * 2),
-        }
+        kind = GGML_TYPES.get(self.ggml_type)
+        if kind is None:
+            raise unsupported_type(self)
+        return self.n_elements // kind.block * kind.nbytes
 
 
 @dataclass(frozen=True)
@@ -78,6 +67,8 @@ class GgufHeader:
     version: int
     metadata: dict[str, Any]
     tensors: tuple[GgufTensorInfo, ...]
+    data_offset: int = 0
+    """Where the tensor data starts in the file (bytes; aligned)."""
 
 
 def read_gguf_header(path: Path) -> GgufHeader:
@@ -92,6 +83,30 @@ def read_gguf_header(path: Path) -> GgufHeader:
             return _read_header(f, path)
         except struct.error as e:
             raise UnsupportedModelError(f"{path}: truncated GGUF header ({e})") from e
+
+
+def read_float_tensor(path: Path, header: GgufHeader, name: str) -> np.ndarray:
+    """The values of the GGUF tensor ``name`` as float32, in its shape (for the small
+    tensors a config holds, such as rope factors: reads only that tensor's bytes).
+
+    Raises:
+        UnsupportedModelError: no such tensor, an unsupported type, or a truncated file.
+    """
+    info = next((t for t in header.tensors if t.name == name), None)
+    if info is None:
+        raise UnsupportedModelError(f"{path}: GGUF has no tensor {name!r}")
+    raw = np.fromfile(path, np.uint8, count=info.nbytes, offset=header.data_offset + info.offset)
+    if raw.size != info.nbytes:
+        raise UnsupportedModelError(f"{path}: GGUF tensor {name!r} is truncated")
+    rows = math.prod(info.shape[:-1]) if len(info.shape) > 1 else 1
+    return dequantize(info.ggml_type, raw.reshape(rows, -1)).reshape(info.shape)
+
+
+def unsupported_type(info: GgufTensorInfo) -> UnsupportedModelError:
+    """The error for a tensor whose GGML type the importer does not read (names both)."""
+    return UnsupportedModelError(
+        f"GGUF tensor {info.name!r} has tensor type {type_name(info.ggml_type)}, which is not "
+        f"supported (supported: {', '.join(t.name for t in GGML_TYPES.values())})")
 
 
 def _read_header(f: BinaryIO, path: Path) -> GgufHeader:
@@ -111,9 +126,11 @@ def _read_header(f: BinaryIO, path: Path) -> GgufHeader:
         name = _read_string(f)
         (n_dims,) = _unpack(f, "<I")
         ne = _unpack(f, f"<{n_dims}Q")
-        ggml_type, _offset = _unpack(f, "<IQ")
-        tensors.append(GgufTensorInfo(name, tuple(reversed(ne)), ggml_type))
-    return GgufHeader(version, metadata, tuple(tensors))
+        ggml_type, offset = _unpack(f, "<IQ")
+        tensors.append(GgufTensorInfo(name, tuple(int(d) for d in reversed(ne)), ggml_type, offset))
+    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
+    data_offset = -(-f.tell() // alignment) * alignment
+    return GgufHeader(version, metadata, tuple(tensors), data_offset)
 
 
 def _unpack(f: BinaryIO, fmt: str) -> tuple[Any, ...]:

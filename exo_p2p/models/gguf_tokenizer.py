@@ -8,7 +8,8 @@ tokenizer on the same GGUF with special tokens parsed (checked against
 added tokens, so they stay single tokens.
 
 Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE) with the pre-tokenizers in
-:data:`PRE_TOKENIZERS`. SentencePiece (``"llama"``) GGUFs raise :class:`UnsupportedModelError`.
+:data:`PRE_TOKENIZERS`, and ``"llama"`` (SentencePiece: :mod:`exo_p2p.models.gguf_spm`).
+Other kinds raise :class:`UnsupportedModelError` naming the kind.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.gguf_spm import spm_tokenizer_json
 
-TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 3, 4
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 2, 3, 4
 """llama.cpp token types (``tokenizer.ggml.token_type``)."""
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>")
@@ -29,6 +31,18 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split_then_bytes(pattern: str) -> dict[str, Any]:
+    """Split on ``pattern`` (kept, isolated), then byte level without the GPT-2 regex."""
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        {**_BYTE_LEVEL, "use_regex": False}]}
+
 
 PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
     # llama.cpp "smollm": each digit alone ("\p{N}"), then the GPT-2 regex + byte level.
@@ -38,39 +52,60 @@ PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
     "gpt-2": _BYTE_LEVEL,
     "default": _BYTE_LEVEL,
     # Llama 3: numbers in groups of up to three, then byte level without the GPT-2 regex.
-    "llama-bpe": {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": _LLAMA3_SPLIT}, "behavior": "Isolated",
-         "invert": False},
-        {**_BYTE_LEVEL, "use_regex": False}]},
+    "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+    # Qwen 2/2.5/3: each digit alone, then byte level without the GPT-2 regex.
+    "qwen2": _split_then_bytes(_QWEN2_SPLIT),
 }
 """``tokenizer.ggml.pre`` -> ``tokenizers`` pre-tokenizer (after llama.cpp's llama-vocab.cpp)."""
 
 
-def tokenizer_json(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``tokenizer.json`` of a GGUF (byte-level BPE, specials as added tokens).
+TOKENIZER_MODELS = ("gpt2", "llama")
+"""``tokenizer.ggml.model`` values the importer reads: byte-level BPE, SentencePiece."""
+
+
+def check_tokenizer(metadata: Mapping[str, Any]) -> None:
+    """Whether :func:`tokenizer_json` can build this GGUF's tokenizer, cheaply (at listing
+    time, before any import).
 
     Raises:
-        UnsupportedModelError: a tokenizer model other than ``gpt2`` or an unknown
-            ``tokenizer.ggml.pre``.
+        UnsupportedModelError: another tokenizer model, no token list, or an unknown
+            ``tokenizer.ggml.pre`` (each named).
     """
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in TOKENIZER_MODELS:
         raise UnsupportedModelError(
-            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE)"
-        )
+            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level "
+            "BPE, 'llama' SentencePiece)")
+    if not metadata.get("tokenizer.ggml.tokens"):
+        raise UnsupportedModelError("GGUF has no tokenizer.ggml.tokens")
     pre = metadata.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UnsupportedModelError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})"
-        )
+            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)})")
+
+
+def tokenizer_json(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tokenizer.json`` of a GGUF: byte-level BPE (``gpt2``) or SentencePiece
+    (``llama``), control and user-defined tokens as added tokens (control ones special).
+
+    Raises:
+        UnsupportedModelError: as :func:`check_tokenizer`.
+    """
+    check_tokenizer(metadata)
+    model = metadata.get("tokenizer.ggml.model")
     tokens: list[str] = metadata["tokenizer.ggml.tokens"]
     types = _token_types(metadata)
     added = [
         {"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": types[i] == TOKEN_TYPE_CONTROL}
-        for i in range(len(tokens)) if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+         "normalized": False, "special": types[i] != TOKEN_TYPE_USER_DEFINED}
+        for i in range(len(tokens)) if types[i] in _ADDED_TYPES
     ]
+    if model == "llama":
+        return spm_tokenizer_json(metadata, added, _post_processor(metadata, tokens, None))
+    pre = metadata.get("tokenizer.ggml.pre", "default")
     merges = [merge.split(" ", 1) for merge in metadata.get("tokenizer.ggml.merges", [])]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                  "use_regex": True}
     return {
         "version": "1.0",
         "truncation": None,
@@ -78,7 +113,7 @@ def tokenizer_json(metadata: Mapping[str, Any]) -> dict[str, Any]:
         "added_tokens": added,
         "normalizer": None,
         "pre_tokenizer": PRE_TOKENIZERS[pre],
-        "post_processor": _post_processor(metadata, tokens),
+        "post_processor": _post_processor(metadata, tokens, byte_level),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},
         "model": {
@@ -111,13 +146,13 @@ def tokenizer_config(metadata: Mapping[str, Any], context_length: int) -> dict[s
     types = _token_types(metadata)
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": _adds_bos(metadata),
         "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
         "added_tokens_decoder": {
             str(i): {"content": tokens[i], "lstrip": False, "normalized": False,
                      "rstrip": False, "single_word": False,
-                     "special": types[i] == TOKEN_TYPE_CONTROL}
-            for i in range(len(tokens)) if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+                     "special": types[i] != TOKEN_TYPE_USER_DEFINED}
+            for i in range(len(tokens)) if types[i] in _ADDED_TYPES
         },
         **special_tokens(metadata),
         "clean_up_tokenization_spaces": False,
@@ -160,11 +195,22 @@ def _token_types(metadata: Mapping[str, Any]) -> list[int]:
     return list(metadata.get("tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(tokens)))
 
 
-def _post_processor(metadata: Mapping[str, Any], tokens: list[str]) -> dict[str, Any]:
+_ADDED_TYPES = (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
+
+
+def _adds_bos(metadata: Mapping[str, Any]) -> bool:
+    """``tokenizer.ggml.add_bos_token``; when absent, llama.cpp's default: true for
+    SentencePiece vocabularies, false for byte-level BPE."""
+    default = metadata.get("tokenizer.ggml.model") == "llama"
+    return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
+
+
+def _post_processor(metadata: Mapping[str, Any], tokens: list[str],
+                    otherwise: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A template that puts bos first when the GGUF asks for it, else ``otherwise``."""
     bos_id = metadata.get("tokenizer.ggml.bos_token_id")
-    if not metadata.get("tokenizer.ggml.add_bos_token", False) or bos_id is None:
-        return {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
-                "use_regex": True}
+    if not _adds_bos(metadata) or bos_id is None:
+        return otherwise
     bos = tokens[bos_id]
     return {
         "type": "TemplateProcessing",
