@@ -79,7 +79,8 @@ def import_gguf(gguf_path: Path, out_dir: Path) -> Path:
     try:
         write_safetensors(tmp / "model.safetensors", gguf_path, header.data_offset, plans)
         for name, content in files.items():
-            (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n",
+            indent = None if name == "tokenizer.json" else 2  # 1 s for a 50k vocabulary indented
+            (tmp / name).write_text(json.dumps(content, indent=indent, ensure_ascii=False) + "\n",
                                     encoding="utf-8")
         (tmp / IMPORT_MARKER).write_text(json.dumps(source_stamp(gguf_path)) + "\n")
         _fsync_tree(tmp)

@@ -227,10 +227,11 @@ def pack_mlx(q: np.ndarray, bits: int) -> np.ndarray:
     stream (element ``i`` at bits ``i·bits …``), as ``mx.quantize`` packs them (checked by
     ``mx.dequantize`` in the tests). ``cols × bits`` must be a multiple of 32."""
     rows, cols = q.shape
-    if bits in (2, 4, 8):
-        per_word = 32 // bits
-        shifts = (np.arange(per_word, dtype=np.uint32) * bits)
-        words = q.reshape(rows, cols // per_word, per_word).astype(np.uint32) << shifts
-        return np.bitwise_or.reduce(words, axis=2)
+    if bits in (2, 4, 8):  # whole elements per byte: pack bytes, read them as words
+        per_byte = 8 // bits
+        packed = q[:, 0::per_byte].copy()
+        for k in range(1, per_byte):
+            packed |= q[:, k::per_byte] << np.uint8(k * bits)
+        return packed.view("<u4").reshape(rows, -1)
     stream = ((q[:, :, None] >> np.arange(bits, dtype=np.uint8)) & 1).reshape(rows, -1)
     return np.packbits(stream, axis=1, bitorder="little").view("<u4").reshape(rows, -1)
