@@ -49,6 +49,7 @@ class FakeNode:
         self.next_id = 0
         self.finish_reason = "stop"
         self.warmup_polls = 0  # polls a fully loaded instance stays "warming_up" before ready
+        self.unsupported: list[dict] = []  # GET /models/unsupported
 
     # -- routes -------------------------------------------------------------------------
 
@@ -227,6 +228,8 @@ def make_handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
                     return self._send(200, node.nodes())
                 if method == "GET" and path == "/models":
                     return self._send(200, node.models())
+                if method == "GET" and path == "/models/unsupported":
+                    return self._send(200, node.unsupported)
                 if method == "GET" and path == "/instances":
                     return self._send(200, list(node.instances.values()))
                 if method == "GET" and path == "/instances/previews":
@@ -333,8 +336,9 @@ def error_lines(result) -> list[str]:
 
 
 def _probe(server) -> list[str]:
-    """Paths a node was asked, less the cluster-wide models list `models` also asks for."""
-    return [p for p in server.paths() if p != "/models/cluster"]
+    """Paths a node was asked, less the cluster-wide and unsupported models lists `models` also
+    asks for."""
+    return [p for p in server.paths() if p not in ("/models/cluster", "/models/unsupported")]
 
 
 @pytest.mark.integration
@@ -433,6 +437,19 @@ def test_previews_table_shows_placement_or_why_not(served):
     assert result.exit_code == 0, result.output
     assert "not possible: tensor sharding needs 9 heads divisible by 2" in result.stdout
     assert "alpha: layers [0, 30), 113.3 MiB" in result.stdout
+
+
+@pytest.mark.integration
+def test_models_lists_what_the_node_cannot_serve_with_the_reason(served):
+    served.node.unsupported = [{"model": "odd", "source": "dir", "path": "/m/odd.gguf",
+                                "reason": "GGUF tensor type IQ2_XXS is not supported"}]
+    table = invoke(["models", "--api", served.url])
+    assert table.exit_code == 0 and "cannot serve" in table.stdout
+    assert "odd" in table.stdout and "IQ2_XXS is not supported" in table.stdout
+    listed = invoke(["models", "--json", "--api", served.url])
+    assert listed.exit_code == 0
+    rows = {m["model"]: m for m in json.loads(listed.stdout)}
+    assert "IQ2_XXS is not supported" in rows["odd"]["unsupported"] and "smollm2-135m-instruct" in rows
 
 
 @pytest.mark.integration

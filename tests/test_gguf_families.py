@@ -166,3 +166,23 @@ def test_unsupported_architecture_and_tokenizer_are_named(tmp_path: Path) -> Non
     path = write_family_gguf(tmp_path / "c.gguf", "qwen3", config, metadata, lambda n: "F16").path
     with pytest.raises(UnsupportedModelError, match="tokenizer model 'rwkv'"):
         import_gguf(path, tmp_path / "c")
+
+
+def test_store_lists_an_unsupported_gguf_as_unusable_with_the_reason(tmp_path: Path) -> None:
+    from exo_p2p.models.errors import ModelNotFoundError
+    from exo_p2p.models.store import ModelStore
+
+    def no_embedded() -> Path:
+        raise ModelNotFoundError("no embedded model in this test")
+
+    config = _base("qwen3", head_dim=64)
+    models = tmp_path / "models"
+    models.mkdir()
+    write_family_gguf(models / "good.gguf", "qwen3", config, family_metadata("qwen3", config), lambda n: "Q8_0")
+    metadata = family_metadata("qwen3", config)
+    metadata["tokenizer.ggml.pre"] = "falcon"
+    write_family_gguf(models / "odd.gguf", "qwen3", config, metadata, lambda n: "Q8_0")
+    store = ModelStore(tmp_path / "data", [models], find_embedded=no_embedded, hf_cache=False)
+    assert [c.model_id for c in store.list_cards()] == ["good"]
+    assert store.unusable() == {"odd": "GGUF pre-tokenizer 'falcon' is not supported (supported: "
+                                       "smollm, gpt-2, default, llama-bpe, qwen2)"}
