@@ -59,14 +59,17 @@ def llama3_factors(params: Mapping[str, float], base: float, dims: int) -> np.nd
     return np.where(wavelen < context / high, 1.0, np.where(wavelen > context / low, factor, middle))
 
 
-def llama3_scaling(factors: np.ndarray, base: float, dims: int) -> dict[str, Any]:
+def llama3_scaling(factors: np.ndarray, base: float, dims: int) -> dict[str, Any] | None:
     """mlx-lm's ``rope_scaling`` (type ``llama3``) whose factors equal ``factors`` (the
-    ``rope_freqs`` tensor, ``[dims // 2]``) for rope base ``base`` and ``dims`` rotated dims.
+    ``rope_freqs`` tensor, ``[dims // 2]``) for rope base ``base`` and ``dims`` rotated dims;
+    None when every factor is 1.
 
     The smooth part is ``1/f = (1 - s)/factor + s`` with ``s = a/wavelen + b`` linear in
-    ``1/wavelen``: ``a`` and ``b`` (fitted on the smooth pairs) fix ``low_freq_factor`` and
-    ``high_freq_factor`` once ``original_max_position_embeddings`` is :data:`ORIGINAL_CONTEXT`.
-    With fewer than two smooth pairs, 1 and 4 (Llama 3.1's) are used.
+    ``1/wavelen``, so ``original_max_position_embeddings`` can be :data:`ORIGINAL_CONTEXT`
+    and ``low_freq_factor``/``high_freq_factor`` follow from ``a`` and ``b`` (fitted on the
+    smooth pairs). With one smooth pair, the high-frequency bound is put halfway (in log) to
+    the unscaled pair below it; with none, both bounds go in the gap between the unscaled
+    and the scaled pairs.
 
     Raises:
         UnsupportedModelError: the factors are not of that form.
@@ -74,40 +77,47 @@ def llama3_scaling(factors: np.ndarray, base: float, dims: int) -> dict[str, Any
     f = np.asarray(factors, dtype=np.float64).reshape(-1)
     if f.shape != (dims // 2,) or not np.all(np.isfinite(f)) or f.min() <= 0:
         raise UnsupportedModelError(f"GGUF rope_freqs has shape {factors.shape}, not ({dims // 2},)")
+    if np.allclose(f, 1.0, rtol=1e-6):
+        return None
     factor = float(f.max())
-    inv_wavelen = 1 / (2 * math.pi * base ** (np.arange(0, dims, 2) / dims))
-    middle = ~np.isclose(f, 1.0, rtol=1e-6) & ~np.isclose(f, factor, rtol=1e-6)
+    wavelen = 2 * math.pi * base ** (np.arange(0, dims, 2) / dims)
+    one, full = np.isclose(f, 1.0, rtol=1e-6), np.isclose(f, factor, rtol=1e-6)
+    middle = ~one & ~full
     context = float(ORIGINAL_CONTEXT)
-    if factor > 1 and middle.sum() >= 2:
-        smooth = (1 / f[middle] - 1 / factor) / (1 - 1 / factor)
-        a, b = np.polyfit(inv_wavelen[middle], smooth, 1)
-        low = -b * context / a if a > 0 else 0.0
-        high = low + context / a if a > 0 else 0.0
+    below = wavelen[one].max() if one.any() else wavelen.min() / 2  # last unscaled pair
+    above = wavelen[full].min() if full.any() else wavelen.max() * 2  # first scaled pair
+    smooth = (1 / f[middle] - 1 / factor) / (1 - 1 / factor)
+    candidates: list[tuple[float, float]] = []  # (low_freq_factor, high_freq_factor)
+    if middle.sum() >= 2:
+        a, b = np.polyfit(1 / wavelen[middle], smooth, 1)
+        if a > 0:
+            candidates.append((-b * context / a, -b * context / a + context / a))
+    elif middle.sum() == 1:
+        at, s0 = context / float(wavelen[middle][0]), float(smooth[0])
+        high = context / math.sqrt(below * float(wavelen[middle][0]))  # bound below the pair
+        candidates.append(((at - s0 * high) / (1 - s0), high))
+        low = context / math.sqrt(above * float(wavelen[middle][0]))  # bound above the pair
+        candidates.append((low, low + (at - low) / s0))
     else:
-        low, high = 1.0, 4.0
-        if factor > 1 and middle.sum() == 1:  # s = (context/wavelen - 1) / 3 at that pair
-            s = (1 / f[middle][0] - 1 / factor) / (1 - 1 / factor)
-            context = (3 * s + 1) / float(inv_wavelen[middle][0])
-        elif factor > 1:  # a context between the last unscaled and the first scaled pair
-            unscaled = 1 / inv_wavelen[np.isclose(f, 1.0, rtol=1e-6)]
-            scaled = 1 / inv_wavelen[np.isclose(f, factor, rtol=1e-6)]
-            if unscaled.size and scaled.size:
-                context = math.sqrt(4 * unscaled.max() * scaled.min())
-    params = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
-              "original_max_position_embeddings": float(context)}
-    rounded = {k: round(v, 6) for k, v in params.items()}  # 0.9999999981 -> 1.0
-    if np.allclose(llama3_factors(rounded, base, dims), f, rtol=1e-5):
-        params = rounded
-    factor, low, high, context = (params[k] for k in (
-        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
-    ok = low > 0 and high > low and np.allclose(llama3_factors(params, base, dims), f, rtol=1e-5)
+        candidates.append((context / (below ** (1 / 3) * above ** (2 / 3)),
+                           context / (below ** (2 / 3) * above ** (1 / 3))))
+    ok = False
+    for low, high in candidates:
+        exact = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
+                 "original_max_position_embeddings": context}
+        for params in ({k: round(v, 6) for k, v in exact.items()}, exact):  # 0.9999999981 -> 1.0
+            ok = (0 < params["low_freq_factor"] < params["high_freq_factor"]
+                  and np.allclose(llama3_factors(params, base, dims), f, rtol=1e-5))
+            if ok:
+                break
+        if ok:
+            break
     if not ok:
         raise UnsupportedModelError(
             "GGUF rope_freqs does not match Llama 3's rope scaling (factor, low and high "
             "frequency factors); it is not supported")
-    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
-            "high_freq_factor": float(high),
-            "original_max_position_embeddings": round(context) if context == round(context) else context}
+    params["original_max_position_embeddings"] = ORIGINAL_CONTEXT
+    return {"rope_type": "llama3", **params}
 
 
 def as_float(value: Any) -> float:
