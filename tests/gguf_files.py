@@ -210,6 +210,24 @@ def _add(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
         raise TypeError(f"{key}: {value!r}")
 
 
+def llama3_rope_freqs(scaling: dict, base: float, dims: int) -> np.ndarray:
+    """rope_freqs as llama.cpp's converter computes it from a llama3 rope_scaling."""
+    low_wl = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
+    high_wl = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi / (1.0 / base ** (i / dims))
+        if wavelen < high_wl:
+            out.append(1.0)
+        elif wavelen > low_wl:
+            out.append(scaling["factor"])
+        else:
+            smooth = ((scaling["original_max_position_embeddings"] / wavelen - scaling["low_freq_factor"])
+                      / (scaling["high_freq_factor"] - scaling["low_freq_factor"]))
+            out.append(1 / ((1 - smooth) / scaling["factor"] + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def family_metadata(family: str, config: dict[str, Any], tokenizer: str = "gpt2") -> dict[str, Any]:
     """The GGUF metadata llama.cpp's converter writes for ``config`` (a byte-level BPE
     vocabulary with ChatML turns unless ``tokenizer`` is ``"llama"``)."""

@@ -12,7 +12,6 @@ the assertion messages (``-s`` prints them).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -23,9 +22,8 @@ import pytest
 from exo_p2p.models.card import card_from_gguf, card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf_import import import_gguf
-from tests.gguf_files import family_metadata, reference_model, write_family_gguf
+from tests.gguf_files import family_metadata, llama3_rope_freqs, reference_model, write_family_gguf
 
-import gguf  # noqa: E402  (the test extra)
 
 TOKENS = [[0, 1, 40, 77, 263, 150, 2, 9, 200, 33, 120, 7]]
 EXACT, DEQUANTIZED = 1e-5, 2e-3
@@ -48,24 +46,6 @@ def q4_k_m(name: str) -> str:
 
 def _by_part(mapping: dict[str, str], default: str) -> Callable[[str], str]:
     return lambda name: next((t for part, t in mapping.items() if part in name), default)
-
-
-def llama3_rope_freqs(scaling: dict, base: float, dims: int) -> np.ndarray:
-    """rope_freqs as llama.cpp's converter computes it from a llama3 rope_scaling."""
-    low_wl = scaling["original_max_position_embeddings"] / scaling["low_freq_factor"]
-    high_wl = scaling["original_max_position_embeddings"] / scaling["high_freq_factor"]
-    out = []
-    for i in range(0, dims, 2):
-        wavelen = 2 * math.pi / (1.0 / base ** (i / dims))
-        if wavelen < high_wl:
-            out.append(1.0)
-        elif wavelen > low_wl:
-            out.append(scaling["factor"])
-        else:
-            smooth = ((scaling["original_max_position_embeddings"] / wavelen - scaling["low_freq_factor"])
-                      / (scaling["high_freq_factor"] - scaling["low_freq_factor"]))
-            out.append(1 / ((1 - smooth) / scaling["factor"] + smooth))
-    return np.array(out, dtype=np.float32)
 
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
