@@ -68,6 +68,10 @@ CASES = {
                          _by_part({"attn_v": "Q3_K", "ffn_down": "Q2_K"}, "Q4_K"), DEQUANTIZED),
     "gemma3-f16": ("gemma3", _base("gemma3_text", head_dim=64, num_hidden_layers=6, sliding_window=4,
                                     query_pre_attn_scalar=64, rope_theta=1_000_000.0, tie_word_embeddings=True), lambda n: "F16", EXACT),
+    "phi3-longrope-q5_1": ("phi3", _base("phi3", num_key_value_heads=4, max_position_embeddings=131072,
+                                         original_max_position_embeddings=4096, rope_scaling={
+                                             "type": "longrope", "long_factor": [1.0 + i / 8 for i in range(32)],
+                                             "short_factor": [1.0] * 32}), lambda n: "Q5_1", EXACT),
     "phi3-q8_0-partial-rope": ("phi3", _base("phi3", num_key_value_heads=4, partial_rotary_factor=0.5),
                                lambda n: "Q8_0", EXACT),
 }
@@ -85,8 +89,13 @@ def _import_and_compare(tmp_path: Path, case: str) -> tuple[float, Path]:
     family, config, types, _ = CASES[case]
     metadata = family_metadata(family, config)
     extra = {}
-    if config.get("rope_scaling"):
-        extra["rope_freqs.weight"] = llama3_rope_freqs(config["rope_scaling"], config["rope_theta"], 64)
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        extra["rope_freqs.weight"] = llama3_rope_freqs(scaling, config["rope_theta"], 64)
+    if scaling.get("type") == "longrope":  # llama.cpp's Phi-3 128k tensors and key
+        extra["rope_factors_long.weight"] = np.array(scaling["long_factor"], np.float32)
+        extra["rope_factors_short.weight"] = np.array(scaling["short_factor"], np.float32)
+        metadata["phi3.rope.scaling.original_context_length"] = config["original_max_position_embeddings"]
     written = write_family_gguf(tmp_path / f"{case}.gguf", family, {k: v for k, v in config.items() if k != "_name"},
                                 metadata, types, seed=len(case), extra_tensors=extra)
     out = import_gguf(written.path, tmp_path / case)
