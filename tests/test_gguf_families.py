@@ -175,3 +175,26 @@ def test_store_lists_an_unsupported_gguf_as_unusable_with_the_reason(tmp_path: P
     assert [c.model_id for c in store.list_cards()] == ["good"]
     assert store.unusable() == {"odd": "GGUF pre-tokenizer 'falcon' is not supported (supported: "
                                        "smollm, gpt-2, default, llama-bpe, qwen2)"}
+
+
+def test_unsupported_tensor_type_is_named_at_listing(tmp_path: Path) -> None:
+    """An IQ4_NL tensor (a lookup-table type, no affine form): the card, computed at listing
+    from the header alone, already names it."""
+    import gguf
+
+    config = _base("qwen3", head_dim=64)
+    path = tmp_path / "iq.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    from tests.gguf_files import _add
+
+    for key, value in family_metadata("qwen3", config).items():
+        _add(writer, key, value)
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, HIDDEN // block * nbytes), np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="'token_embd.weight' has tensor type IQ4_NL"):
+        card_from_gguf(path, "iq")
