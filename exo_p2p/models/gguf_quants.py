@@ -233,5 +233,10 @@ def pack_mlx(q: np.ndarray, bits: int) -> np.ndarray:
         for k in range(1, per_byte):
             packed |= q[:, k::per_byte] << np.uint8(k * bits)
         return packed.view("<u4").reshape(rows, -1)
-    stream = ((q[:, :, None] >> np.arange(bits, dtype=np.uint8)) & 1).reshape(rows, -1)
-    return np.packbits(stream, axis=1, bitorder="little").view("<u4").reshape(rows, -1)
+    # 3, 5 bits: 8 elements fill `bits` whole bytes; 6 bits: 4 elements fill 3 bytes
+    per = 4 if bits == 6 else 8
+    acc = np.zeros((rows, cols // per), np.uint64)
+    for k in range(per):
+        acc |= q[:, k::per].astype(np.uint64) << np.uint64(k * bits)
+    whole = acc.view(np.uint8).reshape(rows, cols // per, 8)[:, :, :per * bits // 8]
+    return np.ascontiguousarray(whole).reshape(rows, -1).view("<u4")
