@@ -123,6 +123,41 @@ def _random_weights(model: nn.Module, seed: int, hidden_size: int) -> dict[str, 
     return out
 
 
+def write_tokenizer_files(out_dir: Path, tok, context_length: int, chat_template: ChatTemplateWhere,
+                          template: str = CHATML_TEMPLATE) -> None:
+    """Write ``tok`` (``_build_tokenizer``'s) as ``tokenizer.json`` with its
+    ``tokenizer_config.json`` and ``generation_config.json`` into ``out_dir``; ``chat_template``
+    as in ``make_synthetic_model``. Raises ``ValueError`` for another ``chat_template``."""
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": None}, indent=2)
+    )
+    tok.save(str(out_dir / "tokenizer.json"))
+    tok_config: dict = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "model_max_length": context_length,
+        "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": {
+            str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False,
+                     "normalized": False, "single_word": False}
+            for i, t in enumerate(SPECIAL_TOKENS)
+        },
+    }
+    jinja_path = out_dir / "chat_template.jinja"
+    if chat_template == "config":
+        tok_config["chat_template"] = template
+    elif chat_template == "jinja":
+        jinja_path.write_text(template)
+    elif chat_template is not None:
+        raise ValueError(f"chat_template must be 'config', 'jinja' or None, not {chat_template!r}")
+    if chat_template != "jinja" and jinja_path.exists():
+        jinja_path.unlink()
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+
+
 def make_synthetic_model(
     out_dir: Path,
     *,
@@ -186,35 +221,6 @@ def make_synthetic_model(
         config["quantization"] = {"group_size": 32, "bits": 4, **overrides}
         config["quantization_config"] = config["quantization"]
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
-
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": list(EOS_TOKEN_IDS), "bos_token_id": None}, indent=2)
-    )
-    tok.save(str(out_dir / "tokenizer.json"))
-    tok_config: dict = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "model_max_length": context_length,
-        "clean_up_tokenization_spaces": False,
-        "added_tokens_decoder": {
-            str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False,
-                     "normalized": False, "single_word": False}
-            for i, t in enumerate(SPECIAL_TOKENS)
-        },
-    }
-    jinja_path = out_dir / "chat_template.jinja"
-    template = AGENT_TEMPLATE if agent else CHATML_TEMPLATE
-    if chat_template == "config":
-        tok_config["chat_template"] = template
-    elif chat_template == "jinja":
-        jinja_path.write_text(template)
-    elif chat_template is not None:
-        raise ValueError(f"chat_template must be 'config', 'jinja' or None, not {chat_template!r}")
-    if chat_template != "jinja" and jinja_path.exists():
-        jinja_path.unlink()
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    write_tokenizer_files(out_dir, tok, context_length, chat_template, AGENT_TEMPLATE if agent else CHATML_TEMPLATE)
     return out_dir
