@@ -29,5 +29,10 @@ def forward(model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
 
 
 def new_cache(model: nn.Module) -> list[Any]:
-    """A fresh, empty KV cache (one entry per local layer), as mlx-lm makes it."""
+    """A fresh, empty KV cache (one entry per local layer), as mlx-lm makes it: the kinds
+    the family's ``make_cache`` gives the whole model, of this rank's layers on a pipeline
+    rank (``engine.layer_span``)."""
+    span = getattr(model, "layer_span", None)
+    if span is not None:
+        return span.new_cache()
     return make_prompt_cache(model)

@@ -56,11 +56,13 @@ class LoadedModel:
     ``model`` is the mlx-lm model; on a partial load ``model.layers`` holds only layers
     ``[start_layer, end_layer)`` and the modules this rank does not need are removed
     (``model.model.embed_tokens`` when not first and not a tied last rank, ``model.model.norm``
-    and ``lm_head`` when not last). ``eos_token_ids``: every end-of-turn token id.
-    ``context_length`` in tokens; ``peak_memory_bytes`` is ``mx.get_peak_memory()`` over the
-    load (reset at its start). ``tensor_world_size`` > 1: every layer holds only this rank's
-    1/tensor_world_size (``engine.tensor``). ``weights_dtype``: ``"stored"`` (as on disk) or
-    ``"float32"`` (expanded at load, ``engine.dequantize``).
+    and ``lm_head`` when not last), and ``model.layer_span`` runs them with the family's own
+    forward (``engine.layer_span``; its caches are ``forward.new_cache``'s). ``eos_token_ids``:
+    every end-of-turn token id. ``context_length`` in tokens; ``peak_memory_bytes`` is
+    ``mx.get_peak_memory()`` over the load (reset at its start). ``tensor_world_size`` > 1:
+    every layer holds only this rank's 1/tensor_world_size (``engine.tensor``).
+    ``weights_dtype``: ``"stored"`` (as on disk) or ``"float32"`` (expanded at load,
+    ``engine.dequantize``).
     """
 
     model: nn.Module
@@ -172,8 +174,12 @@ def _lazy_share(model_dir: Path, start_layer: int, end: int, n_layers: int,
     if partial:
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
+        from worker.engine.layer_span import layer_facts, make_span
+
+        templates, attributes = layer_facts(model)  # the whole model's, before its layers go
         tied = bool(_text_config(config).get("tie_word_embeddings", True)) and "lm_head" not in model
         _shard_modules(model, start_layer, end, n_layers, tied)
+        object.__setattr__(model, "layer_span", make_span(model, start_layer, end, templates, attributes))
     if tensor_group is not None and tensor_group.size() > 1:
         from worker.engine.tensor import shard_model
 

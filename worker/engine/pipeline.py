@@ -17,8 +17,10 @@ Each rank keeps the KV cache of its own layers only. The send is a dependency of
 rank evaluates (``mx.depends``), so evaluating a step's token runs this rank's part of it.
 Every pipeline op runs on the engine's stream, in the same order on every rank.
 
-Supported layouts: the llama family of mlx-lm (``model.model.embed_tokens / layers / norm``,
-``lm_head`` or tied embeddings; llama, mistral, qwen2, qwen3 ...).
+A rank's layers run inside the family's own forward (``engine.layer_span``: embedding scale,
+masks per kind of layer, norm, tied or untied head), so every mlx-lm family whose layers pass
+only hidden states to each other pipelines (``model.model.embed_tokens / layers / norm``); the
+families that cannot are refused at placement (``exo_p2p.models.families``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
 
 from worker.engine.forward import Forward, forward
+from worker.engine.layer_span import LayerSpan, span_of
 from worker.engine.sampling import Sampler
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -139,34 +141,11 @@ class LocalStage:
         return sample_rows(samplers, pending)
 
 
-def _layers_of(model: nn.Module) -> Any:
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers"):
-        raise ValueError(f"{type(model).__module__} models have no model.layers: cannot pipeline them")
-    return inner
-
-
-def run_layers(model: nn.Module, h: mx.array, cache: list[Any]) -> mx.array:
-    """Run this rank's layers on hidden states ``h [1, L, hidden]`` (as mlx-lm's llama
-    ``LlamaModel.__call__``, without the embedding and the final norm)."""
-    inner = _layers_of(model)
-    window = getattr(inner, "sliding_window", None)
-    masks: dict[bool, Any] = {}
-    for layer, c in zip(inner.layers, cache, strict=True):
-        sliding = bool(getattr(layer, "use_sliding", False))
-        if sliding not in masks:
-            masks[sliding] = create_attention_mask(h, c, window_size=window if sliding else None)
-        h = layer(h, masks[sliding], cache=c)
-    return h
-
-
-def head(model: nn.Module, h: mx.array) -> mx.array:
-    """Final norm and head on ``h [1, L, hidden]`` → logits ``[1, L, vocab]`` (last rank)."""
-    inner = _layers_of(model)
-    out = inner.norm(h)
-    if "lm_head" in model:
-        return model.lm_head(out)
-    return inner.embed_tokens.as_linear(out)
+def _span(model: nn.Module) -> LayerSpan:
+    span = span_of(model)
+    if span is None:
+        raise ValueError(f"{type(model).__module__} model holds every layer: load a layer range to pipeline it")
+    return span
 
 
 class PipelineStage:
@@ -192,12 +171,12 @@ class PipelineStage:
         self.samples = self.is_last
 
     def _hidden(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
-        if self.is_first:
-            h = _layers_of(model).embed_tokens(tokens)
-        else:
+        """This rank's output: the hidden states it sends on, or the logits (last rank)."""
+        received = None
+        if not self.is_first:
             like = mx.zeros((tokens.shape[0], tokens.shape[1], self.hidden_size), dtype=self.hidden_dtype)
-            h = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
-        h = run_layers(model, h, cache)
+            received = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
+        h = _span(model).run(tokens, cache, received)
         if not self.is_last:
             if self.wire_dtype is not None:
                 h = h.astype(self.wire_dtype)
@@ -205,8 +184,8 @@ class PipelineStage:
         return h
 
     def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
-        h = self._hidden(model, tokens, cache)
-        mx.eval(h, [c.state for c in cache])
+        h = self._hidden(model, tokens, cache)  # the last rank's logits are not needed here
+        mx.eval([] if self.is_last else h, [c.state for c in cache])
 
     def next_token(self, model: nn.Module, tokens: mx.array, cache: list[Any], sampler: Sampler) -> mx.array:
         return self.next_tokens(model, tokens, cache, [sampler])
@@ -217,7 +196,7 @@ class PipelineStage:
 
     def forward_last(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
         h = self._hidden(model, tokens, cache)
-        return logprobs_of(head(model, h)) if self.is_last else h
+        return logprobs_of(h) if self.is_last else h
 
     def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
         if self.is_last:
@@ -233,15 +212,16 @@ def probe_hidden_dtype(model: nn.Module, group: mx.distributed.Group, hidden_siz
     (nothing is computed), sends the dtype's code to rank 1, which does the same with its
     layers, and so on; the returned dtype is what this rank *receives* (rank 0: what it
     sends)."""
-    from worker.engine.forward import new_cache
-
     rank, size = group.rank(), group.size()
+    span = _span(model)
+    tokens = mx.zeros((1, 1), dtype=mx.int32)
     if rank == 0:
-        in_dtype = _layers_of(model).embed_tokens(mx.zeros((1, 1), dtype=mx.int32)).dtype
+        in_dtype = model.model.embed_tokens(tokens).dtype
     else:
         code = mx.distributed.recv(shape=(1,), dtype=mx.int32, src=rank - 1, group=group)
         in_dtype = _DTYPES[int(code.item())]
-    out_dtype = run_layers(model, mx.zeros((1, 1, hidden_size), dtype=in_dtype), new_cache(model)).dtype
     if rank < size - 1:
+        received = None if rank == 0 else mx.zeros((1, 1, hidden_size), dtype=in_dtype)
+        out_dtype = span.run(tokens, span.new_cache(), received).dtype
         mx.eval(mx.distributed.send(mx.array([_DTYPES.index(out_dtype)], dtype=mx.int32), rank + 1, group=group))
     return in_dtype
