@@ -131,3 +131,46 @@ def test_a_left_padded_batch_row_equals_the_row_alone(family_dirs: dict[str, Pat
     got = np.array(_chain(ranks, padded, caches)[:, -1])
     for i in range(2):
         assert float(np.abs(got[i] - solo[i]).max()) <= ATOL, (family, i)
+
+
+def _engine_tokens(loaded: Any, prompts: list[str], max_batch: int) -> dict[str, list[int]]:
+    from exo_p2p.types.engine import EngineSettings
+    from exo_p2p.types.tasks import ChatMessage, GenerationParams
+    from worker.engine.builder import build_engine
+
+    tokens: dict[str, list[int]] = {}
+    engine = build_engine(loaded, EngineSettings(prefill_chunk_size=16, max_batch=max_batch),
+                          on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
+    for i, prompt in enumerate(prompts):
+        engine.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),), max_tokens=8,
+                                                temperature=0.0))
+    for _ in range(1000):
+        if not engine.has_work():
+            break
+        engine.step()
+    return tokens
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma3_text"])
+def test_a_sliding_window_family_answers_alone_as_in_a_batch(family_dirs: dict[str, Path], family: str) -> None:
+    """One rank: a request decoded alone (its own cache, joined to the decode batch after its
+    prefill) gives the tokens it gives prefilled and decoded with others, and those of a
+    plain greedy loop over the whole model. Prompts are longer than the window: a rotating
+    cache merged into the batch after it dropped tokens lost their positions (gpt_oss
+    answered otherwise alone)."""
+    import mlx.core as mx
+
+    from worker.engine.forward import new_cache
+    from worker.engine.loader import load_all
+
+    loaded = load_all(family_dirs[family])
+    prompts = ["hello", "and the cat sat on the mat, " * 3]
+    alone = _engine_tokens(loaded, prompts, 1)
+    assert alone == _engine_tokens(loaded, prompts, 4)
+    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompts[0]}], add_generation_prompt=True)
+    assert len(ids) > SLIDING_WINDOW
+    cache, x, want = new_cache(loaded.model), mx.array([ids]), []
+    for _ in range(8):
+        want.append(int(mx.argmax(loaded.model(x, cache=cache)[:, -1], axis=-1).item()))
+        x = mx.array([[want[-1]]])
+    assert alone["p0"] == want

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 generation_stream = mx.new_thread_local_stream(mx.default_device())
 """The stream every generation op runs on (like mlx-lm's own ``generation_stream``): a
@@ -29,10 +29,14 @@ def forward(model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
 
 
 def new_cache(model: nn.Module) -> list[Any]:
-    """A fresh, empty KV cache (one entry per local layer), as mlx-lm makes it: the kinds
-    the family's ``make_cache`` gives the whole model, of this rank's layers on a pipeline
-    rank (``engine.layer_span``)."""
+    """A fresh, empty KV cache (one entry per local layer), as mlx-lm makes it (the kinds
+    the family's ``make_cache`` gives the whole model; of this rank's layers on a pipeline
+    rank, ``engine.layer_span``), except that a sliding-window layer's ``RotatingKVCache``
+    is a ``KVCache``. The engine merges every row's cache into a ``BatchKVCache``
+    (``engine.batch``, ``engine.prefill``), which keeps every token and applies the layer's
+    window in its mask (the family passes ``window_size``); a rotating cache that already
+    dropped tokens loses their positions in that merge, so a request decoded alone answered
+    otherwise than in a batch."""
     span = getattr(model, "layer_span", None)
-    if span is not None:
-        return span.new_cache()
-    return make_prompt_cache(model)
+    caches = span.new_cache() if span is not None else make_prompt_cache(model)
+    return [KVCache() if isinstance(c, RotatingKVCache) else c for c in caches]
