@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from exo_p2p.models.families import sharding_problem
 from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.memory import usable_memory
@@ -189,7 +190,7 @@ def place_instance(
     if ctx.blocking is not None:
         raise PlacementError(ctx.blocking)
     if sharding == "tensor" and not model_card.supports_tensor:
-        raise PlacementError(f"model {model_card.model_id} does not support tensor sharding")
+        raise PlacementError(f"model {model_card.model_id} does not support tensor sharding ({_family_problem(model_card, sharding)})")
     sizes = range(max(min_nodes, len(ctx.required)), len(ctx.eligible) + 1)
     for size in sizes:
         if _size_problem(model_card, sharding, size) is not None:
@@ -281,12 +282,19 @@ def _context(state: State, card: ModelCard, nodes: Iterable[str] | None) -> _Con
 
 
 def _size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
-    """Why no cycle of ``size`` nodes can take the model whatever the nodes, or None."""
+    """Why no cycle of ``size`` nodes can take the model whatever the nodes, or None: the
+    family's rule first (``exo_p2p.models.families``), then the sizes."""
+    if size > 1 and (problem := _family_problem(card, sharding)):
+        return problem
     if sharding == "tensor":
         return tensor_divisibility_problem(card, size)
     if size > card.n_layers:
         return f"pipeline over {size} nodes needs at least {size} layers; the model has {card.n_layers}"
     return None
+
+
+def _family_problem(card: ModelCard, sharding: Sharding) -> str | None:
+    return sharding_problem(card.architecture, sharding, supports_tensor=card.supports_tensor)
 
 
 _Mode = tuple[dict[NodeId, int], frozenset[NodeId] | None]
@@ -568,7 +576,7 @@ def _preview(ctx: _Context, sharding: Sharding, size: int) -> Preview:
     if ctx.blocking is not None:
         return failed(ctx.blocking)
     if sharding == "tensor" and not ctx.card.supports_tensor:
-        return failed(f"model {ctx.card.model_id} does not support tensor sharding")
+        return failed(f"model {ctx.card.model_id} does not support tensor sharding ({_family_problem(ctx.card, sharding)})")
     if size < len(ctx.required):
         return failed(f"{len(ctx.required)} nodes are required but the world size is {size}")
     problem = _size_problem(ctx.card, sharding, size)

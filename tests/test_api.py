@@ -677,6 +677,10 @@ def test_models_state_and_nodes() -> None:
                 "num_attention_heads": 9,
                 "num_key_value_heads": 3,
                 "context_length": 8192,
+                "family": "llama",
+                "quantization": "",
+                "shardings": ["pipeline", "tensor"],
+                "sharding_notes": {},
             }
         ]
         await client.post("/instances", json={"model": MODEL})

@@ -198,10 +198,13 @@ class ModelList(msgspec.Struct, frozen=True):
     data: list[ModelEntry]
 
 
-class LocalModel(msgspec.Struct, frozen=True, omit_defaults=True):
+class LocalModel(msgspec.Struct, frozen=True):
     """An entry of ``GET /models``: a model this node can serve from its own store; ``source``
-    says where it was found (embedded, models_dir, pulled, hf_cache, ollama, lmstudio; left
-    out when the backend cannot say)."""
+    says where it was found (embedded, models_dir, pulled, hf_cache, ollama, lmstudio; null
+    when the backend cannot say). ``family`` (config.json's ``model_type``),
+    ``quantization`` (the card's), ``shardings``: the ways it may be split over several nodes,
+    ``sharding_notes``: why another is not, or that an allowed one is untested for the family
+    (``exo_p2p.models.families``)."""
 
     model: str
     n_layers: int
@@ -211,6 +214,10 @@ class LocalModel(msgspec.Struct, frozen=True, omit_defaults=True):
     num_key_value_heads: int
     context_length: int
     source: str | None = None
+    family: str = ""
+    quantization: str = ""
+    shardings: list[str] = []
+    sharding_notes: dict[str, str] = {}
 
 
 class ShardView(msgspec.Struct, frozen=True):

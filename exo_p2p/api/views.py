@@ -9,6 +9,7 @@ import msgspec
 
 from exo_p2p.api.backend import NodeHealth
 from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, ShardView
+from exo_p2p.models.families import shardings_of
 from exo_p2p.state import InstanceView, state_hash
 from exo_p2p.types import ModelCard, State
 
@@ -71,8 +72,10 @@ def model_list(cards: Iterable[ModelCard], created: int) -> ModelList:
 
 
 def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
-    """``GET /models`` entry of a model this node holds (bytes, tokens); ``source``: where the
-    store found it (``exo_p2p.models.sources.Origin``; None: not known)."""
+    """``GET /models`` entry of a model this node holds (bytes, tokens; family, quantization
+    and shardings: ``exo_p2p.models.families``); ``source``: where the store found it
+    (``exo_p2p.models.sources.Origin``; None: not known)."""
+    shardings, notes = shardings_of(card.architecture, supports_tensor=card.supports_tensor)
     return LocalModel(
         model=card.model_id,
         n_layers=card.n_layers,
@@ -82,6 +85,10 @@ def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
         num_key_value_heads=card.num_key_value_heads,
         context_length=card.context_length,
         source=source,
+        family=card.architecture,
+        quantization=card.quantization,
+        shardings=shardings,
+        sharding_notes=notes,
     )
 
 

@@ -19,7 +19,7 @@ GIB = 1024**3
 NODE_FIELDS = ("node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs")
 INSTANCE_FIELDS = ("instance_id", "model", "status", "shards")
 SHARD_FIELDS = ("node_id", "rank", "start_layer", "end_layer")
-MODEL_FIELDS = ("model", "n_layers", "storage_size")
+MODEL_FIELDS = ("model", "n_layers", "storage_size", "family", "quantization", "shardings")
 
 
 MIB = 1024**2
@@ -227,19 +227,28 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
 
 
 def models_table(models: list[dict]) -> Table:
-    """model, layers, size on disk, context length, where the node found it."""
+    """model, family, quantization, layers, size on disk, context length, the shardings it
+    allows over several nodes (an untested one marked ``?``), where the node found it."""
     table = Table(title="models on this node", title_justify="left")
     table.add_column("model")
+    table.add_column("family")
+    table.add_column("quantization")
     table.add_column("layers", justify="right")
     table.add_column("size", justify="right")
     table.add_column("context", justify="right")
+    table.add_column("split by")
     table.add_column("source")
     for m in models:
+        notes = m.get("sharding_notes") or {}
+        split = [s + ("?" if s in notes else "") for s in m.get("shardings") or []]
         table.add_row(
             str(m.get("model", "")),
+            str(m.get("family") or "-"),
+            str(m.get("quantization") or "-"),
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
             str(m.get("context_length") or "-"),
+            ", ".join(split) or "one node only",
             str(m.get("source") or "-"),
         )
     return table

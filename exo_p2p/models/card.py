@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.families import quantization_of
 from exo_p2p.models.gguf_layout import model_plan
 from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
 from exo_p2p.types.common import ModelId
@@ -232,6 +233,7 @@ def card_from_config(
         float32_embedding_bytes=f32_embedding,
         float32_head_bytes=f32_head,
         float32_norm_bytes=f32_norm,
+        quantization=quantization_of(config),
     )
 
 

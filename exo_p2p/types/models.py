@@ -25,6 +25,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     the runner could not load (``master.placement_split.tensor_divisibility_problem``).
     ``float32_*`` are the same parts' bytes once expanded to float32 at load (a CPU-only
     node's runner, ``--cpu-weights``); empty / 0 on cards from before them (never expanded).
+    ``quantization``: how the weights are stored (``exo_p2p.models.families.quantization_of``:
+    ``"4-bit, group 64"``, ``"bfloat16"``...; empty on cards from before it).
     """
 
     model_id: ModelId
@@ -50,6 +52,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     float32_embedding_bytes: Bytes = 0
     float32_head_bytes: Bytes = 0
     float32_norm_bytes: Bytes = 0
+    quantization: str = ""
 
     @property
     def expandable(self) -> bool:
