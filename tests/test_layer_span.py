@@ -174,3 +174,21 @@ def test_a_sliding_window_family_answers_alone_as_in_a_batch(family_dirs: dict[s
         want.append(int(mx.argmax(loaded.model(x, cache=cache)[:, -1], axis=-1).item()))
         x = mx.array([[want[-1]]])
     assert alone["p0"] == want
+
+
+def test_the_view_runs_the_modules_a_float32_rank_holds(tmp_path: Path) -> None:
+    """A rank expanded to float32 (quantized embedding and layers replaced by float32
+    modules): the view runs those, not the quantized ones the loader replaced."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from exo_p2p.models.synthetic import make_synthetic_model
+    from worker.engine.loader import load_all
+
+    q4 = make_synthetic_model(tmp_path / "q4", n_layers=4, quantize=True)
+    for start, end in SPLITS[2]:
+        loaded = load_all(q4, start_layer=start, end_layer=end, weights_dtype="float32")
+        view = loaded.model.layer_span.view
+        assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in view.named_modules())
+        held = {id(a) for _, a in tree_flatten(loaded.model.parameters())}
+        assert {id(a) for _, a in tree_flatten(view.parameters())} <= held

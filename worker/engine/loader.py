@@ -169,23 +169,24 @@ def _lazy_share(model_dir: Path, start_layer: int, end: int, n_layers: int,
                 tensor_group: mx.distributed.Group | None, weights_dtype: str) -> tuple[nn.Module, dict]:
     """The model with only this rank's modules (layers ``[start_layer, end)``, or its tensor
     shard of every layer), weights not read yet (lazy), and its config."""
+    from worker.engine.layer_span import layer_facts, make_span
+
     partial = (start_layer, end) != (0, n_layers)
     model, config = mlx_lm_load_model(model_dir, lazy=True, strict=not partial)
     if partial:
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
-        from worker.engine.layer_span import layer_facts, make_span
-
         templates, attributes = layer_facts(model)  # the whole model's, before its layers go
         tied = bool(_text_config(config).get("tie_word_embeddings", True)) and "lm_head" not in model
         _shard_modules(model, start_layer, end, n_layers, tied)
-        object.__setattr__(model, "layer_span", make_span(model, start_layer, end, templates, attributes))
     if tensor_group is not None and tensor_group.size() > 1:
         from worker.engine.tensor import shard_model
 
         shard_model(model, tensor_group)
     if weights_dtype == "float32":
         expand_to_float32(model)
+    if partial:  # the view shares the modules as they are now (expand_to_float32 replaces some)
+        object.__setattr__(model, "layer_span", make_span(model, start_layer, end, templates, attributes))
     return model, config
 
 
