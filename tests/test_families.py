@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exo_p2p.models.families import (
     MATRIX,
@@ -36,6 +38,19 @@ def test_a_tested_family_allows_what_the_matrix_says(family: str) -> None:
         assert "tensor" in allowed and not notes
     else:
         assert "tensor" not in allowed and MATRIX[family].tensor in notes["tensor"]
+
+
+@given(st.one_of(st.sampled_from(sorted(MATRIX) + sorted(NO_PIPELINE)), st.text(max_size=12)), st.booleans())
+def test_every_sharding_is_allowed_or_explained(family: str, supports_tensor: bool) -> None:
+    """Each sharding is either allowed or has its reason, never both; tensor needs mlx-lm's
+    shard; a pipeline is refused only for the families whose layers share state."""
+    allowed, notes = shardings_of(family, supports_tensor=supports_tensor)
+    for sharding in ("pipeline", "tensor"):
+        problem = sharding_problem(family, sharding, supports_tensor=supports_tensor)
+        assert (sharding in allowed) == (problem is None)
+        assert problem is None or notes[sharding] == problem
+    assert ("pipeline" in allowed) == (family not in NO_PIPELINE)
+    assert supports_tensor or "tensor" not in allowed
 
 
 def test_families_outside_the_matrix() -> None:
