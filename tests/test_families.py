@@ -157,5 +157,5 @@ def test_the_listing_shows_family_quantization_and_shardings(tmp_path) -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(models_table([phi, q4, {"model": "old", "n_layers": 2}]))
     text = out.getvalue()
-    assert "phi3" in text and "float32" in text and "4-bit, group 32" in text and "pipeline, tensor" in text
+    assert "phi3" in text and "float32" in text and "4-bit g32 +8-bit" in text and "pipeline, tensor" in text
     assert "one node only" in text  # the old node's entry names no sharding

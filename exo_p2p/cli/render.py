@@ -227,8 +227,9 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
 
 
 def models_table(models: list[dict]) -> Table:
-    """model, family, quantization, layers, size on disk, context length, the shardings it
-    allows over several nodes (an untested one marked ``?``), where the node found it."""
+    """model, family, quantization (compact: ``4-bit, group 32, some modules 8-bit`` →
+    ``4-bit g32 +8-bit``), layers, size on disk, context length, the shardings it allows over
+    several nodes (an untested one marked ``?``), where the node found it."""
     table = Table(title="models on this node", title_justify="left")
     table.add_column("model")
     table.add_column("family")
@@ -244,7 +245,7 @@ def models_table(models: list[dict]) -> Table:
         table.add_row(
             str(m.get("model", "")),
             str(m.get("family") or "-"),
-            str(m.get("quantization") or "-"),
+            str(m.get("quantization") or "-").replace(", group ", " g").replace(", some modules ", " +"),
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
             str(m.get("context_length") or "-"),
