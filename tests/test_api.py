@@ -677,6 +677,7 @@ def test_models_state_and_nodes() -> None:
                 "num_attention_heads": 9,
                 "num_key_value_heads": 3,
                 "context_length": 8192,
+                "source": None,  # the fake backend cannot say
                 "family": "llama",
                 "quantization": "",
                 "shardings": ["pipeline", "tensor"],
