@@ -315,31 +315,39 @@ class Node:
         return await self.member.command(command, timeout)
 
     async def _from_hub(self, command):  # type: ignore[no-untyped-def]
-        """``(command, None)`` with its model read from a hub and in State (``HubModelResolved``),
+        """``(command, None)`` with its model read from a hub and in State (``read_from_hub``),
         or ``(command, error result)`` naming why not; a name that is no repo id or a node
         that never asks a hub: the command unchanged (the master answers 404)."""
+        model_id, error = await self.read_from_hub(str(command.model_id))
+        command = msgspec.structs.replace(command, model_id=model_id)
+        return command, (CommandResult(command.command_id, error=error) if error is not None else None)
+
+    async def read_from_hub(self, name: str) -> tuple[str, ErrorInfo | None]:
+        """``(model id, None)`` once model ``name`` (``ORG/NAME[@REV]``) is known to the
+        cluster: read from a hub (its card and manifest, ``HubAccess.resolve``) and recorded
+        in State (``HubModelResolved``, waited for at most 15 s) unless State has its card
+        already; ``(name, None)`` unchanged for a name that is no repo id or a node that never
+        asks a hub (still unknown); ``(repo id, error)`` when the hub cannot give it (gated,
+        missing, unreachable, not MLX-format: ``hub_manifest.hub_error_status``)."""
         from exo_p2p.models.hub import is_repo_id, parse_repo
         from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
         from exo_p2p.types import HubModelResolved
 
-        name = str(command.model_id)
         if not is_repo_id(name) or not self.hub.enabled:
-            return command, None
+            return name, None
         repo, _ = parse_repo(name)
-        command = msgspec.structs.replace(command, model_id=repo)
         if repo in self.replica.state.model_cards:
-            return command, None
+            return repo, None
         try:
             source, card = await self.hub.resolve(name, self.depot)
         except Exception as exc:  # the hub's answer, as one line for the caller
-            status = hub_error_status(exc)
-            return command, CommandResult(command.command_id, error=ErrorInfo(status, hub_error_text(exc), "invalid_request_error", "model"))
+            return repo, ErrorInfo(hub_error_status(exc), hub_error_text(exc), "invalid_request_error", "model")
         await self._publish_now()
         self.emit_local(HubModelResolved(self.node_id, card, source))  # type: ignore[arg-type]
         with trio.move_on_after(15):
             while repo not in self.replica.state.hub_models:
                 await trio.sleep(0.05)
-        return command, None
+        return repo, None
 
     async def _publish_now(self) -> None:
         """Publish this node's profile now (its held models changed)."""
@@ -378,12 +386,13 @@ class Node:
         if card is None:
             raise KeyError(model_id)
         required = resolve_nodes(state, nodes) if nodes else None
-        from master.model_identity import chosen_digest
+        from master.placement_fetch import fetch_split
 
         # a model read from a hub that no node holds whole: what peers lack comes from the hub
-        source = "peers" if model_id not in state.hub_models or chosen_digest(state, model_id) else "peers, then the hub"
         out = []
         for p in placement_previews(state, card, nodes=required):
+            split = fetch_split(state, card, p.sharding, p.nodes, p.fetch_bytes_per_node)
+            hub = sum(h for _, h in split)
             out.append(
                 {
                     "sharding": p.sharding,
@@ -393,7 +402,9 @@ class Node:
                     "bytes": list(p.bytes_per_node),
                     "weights": list(p.weights_per_node),
                     "fetch_bytes": list(p.fetch_bytes_per_node),  # from peers first (docs/models.md)
-                    "fetch_from": source,
+                    "fetch_from_peers": [f for f, _ in split],
+                    "fetch_from_hub": [h for _, h in split],
+                    "fetch_from": "peers, then the hub" if hub else "peers",
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
@@ -572,7 +583,8 @@ class Node:
                 from exo_p2p.models.pulls import PullManager
 
                 self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
-                                         nursery, self.models_changed, hub=self.hub)
+                                         nursery, self.models_changed, hub=self.hub,
+                                         models_dir=Path(self.config.models_dirs[0]) if self.config.models_dirs else None)
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self._watch_models)  # models added to a store while running
                 nursery.start_soon(self.worker.run)

@@ -19,12 +19,22 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   copy from an earlier instance is counted as fetching everything of its shard (State does
   not say which chunks it has), so the check errs towards refusing, never towards filling
   a disk.
+- **From where** (``fetch_split``): a rank's fetch comes from peers when some node
+  publishes a complete copy (or no hub names the model). A model only a hub has whole: a
+  single rank or a tensor rank takes everything from the hub; a pipeline rank of several
+  the same, except what a lower rank on another node also fetches — the embedding, which
+  the last rank of a tied model loads again as its head — which it takes from that rank's
+  node (``exo_p2p.models.hub_fetch.shared_chunks``). Partial copies nodes hold of it are
+  not counted as peers' (State does not say which chunks they have), so the hub figure is
+  the most the hub sends.
 - **Disk**: a fetcher's ``models_disk_free`` must be at least ``disk_needed(fetch)`` =
   ``fetch`` plus ``FETCH_DISK_HEADROOM_PERCENT`` (10%, integers rounded up), the same headroom as
   memory.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from exo_p2p.defaults import disk_needed
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
@@ -80,3 +90,21 @@ def disk_problem(state: State, node: NodeId, fetch_bytes: int) -> tuple[int, int
     have = state.nodes[node].models_disk_free or 0
     need = disk_needed(fetch_bytes)
     return (need, have) if have < need else None
+
+
+def fetch_split(state: State, card: ModelCard, sharding: Sharding, nodes: Sequence[NodeId],
+                fetch_bytes: Sequence[int]) -> list[tuple[int, int]]:
+    """``(bytes from peers, bytes from the hub)`` per rank of a placement whose rank ``r`` runs
+    on ``nodes[r]`` and fetches ``fetch_bytes[r]`` (``shard_fetch_bytes``); each pair sums to
+    its rank's fetch (rule "From where": module docstring)."""
+    if chosen_digest(state, card.model_id) is not None or card.model_id not in state.hub_models:
+        return [(f, 0) for f in fetch_bytes]
+    out = []
+    last = len(fetch_bytes) - 1
+    for rank, fetch in enumerate(fetch_bytes):
+        shared = 0
+        if (sharding == "pipeline" and 0 < rank == last and card.tie_word_embeddings and fetch_bytes[0] > 0
+                and nodes[0] != nodes[rank]):
+            shared = min(fetch, card.embedding_bytes)  # the tied head: rank 0's node fetches it first
+        out.append((shared, fetch - shared))
+    return out

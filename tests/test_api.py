@@ -183,6 +183,9 @@ class FakeMaster:
             raise KeyError(model_id)
         return sum(3 + len(m.content.split()) for m in params.messages)
 
+    async def read_from_hub(self, name: str) -> tuple[str, ErrorInfo | None]:
+        return name, None  # no hub here: an unknown model stays unknown
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         if model_id not in self._state.model_cards:
             raise KeyError(model_id)
@@ -711,7 +714,8 @@ def test_models_state_and_nodes() -> None:
 
 def test_instances_crud_shapes() -> None:
     shard_keys = {"node_id", "runner_id", "rank", "start_layer", "end_layer", "share_bytes", "status", "weights_dtype",
-                  "bytes_done", "bytes_total", "bytes_per_second"}  # the last three: while downloading (docs/models.md)
+                  "bytes_done", "bytes_total", "bytes_per_second", "bytes_from_peers",
+                  "bytes_from_hub"}  # the last five: while downloading (docs/models.md)
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         r = await client.post("/instances", json={"model": "default", "min_nodes": 1, "sharding": "pipeline", "nodes": "node-a, ,b"})
@@ -720,7 +724,7 @@ def test_instances_crud_shapes() -> None:
         (place,) = [c for c in backend.commands if isinstance(c, PlaceInstance)]
         assert (place.model_id, place.min_nodes, place.sharding, place.nodes) == (MODEL, 1, "pipeline", ("node-a", "b"))
         assert set(created) == {"instance_id", "model", "sharding", "status", "reason", "layers_loaded", "layers_total", "shards",
-                                "bytes_downloaded", "bytes_to_download"}
+                                "bytes_downloaded", "bytes_to_download", "bytes_from_peers", "bytes_from_hub"}
         assert (created["bytes_downloaded"], created["bytes_to_download"]) == (0, 0)
         assert created["shards"][0]["bytes_done"] is None
         assert (created["model"], created["sharding"], created["status"], created["reason"]) == (MODEL, "pipeline", "loading", None)

@@ -132,6 +132,7 @@ def test_a_pipeline_downloads_each_shard_from_the_hub_once_and_a_later_node_from
     manifest = _manifest(hub)
     a, b = _cluster(nodes, tmp_path, hub, 2)
     ids = {self_id(a): a, self_id(b): b}
+    _check_previews(a, hub)
     iid = _place(a, min_nodes=2)
     view = _wait_ready(a, iid)
     pipeline = _outputs(a)
@@ -157,6 +158,26 @@ def test_a_pipeline_downloads_each_shard_from_the_hub_once_and_a_later_node_from
     _wait_ready(a, iid)
     assert hub.hub_bytes(c_id) == 0
     assert _outputs(a) == pipeline
+
+
+def _check_previews(a: NodeProcess, hub: HubServer) -> None:
+    """Previews of ``org/tiny``, which no node read yet, read its card from the hub and say
+    per node what it fetches from where: a 2-node pipeline's first rank everything from the
+    hub, the last rank its tied head from the first rank's node and the rest from the hub; a
+    missing repo is a 404 naming it, and nothing of the weights was asked for."""
+    r = a.get("/instances/previews", params={"model": MODEL})
+    assert r.status_code == 200, r.text
+    two = [p for p in r.json() if p["sharding"] == "pipeline" and p["world_size"] == 2 and not p["error"]]
+    assert two, r.json()
+    for p in two:
+        assert [x + y for x, y in zip(p["fetch_from_peers"], p["fetch_from_hub"])] == p["fetch_bytes"]
+        assert p["fetch_from_peers"][0] == 0 and p["fetch_from_hub"][0] > 0
+        assert 0 < p["fetch_from_peers"][1] < p["fetch_bytes"][1]  # the tied embedding, from rank 0's node
+        assert p["fetch_from"] == "peers, then the hub"
+    weights = sum(len(b) for f, b in hub.repos[MODEL].files.items() if f.endswith(".safetensors"))
+    assert sum(hub.bytes_by_client.values()) < weights // 10  # small files and headers only
+    r = a.get("/instances/previews", params={"model": "org/missing"})
+    assert r.status_code == 404 and "org/missing not found" in r.json()["error"]["message"], r.text
 
 
 def test_offline_nodes_never_ask_the_hub(tmp_path, nodes, hub):
@@ -209,6 +230,8 @@ def test_a_restarted_node_resumes_its_download(tmp_path, nodes, hub):
         return any(s.get("bytes_done") and s["bytes_done"] > manifest.total_bytes // 3 for s in shards)
 
     wait_until(partly, 120, interval=0.1, what="a third downloaded")
+    (shard,) = [s for i in a.get("/instances").json() for s in i["shards"]]
+    assert shard["bytes_from_hub"] > 0 and shard["bytes_from_peers"] == 0, shard  # the source split
     a.kill()
     journal = a.data_dir / "models" / ".fetched" / manifest.digest / ".verified"
     held = {tuple(line.split(" ", 1)[::-1]) for line in journal.read_text().splitlines() if " " in line}
@@ -225,24 +248,60 @@ def test_a_restarted_node_resumes_its_download(tmp_path, nodes, hub):
     assert any(r.get("event") == "shard fetched" for r in lines)
 
 
-def test_a_pull_from_the_hub_sends_the_token_and_lands_as_a_local_model(tmp_path, nodes, hub, model_dir):
-    """``POST /models/pull`` of ``org/tiny`` from a hub that wants a token, on a node with
-    ``HF_TOKEN``: the copy in ``pulled/org/tiny`` has the repo's bytes, the hub sent each byte
-    about once, and the node lists the model as its own."""
-    hub.faults.token = "secret"
-    a = _start(nodes, tmp_path / "a", hub, env={"HF_TOKEN": "secret"})
-    r = a.post("/models/pull", json={"model": MODEL})
+def _pull(node: NodeProcess, model: str = MODEL) -> dict:
+    r = node.post("/models/pull", json={"model": model})
     assert r.status_code in (200, 201, 202), r.text
 
     def done():
-        pulls = {p["model"]: p for p in a.get("/models/pulls").json()}
-        assert pulls.get(MODEL, {}).get("state") != "failed", pulls
-        return pulls.get(MODEL, {}).get("state") == "done"
+        pulls = {p["model"]: p for p in node.get("/models/pulls").json()}
+        assert pulls.get(model, {}).get("state") != "failed", pulls
+        return pulls[model] if pulls.get(model, {}).get("state") == "done" else None
 
-    wait_until(done, 120, what="pull done")
-    copy = a.data_dir / "models" / "pulled" / MODEL
+    return wait_until(done, 120, what="pull done")
+
+
+def test_a_pull_from_the_hub_sends_the_token_and_lands_in_the_hugging_face_cache(tmp_path, nodes, hub, model_dir):
+    """``POST /models/pull`` of ``org/tiny`` from a hub that wants a token, on a node with
+    ``HF_TOKEN``: the copy lands in the node's Hugging Face cache as ``huggingface_hub`` lays
+    it out (``scan_cache_dir`` lists it, ``snapshot_download(local_files_only=True)`` finds
+    it: what mlx-lm calls), with the repo's bytes and nothing left in the node's own dirs;
+    the hub sent each byte about once, the pull's status says so (all from the hub), and the
+    node lists and serves the model from there."""
+    from huggingface_hub import scan_cache_dir, snapshot_download
+
+    hub.faults.token = "secret"
+    a = _start(nodes, tmp_path / "a", hub, env={"HF_TOKEN": "secret"})
+    status = _pull(a)
+    cache = a.data_dir / "hf" / "hub"
+    (repo,) = scan_cache_dir(cache).repos
+    assert repo.repo_id == MODEL and [r.commit_hash for r in repo.revisions] == [hub.repos[MODEL].commit]
+    snapshot = Path(snapshot_download(MODEL, cache_dir=str(cache), local_files_only=True))
+    assert status["path"] == str(snapshot)
     for path in model_dir.iterdir():
-        assert (copy / path.name).read_bytes() == path.read_bytes(), path.name
+        assert (snapshot / path.name).read_bytes() == path.read_bytes(), path.name
+    assert not (a.data_dir / "models" / "pulled" / MODEL).exists()
+    assert [p.name for p in (a.data_dir / "models" / ".fetched").iterdir() if p.name != ".views"] == []
     size = sum(p.stat().st_size for p in model_dir.iterdir())
     assert hub.hub_bytes(self_id(a)) <= size * 1.05
+    assert status["bytes_from_peers"] == 0 and 0 < status["bytes_from_hub"] <= status["bytes_total"]
+    wait_until(lambda: any(m["model"] == MODEL for m in a.get("/models").json()), 40, what="listed")
+    r = a.post("/models/pull", json={"model": MODEL})
+    assert r.status_code == 409 and "already on this node" in r.text, r.text
+    iid = _place(a, min_nodes=1)
+    _wait_ready(a, iid)
+    assert all(isinstance(x, str) for x in _outputs(a))
+    assert hub.hub_bytes(self_id(a)) <= size * 1.05  # served from the cache, nothing fetched again
+
+
+def test_a_node_with_a_models_dir_pulls_into_it(tmp_path, nodes, hub, model_dir):
+    """A node started with ``--models-dir`` puts a pull from the hub there as ``ORG/NAME``,
+    not in the Hugging Face cache, and lists it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    a = _start(nodes, tmp_path / "a", hub, extra=["--models-dir", str(mine)])
+    status = _pull(a)
+    assert status["path"] == str(mine / MODEL)
+    for path in model_dir.iterdir():
+        assert (mine / MODEL / path.name).read_bytes() == path.read_bytes(), path.name
+    assert not (a.data_dir / "hf" / "hub").exists()
     wait_until(lambda: any(m["model"] == MODEL for m in a.get("/models").json()), 40, what="listed")

@@ -168,12 +168,12 @@ def test_fetch_from_two_holders_shares_the_chunks(tmp_path: Path, model: Path) -
     progress = []
     with PartialModel(tmp_path / "c", m) as p:
         report = _run(fetch_chunks, p, wanted, ["a", "b"], peers.get,
-                      on_progress=lambda d, t: progress.append((d, t)))
+                      on_progress=lambda d, t, peers_, hub: progress.append((d, t, peers_, hub)))
         assert p.has(wanted)
         view = p.shard_view(wanted, "r1")
     assert report.bytes_fetched == chunk_bytes_of(m, wanted)
     assert set(report.bytes_by_peer) == {"a", "b"}
-    assert progress[-1] == (report.bytes_fetched, report.bytes_fetched)
+    assert progress[-1] == (report.bytes_fetched, report.bytes_fetched, report.bytes_fetched, 0)  # all from peers
     assert (view / "config.json").read_bytes() == (model / "config.json").read_bytes()
 
 

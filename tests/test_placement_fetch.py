@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exo_p2p.types import HubSource
 from exo_p2p.types.manifest import HeldModel
 from master.placement import PlacementError, place_instance, placement_previews
-from master.placement_fetch import disk_needed, shard_fetch_bytes
+from master.placement_fetch import disk_needed, fetch_split, shard_fetch_bytes
 from tests.test_placement import GIB, card, cluster
 
 
@@ -109,3 +110,47 @@ def test_a_node_with_a_complete_fetched_copy_fetches_nothing() -> None:
     state = msgspec.structs.replace(state, nodes={**state.nodes, "n1": n1})
     preview = next(p for p in placement_previews(state, card(8, 8 * GIB)) if p.sharding == "pipeline" and p.world_size == 2)
     assert preview.error is None and preview.fetch_bytes_per_node == (0, 0)  # no disk needed either
+
+
+def _hub_only(n: int):
+    """``n`` nodes lacking model ``m``, which a hub source names (no node holds it)."""
+    state = _only_n0_holds(cluster([(6 * GIB, 6 * GIB)] * n), disk={f"n{i}": 50 * GIB for i in range(n)})
+    nodes = {k: msgspec.structs.replace(v, models=(), held_models=(), models_disk_free=50 * GIB)
+             for k, v in state.nodes.items()}
+    return msgspec.structs.replace(state, nodes=nodes, hub_models={"m": HubSource("org/m", "c" * 40, "d1")})
+
+
+def test_previews_of_a_hub_model_say_what_each_node_takes_from_peers_and_from_the_hub() -> None:
+    state = _hub_only(2)
+    model = card(8, 8 * GIB, emb=GIB // 4, tied=True)
+    preview = next(p for p in placement_previews(state, model) if p.sharding == "pipeline" and p.world_size == 2)
+    assert preview.error is None
+    split = fetch_split(state, model, preview.sharding, preview.nodes, preview.fetch_bytes_per_node)
+    # rank 0 takes its layers and the embedding from the hub; the last rank the tied head from rank 0's node
+    assert split[0] == (0, preview.fetch_bytes_per_node[0])
+    assert split[1] == (model.embedding_bytes, preview.fetch_bytes_per_node[1] - model.embedding_bytes)
+    small = card(4, 2 * GIB, emb=GIB // 8, tied=True)
+    single = next(p for p in placement_previews(_hub_only(1), small))
+    assert fetch_split(_hub_only(1), small, single.sharding, single.nodes,
+                       single.fetch_bytes_per_node) == [(0, small.storage_size)]
+    held = _only_n0_holds(cluster([(6 * GIB, 6 * GIB)] * 2), disk={"n1": 50 * GIB})
+    held = msgspec.structs.replace(held, hub_models=state.hub_models)  # a complete copy: all from peers
+    assert fetch_split(held, model, "pipeline", ("n0", "n1"), (0, GIB)) == [(0, 0), (GIB, 0)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(fetch=st.lists(st.integers(0, 10**9), min_size=1, max_size=6), emb=st.integers(0, 10**9),
+       tied=st.booleans(), sharding=st.sampled_from(["pipeline", "tensor"]), same_node=st.booleans())
+def test_a_fetch_split_adds_up_and_the_hub_sends_each_byte_once(fetch, emb, tied, sharding, same_node) -> None:
+    """Each rank's (peers, hub) sums to its fetch; a pipeline's hub bytes leave out the tied
+    head only when rank 0's node (another node) fetches the embedding first."""
+    state = _hub_only(2)
+    model = card(4, 4 * GIB, emb=emb, tied=tied)
+    nodes = tuple("n0" if same_node else f"n{i}" for i in range(len(fetch)))
+    split = fetch_split(state, model, sharding, nodes, fetch)
+    assert [a + b for a, b in split] == fetch and all(a >= 0 and b >= 0 for a, b in split)
+    shared = sum(a for a, _ in split)
+    last = len(fetch) - 1
+    expected = (min(fetch[last], emb) if sharding == "pipeline" and last > 0 and tied and fetch[0] > 0
+                and not same_node else 0)
+    assert shared == expected

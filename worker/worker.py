@@ -34,9 +34,10 @@ from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
 
-FetchShard = Callable[[Instance, ShardMetadata, Callable[[int, int], None]], Awaitable[Path]]
+FetchShard = Callable[[Instance, ShardMetadata, Callable[[int, int, int, int], None]], Awaitable[Path]]
 """``fetch_shard(instance, shard, on_progress) -> model dir``: fetch this rank's shard of a
-model the node lacks from its peers (``exo_p2p.models.shard_fetch``); raises with the reason."""
+model the node lacks from its peers (``exo_p2p.models.shard_fetch``); raises with the reason.
+``on_progress(done, total, from_peers, from_hub)``: bytes (``exo_p2p.models.fetch.Progress``)."""
 DOWNLOAD_STATUS_INTERVAL = 0.5
 """Seconds between two Downloading status events of one runner at most (the last one always)."""
 
@@ -276,7 +277,7 @@ class Worker:
         last = [-DOWNLOAD_STATUS_INTERVAL]
         began: list[tuple[float, int]] = []  # (time, bytes done) of the first report
 
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int, from_peers: int = 0, from_hub: int = 0) -> None:
             now = trio.current_time()
             if not began:
                 began.append((now, done))
@@ -284,7 +285,8 @@ class Worker:
                 last[0] = now
                 t0, d0 = began[0]
                 speed = (done - d0) / (now - t0) if now > t0 else 0.0
-                self._set_download(task, RunnerDownloading(done, total, round(speed, 1)), scope)
+                status = RunnerDownloading(done, total, round(speed, 1), from_peers, from_hub)
+                self._set_download(task, status, scope)
 
         with scope:
             try:

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from exo_p2p.types import Chunk, Command, CommandResult, GenerationParams, ModelCard, ModelId, NodeId, State, TaskId
+from exo_p2p.types import (Chunk, Command, CommandResult, ErrorInfo, GenerationParams, ModelCard, ModelId, NodeId, State,
+                           TaskId)
 
 
 class NodeSummary(msgspec.Struct, frozen=True):
@@ -60,6 +61,11 @@ class ApiBackend(Protocol):
     - ``close_chunks(task_id)``: unregister (idempotent).
     - ``previews(model_id, nodes)``: placement previews as plain dicts (``master.placement``), or raise
       ``KeyError`` for an unknown model.
+    - ``read_from_hub(name)``: make a model no node holds known to the cluster by reading its
+      card from a model hub (``ORG/NAME[@REV]``; docs/models.md#models-from-a-hub):
+      ``(model id, None)`` when known now or not a hub model at all (then still unknown),
+      ``(model id, error)`` naming why the hub cannot give it (status 404, 400 or 502);
+      never raises.
     - ``event_times(since)``: the node's publish/receive/apply times of event indices
       ``since..`` (an ``exo_p2p.cluster.event_times.EventTimesView``; seconds of
       CLOCK_MONOTONIC), or None when the node records none.
@@ -86,6 +92,8 @@ class ApiBackend(Protocol):
     def close_chunks(self, task_id: TaskId) -> None: ...
 
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]: ...
+
+    async def read_from_hub(self, name: str) -> tuple[str, ErrorInfo | None]: ...
 
     def event_times(self, since: int) -> Any: ...
 

@@ -121,8 +121,13 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         if not model:
             raise ApiError(400, "query parameter 'model' is required", param="model")
         nodes = node_filter(request.query_params.getlist("nodes") or None)
+        model_id = _model_id(model)
+        if ctx.card(model) is None:  # a hub repo nobody read yet: its card first (docs/models.md)
+            model_id, error = await backend.read_from_hub(model_id)
+            if error is not None:
+                return error_response(error)
         try:
-            found = backend.previews(_model_id(model), nodes)
+            found = backend.previews(ModelId(model_id), nodes)
         except KeyError:
             raise ApiError(404, f"model '{model[:200]}' is not known to the cluster", param="model", code="model_not_found") from None
         except ValueError as exc:  # a required node that is unknown or ambiguous

@@ -233,8 +233,11 @@ class ShardView(msgspec.Struct, frozen=True):
     bytes_done: int | None = None
     bytes_total: int | None = None
     bytes_per_second: float | None = None
-    """While the shard's node fetches it from peers (status ``downloading``): bytes fetched
-    (those already on disk included), of total, and the speed; None otherwise (docs/models.md)."""
+    bytes_from_peers: int | None = None
+    bytes_from_hub: int | None = None
+    """While the shard's node fetches it (status ``downloading``): bytes fetched (those
+    already on disk included), of total, the speed, and of the bytes received those from
+    other nodes and from a model hub; None otherwise (docs/models.md)."""
 
 
 class InstanceOut(msgspec.Struct, frozen=True):
@@ -250,4 +253,7 @@ class InstanceOut(msgspec.Struct, frozen=True):
     shards: list[ShardView]
     bytes_downloaded: int = 0
     bytes_to_download: int = 0
-    """Sums over the shards still downloading (0 when none is): bytes fetched and total."""
+    bytes_from_peers: int = 0
+    bytes_from_hub: int = 0
+    """Sums over the shards still downloading (0 when none is): bytes fetched and total, and
+    of the bytes received those from other nodes and from a model hub."""

@@ -34,6 +34,8 @@ def instance_out(view: InstanceView) -> InstanceOut:
             bytes_done=downloads[i].bytes_done if downloads[i] else None,
             bytes_total=downloads[i].bytes_total if downloads[i] else None,
             bytes_per_second=downloads[i].bytes_per_second if downloads[i] else None,
+            bytes_from_peers=downloads[i].bytes_from_peers if downloads[i] else None,
+            bytes_from_hub=downloads[i].bytes_from_hub if downloads[i] else None,
         )
         for i, s in enumerate(inst.shards)
     ]
@@ -48,6 +50,8 @@ def instance_out(view: InstanceView) -> InstanceOut:
         shards=shards,
         bytes_downloaded=sum(d.bytes_done for d in downloads if d),
         bytes_to_download=sum(d.bytes_total for d in downloads if d),
+        bytes_from_peers=sum(d.bytes_from_peers for d in downloads if d),
+        bytes_from_hub=sum(d.bytes_from_hub for d in downloads if d),
     )
 
 

@@ -163,12 +163,20 @@ def size_text(n: int | float) -> str:
     return f"{int(n)} B"
 
 
-def download_text(done: int, total: int, speed: float, width: int = 10) -> str:
-    """A text progress bar of a shard fetch: ``"downloading [####------] 40% 3.2 MiB/8.0 MiB at 1.5 MiB/s"``."""
+def source_split(from_peers: int, from_hub: int) -> str:
+    """Where a fetch's bytes came from: ``" (1.0 MiB from peers, 2.0 MiB from the hub)"``;
+    ``""`` when nothing was received yet."""
+    parts = [f"{size_text(n)} from {where}" for n, where in ((from_peers, "peers"), (from_hub, "the hub")) if n]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def download_text(done: int, total: int, speed: float, width: int = 10, from_peers: int = 0, from_hub: int = 0) -> str:
+    """A text progress bar of a shard fetch: ``"downloading [####------] 40% 3.2 MiB/8.0 MiB at
+    1.5 MiB/s (1.0 MiB from peers, 2.2 MiB from the hub)"`` (the split: ``source_split``)."""
     frac = min(1.0, done / total) if total > 0 else 0.0
     filled = int(round(frac * width))
     return (f"downloading [{'#' * filled}{'-' * (width - filled)}] {frac * 100:.0f}% "
-            f"{size_text(done)}/{size_text(total)} at {size_text(speed)}/s")
+            f"{size_text(done)}/{size_text(total)} at {size_text(speed)}/s{source_split(from_peers, from_hub)}")
 
 
 def instance_progress(inst: dict) -> str:
@@ -179,7 +187,9 @@ def instance_progress(inst: dict) -> str:
     if status == "loading" and downloading:
         return download_text(sum(s.get("bytes_done") or 0 for s in downloading),
                              sum(s.get("bytes_total") or 0 for s in downloading),
-                             sum(s.get("bytes_per_second") or 0.0 for s in downloading))
+                             sum(s.get("bytes_per_second") or 0.0 for s in downloading),
+                             from_peers=sum(s.get("bytes_from_peers") or 0 for s in downloading),
+                             from_hub=sum(s.get("bytes_from_hub") or 0 for s in downloading))
     if status == "loading" and inst.get("layers_total"):
         return f"loading {inst.get('layers_loaded', 0)}/{inst['layers_total']} layers"
     if status == "failed" and inst.get("reason"):
@@ -197,6 +207,7 @@ def shard_line(shard: dict, names: dict[str, str] | None = None) -> str:
         text += f" {gib(shard['share_bytes'])}"
     if shard.get("status") == "downloading" and shard.get("bytes_total"):
         text += f" downloading {size_text(shard.get('bytes_done') or 0)}/{size_text(shard['bytes_total'])}"
+        text += source_split(shard.get("bytes_from_peers") or 0, shard.get("bytes_from_hub") or 0)
     elif shard.get("status"):
         text += f" {shard['status']}"
     return text
@@ -285,12 +296,23 @@ def previews_table(model: str, previews: list[dict], names: dict[str, str] | Non
             for i, node in enumerate(nodes):
                 layer = _layers_text(layers[i]) if i < len(layers) else "?"
                 size = gib(sizes[i]) if i < len(sizes) else "?"
-                where = p.get("fetch_from") or "peers"
-                fetched = f", fetches {size_text(fetch[i])} from {where}" if i < len(fetch) and fetch[i] else ""
+                fetched = f", {_fetch_text(p, i)}" if i < len(fetch) and fetch[i] else ""
                 rows.append(f"{short_id(node, names)}: {layer}, {size}{fetched}")
             detail = "\n".join(rows) or "-"
         table.add_row(str(p.get("sharding", "")), world, detail)
     return table
+
+
+def _fetch_text(preview: dict, i: int) -> str:
+    """What node ``i`` of a preview fetches and from where: ``"fetches 1.0 GiB from the hub"``,
+    ``"fetches 1.2 GiB (0.2 GiB from peers, 1.0 GiB from the hub)"``."""
+    total = preview["fetch_bytes"][i]
+    peers, hub = (preview.get("fetch_from_peers") or []), (preview.get("fetch_from_hub") or [])
+    if i >= len(peers) or i >= len(hub):  # an older node: one source for all
+        return f"fetches {size_text(total)} from {preview.get('fetch_from') or 'peers'}"
+    if peers[i] and hub[i]:
+        return f"fetches {size_text(total)}{source_split(peers[i], hub[i])}"
+    return f"fetches {size_text(total)} from {'the hub' if hub[i] else 'peers'}"
 
 
 def _layers_text(layers: Any) -> str:

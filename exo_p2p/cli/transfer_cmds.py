@@ -19,6 +19,7 @@ from rich.table import Table
 
 from exo_p2p.cli.client import CliError
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, model_name, node_names
+from exo_p2p.cli.render import source_split
 
 POLL_SECONDS = 0.5
 PULL_TIMEOUT = 24 * 3600.0
@@ -74,14 +75,17 @@ def pull(
                 time.sleep(POLL_SECONDS)
                 pulls = {p["model"]: p for p in client.request("GET", "/models/pulls")}
                 status = pulls.get(model, status)
-                bar.update(task, completed=status.get("bytes_done", 0), total=status.get("bytes_total") or None)
+                split = source_split(status.get("bytes_from_peers") or 0, status.get("bytes_from_hub") or 0)
+                bar.update(task, completed=status.get("bytes_done", 0), total=status.get("bytes_total") or None,
+                           description=f"pull {model}{split}")
         names = node_names(client) if status.get("bytes_by_peer") else {}
     if status.get("state") == "failed":
         raise CliError(f"pull of {model} failed: {status.get('error')}", 1)
     if status.get("state") != "done":
         raise CliError(f"pull of {model} still running after {PULL_TIMEOUT:.0f} s; see GET /models/pulls", 1)
     peers = ", ".join(f"{names.get(p, p[:12])}: {b / 1e6:.1f} MB" for p, b in sorted(status.get("bytes_by_peer", {}).items()))
-    click.echo(f"pulled {model} ({status.get('bytes_total', 0) / 1e6:.1f} MB from {peers or 'cache'})")
+    where = f" into {status['path']}" if status.get("path") else ""
+    click.echo(f"pulled {model} ({status.get('bytes_total', 0) / 1e6:.1f} MB from {peers or 'cache'}){where}")
 
 
 @app.command("rm")

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from exo_p2p.cli.client import ApiError, CliError, NodeClient
-from exo_p2p.cli.render import size_text
+from exo_p2p.cli.render import size_text, source_split
 
 POLL_INTERVAL = 0.5
 """Seconds between two ``GET /instances/{id}`` while waiting."""
@@ -54,19 +54,22 @@ class _Amount(ProgressColumn):
     def render(self, task: Task) -> Text:
         if task.fields.get("unit") == "bytes":
             speed = task.fields.get("speed") or 0.0
-            return Text(f"{size_text(task.completed)}/{size_text(task.total or 0)} {size_text(speed)}/s",
+            split = source_split(task.fields.get("from_peers") or 0, task.fields.get("from_hub") or 0)
+            return Text(f"{size_text(task.completed)}/{size_text(task.total or 0)} {size_text(speed)}/s{split}",
                         style="progress.download")
         total = "?" if task.total is None else f"{int(task.total)}"
         return Text(f"{int(task.completed)}/{total} layers", style="progress.download")
 
 
-def download_figures(instance: dict) -> tuple[int, int, float] | None:
-    """(bytes done, bytes total, bytes/s) summed over the shards downloading, or None."""
+def download_figures(instance: dict) -> tuple[int, int, float, int, int] | None:
+    """(bytes done, bytes total, bytes/s, bytes from peers, bytes from the hub) summed over the
+    shards downloading, or None."""
     shards = [s for s in instance.get("shards") or [] if s.get("status") == "downloading"]
     if not shards:
         return None
     return (sum(s.get("bytes_done") or 0 for s in shards), sum(s.get("bytes_total") or 0 for s in shards),
-            sum(s.get("bytes_per_second") or 0.0 for s in shards))
+            sum(s.get("bytes_per_second") or 0.0 for s in shards),
+            sum(s.get("bytes_from_peers") or 0 for s in shards), sum(s.get("bytes_from_hub") or 0 for s in shards))
 
 
 class _Clock(ProgressColumn):
@@ -118,7 +121,7 @@ def wait_until_ready(
             download = download_figures(current)
             if download is not None and download[1] > 0:
                 progress.update(task, total=download[1], completed=download[0], phase=phase, unit="bytes",
-                                speed=download[2])
+                                speed=download[2], from_peers=download[3], from_hub=download[4])
             else:
                 progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase,
                                 unit="layers")

@@ -32,7 +32,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -231,10 +231,11 @@ class ModelDepot:
             self.bytes_received[peer] = self.bytes_received.get(peer, 0) + nbytes
         return report
 
-    def promote(self, digest: str, name: str) -> Path:
-        """Move a complete partial copy to ``pulled/<name>`` (a local model called ``name``
+    def promote(self, digest: str, name: str, into: Path | None = None) -> Path:
+        """Move a complete partial copy to ``pulled/<name>`` (``into/<name>`` when given: a
+        ``--models-dir``) — a local model called ``name``
         from now on; the name the user pulled, not the one inside the manifest, which its
-        digest does not cover) and return its dir. The ``PartialModel`` follows it (its
+        digest does not cover — and return its dir. The ``PartialModel`` follows it (its
         ``root`` is the new dir): a rank's fetch that took it before builds its shard view
         from the moved files. Raises ``ValueError`` when it is not complete, the name is
         taken or unsafe (``check_model_name``)."""
@@ -243,7 +244,7 @@ class ModelDepot:
             p = self._partials.get(digest)
             if p is None or not p.complete:
                 raise ValueError(f"model {digest[:12]} is not completely fetched")
-            target = self.pulled_dir / name
+            target = (self.pulled_dir if into is None else Path(into)) / name
             if target.exists():
                 raise ValueError(f"{target} already exists")
             p.close()
@@ -257,6 +258,23 @@ class ModelDepot:
             p.root = target  # a rank's fetch holding this copy builds its view from here
             del self._partials[digest]
         return target
+
+    def dissolve(self, digest: str, move: Callable[[Path], Path]) -> Path:
+        """Hand the files of the complete partial copy ``digest`` to ``move(root)`` (e.g.
+        ``exo_p2p.models.hub_cache.land``, which moves them elsewhere), then delete the copy's
+        dir and forget it; what ``move`` returned. Under the depot's lock, so no ``refresh``
+        re-opens the copy halfway; its shard views stay (hard links). Raises ``ValueError``
+        when it is not complete, and what ``move`` raises (the copy is then closed, kept on
+        disk, and re-opened by the next ``refresh``)."""
+        with self._lock:
+            p = self._partials.get(digest)
+            if p is None or not p.complete:
+                raise ValueError(f"model {digest[:12]} is not completely fetched")
+            p.close()
+            del self._partials[digest]
+            out = move(p.root)
+            shutil.rmtree(p.root, ignore_errors=True)
+        return out
 
     def _pulled_digests(self) -> set[str]:
         """Digests of the copies in ``pulled/NAME`` and ``pulled/ORG/NAME`` (their manifests

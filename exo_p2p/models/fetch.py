@@ -59,8 +59,10 @@ NOT_HELD = "is not held here"
 """What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
 GetRun = Callable[[str, list[int]], Awaitable[list[bytes]]]
 """``get_run(path, indices) -> bytes of each``: consecutive chunks of one file at once (the hub)."""
-Progress = Callable[[int, int], None]
-"""``on_progress(bytes_done, bytes_total)`` of the chunks this fetch wanted."""
+Progress = Callable[[int, int, int, int], None]
+"""``on_progress(bytes_done, bytes_total, from_peers, from_hub)`` of the chunks this fetch
+wanted: ``bytes_done`` counts the chunks held before it began; ``from_peers`` and
+``from_hub`` are the bytes it received since, from peers and from the hub (``HUB``)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ async def fetch_chunks(
     todo = [(p, i) for p, idx in missing_chunks(wanted, partial.held()).items() for i in idx]
     done = total - sum(e - s for s, e in (chunk_span(partial.manifest, p, i) for p, i in todo))
     if on_progress:
-        on_progress(done, total)
+        on_progress(done, total, 0, 0)
     if not todo:
         return report
     excluded: dict[tuple[str, int], set[str]] = {}
@@ -194,7 +196,8 @@ async def fetch_chunks(
             report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + len(data)
             state["done"] += len(data)
             if on_progress:
-                on_progress(state["done"], total)
+                hub = report.bytes_by_peer.get(HUB, 0)
+                on_progress(state["done"], total, report.bytes_fetched - hub, hub)
 
     async def worker(peer: str) -> None:
         while peer in live and todo:

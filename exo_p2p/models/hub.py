@@ -48,11 +48,13 @@ class HubError(RuntimeError):
 
 @dataclass(frozen=True)
 class HubFile:
-    """One file of a repo: ``path`` in it, ``size`` bytes, ``sha256`` of an LFS file ("" else)."""
+    """One file of a repo: ``path`` in it, ``size`` bytes, ``sha256`` of an LFS file ("" else),
+    ``blob_id`` its git blob id ("" when the hub gave none)."""
 
     path: str
     size: int
     sha256: str = ""
+    blob_id: str = ""
 
 
 def parse_repo(name: str) -> tuple[str, str | None]:
@@ -146,7 +148,8 @@ class HubClient:
         files = []
         for s in info.siblings or []:
             lfs = s.lfs.sha256 if s.lfs is not None else ""
-            files.append(HubFile(s.rfilename, int(s.size if s.size is not None else (s.lfs.size if s.lfs else 0)), lfs))
+            size = int(s.size if s.size is not None else (s.lfs.size if s.lfs else 0))
+            files.append(HubFile(s.rfilename, size, lfs, s.blob_id or ""))
         self.files = {f.path: f for f in files}
         return self.commit, sorted(files, key=lambda f: f.path)
 

@@ -9,7 +9,9 @@ node's nursery and keeps its progress (``PullStatus``) for the API.
 A repo id (``ORG/NAME[@REV]``) no node holds completely is pulled from the hub when the
 node may ask one (``exo_p2p.models.hub_fetch.HubAccess``): the chunks other nodes hold
 come from them, the rest from the hub; every file is checked against the hub's SHA-256;
-the copy lands in ``pulled/ORG/NAME`` like any pull.
+the copy lands in the user's Hugging Face cache (``exo_p2p.models.hub_cache``), where
+other tools see it and this node lists it, or in the node's first ``--models-dir`` as
+``ORG/NAME`` when it has one.
 
 One pull per manifest at a time: pulls of one manifest's files under two names would write
 one partial copy (``.fetched/DIGEST``), and the first to finish moves it to its
@@ -21,6 +23,7 @@ one has ended.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import msgspec
 import structlog
@@ -28,13 +31,13 @@ import trio
 
 from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
-from exo_p2p.models.fetch import FetchError
-from exo_p2p.models.hub import is_repo_id, parse_repo
+from exo_p2p.models.fetch import FetchError, Progress
+from exo_p2p.models.hub import HubClient, is_repo_id, parse_repo
 from exo_p2p.models.hub_fetch import HubAccess
 from exo_p2p.models.manifest import all_chunks
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.peer_transfer import fetch_manifest
-from exo_p2p.types import State
+from exo_p2p.types import HubSource, State
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +71,12 @@ class PullStatus(msgspec.Struct):
     error: str | None = None
     bytes_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
     bad_chunks_by_peer: dict[str, int] = msgspec.field(default_factory=dict)
+    bytes_from_peers: int = 0
+    bytes_from_hub: int = 0
+    path: str | None = None
+    """Bytes received so far from other nodes and from a hub (a resumed pull's chunks on disk
+    count in neither); once done, the copy's dir (``pulled/NAME``, a ``--models-dir``, or the
+    snapshot in the Hugging Face cache)."""
 
 
 def holders_of(state: State, name: str, me: str, from_node: str | None = None) -> tuple[str, list[str]]:
@@ -104,12 +113,14 @@ def check_disk(to_fetch: int, free: int) -> None:
 
 class PullManager:
     """Runs pulls for one node (see module docstring). ``on_done`` runs after a pull's copy
-    became a local model (the node re-lists its models)."""
+    became a local model (the node re-lists its models). ``models_dir``: the node's first
+    ``--models-dir``, where a pull from a hub lands (None: the Hugging Face cache)."""
 
     def __init__(self, depot: ModelDepot, net, me: str, state: Callable[[], State],  # type: ignore[no-untyped-def]
-                 nursery: trio.Nursery, on_done: Callable[[], Awaitable[None]], hub: HubAccess | None = None) -> None:
+                 nursery: trio.Nursery, on_done: Callable[[], Awaitable[None]], hub: HubAccess | None = None,
+                 models_dir: Path | None = None) -> None:
         self._depot, self._net, self._me, self._state = depot, net, me, state
-        self._nursery, self._on_done, self._hub = nursery, on_done, hub
+        self._nursery, self._on_done, self._hub, self._models_dir = nursery, on_done, hub, models_dir
         self._revisions: dict[str, str | None] = {}  # a hub pull's revision, by repo id
         self.pulls: dict[str, PullStatus] = {}
 
@@ -144,10 +155,10 @@ class PullManager:
         self._nursery.start_soon(self._run, status)
         return status
 
-    async def _from_hub(self, status: PullStatus, progress: Callable[[int, int], None]) -> None:
+    async def _from_hub(self, status: PullStatus, progress: Progress) -> None:
         """Pull ``status.model`` from the hub (and the peers holding chunks of it): read its
         manifest, fetch every chunk (peers first), check every file's SHA-256 (a failed file
-        is fetched again, at most ``HUB_PULL_ROUNDS`` rounds), move the copy to ``pulled/``."""
+        is fetched again, at most ``HUB_PULL_ROUNDS`` rounds), then land the copy (``_land``)."""
         from exo_p2p.models.hub import HUB
         from exo_p2p.models.hub_fetch import verify_files
         from exo_p2p.models.shard_fetch import holders as peers_of
@@ -164,8 +175,13 @@ class PullManager:
         for attempt in range(HUB_PULL_ROUNDS):
             peers = peers_of(self._state(), source.digest, self._me)
             status.holders = (*peers, HUB)
+            before = (status.bytes_from_peers, status.bytes_from_hub)
+
+            def round_progress(done: int, total: int, peers_: int, hub_: int) -> None:
+                progress(done, total, before[0] + peers_, before[1] + hub_)
+
             report = await self._depot.fetch(self._net, manifest, all_chunks(manifest), [*peers, HUB],
-                                             on_progress=progress, hub=client)
+                                             on_progress=round_progress, hub=client)
             for peer, n in report.bytes_by_peer.items():
                 status.bytes_by_peer[peer] = status.bytes_by_peer.get(peer, 0) + n
             try:
@@ -174,17 +190,36 @@ class PullManager:
             except FetchError:
                 if attempt + 1 == HUB_PULL_ROUNDS:
                     raise
-        await trio.to_thread.run_sync(self._depot.promote, source.digest, status.model)
+        status.path = str(await trio.to_thread.run_sync(self._land, source, client, status.model, revision))
         await trio.to_thread.run_sync(self._depot.refresh)
         await self._on_done()
         status.state = "done"
-        log.info("model pulled from the hub", model=status.model, bytes=status.bytes_total, sources=status.bytes_by_peer)
+        log.info("model pulled from the hub", model=status.model, bytes=status.bytes_total, sources=status.bytes_by_peer,
+                 path=status.path)
+
+    def _land(self, source: HubSource, client: HubClient, name: str, revision: str | None) -> Path:
+        """Where a complete hub copy goes (blocking): the node's first ``--models-dir`` as
+        ``ORG/NAME`` when it has one, else the Hugging Face cache (``hub_cache.land``); the
+        model's dir (the snapshot dir in the cache)."""
+        from exo_p2p.models.hub_cache import cache_dir, land
+
+        if self._models_dir is not None:
+            return self._depot.promote(source.digest, name, into=self._models_dir)
+        manifest = self._depot.manifest(source.digest)
+        assert manifest is not None
+        blobs = {}
+        for entry in manifest.files:
+            known = client.files.get(entry.path)
+            blobs[entry.path] = (known.sha256 or known.blob_id) if known is not None else ""
+        return self._depot.dissolve(source.digest, lambda root: land(root, blobs, source.repo_id, source.revision,
+                                                                    revision, cache_dir()))
 
     async def _run(self, status: PullStatus) -> None:
         start = trio.current_time()
 
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int, from_peers: int = 0, from_hub: int = 0) -> None:
             status.bytes_done, status.bytes_total = done, total
+            status.bytes_from_peers, status.bytes_from_hub = from_peers, from_hub
             status.elapsed = trio.current_time() - start
 
         try:
@@ -207,7 +242,7 @@ class PullManager:
             report = await self._depot.fetch(self._net, manifest, wanted, list(status.holders), on_progress=progress)
             status.bytes_by_peer = dict(report.bytes_by_peer)
             status.bad_chunks_by_peer = dict(report.bad_chunks_by_peer)
-            await trio.to_thread.run_sync(self._depot.promote, status.digest, status.model)
+            status.path = str(await trio.to_thread.run_sync(self._depot.promote, status.digest, status.model))
             await trio.to_thread.run_sync(self._depot.refresh)
             await self._on_done()
             status.state = "done"

@@ -106,13 +106,16 @@ async def _fetch_hub_aware(depot: ModelDepot, net, manifest: ModelManifest, inst
     own_total = chunk_bytes_of(manifest, own)
     total = chunk_bytes_of(manifest, wanted)
 
-    def first(done: int, _total: int) -> None:
-        if on_progress:
-            on_progress(done, total)
+    before = [0, 0]  # bytes from peers and from the hub of the first fetch
 
-    def second(done: int, _total: int) -> None:
+    def first(done: int, _total: int, peers_: int, hub_: int) -> None:
+        before[:] = [peers_, hub_]
         if on_progress:
-            on_progress(own_total + done, total)
+            on_progress(done, total, peers_, hub_)
+
+    def second(done: int, _total: int, peers_: int, hub_: int) -> None:
+        if on_progress:
+            on_progress(own_total + done, total, before[0] + peers_, before[1] + hub_)
 
     report = await depot.fetch(net, manifest, own, peers + [HUB], limits=limits, on_progress=first, hub=client)
     if shared:

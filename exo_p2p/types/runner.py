@@ -14,12 +14,15 @@ class _Status(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
 class RunnerDownloading(_Status, tag="downloading"):
     """The node fetches this rank's shard from peers: ``bytes_done`` of ``bytes_total``
     (stored bytes of the shard's chunks, those already on disk counted as done) at
-    ``bytes_per_second`` (received since the fetch began ÷ its seconds); no runner process
-    exists yet (``worker.worker``)."""
+    ``bytes_per_second`` (received since the fetch began ÷ its seconds); of the bytes received,
+    ``bytes_from_peers`` came from other nodes and ``bytes_from_hub`` from a model hub
+    (docs/models.md#models-from-a-hub); no runner process exists yet (``worker.worker``)."""
 
     bytes_done: int
     bytes_total: int
     bytes_per_second: float = 0.0
+    bytes_from_peers: int = 0
+    bytes_from_hub: int = 0
 
 
 class RunnerIdle(_Status, tag="idle"):

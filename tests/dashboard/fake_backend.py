@@ -135,6 +135,9 @@ class FakeCluster:
     def event_times(self, since: int):
         return None
 
+    async def read_from_hub(self, name: str) -> tuple[str, ErrorInfo | None]:
+        return name, None  # no hub here: an unknown model stays unknown
+
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         if model_id not in self._state.model_cards:
             raise KeyError(model_id)

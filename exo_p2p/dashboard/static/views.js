@@ -179,7 +179,7 @@ export function previewPanel(state, { model, previews, loading, error, placing }
           h("td", {}, (p.bytes || []).map(formatBytes).join(" + ") || "—",
             // bytes nodes lacking the model fetch from peers first (docs/models.md)
             (p.fetch_bytes || []).some((n) => n > 0)
-              ? h("span", { class: "muted fetch" }, ` (fetches ${(p.fetch_bytes || []).map(formatBytes).join(" + ")})`)
+              ? h("span", { class: "muted fetch" }, ` (fetches ${(p.fetch_bytes || []).map((n, i) => fetchText(p, i)).join(" + ")})`)
               : null),
           h("td", {}, p.error
             ? h("span", { class: "why" }, p.error)
@@ -194,7 +194,22 @@ export function previewPanel(state, { model, previews, loading, error, placing }
   );
 }
 
+/** What node `i` of a preview fetches and from where: "1.0 GiB from the hub", "0 B". */
+function fetchText(p, i) {
+  const total = (p.fetch_bytes || [])[i] || 0;
+  const peers = (p.fetch_from_peers || [])[i] || 0, hub = (p.fetch_from_hub || [])[i] || 0;
+  if (!total) return formatBytes(0);
+  if (peers && hub) return `${formatBytes(total)}${sourceSplit({ bytes_from_peers: peers, bytes_from_hub: hub })}`;
+  return `${formatBytes(total)} from ${hub ? "the hub" : "peers"}`;
+}
+
 const STATUS_CLASS = { ready: "ok", loading: "busy", failed: "bad" };
+
+/** Where a download's bytes came from: " (1.0 MiB from peers, 2.0 MiB from the hub)", or "". */
+function sourceSplit({ bytes_from_peers: peers, bytes_from_hub: hub }) {
+  const parts = [[peers, "peers"], [hub, "the hub"]].filter(([n]) => n > 0).map(([n, where]) => `${formatBytes(n)} from ${where}`);
+  return parts.length ? ` (${parts.join(", ")})` : "";
+}
 
 /**
  * One card per instance: status, load progress, failure reason, shards (rank, layers, node,
@@ -220,7 +235,7 @@ export function instanceCards(state, views, ui) {
         : h("div", { class: "progress-row" },
             h("progress", { class: "load", max: 1, value: fraction }),
             h("span", { class: "progress-text" }, v.bytes_to_download
-              ? `${formatBytes(v.bytes_downloaded)}/${formatBytes(v.bytes_to_download)} of shards downloaded`
+              ? `${formatBytes(v.bytes_downloaded)}/${formatBytes(v.bytes_to_download)} of shards downloaded${sourceSplit(v)}`
               : `${v.layers_loaded}/${v.layers_total} layers loaded`),
           ),
       h("table", { class: "shards" },
