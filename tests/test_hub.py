@@ -40,6 +40,11 @@ class LocalRepo:
             f.seek(start)
             return f.read(end - start)
 
+    def stream_range(self, path: str, start: int, end: int, sink) -> None:
+        data = self.get_range(path, start, end)
+        for at in range(0, len(data), 5000):  # blocks that do not line up with chunks
+            sink(data[at:at + 5000])
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
@@ -102,9 +107,11 @@ def _fetch(model_dir, tmp_path, peer_has, with_map: bool = False) -> dict[str, l
         start, end = chunk_span(manifest, path, index)
         return repo.get_range(path, start, end)
 
-    async def get_run(path: str, indices: list[int]) -> list[bytes]:
+    async def get_run(path: str, indices: list[int], deliver) -> None:
         answered["runs"].append(len(indices))
-        return [await get(HUB, path, i) for i in indices]
+        for i in indices:  # deliver runs in a worker thread, as the hub's streaming does
+            data = await get(HUB, path, i)
+            await trio.to_thread.run_sync(deliver, i, data)
 
     answered["runs"] = []
     known = {"p1": {f.path: tuple(i for i in range(len(f.chunks)) if peer_has(f.path, i)) for f in manifest.files}}
@@ -136,3 +143,38 @@ def test_repo_ids_and_offline(monkeypatch):
     assert not hub_offline() and hub_offline(True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_offline()
+
+
+def test_a_hub_copy_is_hashed_as_it_arrives_and_needs_no_second_read(model_dir, tmp_path, monkeypatch):
+    """Runs streamed from the hub (``hub_run``), out of order: each file's SHA-256 and every
+    chunk's hash are known when the fetch ends, equal to what reading the files gives (the
+    whole-file check and ``build_manifest``), and a file corrupted on arrival is caught."""
+    from exo_p2p.models import fetch as fetch_module
+    from exo_p2p.models.hub_fetch import hub_run
+    from exo_p2p.models.hub_hashing import arrivals
+
+    monkeypatch.setattr(fetch_module, "HUB_RUN_CHUNKS", 3)  # several runs, finishing out of order
+    for corrupt in (False, True):
+        repo = LocalRepo(model_dir)
+        _, _, manifest, known = resolve_hub_model(repo, "org/tiny")
+        shas = {p: f.sha256 for p, f in repo.files.items() if f.sha256}
+        if corrupt:
+            inner = repo.get_range
+            repo.get_range = lambda path, start, end: bytes([inner(path, start, start + 1)[0] ^ 1]) + \
+                inner(path, start + 1, end) if start > 0 and path.endswith(".safetensors") else inner(path, start, end)
+
+        async def no_peer(peer, path, index):
+            raise AssertionError("only the hub is asked")
+
+        with PartialModel(tmp_path / f"copy-{corrupt}", manifest) as partial:
+            store_known(partial, known)
+            trio.run(lambda: fetch_chunks(partial, all_chunks(manifest), [HUB], no_peer, get_run=hub_run(repo, partial)))
+            hashes = arrivals(partial)
+            read = []
+            monkeypatch.setattr(PartialModel, "read_chunk", lambda self, p, i: read.append(i) or b"")
+            assert check_complete_files(partial, shas, hashes.file_sha256) == (["model.safetensors"] if corrupt else [])
+            monkeypatch.undo()
+            assert read == []  # every file hashed during the fetch: nothing read back at the end
+            full = hashes.full_manifest()
+        if not corrupt:
+            assert full == build_manifest(tmp_path / "copy-False", "org/tiny", chunk_bytes=manifest.chunk_bytes)

@@ -220,7 +220,7 @@ class ModelDepot:
         if hub is not None:
             from exo_p2p.models.hub_fetch import held_maps, hub_get, hub_run
 
-            get, run = hub_get(get, hub, manifest), hub_run(hub, manifest)
+            get, run = hub_get(get, hub, manifest), hub_run(hub, partial)
             known = await held_maps(net, manifest.digest, holders)
         try:
             report = await fetch_chunks(partial, wanted, holders, get, limits=limits, on_progress=on_progress,

@@ -49,16 +49,24 @@ GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 HUB_STREAMS = 4
 """Requests in flight to a hub (holder ``HUB``) at once."""
 HUB_RUN_BYTES = 16 * 1024 * 1024
-HUB_RUN_CHUNKS = 16
+HUB_RUN_CHUNKS = 64
 """At most this many bytes and chunks of consecutive chunks in one hub request (``get_run``;
-a run is journaled once it has all arrived, so a restart refetches at most the runs in flight)."""
+each chunk is written as it arrives and journaled at the copy's next checkpoint, so a
+restart refetches at most what arrived since: ``exo_p2p.models.partial``). Fewer, longer
+requests: each costs a redirect and a round trip to the hub's CDN."""
 HUB_TIMEOUT_FACTOR = 4
 """A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
 connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
 NOT_HELD = "is not held here"
 """What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
-GetRun = Callable[[str, list[int]], Awaitable[list[bytes]]]
-"""``get_run(path, indices) -> bytes of each``: consecutive chunks of one file at once (the hub)."""
+Deliver = Callable[[int, bytes], object]
+"""``deliver(index, bytes)`` of a chunk of a run as soon as it arrived (in a worker thread):
+stores it (``PartialModel.write_chunk``) and returns True/False (new or held already), the
+``ChunkVerificationError`` of a bad chunk, or raises the ``OSError`` of a failed write."""
+GetRun = Callable[[str, list[int], Deliver], Awaitable[None]]
+"""``get_run(path, indices, deliver)``: consecutive chunks of one file in one request (the
+hub), each handed to ``deliver`` as it completes, from a worker thread (``trio.to_thread``);
+raises when the request fails (the chunks delivered before stay stored)."""
 Progress = Callable[[int, int, int, int], None]
 """``on_progress(bytes_done, bytes_total, from_peers, from_hub)`` of the chunks this fetch
 wanted: ``bytes_done`` counts the chunks held before it began; ``from_peers`` and
@@ -96,6 +104,15 @@ class FetchReport:
     dropped: dict[str, str] = field(default_factory=dict)
 
 
+def _write_one(partial: PartialModel, path: str, index: int, data: bytes) -> object:
+    """``partial.write_chunk``: True/False (new or not), or the ``ChunkVerificationError`` of a
+    bad chunk; raises ``OSError`` (blocking)."""
+    try:
+        return partial.write_chunk(path, index, data)
+    except ChunkVerificationError as exc:
+        return exc
+
+
 def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[bytes]) -> list:
     """``partial.write_chunk`` of each chunk in order: True/False (new or not), or the
     ``ChunkVerificationError`` of a bad one; the first ``OSError`` ends the list (blocking)."""
@@ -109,6 +126,26 @@ def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[b
             out.append(exc)
             break
     return out
+
+
+def _deliverer(partial: PartialModel, path: str, peer: str,
+               settle: Callable[[str, tuple[str, int], int, object], bool]) -> Deliver:
+    """``deliver`` for a run of ``path`` (called in the run's thread): writes each chunk, then
+    has trio ``settle`` it at once (progress while the run goes on); raises the ``OSError``
+    of a failed write (the run stops), and ``trio.Cancelled`` once the fetch gave up on the
+    run (an abandoned thread stops downloading)."""
+
+    def deliver(index: int, data: bytes) -> object:
+        try:
+            result = _write_one(partial, path, index, data)
+        except OSError as exc:
+            result = exc
+        trio.from_thread.run_sync(settle, peer, (path, index), len(data), result)
+        if isinstance(result, OSError):
+            raise result
+        return result
+
+    return deliver
 
 
 async def fetch_chunks(
@@ -186,15 +223,15 @@ async def fetch_chunks(
         start, end = chunk_span(partial.manifest, *key)
         return end - start
 
-    def accepted(peer: str, key: tuple[str, int], data: bytes, fresh: bool) -> None:
+    def accepted(peer: str, key: tuple[str, int], nbytes: int, fresh: bool) -> None:
         strikes[peer] = 0
         todo.remove(key)
         waiting.discard(key)
         if fresh:
-            report.bytes_fetched += len(data)
+            report.bytes_fetched += nbytes
             report.chunks_fetched += 1
-            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + len(data)
-            state["done"] += len(data)
+            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + nbytes
+            state["done"] += nbytes
             if on_progress:
                 hub = report.bytes_by_peer.get(HUB, 0)
                 on_progress(state["done"], total, report.bytes_fetched - hub, hub)
@@ -212,38 +249,49 @@ async def fetch_chunks(
             path, index = key
             try:
                 with trio.fail_after(limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
-                    if len(keys) == 1:
+                    if peer == HUB and get_run is not None:  # each chunk written and settled as it arrives
+                        await get_run(path, [i for _, i in keys], _deliverer(partial, path, peer, settle))
+                    else:
                         datas = [await get_chunk(peer, path, index)]
-                    else:
-                        assert get_run is not None
-                        datas = await get_run(path, [i for _, i in keys])
-                # hash + write in a thread (one hop for a run): the next chunks keep arriving meanwhile
-                results = await trio.to_thread.run_sync(_write_all, partial, keys, datas)
-                for k, data, fresh in zip(keys, datas, results):
-                    if isinstance(fresh, OSError):  # this node's disk, not the peer: stop the fetch
-                        write_failed.append(fresh)
-                        scope.cancel()
-                        return
-                    if isinstance(fresh, ChunkVerificationError):
-                        report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
-                        excluded.setdefault(k, set()).add(peer)
-                        log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(fresh))
-                    else:
-                        accepted(peer, k, data, fresh)
+                        # hash + write in a thread: the next chunks keep arriving meanwhile
+                        results = await trio.to_thread.run_sync(_write_all, partial, keys, datas)
+                        for k, data, fresh in zip(keys, datas, results):
+                            if not settle(peer, k, len(data), fresh):
+                                return
             except Exception as exc:  # any failure of one request (trio.TooSlowError too)
+                if write_failed:
+                    return  # this node's disk: the fetch stops (settle)
                 if NOT_HELD in str(exc) and not isinstance(exc, trio.TooSlowError):
                     excluded.setdefault(key, set()).add(peer)  # a partial holder: ask another
-                    continue
-                strikes[peer] += 1
-                reason = (f"no answer within {limits.chunk_timeout} s"
-                          if isinstance(exc, trio.TooSlowError) else f"{exc}")
-                log.info("chunk request failed", peer=peer, path=path, index=index, error=reason)
-                if strikes[peer] >= limits.max_peer_failures and peer in live:
-                    live.discard(peer)
-                    report.dropped[peer] = f"{strikes[peer]} failed requests in a row, last: {reason}"
+                else:
+                    failed(peer, path, index, exc)
             finally:
                 in_flight.difference_update(keys)
                 changed()
+
+    def settle(peer: str, k: tuple[str, int], nbytes: int, fresh: object) -> bool:
+        """Account one chunk's write result (in trio); False when this node's write failed
+        (the fetch stops: ``write_failed``)."""
+        if isinstance(fresh, OSError):  # this node's disk, not the peer: stop the fetch
+            write_failed.append(fresh)
+            scope.cancel()
+            return False
+        if isinstance(fresh, ChunkVerificationError):
+            report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
+            excluded.setdefault(k, set()).add(peer)
+            log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(fresh))
+        elif k in waiting:
+            accepted(peer, k, nbytes, bool(fresh))
+        return True
+
+    def failed(peer: str, path: str, index: int, exc: Exception) -> None:
+        """A request to ``peer`` failed: a strike; dropped after ``max_peer_failures`` in a row."""
+        strikes[peer] += 1
+        reason = f"no answer within {limits.chunk_timeout} s" if isinstance(exc, trio.TooSlowError) else f"{exc}"
+        log.info("chunk request failed", peer=peer, path=path, index=index, error=reason)
+        if strikes[peer] >= limits.max_peer_failures and peer in live:
+            live.discard(peer)
+            report.dropped[peer] = f"{strikes[peer]} failed requests in a row, last: {reason}"
 
     try:
         with trio.CancelScope() as scope:

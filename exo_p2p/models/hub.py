@@ -7,8 +7,9 @@ error types. ``HubClient`` reads one repo at one commit:
 - ``info()``: the commit and the files with their sizes and LFS SHA-256
   (``HfApi.model_info(files_metadata=True)``);
 - ``get_range(path, start, end)``: bytes ``[start, end)`` of a file with an HTTP ``Range``
-  request to its ``/resolve/<commit>/`` URL (redirects followed). A dropped connection is
-  resumed from the bytes received; a 429/5xx, a timeout or a refused connection is retried
+  request to its ``/resolve/<commit>/`` URL (redirects followed); ``stream_range`` hands them
+  to a sink as they arrive instead (a run of chunks written as each one completes). A
+  dropped connection is resumed from the bytes received; a 429/5xx, a timeout or a refused connection is retried
   with doubling pauses (``RETRY_PAUSE`` .. ``RETRY_PAUSE_MAX``), at most ``attempts`` tries
   in all; an answer from another commit (``X-Repo-Commit``), of another LFS object
   (``X-Linked-Etag``) or of another length is refused.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -44,6 +46,10 @@ _TRUE = {"1", "true", "yes", "on"}
 
 class HubError(RuntimeError):
     """The hub cannot give what was asked (the message names the cause and what to do)."""
+
+
+class _SinkFailed(Exception):
+    """A ``stream_range`` sink raised (its exception is the cause): not the hub's failure."""
 
 
 @dataclass(frozen=True)
@@ -156,22 +162,41 @@ class HubClient:
     def get_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``path`` at the pinned commit (rules: module docstring).
         Raises ``HubError`` after ``attempts`` failed tries, at once for 401/403/404."""
+        parts: list[bytes] = []
+        self.stream_range(path, start, end, parts.append)
+        return b"".join(parts)
+
+    def stream_range(self, path: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+        """Bytes ``[start, end)`` of ``path`` handed to ``sink`` in order as they arrive (a
+        dropped connection resumed from the bytes ``sink`` got; rules: module docstring).
+        Raises ``HubError`` after ``attempts`` failed tries, at once for 401/403/404; an
+        exception ``sink`` raises ends the request and propagates, never retried."""
         if self.commit is None:
             self.info()
         if end <= start:
-            return b""
-        got = bytearray()
+            return
+        got = [0]
+
+        def counted(block: bytes) -> None:
+            try:
+                sink(block)
+            except Exception as exc:  # the caller's, not the hub's
+                raise _SinkFailed() from exc
+            got[0] += len(block)
+
         failures: list[str] = []
         pause = self.pause
         while len(failures) < self.attempts:
             try:
-                self._read(path, start + len(got), end, got)
-                return bytes(got)
+                self._read(path, start + got[0], end, counted)
+                return
             except HubError:
                 raise
+            except _SinkFailed as exc:
+                raise exc.__cause__ from None  # type: ignore[misc]
             except Exception as exc:  # retried: a 429/5xx, a dropped or refused connection
                 failures.append(f"{type(exc).__name__}: {exc}")
-                log.info("hub request failed; retrying", repo=self.repo_id, path=path, received=len(got),
+                log.info("hub request failed; retrying", repo=self.repo_id, path=path, received=got[0],
                          wanted=end - start, error=failures[-1])
             if len(failures) < self.attempts:
                 time.sleep(pause)
@@ -179,8 +204,8 @@ class HubClient:
         raise HubError(f"bytes {start}-{end} of {path} in model {self.repo_id} not received from the hub at "
                        f"{endpoint()} after {len(failures)} tries (last: {failures[-1]}); try again later")
 
-    def _read(self, path: str, start: int, end: int, into: bytearray) -> None:
-        """One ranged GET of ``[start, end)`` appended to ``into`` as it arrives."""
+    def _read(self, path: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+        """One ranged GET of ``[start, end)``, its bytes handed to ``sink`` as they arrive."""
         from huggingface_hub import get_session, hf_hub_url
 
         url = hf_hub_url(self.repo_id, path, revision=self.commit, endpoint=endpoint())
@@ -198,8 +223,10 @@ class HubClient:
                 if skip:
                     cut = min(skip, len(block))
                     block, skip = block[cut:], skip - cut
-                block = block[: need - got]
-                into.extend(block)
+                if len(block) > need - got:
+                    block = block[: need - got]
+                if block:
+                    sink(block)
                 got += len(block)
                 self.bytes_received += len(block)
                 if got >= need:

@@ -127,15 +127,44 @@ async def held_maps(net, digest: str, holders) -> dict[str, dict[str, tuple[int,
     return out
 
 
-def hub_run(client: HubClient, manifest: ModelManifest):  # type: ignore[no-untyped-def]
+def hub_run(client: HubClient, partial: PartialModel):  # type: ignore[no-untyped-def]
     """``get_run`` for ``fetch_chunks``: consecutive chunks ``indices`` of ``path`` in one
-    range request to the hub, cut into one ``bytes`` per chunk."""
+    range request to the hub, streamed (``HubClient.stream_range``, in a thread): each chunk
+    is handed to ``deliver`` as soon as its bytes are in, so at most one chunk per request is
+    held in memory, and, once stored, hashed on arrival (``hub_hashing.arrivals``)."""
+    from exo_p2p.models.hub_hashing import arrivals
 
-    async def get_run(path: str, indices: list[int]) -> list[bytes]:
-        spans = [chunk_span(manifest, path, i) for i in indices]
-        first = spans[0][0]
-        data = await trio.to_thread.run_sync(client.get_range, path, first, spans[-1][1], abandon_on_cancel=True)
-        return [data[s - first:e - first] for s, e in spans]
+    hashes = arrivals(partial)
+
+    def stream(path: str, indices: list[int], deliver) -> None:  # type: ignore[no-untyped-def]
+        spans = [chunk_span(partial.manifest, path, i) for i in indices]
+        at = [0]  # the chunk being filled
+        parts: list[bytes] = []
+        have = [0]
+
+        def sink(block: bytes) -> None:
+            while block:
+                start, end = spans[at[0]]
+                take = min(len(block), end - start - have[0])
+                parts.append(block[:take] if take < len(block) else block)
+                have[0] += take
+                block = block[take:]
+                if have[0] == end - start:
+                    data = b"".join(parts)
+                    parts.clear()
+                    have[0] = 0
+                    index = indices[at[0]]
+                    at[0] += 1
+                    if deliver(index, data) in (True, False):  # stored (or held already)
+                        try:
+                            hashes.add(path, index, data)
+                        except OSError:  # a file renamed under a read-back: its frontier waits
+                            log.debug("chunk not hashed on arrival", path=path, index=index)
+
+        client.stream_range(path, spans[0][0], spans[-1][1], sink)
+
+    async def get_run(path: str, indices: list[int], deliver) -> None:  # type: ignore[no-untyped-def]
+        await trio.to_thread.run_sync(stream, path, indices, deliver, abandon_on_cancel=True)
 
     return get_run
 
@@ -185,14 +214,19 @@ def shared_chunks(manifest: ModelManifest, instance, shard, wanted, *, tied: boo
 
 async def verify_files(partial: PartialModel, client: HubClient) -> None:
     """Check the complete files of ``partial`` against the hub's LFS SHA-256
-    (``hub_manifest.check_complete_files``). Raises ``FetchError`` naming the files that
-    failed (discarded: fetched again by the next round)."""
+    (``hub_manifest.check_complete_files``, with the hashes taken as the bytes arrived:
+    ``hub_hashing``). Raises ``FetchError`` naming the files that failed (discarded:
+    fetched again by the next round)."""
+    from exo_p2p.models.hub_hashing import arrivals
     from exo_p2p.models.hub_manifest import check_complete_files
 
     if not client.files:
         await trio.to_thread.run_sync(client.info)
     shas = {p: f.sha256 for p, f in client.files.items() if f.sha256}
-    bad = await trio.to_thread.run_sync(check_complete_files, partial, shas)
+    hashes = arrivals(partial)
+    bad = await trio.to_thread.run_sync(check_complete_files, partial, shas, hashes.file_sha256)
+    for path in bad:
+        hashes.forget(path)
     if bad:
         log.warning("file failed its hub SHA-256; discarded to be fetched again", files=bad)
         raise FetchError(f"{', '.join(bad)} of {partial.manifest.name} failed the hub's SHA-256 and will be fetched again")

@@ -25,6 +25,7 @@ import fnmatch
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from exo_p2p.models.card import card_from_config, float32_sizes
@@ -129,10 +130,13 @@ def store_known(partial: PartialModel, known: dict[str, bytes]) -> int:
     return written
 
 
-def check_complete_files(partial: PartialModel, file_sha256: dict[str, str]) -> list[str]:
+def check_complete_files(partial: PartialModel, file_sha256: dict[str, str],
+                         hash_of: Callable[[str], str] | None = None) -> list[str]:
     """Hash every complete file of ``partial`` that has unhashed chunks against its LFS
     SHA-256 (``file_sha256``: path -> hex); a file that differs is discarded
-    (``PartialModel.discard_file``: fetched again later). The discarded paths. Blocking."""
+    (``PartialModel.discard_file``: fetched again later). ``hash_of(path)``: the file's hex
+    SHA-256 if already known (``hub_hashing.ArrivalHashes.file_sha256``), else it is read.
+    The discarded paths. Blocking."""
     bad = []
     for entry in partial.manifest.files:
         expected = file_sha256.get(entry.path)
@@ -141,11 +145,14 @@ def check_complete_files(partial: PartialModel, file_sha256: dict[str, str]) -> 
             continue
         if partial.file_checked(entry.path):
             continue
-        h = hashlib.sha256()
-        with open(target, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        if h.hexdigest() != expected:
+        got = hash_of(entry.path) if hash_of is not None else ""
+        if not got:
+            h = hashlib.sha256()
+            with open(target, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+            got = h.hexdigest()
+        if got != expected:
             partial.discard_file(entry.path)
             bad.append(entry.path)
         else:

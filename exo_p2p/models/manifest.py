@@ -241,6 +241,18 @@ def cached_manifest(model_dir: Path, name: str, cache_dir: Path) -> ModelManifes
     return manifest
 
 
+def seed_cached_manifest(model_dir: Path, manifest: ModelManifest, cache_dir: Path) -> None:
+    """Record ``manifest`` as ``model_dir``'s in ``cache_dir`` (what ``cached_manifest`` reads
+    while the files are unchanged), for a copy whose chunk hashes were computed as its bytes
+    arrived (``exo_p2p.models.hub_hashing``): the node does not hash it all again. The caller
+    vouches that it equals ``build_manifest(model_dir, manifest.name)``."""
+    cache = cache_dir / f"{manifest.name.replace('/', '--')}.manifest.json"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_bytes(msgspec.json.encode({"stamp": _stamp(model_dir), "manifest": manifest}))
+    os.replace(tmp, cache)
+
+
 def chunk_span(manifest: ModelManifest, path: str, index: int) -> tuple[int, int]:
     """``[start, end)`` bytes of chunk ``index`` of ``path``. Raises ``KeyError`` (unknown
     path) or ``IndexError`` (no such chunk)."""

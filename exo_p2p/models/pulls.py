@@ -202,17 +202,23 @@ class PullManager:
         ``ORG/NAME`` when it has one, else the Hugging Face cache (``hub_cache.land``); the
         model's dir (the snapshot dir in the cache)."""
         from exo_p2p.models.hub_cache import cache_dir, land
+        from exo_p2p.models.hub_hashing import arrivals
+        from exo_p2p.models.manifest import seed_cached_manifest
 
+        partial = self._depot.partial(self._depot.manifest(source.digest))  # type: ignore[arg-type]
+        full = arrivals(partial).full_manifest()  # every chunk hashed as it arrived, or None
         if self._models_dir is not None:
-            return self._depot.promote(source.digest, name, into=self._models_dir)
-        manifest = self._depot.manifest(source.digest)
-        assert manifest is not None
-        blobs = {}
-        for entry in manifest.files:
-            known = client.files.get(entry.path)
-            blobs[entry.path] = (known.sha256 or known.blob_id) if known is not None else ""
-        return self._depot.dissolve(source.digest, lambda root: land(root, blobs, source.repo_id, source.revision,
-                                                                    revision, cache_dir()))
+            where = self._depot.promote(source.digest, name, into=self._models_dir)
+        else:
+            blobs = {}
+            for entry in partial.manifest.files:
+                known = client.files.get(entry.path)
+                blobs[entry.path] = (known.sha256 or known.blob_id) if known is not None else ""
+            where = self._depot.dissolve(source.digest, lambda root: land(root, blobs, source.repo_id, source.revision,
+                                                                         revision, cache_dir()))
+        if full is not None:  # the node need not hash the copy again to serve it
+            seed_cached_manifest(where, full, self._depot.models_dir / ".manifests")
+        return where
 
     async def _run(self, status: PullStatus) -> None:
         start = trio.current_time()
