@@ -388,8 +388,7 @@ class Node:
         required = resolve_nodes(state, nodes) if nodes else None
         from master.placement_fetch import fetch_split
 
-        # a model read from a hub that no node holds whole: what peers lack comes from the hub
-        out = []
+        out = []  # per node the bytes it would fetch, from peers and from a hub (placement_fetch)
         for p in placement_previews(state, card, nodes=required):
             split = fetch_split(state, card, p.sharding, p.nodes, p.fetch_bytes_per_node)
             hub = sum(h for _, h in split)
