@@ -224,14 +224,13 @@ def test_a_restarted_node_resumes_its_download(tmp_path, nodes, hub):
                what="free disk")
     _place(a, min_nodes=1)
 
-    def partly() -> bool:
+    def partly() -> dict | None:
         view = a.get("/instances").json()
         shards = [s for i in view for s in i["shards"]]
-        return any(s.get("bytes_done") and s["bytes_done"] > manifest.total_bytes // 3 for s in shards)
+        return next((s for s in shards if s.get("bytes_done") and s["bytes_done"] > manifest.total_bytes // 3), None)
 
-    wait_until(partly, 120, interval=0.1, what="a third downloaded")
-    (shard,) = [s for i in a.get("/instances").json() for s in i["shards"]]
-    assert shard["bytes_from_hub"] > 0 and shard["bytes_from_peers"] == 0, shard  # the source split
+    shard = wait_until(partly, 120, interval=0.1, what="a third downloaded")
+    assert shard["bytes_from_hub"] > 0 and shard["bytes_from_peers"] == 0, shard  # the source split, as it went
     a.kill()
     journal = a.data_dir / "models" / ".fetched" / manifest.digest / ".verified"
     held = {tuple(line.split(" ", 1)[::-1]) for line in journal.read_text().splitlines() if " " in line}

@@ -2,14 +2,15 @@
 State (no cluster): the node card's free disk stays visible on narrow cards (1024 and 1280 px
 wide pages), a link whose node said no interface kind is labelled by what its address tells
 (loopback, LAN, internet), "other" memory is explained (and names the other nodes on the same
-machine), and "Forget API key" shows only while the page uses a key."""
+machine), "Forget API key" shows only while the page uses a key, and a download says how much
+came from peers and from a hub (under the instance's bar, in a preview)."""
 
 from __future__ import annotations
 
 import pytest
 
 from exo_p2p.api.access import AccessPolicy
-from exo_p2p.types import NodeId, State
+from exo_p2p.types import Instance, NodeId, RunnerDownloading, RunnerRecord, ShardMetadata, State
 from exo_p2p.types.topology import NetworkAddress, NodeProfile, TopologyEdge
 from tests.dashboard.fake_backend import GiB, FakeCluster, ServedBackend, card
 
@@ -136,3 +137,31 @@ def test_forget_api_key_shows_only_while_a_key_is_in_use(browser, served):
     finally:
         context.close()
         keyed.close()
+
+
+def test_a_download_says_how_much_came_from_peers_and_from_the_hub(page):
+    """An instance whose rank downloads shows the bytes received from peers and from the hub
+    under its bar, and a preview's node that fetches from both says so."""
+    import msgspec
+
+    shard = ShardMetadata(node_id=C, runner_id="i-r0", rank=0, world_size=1, start_layer=0, end_layer=8, n_layers=8,
+                          share_bytes=3 * GiB, boot_id="boot-2")
+    status = RunnerDownloading(GiB, 3 * GiB, 2.0**20, GiB // 4, 3 * GiB // 4)
+    state = msgspec.structs.replace(details_state(), instances={"i": Instance("i", "phi-3", "pipeline", (shard,))},
+                                    runners={"i-r0": RunnerRecord("i-r0", "i", C, status)})
+    server = ServedBackend(FakeCluster(state)).start()
+    try:
+        page.goto(server.url + "/")
+        text = page.locator(".instance-card .progress-text")
+        text.wait_for(timeout=WAIT_MS)
+        assert text.text_content() == "1.00 GiB/3.00 GiB of shards downloaded (256 MiB from peers, 768 MiB from the hub)", \
+            text.text_content()
+        panel = page.evaluate("""async () => {
+          const v = await import('/dashboard/views.js');
+          const p = {sharding: 'pipeline', world_size: 2, nodes: ['a', 'b'], layers: [4, 4], bytes: [1, 1],
+                     fetch_bytes: [4194304, 3145728], fetch_from_peers: [0, 1048576], fetch_from_hub: [4194304, 2097152]};
+          return v.previewPanel({nodes: {}}, {model: 'm', previews: [p]}, () => {}, () => {}).querySelector('.fetch').textContent;
+        }""")
+        assert panel == " (fetches 4.00 MiB from the hub + 3.00 MiB (1.00 MiB from peers, 2.00 MiB from the hub))", panel
+    finally:
+        server.close()
