@@ -93,9 +93,18 @@ def placement_bytes(hub: HubServer, tmp: Path, n: int) -> dict:
         before = {i: hub.hub_bytes(i) for i in ids}
         r = nodes[0].post("/instances", json={"model": NAME, "min_nodes": n, "nodes": ids}, timeout=120)
         r.raise_for_status()
-        # a loaded machine may re-place it (a node timed out): any ready instance of it counts
-        wait_until(lambda: any(i.get("model") == NAME and i.get("status") == "ready"
-                               for i in nodes[0].get("/instances").json()), 900, what="ready")
+        # a loaded machine may re-place it (a node timed out): any ready instance of it counts,
+        # and the instances seen are reported (a re-placement on fewer nodes fetches more)
+        seen: set[str] = set()
+
+        def ready() -> bool:
+            listed = [i for i in nodes[0].get("/instances").json() if i.get("model") == NAME]
+            seen.update(i["instance_id"] for i in listed)
+            return any(i.get("status") == "ready" for i in listed)
+
+        wait_until(ready, 900, what="ready")
+        if len(seen) > 1:
+            print(f"  ({len(seen)} instances placed: re-placed after a failure)", file=sys.stderr, flush=True)
         return {i: hub.hub_bytes(i) - before[i] for i in ids}
     finally:
         for x in nodes:

@@ -284,6 +284,13 @@ def test_a_pull_from_the_hub_sends_the_token_and_lands_in_the_hugging_face_cache
     assert hub.hub_bytes(self_id(a)) <= size * 1.05
     assert status["bytes_from_peers"] == 0 and 0 < status["bytes_from_hub"] <= status["bytes_total"]
     wait_until(lambda: any(m["model"] == MODEL for m in a.get("/models").json()), 40, what="listed")
+    # what it publishes to peers (the manifest hashed as the bytes arrived) is the files' own
+    from exo_p2p.models.manifest import build_manifest
+
+    want = build_manifest(snapshot, MODEL).digest
+    assert (a.data_dir / "models" / ".manifests" / "org--tiny.manifest.json").is_file()
+    wait_until(lambda: [MODEL, want, True] in a.get("/state").json()["nodes"][self_id(a)]["held_models"], 40,
+               what="the copy's manifest published")
     r = a.post("/models/pull", json={"model": MODEL})
     assert r.status_code == 409 and "already on this node" in r.text, r.text
     iid = _place(a, min_nodes=1)
