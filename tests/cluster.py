@@ -96,7 +96,9 @@ class NodeProcess:
         # test process): one BLAS thread per runner, unless the test or the environment says
         # the machine's Ollama and LM Studio models stay out (a test gives --ollama-models /
         # --lmstudio-models, which win over these variables)
-        stores = {"EXO_P2P_OLLAMA_MODELS": str(data_dir / "no-ollama"), "EXO_P2P_LMSTUDIO_MODELS": str(data_dir / "no-lmstudio")}
+        stores = {"EXO_P2P_OLLAMA_MODELS": str(data_dir / "no-ollama"), "EXO_P2P_LMSTUDIO_MODELS": str(data_dir / "no-lmstudio"),
+                  # and so does its Hugging Face cache: a node lists it, and a hub pull lands in it
+                  "HF_HOME": str(data_dir / "hf-home")}
         self.env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1", **stores, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir / "node.log"
