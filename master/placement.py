@@ -22,6 +22,10 @@ Rules, in the order they are applied:
   ``min(memory_available, memory_total − Σ share_bytes State places on n)``, so a placement
   counts the moment it is indexed, not when the node re-reports its memory.
 - **Choice order** among candidates (see ``topology.cycle_key``): (1) fewest nodes, (2) the
+  least estimated network cost per token of the ring (``exo_p2p.links.cost``: per hop RTT +
+  bytes ÷ bandwidth of its cheapest address, summed for pipeline, the slowest hop per
+  all-reduce step for tensor; measured figures from ``State.links``, assumed ones by interface
+  type while unmeasured), then as ties (2b) the
   best worst link of the ring (Thunderbolt 3 > Ethernet 2 > Wi-Fi 1 > loopback/other 0, from
   the edges' ``interface_type``), (3) the largest sum of link ranks, (4) the most usable
   memory, (5) node ids: the smallest tuple of ``(-usable, node id)`` over the ranks in rank
@@ -36,9 +40,10 @@ Rules, in the order they are applied:
   auto rank holds float32 when its float32 share fits its usable memory with the 10%
   headroom, else the stored weights; the shard records it (``weights_dtype``) and its
   ``share_bytes`` are in those bytes (``placement_split.pipeline_shares``).
-- **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the address
-  of the edge (rank r-1 → rank r) — the address at which its ring neighbour reaches it, chosen
-  once here so both neighbours see the same — and ``port`` is the lowest port >=
+- **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the
+  cheapest address of the link (rank r-1 → rank r) for the bytes that hop carries
+  (``Link.best``: measured figures first, else the edge's address) — the address at which its
+  ring neighbour reaches it, chosen once here so both neighbours see the same — and ``port`` is the lowest port >=
   ``RING_BASE_PORT`` that no shard of an existing instance uses on that node, nor any shard (or
   an earlier rank of this instance) at that IP (several nodes may share one machine).
 - **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact: one branch and
@@ -66,6 +71,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from exo_p2p.links.cost import CostModel, cost_model
 from exo_p2p.models.families import sharding_problem
 from exo_p2p.state.topology import CycleKey, CycleSearch, Found, Goal, Topology, topology_from_state
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
@@ -109,7 +115,9 @@ class Preview(msgspec.Struct, frozen=True):
     loads, in the weights it holds), ``layers_per_node``, ``weights_per_node`` (``"stored"``
     or ``"float32"``) and ``fetch_bytes_per_node`` (stored bytes the rank's node fetches from
     peers first, 0 when it holds the model; ``master.placement_fetch``) are in rank order;
-    empty when ``error`` is set.
+    empty when ``error`` is set. ``network_us_per_token`` is the ring's estimated network cost
+    per decoded token in microseconds (``exo_p2p.links.cost``; 0 for one node) and
+    ``links_measured`` whether every hop's chosen address was measured (else assumed figures).
     """
 
     sharding: Sharding
@@ -121,6 +129,8 @@ class Preview(msgspec.Struct, frozen=True):
     error: str | None = None
     weights_per_node: tuple[str, ...] = ()
     fetch_bytes_per_node: tuple[int, ...] = ()
+    network_us_per_token: int = 0
+    links_measured: bool = True
 
 
 def required_bytes(storage_size: int) -> int:
@@ -380,6 +390,7 @@ def _sweep(ctx: _Context, mode: int) -> list[dict[int, Found]]:
                 frozenset(k for k in lengths if _size_problem(ctx.card, sharding, k) is None)
                 if sharding == "pipeline" or ctx.card.supports_tensor else frozenset(),
                 required_bytes(ctx.card.storage_size),
+                cost=_cost_of(ctx.card, sharding),
             )
             for sharding in SHARDINGS
         ]
@@ -403,6 +414,7 @@ def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
                 include_one_of=include,
                 better_than=best.key if best else None,
                 node_floor=_node_floor(ctx.card, sharding, size),
+                cost=cost_model(ctx.card, sharding, size),
             ).best
         else:
             found = _sweep(ctx, mode)[SHARDINGS.index(sharding)].get(size)
@@ -412,6 +424,11 @@ def _best_of_size(ctx: _Context, sharding: Sharding, size: int) -> _Plan | None:
         return None
     usable, shares = best.payload
     return _Plan(best.key, best.cycle, usable, tuple(shares))
+
+
+def _cost_of(card: ModelCard, sharding: Sharding) -> Callable[[int], CostModel]:
+    """Per ring size, the network cost model of ``card`` under ``sharding``."""
+    return lambda size: cost_model(card, sharding, size)
 
 
 def _node_floor(card: ModelCard, sharding: Sharding, size: int) -> int:
@@ -436,9 +453,22 @@ def _first_port(instance_id: str) -> int:
     return RING_BASE_PORT + int.from_bytes(digest[:4], "big") % RING_PORT_SPAN
 
 
-def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...], instance_id: str) -> list[str]:
+def _ring_ips(ctx: _Context, cycle: tuple[NodeId, ...], model: CostModel) -> list[tuple[str, bool]]:
+    """Per rank, (the IP its ring predecessor reaches it at, whether that address was measured):
+    the cheapest address of the link for the bytes the hop carries (rank 0's: the closing hop)."""
+    out = []
+    for rank in range(len(cycle)):
+        link = ctx.topology.link(cycle[rank - 1], cycle[rank])
+        assert link is not None  # the search only returns cycles of the topology
+        path = link.best(model.close_bytes if rank == 0 else model.hop_bytes)
+        out.append((path.ip, path.measured))
+    return out
+
+
+def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...], instance_id: str, model: CostModel) -> list[str]:
     """Per rank, ``ip:port`` where the rank listens: the IP at which its ring predecessor
-    reaches it (one address per link, chosen here once, so both ranks of a link agree) and
+    reaches it (one address per link, the cheapest under ``model`` (``_ring_ips``), chosen
+    here once, so both ranks of a link agree) and
     the first port from ``_first_port(instance_id)`` on (wrapping within
     ``[RING_BASE_PORT, RING_BASE_PORT + RING_PORT_SPAN)``) not used on that node by an
     existing instance, nor at that IP by any instance or an earlier rank of this one
@@ -447,10 +477,8 @@ def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...], instance_id: str) 
         return [""]
     taken = _used_addresses(ctx.state)
     out = []
-    for rank in range(len(cycle)):
-        link = ctx.topology.link(cycle[rank - 1], cycle[rank])
-        assert link is not None  # the search only returns cycles of the topology
-        host = f"[{link.ip}]" if ":" in link.ip else link.ip
+    for rank, (ip, _) in enumerate(_ring_ips(ctx, cycle, model)):
+        host = f"[{ip}]" if ":" in ip else ip
         node_ports = _used_ports(ctx.state, cycle[rank])
         start = _first_port(instance_id) - RING_BASE_PORT
         for step in range(RING_PORT_SPAN):
@@ -458,7 +486,7 @@ def _ring_addresses(ctx: _Context, cycle: tuple[NodeId, ...], instance_id: str) 
             if port not in node_ports and f"{host}:{port}" not in taken:
                 break
         else:
-            raise PlacementError(f"no free ring port on node {_label(ctx.state, cycle[rank])} at {link.ip}")
+            raise PlacementError(f"no free ring port on node {_label(ctx.state, cycle[rank])} at {ip}")
         address = f"{host}:{port}"
         taken.add(address)
         out.append(address)
@@ -479,7 +507,7 @@ def _used_ports(state: State, node: NodeId) -> set[int]:
 
 def _instance(ctx: _Context, plan: _Plan, sharding: Sharding, instance_id: str) -> Instance:
     size = len(plan.cycle)
-    addresses = _ring_addresses(ctx, plan.cycle, instance_id)
+    addresses = _ring_addresses(ctx, plan.cycle, instance_id, cost_model(ctx.card, sharding, size))
     shards = tuple(
         ShardMetadata(
             node_id=node,
@@ -515,7 +543,7 @@ def _largest(ctx: _Context, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], 
             else:
                 best = _sweep(ctx, mode)[len(SHARDINGS)].get(size)
             if best is not None:
-                rank_key = (best.key[2], best.key[3])
+                rank_key = (best.key[3], best.key[4])
                 if found is None or rank_key < found[0]:
                     found = (rank_key, best.cycle, [weights[n] for n in best.cycle])
     if found is None:
@@ -595,4 +623,7 @@ def _preview(ctx: _Context, sharding: Sharding, size: int) -> Preview:
         layers_per_node=tuple(s.end_layer - s.start_layer for s in plan.shares),
         weights_per_node=tuple(s.weights_dtype for s in plan.shares),
         fetch_bytes_per_node=tuple(_fetch_bytes(ctx, sharding, plan.cycle, plan.shares)),
+        network_us_per_token=plan.key[0],
+        links_measured=all(measured for _, measured in _ring_ips(ctx, plan.cycle, cost_model(ctx.card, sharding, size)))
+        if size > 1 else True,
     )

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.state.topology import ring_ip
+from exo_p2p.links.cost import cost_model
+from exo_p2p.state.topology import ring_cost, ring_ip, topology_from_state
 from exo_p2p.types import Instance, ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge
 from master.placement import (
     RING_BASE_PORT,
@@ -318,7 +319,8 @@ def scenarios(draw: st.DrawFn):
 
 
 def brute_force(state: State, model: ModelCard, min_nodes: int, sharding: str, required: list[str]) -> tuple[tuple[str, ...], list] | None:
-    """Every cycle of every size, filtered by the rules, the best by the documented order."""
+    """Every cycle of every size, filtered by the rules, the best by the documented order
+    (network cost per token first: ``exo_p2p.links.cost``, then the links' static ranks)."""
     ok = [n for n, p in sorted(state.nodes.items()) if p.memory_total is not None and p.memory_available is not None and model.model_id in p.models]
     if min_nodes > len(state.nodes) or not set(required) <= set(ok):
         return None
@@ -343,7 +345,8 @@ def brute_force(state: State, model: ModelCard, min_nodes: int, sharding: str, r
             shares = (tensor_shares if sharding == "tensor" else pipeline_shares)(model, [usable[v] for v in combo])
             if not isinstance(shares, list):
                 continue
-            key = (-min(ranks), -sum(ranks) if size > 1 else 0, -sum(usable.values()), tuple((-usable[v], v) for v in combo))  # type: ignore[type-var]
+            cost = ring_cost(topology_from_state(state, ok), combo, cost_model(model, sharding, size))  # type: ignore[arg-type]
+            key = (cost, -min(ranks), -sum(ranks) if size > 1 else 0, -sum(usable.values()), tuple((-usable[v], v) for v in combo))  # type: ignore[type-var]
             if best is None or key < best[0]:
                 best = (key, combo, shares)
         if best is not None:

@@ -7,6 +7,7 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exo_p2p.links.cost import CostModel, measured_path
 from exo_p2p.state.topology import (
     LINK_RANK,
     CycleSearch,
@@ -65,12 +66,16 @@ def graphs(draw: st.DrawFn) -> tuple[Topology, dict[str, int]]:
     for a in nodes:
         for b in nodes:
             if a != b and draw(st.booleans()):
-                links[a][b] = Link(f"10.0.0.{b[1:]}", draw(st.sampled_from([0, 1, 2, 3])))
+                paths = tuple(
+                    measured_path(f"10.{k}.0.{b[1:]}", "other", draw(st.integers(0, 5000)), draw(st.integers(10**4, 10**9)))
+                    for k in range(draw(st.integers(0, 2)))
+                )
+                links[a][b] = Link(f"10.0.0.{b[1:]}", draw(st.sampled_from([0, 1, 2, 3])), paths)
     weights = {v: draw(st.sampled_from([1, 2, 4, 8])) for v in nodes if draw(st.integers(0, 9)) > 0}
     return Topology(nodes, links), weights
 
 
-def _brute(topo: Topology, weights: dict[str, int], size: int, min_weight: int, required: frozenset[str], hosts: frozenset[str] | None, accept) -> tuple | None:
+def _brute(topo: Topology, weights: dict[str, int], size: int, min_weight: int, required: frozenset[str], hosts: frozenset[str] | None, accept, cost=None) -> tuple | None:  # type: ignore[no-untyped-def]
     best = None
     for combo in itertools.permutations(sorted(weights), size):
         if combo != rank_order(combo, weights) or not topo.is_cycle(combo):
@@ -79,7 +84,7 @@ def _brute(topo: Topology, weights: dict[str, int], size: int, min_weight: int, 
             continue
         if sum(weights[n] for n in combo) < min_weight or not accept(combo):
             continue
-        key = cycle_key(topo, combo, weights)
+        key = cycle_key(topo, combo, weights, cost=cost)
         if best is None or key < best[0]:
             best = (key, combo)
     return best
@@ -97,8 +102,9 @@ def test_search_equals_brute_force(graph: tuple[Topology, dict[str, int]], size:
     def accept(cycle: tuple[str, ...]) -> bool:  # rejects some cycles, deterministically
         return salt == 0 or hash(cycle) % 4 != salt % 4
 
-    outcome = best_cycle(topo, size=size, weights=weights, accept=lambda c: True if accept(c) else None, min_weight=min_weight, required=required, include_one_of=hosts)
-    expected = _brute(topo, weights, size, min_weight, required, hosts, accept)
+    cost = data.draw(st.sampled_from([None, CostModel(256, 4, "sum", 1), CostModel(64, 64, "max", 12)]))
+    outcome = best_cycle(topo, size=size, weights=weights, accept=lambda c: True if accept(c) else None, min_weight=min_weight, required=required, include_one_of=hosts, cost=cost)
+    expected = _brute(topo, weights, size, min_weight, required, hosts, accept, cost)
     assert not outcome.exhausted
     if expected is None:
         assert outcome.best is None

@@ -16,6 +16,8 @@ from exo_p2p.types import (
     InstanceDeleted,
     InstanceFailed,
     InstancePrefixesUpdated,
+    LinkLost,
+    LinkMeasured,
     MasterElected,
     NodeModelsUpdated,
     NodeProfileUpdated,
@@ -35,6 +37,7 @@ from exo_p2p.types import (
     TopologyEdgeDeleted,
 )
 
+from exo_p2p.links.figures import MAX_ADDRESSES
 from exo_p2p.prefixes import bounded
 
 replace = msgspec.structs.replace
@@ -114,7 +117,13 @@ def _apply_node_timed_out(event: NodeTimedOut, state: State) -> State:
     }
     edges = {src: sinks for src, sinks in edges.items() if sinks}
     master = None if state.master == event.node_id else state.master
-    return replace(state, nodes=nodes, edges=edges, master=master)
+    links = {
+        src: {dst: figs for dst, figs in sinks.items() if dst != event.node_id}
+        for src, sinks in state.links.items()
+        if src != event.node_id
+    }
+    links = {src: sinks for src, sinks in links.items() if sinks}
+    return replace(state, nodes=nodes, edges=edges, master=master, links=links)
 
 
 @_apply_event.register
@@ -136,7 +145,49 @@ def _apply_topology_edge_deleted(event: TopologyEdgeDeleted, state: State) -> St
         edges[event.source] = sinks
     else:
         del edges[event.source]
-    return replace(state, edges=edges)
+    return replace(state, edges=edges, links=_without_links(state.links, event.source, event.sink))
+
+
+def _without_links(links: dict, source: str, sink: str, address: str | None = None) -> dict:
+    """``links`` without source→sink's figures (of ``address`` only, when given)."""
+    sinks = dict(links.get(source, {}))
+    if sink not in sinks:
+        return links
+    figures = {a: f for a, f in sinks[sink].items() if address is not None and a != address}
+    if figures:
+        sinks[sink] = figures
+    else:
+        del sinks[sink]
+    out = dict(links)
+    if sinks:
+        out[source] = sinks
+    else:
+        out.pop(source, None)
+    return out
+
+
+@_apply_event.register
+def _apply_link_measured(event: LinkMeasured, state: State) -> State:
+    """Figures of an address; ignored for unknown nodes, a self-link, or a pair that already
+    holds ``MAX_ADDRESSES`` other addresses (bounded State)."""
+    if event.source == event.sink or event.source not in state.nodes or event.sink not in state.nodes:
+        return state
+    sinks = dict(state.links.get(event.source, {}))
+    figures = dict(sinks.get(event.sink, {}))
+    address = event.figures.address
+    if address not in figures and len(figures) >= MAX_ADDRESSES:
+        return state
+    figures[address] = event.figures
+    sinks[event.sink] = figures
+    links = dict(state.links)
+    links[event.source] = sinks
+    return replace(state, links=links)
+
+
+@_apply_event.register
+def _apply_link_lost(event: LinkLost, state: State) -> State:
+    links = _without_links(state.links, event.source, event.sink, event.address)
+    return state if links is state.links else replace(state, links=links)
 
 
 @_apply_event.register

@@ -21,6 +21,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from exo_p2p.links.cost import (
+    CostModel,
+    Path,
+    assumed_path,
+    best_path,
+    hop_cost_us,
+    lower_bound_us,
+    measured_path,
+    ring_cost_us,
+)
 from exo_p2p.types import NodeId, State
 
 T = TypeVar("T")
@@ -31,18 +41,30 @@ rest (loopback, unknown). Higher is better."""
 
 BEST_LINK_RANK = max(LINK_RANK.values())
 
-CycleKey = tuple[int, int, int, tuple[tuple[int, str], ...]]
-"""Sort key of a cycle (smaller is better): ``(-worst link rank, -sum of link ranks, -sum of
-node weights, ((-weight, id) of each node in rank order))``. See ``cycle_key``."""
+CycleKey = tuple[int, int, int, int, tuple[tuple[int, str], ...]]
+"""Sort key of a cycle (smaller is better): ``(network cost per token in µs, -worst link rank,
+-sum of link ranks, -sum of node weights, ((-weight, id) of each node in rank order))``. See
+``cycle_key``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """A usable edge: the ``ip`` the source dials to reach the sink, and its ``rank``
-    (``LINK_RANK`` of the edge's interface type)."""
+    """A usable edge: the ``ip`` the source dials to reach the sink (the edge's address), its
+    ``rank`` (``LINK_RANK`` of the edge's interface type) and every address of the sink it may
+    use, with figures (``paths``: measured ones from ``State.links``, else the edge's address
+    with the figures assumed for its type; ``exo_p2p.links.cost``)."""
 
     ip: str
     rank: int
+    paths: tuple[Path, ...] = ()
+
+    def best(self, nbytes: int) -> Path:
+        """The cheapest address for ``nbytes`` per token (``exo_p2p.links.cost.best_path``)."""
+        return best_path(self.paths or (assumed_path(self.ip, "other"),), nbytes)
+
+    def cost(self, nbytes: int) -> int:
+        """Microseconds to move ``nbytes`` over the cheapest address."""
+        return hop_cost_us(self.best(nbytes), nbytes)
 
 
 @dataclass(frozen=True)
@@ -88,9 +110,24 @@ def ring_ip(address: str) -> str | None:
         return None
 
 
+def link_paths(state: State, source: NodeId, sink: NodeId, ip: str, interface_type: str) -> tuple[Path, ...]:
+    """Every address of ``sink`` that ``source`` may use: each measured one (``State.links``)
+    and the edge's own ``ip`` with assumed figures when it is not measured."""
+    measured = state.links.get(source, {}).get(sink, {})
+    paths = [
+        measured_path(got, f.interface_type, f.rtt_us, f.bytes_per_s)
+        for address, f in sorted(measured.items())
+        if (got := ring_ip(address)) is not None
+    ]
+    if all(p.ip != ip for p in paths):
+        paths.append(assumed_path(ip, interface_type))
+    return tuple(paths)
+
+
 def topology_from_state(state: State, among: Iterable[NodeId] | None = None) -> Topology:
     """The graph of ``state.edges`` restricted to ``among`` (default: every node in
-    ``state.nodes``); self-edges and edges to nodes outside the set are dropped."""
+    ``state.nodes``); self-edges and edges to nodes outside the set are dropped. Each link
+    carries its addresses' figures (``link_paths``)."""
     keep = set(state.nodes if among is None else among)
     links: dict[NodeId, dict[NodeId, Link]] = {n: {} for n in sorted(keep)}
     unaddressed: list[tuple[NodeId, NodeId]] = []
@@ -104,7 +141,8 @@ def topology_from_state(state: State, among: Iterable[NodeId] | None = None) -> 
             if ip is None:
                 unaddressed.append((source, sink))
             else:
-                links[source][sink] = Link(ip, LINK_RANK.get(edge.interface_type, 0))
+                paths = link_paths(state, source, sink, ip, edge.interface_type)
+                links[source][sink] = Link(ip, LINK_RANK.get(edge.interface_type, 0), paths)
     return Topology(tuple(sorted(keep)), links, tuple(sorted(unaddressed)))
 
 
@@ -116,12 +154,23 @@ def rank_order(cycle: Iterable[NodeId], weights: Mapping[NodeId, int]) -> tuple[
     return nodes[start:] + nodes[:start]
 
 
+def ring_cost(topology: Topology, cycle: tuple[NodeId, ...], model: CostModel | None) -> int:
+    """The network cost per token (µs) of ``cycle`` (rank order) under ``model``, each hop over
+    its cheapest address (``exo_p2p.links.cost``); 0 without a model or for one node."""
+    if model is None or len(cycle) < 2:
+        return 0
+    hops = [topology.links[cycle[i]][cycle[i + 1]].cost(model.hop_bytes) for i in range(len(cycle) - 1)]
+    return ring_cost_us(model, hops, topology.links[cycle[-1]][cycle[0]].cost(model.close_bytes))
+
+
 def cycle_key(
-    topology: Topology, cycle: tuple[NodeId, ...], weights: Mapping[NodeId, int], *, rank_links: bool = True
+    topology: Topology, cycle: tuple[NodeId, ...], weights: Mapping[NodeId, int], *, rank_links: bool = True,
+    cost: CostModel | None = None,
 ) -> CycleKey:
     """The choice-order key of ``cycle`` (a cycle of ``topology`` in rank order); smaller is better.
 
-    In order: the worst link of the cycle (higher rank first), the sum of its link ranks, the
+    In order: the ring's network cost per token under ``cost`` (``ring_cost``; 0 without a
+    model or with ``rank_links=False``), the worst link of the cycle (higher rank first), the sum of its link ranks, the
     sum of ``weights`` (more first), and last the tuple of ``(-weight, node id)`` of the nodes
     in rank order: the cycle whose rank 0, then rank 1, ... is heavier, ties to the smaller
     node id (on equal nodes: the smallest ids, visited in ascending order). A single node has
@@ -137,7 +186,8 @@ def cycle_key(
         worst, total = min(ranks), sum(ranks)
     if not rank_links:
         worst = 0
-    return (-worst, -total, -sum(weights[n] for n in cycle), tuple((-weights[n], n) for n in cycle))
+    price = ring_cost(topology, cycle, cost) if rank_links else 0
+    return (price, -worst, -total, -sum(weights[n] for n in cycle), tuple((-weights[n], n) for n in cycle))
 
 
 @dataclass(frozen=True)
@@ -168,12 +218,15 @@ class CycleSearch:
     """Branch-and-bound search for the best cycle of a given size, prepared once for one
     ``topology`` and one set of node ``weights`` (bytes; nodes without a weight are not used)
     and reused for every size and request. ``rank_links=False`` ignores link quality (the key's
-    link components are 0: memory, then ids).
+    link components are 0: memory, then ids). The network cost (the key's first component) is
+    given per search as a ``CostModel`` (None: 0 for every cycle); its hop costs are computed
+    once per model and cached.
 
     Method: each cycle is visited once, from its rank-0 node (nodes ordered weight desc, id asc;
     a path from start s only uses later nodes). Paths are extended best link first and cut when
-    an optimistic key (worst link so far; every remaining link as good as the best link of the
-    graph; the heaviest remaining nodes, including the required ones and a host when one is
+    an optimistic key (the path's cost so far with every remaining hop as cheap as the cheapest
+    hop of the graph, ``exo_p2p.links.cost.lower_bound_us``; worst link so far; every remaining
+    link as good as the best link of the graph; the heaviest remaining nodes, including the required ones and a host when one is
     needed; the path as a rank-order prefix) cannot beat the best cycle accepted, when the weight cannot reach ``min_weight``,
     when the required nodes cannot all fit, or when the path's end is too far from its start
     to close the cycle in time.
@@ -185,8 +238,10 @@ class CycleSearch:
         self.w = [weights[n] for n in self.order]
         self.succ: list[list[tuple[int, int]]] = []
         self.rank_of: list[dict[int, int]] = []
+        self.link_of: list[dict[int, Link]] = []
         top = 0
         for node in self.order:
+            self.link_of.append({self.index[t]: link for t, link in topology.links.get(node, {}).items() if t in self.index})
             outs = [
                 (self.index[t], link.rank if rank_links else 0)
                 for t, link in topology.links.get(node, {}).items()
@@ -204,6 +259,24 @@ class CycleSearch:
         self.max_rank = top
         self.single_rank = BEST_LINK_RANK if rank_links else 0
         self._dist: dict[int, list[int]] = {}
+        self._costs: dict[CostModel, tuple[list[dict[int, int]], list[dict[int, int]], int]] = {}
+
+    def costs(self, model: CostModel) -> tuple[list[dict[int, int]], list[dict[int, int]], int]:
+        """Per node index, the cost (µs) of each out-link as a forward hop and as the closing hop
+        under ``model``, and the cheapest closing cost of the graph (a bound for any hop)."""
+        if model not in self._costs:
+            fwd = [{j: link.cost(model.hop_bytes) for j, link in outs.items()} for outs in self.link_of]
+            close = [{j: link.cost(model.close_bytes) for j, link in outs.items()} for outs in self.link_of]
+            cheapest = min((c for outs in close for c in outs.values()), default=0)
+            self._costs[model] = (fwd, close, min(cheapest, min((c for o in fwd for c in o.values()), default=0)))
+        return self._costs[model]
+
+    def path_cost(self, path: list[int], model: CostModel | None) -> int:
+        """The ring cost of the index cycle ``path`` (rank order) under ``model`` (0 for None)."""
+        if model is None or len(path) < 2:
+            return 0
+        fwd, close, _ = self.costs(model)
+        return ring_cost_us(model, [fwd[path[k]][path[k + 1]] for k in range(len(path) - 1)], close[path[-1]][path[0]])
 
     def best(
         self,
@@ -216,6 +289,7 @@ class CycleSearch:
         budget: int | None = None,
         better_than: CycleKey | None = None,
         node_floor: int = 0,
+        cost: CostModel | None = None,
     ) -> SearchOutcome[T]:
         """See ``best_cycle``."""
         order, w = self.order, self.w
@@ -228,14 +302,15 @@ class CycleSearch:
             host_mask = sum(1 << self.index[n] for n in include_one_of if n in self.index)
             if host_mask == 0:
                 return SearchOutcome(None, False, 0)
-        state = _Search(self, size, count, accept, min_weight, req_mask, host_mask, budget, better_than)
+        state = _Search(self, size, count, accept, min_weight, req_mask, host_mask, budget, better_than,
+                        cost if self.rank_links else None)
         if size == 1:
             for i in range(count):
                 if w[i] < min_weight:
                     break
                 if req_mask & ~(1 << i) or (host_mask != -1 and not host_mask >> i & 1):
                     continue
-                state.offer([i], (-self.single_rank, 0, -w[i], ((-w[i], order[i]),)))
+                state.offer([i], (0, -self.single_rank, 0, -w[i], ((-w[i], order[i]),)))
             return SearchOutcome(state.best, False, 0)
         exhausted = False
         for s in range(count):
@@ -298,7 +373,7 @@ class CycleSearch:
 
         # Per goal and length: (key head, path) of the best so far. Comparing index paths is
         # comparing the key's rank-order tuples: indices follow (-weight, id).
-        met: list[dict[int, tuple[tuple[int, int, int], list[int]]]] = [{} for _ in goals]
+        met: list[dict[int, tuple[tuple[int, int, int, int], list[int]]]] = [{} for _ in goals]
 
         def offer(path: list[int], mask: int, weight: int, worst: int, total: int) -> None:
             if req_mask & ~mask or (host_mask != -1 and not host_mask & mask):
@@ -307,7 +382,9 @@ class CycleSearch:
             for goal, found, seen in zip(goals, results, met, strict=True):
                 if length not in goal.sizes or weight < goal.min_weight:
                     continue
-                mark = ((-worst, -total, -weight) if goal.rank_links else (0, 0, -weight), path)
+                model = goal.cost(length) if goal.cost is not None and goal.rank_links else None
+                price = self.path_cost(path, model)
+                mark = ((price, -worst, -total, -weight) if goal.rank_links else (0, 0, 0, -weight), path)
                 if length in seen and mark >= seen[length]:
                     continue
                 cycle = tuple(order[i] for i in path)
@@ -354,12 +431,15 @@ class CycleSearch:
 class Goal(Generic[T]):
     """What ``CycleSearch.sweep`` records: per length in ``sizes``, the best cycle weighing at
     least ``min_weight`` bytes that ``accept`` takes (returns a payload, or None to reject).
-    ``rank_links=False`` ranks by memory only (the key's link components are 0)."""
+    ``rank_links=False`` ranks by memory only (the key's link components are 0); ``cost`` gives the
+network cost model per length."""
 
     accept: Callable[[tuple[NodeId, ...]], T | None]
     sizes: frozenset[int]
     min_weight: int = 0
     rank_links: bool = True
+    cost: Callable[[int], CostModel | None] | None = None
+    """Per cycle length, the network cost model of the key's first component (None: 0)."""
 
 
 def best_cycle(
@@ -375,8 +455,9 @@ def best_cycle(
     budget: int | None = None,
     better_than: CycleKey | None = None,
     node_floor: int = 0,
+    cost: CostModel | None = None,
 ) -> SearchOutcome[T]:
-    """The best cycle of exactly ``size`` nodes by ``cycle_key`` that ``accept`` takes.
+    """The best cycle of exactly ``size`` nodes by ``cycle_key`` (with ``cost``) that ``accept`` takes.
 
     Candidates: simple cycles of ``topology`` over the nodes that have a weight in ``weights``
     (bytes), whose weights sum to at least ``min_weight``, that contain every node of
@@ -390,7 +471,7 @@ def best_cycle(
     search = CycleSearch(topology, weights, rank_links=rank_links)
     return search.best(
         size, accept, min_weight=min_weight, required=required, include_one_of=include_one_of,
-        budget=budget, better_than=better_than, node_floor=node_floor,
+        budget=budget, better_than=better_than, node_floor=node_floor, cost=cost,
     )
 
 
@@ -408,8 +489,11 @@ class _Search(Generic[T]):
         host_mask: int,
         budget: int | None,
         better_than: CycleKey | None,
+        model: CostModel | None = None,
     ) -> None:
         self.graph = graph
+        self.model = model
+        self.fwd, self.close, self.cheapest = graph.costs(model) if model is not None else ([], [], 0)
         self.size = size
         self.count = count
         self.accept = accept
@@ -438,25 +522,32 @@ class _Search(Generic[T]):
         """Every cycle whose rank-0 node is ``start``."""
         graph, size = self.graph, self.size
         head_w = sum(graph.w[start : start + size])
-        head_bound = (-graph.single_rank if size == 1 else -graph.max_rank, -size * graph.max_rank, -head_w)
+        price = lower_bound_us(self.model, 0, size, self.cheapest) if self.model is not None and size > 1 else 0
+        head_bound = (price, -graph.single_rank if size == 1 else -graph.max_rank, -size * graph.max_rank, -head_w)
         self.start = start
         self.path = [start]
         if self._beaten(head_bound):
             return
         self.dist = graph._distances(start)
-        self._go(1 << start, graph.w[start], graph.max_rank, 0)
+        self._go(1 << start, graph.w[start], graph.max_rank, 0, 0)
 
-    def _beaten(self, head_bound: tuple[int, int, int]) -> bool:
+    def _combine(self, partial: int, hop: int) -> int:
+        """The hops' costs so far with one more (sum or max, ``CostModel.combine``)."""
+        if self.model is None:
+            return 0
+        return partial + hop if self.model.combine == "sum" else max(partial, hop)
+
+    def _beaten(self, head_bound: tuple[int, int, int, int]) -> bool:
         """True when no completion of the current path (optimistic head ``head_bound``) can beat the
         best so far: the rank-order tuple of any completion starts with the path's."""
         bound = self.limit
         if bound is None:
             return False
-        head = bound[:3]
+        head = bound[:4]
         if head_bound != head:
             return head_bound > head
         w, order = self.graph.w, self.graph.order
-        return tuple((-w[i], order[i]) for i in self.path) > bound[3]
+        return tuple((-w[i], order[i]) for i in self.path) > bound[4]
 
     def _heaviest_free(self, taken: int, n: int, need_host: bool) -> tuple[list[int], int | None]:
         """The heaviest ``n`` nodes after start not in ``taken`` (weight order; all of them when
@@ -473,7 +564,7 @@ class _Search(Generic[T]):
             i += 1
         return free, first_host
 
-    def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int) -> None:
+    def _go(self, mask: int, cur_w: int, cur_min: int, cur_sum: int, cur_cost: int) -> None:  # noqa: PLR0912
         graph, start, path, w = self.graph, self.start, self.path, self.graph.w
         last = path[-1]
         remaining = self.size - len(path)
@@ -482,7 +573,8 @@ class _Search(Generic[T]):
             if closing is None or (self.host_mask != -1 and not self.host_mask & mask):
                 return
             seq = tuple((-w[i], graph.order[i]) for i in path)
-            key = (-min(cur_min, closing), -(cur_sum + closing), -cur_w, seq)
+            price = 0 if self.model is None else self.model.factor * self._combine(cur_cost, self.close[last][start])
+            key = (price, -min(cur_min, closing), -(cur_sum + closing), -cur_w, seq)
             self.offer(path, key)
             return
         left = remaining - 1
@@ -528,9 +620,11 @@ class _Search(Generic[T]):
             if ub_w < self.min_weight:
                 continue
             new_min = min(cur_min, rank)
-            head_bound = (-new_min, -(cur_sum + rank + (left + 1) * max_rank), -ub_w)
-            if self.limit is not None and head_bound >= self.limit[:3]:
-                if head_bound > self.limit[:3]:
+            new_cost = self._combine(cur_cost, self.fwd[last][j]) if self.model is not None else 0
+            price = lower_bound_us(self.model, new_cost, left + 1, self.cheapest) if self.model is not None else 0
+            head_bound = (price, -new_min, -(cur_sum + rank + (left + 1) * max_rank), -ub_w)
+            if self.limit is not None and head_bound >= self.limit[:4]:
+                if head_bound > self.limit[:4]:
                     continue
                 path.append(j)
                 beaten = self._beaten(head_bound)
@@ -538,7 +632,7 @@ class _Search(Generic[T]):
                 if beaten:
                     continue
             path.append(j)
-            self._go(mask | 1 << j, cur_w + w[j], new_min, cur_sum + rank)
+            self._go(mask | 1 << j, cur_w + w[j], new_min, cur_sum + rank, new_cost)
             path.pop()
 
 

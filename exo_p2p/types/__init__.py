@@ -31,6 +31,8 @@ from exo_p2p.types.events import (
     InstanceDeleted,
     InstanceFailed,
     InstancePrefixesUpdated,
+    LinkLost,
+    LinkMeasured,
     LocalEvent,
     MasterElected,
     NodeModelsUpdated,
@@ -82,6 +84,6 @@ from exo_p2p.types.tasks import (
     TextGeneration,
     ToolCall,
 )
-from exo_p2p.types.topology import InterfaceType, NetworkAddress, NodeProfile, TopologyEdge
+from exo_p2p.types.topology import InterfaceType, LinkFigures, NetworkAddress, NodeProfile, TopologyEdge
 
 __all__ = [name for name in dir() if not name.startswith("_")]

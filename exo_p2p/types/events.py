@@ -9,7 +9,7 @@ from exo_p2p.types.instances import Instance
 from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
 from exo_p2p.types.tasks import TaskStatus, TextGeneration
-from exo_p2p.types.topology import NodeProfile, TopologyEdge
+from exo_p2p.types.topology import LinkFigures, NodeProfile, TopologyEdge
 
 
 class _Event(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
@@ -48,6 +48,23 @@ class TopologyEdgeCreated(_Event, tag="topology_edge_created"):
 class TopologyEdgeDeleted(_Event, tag="topology_edge_deleted"):
     source: NodeId
     sink: NodeId
+
+
+class LinkMeasured(_Event, tag="link_measured"):
+    """``source`` measured the address ``figures.address`` of ``sink`` (``State.links``); sent
+    only when the figures moved by a stated fraction (``exo_p2p.links.figures.moved``)."""
+
+    source: NodeId
+    sink: NodeId
+    figures: LinkFigures
+
+
+class LinkLost(_Event, tag="link_lost"):
+    """``source`` can no longer reach ``sink`` at ``address`` (probes failed)."""
+
+    source: NodeId
+    sink: NodeId
+    address: str
 
 
 class MasterElected(_Event, tag="master_elected"):
@@ -116,6 +133,8 @@ Event = (
     | NodeTimedOut
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
+    | LinkMeasured
+    | LinkLost
     | MasterElected
     | InstanceCreated
     | InstanceDeleted

@@ -9,7 +9,7 @@ from exo_p2p.types.instances import Instance
 from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
 from exo_p2p.types.tasks import TaskRecord
-from exo_p2p.types.topology import NodeProfile, TopologyEdge
+from exo_p2p.types.topology import LinkFigures, NodeProfile, TopologyEdge
 
 
 class RunnerRecord(msgspec.Struct, frozen=True):
@@ -52,3 +52,7 @@ class State(msgspec.Struct, frozen=True):
     prefixes: dict[InstanceId, tuple[int, ...]] = msgspec.field(default_factory=dict)
     """Per instance, the digests of the prefixes its prompt cache holds (``InstancePrefixesUpdated``)."""
     hub_models: dict[ModelId, HubSource] = msgspec.field(default_factory=dict)
+    links: dict[NodeId, dict[NodeId, dict[str, LinkFigures]]] = msgspec.field(default_factory=dict)
+    """``links[source][sink][address]``: what source measured of each address of sink
+    (``LinkMeasured``; at most ``exo_p2p.links.figures.MAX_ADDRESSES`` per pair, dropped with
+    the pair's edge or either node)."""

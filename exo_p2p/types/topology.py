@@ -62,3 +62,20 @@ class TopologyEdge(msgspec.Struct, frozen=True):
     sink: NodeId
     address: str
     interface_type: InterfaceType = "other"
+
+
+class LinkFigures(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What ``source`` measured of one address of ``sink`` (one edge per (source, sink, address),
+    ``State.links``; docs/links.md).
+
+    ``address`` is the sink's IP; ``rtt_us`` the median round trip of small probes in
+    microseconds; ``bytes_per_s`` the throughput of a bounded transfer in bytes per second
+    (None: not measured yet). Both are quantised (``exo_p2p.links.figures.quantise``) and
+    re-published only when they move by a stated fraction, so steady links add no events.
+    ``interface_type`` is the sink's own word for the interface at that address.
+    """
+
+    address: str
+    rtt_us: int
+    bytes_per_s: int | None = None
+    interface_type: InterfaceType = "other"

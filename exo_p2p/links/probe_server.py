@@ -1,0 +1,200 @@
+"""The probe listener: where peers measure this node's addresses (docs/links.md).
+
+A peer measures each of this node's addresses over a plain TCP connection to that address,
+opened by a one-time ticket it got over the cluster's own authenticated connection, the way
+model chunks travel (``exo_p2p.models.bulk``):
+
+1. the prober asks for tickets over ``TICKET_PROTOCOL`` (a libp2p request/response: Noise,
+   and PSK-private when the cluster has a secret), one per address it will probe; only a node
+   in State gets any. Each ticket is ``(token, proof)``: 16 random bytes each, valid for one
+   connection within ``TICKET_TTL`` s;
+2. the prober connects to the address at ``port`` and sends the token; this node answers the
+   proof, so the prober knows it reached this node and not whatever else holds that IP;
+3. then, one at a time: ``b"p"`` + ``PROBE_BYTES`` bytes, echoed back (a round trip), or
+   ``b"b"`` + a 4-byte big-endian length (≤ ``BANDWIDTH_BYTES``) + that many bytes, answered
+   with one byte once all arrived (a timed transfer).
+
+Bounds: at most ``MAX_TICKETS`` unredeemed tickets (the oldest dropped), ``MAX_TOKENS`` per
+request; a connection that has not sent its token within ``TOKEN_WAIT`` s, or is silent for
+``IDLE_TIMEOUT`` s, or lives longer than ``MAX_LIFETIME`` s, is closed; beyond
+``MAX_CONNECTIONS`` connections at once a new one is closed at once (a prober that meets that
+counts the round as inconclusive, never as a lost link: ``exo_p2p.links.prober``). What a peer can make this
+node spend is thus a few MiB and milliseconds per ticket, and tickets go only to members.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import msgspec
+import structlog
+import trio
+
+from exo_p2p.links.figures import BANDWIDTH_BYTES, PROBE_BYTES
+from exo_p2p.models.bulk import open_listeners
+
+log = structlog.get_logger(__name__)
+
+TICKET_PROTOCOL = "/exo-p2p/link-probe-ticket/1"
+TICKET_TTL = 30.0
+"""Seconds a ticket may wait for its connection."""
+MAX_TICKETS = 256
+"""Unredeemed tickets kept at most (the oldest is dropped first)."""
+MAX_TOKENS = 8
+"""Tickets one request may ask for (one per address of this node)."""
+TOKEN_WAIT = 2.0
+"""Seconds a new connection has to present its token."""
+IDLE_TIMEOUT = 10.0
+"""Seconds a probe connection may stay silent between two probes."""
+MAX_LIFETIME = 30.0
+"""Seconds a probe connection lives at most."""
+MAX_CONNECTIONS = 16
+"""Probe connections open at once."""
+TOKEN_BYTES = 16
+
+
+class TicketRequest(msgspec.Struct, frozen=True, array_like=True):
+    """Ask for ``count`` tickets (1..``MAX_TOKENS``)."""
+
+    count: int
+
+
+class ProbeTicket(msgspec.Struct, frozen=True, array_like=True):
+    """``port``: where this node's probe listener listens on each of its addresses;
+    ``tickets``: (token the prober sends, proof this node answers), one per connection."""
+
+    port: int
+    tickets: tuple[tuple[bytes, bytes], ...]
+
+
+class ProbeServer:
+    """Issues tickets over libp2p and answers probes on a TCP port (module docstring).
+
+    ``register(net, members)`` serves ``TICKET_PROTOCOL`` to nodes ``members()`` holds;
+    ``run(hosts)`` listens on those IPv4 addresses (``nursery.start``: ``port`` is known after)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.port = 0
+        self.tickets: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
+        self.open = 0
+        self.served = 0
+        self.refused = 0
+
+    def register(self, net, members: Callable[[], object]) -> None:  # type: ignore[no-untyped-def]
+        """Serve tickets to peers that are nodes of ``members()`` (a container of node ids)."""
+
+        async def handle(peer: str, data: bytes) -> bytes:
+            if peer not in members():  # type: ignore[operator]
+                raise PermissionError("not a member of this cluster")
+            request = msgspec.msgpack.decode(data, type=TicketRequest)
+            return msgspec.msgpack.encode(self.issue(request.count))
+
+        net.set_request_handler(TICKET_PROTOCOL, handle)
+
+    def issue(self, count: int) -> ProbeTicket:
+        """``count`` (clamped to 1..``MAX_TOKENS``) fresh tickets; drops expired and excess ones."""
+        now = self.clock()
+        for token, (_, at) in list(self.tickets.items()):
+            if now - at > TICKET_TTL:
+                del self.tickets[token]
+        out = []
+        for _ in range(max(1, min(MAX_TOKENS, count))):
+            token, proof = secrets.token_bytes(TOKEN_BYTES), secrets.token_bytes(TOKEN_BYTES)
+            self.tickets[token] = (proof, now)
+            out.append((token, proof))
+        while len(self.tickets) > MAX_TICKETS:
+            self.tickets.popitem(last=False)
+        return ProbeTicket(self.port, tuple(out))
+
+    def redeem(self, token: bytes) -> bytes | None:
+        """The proof of a valid unused ``token`` (used up now), or None."""
+        entry = self.tickets.pop(token, None)
+        if entry is None or self.clock() - entry[1] > TICKET_TTL:
+            return None
+        return entry[0]
+
+    async def run(self, hosts: Sequence[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        listeners = await open_listeners(hosts)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.debug("link probe listener", hosts=list(hosts), port=self.port)
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            for listener in listeners:
+                nursery.start_soon(self._accept, listener, nursery)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # EMFILE and friends: wait, do not spin
+                    log.debug("probe accept failed", error=repr(exc))
+                    await trio.sleep(0.1)
+                    continue
+                if self.open >= MAX_CONNECTIONS:
+                    self.refused += 1
+                    await stream.aclose()
+                    continue
+                self.open += 1
+                nursery.start_soon(self._handle, stream)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(MAX_LIFETIME):
+                async with stream:
+                    token = None
+                    with trio.move_on_after(TOKEN_WAIT):
+                        token = await receive_exactly(stream, TOKEN_BYTES)
+                    proof = self.redeem(token) if token is not None else None
+                    if proof is None:
+                        self.refused += 1
+                        return
+                    await stream.send_all(proof)
+                    await self._serve(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProbeClosed, OSError):
+            pass
+        finally:
+            self.open -= 1
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        while True:
+            with trio.move_on_after(IDLE_TIMEOUT) as idle:
+                op = await receive_exactly(stream, 1)
+            if idle.cancelled_caught:
+                return
+            if op == b"p":
+                await stream.send_all(await receive_exactly(stream, PROBE_BYTES))
+            elif op == b"b":
+                (size,) = struct.unpack(">I", await receive_exactly(stream, 4))
+                if size > BANDWIDTH_BYTES:
+                    return
+                left = size
+                while left:
+                    part = await stream.receive_some(min(left, 1 << 20))
+                    if not part:
+                        raise ProbeClosed("closed during a transfer")
+                    left -= len(part)
+                await stream.send_all(b"k")
+            else:
+                return
+            self.served += 1
+
+
+class ProbeClosed(ConnectionError):
+    """The other end closed a probe connection early."""
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+    """``n`` bytes from ``stream``; raises ``ProbeClosed`` when it closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        part = await stream.receive_some(n - len(buf))
+        if not part:
+            raise ProbeClosed(f"closed after {len(buf)} of {n} bytes")
+        buf += part
+    return bytes(buf)
