@@ -20,7 +20,7 @@ import trio
 
 from exo_p2p.announce import (banner, from_before_fact, instances_from_before, membership_fact, no_peers_warning,
                               secret_fact, still_coming)
-from exo_p2p.api.backend import NodeHealth, NodeSummary
+from exo_p2p.api.backend import LinkSummary, NodeHealth, NodeSummary
 from exo_p2p.api.generation import GenerationSettings
 from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
@@ -280,6 +280,9 @@ class Node:
         counters["chunk_stream_gaps"] = self.router.gaps
         counters["tasks_lost"] = self.router.lost
         counters["orphaned_tasks_cancelled"] = self.orphans.cancelled
+        if getattr(self, "prober", None) is not None:  # links measured (docs/links.md)
+            counters.update(link_rounds=self.prober.rounds, link_events=self.prober.events,
+                            link_probes_served=self.probes.served, link_probes_refused=self.probes.refused)
         return NodeHealth(node_id=self.node_id, master=self.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
 
     def nodes(self) -> list[NodeSummary]:
@@ -296,6 +299,11 @@ class Node:
                     memory_available=profile.memory_available,
                     addrs=[a.multiaddr for a in profile.addrs],
                     last_seen=round(self.member.last_seen(node_id) or 0.0, 1),
+                    links=[
+                        LinkSummary(sink, f.address, f.rtt_us, f.bytes_per_s, f.interface_type)
+                        for sink, figures in sorted(state.links.get(node_id, {}).items())
+                        for f in figures.values()
+                    ],
                 )
             )
         return out
@@ -404,6 +412,8 @@ class Node:
                     "fetch_from_peers": [f for f, _ in split],
                     "fetch_from_hub": [h for _, h in split],
                     "fetch_from": "peers, then the hub" if hub else "peers",
+                    "network_us_per_token": p.network_us_per_token,  # estimated (docs/links.md)
+                    "links_measured": p.links_measured,
                     "error": p.error,
                     "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
                 }
@@ -579,6 +589,7 @@ class Node:
                 log.debug("start-up", step="models listed")
                 await nursery.start(self.depot.run, net)  # models travel: docs/models.md
                 log.debug("start-up", step="depot running")
+                await self._start_links(net, nursery)  # links measured: docs/links.md
                 from exo_p2p.models.pulls import PullManager
 
                 self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state,
@@ -615,6 +626,19 @@ class Node:
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
+
+    async def _start_links(self, net, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]
+        """Serve probes of this node's addresses and measure every address of every peer
+        (``exo_p2p.links``: the probe listener on the addresses libp2p listens on)."""
+        from exo_p2p.links.probe_server import ProbeServer
+        from exo_p2p.links.prober import Prober
+        from exo_p2p.models.bulk import listen_hosts
+
+        self.probes = ProbeServer()
+        self.probes.register(net, lambda: self.replica.state.nodes)
+        await nursery.start(self.probes.run, listen_hosts(net.listen_addrs()))
+        self.prober = Prober(net, self.node_id, lambda: self.replica.state, self.emit_local)
+        nursery.start_soon(self.prober.run)
 
     def _start_facts(self, open_cluster: bool) -> list:  # list[exo_p2p.announce.Fact]
         """What the node says once it is ready: its cluster (joined or new), the instances from

@@ -1,7 +1,7 @@
 """Which local events a node may report (pure; docs/architecture.md#wire-and-storage).
 
 A node reports facts about itself only: its profile, the models it holds or read from a hub,
-its own edges, its own runners, the status of tasks of instances it serves, and the prefix
+its own edges and the figures it measured of them, its own runners, the status of tasks of instances it serves, and the prefix
 digests of instances whose rank 0 it hosts. Every other kind of event
 is the master's to make. ``refuse_local`` says why an event is refused, or None. The master
 records the sequence number of a refused event anyway, so the origin's later events are not
@@ -14,6 +14,8 @@ from exo_p2p.types import (
     Event,
     HubModelResolved,
     InstancePrefixesUpdated,
+    LinkLost,
+    LinkMeasured,
     NodeModelsUpdated,
     NodeProfileUpdated,
     RunnerStatusUpdated,
@@ -36,6 +38,8 @@ def refuse_local(state: State, origin: str, event: Event) -> str | None:
         return None if event.edge.source == origin else "edge from another node"
     if isinstance(event, TopologyEdgeDeleted):
         return None if event.source == origin else "edge from another node"
+    if isinstance(event, (LinkMeasured, LinkLost)):  # what this node measured (docs/links.md)
+        return None if event.source == origin else "link figures from another node"
     if isinstance(event, RunnerStatusUpdated):
         if event.node_id != origin:
             return "runner of another node"

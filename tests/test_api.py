@@ -706,6 +706,7 @@ def test_models_state_and_nodes() -> None:
                 "memory_available": 8 * 2**30,
                 "addrs": ["/ip4/127.0.0.1/tcp/52514/p2p/node-a"],
                 "last_seen": 0.0,
+                "links": [],
             }
         ]
 

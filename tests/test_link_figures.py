@@ -136,3 +136,13 @@ def test_a_figure_event_is_small() -> None:
 
     ev = LocalEvent("a" * 52, "boot" * 8, 10**6, LinkMeasured("a" * 52, "b" * 52, LinkFigures("192.168.100.200", 123_000, 1_200_000_000, "ethernet")))  # type: ignore[arg-type]
     assert len(msgspec.msgpack.encode(ev)) < 400
+
+
+def test_a_node_reports_only_the_figures_it_measured() -> None:
+    from master.local_rules import refuse_local
+
+    s = _state()
+    assert refuse_local(s, "a", LinkMeasured("a", "b", LinkFigures("10.0.1.2", 300))) is None  # type: ignore[arg-type]
+    assert refuse_local(s, "a", LinkLost("a", "b", "10.0.1.2")) is None  # type: ignore[arg-type]
+    assert refuse_local(s, "b", LinkMeasured("a", "b", LinkFigures("10.0.1.2", 300))) == "link figures from another node"  # type: ignore[arg-type]
+    assert refuse_local(s, "b", LinkLost("a", "b", "10.0.1.2")) == "link figures from another node"  # type: ignore[arg-type]

@@ -16,11 +16,24 @@ from exo_p2p.types import (Chunk, Command, CommandResult, ErrorInfo, GenerationP
                            TaskId)
 
 
+class LinkSummary(msgspec.Struct, frozen=True):
+    """One measured address of a link from a node: the ``sink`` node reached at ``address``,
+    its RTT in µs and bandwidth in bytes/s (None: not measured yet) and the sink's
+    ``interface_type`` there (``State.links``, docs/links.md)."""
+
+    sink: NodeId
+    address: str
+    rtt_us: int
+    bytes_per_s: int | None
+    interface_type: str
+
+
 class NodeSummary(msgspec.Struct, frozen=True):
     """One node as ``GET /nodes`` lists it (memory in bytes; None = not yet reported).
 
     ``addrs`` are dialable multiaddrs ending in ``/p2p/<node_id>``; ``last_seen`` is seconds
     since this node last heard from it (0 for itself), by this node's monotonic clock.
+    ``links`` are the figures this node measured of every address of each peer.
     """
 
     node_id: NodeId
@@ -31,6 +44,7 @@ class NodeSummary(msgspec.Struct, frozen=True):
     memory_available: int | None
     addrs: list[str]
     last_seen: float
+    links: list[LinkSummary] = msgspec.field(default_factory=list)
 
 
 class NodeHealth(msgspec.Struct, frozen=True):

@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass, field
 
 from exo_p2p.config import DEFAULT_LISTEN_PORT, PEER_TIMEOUT
+from exo_p2p.cli.render import link_text
 
 MDNS_SERVICE_PREFIX = "_p2p-x"
 """exo-p2p nodes announce ``_p2p-x<10 hex>._udp.local.``, one type per cluster name and secret."""
@@ -150,6 +151,9 @@ def diagnose(f: Findings) -> list[str]:
             if hp is not None and hp in f.tcp:
                 probes.append(f"{hp[0]}:{hp[1]} {_tcp_text(f.tcp[hp])}")
         lines.append(f"  {_label(n)}: {status}" + (f"; {'; '.join(probes)}" if probes and not heard else ""))
+        for link in me.get("links") or []:
+            if link.get("sink") == n.get("node_id"):
+                lines.append(f"    link at {link.get('address')}: {link_text(link.get('rtt_us'), link.get('bytes_per_s'))}")
 
     failing = failing_bootstraps(f.state)
     refused = []

@@ -361,6 +361,9 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, jso
         lines = render.address_lines(listed)
         if lines:
             click.echo("addresses (for --bootstrap):\n" + "\n".join(lines))
+        links = render.link_lines(listed)
+        if links:
+            click.echo("links (measured; docs/links.md):\n" + "\n".join(links))
     names = {} if json else {str(n.get("node_id")): str(n["friendly_name"]) for n in listed if n.get("friendly_name")}
     for warning in warnings:
         click.echo(f"warning: {name_node_ids(str(warning), names)}", err=True)

@@ -155,6 +155,27 @@ def address_lines(nodes: list[dict]) -> list[str]:
     return lines
 
 
+def link_text(rtt_us: int | None, bytes_per_s: int | None) -> str:
+    """A link's figures as people read them: ``"RTT 0.42 ms, 94.0 Mbit/s"`` (bandwidth
+    ``"not measured yet"`` while unknown)."""
+    rtt = "RTT ?" if rtt_us is None else f"RTT {rtt_us / 1000:.2f} ms"
+    bw = "bandwidth not measured yet" if not bytes_per_s else f"{bytes_per_s * 8 / 1e6:.1f} Mbit/s"
+    return f"{rtt}, {bw}"
+
+
+def link_lines(nodes: list[dict]) -> list[str]:
+    """``"A -> B at IP: RTT …, … Mbit/s"`` per measured address of each node's links
+    (``GET /nodes`` ``links``), names where known."""
+    names = {str(n.get("node_id")): n.get("friendly_name") or id_prefix(str(n.get("node_id", ""))) for n in nodes}
+    lines = []
+    for n in nodes:
+        source = names[str(n.get("node_id"))]
+        for link in n.get("links") or []:
+            sink = names.get(str(link.get("sink")), id_prefix(str(link.get("sink", ""))))
+            lines.append(f"  {source} -> {sink} at {link.get('address')}: {link_text(link.get('rtt_us'), link.get('bytes_per_s'))}")
+    return lines
+
+
 def size_text(n: int | float) -> str:
     """Bytes as KiB / MiB / GiB with one decimal (``"3.2 MiB"``)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -278,7 +299,8 @@ def unsupported_table(problems: list[dict]) -> Table:
 
 
 def previews_table(model: str, previews: list[dict], names: dict[str, str] | None = None) -> Table:
-    """sharding, nodes, layers per node, memory per node, or why that placement is impossible."""
+    """sharding, nodes, layers per node, memory per node, the estimated network cost per token,
+    or why that placement is impossible."""
     table = Table(title=f"placements of {model}", title_justify="left")
     table.add_column("sharding")
     table.add_column("nodes", justify="right")
@@ -298,6 +320,10 @@ def previews_table(model: str, previews: list[dict], names: dict[str, str] | Non
                 size = gib(sizes[i]) if i < len(sizes) else "?"
                 fetched = f", {_fetch_text(p, i)}" if i < len(fetch) and fetch[i] else ""
                 rows.append(f"{short_id(node, names)}: {layer}, {size}{fetched}")
+            cost = p.get("network_us_per_token")
+            if cost and len(nodes) > 1:
+                guess = "" if p.get("links_measured", True) else ", links not all measured yet"
+                rows.append(f"network: ~{cost / 1000:.2f} ms per token (estimated{guess})")
             detail = "\n".join(rows) or "-"
         table.add_row(str(p.get("sharding", "")), world, detail)
     return table

@@ -154,30 +154,38 @@ class Prober:
                     del self.peers[gone]
 
     async def _round(self, peer: NodeId, targets: tuple[tuple[str, str], ...], mem: PeerMemory, busy: set[NodeId]) -> None:
+        """One round of ``peer`` (module docstring); whatever fails in it is logged, never
+        raised into the node: the next round is due as usual."""
         try:
-            mem.targets = targets
-            mem.due = self.clock() + self.every * random.uniform(0.9, 1.1)  # noqa: S311 - spreading, not security
-            try:
-                reply = await self.net.request(peer, TICKET_PROTOCOL, msgspec.msgpack.encode(TicketRequest(len(targets))),
-                                               timeout=TICKET_TIMEOUT)
-                ticket = msgspec.msgpack.decode(reply, type=ProbeTicket)
-            except Exception as exc:  # noqa: BLE001 - the peer is busy or gone: next round
-                log.debug("no probe ticket", peer=peer, error=repr(exc))
-                return
-            outcomes: dict[str, tuple[str, Outcome]] = {}
-            for (ip, itype), (token, proof) in zip(targets, ticket.tickets, strict=False):
-                amem = mem.addresses.setdefault(ip, AddressMemory())
-                outcomes[ip] = (itype, await self._measure(ip, ticket.port, token, proof, amem))
-            self.rounds += 1
-            if any(isinstance(o, Unreachable) for _, o in outcomes.values()):
-                mem.due = min(mem.due, self.clock() + RETRY_SOON)
-            for event in round_events(self.state(), self.node_id, peer, outcomes, mem, [ip for ip, _ in targets]):
-                self.events += 1
-                log.info("link figures", peer=peer, event=type(event).__name__,
-                         figures=msgspec.to_builtins(getattr(event, "figures", None)))
-                self.send(event)
+            await self._measure_peer(peer, targets, mem)
+        except Exception as exc:  # noqa: BLE001 - a measuring bug must not stop the node
+            log.warning("link round failed", peer=peer, error=repr(exc))
         finally:
             busy.discard(peer)
+
+    async def _measure_peer(self, peer: NodeId, targets: tuple[tuple[str, str], ...], mem: PeerMemory) -> None:
+        """One round: tickets, each address measured, the events that calls for."""
+        mem.targets = targets
+        mem.due = self.clock() + self.every * random.uniform(0.9, 1.1)  # noqa: S311 - spreading, not security
+        try:
+            reply = await self.net.request(peer, TICKET_PROTOCOL, msgspec.msgpack.encode(TicketRequest(len(targets))),
+                                           timeout=TICKET_TIMEOUT)
+            ticket = msgspec.msgpack.decode(reply, type=ProbeTicket)
+        except Exception as exc:  # noqa: BLE001 - the peer is busy or gone: next round
+            log.debug("no probe ticket", peer=peer, error=repr(exc))
+            return
+        outcomes: dict[str, tuple[str, Outcome]] = {}
+        for (ip, itype), (token, proof) in zip(targets, ticket.tickets, strict=False):
+            amem = mem.addresses.setdefault(ip, AddressMemory())
+            outcomes[ip] = (itype, await self._measure(ip, ticket.port, token, proof, amem))
+        self.rounds += 1
+        if any(isinstance(o, Unreachable) for _, o in outcomes.values()):
+            mem.due = min(mem.due, self.clock() + RETRY_SOON)
+        for event in round_events(self.state(), self.node_id, peer, outcomes, mem, [ip for ip, _ in targets]):
+            self.events += 1
+            log.info("link figures", peer=peer, kind=type(event).__name__,
+                     figures=msgspec.to_builtins(getattr(event, "figures", None)))
+            self.send(event)
 
     async def _measure(self, ip: str, port: int, token: bytes, proof: bytes, amem: AddressMemory) -> Outcome:
         now = self.clock()

@@ -119,7 +119,8 @@ export function sameMachine(state) {
 
 /**
  * Links of the topology, one per unordered pair of nodes: {a, b, kinds: [link kinds (linkKind)],
- * addresses: [address the edge's source dialled], both: true when both directions are in State}.
+ * addresses: [address the edge's source dialled], figures: [{from, to, address, rtt_us,
+ * bytes_per_s}] measured of each address (State.links), both: true when both directions are in State}.
  * Edges to or from nodes no longer in State are left out.
  */
 export function topologyLinks(state) {
@@ -135,10 +136,21 @@ export function topologyLinks(state) {
       if (!link.kinds.includes(kind)) link.kinds.push(kind);
       if (!link.addresses.includes(edge.address)) link.addresses.push(edge.address);
       link.directions += 1;
+      link.figures = link.figures || [];
+      for (const [address, f] of Object.entries(((state.links || {})[src] || {})[dst] || {})) {
+        link.figures.push({ from: src, to: dst, address, rtt_us: f.rtt_us, bytes_per_s: f.bytes_per_s ?? null });
+      }
       pairs.set(key, link);
     }
   }
-  return [...pairs.values()].map(({ directions, ...link }) => ({ ...link, both: directions >= 2 }));
+  return [...pairs.values()].map(({ directions, ...link }) => ({ ...link, figures: link.figures || [], both: directions >= 2 }));
+}
+
+/** A measured address as a link label: "10.0.1.2 0.42 ms 94 Mbit/s" (docs/links.md). */
+export function figureText(f) {
+  const rtt = `${(f.rtt_us / 1000).toFixed(2)} ms`;
+  const bw = f.bytes_per_s ? ` ${((f.bytes_per_s * 8) / 1e6).toFixed(1)} Mbit/s` : "";
+  return `${f.address} ${rtt}${bw}`;
 }
 
 /**

@@ -14,6 +14,7 @@ import {
   sameMachine,
   shortId,
   topologyLinks,
+  figureText,
 } from "./model.js";
 
 const GRAPH_W = 560;
@@ -41,7 +42,8 @@ export function topologyGraph(state) {
   for (const link of links) {
     const a = pos[link.a];
     const b = pos[link.b];
-    const text = `${link.kinds.join("/")} · ${link.addresses.join(", ")}`;
+    const measured = link.figures.filter((f) => f.from === link.a).map(figureText);
+    const text = `${link.kinds.join("/")} · ${measured.length ? measured.join(" | ") : link.addresses.join(", ")}`;
     const g = s("g", { class: `link${link.both ? "" : " one-way"}`, dataset: { link: `${link.a} ${link.b}` } },
       s("title", {}, `${labels[link.a]} ⇄ ${labels[link.b]}: ${text}${link.both ? "" : " (one direction only)"}`),
       s("line", { x1: a.x, y1: a.y, x2: b.x, y2: b.y }),
@@ -134,7 +136,7 @@ export function linkList(state) {
   if (links.length <= LINK_LABELS_UP_TO) return [];
   return h("details", { class: "links" },
     h("summary", {}, `${links.length} links`),
-    h("ul", {}, links.map((l) => h("li", {}, `${labels[l.a]} ⇄ ${labels[l.b]} · ${l.kinds.join("/")} · ${l.addresses.join(", ")}${l.both ? "" : " (one way)"}`))),
+    h("ul", {}, links.map((l) => h("li", {}, `${labels[l.a]} ⇄ ${labels[l.b]} · ${l.kinds.join("/")} · ${l.addresses.join(", ")}${l.both ? "" : " (one way)"}${l.figures.length ? " · " + l.figures.map(figureText).join(" | ") : ""}`))),
   );
 }
 
