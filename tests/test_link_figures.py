@@ -120,6 +120,13 @@ def test_round_events_publish_news_only_and_lose_an_address_after_refusals() -> 
     s = _run(s, *out)
     steady = {"10.0.1.2": ("other", (350, None)), "10.0.2.2": ("other", (21_000, None))}
     assert round_events(s, "a", "b", steady, mem) == []  # type: ignore[arg-type]
+    # one round's spike (a busy node answers late) is not news; a move two rounds in a row is
+    spike = {"10.0.1.2": ("other", (30_000, None)), "10.0.2.2": ("other", (21_000, None))}
+    assert round_events(s, "a", "b", spike, mem) == []  # type: ignore[arg-type]
+    assert round_events(s, "a", "b", steady, mem) == []  # type: ignore[arg-type]
+    assert round_events(s, "a", "b", spike, mem) == []  # type: ignore[arg-type]
+    moved_twice = round_events(s, "a", "b", spike, mem)  # type: ignore[arg-type]
+    assert [e.figures.rtt_us for e in moved_twice] == [30_000]  # type: ignore[attr-defined]
     # the fast address goes down: refused twice, then lost; inconclusive rounds never lose it
     down = {"10.0.1.2": ("other", Unreachable("x")), "10.0.2.2": ("other", (21_000, None))}
     assert round_events(s, "a", "b", {"10.0.1.2": ("other", Inconclusive("busy"))}, mem, ["10.0.1.2", "10.0.2.2"]) == []  # type: ignore[arg-type,dict-item]

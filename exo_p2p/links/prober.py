@@ -6,7 +6,9 @@ tickets for its addresses over the cluster's own connection (``probe_server.TICK
 then each address measured in turn (``measure.measure``): RTT always, bandwidth when
 ``figures.bandwidth_due``. A round is due ``figures.RTT_EVERY`` s after the last one, or at once
 when the peer's addresses changed (``RETRY_SOON`` s after an address refused). What the round found becomes events by the pure rule
-``round_events``: ``LinkMeasured`` when the figures ``moved`` against State's, ``LinkLost`` when
+``round_events``: ``LinkMeasured`` for a new address at once, and when the figures ``moved``
+against State's in two rounds in a row (one round's move is often the node's own load: a busy
+event loop answers late), ``LinkLost`` when
 an address State has figures for refused connections ``LOSE_AFTER`` rounds in a row. Probes go
 only to addresses the peer lists in its profile (``probe_targets``), and the peer proves it
 holds the ticket before anything is timed.
@@ -47,6 +49,7 @@ class AddressMemory:
     """What the prober remembers of one address between rounds (node-local, not State)."""
 
     refused: int = 0
+    unconfirmed: LinkFigures | None = None
     bandwidth: int | None = None
     bandwidth_at: float | None = None
     bandwidth_rtt: int | None = None
@@ -117,8 +120,13 @@ def round_events(state: State, own: NodeId, peer: NodeId, outcomes: dict[str, tu
         old = known.get(ip)
         figures = LinkFigures(ip, rtt, bw if bw is not None else (old.bytes_per_s if old else mem.bandwidth),
                               itype)  # type: ignore[arg-type]
-        if moved(old, figures):
+        if not moved(old, figures):
+            mem.unconfirmed = None
+        elif old is None or mem.unconfirmed is not None and moved(old, mem.unconfirmed):
+            mem.unconfirmed = None  # news, or a move the previous round saw too
             events.append(LinkMeasured(own, peer, figures))
+        else:
+            mem.unconfirmed = figures  # a move is published when the next round confirms it
     for ip in sorted(set(known) - set(outcomes if listed is None else listed)):  # the peer no longer lists it
         events.append(LinkLost(own, peer, ip))
     return events
