@@ -6,7 +6,7 @@ adding a link never hurts)."""
 from __future__ import annotations
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.links.cost import ASSUMED, cost_model, hidden_bytes, hop_cost_us, measured_path, ring_cost_us
@@ -138,6 +138,9 @@ def test_adding_a_link_never_hurts(case, data: st.DataObject) -> None:  # type: 
     ids = sorted(state.nodes)
     a, b = data.draw(st.permutations(ids))[:2]
     figures = LinkFigures("10.9.9.9", data.draw(st.integers(50, 50_000)), data.draw(st.integers(10**5, 10**10)))
+    # a new link: an edge where there was none, or another address of a measured pair (an
+    # address measured where nothing was replaces assumed figures: that is news, not a link)
+    assume(b not in state.edges.get(a, {}) or bool(state.links.get(a, {}).get(b)))
     edges = dict(state.edges)
     if b not in edges.get(a, {}):
         edges[a] = {**edges.get(a, {}), b: TopologyEdge(a, b, "10.9.9.9")}  # type: ignore[arg-type]
@@ -145,3 +148,13 @@ def test_adding_a_link_never_hurts(case, data: st.DataObject) -> None:  # type: 
     before, after = costs(state, model), costs(msgspec.structs.replace(state, edges=edges, links=links), model)
     assert before.keys() <= after.keys()
     assert all(after[k] <= before[k] for k in before)
+
+
+def test_an_unmeasured_edge_address_beside_measured_ones_is_not_used() -> None:
+    """The connection's address lost its figures (LinkLost) while the edge still names it:
+    the ring goes over the measured slow address, never the dead one."""
+    base = cluster(2, memory=GIB // 2 + GIB // 4)
+    state = with_links(base, {("n0", "n1"): [LinkFigures("10.7.0.1", 20_000, 1_000_000)],
+                              ("n1", "n0"): [LinkFigures("10.7.1.0", 20_000, 1_000_000)]})
+    inst = place_instance(state, card(), min_nodes=2)
+    assert [s.ring_address.rsplit(":", 1)[0] for s in inst.shards] == ["10.7.1.0", "10.7.0.1"]

@@ -111,15 +111,18 @@ def ring_ip(address: str) -> str | None:
 
 
 def link_paths(state: State, source: NodeId, sink: NodeId, ip: str, interface_type: str) -> tuple[Path, ...]:
-    """Every address of ``sink`` that ``source`` may use: each measured one (``State.links``)
-    and the edge's own ``ip`` with assumed figures when it is not measured."""
+    """Every address of ``sink`` that ``source`` may use: each measured one (``State.links``);
+    the edge's own ``ip``, with the figures assumed for its type, only while no address of the
+    pair is measured. (The prober measures every address the sink lists, the edge's
+    included: one without figures beside measured ones is new or lost — ``LinkLost`` — and
+    a ring placed on a lost address fails at once.)"""
     measured = state.links.get(source, {}).get(sink, {})
     paths = [
         measured_path(got, f.interface_type, f.rtt_us, f.bytes_per_s)
         for address, f in sorted(measured.items())
         if (got := ring_ip(address)) is not None
     ]
-    if all(p.ip != ip for p in paths):
+    if not paths:
         paths.append(assumed_path(ip, interface_type))
     return tuple(paths)
 
