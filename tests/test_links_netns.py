@@ -1,0 +1,189 @@
+"""Links measured and used, on namespaces joined by links of chosen speed (root; docs/links.md).
+
+Real node processes in namespaces the test builds (``tests/link_lab.py``): fast links are
+veth pairs, slow ones cross a router namespace with ``tbf`` (bandwidth) and a delaying relay
+(latency; the kernel has no ``netem``). The tiny synthetic model, placed across two or three
+nodes so that the ring crosses the links.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import httpx
+import pytest
+
+from tests.cluster import NetnsNodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until
+from tests.conftest import tiny_models_dir
+from tests.link_lab import LinkLab
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("iptables") is None
+                       or shutil.which("tc") is None, reason="needs root, iproute2, tc and iptables"),
+]
+
+MODEL = "tiny"
+DELAY = 0.01
+"""Seconds the slow link's relay adds in each direction (RTT +20 ms)."""
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    return tiny_models_dir(tmp_path_factory, n_layers=4, seed=4)
+
+
+def ordered_dirs(tmp_path, n: int) -> list:
+    """Data dirs whose identities are made now, sorted by node id (dir i has the i-th smallest
+    id), so a test can put a link between the nodes placement would prefer on memory and ids."""
+    from exo_p2p.net.identity import load_or_create_identity
+
+    dirs = [tmp_path / f"d{i}" for i in range(n)]
+    return sorted(dirs, key=lambda d: load_or_create_identity(d).node_id)
+
+
+def start_lab_nodes(lab: LinkLab, dirs: list, models_dir, nodes: list, boot_link: int = 0) -> list[str]:
+    """One node per namespace listening on every interface (so on every lab link); node 0
+    first, the others bootstrapped to it over lab link ``boot_link``. Returns the node ids."""
+    name = f"links-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+    def node(i: int, extra: list[str]) -> NetnsNodeProcess:
+        return NetnsNodeProcess(dirs[i], netns=lab.namespaces[i], listen_host="0.0.0.0", api_host=lab.mgmt_ip(i),
+                                cluster=name, extra_args=["--models-dir", str(models_dir), *extra])
+
+    first = node(0, [])
+    nodes.append(first)
+    first.start()
+    near = lab.addresses[boot_link][0]
+    boot = next(a for a in first.addrs() if a.startswith(f"/ip4/{near}/"))
+    nodes.extend(node(i, ["--bootstrap", boot]) for i in range(1, lab.n))
+    start_all(nodes[1:])
+    wait_until(lambda: agreement(nodes, lab.n), 60, what=f"cluster of {lab.n}")
+    return [self_id(n) for n in nodes]
+
+
+def figures(node, source: str, sink: str) -> dict:
+    return ((state_of(node) or {}).get("links", {}).get(source, {}) or {}).get(sink, {}) or {}
+
+
+def wait_measured(node, ids: list[str], pairs: list[tuple[int, int, list[str]]], timeout: float = 90) -> None:
+    """Until State holds figures, bandwidth included, of every listed address of each pair."""
+    def done():
+        return all(
+            all(figures(node, ids[a], ids[b]).get(ip, {}).get("bytes_per_s") for ip in ips) for a, b, ips in pairs
+        ) or None
+
+    wait_until(done, timeout, interval=1, what="every address measured")
+
+
+def decode_rate(node, tokens: int = 48) -> float:
+    """Tokens per second of one greedy completion of ``tokens`` tokens (after a warm-up)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "count"}], "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True}
+    r = node.post("/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=120)
+    assert r.status_code == 200, r.text
+    start = time.monotonic()
+    r = node.post("/v1/chat/completions", json=body, timeout=180)
+    took = time.monotonic() - start
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["completion_tokens"] / took
+
+
+def ring_ips(node, instance_id: str) -> list[str]:
+    """Per rank, the IP its ring neighbour reaches it at (State's shard, ``ring_address``)."""
+    inst = state_of(node)["instances"][instance_id]
+    return [s["ring_address"].rsplit(":", 1)[0] for s in inst["shards"]]
+
+
+def preview_cost(node, world: int) -> int:
+    items = node.get("/instances/previews", params={"model": MODEL}).json()
+    p = next(p for p in items if p["sharding"] == "pipeline" and p["world_size"] == world and not p.get("error"))
+    return p["network_us_per_token"]
+
+
+def served_on_two(node) -> list[str] | None:  # type: ignore[no-untyped-def]
+    """The ring IPs (``ring_ips``) of a ready 2-node instance of the model that answers a
+    short request, read after the request, or None."""
+    try:
+        ready = [i for i in node.get("/instances").json() if i["status"] == "ready" and len(i["shards"]) == 2]
+        if not ready or decode_rate(node, tokens=8) <= 0:
+            return None
+        return ring_ips(node, ready[0]["instance_id"])
+    except Exception:  # noqa: BLE001 - failing until re-placed (and an instance replaced meanwhile)
+        return None
+
+
+def place(node, **body) -> str:  # type: ignore[no-untyped-def]
+    """Place the model; the id of the instance that is ready (the placed one, or its
+    re-placement when a runner failed on the way: a loaded machine can make a node miss
+    heartbeats while runners load)."""
+    r = node.post("/instances", json={"model": MODEL, **body}, timeout=120)
+    assert r.status_code == 201, r.text
+
+    def ready() -> str | None:
+        return next((i["instance_id"] for i in node.get("/instances").json() if i["status"] == "ready"), None)
+
+    return wait_until(ready, 180, what="instance ready")
+
+
+@pytest.mark.timeout(600)
+def test_two_links_measured_the_ring_takes_the_fast_one_and_survives_its_loss(tmp_path, models_dir):
+    """Two nodes joined by a fast link and a slow one (tbf 20 Mbit/s, +20 ms RTT): both
+    addresses of each peer are in State with RTTs that differ by the relay's delay; the ring
+    of a 2-node pipeline runs over the fast one; its preview costs less and it decodes faster
+    than the same instance over the slow one; with the fast link down the model is served
+    again (re-placed over the slow link) within the bounds of a failed ring."""
+    nodes: list[NetnsNodeProcess] = []
+    with LinkLab(2, [(0, 1, "fast"), (0, 1, "slow")], rate="20mbit", delay=DELAY) as lab, nodes_cleanup(nodes):
+        ids = start_lab_nodes(lab, ordered_dirs(tmp_path, 2), models_dir, nodes)
+        (f0, f1), (s0, s1) = lab.addresses
+        wait_measured(nodes[0], ids, [(0, 1, [f1, s1]), (1, 0, [f0, s0])])
+        for a, b, fast, slow in ((0, 1, f1, s1), (1, 0, f0, s0)):
+            got = figures(nodes[0], ids[a], ids[b])
+            print(f"link {a}->{b}: fast {got[fast]}, slow {got[slow]}")
+            assert got[slow]["rtt_us"] - got[fast]["rtt_us"] >= 0.6 * 2 * DELAY * 1e6  # +20 ms shaped, 40 % slack
+            assert got[fast]["bytes_per_s"] > 2 * got[slow]["bytes_per_s"]  # the slow link is shaped to 2.5 MB/s
+        place(nodes[0], min_nodes=2)
+        # a runner that fails while loading on a busy machine is re-placed (maybe on one node
+        # first, then the placed size is restored): wait for the 2-node instance that answers
+        ips = wait_until(lambda: served_on_two(nodes[0]), 240, interval=2, what="a 2-node instance answering")
+        assert set(ips) == {f0, f1}
+        fast_cost, fast_rate = preview_cost(nodes[0], 2), decode_rate(nodes[0])
+
+        lab.down(0)
+        t_down = time.monotonic()
+
+        # a silently dropped ring link ends requests within 50 s; the master re-places the model
+        # (on one node first when it fits there, then back on two: master/restore.py) and the
+        # tiny model loads in seconds: 240 s is that with a wide margin for a loaded machine
+        ips = wait_until(lambda: served_on_two(nodes[0]), 240, interval=2, what="served again by a 2-node instance")
+        print(f"fast link down: served again by 2 nodes after {time.monotonic() - t_down:.1f} s, ring {ips}")
+        assert set(ips) == {s0, s1}
+        slow_cost, slow_rate = preview_cost(nodes[0], 2), decode_rate(nodes[0])
+        print(f"preview cost fast {fast_cost} us/token, slow {slow_cost}; decode fast {fast_rate:.1f} tok/s, slow {slow_rate:.1f}")
+        assert fast_cost < slow_cost and fast_rate > slow_rate
+
+
+@pytest.mark.timeout(600)
+def test_three_nodes_the_rank_order_crosses_the_slow_pair_least(tmp_path, models_dir):
+    """Three nodes, the two with the smallest ids (which memory and ids would put first) joined
+    only by a slow link: a 2-node instance avoids that pair, and a 3-node one puts it on the
+    closing hop (last rank → rank 0), which carries one token, not the hidden states."""
+    nodes: list[NetnsNodeProcess] = []
+    with LinkLab(3, [(0, 2, "fast"), (1, 2, "fast"), (0, 1, "slow")], rate="20mbit", delay=DELAY) as lab, nodes_cleanup(nodes):
+        ids = start_lab_nodes(lab, ordered_dirs(tmp_path, 3), models_dir, nodes)
+        addr = lab.addresses
+        wait_measured(nodes[0], ids, [(0, 2, [addr[0][1]]), (2, 0, [addr[0][0]]), (1, 2, [addr[1][1]]),
+                                      (2, 1, [addr[1][0]]), (0, 1, [addr[2][1]]), (1, 0, [addr[2][0]])])
+        two = place(nodes[0], min_nodes=2)
+        pair = {s["node_id"] for s in nodes[0].get(f"/instances/{two}").json()["shards"]}
+        assert pair != {ids[0], ids[1]}, "the 2-node ring crosses the slow pair"
+        assert httpx.delete(f"{nodes[0].url}/instances/{two}", timeout=60).status_code == 200
+        three = place(nodes[0], min_nodes=3)
+        order = [s["node_id"] for s in nodes[0].get(f"/instances/{three}").json()["shards"]]
+        hops = {frozenset((order[r], order[r + 1])) for r in range(2)}
+        print(f"3-node rank order {[ids.index(n) for n in order]}")
+        if order[0] in (ids[0], ids[1]):  # the slow pair can be the closing hop
+            assert frozenset((ids[0], ids[1])) not in hops
