@@ -44,21 +44,26 @@ def ordered_dirs(tmp_path, n: int) -> list:
     return sorted(dirs, key=lambda d: load_or_create_identity(d).node_id)
 
 
-def start_lab_nodes(lab: LinkLab, dirs: list, models_dir, nodes: list, boot_link: int = 0) -> list[str]:
+def start_lab_nodes(lab: LinkLab, dirs: list, models_dir, nodes: list, extra: dict[int, list[str]] | None = None) -> list[str]:
     """One node per namespace listening on every interface (so on every lab link); node 0
-    first, the others bootstrapped to it over lab link ``boot_link``. Returns the node ids."""
+    first, each other node bootstrapped to it over the first lab link they share (every node
+    must share one with node 0). Returns the node ids."""
     name = f"links-{os.getpid()}-{time.monotonic_ns() % 10**9}"
 
-    def node(i: int, extra: list[str]) -> NetnsNodeProcess:
+    def node(i: int, args: list[str]) -> NetnsNodeProcess:
         return NetnsNodeProcess(dirs[i], netns=lab.namespaces[i], listen_host="0.0.0.0", api_host=lab.mgmt_ip(i),
-                                cluster=name, extra_args=["--models-dir", str(models_dir), *extra])
+                                cluster=name, extra_args=["--models-dir", str(models_dir), *args, *(extra or {}).get(i, [])])
 
     first = node(0, [])
     nodes.append(first)
     first.start()
-    near = lab.addresses[boot_link][0]
-    boot = next(a for a in first.addrs() if a.startswith(f"/ip4/{near}/"))
-    nodes.extend(node(i, ["--bootstrap", boot]) for i in range(1, lab.n))
+
+    def boot(i: int) -> str:  # node 0's address on the first lab link between it and node i
+        k = next(k for k, (a, b, _) in enumerate(lab.links) if {a, b} == {0, i})
+        near = lab.addresses[k][0 if lab.links[k][0] == 0 else 1]
+        return next(a for a in first.addrs() if a.startswith(f"/ip4/{near}/"))
+
+    nodes.extend(node(i, ["--bootstrap", boot(i)]) for i in range(1, lab.n))
     start_all(nodes[1:])
     wait_until(lambda: agreement(nodes, lab.n), 60, what=f"cluster of {lab.n}")
     return [self_id(n) for n in nodes]
@@ -116,14 +121,17 @@ def served_on_two(node) -> list[str] | None:  # type: ignore[no-untyped-def]
 
 
 def place(node, **body) -> str:  # type: ignore[no-untyped-def]
-    """Place the model; the id of the instance that is ready (the placed one, or its
-    re-placement when a runner failed on the way: a loaded machine can make a node miss
+    """Place the model; the id of a ready instance of ``min_nodes`` nodes (the placed one, or
+    its re-placement when a runner failed on the way: a loaded machine can make a node miss
     heartbeats while runners load)."""
     r = node.post("/instances", json={"model": MODEL, **body}, timeout=120)
     assert r.status_code == 201, r.text
 
+    size = body.get("min_nodes", 1)
+
     def ready() -> str | None:
-        return next((i["instance_id"] for i in node.get("/instances").json() if i["status"] == "ready"), None)
+        return next((i["instance_id"] for i in node.get("/instances").json()
+                     if i["status"] == "ready" and len(i["shards"]) == size), None)
 
     return wait_until(ready, 180, what="instance ready")
 
@@ -169,11 +177,12 @@ def test_two_links_measured_the_ring_takes_the_fast_one_and_survives_its_loss(tm
 @pytest.mark.timeout(600)
 def test_three_nodes_the_rank_order_crosses_the_slow_pair_least(tmp_path, models_dir):
     """Three nodes, the two with the smallest ids (which memory and ids would put first) joined
-    only by a slow link: a 2-node instance avoids that pair, and a 3-node one puts it on the
-    closing hop (last rank → rank 0), which carries one token, not the hidden states."""
+    only by a slow link: a 2-node instance avoids that pair (it crosses it 0 times); a 3-node
+    instance is placed with rank 0 on the pair (the closing hop is not asserted: see below)."""
     nodes: list[NetnsNodeProcess] = []
     with LinkLab(3, [(0, 2, "fast"), (1, 2, "fast"), (0, 1, "slow")], rate="20mbit", delay=DELAY) as lab, nodes_cleanup(nodes):
-        ids = start_lab_nodes(lab, ordered_dirs(tmp_path, 3), models_dir, nodes)
+        # node 2 has less memory, so rank 0 (the most memory) is one of the slow pair's nodes
+        ids = start_lab_nodes(lab, ordered_dirs(tmp_path, 3), models_dir, nodes, extra={2: ["--memory-limit", "1GiB"]})
         addr = lab.addresses
         wait_measured(nodes[0], ids, [(0, 2, [addr[0][1]]), (2, 0, [addr[0][0]]), (1, 2, [addr[1][1]]),
                                       (2, 1, [addr[1][0]]), (0, 1, [addr[2][1]]), (1, 0, [addr[2][0]])])
@@ -185,5 +194,9 @@ def test_three_nodes_the_rank_order_crosses_the_slow_pair_least(tmp_path, models
         order = [s["node_id"] for s in nodes[0].get(f"/instances/{three}").json()["shards"]]
         hops = {frozenset((order[r], order[r + 1])) for r in range(2)}
         print(f"3-node rank order {[ids.index(n) for n in order]}")
-        if order[0] in (ids[0], ids[1]):  # the slow pair can be the closing hop
-            assert frozenset((ids[0], ids[1])) not in hops
+        assert order[0] in (ids[0], ids[1]), "rank 0 is one of the slow pair (node 2 has less memory)"
+        # Not asserted: that the slow pair is the closing hop. With the tiny model a hop's
+        # hidden state is 256 bytes (~0.1 ms on the slow link), while the two directions of one
+        # link are measured apart and differ by tens of ms under load, so the choice between
+        # the two directions follows RTT noise (seen: [0, 1, 2] at load 30; docs/links.md).
+        print(f"3-node: hidden states cross the slow pair: {frozenset((ids[0], ids[1])) in hops}")
