@@ -259,18 +259,18 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
 
 
 def models_table(models: list[dict]) -> Table:
-    """model, family, quantization (compact: ``4-bit, group 32, some modules 8-bit`` →
-    ``4-bit g32 +8-bit``), layers, size on disk, context length, the shardings it allows over
-    several nodes (an untested one marked ``?``), where the node found it."""
+    """model (never cut: it is copied into commands), family, quantization (compact: ``4-bit,
+    group 32, some modules 8-bit`` → ``4-bit g32 +8-bit``), layers, size on disk, the shardings
+    it allows over several nodes (an untested one marked ``?``), where the node found it. The
+    context length is in ``--json``; text columns fold rather than cut."""
     table = Table(title="models on this node", title_justify="left")
-    table.add_column("model")
-    table.add_column("family")
-    table.add_column("quantization")
+    table.add_column("model", no_wrap=True)
+    table.add_column("family", overflow="fold")
+    table.add_column("quantization", overflow="fold")
     table.add_column("layers", justify="right")
-    table.add_column("size", justify="right")
-    table.add_column("context", justify="right")
-    table.add_column("split by")
-    table.add_column("source")
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("split by", overflow="fold")
+    table.add_column("source", overflow="fold")
     for m in models:
         notes = m.get("sharding_notes") or {}
         split = [s + ("?" if s in notes else "") for s in m.get("shardings") or []]
@@ -280,7 +280,6 @@ def models_table(models: list[dict]) -> Table:
             str(m.get("quantization") or "-").replace(", group ", " g").replace(", some modules ", " +"),
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
-            str(m.get("context_length") or "-"),
             ", ".join(split) or "one node only",
             str(m.get("source") or "-"),
         )
