@@ -126,6 +126,9 @@ _SETTINGS = (
             "when the KV it can grow to fits beside the others', else it waits; one that cannot fit alone gets a 503 "
             "out_of_memory", "engine.kv_cache_bytes", "BYTES",
             when_unset="what the node's memory leaves beside its placed shards"),
+    Setting("--micro-batches", "count (≥ 0)", "Micro-batches a pipeline rank splits its decode batch into, so "
+            "its ranks compute at once (1: none; 0: as many as ranks when every rank has a host of its own, else none); "
+            "the ranks of an instance use the smallest of theirs", "engine.micro_batches", "N"),
     Setting("--cpu-weights", " | ".join(CPU_WEIGHTS), "On a CPU-only node, the weights runners hold: auto (float32 "
             "when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as "
             "on disk); a Metal node always holds the stored weights", "cpu_weights", "|".join(CPU_WEIGHTS)),

@@ -335,7 +335,7 @@ def make_instance(model_dir: Path, world: int, n_layers: int = 4):
 
 
 def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] | None = None,
-                  max_batch: int = 1) -> list[RunnerProc]:
+                  max_batch: int = 1, micro_batches: int = 0) -> list[RunnerProc]:
     from exo_p2p.types.tasks import ConnectToGroup
     from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
@@ -345,7 +345,8 @@ def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] 
     for shard in instance.shards:
         runners.append(RunnerProc(RunnerSetup(instance=instance, shard=shard, model_dir=str(model_dir),
                                               heartbeat_interval=0.5,
-                                              engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch),
+                                              engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch,
+                                                                    micro_batches=micro_batches),
                                               fault_hooks=(hooks or {}).get(shard.rank, {}))))
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))

@@ -177,6 +177,7 @@ def node(
         Optional[int],
         node_option("--kv-cache-bytes", min=0),
     ] = None,
+    micro_batches: Annotated[Optional[int], node_option("--micro-batches", min=0)] = None,
     cpu_weights: Annotated[
         Optional[str],
         node_option("--cpu-weights"),
@@ -258,6 +259,7 @@ def node(
         max_batch=values["max_batch"],
         prompt_cache_bytes=values["prompt_cache_bytes"],
         kv_cache_bytes=values["kv_cache_bytes"],
+        micro_batches=values["micro_batches"],
         mdns=not values["no_mdns"],
         offline=values["offline"],
         restore_size=not values["no_restore_size"],

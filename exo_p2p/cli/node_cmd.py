@@ -43,6 +43,7 @@ def build_node_config(
     max_batch: int | None = None,
     prompt_cache_bytes: int | None = None,
     kv_cache_bytes: int | None = None,
+    micro_batches: int | None = None,
     mdns: bool = True,
     offline: bool = False,
     restore_size: bool = True,
@@ -65,9 +66,9 @@ def build_node_config(
     ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
     a ``cpu_weights`` other than auto/float32/stored, a ``routing`` other than prefix/load, a cluster-secret file that does not exist
     or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
-    ``api_key_file``, a malformed CORS origin or allowed host name, or an engine setting out of range. The four
+    ``api_key_file``, a malformed CORS origin or allowed host name, or an engine setting out of range. The five
     engine settings (``prefill_chunk_size`` tokens, ``max_batch`` sequences,
-    ``prompt_cache_bytes`` and ``kv_cache_bytes`` bytes) become ``NodeConfig.engine``.
+    ``prompt_cache_bytes`` and ``kv_cache_bytes`` bytes, ``micro_batches``) become ``NodeConfig.engine``.
     ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
     ``exo_p2p.cli.membership``.
     """
@@ -146,7 +147,7 @@ def build_node_config(
     ):
         if value is not None:
             given[name] = value
-    given["engine"] = _engine_settings(prefill_chunk_size, max_batch, prompt_cache_bytes, kv_cache_bytes)
+    given["engine"] = _engine_settings(prefill_chunk_size, max_batch, prompt_cache_bytes, kv_cache_bytes, micro_batches)
     if log_file is not None:
         given["log_file"] = Path(log_file).expanduser()
     return NodeConfig(
@@ -168,15 +169,16 @@ def build_node_config(
 
 
 def _engine_settings(
-    prefill_chunk_size: int | None, max_batch: int | None, prompt_cache_bytes: int | None, kv_cache_bytes: int | None
+    prefill_chunk_size: int | None, max_batch: int | None, prompt_cache_bytes: int | None, kv_cache_bytes: int | None,
+    micro_batches: int | None = None,
 ) -> EngineSettings:
     """``NodeConfig.engine`` from ``--prefill-chunk-size`` (tokens), ``--max-batch``
-    (sequences), ``--prompt-cache-bytes`` and ``--kv-cache-bytes`` (bytes); None keeps the
+    (sequences), ``--prompt-cache-bytes`` and ``--kv-cache-bytes`` (bytes), ``--micro-batches``; None keeps the
     default of ``EngineSettings`` (``NODE_PROMPT_CACHE_BYTES`` for the prompt cache). A value
     out of range is a ``CliError`` (exit 2)."""
     values = {"prefill_chunk_size": prefill_chunk_size, "max_batch": max_batch,
               "prompt_cache_bytes": NODE_PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes,
-              "kv_cache_bytes": kv_cache_bytes}
+              "kv_cache_bytes": kv_cache_bytes, "micro_batches": micro_batches}
     try:
         return EngineSettings(**{k: v for k, v in values.items() if v is not None}).check()
     except ValueError as e:

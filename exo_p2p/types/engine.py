@@ -26,13 +26,16 @@ class EngineSettings(msgspec.Struct, frozen=True):
     sequences' KV kept for reuse (≥ 0; 0: no prompt cache). ``kv_cache_bytes``: bytes of KV
     cache the runner's batch and prompt cache may hold (None on a node: "what its memory
     leaves beside its placed shards", resolved by the worker; None in a ``RunnerSetup``: no
-    memory check). Raises ``ValueError`` from ``check`` for a value out of range.
+    memory check). ``micro_batches``: micro-batches a pipeline rank splits its decode batch into
+    (0: the engine's rule, ``worker.engine.micro.auto_micro_batches``; 1: none; the ranks of an
+    instance agree the smallest). Raises ``ValueError`` from ``check`` for a value out of range.
     """
 
     prefill_chunk_size: int = PREFILL_CHUNK_SIZE
     max_batch: int = MAX_BATCH
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     kv_cache_bytes: int | None = None
+    micro_batches: int = 0
 
     def check(self) -> EngineSettings:
         """``self``, or ``ValueError`` naming the first setting out of range."""
@@ -44,6 +47,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
             raise ValueError(f"prompt_cache_bytes must be >= 0, not {self.prompt_cache_bytes}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
             raise ValueError(f"kv_cache_bytes must be >= 0, not {self.kv_cache_bytes}")
+        if self.micro_batches < 0:
+            raise ValueError(f"micro_batches must be >= 0, not {self.micro_batches}")
         return self
 
     def rank_settings(self) -> RankSettings:

@@ -96,28 +96,58 @@ class DecodeBatch:
         next step's tokens in the background — unless every row ends with this token (each at
         its last allowed one): then nothing is fed. Constrained rows' grammars advance by
         their token and their next masks are set between the forward and the draw."""
+        if any(row.constraint is not None for row in self.rows):
+            return self.sample_step(stage, self.forward_step(stage, model))
         assert self._cache is not None and self._next is not None
         tokens_in = self._next
-        fed = any(row.completion_tokens + 1 < row.max_new for row in self.rows)
-        samplers = [row.sampler for row in self.rows]
-        if not fed:
+        if not self._feeds:
             self._next = None  # every row ends with this token: it is never fed
             return [int(t) for t in tokens_in.tolist()]
         with mx.stream(generation_stream):
-            if any(row.constraint is not None for row in self.rows):
-                pending = stage.forward_last(model, tokens_in[:, None], self._cache)
-                mx.async_eval(pending)
-                tokens = [int(t) for t in tokens_in.tolist()]
-                self._mask(stage, tokens)
-                self._next = stage.sample(pending, samplers)
-            else:
-                self._next = stage.next_tokens(model, tokens_in[:, None], self._cache, samplers)
-                tokens = []
+            self._next = stage.next_tokens(model, tokens_in[:, None], self._cache, [row.sampler for row in self.rows])
         mx.async_eval(self._next)
-        tokens = tokens or [int(t) for t in tokens_in.tolist()]
+        return self._fed([int(t) for t in tokens_in.tolist()])
+
+    @property
+    def _feeds(self) -> bool:
+        """Whether this step feeds its tokens (some row goes on after it)."""
+        return any(row.completion_tokens + 1 < row.max_new for row in self.rows)
+
+    def _fed(self, tokens: list[int]) -> list[int]:
         for row, token in zip(self.rows, tokens, strict=True):
             row.fed.append(token)
         return tokens
+
+    def forward_step(self, stage: Stage, model: Any) -> mx.array | None:
+        """The first half of ``decode`` (``micro.MicroBatches`` queues every micro-batch's
+        before any draw): this rank's part of the forward pass that feeds each row its token,
+        queued (``Stage.forward_last``); None when nothing is fed (every row ends with this
+        token). Give its result to ``sample_step`` before the next step."""
+        assert self._cache is not None and self._next is not None
+        if not self._feeds:
+            return None
+        with mx.stream(generation_stream):
+            pending = stage.forward_last(model, self._next[:, None], self._cache)
+        mx.async_eval(pending)
+        return pending
+
+    def sample_step(self, stage: Stage, pending: mx.array | None) -> list[int]:
+        """The second half of ``decode``: constrained rows' grammars advanced and their masks
+        set, the next tokens' draw queued (``Stage.sample``); returns this step's tokens, as
+        ``decode``."""
+        assert self._next is not None
+        tokens_in = self._next
+        if pending is None:
+            self._next = None  # every row ends with this token: it is never fed
+            return [int(t) for t in tokens_in.tolist()]
+        tokens: list[int] = []
+        with mx.stream(generation_stream):
+            if any(row.constraint is not None for row in self.rows):
+                tokens = [int(t) for t in tokens_in.tolist()]
+                self._mask(stage, tokens)
+            self._next = stage.sample(pending, [row.sampler for row in self.rows])
+        mx.async_eval(self._next)
+        return self._fed(tokens or [int(t) for t in tokens_in.tolist()])
 
     def _mask(self, stage: Stage, tokens: list[int]) -> None:
         """Advance each constrained row's grammar by its ``tokens`` entry and, on the rank

@@ -6,8 +6,9 @@ instance), the batch's KV capacity (tokens: ``batch_memory.capacity_tokens`` of 
 beside the prompt cache) and the prompt cache's bound (tokens: ``prompt_cache_bytes`` ÷ this
 rank's KV bytes per token). On a multi-rank instance (``ring``) the capacity and the bound
 are the smallest rank's, agreed with one all-gather, so every rank admits, keeps and evicts
-alike; a prompt cache off on any rank is off on all. Building a multi-rank engine is a
-collective: every rank calls it at the same point.
+alike; a prompt cache off on any rank is off on all. So are a pipeline's micro-batches
+(``micro``): each rank proposes the setting or the rule, the smallest is kept. Building a
+multi-rank engine is a collective: every rank calls it at the same point.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.engine import EngineSettings
 from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
 from worker.engine.loader import LoadedModel
+from worker.engine.micro import auto_micro_batches, resolve_micro_batches
 from worker.engine.pipeline import LocalStage, Stage
 from worker.engine.prompt_cache import Gather, PromptCache
 from worker.engine.scheduler import Engine
@@ -35,12 +38,14 @@ UNBOUNDED = np.iinfo(np.int64).max
 class Ring:
     """This rank's place in a multi-rank instance: its MLX ``group``, the instance's
     ``sharding`` ("pipeline" or "tensor"), whether any rank holds float32 weights (then every
-    rank sends float32 between ranks), and the ring's all-gather (``int64 [W] -> [world, W]``)."""
+    rank sends float32 between ranks), the ring's all-gather (``int64 [W] -> [world, W]``), and
+    ``hosts``: how many distinct hosts the ranks are on (0: unknown; ``micro.auto_micro_batches``)."""
 
     group: Any
     sharding: str
     float32: bool
     all_gather: Gather
+    hosts: int = 0
 
 
 def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
@@ -72,11 +77,23 @@ def rank_limits(settings: EngineSettings, kv_bytes_per_token: int) -> tuple[int 
     return capacity, bound
 
 
-def agree_limits(all_gather: Gather, capacity: int | None, bound: int) -> tuple[int | None, int]:
-    """The smallest rank's (capacity, bound) (a collective: one all-gather)."""
-    row = np.array([UNBOUNDED if capacity is None else capacity, bound], dtype=np.int64)
+def agree_limits(all_gather: Gather, capacity: int | None, bound: int, micro: int = 1) -> tuple[int | None, int, int]:
+    """The smallest rank's (capacity, bound, micro-batches) (a collective: one all-gather)."""
+    row = np.array([UNBOUNDED if capacity is None else capacity, bound, micro], dtype=np.int64)
     agreed = all_gather(row).min(axis=0)
-    return (None if int(agreed[0]) == UNBOUNDED else int(agreed[0])), int(agreed[1])
+    return (None if int(agreed[0]) == UNBOUNDED else int(agreed[0])), int(agreed[1]), int(agreed[2])
+
+
+def micro_proposal(settings: EngineSettings, ring: Ring | None, stage: Stage | None) -> int:
+    """This rank's micro-batches: the rule or the setting on a pipeline ring's rank
+    (``micro.resolve_micro_batches``); the setting (0: 1) for a stage given without a ring
+    (tests, benchmarks); 1 for a tensor rank and for the whole model on one rank."""
+    if ring is not None and ring.sharding != "pipeline":
+        return 1
+    if ring is not None:
+        world = int(ring.group.size())
+        return resolve_micro_batches(settings, auto_micro_batches(ring.sharding, world, ring.hosts))
+    return resolve_micro_batches(settings, 1) if stage is not None else 1
 
 
 def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(), *, model_id: str = "",
@@ -88,12 +105,14 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
     directory's name). Raises ``ValueError`` for settings out of range."""
     settings.check()
     capacity, bound = rank_limits(settings, model_kv_bytes_per_token(loaded.model))
+    micro = micro_proposal(settings, ring, stage)
     gather = None
     if ring is not None:
         if stage is None:
             stage = ring_stage(loaded, ring)
-        capacity, bound = agree_limits(ring.all_gather, capacity, bound)
+        capacity, bound, micro = agree_limits(ring.all_gather, capacity, bound, micro)
         gather = ring.all_gather
+    settings = msgspec.structs.replace(settings, micro_batches=micro)
     return Engine(loaded, settings, stage=stage if stage is not None else LocalStage(),
                   kv_capacity_tokens=capacity, prompt_cache=PromptCache(bound, gather=gather),
                   model_id=model_id, clock=clock, on_token=on_token)

@@ -35,9 +35,9 @@ from exo_p2p.types.chunks import Chunk, ErrorChunk, FinishChunk, FinishReason
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import GenerationParams
-from worker.engine.batch import DecodeBatch
 from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.loader import LoadedModel
+from worker.engine.micro import decode_batch
 from worker.engine.pipeline import LocalStage, Stage, request_error
 from worker.engine.prefill import PrefillGroup, group_limit, out_of_memory, start_kv
 from worker.engine.prepare import Grammars, failure_chunk, grammars_for, prepare
@@ -72,7 +72,7 @@ class Engine:
         self.clock = clock
         self.on_token = on_token
         self.queue = TaskQueue()
-        self.batch = DecodeBatch(settings.max_batch)
+        self.batch = decode_batch(self.settings)  # DecodeBatch, or MicroBatches (micro.py)
         self.prefilling: PrefillGroup | None = None
         self.prefilled_tokens = 0  # prompt tokens fed through the model (the prompt cache's saving shows)
         self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch

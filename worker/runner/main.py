@@ -390,7 +390,8 @@ class RunnerProcess:
         float32 = any(s.weights_dtype == "float32" for s in self.setup.instance.shards)
         self.all_gather = ring_all_gather(self.group, generation_stream)
         self.agreement = TaskAgreement()
-        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather)
+        hosts = len({s.ring_address.rpartition(":")[0] for s in self.setup.instance.shards})
+        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather, hosts=hosts)
 
     def submit(self, task: TextGeneration) -> None:
         assert self.engine is not None
