@@ -1,13 +1,25 @@
 """Pipeline benchmark: decode tokens/s and TTFT for 1, 2 and 3 ranks on this machine, in one
-run, with the ratio to 1 rank and each rank's peak memory during load.
+run, with the ratio to 1 rank and each rank's peak memory during load; with ``--requests N``
+(N > 1), N requests at once in one batch, aggregate tokens/s and where each rank's time goes.
 
     python scripts/bench_pipeline.py [--model-dir DIR] [--ranks 1 2 3] [--max-tokens 64]
+        [--requests 16 [--micro-batches M] [--threads T] [--pin]]
 
 Without ``--model-dir`` a synthetic llama model (random weights; ``--layers``/``--hidden``)
 is written to a temp dir. Ranks are processes on 127.0.0.1 joined by MLX's ring backend
 (worker/engine/distributed.py); each runs the engine (``build_engine``) with a PipelineStage. Greedy
 decoding; the same prompt for every world size; the first request of each run is a warm-up
 and is not measured. Every process is killed at the end.
+
+Where the time goes (``--requests`` > 1, 2+ ranks): a second, profiled run whose stage
+evaluates each part of a step on its own (``TimedStage``: no overlap between Python and the
+model then, so its tokens/s is lower than the plain run's), summed over the measured phase per
+rank: ``compute`` (this rank's layers, embedding or head), ``recv`` (rank > 0: waiting for the
+previous rank's hidden states, i.e. its compute, plus the transfer), ``send``, ``tokens`` (the
+all-sum that hands every rank the sampled tokens: on rank 0 the wait for the later ranks),
+and ``python`` (the step's wall time minus those: scheduling, detokenizing, stop strings).
+``transfer`` is a ping-pong of one decode step's hidden states ``[N, 1, hidden]`` between
+ranks 0 and 1 after the run (one way, median of 50).
 """
 
 from __future__ import annotations
@@ -29,8 +41,66 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 3
 
 
+def timed_stage_class():
+    """``PipelineStage`` that evaluates each part of a step on its own and sums its seconds
+    per part in ``times`` (see the module docstring)."""
+    import mlx.core as mx
+
+    from worker.engine.pipeline import PipelineStage, _layers_of, head, logprobs_of, run_layers
+
+    class TimedStage(PipelineStage):
+        times: dict[str, float] = {}
+
+        def _timed(self, key: str, x):
+            t = time.perf_counter()
+            mx.eval(x)
+            self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t
+            return x
+
+        def _hidden(self, model, tokens, cache):
+            if self.is_first:
+                h = self._timed("compute", _layers_of(model).embed_tokens(tokens))
+            else:
+                like = mx.zeros((tokens.shape[0], tokens.shape[1], self.hidden_size), dtype=self.hidden_dtype)
+                h = self._timed("recv", mx.distributed.recv_like(like, self.rank - 1, group=self.group))
+            h = self._timed("compute", run_layers(model, h, cache))
+            if not self.is_last:
+                if self.wire_dtype is not None:
+                    h = h.astype(self.wire_dtype)
+                h = self._timed("send", mx.distributed.send(h, self.rank + 1, group=self.group))
+            return h
+
+        def forward_last(self, model, tokens, cache):
+            h = self._hidden(model, tokens, cache)
+            return self._timed("compute", logprobs_of(head(model, h))) if self.is_last else h
+
+        def sample(self, pending, samplers):
+            return self._timed("tokens", super().sample(pending, samplers))
+
+    return TimedStage
+
+
+def ping_pong(group, shape: tuple[int, ...], rounds: int = 50) -> float:
+    """One-way seconds (median) of ``shape`` float32 between ranks 0 and 1 (others idle)."""
+    import mlx.core as mx
+
+    rank, times = group.rank(), []
+    x = mx.zeros(shape, dtype=mx.float32)
+    for _ in range(rounds):
+        t = time.perf_counter()
+        if rank == 0:
+            mx.eval(mx.distributed.send(x, 1, group=group))
+            mx.eval(mx.distributed.recv_like(x, 1, group=group))
+        elif rank == 1:
+            mx.eval(mx.distributed.recv_like(x, 0, group=group))
+            mx.eval(mx.distributed.send(x, 0, group=group))
+        times.append((time.perf_counter() - t) / 2)
+    return sorted(times)[len(times) // 2]
+
+
 def rank_main(cfg: dict) -> dict:
-    """One rank: join the ring, load its layers, run a warm-up then the measured request."""
+    """One rank: join the ring, load its layers, run a warm-up then the measured requests
+    (``cfg["requests"]`` at once, one batch)."""
     from exo_p2p.types.chunks import FinishChunk
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
@@ -44,24 +114,40 @@ def rank_main(cfg: dict) -> dict:
         group = init_ring(cfg["addresses"], cfg["rank"], cfg["world_size"])
     loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"])
     stage = None
+    n = cfg["requests"]
     if group is not None:
         c = loaded.config.get("text_config", loaded.config)
-        stage = PipelineStage(group, int(c["hidden_size"]), probe_hidden_dtype(loaded.model, group, int(c["hidden_size"])))
-    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"]), stage=stage)
-    results = {}
-    for task_id, max_tokens in (("warmup", 4), ("measured", cfg["max_tokens"])):
-        gen.submit(task_id, GenerationParams(messages=(ChatMessage("user", PROMPT),), max_tokens=max_tokens,
-                                             temperature=0.0))
+        kind = timed_stage_class() if cfg["profile"] else PipelineStage
+        stage = kind(group, int(c["hidden_size"]), probe_hidden_dtype(loaded.model, group, int(c["hidden_size"])))
+    extra = {"micro_batches": cfg["micro"]} if cfg["micro"] is not None else {}
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"], max_batch=max(1, n), **extra),
+                       stage=stage)
+    results: dict = {}
+    step_wall = 0.0
+    for phase, count, max_tokens in (("warmup", 1, 4), ("measured", n, cfg["max_tokens"])):
+        for i in range(count):
+            gen.submit(f"{phase}{i}", GenerationParams(messages=(ChatMessage("user", f"{i} {PROMPT}"),),
+                                                       max_tokens=max_tokens, temperature=0.0))
+        if phase == "measured" and stage is not None and cfg["profile"]:
+            stage.times.clear()
+        t0 = time.perf_counter()
         for _ in range(100_000):
             if not gen.has_work():
                 break
             for chunk in gen.step():
                 if isinstance(chunk, FinishChunk):
-                    results[task_id] = chunk
-    f = results["measured"]
-    return {"rank": cfg["rank"], "ttft": f.ttft, "tps": f.decode_tokens_per_second,
-            "completion_tokens": f.completion_tokens, "prompt_tokens": f.prompt_tokens,
-            "peak_memory_bytes": loaded.peak_memory_bytes}
+                    results[chunk.task_id] = chunk
+        step_wall = time.perf_counter() - t0
+    measured = [results[f"measured{i}"] for i in range(n)]
+    out = {"rank": cfg["rank"], "ttft": measured[0].ttft, "tps": measured[0].decode_tokens_per_second,
+           "aggregate_tps": sum(f.completion_tokens for f in measured) / step_wall, "wall": step_wall,
+           "completion_tokens": sum(f.completion_tokens for f in measured), "prompt_tokens": measured[0].prompt_tokens,
+           "peak_memory_bytes": loaded.peak_memory_bytes}
+    if stage is not None and cfg["profile"]:
+        out["times"] = {**stage.times, "python": step_wall - sum(stage.times.values())}
+        c = loaded.config.get("text_config", loaded.config)
+        out["transfer"] = ping_pong(group, (max(1, n), 1, int(c["hidden_size"])))
+    return out
 
 
 def free_ports(n: int) -> list[int]:
@@ -84,15 +170,20 @@ def split(n_layers: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespace) -> list[dict]:
+def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespace, profile: bool = False) -> list[dict]:
+    from worker import blas
+
+    env = blas.runner_environment(os.environ, blas.find_optimised_blas(), args.threads)
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
     procs = []
     try:
         for rank, (start, end) in enumerate(split(n_layers, world)):
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start, "end": end,
-                   "addresses": addresses, "chunk": args.chunk, "max_tokens": args.max_tokens}
-            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-config", json.dumps(cfg)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                   "addresses": addresses, "chunk": args.chunk, "max_tokens": args.max_tokens,
+                   "requests": args.requests, "micro": args.micro_batches, "profile": profile}
+            pin = (lambda cpu=rank % os.cpu_count(): os.sched_setaffinity(0, {cpu})) if args.pin else None
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-config", json.dumps(cfg)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin))
         out = []
         deadline = time.monotonic() + args.timeout
         for p in procs:
@@ -117,6 +208,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--requests", type=int, default=1, help="requests at once (one batch)")
+    ap.add_argument("--micro-batches", type=int, default=None, help="EngineSettings.micro_batches (default: its own)")
+    ap.add_argument("--threads", type=int, default=2, help="BLAS threads per rank")
+    ap.add_argument("--pin", action="store_true",
+                    help="rank r runs on core r only (with --threads 1: each rank a machine of one core)")
     ap.add_argument("--rank-config", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_config:
@@ -144,14 +240,21 @@ def main() -> None:
         for world in args.ranks:
             res = run_world(Path(model_dir), n_layers, world, args)
             r0 = res[0]
+            key = "aggregate_tps" if args.requests > 1 else "tps"
             if base is None:
                 base = r0
-            ratio = r0["tps"] / base["tps"] if base["tps"] else 0.0
+            ratio = r0[key] / base[key] if base[key] else 0.0
             peaks = ", ".join(f"r{r['rank']} {r['peak_memory_bytes'] / 2**20:.1f} MiB" for r in res)
-            print(f"ranks {world}: decode {r0['tps']:.1f} tok/s (x{ratio:.2f} of {args.ranks[0]} rank), "
+            what = f"{args.requests} requests: {r0[key]:.1f} tok/s aggregate" if args.requests > 1 else f"decode {r0[key]:.1f} tok/s"
+            print(f"ranks {world}: {what} (x{ratio:.2f} of {args.ranks[0]} rank), "
                   f"TTFT {r0['ttft'] * 1000:.0f} ms ({r0['prompt_tokens']} prompt tokens), "
-                  f"{r0['completion_tokens']} tokens; peak load memory: {peaks}")
-
+                  f"{r0['completion_tokens']} tokens in {r0['wall']:.1f} s; peak load memory: {peaks}", flush=True)
+            if world > 1 and args.requests > 1:
+                prof = run_world(Path(model_dir), n_layers, world, args, profile=True)
+                for r in prof:
+                    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["times"].items()))
+                    print(f"  profiled rank {r['rank']}: {r['aggregate_tps']:.1f} tok/s, wall {r['wall']:.2f} s = {parts} s; "
+                          f"transfer of [{args.requests}, 1, hidden] one way {r['transfer'] * 1e3:.2f} ms", flush=True)
 
 if __name__ == "__main__":
     main()
