@@ -3,7 +3,7 @@ run, with the ratio to 1 rank and each rank's peak memory during load; with ``--
 (N > 1), N requests at once in one batch, aggregate tokens/s and where each rank's time goes.
 
     python scripts/bench_pipeline.py [--model-dir DIR] [--ranks 1 2 3] [--max-tokens 64]
-        [--requests 16 [--micro-batches M] [--threads T] [--pin]]
+        [--requests 16 [--micro-batches M] [--threads T] [--pin] [--profile]]
 
 Without ``--model-dir`` a synthetic llama model (random weights; ``--layers``/``--hidden``)
 is written to a temp dir. Ranks are processes on 127.0.0.1 joined by MLX's ring backend
@@ -11,7 +11,7 @@ is written to a temp dir. Ranks are processes on 127.0.0.1 joined by MLX's ring 
 decoding; the same prompt for every world size; the first request of each run is a warm-up
 and is not measured. Every process is killed at the end.
 
-Where the time goes (``--requests`` > 1, 2+ ranks): a second, profiled run whose stage
+Where the time goes (``--profile``, ``--requests`` > 1, 2+ ranks): a second, profiled run whose stage
 evaluates each part of a step on its own (``TimedStage``: no overlap between Python and the
 model then, so its tokens/s is lower than the plain run's), summed over the measured phase per
 rank: ``compute`` (this rank's layers, embedding or head), ``recv`` (rank > 0: waiting for the
@@ -170,7 +170,8 @@ def split(n_layers: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespace, profile: bool = False) -> list[dict]:
+def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespace, profile: bool = False,
+              micro: int | None = None) -> list[dict]:
     from worker import blas
 
     env = blas.runner_environment(os.environ, blas.find_optimised_blas(), args.threads)
@@ -180,7 +181,7 @@ def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespa
         for rank, (start, end) in enumerate(split(n_layers, world)):
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start, "end": end,
                    "addresses": addresses, "chunk": args.chunk, "max_tokens": args.max_tokens,
-                   "requests": args.requests, "micro": args.micro_batches, "profile": profile}
+                   "requests": args.requests, "micro": micro, "profile": profile}
             pin = (lambda cpu=rank % os.cpu_count(): os.sched_setaffinity(0, {cpu})) if args.pin else None
             procs.append(subprocess.Popen([sys.executable, __file__, "--rank-config", json.dumps(cfg)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin))
@@ -209,8 +210,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--requests", type=int, default=1, help="requests at once (one batch)")
-    ap.add_argument("--micro-batches", type=int, default=None, help="EngineSettings.micro_batches (default: its own)")
+    ap.add_argument("--micro-batches", type=int, nargs="+", default=None,
+                    help="EngineSettings.micro_batches, one for every world or one per entry of --ranks (default: its own)")
     ap.add_argument("--threads", type=int, default=2, help="BLAS threads per rank")
+    ap.add_argument("--profile", action="store_true", help="also a profiled run of each multi-rank world")
     ap.add_argument("--pin", action="store_true",
                     help="rank r runs on core r only (with --threads 1: each rank a machine of one core)")
     ap.add_argument("--rank-config", help=argparse.SUPPRESS)
@@ -237,8 +240,10 @@ def main() -> None:
         n_layers = json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
         print(f"model {model_dir} ({n_layers} layers), max_tokens {args.max_tokens}, chunk {args.chunk}")
         base = None
-        for world in args.ranks:
-            res = run_world(Path(model_dir), n_layers, world, args)
+        micros = args.micro_batches or [None]
+        micros = micros * len(args.ranks) if len(micros) == 1 else micros
+        for world, micro in zip(args.ranks, micros, strict=True):
+            res = run_world(Path(model_dir), n_layers, world, args, micro=micro)
             r0 = res[0]
             key = "aggregate_tps" if args.requests > 1 else "tps"
             if base is None:
@@ -246,11 +251,11 @@ def main() -> None:
             ratio = r0[key] / base[key] if base[key] else 0.0
             peaks = ", ".join(f"r{r['rank']} {r['peak_memory_bytes'] / 2**20:.1f} MiB" for r in res)
             what = f"{args.requests} requests: {r0[key]:.1f} tok/s aggregate" if args.requests > 1 else f"decode {r0[key]:.1f} tok/s"
-            print(f"ranks {world}: {what} (x{ratio:.2f} of {args.ranks[0]} rank), "
+            print(f"ranks {world}, micro-batches {micro or 'default'}: {what} (x{ratio:.2f} of {args.ranks[0]} rank), "
                   f"TTFT {r0['ttft'] * 1000:.0f} ms ({r0['prompt_tokens']} prompt tokens), "
                   f"{r0['completion_tokens']} tokens in {r0['wall']:.1f} s; peak load memory: {peaks}", flush=True)
-            if world > 1 and args.requests > 1:
-                prof = run_world(Path(model_dir), n_layers, world, args, profile=True)
+            if world > 1 and args.requests > 1 and args.profile:
+                prof = run_world(Path(model_dir), n_layers, world, args, profile=True, micro=micro)
                 for r in prof:
                     parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["times"].items()))
                     print(f"  profiled rank {r['rank']}: {r['aggregate_tps']:.1f} tok/s, wall {r['wall']:.2f} s = {parts} s; "

@@ -9,9 +9,9 @@ computes micro-batch A while rank 0 computes B. Every rank queues its collective
 order — the hidden states of A, of B, …, then the tokens of A, of B, … — so each ring link
 carries its messages in one order on both ends. Per step, in units of one rank's pass over the
 whole batch: W without micro-batches, (M + W − 1) ÷ M with them (M = W = 2: 1.5 instead of 2)
-when the ranks have cores of their own; on one machine whose cores they share it cannot gain,
-and each micro-batch pays MLX's per-op overhead again (docs/benchmarks.md, "Pipeline across
-ranks"). The rows of a step end at the same step whatever the split, so greedy and seeded
+when the ranks have cores of their own; on one machine whose cores they share the ranks only
+take turns, and each micro-batch pays MLX's per-op overhead again (docs/benchmarks.md,
+"Pipeline at 16 requests, micro-batches"). The rows of a step end at the same step whatever the split, so greedy and seeded
 output of every request is its output alone (tests/test_micro.py).
 
 ``MicroBatches`` has ``DecodeBatch``'s face (``rows``, ``join``, ``join_group``, ``decode``,
@@ -43,7 +43,7 @@ def auto_micro_batches(sharding: str | None, world_size: int, hosts: int) -> int
     """The micro-batches of an instance when none is set: ``world_size`` for a pipeline whose
     ranks are on ``hosts`` = ``world_size`` distinct hosts (each rank's cores its own, so the
     ranks can compute at once), else 1 (one rank, tensor sharding, or ranks sharing a host's
-    cores: measured on 2 shared cores, docs/benchmarks.md)."""
+    cores, which only take turns on them: docs/benchmarks.md, "Pipeline at 16 requests")."""
     if sharding != "pipeline" or world_size < 2 or hosts < world_size:
         return 1
     return min(world_size, MAX_MICRO_BATCHES)
