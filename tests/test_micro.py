@@ -121,6 +121,8 @@ def test_decode_batch_is_one_batch_unless_split() -> None:
     assert not isinstance(decode_batch(EngineSettings(max_batch=4)), MicroBatches)
     assert not isinstance(decode_batch(EngineSettings(max_batch=4, micro_batches=1)), MicroBatches)
     assert len(decode_batch(EngineSettings(max_batch=4, micro_batches=3)).parts) == 3  # type: ignore[union-attr]
+    assert not isinstance(decode_batch(EngineSettings(max_batch=1, micro_batches=2)), MicroBatches)
+    assert len(decode_batch(EngineSettings(max_batch=64, micro_batches=40)).parts) == MAX_MICRO_BATCHES  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         MicroBatches(4, 1)
     with pytest.raises(ValueError):

@@ -58,10 +58,10 @@ def resolve_micro_batches(settings: EngineSettings, auto: int) -> int:
 
 def decode_batch(settings: EngineSettings) -> DecodeBatch | MicroBatches:
     """The engine's batch: a ``DecodeBatch`` of ``max_batch`` rows, or ``MicroBatches`` when
-    ``settings.micro_batches`` > 1 (0, "not resolved", is one batch)."""
-    if settings.micro_batches > 1:
-        return MicroBatches(settings.max_batch, min(settings.micro_batches, settings.max_batch))
-    return DecodeBatch(settings.max_batch)
+    ``settings.micro_batches`` > 1 (at most ``max_batch`` and ``MAX_MICRO_BATCHES``; 0, "not
+    resolved", is one batch)."""
+    count = min(settings.micro_batches, settings.max_batch, MAX_MICRO_BATCHES)
+    return MicroBatches(settings.max_batch, count) if count > 1 else DecodeBatch(settings.max_batch)
 
 
 class MicroBatches:
