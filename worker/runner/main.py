@@ -217,6 +217,10 @@ class RunnerProcess:
         if not isinstance(first, RunnerSetup):
             return 2
         self.setup = first
+        if first.shard.world_size > 1:  # ranks sharing this host share its cores' BLAS threads
+            from worker.runner.blas_threads import share_blas_threads
+
+            share_blas_threads([s.ring_address for s in first.instance.shards], first.shard.rank)
         self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
         interval = first.heartbeat_interval
         start_heartbeat(self.pulse, self.send, interval)
