@@ -65,8 +65,16 @@ class TwoNodes(Server):
     name = "2-node pipeline"
 
     def __init__(self, tmp: Path, weights: Path, args: argparse.Namespace) -> None:
+        self.nodes: list[NodeProcess] = []
+        try:
+            self._start(tmp, weights, args)
+        except BaseException:
+            self.stop()  # no node left behind by a failed start
+            raise
+
+    def _start(self, tmp: Path, weights: Path, args: argparse.Namespace) -> None:
         first = _node(tmp / "a", weights, args, args.pipeline_threads, []).start()
-        self.nodes = [first]
+        self.nodes.append(first)
         boot = [x for a in first.addrs() for x in ("--bootstrap", a)]
         self.nodes.append(_node(tmp / "b", weights, args, args.pipeline_threads, boot, cluster=first.cluster).start())
         for _ in range(2):  # converged twice, 5 s apart: a second master claimed meanwhile is seen
