@@ -54,7 +54,11 @@ class OneNode(Server):
 
     def __init__(self, tmp: Path, weights: Path, args: argparse.Namespace) -> None:
         self.node = _node(tmp / "one", weights, args, args.threads, []).start()
-        self.node.place_and_wait(weights.name, timeout=240)
+        try:
+            self.node.place_and_wait(weights.name, timeout=240)
+        except BaseException:
+            self.node.stop()
+            raise
         self.url, self.model, self.pid = self.node.url, weights.name, self.node.proc.pid
 
     def stop(self) -> None:
