@@ -145,6 +145,12 @@ class NodeConfig(msgspec.Struct):
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     """Host names the API answers besides IP addresses and ``localhost`` (``--allowed-hosts``;
     ``*`` = any; ``exo_p2p.api.hosts``)."""
+    metrics: bool = True
+    """Keep this node's Prometheus metrics (``--no-metrics``: ``GET /metrics`` answers 404 and
+    finished requests are not counted; ``exo_p2p.metrics``)."""
+    request_records: bool = True
+    """Record every finished request (``--no-request-records``: no ``request.finished`` log
+    line, no ``requests.jsonl``, ``GET /requests`` answers 404; ``exo_p2p.metrics.request_log``)."""
     metrics_loopback_open: bool = False
     """``GET /metrics`` needs no API key from a loopback client (``--metrics-loopback-open``)."""
     request_log_bytes: int = 16 * 1024 * 1024

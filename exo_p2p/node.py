@@ -144,13 +144,18 @@ class Node:
     def _observer(self):  # type: ignore[no-untyped-def]
         """The node's ``exo_p2p.metrics.observer.Observer``: its metrics read State, its
         runners' figures, its counters and the model bytes it received; its request log
-        writes ``requests.jsonl`` in the data dir unless ``--request-log-bytes 0``."""
+        writes ``requests.jsonl`` in the data dir unless ``--request-log-bytes 0``; either is None
+        when off (``--no-metrics``, ``--no-request-records``)."""
         from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures, count_event
         from exo_p2p.metrics.observer import Observer
         from exo_p2p.metrics.registry import NodeMetrics
         from exo_p2p.metrics.request_log import FILE_NAME, RequestLog
 
         cfg = self.config
+        path = self.data_dir / FILE_NAME if cfg.request_log_bytes > 0 else None
+        requests = RequestLog(path, max(1, cfg.request_log_bytes)) if cfg.request_records else None
+        if not cfg.metrics:
+            return Observer(None, requests, keep_text=cfg.log_request_text)
         counts = NodeCounts(transfer_bytes=self.depot.bytes_received)
         self.replica.listeners.append(lambda indexed, _s: count_event(counts, indexed.event, self.node_id))
         sources = MetricSources(
@@ -159,8 +164,7 @@ class Node:
             counters=lambda: self.health().counters if self.member is not None and self.net is not None else {},
             counts=counts)
         metrics = NodeMetrics(known_model=lambda m: m in self.replica.state.model_cards, sources=sources)
-        path = self.data_dir / FILE_NAME if cfg.request_log_bytes > 0 else None
-        return Observer(metrics, RequestLog(path, max(1, cfg.request_log_bytes)), keep_text=cfg.log_request_text)
+        return Observer(metrics, requests, keep_text=cfg.log_request_text)
 
     # --- events -------------------------------------------------------------------------
     def emit_local(self, event: Event) -> None:

@@ -153,6 +153,10 @@ _SETTINGS = (
     Setting("--routing", "prefix | load", "While master, how a request picks among a model's ready instances: "
             "prefix (the one whose prompt cache holds the longest prefix of it, unless it is much busier) or load "
             "(the least loaded)", "routing", "prefix|load"),
+    Setting("--no-metrics", "flag", "Keep no Prometheus metrics: GET /metrics answers 404 and finished requests are "
+            "not counted (exo-p2p top then shows no tok/s)", "metrics", inverted=True),
+    Setting("--no-request-records", "flag", "Keep no record of finished requests: no request.finished log line, no "
+            "requests.jsonl, GET /requests answers 404", "request_records", inverted=True),
     Setting("--metrics-loopback-open", "flag", "Serve GET /metrics without an API key to clients on this machine "
             "(loopback addresses), for a local Prometheus; other clients still need a key", "metrics_loopback_open"),
     Setting("--request-log-bytes", "bytes (≥ 0)", "Size of requests.jsonl in the data dir (one record per finished "

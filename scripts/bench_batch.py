@@ -22,7 +22,10 @@ Targets (float32 + BLAS engine): 8 streams ≥ 4× one, 16 ≥ 6×, per-stream d
 at 8 ≥ 0.5× a lone stream, joining TTFT ≤ 2× alone.
 
     .venv/bin/python scripts/bench_batch.py [--max-tokens 48] [--nodes 1|2] [--max-batch 16]
-        [--prompt-cache-bytes 268435456]
+        [--prompt-cache-bytes 268435456] [--no-observe]
+
+``--no-observe`` runs the nodes without metrics and request records; ``scripts/bench_observe.py``
+alternates rounds with and without them in one run.
 """
 
 from __future__ import annotations
@@ -207,10 +210,13 @@ def main() -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--prompt-cache-bytes", type=int, default=0)
     ap.add_argument("--only-prompt-cache", action="store_true", help="skip the concurrency and joining parts")
+    ap.add_argument("--no-observe", action="store_true",
+                    help="nodes without metrics and request records (--no-metrics --no-request-records)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         extra = ["--max-batch", str(args.max_batch), "--prompt-cache-bytes", str(args.prompt_cache_bytes)]
+        extra += ["--no-metrics", "--no-request-records"] if args.no_observe else []
         a = NodeProcess(Path(tmp) / "a", extra_args=extra)
         nodes = [a]
         with nodes_cleanup(nodes):

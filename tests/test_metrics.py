@@ -181,6 +181,29 @@ def test_metrics_and_records_through_the_api() -> None:
     _run(body, access=AccessPolicy.of([KEY]), observer=observer)
 
 
+@pytest.mark.parametrize("metrics_on,records_on", [(False, False), (True, False), (False, True)])
+def test_metrics_or_records_off(metrics_on: bool, records_on: bool) -> None:
+    """``--no-metrics`` / ``--no-request-records``: that part is None, its endpoint a 404
+    naming the flag, and requests are served as before."""
+    observer = Observer(NodeMetrics(known_model=lambda m: m == MODEL) if metrics_on else None,
+                        RequestLog(None) if records_on else None)
+    assert observer.active == (metrics_on or records_on)
+
+    async def body(http: httpx.AsyncClient) -> None:
+        assert (await http.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        metrics, records = await http.get("/metrics"), await http.get("/requests")
+        if metrics_on:
+            assert value(metrics.text, "exo_requests_total", family="openai", model=MODEL, status="200") == 1
+        else:
+            assert metrics.status_code == 404 and "--no-metrics" in metrics.json()["error"]["message"]
+        if records_on:
+            assert [r["status"] for r in records.json()["records"]] == [200]
+        else:
+            assert records.status_code == 404 and "--no-request-records" in records.json()["error"]["message"]
+
+    _run(body, observer=observer)
+
+
 @pytest.mark.parametrize("open_flag,client,status", [
     (False, ("127.0.0.1", 5000), 401),
     (True, ("127.0.0.1", 5000), 200),

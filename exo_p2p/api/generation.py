@@ -135,8 +135,8 @@ class GenerationResponse:
                                   keep_text=keep, prompt=prompt_text(params.messages, params.prompt) if keep else None)
 
     def _observe(self, outcome: str) -> None:
-        """Hand the request's record to the observer (once, at the end)."""
-        if self.observer is None:
+        """Hand the request's record to the observer (once, at the end; none when it is off)."""
+        if self.observer is None or not self.observer.active:
             return
         self.trace.streamed = self._streaming
         try:

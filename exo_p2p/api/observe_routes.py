@@ -37,12 +37,17 @@ def observe_routes(observer: Observer) -> list[Route]:
     ``/requests`` answers ``{"records": [RequestRecord…], "last": N}``: the recent records
     numbered after ``after`` (default 0: all kept), oldest first, at most ``limit`` (1–1024,
     default 1024); ``last`` is the number to pass as ``after`` next time. 400 for a
-    parameter that is not an integer in range."""
+    parameter that is not an integer in range; 404 when that part of the observer is off
+    (``--no-metrics``, ``--no-request-records``)."""
 
     async def metrics(request: Request) -> Response:
+        if observer.metrics is None:
+            raise ApiError(404, "metrics are off on this node (it runs with --no-metrics)")
         return Response(observer.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def requests(request: Request) -> Response:
+        if observer.requests is None:
+            raise ApiError(404, "request records are off on this node (it runs with --no-request-records)")
         after = _int_param(request, "after", 0, 0, 2**62)
         limit = _int_param(request, "limit", RECENT, 1, RECENT)
         records, last = observer.requests.since(after, limit)

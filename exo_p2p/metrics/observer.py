@@ -1,5 +1,6 @@
 """``Observer``: where an API hands each finished request's record (metrics and the request
-log), built by the node, or by ``create_app`` with no file when none is given."""
+log), built by the node, or by ``create_app`` with no file when none is given. Either part
+may be off (``--no-metrics``, ``--no-request-records``): then it is None and costs nothing."""
 
 from __future__ import annotations
 
@@ -17,16 +18,22 @@ log = structlog.get_logger("exo_p2p.requests")
 
 @dataclass
 class Observer:
-    """``metrics``: the node's registry; ``requests``: its request log; ``keep_text``: records
-    carry the prompt and output (``--log-request-text``)."""
+    """``metrics``: the node's registry (None: metrics off); ``requests``: its request log
+    (None: records off); ``keep_text``: records carry the prompt and output
+    (``--log-request-text``)."""
 
-    metrics: NodeMetrics = field(default_factory=NodeMetrics)
-    requests: RequestLog = field(default_factory=RequestLog)
+    metrics: NodeMetrics | None = field(default_factory=NodeMetrics)
+    requests: RequestLog | None = field(default_factory=RequestLog)
     keep_text: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether a finished request's record goes anywhere (metrics or records on)."""
+        return self.metrics is not None or self.requests is not None
 
     def attach_api(self, in_flight: Callable[[], int], moves: Callable[[], tuple[int, int]]) -> None:
         """The API's readers of its generations in flight and its moves (moved, failed)."""
-        if self.metrics.collector is not None:
+        if self.metrics is not None and self.metrics.collector is not None:
             self.metrics.collector.sources.in_flight = in_flight
             self.metrics.collector.sources.moves = moves
 
@@ -34,7 +41,9 @@ class Observer:
         """Count and log one finished request; a failure here is logged, never raised into
         the request."""
         try:
-            self.metrics.observe(record)
-            self.requests.write(record)
+            if self.metrics is not None:
+                self.metrics.observe(record)
+            if self.requests is not None:
+                self.requests.write(record)
         except Exception:  # noqa: BLE001 - observing must never fail a request
             log.exception("request record failed", request_id=record.request_id)
