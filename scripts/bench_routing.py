@@ -95,7 +95,8 @@ def run_mode(routing: str, args: argparse.Namespace) -> dict:
             turn(a.url, [{"role": "user", "content": "Hello"}], 2)
             results: list = []
             threads = [threading.Thread(target=conversation, args=(
-                a.url, TOPICS[i], args.turns, args.max_tokens if i == 0 else args.other_max_tokens, results, 1.5 * i, 0.3 * i))
+                a.url, TOPICS[i], args.turns, args.max_tokens if i == 0 else args.other_max_tokens, results,
+                args.replayed_at if i == 0 else 1.5 * i, 0.3 * i))
                 for i in range(args.conversations)]
             for th in threads:
                 th.start()
@@ -105,13 +106,30 @@ def run_mode(routing: str, args: argparse.Namespace) -> dict:
     return summarise(routing, results, records)
 
 
+def composition(recs: list[dict]) -> str:
+    """The mean TTFT of ``recs`` (request records) split into its parts (``RequestRecord``)."""
+    def mean(key) -> float:  # noqa: ANN001
+        return statistics.mean(key(r) or 0.0 for r in recs)
+    ttft, routed = mean(lambda r: r["ttft"]), mean(lambda r: r["routed"])
+    runner, queued = mean(lambda r: r["runner_ttft"]), mean(lambda r: r["runner_queued"])
+    return (f"TTFT {ttft:.3f} s = routed {routed:.3f} + runner queue {queued:.3f} + prefill {runner - queued:.3f} "
+            f"+ dispatch/delivery {ttft - routed - runner:.3f}; prompt {mean(lambda r: r['prompt_tokens']):.0f} tokens, "
+            f"cached {mean(lambda r: r['cached_tokens']):.0f}")
+
+
 def summarise(routing: str, results: list, records: dict) -> dict:
+    for topic, t, rid, ttft in sorted(results, key=lambda x: (TOPICS.index(x[0]), x[1])):
+        r = records[rid]
+        print(f"  {routing} {topic[:12]:>12} turn {t}: {r['instance'][:8]} {r.get('route') or '-':>12} "
+              f"prompt {r['prompt_tokens']:>4} cached {r['cached_tokens']:>4} TTFT {ttft:.3f} (routed {r['routed'] or 0:.3f}, "
+              f"runner {r['runner_ttft'] or 0:.3f} of which queued {r['runner_queued'] or 0:.3f})", flush=True)
     first_instance = {topic: records[rid]["instance"] for topic, t, rid, _ in results if t == 1}
     replayed = [(rid, ttft) for topic, t, rid, ttft in results if t > 1 and topic == TOPICS[0]]
     replayed_mean = statistics.mean(ttft for _, ttft in replayed)
     replayed_landed = sum(1 for rid, _ in replayed if records[rid]["instance"] == first_instance[TOPICS[0]])
     print(f"--routing {routing}: the replayed conversation's turns 2+: mean TTFT {replayed_mean:.3f} s, "
           f"landed on its first turn's instance {replayed_landed}/{len(replayed)}", flush=True)
+    print(f"--routing {routing}: the replayed conversation's turns 2+: {composition([records[rid] for rid, _ in replayed])}")
     later = [(topic, rid, ttft) for topic, t, rid, ttft in results if t > 1]
     landed = sum(1 for topic, rid, _ in later if records[rid]["instance"] == first_instance[topic])
     routes: dict[str, int] = {}
@@ -122,6 +140,7 @@ def summarise(routing: str, results: list, records: dict) -> dict:
     mean = statistics.mean(ttft for _, _, ttft in later)
     print(f"--routing {routing}: every conversation's turns 2+: mean TTFT {mean:.3f} s, landed on the first turn's instance "
           f"{landed}/{len(later)}, mean cached tokens {cached:.0f}, routes {routes}", flush=True)
+    print(f"--routing {routing}: every conversation's turns 2+: {composition([records[rid] for _, rid, _ in later])}")
     return {"mean": mean, "landed": landed, "n": len(later), "replayed": replayed_mean}
 
 
@@ -131,6 +150,8 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=5, help="the replayed one and the independent ones")
     ap.add_argument("--max-tokens", type=int, default=16, help="of the replayed conversation's answers")
     ap.add_argument("--other-max-tokens", type=int, default=48, help="of the independent conversations' answers")
+    ap.add_argument("--replayed-at", type=float, default=0.0,
+                    help="seconds after the start when the replayed conversation begins (the independent ones: 1.5 s apart from 1.5 s)")
     args = ap.parse_args()
     prefix = run_mode("prefix", args)
     load = run_mode("load", args)

@@ -4,6 +4,7 @@ mlx-lm, sampling seeds, stops, queueing, cancellation and the 400s of a missing 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -351,6 +352,21 @@ def test_request_submitted_while_generating_is_served_after(loaded: LoadedModel)
     assert order.index("b") > max(i for i, t in enumerate(order) if t == "a")
     assert finish_of(chunks, "a").completion_tokens == 10
     assert text_of(chunks, "b") == text_of(solo_b) and finish_of(chunks, "b").completion_tokens == 6
+
+
+def test_finish_tells_the_wait_in_the_queue_apart(loaded: LoadedModel) -> None:
+    """``FinishChunk.queued`` is the part of the TTFT spent waiting to be accepted: a request
+    behind a full batch waits at least the decode steps of the one before it (the engine's
+    clock ticks once a call here, at least once a decode step)."""
+    ticks = itertools.count()
+    gen = build_engine(loaded, EngineSettings(max_batch=1), clock=lambda: float(next(ticks)))
+    gen.submit(*req("a", "first", max_tokens=10, temperature=0))
+    chunks = list(steps_until(gen, lambda c: isinstance(c, TokenChunk) and c.completion_tokens == 3))
+    gen.submit(*req("b", "second", max_tokens=6, temperature=0))
+    chunks += run(gen)
+    a, b = finish_of(chunks, "a"), finish_of(chunks, "b")
+    assert 0 < a.queued < a.ttft
+    assert 7 <= b.queued < b.ttft
 
 
 def test_cancel_mid_generation_is_prompt(loaded: LoadedModel) -> None:

@@ -104,13 +104,15 @@ def test_collector_reads_sources_and_master_view() -> None:
 
 
 def test_trace_record_and_status() -> None:
-    clock = iter([10.0, 10.5, 11.5, 12.0]).__next__
+    clock = iter([10.0, 10.125, 10.5, 11.5, 12.0]).__next__
     trace = RequestTrace("t1", "openai", "m", key_id="k", clock=clock, wall=lambda: 1000.0)
     trace.routed(CommandResult("c", instance_id="i1", route="prefix:40"))
     trace.chunk(TokenChunk(task_id="t1", text="a", completion_tokens=1))
-    trace.chunk(FinishChunk(task_id="t1", finish_reason="stop", prompt_tokens=9, completion_tokens=3, cached_tokens=4))
+    trace.chunk(FinishChunk(task_id="t1", finish_reason="stop", prompt_tokens=9, completion_tokens=3, cached_tokens=4,
+                            ttft=0.25, queued=0.0625))
     rec = trace.record("complete, stop")
     assert (rec.status, rec.outcome, rec.ttft, rec.decode_tps, rec.duration) == (200, "complete", 0.5, 2.0, 2.0)
+    assert (rec.routed, rec.runner_ttft, rec.runner_queued) == (0.125, 0.25, 0.0625)  # the TTFT's parts
     assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens, rec.route, rec.key_id) == (9, 4, 3, "prefix:40", "k")
     assert rec.prompt is None and rec.output is None
     assert RequestTrace("t", "openai", "m").status("refused 503") == 503

@@ -54,6 +54,7 @@ class RequestTrace:
         self.error: ErrorChunk | None = None
         self.instance: str | None = None
         self.route: str | None = None
+        self.routed_at: float | None = None
         self.moves = 0
         self.keep_text = keep_text
         self.prompt = prompt if keep_text else None
@@ -65,6 +66,8 @@ class RequestTrace:
         """The master accepted a task of this request on ``result.instance_id``."""
         if result.error is None:
             self.instance, self.route = result.instance_id, result.route or self.route
+            if self.routed_at is None:
+                self.routed_at = self._clock()
 
     def chunk(self, chunk: Chunk) -> None:
         """A chunk handed to the client."""
@@ -98,6 +101,7 @@ class RequestTrace:
             inst = state.instances.get(self.instance)  # type: ignore[call-overload]
             nodes = tuple(sh.node_id for sh in inst.shards) if inst is not None else ()
         ttft = None if self.first_token is None else round(self.first_token - self.started, 4)
+        timed = fin if fin is not None and fin.completion_tokens > 0 else None  # a first token came
         tps = None
         if fin is not None and self.first_token is not None and fin.completion_tokens > 1 and self.finished_at > self.first_token:
             tps = round((fin.completion_tokens - 1) / (self.finished_at - self.first_token), 3)
@@ -110,5 +114,7 @@ class RequestTrace:
             cached_tokens=fin.cached_tokens if fin is not None else 0,
             completion_tokens=fin.completion_tokens if fin is not None else 0,
             ttft=ttft, decode_tps=tps, moves=self.moves, key_id=self.key_id, route=self.route,
+            routed=None if self.routed_at is None else round(self.routed_at - self.started, 4),
+            runner_ttft=round(timed.ttft, 4) if timed else None, runner_queued=round(timed.queued, 4) if timed else None,
             prompt=self.prompt, output="".join(self._output)[:MAX_TEXT_CHARS] if self.keep_text else None,
         )

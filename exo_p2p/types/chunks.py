@@ -43,7 +43,9 @@ class TokenChunk(_Chunk, tag="token"):
 class FinishChunk(_Chunk, tag="finish"):
     """The last chunk of a successful or cancelled generation; times in seconds.
     ``stop_sequence`` is the stop string that ended it (None for an end-of-turn token);
-    ``cached_tokens``: prompt tokens taken from the prompt cache instead of prefilled."""
+    ``cached_tokens``: prompt tokens taken from the prompt cache instead of prefilled;
+    ``ttft``: from the task's arrival at its runner's engine to its first token, of which
+    ``queued`` waiting in the engine's queue (the rest: prefill, with the group it joined)."""
 
     finish_reason: FinishReason
     prompt_tokens: int
@@ -52,6 +54,7 @@ class FinishChunk(_Chunk, tag="finish"):
     decode_tokens_per_second: float = 0.0
     stop_sequence: str | None = None
     cached_tokens: int = 0
+    queued: float = 0.0
 
 
 class ErrorChunk(_Chunk, tag="error"):

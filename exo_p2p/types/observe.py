@@ -51,6 +51,14 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     of the API key it presented (never the key; None without keys); ``route``: why the
     master chose its instance; ``prompt``/``output``: only when the node logs them
     (``--log-request-text``).
+
+    What the TTFT is made of (docs/operations.md): ``routed``, from the request's arrival to
+    the master's answer naming its instance (the command's round trip and the log's commit);
+    ``runner_ttft``, from the task's arrival at its runner's engine to its first token, of
+    which ``runner_queued`` waiting in the engine's queue (the rest prefills the part of the
+    prompt not cached, with the group it joined). ``ttft − routed − runner_ttft`` is the
+    task's way to the runner (the log, the worker, the pipe) and its first token's way back.
+    The runner's times are of its last task (a moved request's continuation).
     """
 
     request_id: str
@@ -71,5 +79,8 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     moves: int = 0
     key_id: str | None = None
     route: str | None = None
+    routed: float | None = None
+    runner_ttft: float | None = None
+    runner_queued: float | None = None
     prompt: str | None = None
     output: str | None = None

@@ -240,7 +240,7 @@ class Engine:
         with self._lock:
             if not self.queue.pop_head(queued):
                 return [], None, True  # cancelled meanwhile: its end is in the outbox
-            self._live[seq.task_id] = seq
+            self._live[seq.task_id], seq.accepted_at = seq, self.clock()
         try:
             start_kv(seq, self.prompt_cache, self.loaded.model)
         except Exception as e:  # noqa: BLE001

@@ -12,7 +12,8 @@ chunks; the last one is fed with the first token's sampling (``next_token``, laz
 
 Counting: ``completion_tokens`` counts generated tokens whose text is (or would be) output,
 up to and including the token that completes a stop string; an end-of-turn token is not
-counted. ``ttft`` is seconds from submission to the first token (queueing included);
+counted. ``ttft`` is seconds from submission to the first token (queueing included),
+``queued`` the part of it spent waiting to be accepted (``accepted_at − submitted_at``);
 ``decode_tokens_per_second`` is ``(new − 1) / (t_last − t_first)`` over the tokens this task
 decoded (``new``: completion tokens minus resumed ones).
 
@@ -76,6 +77,8 @@ class Sequence:
     """Tokens in the KV after the prompt (each decode step feeds one)."""
     completion_tokens: int = 0
     t_first: float | None = None
+    accepted_at: float | None = None
+    """When the engine accepted it from its queue (seconds of the engine's clock)."""
     t_last: float | None = None
     cancel_requested: bool = False
     constraint: RowConstraint | None = None
@@ -223,10 +226,11 @@ class Sequence:
         if reason == "stop" and self.calls_made and self.stops.matched is None:
             reason = "tool_calls"
         ttft = 0.0 if self.t_first is None else self.t_first - self.submitted_at
+        queued = 0.0 if self.accepted_at is None else self.accepted_at - self.submitted_at
         tps = 0.0
         new = n - self.resumed  # tokens decoded by this task
         if new > 1 and self.t_first is not None and self.t_last is not None and self.t_last > self.t_first:
             tps = (new - 1) / (self.t_last - self.t_first)
         return FinishChunk(task_id=self.task_id, finish_reason=reason, prompt_tokens=self.prompt_tokens,
-                           completion_tokens=n, ttft=ttft, decode_tokens_per_second=tps,
+                           completion_tokens=n, ttft=ttft, queued=queued, decode_tokens_per_second=tps,
                            stop_sequence=self.stops.matched if reason == "stop" else None, cached_tokens=self.reused)
