@@ -70,10 +70,12 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("batch") / "synthetic", n_layers=4))
 
 
-def drive(gen: Engine, *, cancel_after: dict[str, int] | None = None) -> dict[str, Any]:
+def drive(gen: Engine, *, cancel_after: dict[str, int] | None = None,
+          ids: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Step ``gen`` until idle: token ids, text and finish per task, and the largest batch
-    seen. ``cancel_after``: task id → cancel it once it has that many tokens."""
-    ids: dict[str, list[int]] = {}
+    seen. ``cancel_after``: task id → cancel it once it has that many tokens; ``ids``: the
+    token ids sampled before (``watch_tokens``), added to."""
+    ids = ids if ids is not None else {}
     gen.on_token = lambda t, tok: ids.setdefault(t, []).append(tok)
     texts: dict[str, str] = {}
     finish: dict[str, Any] = {}
@@ -95,6 +97,13 @@ def drive(gen: Engine, *, cancel_after: dict[str, int] | None = None) -> dict[st
     else:
         raise AssertionError(f"generator still busy after {MAX_STEPS} steps")
     return {"ids": ids, "texts": texts, "finish": finish, "largest": largest}
+
+
+def watch_tokens(gen: Engine) -> dict[str, list[int]]:
+    """The token ids ``gen`` samples from now on, per task (pass them to ``drive``)."""
+    ids: dict[str, list[int]] = {}
+    gen.on_token = lambda t, tok: ids.setdefault(t, []).append(tok)
+    return ids
 
 
 @pytest.fixture(scope="module")
@@ -159,16 +168,21 @@ class PrefillWatch(LocalStage):
 
 def test_prompts_accepted_together_are_prefilled_together(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
     """12 requests queued at once are prefilled as one group (one forward pass a chunk for all
-    their prompts, the shorter ones padded); one cancelled while the group prefills leaves it at
-    once with no token, and every other request still equals its solo run."""
+    their prompts, the shorter ones padded); the rows whose prompts end first join the batch at
+    once; one cancelled while the group prefills leaves it at once with no token, and every
+    other request still equals its solo run."""
     watch = PrefillWatch()
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16), stage=watch)
     for req in requests():
         gen.submit(*req)
+    early = watch_tokens(gen)
     gen.step()  # the group's first chunk: t2's long prompt needs several more
     assert gen.prefilling is not None and len(gen.prefilling.task_ids) == 12
+    gen.step()  # the shortest prompts (22 tokens) end: they go ahead
+    assert "t2" in gen.prefilling.task_ids and gen.batch.rows
+    assert len(gen.prefilling.task_ids) + len(gen.batch.rows) == 12
     assert gen.cancel("t2")
-    got = drive(gen)
+    got = drive(gen, ids=early)
     assert max(watch.widths) == 12
     assert got["finish"]["t2"] == ("cancelled", 0) and "t2" not in got["ids"]
     for task_id, alone in solo.items():
@@ -176,6 +190,54 @@ def test_prompts_accepted_together_are_prefilled_together(loaded: LoadedModel, s
             assert got["ids"][task_id] == alone["ids"][task_id], task_id
             assert got["finish"][task_id] == alone["finish"][task_id], task_id
     assert not gen.batch.holds_kv and gen.batch_size == 0
+
+
+def test_short_prompts_do_not_wait_for_a_long_one(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
+    """A group of prompts of 2–3 chunks of 16 tokens and one of 10 (t2): the short ones take
+    their first tokens as their prompts end and decode while t2 still prefills (as a
+    conversation's next turn, mostly cached, beside another's first turn), t2 joins them
+    later, and every output equals its solo run."""
+    gen = engine(loaded, 16)
+    for req in requests(4):
+        gen.submit(*req)
+    early = watch_tokens(gen)
+    firsts: dict[str, int] = {}
+    for step in range(1, 4):
+        for chunk in gen.step():
+            if isinstance(chunk, TokenChunk):
+                firsts.setdefault(chunk.task_id, step)
+    assert gen.prefilling is not None and gen.prefilling.task_ids == ["t2"]  # still prefilling
+    assert firsts == {"t0": 2, "t1": 3, "t3": 3}  # 22, 37, 45 prompt tokens
+    got = drive(gen, ids=early)
+    for task_id in ("t0", "t1", "t2", "t3"):
+        assert got["ids"][task_id] == solo[task_id]["ids"][task_id], task_id
+        assert got["finish"][task_id] == solo[task_id]["finish"][task_id], task_id
+
+
+@pytest.mark.parametrize("first", [["t2"], ["t2", "t6"]])
+def test_a_request_arriving_during_a_long_prefill_joins_it(loaded: LoadedModel, solo: dict[str, dict[str, Any]],
+                                                           first: list[str]) -> None:
+    """t0 (22 prompt tokens) submitted while a group prefills t2's 159 tokens (alone: the path
+    of a lone request; or beside t6: a merged group cache) joins that group at its next chunk
+    (``PrefillGroup.add``) and has its first token two chunks later, long before t2's; every
+    output equals its solo run."""
+    gen = engine(loaded, 16)
+    by_id = dict(requests())
+    for task_id in first:
+        gen.submit(task_id, by_id[task_id])
+    early = watch_tokens(gen)
+    gen.step()
+    gen.step()
+    gen.submit("t0", by_id["t0"])
+    gen.step()
+    assert gen.prefilling is not None and gen.prefilling.task_ids == [*first, "t0"]
+    gen.step()
+    assert gen.prefilling.task_ids == first and [row.task_id for row in gen.batch.rows] == ["t0"]
+    assert len(early["t0"]) >= 1 and not any(t in early for t in first)
+    got = drive(gen, ids=early)
+    for task_id in [*first, "t0"]:
+        assert got["ids"][task_id] == solo[task_id]["ids"][task_id], task_id
+        assert got["finish"][task_id] == solo[task_id]["finish"][task_id], task_id
 
 
 def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:

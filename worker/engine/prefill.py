@@ -14,6 +14,14 @@ by its own sampler), and the group joins the decode batch as it is (``DecodeBatc
 
 A group of one prefills through ``Sequence.prefill_chunk``, the path of a request alone.
 
+Rows whose prompts end first do not wait for the others: once a chunk leaves some rows at
+their last prompt token while others still have more to feed, ``split_ready`` takes those
+rows out (their KV extracted from the merged cache), samples their first tokens in one
+forward ``[R, 1]`` and hands them to the decode batch; the rest go on prefilling. So a
+request whose prompt the prompt cache mostly holds (a conversation's next turn) gets its
+first token a step or two after it was accepted, not after the longest prompt of its group
+(docs/operations.md#prefix-aware-routing, "What a TTFT is made of").
+
 The group's size: at most ``PREFILL_GROUP_TOKENS ÷ prefill_chunk_size`` rows (one chunk of
 the group feeds at most that many tokens, so its activations stay those of the generous
 chunk bound the master assumes, ``master.admission.PREFILL_CHUNK_BOUND``), and what the decode
@@ -86,6 +94,24 @@ class PrefillGroup:
         """Whether every row's prompt is in the KV and its first token is sampled."""
         return all(s.prefilled for s in self.rows)
 
+    def add(self, seqs: list[Sequence]) -> None:
+        """``seqs``, just accepted (their KV empty or a cached prefix), join the group between
+        two chunks: their KV merged into the group's, left-padded (``BatchKVCache.extend``),
+        so a request arriving while a long prompt prefills starts with the next chunk, not
+        after the whole prompt (module docstring). Raises ``ValueError`` for no ``seqs``."""
+        if not seqs:
+            raise ValueError("no sequence to add")
+        if self._cache is not None:
+            from mlx_lm.models.cache import BatchKVCache
+
+            with mx.stream(generation_stream):
+                for batch, layer in zip(self._cache, zip(*(s.cache for s in seqs)), strict=True):
+                    batch.extend(BatchKVCache.merge(list(layer)))
+            for s in seqs:
+                s.cache = []
+        self.solo = False  # merged at the next chunk when not yet (a lone row's own KV included)
+        self.rows.extend(seqs)
+
     def discard(self, seq: Sequence) -> bool:
         """``seq`` leaves the group when in it (cancelled or failed; its KV rows freed);
         returns whether the group is empty now."""
@@ -128,6 +154,27 @@ class PrefillGroup:
                     s.processed = int(s.prompt.size)
                     s.next_token = self._first[i : i + 1]
         return out
+
+    def split_ready(self, stage: Stage, model: Any) -> PrefillGroup | None:
+        """The rows at their last prompt token while other rows have more to prefill, as a
+        group of their own with their first tokens sampled (one forward ``[R, 1]``), taken
+        out of this one (module docstring); None when there are none or every row is there
+        (the group ends as a whole). If the forward raises, this group is left as it was."""
+        if self.solo or self._cache is None:
+            return None
+        done = [i for i, s in enumerate(self.rows) if int(s.prompt.size) - s.processed == 1]
+        if not done or len(done) == len(self.rows):
+            return None
+        with mx.stream(generation_stream):
+            for i in done:
+                self.rows[i].cache = [c.extract(i) for c in self._cache]
+        ready = PrefillGroup([self.rows[i] for i in done])
+        ready.prefill_chunk(stage, model, 1)  # nothing left to feed but the last tokens: their first tokens
+        keep = [i for i in range(len(self.rows)) if i not in done]
+        for c in self._cache:
+            c.filter(mx.array(keep, dtype=mx.int32))
+        self.rows = [self.rows[i] for i in keep]
+        return ready
 
     def _feed(self, stage: Stage, model: Any, fed: list[int], n: int) -> list[Chunk]:
         """One forward ``[K, n]``: row ``i`` fed its next ``fed[i]`` prompt tokens,

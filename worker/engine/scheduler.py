@@ -8,12 +8,12 @@ no model work), the ``PrefillGroup`` (sequences accepted together, prefilled tog
 batch. ``step`` does one bounded unit of work and returns the chunks it produced; see its
 docstring for the order.
 
-Admission: when nothing prefills, the heads of the queue are accepted into a new group, one
-after the other, while the batch has room beside the group, the group is under its limit
-(``prefill.group_limit``) and each head's KV (prompt + its token budget, bounded by the
-context) fits beside the batch's and the group's within ``kv_capacity_tokens``
-(``batch_memory``); otherwise the head waits (later requests behind it), and one that cannot
-fit even alone ends at once with a 503 ``out_of_memory``.
+Admission: before each prefill chunk, the heads of the queue are accepted into the group
+prefilling (or a new one), one after the other, while the batch has room beside the group,
+the group is under its limit (``prefill.group_limit``) and each head's KV (prompt + its
+token budget, bounded by the context) fits beside the batch's and the group's within
+``kv_capacity_tokens`` (``batch_memory``); otherwise the head waits (later requests behind
+it), and one that cannot fit even alone ends at once with a 503 ``out_of_memory``.
 
 Ranks: every rank of a multi-rank instance steps the same requests (agreed by the runner's
 rounds before each step that accepts or prefills: ``in_prefill``), cancels and tokens, so
@@ -94,8 +94,7 @@ class Engine:
         the task is unknown or already finished."""
         with self._lock:
             if self.queue.remove(task_id):
-                self._outbox.append(FinishChunk(task_id=task_id, finish_reason="cancelled",
-                                                prompt_tokens=0, completion_tokens=0))
+                self._outbox.append(FinishChunk(task_id=task_id, finish_reason="cancelled", prompt_tokens=0, completion_tokens=0))
                 return True
             seq = self._live.get(task_id)
             if seq is None:
@@ -127,11 +126,10 @@ class Engine:
             return self.prefilling is not None or (len(self.queue) > 0 and self._room())
 
     def _room(self, forming: list[Sequence] | None = None) -> bool:
-        """Whether the head of the queue may join the group ``forming`` now (lock held):
-        nothing else prefills, the group is under its limit, the head does not wait for KV."""
-        forming = forming or []
-        if self.prefilling is not None or len(forming) >= group_limit(self.settings.prefill_chunk_size,
-                                                                      self.batch.max_rows - len(self.batch.rows)):
+        """Whether the head of the queue may join ``forming`` (default: the group prefilling)
+        now (lock held): the group is under its limit, the head does not wait for KV."""
+        forming = forming if forming is not None else (self.prefilling.rows if self.prefilling else [])
+        if len(forming) >= group_limit(self.settings.prefill_chunk_size, self.batch.max_rows - len(self.batch.rows)):
             return False
         head = self.queue.head()
         return head is None or head.prepared is None or self._verdict(head.prepared, forming) != "wait"
@@ -149,11 +147,11 @@ class Engine:
 
         1. the ends of requests cancelled while queued, and of sequences cancelled since
            the last step;
-        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: when
-           nothing prefills, the heads of the queue are accepted into a ``PrefillGroup``
-           (prefilled together, one forward pass a chunk); a group whose prefill ends joins
-           the batch at once and the next may follow in the same step; prompts longer than
-           what is left of the budget go on next step;
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: the heads
+           of the queue are accepted into the ``PrefillGroup`` prefilling, or a new one
+           (prefilled together, one forward pass a chunk); rows whose prompts end join the
+           batch at once (``PrefillGroup.split_ready``), and once the whole group has, the next
+           may follow in the same step; prompts longer than what is left go on next step;
         3. one decode step of the batch; rows that end leave at once.
         """
         with self._lock:
@@ -176,43 +174,42 @@ class Engine:
     def _prefill(self, budget: int) -> list[Chunk]:
         out: list[Chunk] = []
         while budget > 0:
-            group = self.prefilling
-            if group is None:
-                chunks, formed = self._form_group()
-                out += chunks
-                if not formed:
-                    break
-                continue
+            out += self._form_group()
+            if (group := self.prefilling) is None:
+                break
             before = [s.processed for s in group.rows]
             try:
                 out += group.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
+                fed = [s.processed - b for s, b in zip(group.rows, before, strict=True)]
+                ready = group.split_ready(self.stage, self.loaded.model)  # rows done before the others
             except Exception as e:  # noqa: BLE001 - these requests fail, the engine goes on
                 error = request_error(self.stage, e)
                 out += [self._fail(s, error) for s in list(group.rows)]
                 continue
-            fed = [s.processed - b for s, b in zip(group.rows, before, strict=True)]
             self.prefilled_tokens += sum(fed)
             budget -= max(fed)
-            if not group.prefilled:
-                break  # the rest of the prompts next step
             with self._lock:
-                group.join(self.batch)
-                self.prefilling = None
+                for done in [g for g in (ready, group) if g is not None and g.prefilled]:
+                    done.join(self.batch)
+                self.prefilling = None if group.prefilled else group
+            if self.prefilling is not None:
+                break  # the rest of the prompts next step
         return out
 
-    def _form_group(self) -> tuple[list[Chunk], bool]:
-        """Accept heads of the queue into a new group while there is room: their chunks,
-        and whether a group was formed."""
+    def _form_group(self) -> list[Chunk]:
+        """Accept heads of the queue while there is room, into the group prefilling (between
+        two of its chunks, ``PrefillGroup.add``) or a new one; their chunks."""
         out: list[Chunk] = []
-        forming: list[Sequence] = []
-        go_on = True
+        group, accepted, go_on = self.prefilling, [], True
         while go_on:
-            chunks, seq, go_on = self._accept_next(forming)
-            out, forming = out + chunks, forming + ([seq] if seq is not None else [])
-        if forming:
-            with self._lock:
-                self.prefilling = PrefillGroup(forming)
-        return out, bool(forming)
+            chunks, seq, go_on = self._accept_next((group.rows if group else []) + accepted)
+            out, accepted = out + chunks, accepted + ([seq] if seq is not None else [])
+        with self._lock:
+            if accepted and group is not None:
+                group.add(accepted)
+            elif accepted:
+                self.prefilling = PrefillGroup(accepted)
+        return out
 
     def _accept_next(self, forming: list[Sequence]) -> tuple[list[Chunk], Sequence | None, bool]:
         """Accept the head of the queue into the group ``forming`` when there is room: its
