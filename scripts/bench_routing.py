@@ -12,10 +12,19 @@ and why.
 
 Reports per mode, for the replayed conversation and for all five: the mean TTFT of turns
 2–6, how many of those turns landed on the instance that served the conversation's first
-turn (the one holding its prefix), and the ratio of the means prefix ÷ load (target ≤ 0.5).
+turn (the one holding its prefix), and the ratio of the means prefix ÷ load (target ≤ 0.5);
+every turn's instance, route, prompt and cached tokens and TTFT with its parts (the
+records' ``routed``, ``runner_ttft``, ``runner_queued``), and the means of the parts.
+
+The replayed conversation starts first by default, on an idle cluster: least-loaded
+routing breaks load ties by instance id, so it lands on the instance that wins every tie
+and stays there under either routing. ``--replayed-at S`` starts it S seconds in, among
+the independent conversations already running (the last starts at 6 s), where its first
+turn lands by load and least-loaded routing moves later turns whenever the other instance
+is less loaded.
 
     .venv/bin/python scripts/bench_routing.py [--turns 6] [--conversations 5] [--max-tokens 16]
-        [--other-max-tokens 48]
+        [--other-max-tokens 48] [--replayed-at 0] [--modes prefix load]
 """
 
 from __future__ import annotations
@@ -152,9 +161,14 @@ def main() -> int:
     ap.add_argument("--other-max-tokens", type=int, default=48, help="of the independent conversations' answers")
     ap.add_argument("--replayed-at", type=float, default=0.0,
                     help="seconds after the start when the replayed conversation begins (the independent ones: 1.5 s apart from 1.5 s)")
+    ap.add_argument("--modes", nargs="+", choices=["prefix", "load"], default=["prefix", "load"],
+                    help="the routings to run, one after the other (run one per process to run them side by side)")
     args = ap.parse_args()
-    prefix = run_mode("prefix", args)
-    load = run_mode("load", args)
+    results = {mode: run_mode(mode, args) for mode in args.modes}
+    if len(results) < 2:
+        print(f"load average at the end: {os.getloadavg()[0]:.1f} (1 min)")
+        return 0
+    prefix, load = results["prefix"], results["load"]
     print(f"\nmean TTFT of the replayed conversation's turns 2-{args.turns}: prefix {prefix['replayed']:.3f} s ÷ "
           f"least-loaded {load['replayed']:.3f} s = {prefix['replayed'] / load['replayed']:.2f} (target <= 0.5)")
     print(f"every conversation's turns 2-{args.turns}: prefix {prefix['mean']:.3f} s ÷ least-loaded {load['mean']:.3f} s "

@@ -14,13 +14,15 @@ by its own sampler), and the group joins the decode batch as it is (``DecodeBatc
 
 A group of one prefills through ``Sequence.prefill_chunk``, the path of a request alone.
 
-Rows whose prompts end first do not wait for the others: once a chunk leaves some rows at
+A request accepted while a group prefills joins it between two chunks (``add``: its KV, empty
+or a cached prefix, merged into the group's) instead of waiting for the whole group, and
+rows whose prompts end first do not wait for the others: once a chunk leaves some rows at
 their last prompt token while others still have more to feed, ``split_ready`` takes those
 rows out (their KV extracted from the merged cache), samples their first tokens in one
 forward ``[R, 1]`` and hands them to the decode batch; the rest go on prefilling. So a
 request whose prompt the prompt cache mostly holds (a conversation's next turn) gets its
 first token a step or two after it was accepted, not after the longest prompt of its group
-(docs/operations.md#prefix-aware-routing, "What a TTFT is made of").
+(docs/architecture.md#engine).
 
 The group's size: at most ``PREFILL_GROUP_TOKENS ÷ prefill_chunk_size`` rows (one chunk of
 the group feeds at most that many tokens, so its activations stay those of the generous
