@@ -17,6 +17,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 import structlog
+
+from tests.gguf_files import bytes_to_unicode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -209,24 +211,10 @@ def test_unsupported_gguf_is_a_clear_error(tmp_path: Path) -> None:
         card_from_gguf(bad, "bad")
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table (the alphabet of byte-level BPE)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def _tiny_llama_gguf(path: Path, tokenizer_model: str = "gpt2") -> Path:
     """A 2-layer untied llama GGUF with float weights and a byte-level tokenizer."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens = specials + _bytes_to_unicode() + ["Ġt"]
+    tokens = specials + bytes_to_unicode() + ["Ġt"]
     hidden, ffn, vocab, kv = 64, 128, len(tokens), 2
     rng = mx.random.key(0)
 
