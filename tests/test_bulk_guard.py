@@ -5,6 +5,7 @@ cluster listens, and a fetch whose bulk path fails finishes over the libp2p stre
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -227,12 +228,24 @@ def _libp2p_ips_and_ports(node: NodeProcess) -> tuple[set[str], set[int]]:
     return ips, ports
 
 
+def _probe_port(node: NodeProcess) -> int | None:
+    """The port of the node's link probe listener (``exo_p2p.links.probe_server``: it logs it
+    once at start), None before it listens."""
+    for line in node.log_path.read_text(errors="replace").splitlines():
+        if '"link probe listener"' in line:
+            return int(json.loads(line)["port"])
+    return None
+
+
 def _bulk_listener(node: NodeProcess) -> tuple[int, set[str]]:
-    """The bulk port and its bound addresses: the listener that is neither the API nor libp2p."""
+    """The bulk port and its bound addresses: the listener that is neither the API, libp2p nor
+    the link probe listener."""
     _, libp2p_ports = _libp2p_ips_and_ports(node)
+    assert wait_until(lambda: _probe_port(node) is not None, 30, what="the link probe listener")
+    skip = {node.api_port, _probe_port(node), *libp2p_ports}
     others: dict[int, set[str]] = {}
     for c in psutil.Process(node.proc.pid).net_connections(kind="tcp"):
-        if c.status == psutil.CONN_LISTEN and c.laddr.port != node.api_port and c.laddr.port not in libp2p_ports:
+        if c.status == psutil.CONN_LISTEN and c.laddr.port not in skip:
             others.setdefault(c.laddr.port, set()).add(c.laddr.ip)
     assert len(others) == 1, f"expected one bulk listener, found {others}"
     return next(iter(others.items()))

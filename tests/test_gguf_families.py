@@ -173,8 +173,8 @@ def test_store_lists_an_unsupported_gguf_as_unusable_with_the_reason(tmp_path: P
     write_family_gguf(models / "odd.gguf", "qwen3", config, metadata, lambda n: "Q8_0")
     store = ModelStore(tmp_path / "data", [models], find_embedded=no_embedded, hf_cache=False)
     assert [c.model_id for c in store.list_cards()] == ["good"]
-    assert store.unusable() == {"odd": "GGUF pre-tokenizer 'falcon' is not supported (supported: "
-                                       "smollm, gpt-2, default, llama-bpe, qwen2)"}
+    assert {p.model_id: p.reason for p in store.unsupported()} == {
+        "odd": "GGUF pre-tokenizer 'falcon' is not supported (supported: smollm, gpt-2, default, llama-bpe, qwen2)"}
 
 
 def test_unsupported_tensor_type_is_named_at_listing(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def place(node, **body) -> str:  # type: ignore[no-untyped-def]
     return wait_until(ready, 180, what="instance ready")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_two_links_measured_the_ring_takes_the_fast_one_and_survives_its_loss(tmp_path, models_dir):
     """Two nodes joined by a fast link and a slow one (tbf 20 Mbit/s, +20 ms RTT): both
     addresses of each peer are in State with RTTs that differ by the relay's delay; the ring
@@ -165,8 +165,10 @@ def test_two_links_measured_the_ring_takes_the_fast_one_and_survives_its_loss(tm
 
         # a silently dropped ring link ends requests within 50 s; the master re-places the model
         # (on one node first when it fits there, then back on two: master/restore.py) and the
-        # tiny model loads in seconds: 240 s is that with a wide margin for a loaded machine
-        ips = wait_until(lambda: served_on_two(nodes[0]), 240, interval=2, what="served again by a 2-node instance")
+        # tiny model loads in seconds. Measured: 73-103 s on a quiet machine, over 240 s once in
+        # the whole suite's run (2 cores, -n 3): 480 s. Why the restore takes that long under
+        # load is an open question of docs/links.md.
+        ips = wait_until(lambda: served_on_two(nodes[0]), 480, interval=2, what="served again by a 2-node instance")
         print(f"fast link down: served again by 2 nodes after {time.monotonic() - t_down:.1f} s, ring {ips}")
         assert set(ips) == {s0, s1}
         slow_cost, slow_rate = preview_cost(nodes[0], 2), decode_rate(nodes[0])

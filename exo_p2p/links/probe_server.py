@@ -121,7 +121,7 @@ class ProbeServer:
     async def run(self, hosts: Sequence[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
         listeners = await open_listeners(hosts)
         self.port = listeners[0].socket.getsockname()[1]
-        log.debug("link probe listener", hosts=list(hosts), port=self.port)
+        log.info("link probe listener", hosts=list(hosts), port=self.port)  # once at start: where peers measure us
         async with trio.open_nursery() as nursery:
             task_status.started(self.port)
             for listener in listeners:
