@@ -270,9 +270,10 @@ def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
+@pytest.mark.parametrize("sharding", ["pipeline", "tensor", "pipeline-micro"])
 def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]], sharding: str) -> None:
-    """Two pipeline (or tensor) runner ranks with --max-batch 16: 12 concurrent tasks delivered in
+    """Two pipeline (or tensor) runner ranks with --max-batch 16 (``pipeline-micro``: the
+    batch split in 2 micro-batches, ``worker/engine/micro.py``): 12 concurrent tasks delivered in
     different orders; one cancelled on rank 1 only once it streams. Every other task's text
     equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s (more if this
     run decodes slowly: ``tests.test_pipeline.cancel_bound``)."""
@@ -283,7 +284,7 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
     if sharding == "tensor":
         runners = _tensor_runners(loaded.model_dir, 16)
     else:
-        runners = start_runners(loaded.model_dir, 2, max_batch=16)
+        runners = start_runners(loaded.model_dir, 2, max_batch=16, micro_batches=2 if sharding == "pipeline-micro" else 0)
     try:
         bring_up(runners)
         for t in tasks:

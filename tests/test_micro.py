@@ -191,39 +191,6 @@ def test_pipeline_micro_batches_equal_solo(loaded: LoadedModel, solo: dict[str, 
             assert res["finish"][task_id] == list(solo[task_id]["finish"][task_id]), (res["rank"], task_id)
 
 
-@pytest.mark.integration
-def test_runner_ranks_micro_batches(loaded: LoadedModel, solo: dict[str, dict[str, Any]]) -> None:
-    """Two pipeline runner ranks splitting their batch in 2 (agreement rounds between steps):
-    12 tasks delivered in different orders, one cancelled on rank 1 only; every other text
-    equals its solo text and the cancelled one ends Cancelled on both ranks."""
-    from exo_p2p.types.chunks import TokenChunk
-    from exo_p2p.types.tasks import CancelTask
-    from tests.test_pipeline import bring_up, cancel_bound, shut_down_cleanly, start_runners, task_for_request, wait_for
-
-    tasks = [task_for_request(i, r) for i, r in enumerate(requests())]
-    runners = start_runners(loaded.model_dir, 2, max_batch=16, micro_batches=2)
-    try:
-        bring_up(runners)
-        for t in tasks:
-            runners[0].send(t)
-        for t in reversed(tasks):
-            runners[1].send(t)
-        bound = cancel_bound(runners[0], "t10", tokens=4)
-        runners[1].send(CancelTask(runner_id="x", task_id="t10"))
-        wait_for(lambda: all("cancelled" in r.task_status("t10") for r in runners), bound, "t10 cancelled on both")
-        for t in tasks:
-            if t.task_id != "t10":
-                wait_for(lambda t=t: all("complete" in r.task_status(t.task_id) for r in runners), 60, f"{t.task_id} complete")
-        for t in tasks:
-            if t.task_id != "t10":
-                text = "".join(c.text for c in runners[0].chunks(t.task_id) if isinstance(c, TokenChunk))
-                assert text == solo[t.task_id]["texts"].get(t.task_id, ""), t.task_id
-        shut_down_cleanly(runners)
-    finally:
-        for r in runners:
-            r.close()
-
-
 if __name__ == "__main__":
     from tests.ranks import child_main
 
