@@ -174,3 +174,13 @@ def no_leftover_processes():  # type: ignore[no-untyped-def]
             pass
     if described:
         pytest.fail("processes still running after the module ended (killed now):\n" + "\n".join(described))
+
+
+@pytest.fixture()
+def nodes():  # type: ignore[no-untyped-def]
+    """A list a test appends the nodes it starts to; every one is stopped at the end
+    (``tests.cluster.nodes_cleanup``)."""
+    from tests.cluster import nodes_cleanup
+
+    with nodes_cleanup([]) as listed:
+        yield listed

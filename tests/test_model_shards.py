@@ -15,19 +15,13 @@ import pytest
 from exo_p2p.models.manifest import build_manifest, chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
-from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
+from tests.cluster import NodeProcess, converged, self_id, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-shards"
 N_LAYERS = 8
 PROMPTS = ["hello there", "the quick brown fox"]
 MAX_TOKENS = 8
-
-
-@pytest.fixture()
-def nodes():
-    with nodes_cleanup([]) as listed:
-        yield listed
 
 
 @pytest.fixture(scope="module")

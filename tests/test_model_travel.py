@@ -13,16 +13,10 @@ import pytest
 
 from exo_p2p.models.manifest import build_manifest
 from exo_p2p.models.synthetic import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
+from tests.cluster import NodeProcess, converged, self_id, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-travel"
-
-
-@pytest.fixture()
-def nodes():
-    with nodes_cleanup([]) as listed:
-        yield listed
 
 
 def _held(node: NodeProcess, holder: str) -> list:
