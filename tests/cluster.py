@@ -28,6 +28,20 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _worker_slice(low: int, top: int) -> tuple[int, int]:
+    """This pytest-xdist worker's own part of ``[low, top)``: workers draw from disjoint
+    slices, so a port one worker picked and has not bound yet (a rank process still importing
+    MLX) is never picked and bound by another worker meanwhile (that race failed a ring init
+    with "Couldn't bind socket (error: 98)"). The whole range outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count <= 1:
+        return low, top
+    index = int(worker[2:]) % count
+    width = (top - low) // count
+    return low + index * width, low + (index + 1) * width
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports on 127.0.0.1 for listeners started later (node APIs, libp2p
     hosts, MLX ring ranks), outside the ephemeral range: a port the kernel handed out for
@@ -38,12 +52,12 @@ def free_ports(n: int) -> list[int]:
     little room below it."""
     from master.placement import RING_BASE_PORT
 
-    top = min(_ephemeral_range()[0], RING_BASE_PORT)
+    low, top = _worker_slice(10000, min(_ephemeral_range()[0], RING_BASE_PORT))
     ports: list[int] = []
-    for _ in range(50 * n if top > 12000 else 0):
+    for _ in range(50 * n if top - low > 1000 else 0):
         if len(ports) == n:
             return ports
-        port = random.randrange(10000, top)
+        port = random.randrange(low, top)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
