@@ -241,7 +241,9 @@ class NodeProcess:
         instance = r.json()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            view = self.get(f"/instances/{instance['instance_id']}").json()
+            r = self.get(f"/instances/{instance['instance_id']}")
+            assert r.status_code == 200, f"instance {instance['instance_id']}: {r.status_code} {r.text}\n{self.log_tail()}"
+            view = r.json()
             if view["status"] == "ready":
                 return view
             assert view["status"] != "failed", view

@@ -65,12 +65,12 @@ class Wave:
 @dataclass
 class FloodResult:
     """Per "kind:port": seconds after which the server closed each connection (None: it did
-    not), connects that failed, the first bytes the server sent; the probes' latencies (None:
-    no answer) and the server's largest descriptor count seen."""
+    not), connects that failed, the first bytes the server sent; the probes' latencies (or
+    why a probe got no answer, ``probe_health``) and the server's largest descriptor count seen."""
 
     closed_after: dict[str, list[float | None]] = field(default_factory=dict)
     connect_failures: dict[str, int] = field(default_factory=dict)
-    probes: list[float | None] = field(default_factory=list)
+    probes: list[float | str] = field(default_factory=list)
     first_bytes: dict[str, set[bytes]] = field(default_factory=dict)
     peak_fds: int = 0
 
@@ -151,9 +151,12 @@ async def _flood(plan: list[Wave], hold: float, result: FloodResult) -> None:
             await trio.sleep(1 / CONNECTS_PER_SECOND)
 
 
-def probe_health(port: int) -> float | None:
+def probe_health(port: int) -> float | str:
     """Seconds ``GET /health`` on ``port`` took to a whole 200 answer (a blocking socket: no
-    client library's own time in it); None when it failed or took more than ``PROBE_TIMEOUT`` s."""
+    client library's own time in it), or why it got none: ``"timeout"`` (no whole answer
+    within ``PROBE_TIMEOUT`` s: slow, e.g. a connect whose SYN waited out a full accept
+    queue on a machine short of CPU), ``"refused"``, ``"reset"``, ``"closed"`` (no bytes) or
+    the status line of another answer."""
     started = time.monotonic()
     data = b""
     try:
@@ -161,10 +164,29 @@ def probe_health(port: int) -> float | None:
             sock.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
             while (part := sock.recv(65536)) and time.monotonic() - started < PROBE_TIMEOUT:
                 data += part
-    except OSError:
-        return None
+    except TimeoutError:
+        return "timeout"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as exc:
+        return f"reset ({exc.__class__.__name__})"
     took = time.monotonic() - started
-    return took if data.startswith(b"HTTP/1.1 200") and took < PROBE_TIMEOUT else None
+    if took >= PROBE_TIMEOUT:
+        return "timeout"
+    if not data.startswith(b"HTTP/1.1 200"):
+        return data.split(b"\r\n", 1)[0].decode("latin-1") or "closed"
+    return took
+
+
+def probe_failures(probes: list[float | str]) -> list[str]:
+    """The probes that got an answer other than 200 or none at all (a timeout is slow, not
+    failed: the share of quick probes bounds those)."""
+    return [p for p in probes if isinstance(p, str) and p != "timeout"]
+
+
+def quick_share(probes: list[float | str], bound: float) -> float:
+    """Share of ``probes`` answered 200 within ``bound`` s (0.0 for none)."""
+    return sum(isinstance(p, float) and p < bound for p in probes) / max(1, len(probes))
 
 
 def run_flood(plan: list[Wave], hold: float, probe_port: int, fds: Callable[[], int] = lambda: 0) -> FloodResult:
