@@ -135,6 +135,8 @@ class NodeConfig(msgspec.Struct):
     models come only from this node's dirs and its peers (``exo_p2p.models.hub_fetch``)."""
     restore_size: bool = True
     """While master, bring shrunk instances back to their placed size (``master.restore``)."""
+    relink: bool = True
+    """While master, move idle instances onto much cheaper rings when links change (``master.relink``)."""
     compact_every: int = 20_000
     cpu_weights: str = "auto"
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)

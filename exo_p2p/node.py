@@ -186,6 +186,7 @@ class Node:
             heard_ago=self.member.last_seen,
             rank_settings=self.config.engine.rank_settings(),
             restore_size=self.config.restore_size,
+            relink=self.config.relink,
             routing=self.config.routing,
         )
         await self.master.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]

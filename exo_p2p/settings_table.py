@@ -139,6 +139,8 @@ _SETTINGS = (
             "from this node's dirs and its peers", "offline"),
     Setting("--no-restore-size", "flag", "While master, leave an instance re-placed on fewer nodes (shrunk) as it is "
             "instead of placing it at its size again once its nodes are back", "restore_size", inverted=True),
+    Setting("--no-relink", "flag", "While master, leave an idle instance on its ring when the links change "
+            "instead of moving it to a much cheaper one (docs/links.md)", "relink", inverted=True),
     Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
             "many events (or 16 MiB of events, whichever comes first)", "compact_every", "N"),
     Setting("--api-key", "text, repeatable", "API key clients must send as Authorization: Bearer KEY (repeatable; "

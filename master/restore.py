@@ -60,6 +60,12 @@ def _pending(state: State) -> list[tuple[Instance, Instance]]:
             if inst.restores and inst.replaces is not None and inst.replaces in state.instances]
 
 
+def restore_under_way(state: State) -> bool:
+    """Whether a restore (or a move, ``master.relink``) is under way: a successor whose
+    instance it stands in for still exists."""
+    return bool(_pending(state))
+
+
 def handled_by_restore(state: State, instance: Instance) -> bool:
     """Whether a failed ``instance`` is this module's to remove rather than re-placement's: a
     successor whose shrunk instance still exists, or a shrunk instance whose successor is alive."""

@@ -28,6 +28,7 @@ from exo_p2p.types import (
 )
 from master.commands import handle_command
 from master.local_rules import refuse_local
+from master.relink import RelinkClock
 from master.reactions import react
 from master.sequencer import OriginSeqs
 
@@ -56,6 +57,7 @@ class MasterRole:
         heard_ago: Callable[[str], float | None] | None = None,
         rank_settings: RankSettings | None = None,
         restore_size: bool = True,
+        relink: bool = True,
         routing: str = "prefix",
     ) -> None:
         self.node_id = node_id
@@ -75,8 +77,11 @@ class MasterRole:
         """Whether this master starts restores of shrunk instances (``master.restore``;
         ``--no-restore-size``); restores under way are finished either way."""
         self._routing = routing
+        self._relink_enabled = relink
+        """Whether this master moves idle instances onto cheaper rings (``master.relink``)."""
         """How requests are routed among ready instances (``master.routing``; ``--routing``)."""
         self._restore_not_before: dict[str, float] = {}
+        self._relink = RelinkClock()
         self._lock = trio.Lock()
         self._replacement_errors: set[str] = set()
         """Instances whose re-placement raised (logged once; tried again every pass)."""
@@ -178,26 +183,52 @@ class MasterRole:
         """One step of ``master.restore.restore_step`` under the lock: finish the restores
         under way, else start at most one (when ``restore_size``)."""
         from exo_p2p.types import new_id
-        from master.restore import restore_step
+        from master.restore import restore_step, restore_under_way
 
         async with self._lock:
             state = self.replica.state
-            if not any(i.shrunk or i.restores for i in state.instances.values()):
-                return
             reachable = frozenset(self._reachable()) if self._reachable is not None else frozenset(state.nodes)
-            try:
-                plan = restore_step(state, reachable=reachable, now=now, not_before=self._restore_not_before,
-                                    new_instance_id=new_id(), start=self._restore_size)
-            except Exception:  # a rule bug must not take the master down
-                log.exception("restore of a shrunk instance failed")
-                return
-            if plan.instance_id is not None:
-                self._restore_not_before[plan.instance_id] = now + plan.wait
-            if plan.why:
-                log.debug("shrunk instance not restored yet", instance_id=plan.instance_id, why=plan.why)
-            if plan.events:
-                log.info("restoring the placed size", instance_id=plan.instance_id, events=[type(e).__name__ for e in plan.events])
-                await self._index(list(plan.events))
+            if any(i.shrunk or i.restores for i in state.instances.values()):
+                try:
+                    plan = restore_step(state, reachable=reachable, now=now, not_before=self._restore_not_before,
+                                        new_instance_id=new_id(), start=self._restore_size)
+                except Exception:  # a rule bug must not take the master down
+                    log.exception("restore of a shrunk instance failed")
+                    return
+                if plan.instance_id is not None:
+                    self._restore_not_before[plan.instance_id] = now + plan.wait
+                if plan.why:
+                    log.debug("shrunk instance not restored yet", instance_id=plan.instance_id, why=plan.why)
+                if plan.events:
+                    log.info("restoring the placed size", instance_id=plan.instance_id, events=[type(e).__name__ for e in plan.events])
+                    await self._index(list(plan.events))
+                if plan.events or restore_under_way(self.replica.state):
+                    return  # one restore or move at a time
+            if self._relink_enabled:
+                await self._relink_pass(state, reachable, now)
+
+    async def _relink_pass(self, state, reachable: frozenset[str], now: float) -> None:  # type: ignore[no-untyped-def]
+        """One check of ``master.relink`` (at most every ``RELINK_CHECK_EVERY`` s), under the
+        lock, when no restore or move is under way: start at most one move of an idle
+        instance onto a cheaper ring, and say why in the log and in the successor (``moved``)."""
+        from exo_p2p.types import new_id
+        from master.relink import relink_step
+
+        if not self._relink.due(now):
+            return
+        try:
+            plan = relink_step(state, reachable=reachable, now=now, not_before=self._relink.not_before,
+                               better_since=self._relink.better_since, new_instance_id=new_id())
+        except Exception:  # a rule bug must not take the master down
+            log.exception("check for a cheaper ring failed")
+            return
+        self._relink.checked(now, plan)
+        if plan.move is not None:
+            move = plan.move
+            log.info("moving an idle instance to a cheaper ring", instance_id=move.instance_id,
+                     successor=move.successor.instance_id, current_us_per_token=move.current_us,
+                     best_us_per_token=move.best_us, why=move.why)
+            await self._index(list(plan.events))
 
     async def _index(self, events: list[Event], origin: LocalEvent | None = None) -> int:
         pending = list(events)

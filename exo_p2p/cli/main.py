@@ -192,6 +192,7 @@ def node(
     ] = False,
     offline: Annotated[bool, node_option("--offline")] = False,
     no_restore_size: Annotated[bool, node_option("--no-restore-size")] = False,
+    no_relink: Annotated[bool, node_option("--no-relink")] = False,
     compact_every: Annotated[
         Optional[int],
         node_option("--compact-every", min=1),
@@ -265,6 +266,7 @@ def node(
         mdns=not values["no_mdns"],
         offline=values["offline"],
         restore_size=not values["no_restore_size"],
+        relink=not values["no_relink"],
         compact_every=values["compact_every"],
         max_moves=values["max_moves"],
         api_keys=values["api_key"],

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 
 def with_placed(instances: list[dict], state: dict | None) -> list[dict]:
-    """``GET /instances`` items with ``placed`` and ``restores`` (``exo_p2p.types.Instance``)
+    """``GET /instances`` items with ``placed``, ``restores`` and ``moved`` (``exo_p2p.types.Instance``)
     copied from the same instance in ``state`` (``GET /state``), when it has them; the items
     are new dicts, ``instances`` is unchanged. ``state`` None: the items as they are."""
     by_id = (state or {}).get("instances") or {}
     out = []
     for inst in instances:
         known = by_id.get(str(inst.get("instance_id", ""))) or {}
-        extra = {k: known[k] for k in ("placed", "restores", "replaces") if k in known and k not in inst}
+        extra = {k: known[k] for k in ("placed", "restores", "replaces", "moved") if k in known and k not in inst}
         out.append({**inst, **extra})
     return out
 
@@ -36,6 +36,10 @@ def shrunk_text(inst: dict, names: dict[str, str] | None = None) -> str | None:
 
 def restoring_text(inst: dict, prefixes: dict[str, str]) -> str | None:
     """``"restores the size of ID"`` for the full-size successor (``restores``) of a shrunk
-    instance still listed; ``prefixes``: instance id → the prefix the table shows. Else None."""
+    instance still listed, ``"moves ID to a cheaper ring"`` for the successor of an instance
+    being moved (``moved``, ``master.relink``); ``prefixes``: instance id → the prefix the
+    table shows. Else None."""
     old = inst.get("replaces")
-    return f"restores the size of {prefixes[old]}" if inst.get("restores") and old in prefixes else None
+    if not inst.get("restores") or old not in prefixes:
+        return None
+    return f"moves {prefixes[old]} to a cheaper ring" if inst.get("moved") else f"restores the size of {prefixes[old]}"

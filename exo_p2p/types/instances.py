@@ -84,8 +84,13 @@ class Instance(msgspec.Struct, frozen=True):
     re-placed on fewer ranks after a failure (a shrunk instance, ``master.replace``); ``()``
     when it runs at its placed size. The master brings it back to that size (``master.restore``)."""
     restores: bool = False
-    """This instance brings ``replaces`` (a shrunk instance, still serving) back to its placed
-    size: the master deletes that one once this one is ready (``master.restore``)."""
+    """This instance stands in for ``replaces`` (still serving): a shrunk instance brought back
+    to its placed size, or one moved to a cheaper ring (``moved``); the master deletes that
+    one once this one is ready and it has no task in flight (``master.restore``)."""
+    moved: str = ""
+    """Why this instance was placed beside ``replaces`` (still serving) when that one was moved
+    to a cheaper ring (``master.relink``; ``""``: not a move). It also has ``restores`` set: the
+    switch is ``master.restore``'s."""
     model_digest: str = ""
     """The manifest digest of the placed model (docs/models.md): what a rank whose node lacks the
     model fetches from the nodes holding it (``""``: placed by a master before manifests)."""
