@@ -199,8 +199,11 @@ class MasterRole:
                     self._restore_not_before[plan.instance_id] = now + plan.wait
                 if plan.why:
                     log.debug("shrunk instance not restored yet", instance_id=plan.instance_id, why=plan.why)
-                if plan.events:
+                if plan.events and plan.instance_id is not None:
                     log.info("restoring the placed size", instance_id=plan.instance_id, events=[type(e).__name__ for e in plan.events])
+                elif plan.events:  # master.restore's switch, for a restore or a move (master.relink)
+                    log.info("switching to the successor, or dropping it", deleted=[getattr(e, "instance_id", None) for e in plan.events])
+                if plan.events:
                     await self._index(list(plan.events))
                 if plan.events or restore_under_way(self.replica.state):
                     return  # one restore or move at a time
