@@ -6,10 +6,12 @@ it indexed, with the State that includes it. Returned events are sequenced right
 
 from __future__ import annotations
 
+from exo_p2p.state.topology import ring_ip
 from exo_p2p.types import (
     FINISHED_TASK_STATUSES,
     Event,
     InstanceFailed,
+    LinkLost,
     NodeProfileUpdated,
     NodeTimedOut,
     RunnerFailed,
@@ -35,7 +37,11 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
       towards the queue limit of everyone else (a restarted API node cancels its own:
       ``exo_p2p.orphans``);
     - a node that restarted (its profile carries a new boot id) fails every instance with a
-      shard placed on its previous boot: runners are never revived (docs/architecture.md#instance-lifecycle).
+      shard placed on its previous boot: runners are never revived (docs/architecture.md#instance-lifecycle);
+    - an address retracted (``LinkLost``: its prober was refused twice, docs/links.md) fails
+      every instance whose ring has a hop to that address from that source (``ring_over``):
+      the ring would otherwise wedge until its ranks are killed as stuck (45 s), while the
+      re-placement can start now, over the pair's remaining addresses.
     """
     if isinstance(event, TaskStatusUpdated) and event.status in FINISHED_TASK_STATUSES:
         return (TaskDeleted(event.task_id),) if event.task_id in state.tasks else ()
@@ -59,7 +65,26 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
                     and record.status not in FINISHED_TASK_STATUSES):
                 out.append(TaskCancelRequested(task_id))
         return tuple(out)
+    if isinstance(event, LinkLost):
+        lost: list[Event] = []
+        for instance_id in ring_over(state, event.source, event.sink, event.address):
+            lost.extend(_fail_instance(state, instance_id, f"its ring ran over {event.address}, which node "
+                                                            f"{event.source} can no longer reach"))
+        return tuple(lost)
     return ()
+
+
+def ring_over(state: State, source: str, sink: str, address: str) -> list[str]:
+    """Ids of the instances (sorted) whose ring has the hop ``source`` → ``sink`` at ``address``
+    (the sink's IP): rank r's ``ring_address`` is where rank r−1 reaches it."""
+    ip = ring_ip(address)
+    out = []
+    for instance_id, inst in sorted(state.instances.items()):
+        shards = inst.shards
+        if len(shards) > 1 and any(shards[r - 1].node_id == source and s.node_id == sink and ring_ip(s.ring_address) == ip
+                                   for r, s in enumerate(shards)):
+            out.append(instance_id)
+    return out
 
 
 def _fail_instance(state: State, instance_id: str, reason: str) -> tuple[Event, ...]:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import msgspec
 
 from exo_p2p import defaults
+from exo_p2p.state.topology import ring_ip
 from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, PlacedNode, RankSettings, State
 from master.placement import PlacementError, place_instance
 
@@ -86,6 +87,32 @@ def _without(state: State, nodes: frozenset[str]) -> State:
     )
 
 
+def without_lost_links(state: State, failed: Instance) -> State:
+    """``state`` without the figures of the addresses ``failed``'s ring used in the reverse
+    direction of a hop whose address is lost (retracted from ``State.links`` while the pair
+    keeps others, docs/links.md#when-a-link-changes), where the reverse direction keeps
+    other addresses. A cable that went down is noticed by the two nodes' probers apart,
+    seconds apart: placed before the second notices, a ring would take the other end of the
+    same dead link and fail ~30 s later ("[ring] Couldn't connect"). Unchanged when no hop
+    of the ring was lost."""
+    shards = failed.shards
+    drop: dict[tuple[str, str], set[str]] = {}
+    for rank, shard in enumerate(shards if len(shards) > 1 else ()):
+        a, b = shards[rank - 1].node_id, shard.node_id
+        measured = state.links.get(a, {}).get(b, {})
+        if not measured or ring_ip(shard.ring_address) in {ring_ip(x) for x in measured}:
+            continue  # unmeasured pair, or the address is still there
+        for r, s in enumerate(shards):  # the hops b -> a of the ring: their addresses are suspect
+            if shards[r - 1].node_id == b and s.node_id == a:
+                drop.setdefault((b, a), set()).add(ring_ip(s.ring_address) or "")
+    links = {src: dict(sinks) for src, sinks in state.links.items()}
+    for (src, sink), ips in drop.items():
+        kept = {x: f for x, f in links.get(src, {}).get(sink, {}).items() if ring_ip(x) not in ips}
+        if kept:
+            links[src][sink] = kept
+    return msgspec.structs.replace(state, links=links) if drop else state
+
+
 def effective_attempt(failed: Instance) -> int:
     """Re-placements so far in the current crash loop: ``failed.attempt``, or 0 when the
     failed instance had served (every rank Ready once) — the count starts again then."""
@@ -109,7 +136,8 @@ def replacement(
     at least, same sharding; a shrunk instance's placed size first), else any size; on
     fewer ranks than that it is shrunk and records the placement (``placed_as``). ``unreachable``: nodes the master does not hear
     right now (dead but not yet timed out): never chosen, so a re-placement does not land on
-    the node whose death caused it. The successor keeps the failed instance's
+    the node whose death caused it; nor the other end of a ring link that was lost
+    (``without_lost_links``). The successor keeps the failed instance's
     ``settings`` (decided once, when it was first placed), else takes ``rank_settings``.
     ``waited``: seconds since ``failed`` failed; below ``RELEASE_WAIT`` a placement that fits
     nowhere returns no events (the caller tries again) instead of giving the instance up."""
@@ -121,7 +149,7 @@ def replacement(
     card = state.model_cards.get(failed.model_id)
     if card is None:
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: model {failed.model_id!r} is no longer in the cluster", final=True),)
-    view = _without(state, unreachable) if unreachable else state
+    view = without_lost_links(_without(state, unreachable) if unreachable else state, failed)
     new = None
     error: PlacementError | None = None
     sizes = dict.fromkeys((failed.placed_ranks, failed.world_size, 1))  # the placed size first, for a shrunk one

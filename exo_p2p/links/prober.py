@@ -5,7 +5,8 @@ Loop (``Prober.run``): every ``TICK`` s, each connected peer whose round is due 
 tickets for its addresses over the cluster's own connection (``probe_server.TICKET_PROTOCOL``),
 then each address measured in turn (``measure.measure``): RTT always, bandwidth when
 ``figures.bandwidth_due``. A round is due ``figures.RTT_EVERY`` s after the last one, or at once
-when the peer's addresses changed (``RETRY_SOON`` s after an address refused). What the round found becomes events by the pure rule
+when the peer's addresses changed (``RETRY_SOON`` s after an address refused or the tickets
+could not be had). What the round found becomes events by the pure rule
 ``round_events``: ``LinkMeasured`` for a new address at once, and when the figures ``moved``
 against State's in two rounds in a row (one round's move is often the node's own load: a busy
 event loop answers late), ``LinkLost`` when
@@ -40,8 +41,9 @@ LOSE_AFTER = 2
 TICKET_TIMEOUT = 5.0
 """Seconds a ticket request may take."""
 RETRY_SOON = 2.0
-"""Seconds to the next round after an address refused a connection (a lost link is noticed
-in ``LOSE_AFTER`` × this, not in rounds of ``RTT_EVERY``)."""
+"""Seconds to the next round after an address refused a connection, or after the ticket
+request failed (the cluster's connection ran over the link that went down and is being
+replaced): a lost link is noticed in a few times this, not in rounds of ``RTT_EVERY``."""
 
 
 @dataclass
@@ -179,8 +181,9 @@ class Prober:
             reply = await self.net.request(peer, TICKET_PROTOCOL, msgspec.msgpack.encode(TicketRequest(len(targets))),
                                            timeout=TICKET_TIMEOUT)
             ticket = msgspec.msgpack.decode(reply, type=ProbeTicket)
-        except Exception as exc:  # noqa: BLE001 - the peer is busy or gone: next round
+        except Exception as exc:  # noqa: BLE001 - the peer is busy, gone, or its connection died: soon again
             log.debug("no probe ticket", peer=peer, error=repr(exc))
+            mem.due = min(mem.due, self.clock() + RETRY_SOON)
             return
         outcomes: dict[str, tuple[str, Outcome]] = {}
         for (ip, itype), (token, proof) in zip(targets, ticket.tickets, strict=False):
