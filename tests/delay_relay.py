@@ -7,6 +7,14 @@ connection is opened again to its original destination (``SO_ORIGINAL_DST``), an
 read is written on the other side ``--delay`` seconds after it arrived, in order (one thread
 per direction; the chunks in between wait in a queue, so bandwidth is not throttled, only
 delayed). Test-only; it stops with its process (SIGTERM).
+
+The kernel completes the client's connection to the relay before the relay dials the
+destination, so a destination that refuses (nothing listens yet) cannot refuse the client's
+connect. A client that dials before its peer listens and retries on refusal (MLX's ring: ranks
+≥ 1 retry for ~30 s, ``worker.engine.distributed``) would instead hold a connection the relay
+closes, and wedge until its ring-init bound (45 s; seen in ``tests/test_links_netns.py``). So a
+refused destination is dialled again every ``RETRY_PAUSE`` s for ``RETRY_FOR`` s, the client's
+connection held open meanwhile, as the client's own retries would have done.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ import threading
 import time
 
 SO_ORIGINAL_DST = 80
+RETRY_FOR = 30.0
+"""Seconds a refused destination is dialled again (MLX's ring connect retries for ~30 s)."""
+RETRY_PAUSE = 0.1
+"""Seconds between two dials of a refused destination."""
 
 
 def original_destination(conn: socket.socket) -> tuple[str, int]:
@@ -61,11 +73,24 @@ def pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
     thread.join()
 
 
+def dial(dest: tuple[str, int]) -> socket.socket:
+    """A connection to ``dest``, dialled again while refused for ``RETRY_FOR`` s (module doc).
+    Raises ``OSError`` when it cannot be had."""
+    deadline = time.monotonic() + RETRY_FOR
+    while True:
+        try:
+            out = socket.create_connection(dest, timeout=5)
+            out.settimeout(None)
+            return out
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(RETRY_PAUSE)
+
+
 def serve(conn: socket.socket, delay: float) -> None:
     try:
-        dest = original_destination(conn)
-        out = socket.create_connection(dest, timeout=5)
-        out.settimeout(None)
+        out = dial(original_destination(conn))
     except OSError:
         conn.close()
         return
