@@ -124,9 +124,21 @@ def movable(state: State, instance: Instance, reachable: Collection[str]) -> boo
     return in_flight(state, instance.instance_id) == 0 and instance_view(state, instance).status == "ready"
 
 
-def better_ring(state: State, instance: Instance, *, new_instance_id: str) -> Move | None:
+def _among(state: State, reachable: Collection[str] | None) -> State:
+    """``state`` as placement should see it: only the nodes in ``reachable`` (None: all)."""
+    if reachable is None or set(state.nodes) <= set(reachable):
+        return state
+    keep = set(reachable)
+    return msgspec.structs.replace(
+        state, nodes={k: v for k, v in state.nodes.items() if k in keep},
+        edges={a: {b: e for b, e in out.items() if b in keep} for a, out in state.edges.items() if a in keep})
+
+
+def better_ring(state: State, instance: Instance, *, new_instance_id: str,
+                reachable: Collection[str] | None = None) -> Move | None:
     """The move of ``instance`` the rule justifies now (module doc, without the clocks), or None.
 
+    The better placement is sought among ``reachable`` nodes only (None: every node in State).
     Pure; the caller checks ``movable`` first. Never raises ``PlacementError`` (no placement:
     no move)."""
     card = state.model_cards.get(instance.model_id)
@@ -137,7 +149,8 @@ def better_ring(state: State, instance: Instance, *, new_instance_id: str) -> Mo
     if current is None:
         return None
     try:
-        new = place_instance(state, card, min_nodes=size, sharding=instance.sharding, instance_id=new_instance_id)
+        new = place_instance(_among(state, reachable), card, min_nodes=size, sharding=instance.sharding,
+                             instance_id=new_instance_id)
     except PlacementError:
         return None
     if new.world_size != size:
@@ -172,7 +185,7 @@ def relink_step(
     for instance_id, inst in sorted(state.instances.items()):
         if now < not_before.get(instance_id, now) or not movable(state, inst, reachable):
             continue
-        move = better_ring(state, inst, new_instance_id=new_instance_id)
+        move = better_ring(state, inst, new_instance_id=new_instance_id, reachable=reachable)
         if move is None:
             continue
         justified.add(instance_id)

@@ -255,3 +255,23 @@ def test_the_master_moves_the_idle_instance_after_the_settle_once_unless_turned_
     assert created.instance.moved and deleted == InstanceDeleted("i")  # type: ignore[attr-defined]
     assert t_deleted >= t_created + 2.0
     assert _run_master(relink=False) == []  # --no-relink
+
+
+def test_the_better_ring_is_sought_among_the_nodes_the_master_hears():
+    """Three nodes: the instance on n0-n1 over the slow link (the only one between them), a
+    fast pair n0-n2. Moved to n0-n2 while n2 is heard, never while it is not."""
+    base = cluster([(64 * GIB, 64 * GIB)] * 3)
+    links: dict = {}
+    for a, b, ip, figs in (("n0", "n1", "10.2.0.2", (21_000, 2_400_000)), ("n1", "n0", "10.2.0.1", (21_000, 2_400_000)),
+                           ("n0", "n2", "10.1.0.3", (110, 10**9)), ("n2", "n0", "10.1.0.1", (110, 10**9)),
+                           ("n1", "n2", "10.3.0.3", (21_000, 2_400_000)), ("n2", "n1", "10.3.0.2", (21_000, 2_400_000))):
+        links.setdefault(a, {}).setdefault(b, {})[ip] = LinkFigures(ip, figs[0], figs[1], "ethernet")
+    state = msgspec.structs.replace(base, model_cards={"m": MODEL}, links=links)
+    inst = place_instance(state, MODEL, min_nodes=2, nodes=["n0", "n1"], instance_id="i")
+    state = _ready(_with(state, inst), inst)
+    all3 = frozenset({"n0", "n1", "n2"})
+    move = better_ring(state, inst, new_instance_id="j", reachable=all3)
+    assert move is not None and {s.node_id for s in move.successor.shards} == {"n0", "n2"}
+    assert better_ring(state, inst, new_instance_id="j", reachable=BOTH) is None
+    assert relink_step(state, reachable=BOTH, now=100.0, not_before={}, better_since={"i": 0.0},
+                       new_instance_id="j").move is None
