@@ -185,11 +185,11 @@ def test_worth_moving_is_both_thresholds(current, best):
         assert not worth_moving(best, current)  # hysteresis: never straight back
 
 
-def _run_master(relink: bool) -> list[tuple[float, object]]:
+def _run_master(relink: bool, two: bool = False) -> list[tuple[float, object]]:
     """A master (``MasterRole.run`` on trio's mock clock) over the instance placed on the slow
-    link, with the fast one measured; the runners of a successor report Ready 2 s after it is
-    created. Returns (seconds since start, event) of the instances it created and deleted in
-    60 s."""
+    link (``two``: and a second one), with the fast one measured; the runners of a successor
+    report Ready 2 s after it is created (12 s with ``two``: over two relink checks). Returns
+    (seconds since start, event) of the instances it created and deleted in 60 s (120 s)."""
     import tempfile
     from pathlib import Path
 
@@ -209,7 +209,10 @@ def _run_master(relink: bool) -> list[tuple[float, object]]:
     from master.role import MasterRole
 
     state, iid = _placed_on_slow()
-    inst = state.instances[iid]
+    placed = [state.instances[iid]]
+    ready_after = 12.0 if two else 2.0  # a successor loads over two relink checks when two
+    if two:  # a second instance on the slow link
+        placed.append(place_instance(_with(_state(_figures(None)), placed[0]), MODEL, min_nodes=2, instance_id="h"))
     seen: list[tuple[float, object]] = []
 
     async def main() -> None:
@@ -227,15 +230,16 @@ def _run_master(relink: bool) -> list[tuple[float, object]]:
                                *(TopologyEdgeCreated(e) for out in state.edges.values() for e in out.values()),
                                *(LinkMeasured(a, b, f) for a, sinks in state.links.items() for b, figs in sinks.items()
                                  for f in figs.values()),
-                               InstanceCreated(inst),
-                               *(RunnerStatusUpdated(s.runner_id, iid, s.node_id, RunnerReady()) for s in inst.shards)])
+                               *(InstanceCreated(inst) for inst in placed),
+                               *(RunnerStatusUpdated(s.runner_id, inst.instance_id, s.node_id, RunnerReady())
+                                 for inst in placed for s in inst.shards)])
             seen.clear()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(master.run)
-                for _ in range(120):
+                for _ in range(240 if two else 120):
                     await trio.sleep(0.5)
                     for t, event in list(seen):
-                        if isinstance(event, InstanceCreated) and trio.current_time() - start - t >= 2.0:
+                        if isinstance(event, InstanceCreated) and trio.current_time() - start - t >= ready_after:
                             new = event.instance
                             if all(r.runner_id not in master.replica.state.runners for r in new.shards):
                                 await master.emit([RunnerStatusUpdated(s.runner_id, new.instance_id, s.node_id, RunnerReady())
@@ -257,6 +261,13 @@ def test_the_master_moves_the_idle_instance_after_the_settle_once_unless_turned_
     assert _run_master(relink=False) == []  # --no-relink
 
 
+def test_the_master_moves_two_instances_one_after_the_other():
+    events = _run_master(relink=True, two=True)
+    kinds = [(type(e).__name__, getattr(e, "instance_id", None) or e.instance.replaces) for _, e in events]  # type: ignore[attr-defined]
+    assert kinds == [("InstanceCreated", "h"), ("InstanceDeleted", "h"), ("InstanceCreated", "i"), ("InstanceDeleted", "i")], kinds
+    assert events[2][0] >= events[1][0]  # the second move starts once the first switch is done
+
+
 def test_the_better_ring_is_sought_among_the_nodes_the_master_hears():
     """Three nodes: the instance on n0-n1 over the slow link (the only one between them), a
     fast pair n0-n2. Moved to n0-n2 while n2 is heard, never while it is not."""
@@ -275,3 +286,16 @@ def test_the_better_ring_is_sought_among_the_nodes_the_master_hears():
     assert better_ring(state, inst, new_instance_id="j", reachable=BOTH) is None
     assert relink_step(state, reachable=BOTH, now=100.0, not_before={}, better_since={"i": 0.0},
                        new_instance_id="j").move is None
+
+
+def test_two_instances_on_the_slow_link_move_one_at_a_time():
+    state, iid = _placed_on_slow()
+    other = place_instance(_with(_state(_figures(None)), state.instances[iid]), MODEL, min_nodes=2, instance_id="h")
+    state = _ready(_with(state, other), other)
+    plan = relink_step(state, reachable=BOTH, now=100.0, not_before={}, better_since={iid: 0.0, "h": 0.0},
+                       new_instance_id="j")
+    assert plan.justified == {iid, "h"} and len(plan.events) == 1 and plan.move.instance_id == "h"  # type: ignore[union-attr]
+    # while that move is under way the master asks restore_step, which finishes it first
+    from master.restore import restore_under_way
+
+    assert restore_under_way(_with(state, plan.move.successor))  # type: ignore[union-attr]
