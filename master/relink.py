@@ -53,8 +53,10 @@ RELINK_FACTOR = 2.0
 """A move needs the current ring to cost more than this many times the best one."""
 RELINK_MARGIN_US = 2_000
 """...and more than this many µs per token above it (2 ms: about Wi-Fi vs Ethernet, ``ASSUMED``)."""
-RELINK_SETTLE = 30.0
-"""Seconds the gain must hold at every check before a move starts (two RTT rounds)."""
+RELINK_SETTLE = 60.0
+"""Seconds the gain must hold at every check before a move starts: four RTT rounds. A figure
+that spiked under load (published after two rounds agree, ``exo_p2p.links.figures``) is put
+back by the next two rounds that see it normal, within ~33 s; it never lasts this long."""
 RELINK_INTERVAL = 300.0
 """Seconds after a move of an instance started before it (or its successor) may move again."""
 RELINK_CHECK_EVERY = 5.0

@@ -189,7 +189,8 @@ def _run_master(relink: bool, two: bool = False) -> list[tuple[float, object]]:
     """A master (``MasterRole.run`` on trio's mock clock) over the instance placed on the slow
     link (``two``: and a second one), with the fast one measured; the runners of a successor
     report Ready 2 s after it is created (12 s with ``two``: over two relink checks). Returns
-    (seconds since start, event) of the instances it created and deleted in 60 s (120 s)."""
+    (seconds since start, event) of the instances it created and deleted in ``RELINK_SETTLE``
+    + 30 s (+ 60 s)."""
     import tempfile
     from pathlib import Path
 
@@ -236,7 +237,7 @@ def _run_master(relink: bool, two: bool = False) -> list[tuple[float, object]]:
             seen.clear()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(master.run)
-                for _ in range(240 if two else 120):
+                for _ in range(int((RELINK_SETTLE + (60 if two else 30)) / 0.5)):
                     await trio.sleep(0.5)
                     for t, event in list(seen):
                         if isinstance(event, InstanceCreated) and trio.current_time() - start - t >= ready_after:
