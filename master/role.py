@@ -24,12 +24,13 @@ from exo_p2p.types import (
     LocalEvent,
     NodeId,
     RankSettings,
+    State,
     TaskCreated,
 )
 from master.commands import handle_command
 from master.local_rules import refuse_local
-from master.relink import RelinkClock
 from master.reactions import react
+from master.relink import RelinkClock
 from master.sequencer import OriginSeqs
 
 log = structlog.get_logger(__name__)
@@ -77,9 +78,10 @@ class MasterRole:
         """Whether this master starts restores of shrunk instances (``master.restore``;
         ``--no-restore-size``); restores under way are finished either way."""
         self._routing = routing
-        self._relink_enabled = relink
-        """Whether this master moves idle instances onto cheaper rings (``master.relink``)."""
         """How requests are routed among ready instances (``master.routing``; ``--routing``)."""
+        self._relink_enabled = relink
+        """Whether this master moves idle instances onto much cheaper rings (``master.relink``;
+        ``--no-relink``); moves under way are finished either way."""
         self._restore_not_before: dict[str, float] = {}
         self._relink = RelinkClock()
         self._lock = trio.Lock()
@@ -181,7 +183,8 @@ class MasterRole:
 
     async def _restore_pass(self, now: float) -> None:
         """One step of ``master.restore.restore_step`` under the lock: finish the restores
-        under way, else start at most one (when ``restore_size``)."""
+        and moves under way, else start at most one restore (when ``restore_size``); when
+        none is under way nor started, one check of ``master.relink`` (``_relink_pass``)."""
         from exo_p2p.types import new_id
         from master.restore import restore_step, restore_under_way
 
@@ -210,7 +213,7 @@ class MasterRole:
             if self._relink_enabled:
                 await self._relink_pass(state, reachable, now)
 
-    async def _relink_pass(self, state, reachable: frozenset[str], now: float) -> None:  # type: ignore[no-untyped-def]
+    async def _relink_pass(self, state: State, reachable: frozenset[str], now: float) -> None:
         """One check of ``master.relink`` (at most every ``RELINK_CHECK_EVERY`` s), under the
         lock, when no restore or move is under way: start at most one move of an idle
         instance onto a cheaper ring, and say why in the log and in the successor (``moved``)."""
