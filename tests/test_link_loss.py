@@ -8,10 +8,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exo_p2p.links.prober import RETRY_SOON, PeerMemory, Prober
 from exo_p2p.links.figures import RTT_EVERY
-from exo_p2p.types import InstanceFailed, LinkLost, TaskDeleted, TaskStatusUpdated
+from exo_p2p.types import InstanceFailed, LinkFigures, LinkLost, TaskDeleted, TaskStatusUpdated
 from master.placement import place_instance
 from master.reactions import react, ring_over
 from tests.test_relink import FAST, MODEL, SLOW, _figures, _state
@@ -80,3 +82,24 @@ def test_the_re_placement_does_not_take_the_other_end_of_the_lost_link():
     assert without_lost_links(whole, failed) is whole
     _, again = replacement(whole, failed, "k")
     assert {s.ring_address.rsplit(":", 1)[0] for s in again.instance.shards} == set(FAST.values())  # type: ignore[attr-defined]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["n0", "n1"]), st.sampled_from(["n0", "n1"]),
+                          st.sampled_from(["10.1.0.1", "10.1.0.2", "10.2.0.1", "10.2.0.2"])), max_size=8))
+def test_without_lost_links_only_drops_figures_and_never_a_pairs_last_address(kept):
+    """Whatever figures State still holds of the failed ring's pair, the view only drops some
+    (never adds, never changes one) and never empties a pair it had figures for."""
+    from master.replace import without_lost_links
+
+    _, inst = _on_fast()
+    links: dict = {}
+    for a, b, ip in kept:
+        if a != b:
+            links.setdefault(a, {}).setdefault(b, {})[ip] = LinkFigures(ip, 100, 10**9, "ethernet")
+    state = msgspec.structs.replace(_state({}), links=links)
+    view = without_lost_links(state, inst).links
+    for a, sinks in links.items():
+        for b, figs in sinks.items():
+            assert set(view[a][b]) <= set(figs) and view[a][b], (a, b)
+            assert all(view[a][b][ip] == figs[ip] for ip in view[a][b])
