@@ -168,7 +168,7 @@ def test_two_links_measured_the_ring_takes_the_fast_one_and_survives_its_loss(tm
         # re-places it over the slow link (never onto the dead link's other end); the tiny model
         # loads in 3-10 s (60 s at most, the loading bound). Should the retraction not come,
         # the wedged ranks are killed as stuck after 45 s: 45 + 5 (confirm) + 60 + 10 = 120 s,
-        # with 1.5x slack for a loaded machine. Measured at load 3-6: 13.7 and 16.5 s (was 54-103 s).
+        # with 1.5x slack for a loaded machine. Measured at load 2-6: 12.8, 13.7 and 16.5 s (was 54-103 s).
         ips = wait_until(lambda: served_on_two(nodes[0]), 180, interval=2, what="served again by a 2-node instance")
         print(f"fast link down: served again by 2 nodes after {time.monotonic() - t_down:.1f} s, ring {ips}")
         assert set(ips) == {s0, s1}
