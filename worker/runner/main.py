@@ -220,7 +220,9 @@ class RunnerProcess:
         if first.shard.world_size > 1:  # ranks sharing this host share its cores' BLAS threads
             from worker.runner.blas_threads import share_blas_threads
 
-            share_blas_threads([s.ring_address for s in first.instance.shards], first.shard.rank)
+            shared = share_blas_threads([s.ring_address for s in first.instance.shards], first.shard.rank)
+            if shared is not None:
+                print(f"runner: {shared} BLAS thread(s): ranks of this instance share this host", file=sys.stderr, flush=True)
         self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
         interval = first.heartbeat_interval
         start_heartbeat(self.pulse, self.send, interval)
