@@ -49,11 +49,13 @@ GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 HUB_STREAMS = 4
 """Requests in flight to a hub (holder ``HUB``) at once."""
 HUB_RUN_BYTES = 16 * 1024 * 1024
-HUB_RUN_CHUNKS = 64
+HUB_RUN_CHUNKS = 1024
 """At most this many bytes and chunks of consecutive chunks in one hub request (``get_run``;
 each chunk is written as it arrives and journaled at the copy's next checkpoint, so a
 restart refetches at most what arrived since: ``exo_p2p.models.partial``). Fewer, longer
-requests: each costs a redirect and a round trip to the hub's CDN."""
+requests: each costs a redirect and a round trip to the hub's CDN. The byte bound is the
+one that normally ends a run: chunks are cut at every tensor's bounds, so most are far
+smaller than the copy's chunk size (the embedded model's average ~110 KB, not 256 KiB)."""
 HUB_TIMEOUT_FACTOR = 4
 """A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
 connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
@@ -129,18 +131,21 @@ def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[b
 
 
 def _deliverer(partial: PartialModel, path: str, peer: str,
-               settle: Callable[[str, tuple[str, int], int, object], bool]) -> Deliver:
+               settle: Callable[[str, tuple[str, int], int, object], bool], token: trio.lowlevel.TrioToken) -> Deliver:
     """``deliver`` for a run of ``path`` (called in the run's thread): writes each chunk, then
-    has trio ``settle`` it at once (progress while the run goes on); raises the ``OSError``
-    of a failed write (the run stops), and ``trio.Cancelled`` once the fetch gave up on the
-    run (an abandoned thread stops downloading)."""
+    queues its ``settle`` on trio (``token.run_sync_soon``: progress while the run goes on,
+    without the thread waiting for trio's loop at every chunk; trio runs the queued calls in
+    order, before the run's own completion); raises the ``OSError`` of a failed write (the
+    run stops), and ``trio.Cancelled`` once the fetch gave up on the run (an abandoned thread
+    stops downloading: ``trio.from_thread.check_cancelled``)."""
 
     def deliver(index: int, data: bytes) -> object:
+        trio.from_thread.check_cancelled()
         try:
             result = _write_one(partial, path, index, data)
         except OSError as exc:
             result = exc
-        trio.from_thread.run_sync(settle, peer, (path, index), len(data), result)
+        token.run_sync_soon(settle, peer, (path, index), len(data), result)
         if isinstance(result, OSError):
             raise result
         return result
@@ -189,6 +194,7 @@ async def fetch_chunks(
     live = set(holders)
     in_flight: set[tuple[str, int]] = set()
     state = {"done": done, "changed": trio.Event()}
+    token = trio.lowlevel.current_trio_token()
     write_failed: list[OSError] = []
 
     def changed() -> None:
@@ -250,7 +256,7 @@ async def fetch_chunks(
             try:
                 with trio.fail_after(limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
                     if peer == HUB and get_run is not None:  # each chunk written and settled as it arrives
-                        await get_run(path, [i for _, i in keys], _deliverer(partial, path, peer, settle))
+                        await get_run(path, [i for _, i in keys], _deliverer(partial, path, peer, settle, token))
                     else:
                         datas = [await get_chunk(peer, path, index)]
                         # hash + write in a thread: the next chunks keep arriving meanwhile
