@@ -94,6 +94,16 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def preload() -> None:
+    """Import what a hub request uses (``huggingface_hub``'s API, session and URL helpers:
+    ~0.1–0.2 s on first use) so that a node's first placement or pull does not wait for it.
+    Blocking; run it in a thread. Never asks the hub anything."""
+    from huggingface_hub import HfApi, get_session, hf_hub_url  # noqa: F401
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status  # noqa: F401
+
+    get_session()
+
+
 def _advice(exc: Exception, repo: str, revision: str | None) -> str:
     """A ``huggingface_hub`` error as one line naming the cause and what to do."""
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, RepositoryNotFoundError,

@@ -32,7 +32,7 @@ import trio
 from exo_p2p import defaults
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, Progress
-from exo_p2p.models.hub import HubClient, is_repo_id, parse_repo
+from exo_p2p.models.hub import HubClient, is_repo_id, parse_repo, preload
 from exo_p2p.models.hub_fetch import HubAccess
 from exo_p2p.models.manifest import all_chunks
 from exo_p2p.models.names import check_model_name
@@ -123,6 +123,8 @@ class PullManager:
         self._nursery, self._on_done, self._hub, self._models_dir = nursery, on_done, hub, models_dir
         self._revisions: dict[str, str | None] = {}  # a hub pull's revision, by repo id
         self.pulls: dict[str, PullStatus] = {}
+        if hub is not None and hub.enabled:  # the library's import, not a pull's time
+            nursery.start_soon(trio.to_thread.run_sync, preload)
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
         """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous, a
