@@ -26,6 +26,7 @@ import hashlib
 import json
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from exo_p2p.models.card import card_from_config, float32_sizes
@@ -45,6 +46,8 @@ SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 WEIGHTS = "model*.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_SMALL_BYTES = 256 * 1024 * 1024
+RESOLVE_STREAMS = 8
+"""Requests in flight at once while resolving (the small files and the headers)."""
 
 
 def wanted_files(files: list[HubFile]) -> tuple[list[HubFile], list[HubFile]]:
@@ -90,19 +93,23 @@ def _weight_entry(path: str, size: int, raw: bytes, header: dict, chunk_bytes: i
 def resolve_hub_model(client: HubClient, model_id: str) -> tuple[HubSource, ModelCard, ModelManifest, dict[str, bytes]]:
     """``(source, card, manifest, known bytes)`` of ``client``'s repo (module docstring);
     known bytes: path -> the small files whole and each weight file's header (its first
-    bytes). Blocking (a few requests). Raises ``HubError`` (the hub), ``UnsupportedModelError``
+    bytes). Blocking (a few requests, ``RESOLVE_STREAMS`` at once). Raises ``HubError`` (the hub), ``UnsupportedModelError``
     (not an MLX-format model, a bad header or config)."""
     commit, files = client.info()
     small, weights = wanted_files(files)
     if sum(f.size for f in small) > MAX_SMALL_BYTES:
         raise UnsupportedModelError(f"model {model_id}'s config and tokenizer files exceed {MAX_SMALL_BYTES} bytes")
     chunk_bytes = choose_chunk_bytes(sum(f.size for f in small + weights))
-    known = {f.path: client.get_range(f.path, 0, f.size) for f in small}
+    with ThreadPoolExecutor(max_workers=RESOLVE_STREAMS, thread_name_prefix="hub-resolve") as pool:
+        # every small file and every header at once, as snapshot_download fetches files
+        smalls = [pool.submit(client.get_range, f.path, 0, f.size) for f in small]
+        headers = [pool.submit(_header, client, f) for f in weights]
+        known = {f.path: got.result() for f, got in zip(small, smalls)}
+        read = [got.result() for got in headers]
     entries = [ManifestFile(f.path, f.size, _chunks(f.size, [], chunk_bytes, known[f.path])) for f in small]
     sizes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in weights:
-        raw, header = _header(client, f)
+    for f, (raw, header) in zip(weights, read):
         known[f.path] = raw
         entries.append(_weight_entry(f.path, f.size, raw, header, chunk_bytes))
         for name, info in header.items():
