@@ -156,8 +156,15 @@ class Handler(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD" and body:
+        # headers and body in one write, as a real hub's servers send a small answer: written
+        # apart, the body waited (Nagle's algorithm) for the ACK of the headers, which the
+        # client delays up to 40 ms, on every small file and header a client read
+        small = self.command != "HEAD" and 0 < len(body) <= 1 << 20
+        self._headers_buffer.append(b"\r\n")
+        if small:
+            self._headers_buffer.append(body)
+        self.flush_headers()
+        if self.command != "HEAD" and body and not small:
             self.wfile.write(body)
 
     def _error(self, status: int, code: str, message: str) -> None:
