@@ -178,3 +178,38 @@ def test_a_hub_copy_is_hashed_as_it_arrives_and_needs_no_second_read(model_dir, 
             full = hashes.full_manifest()
         if not corrupt:
             assert full == build_manifest(tmp_path / "copy-False", "org/tiny", chunk_bytes=manifest.chunk_bytes)
+
+
+def test_every_byte_of_a_hub_copy_is_hashed_twice_at_most(model_dir, tmp_path, monkeypatch):
+    """Once for its chunk, once for its file: a chunk fed to its file's hash from a read-back
+    (it arrived ahead of the frontier) keeps the hash taken on arrival, and a receiving
+    thread never waits for another one feeding the same file."""
+    from exo_p2p.models import fetch as fetch_module
+    from exo_p2p.models import hub_hashing
+    from exo_p2p.models.hub_fetch import hub_run
+
+    monkeypatch.setattr(fetch_module, "HUB_RUN_CHUNKS", 3)  # several runs, finishing out of order
+    hashed = [0]
+    real = hashlib.sha256
+
+    class Counting:
+        def sha256(self, data=b""):
+            hashed[0] += len(data)
+            h = real()
+            h.update(data)
+            return h
+
+    monkeypatch.setattr(hub_hashing, "hashlib", Counting())
+    repo = LocalRepo(model_dir)
+    _, _, manifest, known = resolve_hub_model(repo, "org/tiny")
+
+    async def no_peer(peer, path, index):
+        raise AssertionError("only the hub is asked")
+
+    with PartialModel(tmp_path / "copy", manifest) as partial:
+        store_known(partial, known)
+        trio.run(lambda: fetch_chunks(partial, all_chunks(manifest), [HUB], no_peer, get_run=hub_run(repo, partial)))
+        full = hub_hashing.arrivals(partial).full_manifest()
+    assert full is not None
+    weights = sum(f.size for f in manifest.files if any(c.sha256 == UNKNOWN for c in f.chunks))
+    assert hashed[0] <= weights  # the one-shot chunk hashes: each weight byte once (whole-file updates apart)

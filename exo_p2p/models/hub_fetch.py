@@ -131,7 +131,8 @@ def hub_run(client: HubClient, partial: PartialModel):  # type: ignore[no-untype
     """``get_run`` for ``fetch_chunks``: consecutive chunks ``indices`` of ``path`` in one
     range request to the hub, streamed (``HubClient.stream_range``, in a thread): each chunk
     is handed to ``deliver`` as soon as its bytes are in, so at most one chunk per request is
-    held in memory, and, once stored, hashed on arrival (``hub_hashing.arrivals``)."""
+    held in memory, hashed on arrival (before it is stored) and, once stored, fed to its
+    file's hash (``hub_hashing.arrivals``)."""
     from exo_p2p.models.hub_hashing import arrivals
 
     hashes = arrivals(partial)
@@ -155,6 +156,7 @@ def hub_run(client: HubClient, partial: PartialModel):  # type: ignore[no-untype
                     have[0] = 0
                     index = indices[at[0]]
                     at[0] += 1
+                    hashes.note(path, index, data)  # before it is held: never hashed again
                     if deliver(index, data) in (True, False):  # stored (or held already)
                         try:
                             hashes.add(path, index, data)

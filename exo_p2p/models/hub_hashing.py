@@ -5,12 +5,14 @@ hub publishes one SHA-256 per file. Checking a complete file against it, and the
 the copy's full manifest (the hashes its peers check), would read every byte twice more
 after the download. ``ArrivalHashes`` does both while the bytes arrive instead:
 
-- each chunk handed to ``add`` (just written and held in the copy) is hashed, in the
-  thread that received it;
+- each chunk is hashed once, in the thread that received it: before it is written
+  (``note``), or when handed to ``add`` (just written and held in the copy);
 - each file's whole SHA-256 is fed in file order: a chunk arriving at the file's frontier is
   fed at once, then every chunk after it that the copy already holds (arrived earlier, from
   a peer, or before a restart) is read back (the page cache, normally) and fed too, so the
   frontier follows the download and the file's hash is ready when its last chunk arrives.
+  One thread feeds a file at a time; a receiving thread finding another one feeding it
+  returns at once (that one takes its chunk too), so no download waits on a read-back.
 
 ``file_sha256`` finishes a file's frontier (reading back what is left) and gives its hex
 digest; ``full_manifest`` the copy's manifest with every chunk hashed, once all are. One
@@ -48,24 +50,43 @@ class ArrivalHashes:
         self.partial = partial
         self._files = {f.path: _File() for f in partial.manifest.files}
 
+    def note(self, path: str, index: int, data: bytes) -> None:
+        """Hash chunk ``index`` of ``path`` before it is written into the copy (blocking; any
+        thread): once it is held, a thread feeding the file's hash may read it back, and
+        finds its hash taken already. The bytes written last are the ones noted last."""
+        self._files[path].chunks[index] = hashlib.sha256(data).hexdigest()  # one dict operation: atomic
+
     def add(self, path: str, index: int, data: bytes) -> None:
-        """Chunk ``index`` of ``path``, just written into the copy: hash it, and feed the
-        file's hash when it is at the frontier (blocking: hashing; any thread)."""
-        digest = hashlib.sha256(data).hexdigest()  # outside the lock: threads hash in parallel
+        """Chunk ``index`` of ``path``, just written into the copy: hash it (unless ``note``
+        did), and feed the file's hash when it is at the frontier (blocking: hashing; any
+        thread). Never waits for another thread feeding that file: that thread takes this
+        chunk too (it is held already), reading it back."""
         f = self._files[path]
-        with f.lock:
-            f.chunks.setdefault(index, digest)
-            if index == f.next:
-                f.whole.update(data)
-                f.next += 1
-            self._advance(path, f)  # the frontier may wait on chunks stored otherwise (a header)
+        if index not in f.chunks:
+            f.chunks.setdefault(index, hashlib.sha256(data).hexdigest())  # outside the lock: in parallel
+        chunks = self.partial.manifest.file(path).chunks
+        while f.lock.acquire(blocking=False):
+            try:
+                if index == f.next:
+                    f.whole.update(data)
+                    f.next += 1
+                index = -1
+                self._advance(path, f)  # the frontier may wait on chunks stored otherwise (a header)
+            finally:
+                f.lock.release()
+            # a chunk held after _advance looked and before the release: its writer's add
+            # found the lock taken and left it to this thread
+            if not (f.next < len(chunks) and self.partial.has({path: (f.next,)})):
+                return
 
     def _advance(self, path: str, f: _File) -> None:
-        """Feed the chunks after the frontier that the copy holds (caller holds ``f.lock``)."""
+        """Feed the chunks after the frontier that the copy holds (caller holds ``f.lock``);
+        a chunk hashed on arrival is not hashed again."""
         chunks = self.partial.manifest.file(path).chunks
         while f.next < len(chunks) and self.partial.has({path: (f.next,)}):
             data = self.partial.read_chunk(path, f.next)
-            f.chunks.setdefault(f.next, hashlib.sha256(data).hexdigest())
+            if f.next not in f.chunks:
+                f.chunks[f.next] = hashlib.sha256(data).hexdigest()
             f.whole.update(data)
             f.next += 1
 
