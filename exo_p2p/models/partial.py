@@ -10,8 +10,10 @@ Layout of one copy (a directory, one per manifest digest)::
 Write order makes a restart safe: verified chunks are journaled in checkpoints (every
 ``CHECKPOINT_BYTES`` written or ``CHECKPOINT_SECONDS`` passed, before a file is renamed, and
 on ``close``): the files written
-since the last checkpoint are ``fdatasync``-ed first, then their journal lines are appended
-and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at most
+since the last checkpoint are ``fdatasync``-ed first (a periodic checkpoint does that outside
+the copy's lock, so other writers go on meanwhile; ``flush``, ``close`` and a file's rename
+wait for it), then their journal lines are appended and the journal is fsync-ed, so every
+journal line names bytes on disk (a crash loses at most
 one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
 ignored, and the next append starts on a new line so the torn piece never joins it. Nothing is written before it matched the manifest's hash
 (``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
@@ -110,6 +112,8 @@ class PartialModel:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, int]] = []  # written, not journaled yet
         self._pending_bytes = 0
+        self._syncing = 0  # periodic checkpoints syncing their files outside the lock
+        self._synced = threading.Condition(self._lock)
         self._last_checkpoint = time.monotonic()
         self._read_journal()
         journal = self.root / JOURNAL
@@ -134,10 +138,21 @@ class PartialModel:
                 self._checkpoint()
 
     def _checkpoint(self) -> None:
-        """Make the pending chunks durable, then journal them (caller holds the lock)."""
+        """Make the pending chunks durable, then journal them (caller holds the lock; it
+        first waits for the periodic checkpoints syncing outside it: ``_checkpoint_batch``)."""
+        while self._syncing:
+            self._synced.wait()
         if not self._pending:
             return
-        for path in sorted({p for p, _ in self._pending}):
+        self._sync(self._pending)
+        self._append_journal(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._last_checkpoint = time.monotonic()
+
+    def _sync(self, chunks: list[tuple[str, int]]) -> None:
+        """``fdatasync`` the files holding ``chunks`` (blocking; no lock needed)."""
+        for path in sorted({p for p, _ in chunks}):
             target = self.root / f"{path}.part"
             if not target.exists():
                 target = self.root / path
@@ -146,7 +161,10 @@ class PartialModel:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
-        lines = "".join(f"{i} {p}\n" for p, i in self._pending)
+
+    def _append_journal(self, chunks: list[tuple[str, int]]) -> None:
+        """Append one line per chunk to the journal and fsync it (caller holds the lock)."""
+        lines = "".join(f"{i} {p}\n" for p, i in chunks)
         try:
             self._journal.write(("\n" if self._torn else "") + lines)
             self._journal.flush()
@@ -155,9 +173,37 @@ class PartialModel:
             self._torn = True  # some of it may be on disk, cut anywhere
             raise
         self._torn = False
-        self._pending.clear()
-        self._pending_bytes = 0
-        self._last_checkpoint = time.monotonic()
+
+    def _checkpoint_batch(self, batch: list[tuple[str, int]], path: str, index: int) -> None:
+        """A periodic checkpoint of ``batch`` (taken from the pending chunks by the writer of
+        chunk ``index`` of ``path``): its files are synced outside the lock, so the other
+        writers go on meanwhile, then its lines are journaled under it — only for chunks
+        still held (a file discarded meanwhile gets none). On ``OSError`` the batch is
+        pending again, the writer's own chunk is not held (as when a checkpoint under the
+        lock fails), and the error is raised."""
+        failure: OSError | None = None
+        try:
+            self._sync(batch)
+        except OSError as exc:
+            failure = exc
+        with self._lock:
+            try:
+                if failure is not None:
+                    raise failure
+                self._append_journal([(p, i) for p, i in batch if i in self._held[p]])
+            except OSError:
+                self._batch_failed(batch, path, index)
+                raise
+            finally:
+                self._syncing -= 1
+                self._synced.notify_all()
+
+    def _batch_failed(self, batch: list[tuple[str, int]], path: str, index: int) -> None:
+        """Put a failed batch back among the pending chunks, without the writer's own one."""
+        back = [(p, i) for p, i in batch if (p, i) != (path, index) and i in self._held[p]]
+        self._held[path].discard(index)
+        self._pending[:0] = back
+        self._pending_bytes = sum(e - s for s, e in (chunk_span(self.manifest, p, i) for p, i in self._pending))
 
     def __enter__(self) -> PartialModel:
         return self
@@ -239,6 +285,7 @@ class PartialModel:
             _pwrite_all(fd, data, start)
         finally:
             os.close(fd)
+        batch: list[tuple[str, int]] = []
         with self._lock:
             if index in self._held[path]:
                 return False
@@ -251,13 +298,17 @@ class PartialModel:
                     self._finish_file(path)
                 elif (self._pending_bytes >= CHECKPOINT_BYTES
                       or time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS):
-                    self._checkpoint()
+                    batch, self._pending, self._pending_bytes = self._pending, [], 0
+                    self._last_checkpoint = time.monotonic()
+                    self._syncing += 1
             except OSError:  # not durable (or its file not renamed): this chunk is not held
                 self._held[path].discard(index)
                 if (path, index) in self._pending:
                     self._pending.remove((path, index))
                     self._pending_bytes -= len(data)
                 raise
+        if batch:  # synced outside the lock: the other writers are not held up by the disk
+            self._checkpoint_batch(batch, path, index)
         return True
 
     def discard_file(self, path: str) -> None:
