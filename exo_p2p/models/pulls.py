@@ -111,6 +111,14 @@ def check_disk(to_fetch: int, free: int) -> None:
                          f"+{defaults.FETCH_DISK_HEADROOM_PERCENT}% ({need}), {free} free")
 
 
+async def _preload() -> None:
+    """``hub.preload`` in a thread; a failure is logged (the first hub request then says it)."""
+    try:
+        await trio.to_thread.run_sync(preload)
+    except Exception as exc:  # an import error must not take the node down
+        log.warning("huggingface_hub could not be loaded ahead of a pull", error=str(exc))
+
+
 class PullManager:
     """Runs pulls for one node (see module docstring). ``on_done`` runs after a pull's copy
     became a local model (the node re-lists its models). ``models_dir``: the node's first
@@ -124,7 +132,7 @@ class PullManager:
         self._revisions: dict[str, str | None] = {}  # a hub pull's revision, by repo id
         self.pulls: dict[str, PullStatus] = {}
         if hub is not None and hub.enabled:  # the library's import, not a pull's time
-            nursery.start_soon(trio.to_thread.run_sync, preload)
+            nursery.start_soon(_preload)
 
     def start(self, name: str, from_node: str | None = None) -> PullStatus:
         """Start pulling ``name``; its status. Raises ``PullError`` (no holder, ambiguous, a
