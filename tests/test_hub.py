@@ -213,3 +213,51 @@ def test_every_byte_of_a_hub_copy_is_hashed_twice_at_most(model_dir, tmp_path, m
     assert full is not None
     weights = sum(f.size for f in manifest.files if any(c.sha256 == UNKNOWN for c in f.chunks))
     assert hashed[0] <= weights  # the one-shot chunk hashes: each weight byte once (whole-file updates apart)
+
+
+def test_a_hub_run_the_fetch_gave_up_on_stops_at_its_next_chunk(model_dir, tmp_path):
+    """A run's chunks are settled without the receiving thread waiting for trio; once the
+    fetch is cancelled, the abandoned thread's next ``deliver`` raises instead of writing."""
+    import threading
+
+    repo = LocalRepo(model_dir)
+    _, _, manifest, known = resolve_hub_model(repo, "org/tiny")
+    proceed, stopped = threading.Event(), threading.Event()
+    delivered, raised = [], []
+
+    async def get_run(path: str, indices: list[int], deliver) -> None:
+        def stream() -> None:
+            try:
+                for n, i in enumerate(indices):
+                    if n == 1:
+                        assert proceed.wait(10)  # the fetch gives up meanwhile
+                    start, end = chunk_span(manifest, path, i)
+                    deliver(i, repo.get_range(path, start, end))
+                    delivered.append(i)
+            except BaseException as exc:  # trio.Cancelled, raised in this thread
+                raised.append(type(exc).__name__)
+            finally:
+                stopped.set()
+
+        await trio.to_thread.run_sync(stream, abandon_on_cancel=True)
+
+    async def no_peer(peer, path, index):
+        raise AssertionError("only the hub is asked")
+
+    with PartialModel(tmp_path / "copy", manifest) as partial:
+        store_known(partial, known)
+        before = sum(len(i) for i in partial.held().values())
+
+        async def main() -> None:
+            with trio.CancelScope() as scope:
+                def progress(done, total, peers, hub):
+                    if hub:  # the first chunk settled: give up on the fetch
+                        scope.cancel()
+                await fetch_chunks(partial, all_chunks(manifest), [HUB], no_peer, get_run=get_run,
+                                   on_progress=progress)
+            proceed.set()
+            assert await trio.to_thread.run_sync(stopped.wait, 10)
+
+        trio.run(main)
+        assert len(delivered) == 1 and raised == ["Cancelled"]
+        assert sum(len(i) for i in partial.held().values()) == before + 1
