@@ -31,6 +31,7 @@ Failures, and what bounds them:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -133,11 +134,21 @@ def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[b
 def _deliverer(partial: PartialModel, path: str, peer: str,
                settle: Callable[[str, tuple[str, int], int, object], bool], token: trio.lowlevel.TrioToken) -> Deliver:
     """``deliver`` for a run of ``path`` (called in the run's thread): writes each chunk, then
-    queues its ``settle`` on trio (``token.run_sync_soon``: progress while the run goes on,
-    without the thread waiting for trio's loop at every chunk; trio runs the queued calls in
-    order, before the run's own completion); raises the ``OSError`` of a failed write (the
-    run stops), and ``trio.Cancelled`` once the fetch gave up on the run (an abandoned thread
-    stops downloading: ``trio.from_thread.check_cancelled``)."""
+    queues its ``settle`` for trio (progress while the run goes on) without waiting for
+    trio's loop: the chunks written while trio is busy are settled together, in order, by
+    one call (``token.run_sync_soon``; trio runs those calls in order, so all of them before
+    the run's own completion). Raises the ``OSError`` of a failed write (the run stops), and
+    ``trio.Cancelled`` once the fetch gave up on the run (an abandoned thread stops
+    downloading: ``trio.from_thread.check_cancelled``)."""
+    queued: list[tuple[str, tuple[str, int], int, object]] = []
+    lock = threading.Lock()
+
+    def drain() -> None:  # in trio
+        with lock:
+            items = queued[:]
+            queued.clear()
+        for item in items:
+            settle(*item)
 
     def deliver(index: int, data: bytes) -> object:
         trio.from_thread.check_cancelled()
@@ -145,7 +156,11 @@ def _deliverer(partial: PartialModel, path: str, peer: str,
             result = _write_one(partial, path, index, data)
         except OSError as exc:
             result = exc
-        token.run_sync_soon(settle, peer, (path, index), len(data), result)
+        with lock:
+            queued.append((peer, (path, index), len(data), result))
+            first = len(queued) == 1  # else a drain is queued already and will take it
+        if first:
+            token.run_sync_soon(drain)
         if isinstance(result, OSError):
             raise result
         return result
