@@ -202,9 +202,17 @@ def test_first_batch_halves_until_it_fits_and_sends_an_oversize_event_alone():
 
 
 def test_committed():
-    assert committed(5, []) is None
-    assert committed(5, [hb("b", last_idx=4), hb("c", last_idx=5)]) is True
-    assert committed(5, [hb("b", last_idx=4)]) is False
+    assert committed(5, [], "m") is None
+    assert committed(5, [hb("b", master="m", last_idx=4), hb("c", master="m", last_idx=5)], "m") is True
+    assert committed(5, [hb("b", master="m", last_idx=4)], "m") is False
+
+
+def test_only_a_follower_of_this_master_commits_its_events():
+    """A live peer that is master itself (two masters before they meet) or follows no one
+    holds other events at the same indices: its last index commits nothing of ours."""
+    assert committed(5, [hb("b", master="b", last_idx=9)], "m") is False
+    assert committed(5, [hb("b", master=None, last_idx=9)], "m") is False
+    assert committed(5, [hb("b", master="b", last_idx=9), hb("c", master="m", last_idx=5)], "m") is True
 
 
 # --- log following --------------------------------------------------------------------------------------

@@ -5,6 +5,13 @@ Rules:
 - ``global_batch_verdict``: indexed events are taken only from the node this node follows
   as master (never while master itself), of this protocol version; events of an older term
   than this node's are dropped (counted ``global_event_stale_term``).
+- ``takes_gossip``: a follower takes gossiped events only once a fetch from its master, since
+  the last change of master, found its tail a prefix of the master's log; until then they are
+  dropped (counted ``global_event_unchecked``) and the fetch brings them. Every change of
+  master, this node's own mastership included, starts a new check: a master that stepped
+  down holds events of its own at indices the winner filled with others, and the winner's next
+  gossiped event (index last + 1) would otherwise extend that tail
+  (docs/architecture.md#log-guarantees).
 - A follower fetches from its master over a direct stream when the master's heartbeat shows
   events it lacks, when its replica has a gap, and once after following a new master (to
   check its tail agrees); when the master is unreachable, from up to
@@ -60,6 +67,12 @@ def global_batch_verdict(batch: IndexedEventBatch, sender: str, role: Role) -> s
     return None
 
 
+def takes_gossip(checked_epoch: int | None, epoch: int) -> bool:
+    """Whether gossiped events may be applied now (pure): only when the tail was checked
+    against the master in this ``epoch`` (the count of master changes; module docstring)."""
+    return checked_epoch == epoch
+
+
 def fetch_sources(master: str, term: int, peers: Sequence[Heartbeat], n: int, after: int = 0) -> list[str]:
     """Peers to fetch from when ``master`` is unreachable: following it at ``term``, their log
     holding no later term than ``term`` and events after index ``after`` (this node's last
@@ -113,8 +126,11 @@ class LogFollower:
         self.net, self.replica, self.role, self.peers = net, replica, role, peers
         self.settings, self.counters, self.event_times = settings, counters, event_times
         self.wake_up = Wake()
-        self.checked: tuple[str | None, int] | None = None
-        """(master, term) this node last fetched from: its tail agrees with that master's log."""
+        self.epoch = 0
+        """How many times this node's master changed (its own mastership included)."""
+        self.checked: int | None = None
+        """The ``epoch`` in which a fetch from the master found this node's tail a prefix of
+        the master's log (None: not yet)."""
 
     def wake(self, *_args: object) -> None:
         self.wake_up.set()
@@ -124,32 +140,50 @@ class LogFollower:
             nursery.start_soon(self._receive_loop, channel)
             nursery.start_soon(self._sync_loop)
 
+    def master_changed(self, _master: str | None) -> None:
+        """Called after every change of master (this node's own mastership included): the
+        tail must be checked again before gossip is taken (``takes_gossip``)."""
+        self.epoch += 1
+        self.wake()
+
+    def tail_checked(self) -> bool:
+        """Whether this node's log is known to be a prefix of its master's log."""
+        return takes_gossip(self.checked, self.epoch)
+
     async def _receive_loop(self, channel) -> None:  # type: ignore[no-untyped-def]
         async for sender, data in channel:
-            try:
-                batch = decode_global(data)
-            except msgspec.DecodeError:
-                self.counters.drop("global_event_undecodable")
-                continue
-            if (verdict := global_batch_verdict(batch, sender, self.role)) is not None:
-                self.counters.drop(verdict)
-                continue
-            fresh = [e for e in batch.events if e.term >= self.role.term]
-            if len(fresh) < len(batch.events):
-                self.counters.drop("global_event_stale_term")
-            for e in fresh:
-                if e.idx > self.replica.last_idx:
-                    self.event_times.received(e.idx)
-            outcomes = self.replica.offer_many(fresh)
-            if "buffered" in outcomes:
-                self.wake()
-            if "duplicate" in outcomes:
-                self.counters.drop("global_event_duplicate")
+            self.take_gossip(sender, data)
+
+    def take_gossip(self, sender: str, data: bytes) -> None:
+        """Apply one global-events gossip message from ``sender`` (module docstring)."""
+        try:
+            batch = decode_global(data)
+        except msgspec.DecodeError:
+            self.counters.drop("global_event_undecodable")
+            return
+        if (verdict := global_batch_verdict(batch, sender, self.role)) is not None:
+            self.counters.drop(verdict)
+            return
+        if not self.tail_checked():
+            self.counters.drop("global_event_unchecked")
+            self.wake()
+            return
+        fresh = [e for e in batch.events if e.term >= self.role.term]
+        if len(fresh) < len(batch.events):
+            self.counters.drop("global_event_stale_term")
+        for e in fresh:
+            if e.idx > self.replica.last_idx:
+                self.event_times.received(e.idx)
+        outcomes = self.replica.offer_many(fresh)
+        if "buffered" in outcomes:
+            self.wake()
+        if "duplicate" in outcomes:
+            self.counters.drop("global_event_duplicate")
 
     def _behind(self, master: str) -> bool:
         hb = self.peers.liveness.get(master)
         ahead = hb is not None and hb.last_idx > self.replica.last_idx
-        return ahead or self.replica.missing_range() is not None or self.checked != (master, self.role.term)
+        return ahead or self.replica.missing_range() is not None or not self.tail_checked()
 
     async def _sync_loop(self) -> None:
         while True:
@@ -182,7 +216,7 @@ class LogFollower:
         """Fetch events after our last index from ``peer`` (the master, or a peer following
         it) until caught up, installing its snapshot when our tail diverged from its log.
         Returns False when the exchange failed (peer unreachable, bad answer)."""
-        master = self.role.master
+        master, epoch = self.role.master, self.epoch
         for _ in range(defaults.LOG_FETCH_MAX_ROUNDS):
             response = await self._request(peer)
             if response is None:
@@ -199,8 +233,8 @@ class LogFollower:
             self.replica.offer_many(list(response.events))
             if self.replica.last_idx > before:  # gaps recovered by fetch, not gossip
                 self.counters.add("log_fetch_applied", self.replica.last_idx - before)
-            if peer == master:
-                self.checked = (master, self.role.term)
+            if peer == master and epoch == self.epoch:  # not a master this node has left meanwhile
+                self.checked = epoch
             if (not response.events and response.snapshot is None) or self.replica.last_idx >= response.last_idx:
                 return True
         return True

@@ -87,8 +87,7 @@ class ClusterMember:
         self.replica.snapshot_listeners += [self.outbox.on_log_replaced, self.mesh.reannounce_all]
 
     def _master_changed(self, master: str | None) -> None:
-        if master is not None and master != self.node_id:
-            self.log.wake()
+        self.log.master_changed(master)  # the tail is checked again before gossip is taken
 
     def _applied(self, _event: IndexedEvent, _state: object) -> None:
         if not self.role.is_master:

@@ -7,8 +7,12 @@ Rules:
   gossip message, halved while the message exceeds the payload limit (one oversize event goes
   alone; publish drops it, counted, and followers fetch it over a stream). The log is fsynced
   before a message leaves (one fsync per message: group commit).
-- ``committed``: an event is committed once another live node applied it (followers fsync
-  before they apply and report it in their heartbeat), or, alone, once persisted here.
+- ``committed``: an event is committed once a live node *following this master* applied it
+  (followers fsync before they apply and report it in their heartbeat; a follower applies this
+  master's events only on a tail it checked against this master's log, ``log_sync.takes_gossip``),
+  or, alone, once persisted here. A live peer following no one or another master does not
+  count, whatever its last index: its log may hold other events at the same indices (two
+  masters meeting after a starved heartbeat, docs/architecture.md#log-guarantees).
 - ``peer_timeouts.timed_out``: a node in State unheard for ``peer_timeout`` s is timed out,
   never before a full timeout of this node's mastership.
 """
@@ -50,12 +54,13 @@ def first_batch(outbox: Sequence[IndexedEvent], max_events: int, max_bytes: int)
     return n, data
 
 
-def committed(idx: int, peers: Sequence[Heartbeat]) -> bool | None:
-    """Whether event ``idx`` is committed by ``peers`` (live); None when there are none (alone:
-    committed once persisted)."""
+def committed(idx: int, peers: Sequence[Heartbeat], master: str) -> bool | None:
+    """Whether event ``idx`` of ``master``'s log is committed by ``peers`` (live): applied by
+    one that follows ``master``; None when there are no live peers (alone: committed once
+    persisted)."""
     if not peers:
         return None
-    return any(p.last_idx >= idx for p in peers)
+    return any(p.master == master and p.last_idx >= idx for p in peers)
 
 
 class MasterLink:
@@ -164,7 +169,7 @@ class MasterLink:
         """Return once event ``idx`` is committed (``committed``); woken by every heartbeat
         received, checked at least every ``COMMIT_POLL`` s."""
         while True:
-            verdict = committed(idx, self.peers.live_peers())
+            verdict = committed(idx, self.peers.live_peers(), self.role.node_id)
             if verdict is None:
                 self.replica.sync()  # alone: committed once persisted
                 return
