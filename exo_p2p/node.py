@@ -22,6 +22,7 @@ from exo_p2p.announce import (banner, from_before_fact, instances_from_before, m
                               secret_fact, still_coming)
 from exo_p2p.api.backend import LinkSummary, NodeHealth, NodeSummary
 from exo_p2p.api.generation import GenerationSettings
+from exo_p2p.loop_watch import LoopWatch
 from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
 from exo_p2p.config import NO_PEERS_WARNING_AFTER, NodeConfig
@@ -92,6 +93,7 @@ class Node:
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
         self._from_before = instances_from_before(self.replica.state, self.node_id, self.boot_id)  # said at start
         self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.command)
+        self.loop_watch = LoopWatch()  # loop lag and slow task steps: GET /state counters, the log
         self.store = ModelStore(self.data_dir, [Path(p) for p in config.models_dirs]
                                 + [self.data_dir / "models" / "pulled"],  # pulled from peers (docs/models.md)
                                 **store_roots(config))  # Ollama, LM Studio: docs/models.md#model-stores
@@ -285,6 +287,8 @@ class Node:
         counters["chunk_stream_gaps"] = self.router.gaps
         counters["tasks_lost"] = self.router.lost
         counters["orphaned_tasks_cancelled"] = self.orphans.cancelled
+        counters["loop_lag_worst_ms"] = int(self.loop_watch.worst_lag * 1000)  # exo_p2p.loop_watch
+        counters["loop_lag_late_wakes"] = self.loop_watch.late
         if getattr(self, "prober", None) is not None:  # links measured (docs/links.md)
             counters.update(link_rounds=self.prober.rounds, link_events=self.prober.events,
                             link_probes_served=self.probes.served, link_probes_refused=self.probes.refused)
@@ -584,6 +588,7 @@ class Node:
             )
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self.loop_watch.run)  # how late the loop runs, and why (exo_p2p.loop_watch)
                 self.router.bind(nursery)
                 nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (exo_p2p.chunk_router)
                 nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.orphans)
