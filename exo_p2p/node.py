@@ -23,6 +23,7 @@ from exo_p2p.announce import (banner, from_before_fact, instances_from_before, m
 from exo_p2p.api.backend import LinkSummary, NodeHealth, NodeSummary
 from exo_p2p.api.generation import GenerationSettings
 from exo_p2p.loop_watch import LoopWatch
+from exo_p2p.preload_gate import settled
 from exo_p2p.chunk_order import ChunkNumbering
 from exo_p2p.chunk_router import ChunkRouter
 from exo_p2p.config import NO_PEERS_WARNING_AFTER, NodeConfig
@@ -608,7 +609,7 @@ class Node:
                 nursery.start_soon(self._profile_loop)
                 nursery.start_soon(self._watch_models)  # models added to a store while running
                 nursery.start_soon(self.worker.run)
-                nursery.start_soon(self.tokens.run, self.state, self.node_id, self.boot_id)
+                nursery.start_soon(self.tokens.run, lambda: settled(self.state(), self.node_id), self.node_id, self.boot_id)  # exo_p2p.preload_gate
                 await self._wait_joined(15.0)
                 log.debug("start-up", step="joined")
                 access = AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)],

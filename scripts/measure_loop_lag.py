@@ -62,7 +62,7 @@ def main() -> int:
                 resp = nodes[0].post("/instances", json={"model": MODEL, "min_nodes": 2}, timeout=120)
                 assert resp.status_code == 201, resp.text
                 inst = wait_until(lambda: ready(nodes[0]), 300, interval=0.5, what="a ready 2-node instance")
-                print(f"round {r}: ready in {time.monotonic() - t0:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+                print(f"round {r}: ready at {time.strftime('%H:%M:%S', time.gmtime())}Z, in {time.monotonic() - t0:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
                 httpx.delete(f"{nodes[0].url}/instances/{inst}", timeout=30)
                 wait_until(lambda: not nodes[0].get("/instances").json(), 60, what="instance deleted")
                 time.sleep(2)
@@ -71,7 +71,12 @@ def main() -> int:
                 print(f"node{i}: worst loop lag {c.get('loop_lag_worst_ms')} ms, wakes later than 0.5 s "
                       f"{c.get('loop_lag_late_wakes')}, timed out others {len(log_lines(node, 'node timed out'))}, "
                       f"became master {len(log_lines(node, 'became master'))}")
-                for line in log_lines(node, "event loop lagged"):
+                lagged = log_lines(node, "event loop lagged")
+                held = [ln for ln in lagged if any("load_tokenizer" in t for t in ln.get("busy_threads") or [])]
+                print(f"  logged lags over 0.5 s: {len(lagged)}, with the tokenizer load holding the GIL: {len(held)}")
+                for line in log_lines(node, "tokenizer loaded"):
+                    print(f"  tokenizer loaded at {line['timestamp']} ({line.get('seconds')} s)")
+                for line in lagged:
                     print(f"  lag {line['lag_s']} s; slow steps {line['slow_steps']}; busy threads {line.get('busy_threads')}")
             print(f"load average {os.getloadavg()}")
         finally:
