@@ -57,11 +57,14 @@ def main() -> int:
         try:
             cluster.start(120)
             nodes = cluster.nodes
+            windows: list[tuple[str, str]] = []  # (placed, ready), UTC ISO: while runners start
             for r in range(args.rounds):
                 t0 = time.monotonic()
+                placed = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
                 resp = nodes[0].post("/instances", json={"model": MODEL, "min_nodes": 2}, timeout=120)
                 assert resp.status_code == 201, resp.text
                 inst = wait_until(lambda: ready(nodes[0]), 300, interval=0.5, what="a ready 2-node instance")
+                windows.append((placed, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".999"))
                 print(f"round {r}: ready at {time.strftime('%H:%M:%S', time.gmtime())}Z, in {time.monotonic() - t0:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
                 httpx.delete(f"{nodes[0].url}/instances/{inst}", timeout=30)
                 wait_until(lambda: not nodes[0].get("/instances").json(), 60, what="instance deleted")
@@ -73,7 +76,10 @@ def main() -> int:
                       f"became master {len(log_lines(node, 'became master'))}")
                 lagged = log_lines(node, "event loop lagged")
                 held = [ln for ln in lagged if any("load_tokenizer" in t for t in ln.get("busy_threads") or [])]
-                print(f"  logged lags over 0.5 s: {len(lagged)}, with the tokenizer load holding the GIL: {len(held)}")
+                starting = [ln for ln in lagged if any(a <= ln["timestamp"] <= b for a, b in windows)]
+                print(f"  logged lags over 0.5 s: {len(lagged)}, with the tokenizer load holding the GIL: {len(held)}, "
+                      f"while runners started (placed..ready): {len(starting)}, worst then "
+                      f"{max((ln['lag_s'] for ln in starting), default=0)} s")
                 for line in log_lines(node, "tokenizer loaded"):
                     print(f"  tokenizer loaded at {line['timestamp']} ({line.get('seconds')} s)")
                 for line in lagged:
