@@ -95,11 +95,17 @@ def _agrees(follower: Replica, master: Replica) -> bool:
     return last <= master.last_idx and follower.chain_at(last) == master.chain_at(last)
 
 
-def test_a_master_that_stepped_down_does_not_append_the_winners_gossip_to_its_own_tail(tmp_path: Path):
+def _following(tmp_path: Path) -> tuple[_Node, _Node]:
+    """Nodes ``a`` and ``b``: ``b`` master of term 1, ``a`` following it (nothing fetched yet)."""
     replicas: dict[str, Replica] = {}
     a, b = _Node("a", tmp_path, replicas), _Node("b", tmp_path, replicas)
     b.claim(1)
     a.follow("b", 1)
+    return a, b
+
+
+def test_a_master_that_stepped_down_does_not_append_the_winners_gossip_to_its_own_tail(tmp_path: Path):
+    a, b = _following(tmp_path)
     a.gossip("b", b.sequence(3))
     assert a.fetch() and _agrees(a.replica, b.replica)  # a's tail checked under (b, term 1)
 
@@ -118,10 +124,7 @@ def test_a_master_that_stepped_down_does_not_append_the_winners_gossip_to_its_ow
 
 def test_gossip_is_taken_again_once_the_tail_is_checked(tmp_path: Path):
     """The check costs one fetch per change of master, not the gossip path itself."""
-    replicas: dict[str, Replica] = {}
-    a, b = _Node("a", tmp_path, replicas), _Node("b", tmp_path, replicas)
-    b.claim(1)
-    a.follow("b", 1)
+    a, b = _following(tmp_path)
     a.gossip("b", b.sequence(2))
     assert a.replica.last_idx == 0 and a.follower.counters.get("global_event_unchecked") == 1
     assert a.fetch() and a.replica.last_idx == 2
