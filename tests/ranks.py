@@ -92,6 +92,19 @@ def run_rank_processes(module: str, cfgs: list[dict[str, Any]], timeout: float,
             p.wait(timeout=10)
 
 
+def ring_wait_for(addresses: list[str] | None, rank: int) -> Any:
+    """The ``RingWait`` a runner's pipeline rank uses (``worker.engine.ring_wait``), for this
+    rank process's ring: found by ``ring_sockets`` (``AssertionError`` when a socket is not);
+    ``NO_WAIT`` without ``addresses``."""
+    from worker.engine.ring_wait import NO_WAIT, RingWait, ring_sockets
+
+    if addresses is None:
+        return NO_WAIT
+    left, right = ring_sockets(addresses, rank)
+    assert left is not None and right is not None, f"rank {rank}: ring sockets not found ({left}, {right})"
+    return RingWait(left, right)
+
+
 def ring_barrier(group: Any) -> None:
     """Return once every rank of ``group`` has finished every collective it queued on the
     generation stream (``worker.engine.forward.generation_stream``): an ``all_sum`` of one

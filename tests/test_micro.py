@@ -156,12 +156,13 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
-    from tests.ranks import ring_barrier
+    from tests.ranks import ring_barrier, ring_wait_for
 
     group = init_ring(cfg["addresses"], cfg["rank"], cfg["world_size"], timeout=30.0)
     loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"])
     hidden = int(loaded.config["hidden_size"])
-    stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
+    stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden),
+                          wait=ring_wait_for(cfg["addresses"], cfg["rank"]))
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16, micro_batches=cfg["micro"]),
                        stage=stage)
     assert isinstance(gen.batch, MicroBatches)

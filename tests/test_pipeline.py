@@ -25,7 +25,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.cluster import free_ports  # noqa: E402
-from tests.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
+from tests.ranks import child_main, ring_barrier, ring_wait_for, run_rank_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -63,10 +63,11 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     stage = None
     if group is not None:
         hidden = int(loaded.config["hidden_size"])
+        wait = ring_wait_for(cfg.get("addresses"), rank)  # as the runner: waiting ranks sleep
         if "float32" in weights:  # as the runner: one dtype between ranks whose weights differ
-            stage = PipelineStage(group, hidden, mx.float32, wire_dtype=mx.float32)
+            stage = PipelineStage(group, hidden, mx.float32, wire_dtype=mx.float32, wait=wait)
         else:
-            stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden))
+            stage = PipelineStage(group, hidden, probe_hidden_dtype(loaded.model, group, hidden), wait=wait)
     tokens: dict[str, list[int]] = {}
     # one request at a time (max_batch 1), every rank alike
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"], max_batch=1), stage=stage,

@@ -28,6 +28,7 @@ from worker.engine.loader import LoadedModel
 from worker.engine.micro import auto_micro_batches, resolve_micro_batches
 from worker.engine.pipeline import LocalStage, Stage
 from worker.engine.prompt_cache import Gather, PromptCache
+from worker.engine.ring_wait import NO_WAIT, RingWait
 from worker.engine.scheduler import Engine
 
 UNBOUNDED = np.iinfo(np.int64).max
@@ -39,13 +40,15 @@ class Ring:
     """This rank's place in a multi-rank instance: its MLX ``group``, the instance's
     ``sharding`` ("pipeline" or "tensor"), whether any rank holds float32 weights (then every
     rank sends float32 between ranks), the ring's all-gather (``int64 [W] -> [world, W]``), and
-    ``hosts``: how many distinct hosts the ranks are on (0: unknown; ``micro.auto_micro_batches``)."""
+    ``hosts``: how many distinct hosts the ranks are on (0: unknown; ``micro.auto_micro_batches``),
+    and ``wait``: how a pipeline rank waits for its neighbours' turns (``ring_wait``)."""
 
     group: Any
     sharding: str
     float32: bool
     all_gather: Gather
     hosts: int = 0
+    wait: RingWait = NO_WAIT
 
 
 def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
@@ -65,8 +68,8 @@ def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
     cfg = loaded.config.get("text_config", loaded.config)
     hidden = int(cfg["hidden_size"])
     if ring.float32:
-        return PipelineStage(ring.group, hidden, mx.float32, wire_dtype=mx.float32)
-    return PipelineStage(ring.group, hidden, probe_hidden_dtype(loaded.model, ring.group, hidden))
+        return PipelineStage(ring.group, hidden, mx.float32, wire_dtype=mx.float32, wait=ring.wait)
+    return PipelineStage(ring.group, hidden, probe_hidden_dtype(loaded.model, ring.group, hidden), wait=ring.wait)
 
 
 def rank_limits(settings: EngineSettings, kv_bytes_per_token: int) -> tuple[int | None, int]:
@@ -112,6 +115,8 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
             stage = ring_stage(loaded, ring)
         capacity, bound, micro = agree_limits(ring.all_gather, capacity, bound, micro)
         gather = ring.all_gather
+    if micro > 1 and isinstance(getattr(stage, "wait", None), RingWait):
+        stage.wait.disable()  # every rank alike, the count is agreed (engine.ring_wait)
     settings = msgspec.structs.replace(settings, micro_batches=micro)
     return Engine(loaded, settings, stage=stage if stage is not None else LocalStage(),
                   kv_capacity_tokens=capacity, prompt_cache=PromptCache(bound, gather=gather),

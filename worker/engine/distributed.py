@@ -33,6 +33,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from worker.engine.ring_wait import NO_WAIT, RingWait
+
 CONNECT_TIMEOUT = 45.0
 """Seconds ``init_ring`` waits for its ring neighbours (below the supervisor's 60 s bound for
 a silent connecting runner, so our error is the one reported)."""
@@ -145,15 +147,23 @@ def init_ring(
     return group
 
 
-def ring_all_gather(group: mx.distributed.Group, stream: mx.Stream | None = None) -> Callable[[np.ndarray], np.ndarray]:
+def ring_all_gather(group: mx.distributed.Group, stream: mx.Stream | None = None,
+                    wait: RingWait = NO_WAIT) -> Callable[[np.ndarray], np.ndarray]:
     """An all-gather of one int64 row per rank over ``group``: ``row [W] -> [world, W]``.
 
     Run on ``stream`` (the generation stream) so it is ordered with the pipeline's own
     collectives: two streams could interleave collectives differently on different ranks.
+    A rank < W − 1 first lets the work it posted finish, then waits asleep for rank + 1's
+    part (``wait``, see ``ring_wait``).
     """
+    waits = group.rank() < group.size() - 1 and wait.active
 
     def all_gather(row: np.ndarray) -> np.ndarray:
-        with mx.stream(stream if stream is not None else mx.default_stream(mx.default_device())):
+        on = stream if stream is not None else mx.default_stream(mx.default_device())
+        if waits:
+            mx.synchronize(on)
+            wait.from_either()
+        with mx.stream(on):
             out = mx.distributed.all_gather(mx.array(row, dtype=mx.int64)[None], group=group)
             mx.eval(out)
         return np.array(out, dtype=np.int64).reshape(group.size(), -1)

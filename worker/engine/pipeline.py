@@ -13,6 +13,9 @@ instance uses ``LocalStage`` (the whole model, as before), a pipeline rank a
   at the same step on end-of-turn, stop strings and max_tokens. Only the last rank samples, so
   the request's seed (``sampling.seed_for``) fully decides the draw.
 
+A rank waiting for another's turn sleeps (``engine.ring_wait``): a rank > 0 until its input
+hidden states arrive, a rank < W − 1 until the last ranks' tokens do.
+
 Each rank keeps the KV cache of its own layers only. The send is a dependency of what the
 rank evaluates (``mx.depends``), so evaluating a step's token runs this rank's part of it.
 Every pipeline op runs on the engine's stream, in the same order on every rank.
@@ -33,6 +36,7 @@ import mlx.nn as nn
 
 from worker.engine.forward import Forward, forward
 from worker.engine.layer_span import LayerSpan, span_of
+from worker.engine.ring_wait import NO_WAIT, RingWait
 from worker.engine.sampling import Sampler
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -156,11 +160,15 @@ class PipelineStage:
     ``wire_dtype``: every rank casts the hidden states it sends to this dtype (then every
     rank's ``hidden_dtype`` is it too): one dtype between ranks whose weights differ (a
     float32 rank next to a stored float16 one). None: send what the layers computed.
+    ``wait``: how this rank waits for its neighbours' turns (``ring_wait.pipeline_wait``;
+    NO_WAIT: in MLX's receive, spinning).
     """
 
     def __init__(self, group: mx.distributed.Group, hidden_size: int, hidden_dtype: mx.Dtype,
-                 wire_dtype: mx.Dtype | None = None) -> None:
+                 wire_dtype: mx.Dtype | None = None, wait: RingWait = NO_WAIT) -> None:
         self.group = group
+        self.wait = wait
+        self._summed: mx.array | None = None  # the last all-sum of tokens posted (ranks < W - 1)
         self.wire_dtype = wire_dtype
         self.rank = group.rank()
         self.world_size = group.size()
@@ -174,6 +182,7 @@ class PipelineStage:
         """This rank's output: the hidden states it sends on, or the logits (last rank)."""
         received = None
         if not self.is_first:
+            self.wait.from_left()  # asleep until rank - 1's hidden states come (engine.ring_wait)
             like = mx.zeros((tokens.shape[0], tokens.shape[1], self.hidden_size), dtype=self.hidden_dtype)
             received = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
         h = _span(model).run(tokens, cache, received)
@@ -201,9 +210,13 @@ class PipelineStage:
     def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
         if self.is_last:
             token = sample_rows(samplers, pending).astype(mx.int32)
-        else:
-            token = mx.depends(mx.zeros((pending.shape[0],), dtype=mx.int32), pending)
-        return mx.distributed.all_sum(token, group=self.group)
+            return mx.distributed.all_sum(token, group=self.group)
+        if self.wait.active:  # this rank's part done, asleep until the later ranks' tokens come
+            mx.eval(pending, *([] if self._summed is None else [self._summed]))
+            self.wait.from_either()
+        token = mx.depends(mx.zeros((pending.shape[0],), dtype=mx.int32), pending)
+        self._summed = mx.distributed.all_sum(token, group=self.group)
+        return self._summed
 
 
 def probe_hidden_dtype(model: nn.Module, group: mx.distributed.Group, hidden_size: int) -> mx.Dtype:

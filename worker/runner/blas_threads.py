@@ -1,12 +1,14 @@
-"""A pipeline rank's BLAS threads when other ranks of its instance share its host.
+"""A rank's BLAS threads when other ranks of its instance share its host.
 
-A node gives each runner as many OpenBLAS threads as it offers cores (``worker.blas``). Two
-ranks of one instance on one host would then run twice as many threads as cores, and
-OpenBLAS's threads spin for a while after each call while the other rank needs the cores:
-measured on 2 cores, a 2-node pipeline ran at 0.22 of one node with 2 threads a rank and 0.94
-with 1 (docs/benchmarks.md, "Pipeline at 16 requests, micro-batches"). So a rank takes
+A node gives each runner as many OpenBLAS threads as it offers cores (``worker.blas``). Ranks
+of one instance on one host that compute at once (tensor ranks) or that spin while they wait
+for each other would then run more threads than cores: measured on 2 cores, a 2-node pipeline
+whose waiting rank spun in MLX's receive ran at 0.22 of one node with 2 threads a rank and
+0.94 with 1 (docs/benchmarks.md, "Pipeline at 16 requests, micro-batches"). Such a rank takes
 ``threads ÷ ranks on its host`` (at least 1), set at run time through OpenBLAS's
-``openblas_set_num_threads`` (the library is preloaded, its symbols global).
+``openblas_set_num_threads`` (the library is preloaded, its symbols global). A pipeline rank
+that waits asleep (``worker.engine.ring_wait``) keeps them all: the ranks take turns, and the
+one whose turn it is has the host's cores (the runner decides, ``RunnerProcess.warmup``).
 """
 
 from __future__ import annotations

@@ -217,12 +217,6 @@ class RunnerProcess:
         if not isinstance(first, RunnerSetup):
             return 2
         self.setup = first
-        if first.shard.world_size > 1:  # ranks sharing this host share its cores' BLAS threads
-            from worker.runner.blas_threads import share_blas_threads
-
-            shared = share_blas_threads([s.ring_address for s in first.instance.shards], first.shard.rank)
-            if shared is not None:
-                print(f"runner: {shared} BLAS thread(s): ranks of this instance share this host", file=sys.stderr, flush=True)
         self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
         interval = first.heartbeat_interval
         start_heartbeat(self.pulse, self.send, interval)
@@ -360,8 +354,14 @@ class RunnerProcess:
         from worker.engine.builder import build_engine
 
         assert self.setup is not None and self.loaded is not None
-        self.engine = build_engine(self.loaded, self.setup.engine, model_id=self.setup.instance.model_id,
-                                   ring=self.make_ring() if self.multi else None)
+        ring = self.make_ring() if self.multi else None
+        self.engine = build_engine(self.loaded, self.setup.engine, model_id=self.setup.instance.model_id, ring=ring)
+        if ring is not None and not ring.wait.active:  # ranks that compute at once, or spin as they wait
+            from worker.runner.blas_threads import share_blas_threads
+
+            shared = share_blas_threads([s.ring_address for s in self.setup.instance.shards], self.setup.shard.rank)
+            if shared is not None:
+                print(f"runner: {shared} BLAS thread(s): ranks of this instance share this host", file=sys.stderr, flush=True)
         self.engine.submit("warmup", GenerationParams(messages=(ChatMessage("user", "Hi"),), max_tokens=6, temperature=0.0))
         tps = 0.0
         for _ in range(1000):
@@ -384,20 +384,25 @@ class RunnerProcess:
 
     def make_ring(self):
         """This rank's ``Ring`` (its all-gather is also the agreement's), and the
-        ``TaskAgreement`` that holds tasks from now on."""
+        ``TaskAgreement`` that holds tasks from now on. A pipeline rank waits for its
+        neighbours asleep (``engine.ring_wait``) and keeps the node's BLAS threads; any other
+        rank (tensor, micro-batches, or ring sockets not found) takes its share of them once
+        the engine is built (``warmup``, ``blas_threads``)."""
         from worker.engine.agreement import TaskAgreement
         from worker.engine.builder import Ring
         from worker.engine.distributed import ring_all_gather
         from worker.engine.forward import generation_stream
+        from worker.engine.ring_wait import pipeline_wait
 
         assert self.group is not None and self.setup is not None
         # one dtype between ranks: float32 when any rank holds float32 weights, else what the
         # stored weights compute in
         float32 = any(s.weights_dtype == "float32" for s in self.setup.instance.shards)
-        self.all_gather = ring_all_gather(self.group, generation_stream)
+        wait = pipeline_wait(self.setup.instance, self.setup.shard.rank)
+        self.all_gather = ring_all_gather(self.group, generation_stream, wait)
         self.agreement = TaskAgreement()
         hosts = len({s.ring_address.rpartition(":")[0] for s in self.setup.instance.shards})
-        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather, hosts=hosts)
+        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather, hosts=hosts, wait=wait)
 
     def submit(self, task: TextGeneration) -> None:
         assert self.engine is not None
