@@ -165,28 +165,31 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
                           wait=ring_wait_for(cfg["addresses"], cfg["rank"]))
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=CHUNK, max_batch=16, micro_batches=cfg["micro"]),
                        stage=stage)
-    assert isinstance(gen.batch, MicroBatches)
+    assert isinstance(gen.batch, MicroBatches) == (cfg["micro"] > 1)
+    assert stage.wait.active == (cfg["micro"] == 1 and cfg["world_size"] == 2)  # engine.ring_wait
     for task_id, params in requests():
         gen.submit(task_id, params)
-    out, least = drive_watching(gen)
+    out, least = drive_watching(gen) if cfg["micro"] > 1 else (drive(gen), 0)
     ring_barrier(group)  # no rank exits under a neighbour's collective (tests/ranks.py)
     finish = {t: list(f) for t, f in out["finish"].items()}
     return {"rank": cfg["rank"], "ids": out["ids"], "finish": finish, "least": least}
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("world", [2, 3])
-def test_pipeline_micro_batches_equal_solo(loaded: LoadedModel, solo: dict[str, dict[str, Any]], world: int) -> None:
+@pytest.mark.parametrize("world,micro", [(2, 2), (3, 2), (2, 1), (3, 1)])
+def test_pipeline_micro_batches_equal_solo(loaded: LoadedModel, solo: dict[str, dict[str, Any]], world: int,
+                                           micro: int) -> None:
+    """``micro`` 1: one batch of up to 12 rows (its 2 ranks waiting asleep, ``ring_wait``)."""
     from tests.cluster import free_ports
     from tests.ranks import run_rank_processes
     from tests.test_pipeline import layer_split
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
     cfgs = [{"model_dir": str(loaded.model_dir), "rank": r, "world_size": world, "start": s, "end": e,
-             "addresses": addresses, "micro": 2} for r, (s, e) in enumerate(layer_split(N_LAYERS, world))]
+             "addresses": addresses, "micro": micro} for r, (s, e) in enumerate(layer_split(N_LAYERS, world))]
     results = run_rank_processes("tests.test_micro", cfgs, timeout=240.0)
     for res in results:
-        assert res["least"] >= 2, f"rank {res['rank']}: every micro-batch held rows at one step"
+        assert micro == 1 or res["least"] >= 2, f"rank {res['rank']}: every micro-batch held rows at one step"
         for task_id, _ in requests():
             assert res["ids"][task_id] == solo[task_id]["ids"][task_id], (res["rank"], task_id)
             assert res["finish"][task_id] == list(solo[task_id]["finish"][task_id]), (res["rank"], task_id)

@@ -27,11 +27,11 @@ it only delays when a collective is posted, never what it carries or the order o
 collectives, and it is bounded (``PATIENCE``): past it the collective is posted anyway and
 spins as without the wait.
 
-Not with micro-batches: their interleaved collectives (every micro-batch's hidden states,
-then every micro-batch's tokens) stalled with these waits on 3 ranks until each wait's
-patience ran out (tests/test_micro.py); an engine with micro-batches disables the wait, and
-its ranks wait in MLX's receive as before (micro-batches are the rule only when every rank
-has a host of its own: ``micro.auto_micro_batches``).
+Only on 2-rank pipelines without micro-batches: on 3 ranks a batch of 3 or more rows (with
+or without micro-batches) stalled with these waits until each wait's patience ran out
+(tests/test_micro.py; the cause is not found yet), so ``ring_wait`` gives 3-rank rings no
+wait, and an engine with micro-batches disables it (``builder.build_engine``): those ranks
+wait in MLX's receive as before.
 """
 
 from __future__ import annotations
@@ -114,16 +114,26 @@ NO_WAIT = RingWait(None, None)
 """Never waits (a single rank, a tensor instance, a ring whose sockets were not found)."""
 
 
-def pipeline_wait(instance: Any, rank: int) -> RingWait:
-    """The ``RingWait`` of rank ``rank`` of ``instance`` (an ``exo_p2p.types.Instance``; call
-    once its ring is up): NO_WAIT unless its sharding is "pipeline" (a tensor instance's ranks
-    compute at once, its all-reduces wait for no one's turn) or when a socket is not found
-    (said on stderr, with the runner's other output: the ranks then spin as MLX does alone)."""
-    if instance.sharding != "pipeline":
+def ring_wait(addresses: Sequence[str], rank: int) -> RingWait:
+    """The ``RingWait`` of rank ``rank`` of a pipeline ring (``addresses``: every rank's
+    ``"ip:port"``, rank order): NO_WAIT unless the ring has 2 ranks — on 3 ranks, a batch of
+    3 or more rows stalled with the waits until each wait's patience ran out
+    (tests/test_micro.py, cause not found yet) — or when a socket is not found (said on
+    stderr: the ranks then spin as MLX does alone)."""
+    if len(addresses) != 2:
         return NO_WAIT
-    left, right = ring_sockets([s.ring_address for s in instance.shards], rank)
+    left, right = ring_sockets(addresses, rank)
     if left is None or right is None:
         print(f"runner: ring sockets of rank {rank} not found (left {left}, right {right}): "
               "waiting ranks spin", file=sys.stderr, flush=True)
         return NO_WAIT
     return RingWait(left, right)
+
+
+def pipeline_wait(instance: Any, rank: int) -> RingWait:
+    """The ``RingWait`` of rank ``rank`` of ``instance`` (an ``exo_p2p.types.Instance``; call
+    once its ring is up): ``ring_wait`` of its ring for a pipeline, NO_WAIT for a tensor
+    instance (its ranks compute at once, its all-reduces wait for no one's turn)."""
+    if instance.sharding != "pipeline":
+        return NO_WAIT
+    return ring_wait([s.ring_address for s in instance.shards], rank)
