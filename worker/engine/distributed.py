@@ -156,11 +156,11 @@ def ring_all_gather(group: mx.distributed.Group, stream: mx.Stream | None = None
     A rank < W − 1 first lets the work it posted finish, then waits asleep for rank + 1's
     part (``wait``, see ``ring_wait``).
     """
-    waits = group.rank() < group.size() - 1 and wait.active
+    last = group.rank() == group.size() - 1
 
     def all_gather(row: np.ndarray) -> np.ndarray:
         on = stream if stream is not None else mx.default_stream(mx.default_device())
-        if waits:
+        if wait.active and not last:  # read each time: the engine may disable it (micro-batches)
             mx.synchronize(on)
             wait.from_either()
         with mx.stream(on):
