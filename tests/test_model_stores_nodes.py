@@ -87,7 +87,9 @@ def test_store_models_are_listed_served_and_travel(tmp_path) -> None:
         on_b = b.place_and_wait(OLLAMA, timeout=240, nodes=[b_id])
         assert [s["node_id"] for s in on_b["shards"]] == [b_id]
         assert _greedy(b, OLLAMA) == text_a
-        assert any(h[1] == held[0][1] for h in _held(a, b_id, OLLAMA)), "B holds the same manifest as A"
+        # B's profile carries its copy within a profile round (2 s) and a gossip hop: 30 s with slack
+        wait_until(lambda: any(h[1] == held[0][1] for h in _held(a, b_id, OLLAMA)), 30,
+                   what="B's profile, as A sees it, holds the same manifest as A")
         pulled = _cli(b, "pull", "ollama:tiny")  # a copy of its own, under the store's name
         assert pulled.returncode == 0, pulled.stderr
         wait_until(lambda: {m["model"]: m.get("source") for m in b.get("/models").json()}.get(OLLAMA) == "pulled", 30,
