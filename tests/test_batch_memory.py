@@ -309,7 +309,7 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
 def test_a_batching_instance_agrees_four_times_as_often() -> None:
     """A request arriving while a batch decodes waits for the next agreement round to join,
     so a batching instance's rounds come ~0.25 s apart instead of ~1 s (same step bounds)."""
-    from worker.runner.main import MAX_CHECK_EVERY, check_every_for, round_seconds
+    from worker.runner.pace import MAX_CHECK_EVERY, check_every_for, round_seconds
 
     assert round_seconds(1) == 1.0 and round_seconds(16) == 0.25
     assert check_every_for(8.0, round_seconds(16)) == 2 < check_every_for(8.0, round_seconds(1)) == 8

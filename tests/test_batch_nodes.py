@@ -76,7 +76,7 @@ def stream_then_close(node: NodeProcess, n_tokens: int) -> tuple[str, float, flo
 def cancel_bound(per_token: float, quiet: float = CANCEL_BOUND) -> float:
     """``quiet``, or, on a run that decodes slowly, twice the ``MAX_CHECK_EVERY`` + 1 decode
     steps the next agreement round can be away at the measured seconds per token."""
-    from worker.runner.main import MAX_CHECK_EVERY
+    from worker.runner.pace import MAX_CHECK_EVERY
 
     return max(quiet, 2 * (MAX_CHECK_EVERY + 1) * per_token)
 

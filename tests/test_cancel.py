@@ -162,7 +162,7 @@ def test_agreed_pace_is_the_smallest_proposal_and_the_same_on_every_rank():
     import numpy as np
 
     from worker.engine.agreement import LocalView, decide, encode_row
-    from worker.runner.main import MAX_CHECK_EVERY, check_every_for
+    from worker.runner.pace import MAX_CHECK_EVERY, check_every_for
 
     views = [LocalView(check_every=40), LocalView(check_every=7), LocalView(check_every=0)]
     rows = np.stack([encode_row(v) for v in views])

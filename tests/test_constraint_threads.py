@@ -1,5 +1,5 @@
 """``worker/engine/constraint.py`` may be imported by one thread and used by another: a
-runner imports the engine's modules in a background thread (``worker/runner/main.py``'s
+runner imports the engine's modules in a background thread (``worker/runner/startup.py``'s
 preload) and steps the engine in its main thread. MLX streams belong to a thread, so a lazy
 array the module made at import (on the importing thread's stream) cannot be evaluated by
 another thread ("There is no Stream(cpu, N) in current thread"): every constrained request

@@ -1,5 +1,5 @@
 """A runner imports MLX, mlx-lm and transformers in the background from its start
-(worker.runner.main ``PRELOAD_MODULES``), so the import overlaps the lifecycle barriers
+(worker.runner.startup ``PRELOAD_MODULES``), so the import overlaps the lifecycle barriers
 instead of following them (under scripts/chaos.py a re-placed 2-node instance spent
 11-13 s between Connected and Loading on a loaded machine, importing).
 

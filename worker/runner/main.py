@@ -5,25 +5,19 @@ It reads ``RunnerSetup`` and then tasks from ``in-fd``, and writes status, chunk
 heartbeats to ``out-fd``. States: Idle → (Connecting → Connected, multi-rank only) →
 Loading(layers) → Loaded → WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown,
 Failed(error) from anywhere. It exits by itself when its node dies: end of file on ``in-fd``
-(the node's end closed) or the parent-death signal.
+(the node's end closed) or its parent gone (``worker.runner.startup``).
 
-Multi-rank instances: ``ConnectToGroup`` joins the MLX ring (``engine.distributed``,
-bounded); ``LoadModel`` loads only this rank's share (pipeline: its layers; tensor: its
-1/world_size of every layer, ``engine.tensor``); ``StartWarmup`` runs a warm-up
-generation in lockstep on every rank and agrees how many decode steps may pass between
-agreement rounds (``check_every``: ~``CHECK_SECONDS`` of decode). Once Ready, generation
-tasks, cancels and Shutdown are not acted on directly but held by a ``TaskAgreement`` and
-decided in rounds that every rank runs at the same points (before each request acceptance
-and prefill chunk, every ``check_every`` decode steps, and every ``IDLE_ROUND_INTERVAL``
-seconds when idle). Each round also re-agrees ``check_every`` from every rank's measured
-decode rate (the smallest proposal), so a cancel is acted on within ~``CHECK_SECONDS`` of
-decode even when the machine slows down after warm-up (tests/test_cancel.py). Every rank reports task status; rank 0 alone emits the chunks (every rank
-holds the same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats
-come from a thread of their own (``worker.runner.pulse``), however long a step computes, and
-say which unit of work the main thread is in and for how long: a rank blocked in a collective
-because a peer vanished reports one step that never ends, and its supervisor kills it as
-stuck (``worker.liveness``); a collective that fails (a reset ring link: MLX fails the
-pending work and that socket never works again) fails the runner at once
+Its parts: the lifecycle tasks (``worker.runner.lifecycle``: join the ring, load only this
+rank's share, warm up), the engine (``worker.engine``), and on a multi-rank instance the
+agreement rounds (``worker.runner.rounds``, paced by ``worker.runner.pace``): once Ready,
+generation tasks, cancels and Shutdown are decided in rounds every rank runs at the same
+points. Every rank reports task status; rank 0 alone emits the chunks (every rank holds the
+same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats come from a
+thread of their own (``worker.runner.pulse``), however long a step computes, and say which
+unit of work the main thread is in and for how long: a rank blocked in a collective because a
+peer vanished reports one step that never ends, and its supervisor kills it as stuck
+(``worker.liveness``); a collective that fails (a reset ring link: MLX fails the pending work
+and that socket never works again) fails the runner at once
 (``worker.engine.pipeline.StageFailed``), not only the request.
 """
 
@@ -35,118 +29,21 @@ import queue
 import signal
 import sys
 import threading
-import time
 import traceback
 
 import msgspec
-import numpy as np
 
-from exo_p2p.types import (
-    CancelTask,
-    RunnerConnected,
-    RunnerConnecting,
-    ConnectToGroup,
-    CreateRunner,
-    ErrorChunk,
-    FinishChunk,
-    LoadModel,
-    RunnerFailed,
-    RunnerLoaded,
-    RunnerLoading,
-    RunnerReady,
-    RunnerRunning,
-    RunnerShutdown,
-    RunnerShuttingDown,
-    RunnerStatus,
-    RunnerWarmingUp,
-    Shutdown,
-    StartWarmup,
-    TextGeneration,
-    TokenChunk,
-)
-from worker.runner.faults import NO_FAULTS, STAGE_LOADING, STAGE_WARMUP, RunnerFaults
+from exo_p2p.types import (CancelTask, ConnectToGroup, CreateRunner, ErrorChunk, FinishChunk, LoadModel,
+                          RunnerFailed, RunnerReady, RunnerRunning, RunnerShutdown, RunnerShuttingDown,
+                          RunnerStatus, Shutdown, StartWarmup, TextGeneration, TokenChunk)
+from worker.runner import lifecycle
+from worker.runner.faults import NO_FAULTS, RunnerFaults
+from worker.runner.protocol import (INPUT_CLOSED, ChunkMsg, PrefixesMsg, RunnerSetup, StatusMsg, TaskStatusMsg,
+                                    frame, read_frame, to_runner_decoder, write_all)
 from worker.runner.pulse import Pulse, start_heartbeat
+from worker.runner.rounds import serve_round
+from worker.runner.startup import preload, watch_parent
 from worker.runner.stats import PrefixPublisher, StatsClock, engine_stats
-from worker.runner.protocol import (
-    ChunkMsg,
-    PrefixesMsg,
-    RunnerSetup,
-    StatusMsg,
-    TaskStatusMsg,
-    frame,
-    read_frame,
-    to_runner_decoder,
-    write_all,
-)
-
-_EOF = object()
-
-IDLE_ROUND_INTERVAL = 0.1
-"""Seconds between agreement rounds while a multi-rank runner is idle (bounds how long a new
-request waits before every rank has agreed on it, plus delivery skew)."""
-
-CHECK_SECONDS = 1.0
-"""Target seconds of decode between agreement rounds (docs/architecture.md#rules: a check at least every ~2 s;
-1 s leaves room for decode slowing down between two rounds, and a round — one all-gather of
-a few hundred bytes — costs about a millisecond)."""
-
-MAX_CHECK_EVERY = 16
-"""Most decode steps between agreement rounds, however fast decode is. Small because the pace
-is measured on the last interval and decode can slow down ~10× at once when other processes
-take the CPU: 64 steps measured at 100 tokens/s then took over 10 s (a cancel waited that
-long). A round costs about one pipeline hop, so 1/16 of a step's communication."""
-
-
-BATCH_CHECK_SECONDS = 0.25
-"""``CHECK_SECONDS`` of an instance that batches (``max_batch`` > 1): a request arriving while
-others decode joins only after the next round has agreed on it, so rounds come 4× as often
-(measured on a 2-node pipeline, 8 streams decoding: a joining request's TTFT was 4.4× its
-TTFT alone with rounds ~1 s apart; the target is ≤ 2×)."""
-
-
-def round_seconds(max_batch: int) -> float:
-    """Target seconds of decode between agreement rounds for an instance batching up to
-    ``max_batch`` sequences."""
-    return BATCH_CHECK_SECONDS if max_batch > 1 else CHECK_SECONDS
-
-
-def check_every_for(decode_tokens_per_second: float, seconds: float = CHECK_SECONDS) -> int:
-    """Decode steps between agreement rounds so a round comes every ``seconds`` at the
-    measured rate (steps per second): ``1 ≤ n ≤ MAX_CHECK_EVERY``."""
-    return max(1, min(MAX_CHECK_EVERY, int(seconds * decode_tokens_per_second)))
-
-
-PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.builder")
-"""What a runner imports in the background from its start: MLX, mlx-lm and transformers
-take ~1 s of CPU to import (over 10 s on a loaded machine), time that would otherwise come
-after the lifecycle barriers (every rank created, every rank connected) instead of during
-them — a re-placed 2-node instance spent 11-13 s between Connected and Loading under
-scripts/chaos.py. ``load`` imports the same modules; Python's import locks make it wait
-for an import still in flight rather than run it twice."""
-
-
-def _preload(modules: tuple[str, ...] = PRELOAD_MODULES) -> None:
-    """Import ``modules`` (a failure is left for ``load`` to report, with its traceback)."""
-    import importlib
-
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - reported by the lifecycle task that needs it
-            return
-
-
-def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
-    """Exit at once when the node process that started us is gone.
-
-    The task pipe's end of file usually tells first (the reader thread exits then); this
-    catches the rest. Linux's parent-death signal is not used: it fires when the *thread*
-    that forked us exits, and trio forks from a worker thread that it retires when idle.
-    """
-    while True:
-        time.sleep(interval)
-        if os.getppid() != parent_pid:
-            os._exit(0)
 
 
 class RunnerProcess:
@@ -195,6 +92,13 @@ class RunnerProcess:
         self.status = status
         self.send(StatusMsg(status))
 
+    def shut_down(self) -> None:
+        """Let go of the engine and the weights, reporting ShuttingDown then Shutdown."""
+        self.set_status(RunnerShuttingDown())
+        self.engine = None
+        self.loaded = None
+        self.set_status(RunnerShutdown())
+
     # --- input --------------------------------------------------------------------------
     def _reader(self) -> None:
         try:
@@ -208,7 +112,7 @@ class RunnerProcess:
                     print(f"runner: dropped undecodable message: {exc}", file=sys.stderr)
         except (OSError, ValueError) as exc:
             print(f"runner: input closed: {exc}", file=sys.stderr)
-        self.tasks.put(_EOF)
+        self.tasks.put(INPUT_CLOSED)
 
     # --- main loop ----------------------------------------------------------------------
     def run(self) -> int:
@@ -223,7 +127,7 @@ class RunnerProcess:
         while True:
             if self.multi and isinstance(self.status, (RunnerReady, RunnerRunning)):
                 try:
-                    code = self.serve_round()
+                    code = serve_round(self)
                 except Exception as exc:  # a collective failed (StageFailed, a round's all-gather)
                     traceback.print_exc()
                     self.set_status(RunnerFailed(f"a collective failed, the ranks cannot go on in step: {exc}"))
@@ -236,7 +140,7 @@ class RunnerProcess:
                 item = self.tasks.get_nowait() if busy else self.tasks.get(timeout=interval)
             except queue.Empty:
                 item = None
-            if item is _EOF:
+            if item is INPUT_CLOSED:
                 return 0  # our node is gone: exit, no orphans
             if item is not None:
                 code = self.handle_item(item)
@@ -267,16 +171,13 @@ class RunnerProcess:
         faults = self.faults
         if isinstance(task, ConnectToGroup):
             if self.multi:
-                self.connect(faults)
+                lifecycle.connect(self, faults)
             return None
         if isinstance(task, LoadModel):
-            self.load(faults)
+            lifecycle.load(self, faults)
             return None
         if isinstance(task, StartWarmup):
-            self.set_status(RunnerWarmingUp())
-            faults.at(STAGE_WARMUP)
-            self.warmup()
-            self.set_status(RunnerReady())
+            lifecycle.warmup(self, faults)
             return None
         if isinstance(task, TextGeneration):
             self.submit(task)
@@ -291,118 +192,11 @@ class RunnerProcess:
             self.agreement.want_shutdown()  # every rank shuts down after the next round
             return None
         if isinstance(task, Shutdown):
-            self.set_status(RunnerShuttingDown())
-            self.engine = None
-            self.loaded = None
-            self.set_status(RunnerShutdown())
+            self.shut_down()
             return "exit"
         if isinstance(task, CreateRunner):
             return None
         raise TypeError(f"unexpected task {type(task).__name__}")
-
-    def connect(self, faults: RunnerFaults) -> None:
-        """Join the instance's ring (bounded; see ``engine.distributed.init_ring``); test
-        faults may drop the host list (``worker.runner.faults``)."""
-        from worker.engine.distributed import init_ring
-
-        assert self.setup is not None
-        shard, instance = self.setup.shard, self.setup.instance
-        if instance.sharding not in ("pipeline", "tensor"):
-            raise RuntimeError(f"{instance.sharding} sharding is not supported by this runner")
-        self.set_status(RunnerConnecting())
-        addresses = faults.ring_addresses([s.ring_address for s in instance.shards])
-        self.group = init_ring(
-            addresses, shard.rank, shard.world_size,
-            timeout_report=lambda m: (self.out_fd, frame(StatusMsg(RunnerFailed(m)))),
-        )
-        self.set_status(RunnerConnected())
-
-    def load(self, faults: RunnerFaults) -> None:
-        """Load this rank's layers, reporting ``RunnerLoading`` from the start (the imports of
-        MLX and mlx-lm below take seconds on a busy machine: that is loading too)."""
-        assert self.setup is not None
-        shard = self.setup.shard
-        total = shard.end_layer - shard.start_layer
-        self.set_status(RunnerLoading(0, total))
-        import mlx.core as mx
-
-        from worker.engine.loader import LoadProgress, load_model
-
-        faults.at(STAGE_LOADING)
-        loaded = None
-        tensor_group = self.group if self.multi and self.setup.instance.sharding == "tensor" else None
-        for item in load_model(self.setup.model_dir, start_layer=shard.start_layer, end_layer=shard.end_layer,
-                               tensor_group=tensor_group, weights_dtype=shard.weights_dtype):
-            if isinstance(item, LoadProgress):
-                self.pulse.progress()
-                self.set_status(RunnerLoading(item.layers_loaded, item.layers_total))
-            else:
-                loaded = item
-        assert loaded is not None
-        self.loaded = loaded
-        mx.synchronize()
-        self.set_status(RunnerLoaded(peak_memory_bytes=int(getattr(loaded, "peak_memory_bytes", 0))))
-
-    def warmup(self) -> None:
-        """Build the engine (a collective on a multi-rank instance: its stage and limits are
-        agreed, ``worker.engine.builder``), then generate a few tokens (greedy, discarded) so
-        the first request does not pay for first-use costs; bounded by its ``max_tokens``. A
-        model without a chat template is warmed up all the same (the error chunk is
-        discarded). A multi-rank instance then agrees its pace (``check_every``)."""
-        from exo_p2p.types.tasks import ChatMessage, GenerationParams
-        from worker.engine.batch_memory import model_kv_bytes_per_token
-        from worker.engine.builder import build_engine
-
-        assert self.setup is not None and self.loaded is not None
-        ring = self.make_ring() if self.multi else None
-        self.engine = build_engine(self.loaded, self.setup.engine, model_id=self.setup.instance.model_id, ring=ring)
-        if ring is not None and not ring.wait.active:  # ranks that compute at once, or spin as they wait
-            from worker.runner.blas_threads import share_blas_threads
-
-            shared = share_blas_threads([s.ring_address for s in self.setup.instance.shards], self.setup.shard.rank)
-            if shared is not None:
-                print(f"runner: {shared} BLAS thread(s): ranks of this instance share this host", file=sys.stderr, flush=True)
-        self.engine.submit("warmup", GenerationParams(messages=(ChatMessage("user", "Hi"),), max_tokens=6, temperature=0.0))
-        tps = 0.0
-        for _ in range(1000):
-            if not self.engine.has_work():
-                break
-            started = time.monotonic()
-            for chunk in self.engine.step():
-                if isinstance(chunk, FinishChunk):
-                    tps = chunk.decode_tokens_per_second
-            self.pulse.record(time.monotonic() - started, warmup=True)  # the stuck bound's history
-            self.pulse.progress()
-        self.kv_bytes_per_token = model_kv_bytes_per_token(self.loaded.model)
-        cache = self.engine.prompt_cache  # the warm-up request is not traffic
-        cache.hits = cache.misses = cache.reused_tokens = self.engine.prefilled_tokens = 0
-        self.note_stats(force=True)
-        if self.multi:  # the pace is the same on every rank: the slowest rank's
-            assert self.all_gather is not None
-            proposal = np.array([check_every_for(tps, round_seconds(self.setup.engine.max_batch))], dtype=np.int64)
-            self.check_every = int(self.all_gather(proposal).min())
-
-    def make_ring(self):
-        """This rank's ``Ring`` (its all-gather is also the agreement's), and the
-        ``TaskAgreement`` that holds tasks from now on. A pipeline rank waits for its
-        neighbours asleep (``engine.ring_wait``) and keeps the node's BLAS threads; any other
-        rank (tensor, micro-batches, or ring sockets not found) takes its share of them once
-        the engine is built (``warmup``, ``blas_threads``)."""
-        from worker.engine.agreement import TaskAgreement
-        from worker.engine.builder import Ring
-        from worker.engine.distributed import ring_all_gather
-        from worker.engine.forward import generation_stream
-        from worker.engine.ring_wait import pipeline_wait
-
-        assert self.group is not None and self.setup is not None
-        # one dtype between ranks: float32 when any rank holds float32 weights, else what the
-        # stored weights compute in
-        float32 = any(s.weights_dtype == "float32" for s in self.setup.instance.shards)
-        wait = pipeline_wait(self.setup.instance, self.setup.shard.rank)
-        self.all_gather = ring_all_gather(self.group, generation_stream, wait)
-        self.agreement = TaskAgreement()
-        hosts = len({s.ring_address.rpartition(":")[0] for s in self.setup.instance.shards})
-        return Ring(self.group, self.setup.instance.sharding, float32, self.all_gather, hosts=hosts, wait=wait)
 
     def submit(self, task: TextGeneration) -> None:
         assert self.engine is not None
@@ -416,69 +210,6 @@ class RunnerProcess:
         if self.emits_chunks:
             self.send(ChunkMsg(FinishChunk(task_id=task_id, finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)))
         self.send(TaskStatusMsg(task_id, "cancelled"))
-
-    def serve_round(self) -> int | None:
-        """One turn of a serving multi-rank runner: take input, run an agreement round when
-        this is an agreement point (identical on every rank), do one generation step.
-        Returns an exit code, or None to go on."""
-        assert self.engine is not None and self.agreement is not None and self.all_gather is not None
-        busy = self.engine.has_work()
-        deadline = time.monotonic() + (0.0 if busy else IDLE_ROUND_INTERVAL)
-        while True:
-            wait = deadline - time.monotonic()
-            try:
-                item = self.tasks.get(timeout=wait) if wait > 0 else self.tasks.get_nowait()
-            except queue.Empty:
-                break
-            if item is _EOF:
-                return 0
-            code = self.handle_item(item)
-            if code is not None:
-                return code
-        if not busy or self.engine.in_prefill or self.steps_since_round >= self.check_every:
-            with self.pulse.unit("round"):
-                code = self.agreement_round()
-            if code is not None:
-                return code
-        if self.engine.has_work():
-            decoding = not self.engine.in_prefill
-            started = time.monotonic()
-            self.step_generation()
-            if decoding:
-                self.decode_steps += 1
-                self.decode_seconds += time.monotonic() - started
-            self.steps_since_round += 1
-        return None
-
-    def agreement_round(self) -> int | None:
-        """One agreement round (a collective): start, cancel and drop what every rank agreed;
-        0 when the ranks agreed to shut down."""
-        assert self.engine is not None and self.agreement is not None and self.all_gather is not None
-        result = self.agreement.round(self.all_gather, self.pace_proposal())
-        self.steps_since_round, self.decode_steps, self.decode_seconds = 0, 0, 0.0
-        if result.check_every > 0:
-            self.check_every = result.check_every
-        for task in result.start:
-            self.engine.submit(task.task_id, task.params)
-        for task_id in result.cancel:
-            self.engine.cancel(task_id)
-        for task in result.dropped:
-            self.end_cancelled(task.task_id)
-        if result.shutdown:
-            self.set_status(RunnerShuttingDown())
-            self.engine = None
-            self.loaded = None
-            self.set_status(RunnerShutdown())
-            return 0
-        return None
-
-    def pace_proposal(self) -> int:
-        """Decode steps this rank proposes until the next round, from the decode steps it
-        timed since the last round (0: none timed, no proposal)."""
-        if self.decode_steps == 0 or self.decode_seconds <= 0:
-            return 0
-        assert self.setup is not None
-        return check_every_for(self.decode_steps / self.decode_seconds, round_seconds(self.setup.engine.max_batch))
 
     def note_stats(self, force: bool = False) -> None:
         """The engine's figures for the next heartbeat (``worker.runner.stats``), when due;
@@ -533,11 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     guard_setrlimit()  # before the preload imports mlx-lm, which would lower the open-file limit (exo_p2p.limits)
 
     configure_runner_output()  # the node's log format for prints, warnings, tracebacks
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
+    threading.Thread(target=watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    threading.Thread(target=_preload, name="preload", daemon=True).start()  # after the env above
+    threading.Thread(target=preload, name="preload", daemon=True).start()  # after the env above
     runner = RunnerProcess(args.in_fd, args.out_fd)
     try:
         code = runner.run()

@@ -18,6 +18,9 @@ from exo_p2p.types import Chunk, Instance, RunnerStatus, ShardMetadata, Task, Ta
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.observe import EngineStats
 
+INPUT_CLOSED = object()
+"""Put on the runner's task queue when its input pipe closes or fails (the node is gone)."""
+
 _LEN = struct.Struct("<I")
 MAX_FRAME = 64 * 1024 * 1024
 
