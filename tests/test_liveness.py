@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exo_p2p.config import RUNNER_STEP_FACTOR, RUNNER_STEP_FLOOR, RUNNER_UNIT_BOUND
-from worker.liveness import silence_bound, step_bound, stuck_reason
+from worker.liveness import LivenessBounds, liveness_fault, silence_bound, step_bound, stuck_reason
 from worker.runner.faults import RunnerFaults
-from worker.runner.protocol import HeartbeatMsg, frame, to_supervisor_decoder
+from worker.runner.protocol import MAX_FRAME, FrameReader, FrameTooLarge, HeartbeatMsg, frame, to_supervisor_decoder
 from worker.runner.pulse import Pulse, heartbeat_loop
 
 BOUNDS = {"floor": RUNNER_STEP_FLOOR, "factor": RUNNER_STEP_FACTOR, "unit_bound": RUNNER_UNIT_BOUND}
@@ -130,3 +130,34 @@ def test_slow_step_fault_slows_only_the_first_serving_step():
     assert slept == [30.0]
     with pytest.raises(ValueError):
         RunnerFaults.from_hooks({"slow_step": "long"})
+
+
+# --- the supervisor's verdict (worker.liveness.liveness_fault) and its frames (FrameReader) ---------
+def test_the_verdict_is_silent_before_stuck_and_none_for_a_runner_that_lives():
+    bounds = LivenessBounds()
+    assert liveness_fault("running", 9.0, None, 0.0, bounds) is None
+    assert liveness_fault("running", 11.0, None, 0.0, bounds).kind == "silent"  # type: ignore[union-attr]
+    assert liveness_fault("loading", 59.0, None, 0.0, bounds) is None  # the loading bound, 60 s
+    long_step = HeartbeatMsg(busy="step", busy_for=RUNNER_STEP_FLOOR + 1, longest_step=0.1)
+    fault = liveness_fault("running", 0.5, long_step, 0.5, bounds)
+    assert fault is not None and fault.kind == "stuck" and "engine step" in fault.reason and fault.reason.endswith("killed")
+    assert liveness_fault("running", 0.5, HeartbeatMsg(busy="step", busy_for=1.0, longest_step=0.1), 0.5, bounds) is None
+
+
+@given(sizes=st.lists(st.integers(0, 300), max_size=8), cuts=st.lists(st.integers(1, 64), min_size=1, max_size=40))
+def test_frames_fed_in_pieces_of_any_size_come_out_whole_and_in_order(sizes, cuts):
+    messages = [HeartbeatMsg(busy="x" * n) for n in sizes]
+    data = b"".join(frame(m) for m in messages)
+    reader, payloads, at, k = FrameReader(), [], 0, 0
+    while at < len(data):
+        step = cuts[k % len(cuts)]
+        payloads += reader.feed(data[at : at + step])
+        at, k = at + step, k + 1
+    assert [to_supervisor_decoder.decode(p) for p in payloads] == messages
+
+
+def test_an_oversized_frame_is_refused_from_its_length_alone():
+    reader = FrameReader()
+    with pytest.raises(FrameTooLarge) as info:
+        reader.feed((MAX_FRAME + 1).to_bytes(4, "little") + b"\0" * 10)
+    assert info.value.length == MAX_FRAME + 1

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from exo_p2p.types import RunnerReady, RunnerRunning
 from tests.test_plan import BOOT, NODE, gen_task, instance, state_with
-from worker.plan import LocalRunner, plan
-from worker.supervisor import LIFECYCLE_KEYS, RunnerSupervisor
+from worker.plan import LIFECYCLE_KEYS, LocalRunner, plan
+from worker.supervisor import RunnerSupervisor
 from worker.worker import Worker
 
 

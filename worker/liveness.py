@@ -21,11 +21,49 @@ each stays within the bound its own history sets.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from exo_p2p.config import (RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING, RUNNER_STEP_FACTOR, RUNNER_STEP_FLOOR,
+                            RUNNER_UNIT_BOUND)
 from worker.runner.protocol import HeartbeatMsg
 
 _LOADING_TAGS = ("idle", "connecting", "connected", "loading", "loaded", "warming_up")
 STEP_KINDS = ("step", "round")
 """Units of work whose bound scales with the measured step time."""
+
+
+class LivenessBounds(NamedTuple):
+    """A supervisor's bounds, seconds (defaults from ``exo_p2p.config``): ``generating`` /
+    ``loading`` the silence bounds once serving / before (``silence_bound``), ``step_floor`` and
+    ``step_factor`` a step's or round's bound (``step_bound``), ``unit_bound`` any other unit's."""
+
+    generating: float = RUNNER_SILENT_GENERATING
+    loading: float = RUNNER_SILENT_LOADING
+    step_floor: float = RUNNER_STEP_FLOOR
+    step_factor: float = RUNNER_STEP_FACTOR
+    unit_bound: float = RUNNER_UNIT_BOUND
+
+
+class Fault(NamedTuple):
+    """Why a runner is killed: ``kind`` "silent" or "stuck", ``reason`` the sentence for its
+    ``Failed`` status and the log."""
+
+    kind: str
+    reason: str
+
+
+def liveness_fault(status_tag: str, silent_for: float, beat: HeartbeatMsg | None, beat_age: float,
+                   bounds: LivenessBounds) -> Fault | None:
+    """Whether a runner whose status is ``status_tag``, last heard ``silent_for`` seconds ago,
+    whose last heartbeat ``beat`` came ``beat_age`` seconds ago (None: none yet), is to be
+    killed now, and why; None when it lives."""
+    bound = silence_bound(status_tag, generating=bounds.generating, loading=bounds.loading)
+    if silent_for > bound:
+        return Fault("silent", f"runner silent for {silent_for:.0f} s (bound {bound:.0f} s) while {status_tag}; killed")
+    if beat is None:
+        return None
+    reason = stuck_reason(beat, beat_age, floor=bounds.step_floor, factor=bounds.step_factor, unit_bound=bounds.unit_bound)
+    return None if reason is None else Fault("stuck", f"runner stuck: {reason} while {status_tag}; killed")
 
 
 def silence_bound(status_tag: str, *, generating: float, loading: float) -> float:

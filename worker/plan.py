@@ -8,6 +8,8 @@ inputs returns the same single task (docs/architecture.md#rules "Plan is idempot
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import msgspec
 
 from exo_p2p.types import (
@@ -30,6 +32,9 @@ from exo_p2p.types import (
     Task,
     TextGeneration,
 )
+
+LIFECYCLE_KEYS = frozenset({"connect", "load", "warmup", "shutdown"})
+"""Keys of ``LocalRunner.sent`` that are not task ids."""
 
 _PAST_LOADED = ("loaded", "warming_up", "ready", "running")
 _PAST_CONNECTED = ("connected", "loading", "loaded", "warming_up", "ready", "running")
@@ -159,3 +164,12 @@ def _generation(state: State, instance: Instance, runner: LocalRunner) -> Planne
             continue
         return ForwardGeneration(runner.runner_id, record.task)
     return None
+
+
+def still_listed(sent: set[str] | frozenset[str], tasks: Container[str]) -> set[str]:
+    """The keys of ``sent`` (a runner's record of what was sent to it) to keep: the lifecycle
+    keys, and the keys of tasks ``tasks`` (State's task ids) still lists. ``plan`` looks a
+    task's keys up only while State holds the task, so dropping the others changes no plan
+    (tests/test_runner_sent.py); without it the record grows by every request a runner ever
+    served (and is copied on each plan pass: a runner serving for days slowed every event down)."""
+    return {k for k in sent if k in LIFECYCLE_KEYS or k.removeprefix("cancel:") in tasks}

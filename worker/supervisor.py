@@ -1,21 +1,18 @@
 """Runner supervision: start a runner subprocess, relay its messages, notice its death.
 
-One ``RunnerSupervisor`` per runner. It turns the runner's messages into events (runner
-status, task status) and chunks, kills a runner whose ring gave up (``worker.runner_output``)
-or that is silent or stuck (``worker.liveness``:
+One ``RunnerSupervisor`` per runner (its process and pipes: ``worker.runner_spawn``). It turns
+the runner's messages into events (runner status, task status) and chunks, kills a runner
+whose ring gave up (``worker.runner_output``) or that is silent or stuck (``worker.liveness``:
 nothing heard for 10 s once serving, 60 s before; one step running past the larger of 45 s
-and 5 × its longest recent step; no layer loaded for 60 s), and reports ``Failed`` with
-the reason when the process dies on its own. Closing the node's end of the task pipe makes
-the runner exit; so does the parent-death signal when the node is killed.
+and 5 × its longest recent step; no layer loaded for 60 s), and reports ``Failed`` with the
+reason when the process dies on its own. Closing the node's end of the task pipe makes the
+runner exit; so does its parent's exit (``worker.runner.startup``) when the node is killed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 
@@ -23,54 +20,21 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.config import (
-    RUNNER_OUTPUT_DRAIN,
-    RUNNER_SILENT_GENERATING,
-    RUNNER_SILENT_LOADING,
-    RUNNER_STEP_FACTOR,
-    RUNNER_STEP_FLOOR,
-    RUNNER_UNIT_BOUND,
-)
+from exo_p2p.config import RUNNER_OUTPUT_DRAIN
+from exo_p2p.types import (FINISHED_TASK_STATUSES, TERMINAL_STATUSES, Chunk, Event, Instance,
+                           InstancePrefixesUpdated, RunnerFailed, RunnerIdle, RunnerLoaded, RunnerShutdown,
+                           RunnerStatus, RunnerStatusUpdated, ShardMetadata, Task, TaskStatusUpdated)
 from exo_p2p.types.engine import EngineSettings
-from exo_p2p.types import (
-    FINISHED_TASK_STATUSES,
-    TERMINAL_STATUSES,
-    Chunk,
-    ErrorChunk,
-    Event,
-    FinishChunk,
-    Instance,
-    RunnerFailed,
-    RunnerIdle,
-    RunnerLoaded,
-    RunnerShutdown,
-    RunnerStatus,
-    RunnerStatusUpdated,
-    ShardMetadata,
-    Task,
-    TaskStatusUpdated,
-    TokenChunk,
-)
-from worker.liveness import silence_bound, stuck_reason
-from worker.runner_output import OutputRelay, ring_failure
-from exo_p2p.types import InstancePrefixesUpdated
 from exo_p2p.types.observe import EngineStats
-from worker.runner.protocol import (
-    PrefixesMsg,
-    MAX_FRAME,
-    ChunkMsg,
-    HeartbeatMsg,
-    RunnerSetup,
-    StatusMsg,
-    TaskStatusMsg,
-    frame,
-    to_supervisor_decoder,
-)
+from worker.liveness import LivenessBounds, liveness_fault
+from worker.plan import still_listed
+from worker.runner.protocol import (ChunkMsg, FrameReader, FrameTooLarge, HeartbeatMsg, PrefixesMsg, RunnerSetup,
+                                    StatusMsg, TaskStatusMsg, frame, to_supervisor_decoder)
+from worker.runner_output import ring_failure
+from worker.runner_spawn import relay_to_log, spawn_runner
+from worker.task_ends import TaskEnds
 
 log = structlog.get_logger(__name__)
-
-LIFECYCLE_KEYS = frozenset({"connect", "load", "warmup", "shutdown"})
-"""Keys of ``RunnerSupervisor.sent`` that are not task ids (``worker.plan``)."""
 
 
 class RunnerSupervisor:
@@ -83,8 +47,7 @@ class RunnerSupervisor:
     ``worker.blas.runner_environment`` so the runner loads the optimised BLAS. ``engine``:
     the runner's engine settings, sent in its ``RunnerSetup`` (``Worker`` passes this node's,
     narrowed by ``EngineSettings.for_runner``: ``kv_cache_bytes`` the resolved budget, bytes).
-    ``silent_*``: the silence bounds, ``step_floor``/``step_factor``/``unit_bound`` the stuck
-    bounds (seconds; ``worker.liveness``, defaults in ``exo_p2p.config``).
+    ``liveness``: the silence and stuck bounds (``worker.liveness.LivenessBounds``, seconds).
     """
 
     def __init__(
@@ -98,11 +61,7 @@ class RunnerSupervisor:
         *,
         engine: EngineSettings = EngineSettings(),
         fault_hooks: dict[str, str] | None = None,
-        silent_generating: float = RUNNER_SILENT_GENERATING,
-        silent_loading: float = RUNNER_SILENT_LOADING,
-        step_floor: float = RUNNER_STEP_FLOOR,
-        step_factor: float = RUNNER_STEP_FACTOR,
-        unit_bound: float = RUNNER_UNIT_BOUND,
+        liveness: LivenessBounds = LivenessBounds(),
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
@@ -115,8 +74,7 @@ class RunnerSupervisor:
         self._on_chunk = on_chunk
         self.status: RunnerStatus = RunnerIdle()
         self.sent: set[str] = set()
-        self._tokens_sent: dict[str, int] = {}
-        self._finished: dict[str, FinishChunk | ErrorChunk] = {}
+        self._task_ends = TaskEnds(self.runner_id, shard.rank)
         self.process: trio.Process | None = None
         self._send_stream: trio.lowlevel.FdStream | None = None
         self._receive_stream: trio.lowlevel.FdStream | None = None
@@ -126,16 +84,9 @@ class RunnerSupervisor:
         # process is still being started, and that task must follow the setup, never fail
         self._writable = trio.Event()
         self._last_heard = trio.current_time()
-        self._setup = RunnerSetup(
-            instance=instance,
-            shard=shard,
-            model_dir=str(model_dir),
-            engine=engine,
-            fault_hooks=dict(fault_hooks or {}),
-        )
-        self._silent_generating = silent_generating
-        self._silent_loading = silent_loading
-        self._stuck_bounds = {"floor": step_floor, "factor": step_factor, "unit_bound": unit_bound}
+        self._setup = RunnerSetup(instance=instance, shard=shard, model_dir=str(model_dir), engine=engine,
+                                  fault_hooks=dict(fault_hooks or {}))
+        self._liveness = liveness
         self._beat: tuple[HeartbeatMsg, float] | None = None  # the last heartbeat, when it came
         self._ring_failed: str | None = None  # MLX's line saying the ring gave up on a socket
         self.exited = trio.Event()
@@ -173,70 +124,15 @@ class RunnerSupervisor:
             await self._supervise(task_status)
             relays.cancel_scope.deadline = trio.current_time() + RUNNER_OUTPUT_DRAIN  # EOF comes with the exit
 
-    def _log_settings(self) -> dict:
-        """What the node told its runners of its log (``exo_p2p.logging.RUNNER_LOG_ENV``)."""
-        from exo_p2p.logging import RUNNER_LOG_ENV
-
-        env = self._env if self._env is not None else os.environ
-        try:
-            settings = json.loads(env.get(RUNNER_LOG_ENV) or "{}")
-        except ValueError:
-            return {}
-        return settings if isinstance(settings, dict) else {}
-
-    def _json_output(self) -> bool:
-        return self._log_settings().get("format") == "json"
-
     async def _start_process(self, output_fd: int | None) -> None:
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        try:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "worker.runner.main", "--in-fd", str(in_r), "--out-fd", str(out_w)],
-                pass_fds=(in_r, out_w),
-                stdin=subprocess.DEVNULL,
-                stdout=output_fd,
-                stderr=output_fd,
-                env=self._env,
-            )
-        except BaseException:
-            os.close(in_w)
-            os.close(out_r)
-            raise
-        finally:
-            os.close(in_r)
-            os.close(out_w)
-        self._send_stream = trio.lowlevel.FdStream(in_w)
-        self._receive_stream = trio.lowlevel.FdStream(out_r)
+        self.process, self._send_stream, self._receive_stream = await spawn_runner(self._env, output_fd)
 
     async def _relay_output(self, stream: trio.lowlevel.FdStream) -> None:
-        from exo_p2p.logging import log_stream
-
-        def write(line: str) -> None:
-            out = log_stream()
-            out.write(line)
-            out.flush()
-
         def watch(line: str) -> None:
             if self._ring_failed is None:
                 self._ring_failed = ring_failure(line)
 
-        fields = {"runner_id": self.runner_id, "pid": self.pid, "node": self._log_settings().get("node")}
-        relay = OutputRelay(write, {k: v for k, v in fields.items() if v is not None},
-                            raw=not self._json_output(), on_line=watch)
-        try:
-            while True:
-                try:
-                    data = await stream.receive_some(1 << 16)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-                if not data:
-                    return
-                relay.feed(data)
-        finally:
-            relay.close()
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        await relay_to_log(stream, self._env, {"runner_id": self.runner_id, "pid": self.pid}, watch)
 
     async def _supervise(self, task_status: trio.TaskStatus[None]) -> None:
         receive = self._receive_stream
@@ -268,7 +164,7 @@ class RunnerSupervisor:
                 self.exited.set()
 
     async def _read(self, receive: trio.lowlevel.FdStream) -> None:
-        buf = bytearray()
+        frames = FrameReader()
         while True:
             try:
                 data = await receive.receive_some(1 << 20)
@@ -276,16 +172,12 @@ class RunnerSupervisor:
                 data = b""
             if not data:
                 return
-            buf += data
-            while len(buf) >= 4:
-                length = int.from_bytes(buf[:4], "little")
-                if length > MAX_FRAME:
-                    log.error("runner sent an oversized frame; killing it", runner_id=self.runner_id, length=length)
-                    return
-                if len(buf) < 4 + length:
-                    break
-                payload = bytes(buf[4 : 4 + length])
-                del buf[: 4 + length]
+            try:
+                payloads = frames.feed(data)
+            except FrameTooLarge as exc:
+                log.error("runner sent an oversized frame; killing it", runner_id=self.runner_id, length=exc.length)
+                return
+            for payload in payloads:
                 self._last_heard = trio.current_time()
                 try:
                     msg = to_supervisor_decoder.decode(payload)
@@ -304,64 +196,30 @@ class RunnerSupervisor:
                          peak_memory_bytes=msg.status.peak_memory_bytes)
             self._set_status(msg.status)
         elif isinstance(msg, ChunkMsg):
-            self._count_chunk(msg.chunk)
+            self._task_ends.count(msg.chunk)
             self._on_chunk(msg.chunk)
         elif isinstance(msg, PrefixesMsg):
             self._emit(InstancePrefixesUpdated(self.instance.instance_id, msg.digests))
         elif isinstance(msg, TaskStatusMsg):
             self._emit(TaskStatusUpdated(msg.task_id, msg.status))
             if msg.status in FINISHED_TASK_STATUSES:
-                self._log_task_end(msg.task_id, msg.status)
-
-    def _count_chunk(self, chunk: Chunk) -> None:
-        """Track, per task, the completion tokens already sent as chunks and the last chunk
-        (only rank 0 sends chunks), for the task-end log line."""
-        if isinstance(chunk, TokenChunk):
-            self._tokens_sent[chunk.task_id] = max(self._tokens_sent.get(chunk.task_id, 0), chunk.completion_tokens)
-        elif isinstance(chunk, (FinishChunk, ErrorChunk)):
-            self._finished[chunk.task_id] = chunk
-
-    def _log_task_end(self, task_id: str, status: str) -> None:
-        """One info line per task and rank when the task ends here: its status and, on the
-        rank that sends chunks, the completion tokens the runner reports and the tokens it had
-        sent (a cancelled task reports at most what it sent plus the steps in flight)."""
-        last = self._finished.pop(task_id, None)
-        sent = self._tokens_sent.pop(task_id, None)
-        # a task that completed on a rank that sends no chunks has nothing to say: routine
-        routine = last is None and sent is None and status == "complete"
-        level = log.debug if routine else log.info
-        level(
-            "runner task ended",
-            runner_id=self.runner_id,
-            rank=self.shard.rank,
-            task_id=task_id,
-            status=status,
-            finish_reason=last.finish_reason if isinstance(last, FinishChunk) else None,
-            completion_tokens=last.completion_tokens if isinstance(last, FinishChunk) else None,
-            tokens_sent=sent,
-        )
+                self._task_ends.log_end(msg.task_id, msg.status)
 
     def _liveness_fault(self) -> str | None:
-        """Why the runner must be killed now (silent or stuck, ``worker.liveness``), or None."""
+        """Why the runner must be killed now (its ring failed, or silent or stuck:
+        ``worker.liveness``), or None."""
         if isinstance(self.status, TERMINAL_STATUSES):
             return None
         if self._ring_failed is not None:
             log.error("runner's ring failed; killing it", runner_id=self.runner_id, line=self._ring_failed)
             return f"its ring failed ({self._ring_failed}); killed"
         now = trio.current_time()
-        bound = silence_bound(_tag(self.status), generating=self._silent_generating, loading=self._silent_loading)
-        silent = now - self._last_heard
-        if silent > bound:
-            log.error("runner silent; killing it", runner_id=self.runner_id, silent_s=round(silent, 1), bound_s=bound)
-            return f"runner silent for {silent:.0f} s (bound {bound:.0f} s) while {_tag(self.status)}; killed"
-        if self._beat is None:
-            return None
-        beat, at = self._beat
-        reason = stuck_reason(beat, now - at, **self._stuck_bounds)
-        if reason is None:
-            return None
-        log.error("runner stuck; killing it", runner_id=self.runner_id, reason=reason, busy=beat.busy)
-        return f"runner stuck: {reason} while {_tag(self.status)}; killed"
+        beat, at = self._beat if self._beat is not None else (None, now)
+        fault = liveness_fault(_tag(self.status), now - self._last_heard, beat, now - at, self._liveness)
+        if fault is not None:
+            log.error(f"runner {fault.kind}; killing it", runner_id=self.runner_id, reason=fault.reason,
+                      busy=beat.busy if beat is not None else None)
+        return fault.reason if fault is not None else None
 
     async def _watchdog(self, scope: trio.CancelScope) -> None:
         while True:
@@ -370,11 +228,7 @@ class RunnerSupervisor:
             if fault is None:
                 continue
             self._set_status(RunnerFailed(fault))
-            if self.process is not None and self.process.returncode is None:
-                try:
-                    self.process.send_signal(signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._kill()
             scope.cancel()
             return
 
@@ -389,15 +243,18 @@ class RunnerSupervisor:
             self._set_status(RunnerFailed(f"runner process {how}"))
         log.info("runner exited", runner_id=self.runner_id, code=code, status=_tag(self.status))
 
-    async def _kill_and_reap(self) -> None:
-        if self.process is None:
-            return
-        if self.process.returncode is None:
+    def _kill(self) -> None:
+        """SIGKILL the runner process if it runs."""
+        if self.process is not None and self.process.returncode is None:
             try:
                 self.process.send_signal(signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        await self.process.wait()
+
+    async def _kill_and_reap(self) -> None:
+        if self.process is not None:
+            self._kill()
+            await self.process.wait()
 
     async def _write(self, message: object) -> None:
         if self._send_stream is None:
@@ -406,12 +263,9 @@ class RunnerSupervisor:
             await self._send_stream.send_all(frame(message))
 
     def forget_ended(self, tasks: Container[str]) -> None:
-        """Drop from ``sent`` the keys of tasks no longer in State (``tasks``: State's task
-        ids), keeping the lifecycle keys ("connect", "load", "warmup", "shutdown"). The planner
-        looks a task's keys up only while State holds it, so this changes no plan; without it
-        ``sent`` grows by every request the runner ever served (and is copied on each plan
-        pass: a runner serving for days slowed every event down)."""
-        self.sent = {k for k in self.sent if k in LIFECYCLE_KEYS or k.removeprefix("cancel:") in tasks}
+        """Drop from ``sent`` the keys of tasks State (``tasks``: its task ids) no longer lists
+        (``worker.plan.still_listed``)."""
+        self.sent = still_listed(self.sent, tasks)
 
     async def send(self, task: Task, key: str) -> None:
         """Send ``task`` to the runner, recording ``key`` in ``sent`` first (so a failed

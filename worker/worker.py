@@ -8,27 +8,13 @@ from pathlib import Path
 import structlog
 import trio
 
+from exo_p2p.types import (TERMINAL_STATUSES, CancelTask, Chunk, ConnectToGroup, CreateRunner, Event, Instance,
+                           LoadModel, RunnerDownloading, RunnerFailed, RunnerShutdown, RunnerStatusUpdated,
+                           ShardMetadata, Shutdown, StartWarmup, State)
 from exo_p2p.types.observe import EngineStats
-from exo_p2p.types import (
-    CancelTask,
-    Chunk,
-    ConnectToGroup,
-    CreateRunner,
-    Event,
-    LoadModel,
-    Instance,
-    RunnerDownloading,
-    RunnerFailed,
-    RunnerShutdown,
-    RunnerStatusUpdated,
-    ShardMetadata,
-    Shutdown,
-    StartWarmup,
-    State,
-    TERMINAL_STATUSES,
-)
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.types.engine import EngineSettings
+from worker.liveness import LivenessBounds
 from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
 from worker.supervisor import RunnerSupervisor
 
@@ -305,18 +291,8 @@ class Worker:
         shard = task.shard
         # the instance's rank settings (every rank the same) and this node's resolved KV budget
         settings = self._engine.for_runner(task.instance.settings, self._kv_budget())
-        sup = RunnerSupervisor(
-            self.node_id,
-            task.instance,
-            shard,
-            model_dir,
-            self._emit,
-            self._on_chunk,
-            engine=settings,
-            fault_hooks=self._fault_hooks,
-            silent_generating=self._silent[0],
-            silent_loading=self._silent[1],
-            env=self._runner_env,
-        )
+        sup = RunnerSupervisor(self.node_id, task.instance, shard, model_dir, self._emit, self._on_chunk,
+                               engine=settings, fault_hooks=self._fault_hooks, env=self._runner_env,
+                               liveness=LivenessBounds(generating=self._silent[0], loading=self._silent[1]))
         self.supervisors[shard.runner_id] = sup
         await self._nursery.start(sup.run)

@@ -115,6 +115,37 @@ def read_frame(fd: int) -> bytes | None:
     return read_exact(fd, length)
 
 
+class FrameTooLarge(ValueError):
+    """A frame's length prefix says more than ``MAX_FRAME`` bytes (``length``)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"frame of {length} bytes exceeds {MAX_FRAME}")
+        self.length = length
+
+
+class FrameReader:
+    """The supervisor's side of ``read_frame``, for a stream read in pieces of any size:
+    ``feed(data)`` returns the payloads of the frames ``data`` completes, in order, and keeps
+    the rest of a frame for the next call. Raises ``FrameTooLarge`` for a frame over
+    ``MAX_FRAME`` bytes (before buffering it: at most ``MAX_FRAME`` + 4 bytes are held)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        payloads: list[bytes] = []
+        while len(self._buf) >= _LEN.size:
+            (length,) = _LEN.unpack_from(self._buf)
+            if length > MAX_FRAME:
+                raise FrameTooLarge(length)
+            if len(self._buf) < _LEN.size + length:
+                break
+            payloads.append(bytes(self._buf[_LEN.size : _LEN.size + length]))
+            del self._buf[: _LEN.size + length]
+        return payloads
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
