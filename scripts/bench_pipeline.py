@@ -3,13 +3,15 @@ run, with the ratio to 1 rank and each rank's peak memory during load; with ``--
 (N > 1), N requests at once in one batch, aggregate tokens/s and where each rank's time goes.
 
     python scripts/bench_pipeline.py [--model-dir DIR] [--ranks 1 2 3] [--max-tokens 64]
-        [--requests 16 [--micro-batches M] [--threads T] [--pin] [--profile]]
+        [--requests 16 [--micro-batches M] [--waits on|off ...] [--threads T] [--pin] [--profile]]
 
 Without ``--model-dir`` a synthetic llama model (random weights; ``--layers``/``--hidden``)
 is written to a temp dir. Ranks are processes on 127.0.0.1 joined by MLX's ring backend
 (worker/engine/distributed.py); each runs the engine (``build_engine``) with a PipelineStage. Greedy
 decoding; the same prompt for every world size; the first request of each run is a warm-up
-and is not measured. Every process is killed at the end.
+and is not measured. Every process is killed at the end. ``--waits``: whether the ranks wait
+for their neighbours asleep (``worker.engine.ring_wait``, as the runner's pipeline ranks do) or
+in MLX's spinning receive; each rank's CPU seconds over the measured phase are printed.
 
 Where the time goes (``--profile``, ``--requests`` > 1, 2+ ranks): a second, profiled run whose stage
 evaluates each part of a step on its own (``TimedStage``: no overlap between Python and the
@@ -108,6 +110,7 @@ def rank_main(cfg: dict) -> dict:
     from worker.engine.distributed import init_ring
     from worker.engine.loader import load_all
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
+    from worker.engine.ring_wait import NO_WAIT, ring_wait
 
     group = None
     if cfg["world_size"] > 1:
@@ -118,7 +121,9 @@ def rank_main(cfg: dict) -> dict:
     if group is not None:
         c = loaded.config.get("text_config", loaded.config)
         kind = timed_stage_class() if cfg["profile"] else PipelineStage
-        stage = kind(group, int(c["hidden_size"]), probe_hidden_dtype(loaded.model, group, int(c["hidden_size"])))
+        wait = ring_wait(cfg["addresses"], cfg["rank"]) if cfg["wait"] else NO_WAIT
+        stage = kind(group, int(c["hidden_size"]), probe_hidden_dtype(loaded.model, group, int(c["hidden_size"])),
+                     wait=wait)
     extra = {"micro_batches": cfg["micro"]} if cfg["micro"] is not None else {}
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=cfg["chunk"], max_batch=max(1, n), **extra),
                        stage=stage)
@@ -130,19 +135,20 @@ def rank_main(cfg: dict) -> dict:
                                                        max_tokens=max_tokens, temperature=0.0))
         if phase == "measured" and stage is not None and cfg["profile"]:
             stage.times.clear()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(100_000):
             if not gen.has_work():
                 break
             for chunk in gen.step():
                 if isinstance(chunk, FinishChunk):
                     results[chunk.task_id] = chunk
-        step_wall = time.perf_counter() - t0
+        step_wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     measured = [results[f"measured{i}"] for i in range(n)]
     out = {"rank": cfg["rank"], "ttft": measured[0].ttft, "tps": measured[0].decode_tokens_per_second,
            "aggregate_tps": sum(f.completion_tokens for f in measured) / step_wall, "wall": step_wall,
            "completion_tokens": sum(f.completion_tokens for f in measured), "prompt_tokens": measured[0].prompt_tokens,
-           "peak_memory_bytes": loaded.peak_memory_bytes}
+           "peak_memory_bytes": loaded.peak_memory_bytes, "cpu": cpu,
+           "wait_timeouts": stage.wait.timeouts if stage is not None else 0}
     if stage is not None and cfg["profile"]:
         out["times"] = {**stage.times, "python": step_wall - sum(stage.times.values())}
         c = loaded.config.get("text_config", loaded.config)
@@ -171,7 +177,7 @@ def split(n_layers: int, world: int) -> list[tuple[int, int]]:
 
 
 def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespace, profile: bool = False,
-              micro: int | None = None) -> list[dict]:
+              micro: int | None = None, wait: bool = True) -> list[dict]:
     from worker import blas
 
     env = blas.runner_environment(os.environ, blas.find_optimised_blas(), args.threads)
@@ -181,7 +187,7 @@ def run_world(model_dir: Path, n_layers: int, world: int, args: argparse.Namespa
         for rank, (start, end) in enumerate(split(n_layers, world)):
             cfg = {"model_dir": str(model_dir), "rank": rank, "world_size": world, "start": start, "end": end,
                    "addresses": addresses, "chunk": args.chunk, "max_tokens": args.max_tokens,
-                   "requests": args.requests, "micro": micro, "profile": profile}
+                   "requests": args.requests, "micro": micro, "profile": profile, "wait": wait}
             pin = (lambda cpu=rank % os.cpu_count(): os.sched_setaffinity(0, {cpu})) if args.pin else None
             procs.append(subprocess.Popen([sys.executable, __file__, "--rank-config", json.dumps(cfg)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin))
@@ -212,6 +218,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1, help="requests at once (one batch)")
     ap.add_argument("--micro-batches", type=int, nargs="+", default=None,
                     help="EngineSettings.micro_batches, one for every world or one per entry of --ranks (default: its own)")
+    ap.add_argument("--waits", nargs="+", choices=("on", "off"), default=["on"],
+                    help="ranks wait asleep (on) or spin in MLX's receive (off): one for every world or one per entry of --ranks")
     ap.add_argument("--threads", type=int, default=2, help="BLAS threads per rank")
     ap.add_argument("--profile", action="store_true", help="also a profiled run of each multi-rank world")
     ap.add_argument("--pin", action="store_true",
@@ -242,8 +250,9 @@ def main() -> None:
         base = None
         micros = args.micro_batches or [None]
         micros = micros * len(args.ranks) if len(micros) == 1 else micros
-        for world, micro in zip(args.ranks, micros, strict=True):
-            res = run_world(Path(model_dir), n_layers, world, args, micro=micro)
+        waits = args.waits * len(args.ranks) if len(args.waits) == 1 else args.waits
+        for world, micro, wait in zip(args.ranks, micros, waits, strict=True):
+            res = run_world(Path(model_dir), n_layers, world, args, micro=micro, wait=wait == "on")
             r0 = res[0]
             key = "aggregate_tps" if args.requests > 1 else "tps"
             if base is None:
@@ -251,9 +260,13 @@ def main() -> None:
             ratio = r0[key] / base[key] if base[key] else 0.0
             peaks = ", ".join(f"r{r['rank']} {r['peak_memory_bytes'] / 2**20:.1f} MiB" for r in res)
             what = f"{args.requests} requests: {r0[key]:.1f} tok/s aggregate" if args.requests > 1 else f"decode {r0[key]:.1f} tok/s"
-            print(f"ranks {world}, micro-batches {micro or 'default'}: {what} (x{ratio:.2f} of {args.ranks[0]} rank), "
+            cpu = ", ".join(f"r{r['rank']} {r['cpu']:.1f}" for r in res)
+            late = sum(r["wait_timeouts"] for r in res)
+            print(f"ranks {world}, micro-batches {micro or 'default'}, waits {wait if world > 1 else '-'}: {what} "
+                  f"(x{ratio:.2f} of {args.ranks[0]} rank), "
                   f"TTFT {r0['ttft'] * 1000:.0f} ms ({r0['prompt_tokens']} prompt tokens), "
-                  f"{r0['completion_tokens']} tokens in {r0['wall']:.1f} s; peak load memory: {peaks}", flush=True)
+                  f"{r0['completion_tokens']} tokens in {r0['wall']:.1f} s; CPU s {cpu}; waits out of patience {late}; "
+                  f"peak load memory: {peaks}", flush=True)
             if world > 1 and args.requests > 1 and args.profile:
                 prof = run_world(Path(model_dir), n_layers, world, args, profile=True, micro=micro)
                 for r in prof:

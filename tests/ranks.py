@@ -94,14 +94,14 @@ def run_rank_processes(module: str, cfgs: list[dict[str, Any]], timeout: float,
 
 def ring_wait_for(addresses: list[str] | None, rank: int) -> Any:
     """The ``RingWait`` a runner's pipeline rank uses (``worker.engine.ring_wait.ring_wait``)
-    for this rank process's ring; ``NO_WAIT`` without ``addresses``. On 2 ranks both sockets
-    must be found (``AssertionError``)."""
+    for this rank process's ring; ``NO_WAIT`` without ``addresses``. On 2 or more ranks both
+    sockets must be found (``AssertionError``)."""
     from worker.engine.ring_wait import NO_WAIT, ring_wait
 
     if addresses is None:
         return NO_WAIT
     wait = ring_wait(addresses, rank)
-    assert wait.active or len(addresses) != 2, f"rank {rank}: ring sockets not found"
+    assert wait.active or len(addresses) < 2, f"rank {rank}: ring sockets not found"
     return wait
 
 

@@ -3,7 +3,9 @@
 Unit: ``ring_sockets`` finds the two ring connections among a process's TCP connections, laid
 out as MLX's ring lays them out (rank 0 accepts at its own address, then connects to rank
 1's); ``RingWait`` returns once bytes are readable on the socket it waits on, after its
-patience when none come, and at once when it has no sockets.
+patience when none come, and at once when it has no sockets. ``all_sum_length`` pads a
+pipeline's tokens so no segment of MLX's ring all-sum is empty (a rank with an empty first
+segment sends nothing and the neighbour asleep on it never wakes).
 
 Across two rank processes on a real MLX ring (127.0.0.1): while one rank sleeps 1.5 s before
 its part of a collective, the other, waiting for it through ``RingWait``, uses under 0.4 s of
@@ -21,12 +23,14 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.cluster import free_ports  # noqa: E402
 from tests.ranks import child_main, ring_barrier, ring_wait_for, run_rank_processes  # noqa: E402
-from worker.engine.ring_wait import NO_WAIT, RingWait, ring_sockets  # noqa: E402
+from worker.engine.ring_wait import NO_WAIT, RingWait, all_sum_length, ring_sockets  # noqa: E402
 
 DELAY = 1.5
 """Seconds the rank whose turn it is sleeps before its part."""
@@ -103,6 +107,32 @@ def test_wait_ends_after_its_patience_and_counts_it() -> None:
     finally:
         for s in (a, b, c, d):
             s.close()
+
+
+def ring_segments(n: int, world: int) -> list[int]:
+    """Elements in each segment of MLX's ring all-sum of ``n`` ≥ ``world`` elements (mlx 0.32,
+    ``RingGroup::all_reduce_impl``: segments of ``ceil(n / world)``, the last ones what is left)."""
+    step = -(-n // world)
+    return [max(0, min(n, (i + 1) * step) - i * step) for i in range(world)]
+
+
+def test_unpadded_tokens_leave_a_segment_empty() -> None:
+    """What stalled 3-rank pipelines: 4 rows on 3 ranks (and 5, 6 or 9 rows on 4)."""
+    assert ring_segments(4, 3) == [2, 2, 0]
+    assert [n for n in range(4, 13) if 0 in ring_segments(n, 4)] == [5, 6, 9]
+
+
+@given(rows=st.integers(1, 512), world=st.integers(2, 16))
+def test_padded_tokens_fill_every_segment(rows: int, world: int) -> None:
+    n = all_sum_length(rows, world)
+    assert n % world == 0 and rows <= n < rows + world
+    assert min(ring_segments(n, world)) >= 1
+
+
+def test_all_sum_length_refuses_nonsense() -> None:
+    for rows, world in ((0, 2), (3, 0), (-1, 3)):
+        with pytest.raises(ValueError):
+            all_sum_length(rows, world)
 
 
 def test_no_wait_returns_at_once() -> None:

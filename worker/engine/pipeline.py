@@ -36,7 +36,7 @@ import mlx.nn as nn
 
 from worker.engine.forward import Forward, forward
 from worker.engine.layer_span import LayerSpan, span_of
-from worker.engine.ring_wait import NO_WAIT, RingWait
+from worker.engine.ring_wait import NO_WAIT, RingWait, all_sum_length
 from worker.engine.sampling import Sampler
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
@@ -208,15 +208,19 @@ class PipelineStage:
         return logprobs_of(h) if self.is_last else h
 
     def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        rows = pending.shape[0]
+        padding = all_sum_length(rows, self.world_size) - rows  # every ring segment holds bytes
         if self.is_last:
             token = sample_rows(samplers, pending).astype(mx.int32)
-            return mx.distributed.all_sum(token, group=self.group)
+            if padding:
+                token = mx.concatenate([token, mx.zeros((padding,), dtype=mx.int32)])
+            return mx.distributed.all_sum(token, group=self.group)[:rows]
         if self.wait.active:  # this rank's part done, asleep until the later ranks' tokens come
             mx.eval(pending, *([] if self._summed is None else [self._summed]))
             self.wait.from_either()
-        token = mx.depends(mx.zeros((pending.shape[0],), dtype=mx.int32), pending)
+        token = mx.depends(mx.zeros((rows + padding,), dtype=mx.int32), pending)
         self._summed = mx.distributed.all_sum(token, group=self.group)
-        return self._summed
+        return self._summed[:rows]
 
 
 def probe_hidden_dtype(model: nn.Module, group: mx.distributed.Group, hidden_size: int) -> mx.Dtype:

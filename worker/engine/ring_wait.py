@@ -27,11 +27,20 @@ it only delays when a collective is posted, never what it carries or the order o
 collectives, and it is bounded (``PATIENCE``): past it the collective is posted anyway and
 spins as without the wait.
 
-Only on 2-rank pipelines without micro-batches: on 3 ranks a batch of 3 or more rows (with
-or without micro-batches) stalled with these waits until each wait's patience ran out
-(tests/test_micro.py; the cause is not found yet), so ``ring_wait`` gives 3-rank rings no
-wait, and an engine with micro-batches disables it (``builder.build_engine``): those ranks
-wait in MLX's receive as before.
+A wait is woken only by bytes, so every rank's part of a collective must put bytes on the
+wire: MLX's ring all-sum (mlx 0.32, ``RingGroup::all_reduce``) cuts an array of n ≥ W
+elements into W segments of ``ceil(n / W)`` elements, the last ones shorter or empty (n 4 on
+3 ranks: 2, 2 and 0), and a rank whose first segment is empty sends nothing and waits to
+receive, while the neighbour it should have woken sleeps on: 3-rank rings stalled until each
+wait's patience ran out. So the pipeline pads the all-sum of its tokens with zeros to
+``all_sum_length`` elements, a multiple of the ranks: every segment holds bytes.
+
+Only without micro-batches: their ranks compute at once, each on a host of its own (micro
+batches are on by default only there, ``micro.auto_micro_batches``), where a spinning receive
+takes no core from a neighbour; an engine with micro-batches disables the wait
+(``builder.build_engine``) and those ranks wait in MLX's receive as before. (With the padding,
+tests/test_micro.py's 2- and 3-rank micro-batch runs also pass with the wait on; its gain
+there is not measured.)
 """
 
 from __future__ import annotations
@@ -114,13 +123,22 @@ NO_WAIT = RingWait(None, None)
 """Never waits (a single rank, a tensor instance, a ring whose sockets were not found)."""
 
 
+def all_sum_length(rows: int, world: int) -> int:
+    """The length a pipeline pads its ``rows`` sampled tokens to before the all-sum over
+    ``world`` ranks: the least multiple of ``world`` not below ``rows`` (at least ``world``),
+    so each of the ring's segments carries at least one element and wakes the neighbour
+    asleep on it (see the module docstring). Raises ``ValueError`` for ``rows`` < 1 or
+    ``world`` < 1."""
+    if rows < 1 or world < 1:
+        raise ValueError(f"rows {rows} and world {world} must be at least 1")
+    return -(-rows // world) * world
+
+
 def ring_wait(addresses: Sequence[str], rank: int) -> RingWait:
     """The ``RingWait`` of rank ``rank`` of a pipeline ring (``addresses``: every rank's
-    ``"ip:port"``, rank order): NO_WAIT unless the ring has 2 ranks — on 3 ranks, a batch of
-    3 or more rows stalled with the waits until each wait's patience ran out
-    (tests/test_micro.py, cause not found yet) — or when a socket is not found (said on
-    stderr: the ranks then spin as MLX does alone)."""
-    if len(addresses) != 2:
+    ``"ip:port"``, rank order): NO_WAIT for a single rank, or when a socket is not found (said
+    on stderr: the ranks then spin as MLX does alone)."""
+    if len(addresses) < 2:
         return NO_WAIT
     left, right = ring_sockets(addresses, rank)
     if left is None or right is None:
