@@ -6,7 +6,7 @@ environment variable, the ``NodeConfig`` field it fills, its type or unit, and i
 written here: ``default_of`` reads them from ``NodeConfig`` (``exo_p2p.config``), and a flag
 without a field has no default beyond "not given".
 
-Who reads it: the ``node`` command (``exo_p2p.cli.main``) takes each option's environment
+Who reads it: the ``node`` command's options (``exo_p2p.cli.node_flags``) take their environment
 variable, metavar and help from ``SETTINGS``; ``render_configuration`` writes
 docs/configuration.md (``scripts/gen_config_docs.py``); tests/test_configuration_docs.py
 checks the page, the command's options and the defaults against this table.

@@ -19,7 +19,7 @@ from exo_p2p.api.access import (
     origin_allowed,
     read_api_key_file,
 )
-from exo_p2p.cli.client import CliError
+from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.node_cmd import build_node_config
 from exo_p2p.types import DeleteInstance, PlaceInstance
 from tests.cluster import NodeProcess, wait_until
@@ -145,7 +145,9 @@ def test_keys_every_route_but_health_in_the_family_error_shape() -> None:
 
 @pytest.mark.integration
 def test_cli_client_sends_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exo_p2p.cli.client import API_KEY_ENV, ApiError as CliApiError, NodeClient
+    from exo_p2p.cli.client import NodeClient
+    from exo_p2p.cli.errors import ApiError as CliApiError
+    from exo_p2p.cli.messages import API_KEY_ENV
     from tests.test_api import run_served
 
     def use(url: str) -> tuple[Any, Any]:

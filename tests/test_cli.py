@@ -527,10 +527,10 @@ def test_bad_sharding_is_a_usage_error(served):
 
 
 def test_bad_memory_limit_exits_2_with_one_line(monkeypatch):
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
     started = []
-    monkeypatch.setattr(main, "run_node", started.append)
+    monkeypatch.setattr(cluster_cmds, "run_node", started.append)
     result = invoke(["node", "--memory-limit", "12 potatoes"])
     assert result.exit_code == 2
     (line,) = error_lines(result)
@@ -539,10 +539,10 @@ def test_bad_memory_limit_exits_2_with_one_line(monkeypatch):
 
 
 def test_node_flags_build_the_config(monkeypatch, tmp_path):
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
     started = []
-    monkeypatch.setattr(main, "run_node", started.append)
+    monkeypatch.setattr(cluster_cmds, "run_node", started.append)
     secret = tmp_path / "secret"
     secret.write_text("00" * 32)
     args = [
@@ -571,10 +571,10 @@ def test_node_flags_build_the_config(monkeypatch, tmp_path):
 
 def test_node_defaults_come_from_config(monkeypatch, tmp_path):
     from exo_p2p import config as cfg
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
     started = []
-    monkeypatch.setattr(main, "run_node", started.append)
+    monkeypatch.setattr(cluster_cmds, "run_node", started.append)
     result = invoke(["node"], env={"EXO_P2P_HOME": str(tmp_path / "home")})
     assert result.exit_code == 0, result.output
     (config,) = started
@@ -590,7 +590,7 @@ def test_node_defaults_come_from_config(monkeypatch, tmp_path):
 
 
 def test_node_engine_flags_make_one_record(tmp_path):
-    from exo_p2p.cli.client import CliError
+    from exo_p2p.cli.errors import CliError
     from exo_p2p.cli.node_cmd import build_node_config
     from exo_p2p.defaults import PREFILL_CHUNK_SIZE
     from exo_p2p.types.engine import EngineSettings
@@ -603,9 +603,9 @@ def test_node_engine_flags_make_one_record(tmp_path):
 
 
 def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
-    monkeypatch.setattr(main, "run_node", lambda config: 1)
+    monkeypatch.setattr(cluster_cmds, "run_node", lambda config: 1)
     assert invoke(["node", "--data-dir", str(tmp_path)]).exit_code == 1
 
 
@@ -618,9 +618,9 @@ def test_node_without_a_node_runtime_is_one_line(monkeypatch, tmp_path):
 
 
 def test_missing_cluster_secret_file_exits_2(monkeypatch, tmp_path):
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
-    monkeypatch.setattr(main, "run_node", lambda config: pytest.fail("must not start"))
+    monkeypatch.setattr(cluster_cmds, "run_node", lambda config: pytest.fail("must not start"))
     result = invoke(["node", "--cluster-secret", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert len(error_lines(result)) == 1
@@ -778,7 +778,7 @@ _line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_chara
 
 @given(st.lists(st.lists(_line_text, min_size=1, max_size=3), max_size=6))
 def test_sse_data_round_trips(events):
-    from exo_p2p.cli.client import iter_sse_data
+    from exo_p2p.cli.chat_stream import iter_sse_data
 
     lines: list[str] = [": keep-alive comment", ""]
     for event in events:
@@ -788,7 +788,7 @@ def test_sse_data_round_trips(events):
 
 @given(st.lists(st.text(min_size=1, max_size=8), max_size=10))
 def test_chat_deltas_concatenate_and_stop_at_done(pieces):
-    from exo_p2p.cli.client import chat_deltas
+    from exo_p2p.cli.chat_stream import chat_deltas
 
     payloads = [json.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}) for p in pieces]
     payloads += ["[DONE]", json.dumps({"choices": [{"delta": {"content": "after done"}}]})]
@@ -822,10 +822,10 @@ def _gone(pid: int) -> bool:
 
 def _no_default_node(monkeypatch) -> str:
     """Point the default API URL at a closed port (tests never use the real default)."""
-    from exo_p2p.cli import client
+    from exo_p2p.cli import endpoint
 
     url = f"http://127.0.0.1:{closed_port()}"
-    monkeypatch.setattr(client, "DEFAULT_API", url)
+    monkeypatch.setattr(endpoint, "DEFAULT_API", url)
     return url
 
 
@@ -1004,8 +1004,8 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
     env["HF_HUB_OFFLINE"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from exo_p2p.cli import client, main; "
-         f"client.DEFAULT_API = 'http://127.0.0.1:{closed_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import endpoint, main; "
+         f"endpoint.DEFAULT_API = 'http://127.0.0.1:{closed_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
          "run", "smollm2-135m-instruct", "What is the capital of France?",
          "--temperature", "0", "--max-tokens", "24", "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env=env,
@@ -1080,7 +1080,7 @@ ids = st.text(alphabet="0123456789abcdef-", min_size=1, max_size=40)
 
 @given(st.lists(ids, min_size=1, max_size=30, unique=True))
 def test_short_ids_are_unique_prefixes(values):
-    from exo_p2p.cli.render import SHORT_ID, short_ids
+    from exo_p2p.cli.readable import SHORT_ID, short_ids
 
     short = short_ids(values)
     for ident, prefix in short.items():
@@ -1205,7 +1205,7 @@ def test_previews_of_an_unknown_model_lists_the_known_ones(served):
 
 
 def test_sizes_under_a_gib_are_in_mib():
-    from exo_p2p.cli.render import gib
+    from exo_p2p.cli.readable import gib
 
     assert gib(98_000_000) == "93.5 MiB" and gib(49_000_000) == "46.7 MiB"
     assert gib(16 * GIB) == "16.0 GiB" and gib(None) == "unknown"
@@ -1231,10 +1231,10 @@ def test_help_shows_no_python_types_and_lists_the_env_vars():
 
 
 def test_node_flags_from_env_and_config_file(monkeypatch, tmp_path):
-    from exo_p2p.cli import main
+    from exo_p2p.cli import cluster_cmds
 
     started = []
-    monkeypatch.setattr(main, "run_node", started.append)
+    monkeypatch.setattr(cluster_cmds, "run_node", started.append)
     data = tmp_path / "d"
     data.mkdir()
     (data / "config.toml").write_text('api-port = 6001\nname = "from-file"\nbootstrap = []\nno-mdns = true\nmodels_dir = ["/m"]\n')
@@ -1391,7 +1391,7 @@ def test_a_foreign_web_server_is_named_as_not_an_exo_p2p_api():
     HTML page; it now says in one line that the URL is not an exo-p2p node."""
     import httpx
 
-    from exo_p2p.cli.client import error_message
+    from exo_p2p.cli.errors import error_message
 
     req = httpx.Request("GET", "http://127.0.0.1:52515/nodes")
     page = httpx.Response(404, text="<!DOCTYPE HTML>\n<html><body>Not Found</body></html>", headers={"content-type": "text/html"}, request=req)

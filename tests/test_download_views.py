@@ -8,7 +8,8 @@ import io
 
 from rich.console import Console
 
-from exo_p2p.cli.render import download_text, instance_progress, previews_table, shard_line
+from exo_p2p.cli.readable import download_text
+from exo_p2p.cli.render import instance_progress, previews_table, shard_line
 from exo_p2p.cli.waiting import download_figures, instance_phase, wait_until_ready
 
 MIB = 1 << 20

@@ -141,7 +141,8 @@ def test_the_listing_shows_family_quantization_and_shardings(tmp_path) -> None:
     from rich.console import Console
 
     from exo_p2p.api.views import local_model
-    from exo_p2p.cli.render import MODEL_FIELDS, models_json, models_table
+    from exo_p2p.cli.json_shapes import MODEL_FIELDS, models_json
+    from exo_p2p.cli.render import models_table
     from exo_p2p.models.card import card_from_model_dir
     from exo_p2p.models.synthetic import make_synthetic_model
     from exo_p2p.models.synthetic_families import make_family_model

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.cli.client import CliError
+from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.membership import NAME_FILE, SECRET_FILE, MembershipError, make_invite, resolve_membership
 from exo_p2p.cli.node_cmd import build_node_config
 from exo_p2p.net.join_token import TOKEN_PREFIX, JoinToken, TokenError, decode_token, encode_token

@@ -124,8 +124,8 @@ def test_run_answers_with_an_ollama_model_of_the_machine(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXO_P2P_")}
     env.update(HF_HUB_OFFLINE="1", OLLAMA_MODELS=str(ollama), EXO_P2P_LMSTUDIO_MODELS=str(tmp_path / "no-lmstudio"))
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from exo_p2p.cli import client, main; "
-         f"client.DEFAULT_API = 'http://127.0.0.1:{free_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import endpoint, main; "
+         f"endpoint.DEFAULT_API = 'http://127.0.0.1:{free_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
          "run", "ollama:tiny", PROMPT, "--temperature", "0", "--max-tokens", "8", "--data-dir", str(tmp_path / "data")],
         capture_output=True, text=True, timeout=360, env=env,
     )  # fmt: skip

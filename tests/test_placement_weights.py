@@ -162,7 +162,7 @@ def test_card_float32_sizes_match_what_the_float32_load_holds(tmp_path) -> None:
 
 
 def test_cpu_weights_setting_and_what_the_profile_publishes() -> None:
-    from exo_p2p.cli.client import CliError
+    from exo_p2p.cli.errors import CliError
     from exo_p2p.cli.node_cmd import build_node_config
     from worker.profile import compute_backend, published_cpu_weights
 

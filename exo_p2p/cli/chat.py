@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from exo_p2p.cli.client import ApiError, CliError, NodeClient, name_nodes_in
+from exo_p2p.cli.client import NodeClient, name_nodes_in
+from exo_p2p.cli.errors import ApiError, CliError
 from exo_p2p.cli.messages import AnswerStats, stats_line
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"

@@ -10,11 +10,13 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from exo_p2p.cli import client as client_module
+from exo_p2p.cli import endpoint
 from exo_p2p.cli.chat import EMBEDDED_MODEL, chat_once, choose_model, repl
-from exo_p2p.cli.client import CliError, NodeClient, NodeUnreachable, resolve_api_url
+from exo_p2p.cli.client import NodeClient
 from exo_p2p.cli.common import (PLACE_TIMEOUT, ApiKeyOpt, ApiOpt, app, client_for, given_api, handled, model_name,
                                 stderr_console)
+from exo_p2p.cli.endpoint import resolve_api_url
+from exo_p2p.cli.errors import CliError, NodeUnreachable
 from exo_p2p.cli.local_node import running_node
 from exo_p2p.cli.structured import JsonAnswerOpt, SchemaOpt, response_format
 from exo_p2p.cli.waiting import wait_until_ready
@@ -139,7 +141,7 @@ def run(
     _refuse_empty(prompt)
     fmt = response_format(json_object, schema)
     explicit, key = given_api(ctx, api, api_key)
-    api_url = resolve_api_url(explicit, client_module.DEFAULT_API)
+    api_url = resolve_api_url(explicit, endpoint.DEFAULT_API)
     console = stderr_console()
     with ExitStack() as stack:
         probe = stack.enter_context(NodeClient(api_url, api_key=key))

@@ -1,7 +1,9 @@
-"""A small synchronous client of a node's HTTP API, and the errors the CLI shows for it.
+"""A small synchronous client of a node's HTTP API: ``NodeClient``, one method per endpoint.
 
-Every failure of a call becomes a ``CliError`` with a one-line message; the CLI prints
-``error: <message>`` and exits with ``exit_code`` (1), never a traceback.
+Every failure of a call becomes a ``CliError`` (``exo_p2p.cli.errors``) with a one-line
+message; the CLI prints ``error: <message>`` and exits with ``exit_code`` (1), never a
+traceback. Which URL and key a command uses: ``exo_p2p.cli.endpoint``; how a streamed chat
+answer is decoded: ``exo_p2p.cli.chat_stream``.
 
 Tests inject an ``httpx`` transport with ``set_transport`` (or serve a fake API on
 127.0.0.1); production code never sets one.
@@ -9,21 +11,17 @@ Tests inject an ``httpx`` transport with ``set_transport`` (or serve a fake API 
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections.abc import Callable
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
-from exo_p2p.cli.messages import API_KEY_ENV, api_key_message, check_api_key, has_node_ids, name_node_ids
-from exo_p2p.config import DEFAULT_API_HOST, DEFAULT_API_PORT, DEFAULT_LISTEN_PORT
+from exo_p2p.cli.chat_stream import chat_deltas, iter_sse_data
+from exo_p2p.cli.endpoint import local_node_starting, normalize_api_url, resolve_api_key
+from exo_p2p.cli.errors import ApiError, CliError, NodeUnreachable, error_message, not_http_message, transport_reason
+from exo_p2p.cli.messages import api_key_message, has_node_ids, name_node_ids
 
-DEFAULT_API = f"http://{DEFAULT_API_HOST}:{DEFAULT_API_PORT}"
-API_ENV = "EXO_P2P_API"
 REQUEST_TIMEOUT = 30.0
 """Seconds to wait for a plain (non-streaming) API answer."""
 STREAM_READ_TIMEOUT = 600.0
@@ -51,180 +49,6 @@ def set_transport(transport: httpx.BaseTransport | None) -> None:
     """Route every ``NodeClient`` through ``transport`` (tests only; None restores sockets)."""
     global _transport
     _transport = transport
-
-
-class CliError(Exception):
-    """A failure the CLI reports as one line ``error: <message>`` and exit ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-
-
-class NodeUnreachable(CliError):
-    """No node answers at the API URL (refused, unresolvable, timed out)."""
-
-
-class ApiError(CliError):
-    """The node answered with an error status; ``message`` is the API's error message."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def normalize_api_url(url: str) -> str:
-    """``"host:port"`` → ``"http://host:port"``; trailing slashes removed. Raises
-    ``CliError`` (exit 2) for a URL with a path, or one that is no URL (an unclosed IPv6
-    bracket, a port out of range, an IPv4 address with a part above 255, no host)."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    url = url.rstrip("/")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing it raises for a bad port
-        httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
-        raise CliError(f"--api {url}: not a valid URL ({exc})", 2) from None
-    if not parts.hostname:
-        raise CliError(f"--api {url}: no host in the URL (e.g. --api http://127.0.0.1:52515)", 2)
-    if parts.path or parts.query:
-        base = f"{parts.scheme}://{parts.netloc}"
-        hint = " (OpenAI clients take …/v1; exo-p2p commands take the node's address)" if parts.path.rstrip("/").endswith("/v1") else ""
-        raise CliError(f"--api {url}: give the node's address without a path: --api {base}{hint}", 2)
-    return url
-
-
-def resolve_api_url(*candidates: str | None) -> str:
-    """The first given URL among ``candidates`` (e.g. subcommand ``--api``, then the global
-    one), else ``$EXO_P2P_API``, else ``DEFAULT_API``; normalized."""
-    for candidate in candidates:
-        if candidate:
-            return normalize_api_url(candidate)
-    return normalize_api_url(os.environ.get(API_ENV) or DEFAULT_API)
-
-
-def is_local_url(url: str) -> bool:
-    """True when the API URL points at this machine (loopback or ``localhost``)."""
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def _api_port(url: str) -> int:
-    parts = urlsplit(url)
-    return parts.port or (443 if parts.scheme == "https" else 80)
-
-
-def local_node_starting(url: str) -> bool:
-    """True when ``url`` is on this machine and a process here is an ``exo-p2p node`` whose
-    API port is the URL's (``--api-port``, ``EXO_P2P_API_PORT`` or the default): a node that
-    is starting and will answer soon."""
-    if not is_local_url(url):
-        return False
-    import psutil
-
-    port = _api_port(url)
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            argv = proc.info["cmdline"] or []
-            if "node" not in argv or not any("exo_p2p" in a or "exo-p2p" in a for a in argv[: argv.index("node")]):
-                continue
-            given = None
-            for i, arg in enumerate(argv):
-                if arg == "--api-port" and i + 1 < len(argv):
-                    given = argv[i + 1]
-                elif arg.startswith("--api-port="):
-                    given = arg.split("=", 1)[1]
-            if given is None:
-                given = (proc.info.get("environ") or {}).get("EXO_P2P_API_PORT") or str(DEFAULT_API_PORT)
-            if given == str(port):
-                return True
-        except (psutil.Error, ValueError):
-            continue
-    return False
-
-
-def error_message(response: httpx.Response) -> str:
-    """The human message of an API error response: ``error.message`` of the OpenAI-shaped
-    body when present, else the body text, else the status line."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str) and err:
-            return err
-        if body.get("detail"):
-            return str(body["detail"])
-    text = response.text.strip()
-    if body is None and (text.lower().startswith(("<!doctype", "<html")) or "html" in response.headers.get("content-type", "")):
-        # not our API: every exo-p2p error is JSON
-        return (f"{response.request.url.scheme}://{response.request.url.netloc.decode()} answered HTTP "
-                f"{response.status_code} with an HTML page: it is not an exo-p2p node API (wrong --api URL or port?)")
-    if text and len(text) < 500 and "\n" not in text:
-        return f"HTTP {response.status_code}: {text}"
-    return f"HTTP {response.status_code} {response.reason_phrase}"
-
-
-def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
-    """The ``data`` payload of each server-sent event in ``lines`` (decoded lines without
-    their newline). Multi-line data is joined with ``\\n``; comments and other fields are
-    ignored; a trailing event without its blank line is still yielded."""
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield "\n".join(data)
-
-
-def chat_deltas(
-    payloads: Iterable[str],
-    on_finish: Callable[[str], None] | None = None,
-    on_usage: Callable[[dict], None] | None = None,
-) -> Iterator[str]:
-    """Text deltas of an OpenAI chat-completion stream, given its SSE ``data`` payloads.
-
-    Stops at ``[DONE]``. ``on_finish(reason)`` is called with each choice's
-    ``finish_reason`` ("stop", "length", …) when a chunk carries one, ``on_usage(usage)``
-    with a chunk's ``usage`` object (token counts). Raises ``ApiError`` (status 500) for a chunk carrying an
-    ``error`` object (the node reports failures mid-stream that way) or for a payload that
-    is not JSON.
-    """
-    for payload in payloads:
-        if payload.strip() == "[DONE]":
-            return
-        try:
-            chunk = json.loads(payload)
-        except ValueError as e:
-            raise ApiError(f"malformed stream chunk from the node: {payload[:80]!r}", 500) from e
-        if not isinstance(chunk, dict):
-            continue
-        if isinstance(chunk.get("usage"), dict) and on_usage is not None:
-            on_usage(chunk["usage"])
-        err = chunk.get("error")
-        if err:
-            message = err.get("message") if isinstance(err, dict) else str(err)
-            raise ApiError(str(message or "generation failed"), 500)
-        for choice in chunk.get("choices") or ():
-            content = (choice.get("delta") or {}).get("content")
-            if content:
-                yield content
-            if choice.get("finish_reason") and on_finish is not None:
-                on_finish(str(choice["finish_reason"]))
 
 
 class NodeClient:
@@ -263,7 +87,7 @@ class NodeClient:
 
     def _unreachable(self, e: Exception) -> NodeUnreachable:
         return NodeUnreachable(
-            f"cannot reach the exo-p2p node at {self.base_url}: {_reason(e)} "
+            f"cannot reach the exo-p2p node at {self.base_url}: {transport_reason(e)} "
             "(start one with `exo-p2p node`)"
         )
 
@@ -309,7 +133,7 @@ class NodeClient:
                     f"the node at {self.base_url} did not answer {method} {path} in time"
                 ) from e
             except httpx.HTTPError as e:
-                raise CliError(f"{method} {path} at {self.base_url} failed: {_reason(e)}") from e
+                raise CliError(f"{method} {path} at {self.base_url} failed: {transport_reason(e)}") from e
         if response.status_code >= 400:
             raise self._api_error(response)
         global answered_by, last_node
@@ -330,7 +154,7 @@ class NodeClient:
         except httpx.ConnectError as e:
             raise self._unreachable(e) from e
         except httpx.HTTPError as e:
-            raise CliError(f"GET {path} at {self.base_url} failed: {_reason(e)}") from e
+            raise CliError(f"GET {path} at {self.base_url} failed: {transport_reason(e)}") from e
         return response.text if response.status_code < 400 else None
 
     def ping(self, timeout: float = PING_TIMEOUT) -> bool:
@@ -414,22 +238,7 @@ class NodeClient:
                 f"the node at {self.base_url} sent nothing for {STREAM_READ_TIMEOUT:.0f} s"
             ) from e
         except httpx.HTTPError as e:
-            raise CliError(f"the answer from {self.base_url} broke off: {_reason(e)}") from e
-
-
-def resolve_api_key(given: str | None) -> tuple[str | None, str | None]:
-    """The API key to send and where it came from: ``given`` (``--api-key``), else
-    ``$EXO_P2P_API_KEY`` when set and not blank, else ``(None, None)``. Raises ``CliError``
-    (exit 2) for a given key that is blank or no HTTP header can carry (``check_api_key``)."""
-    try:
-        if given is not None:
-            return check_api_key(given, "--api-key"), "--api-key"
-        env = os.environ.get(API_KEY_ENV, "")
-        if env.strip():
-            return check_api_key(env, f"${API_KEY_ENV}"), f"${API_KEY_ENV}"
-    except ValueError as e:
-        raise CliError(str(e), 2) from None
-    return None, None
+            raise CliError(f"the answer from {self.base_url} broke off: {transport_reason(e)}") from e
 
 
 def name_nodes_in(text: str) -> str:
@@ -449,25 +258,3 @@ def name_nodes_in(text: str) -> str:
     return name_node_ids(text, names)
 
 
-def not_http_message(url: str, e: Exception) -> str:
-    """The error for a URL that answers, but not HTTP: most likely a node's libp2p port."""
-    parts = urlsplit(url)
-    right = f"{parts.scheme}://{parts.hostname}:{DEFAULT_API_PORT}"
-    return (f"{url} does not answer HTTP ({_reason(e)}): it is probably a node's libp2p port "
-            f"(--listen-port, default {DEFAULT_LISTEN_PORT}), not its API (--api-port, default "
-            f"{DEFAULT_API_PORT}); try --api {right}")
-
-
-def _reason(e: Exception) -> str:
-    """A short lower-case reason for a transport error ("connection refused", ...)."""
-    text = str(e) or type(e).__name__
-    lowered = text.lower()
-    if "refused" in lowered:
-        return "connection refused"
-    if isinstance(e, httpx.TimeoutException) or "timed out" in lowered:
-        return "timed out"
-    if "name or service not known" in lowered or "nodename nor servname" in lowered:
-        return "unknown host"
-    if "temporary failure in name resolution" in lowered:
-        return "unknown host"
-    return text.splitlines()[0]

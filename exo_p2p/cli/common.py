@@ -19,7 +19,10 @@ import typer
 from rich.console import Console
 
 from exo_p2p.cli import client as client_module
-from exo_p2p.cli.client import API_ENV, API_KEY_ENV, DEFAULT_API, CliError, NodeClient, resolve_api_url
+from exo_p2p.cli.client import NodeClient
+from exo_p2p.cli.endpoint import API_ENV, DEFAULT_API, resolve_api_url
+from exo_p2p.cli.errors import CliError
+from exo_p2p.cli.messages import API_KEY_ENV
 
 
 def _help_type(self: Any, ctx: click.Context) -> str | None:

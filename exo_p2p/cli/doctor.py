@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass, field
 
 from exo_p2p.config import DEFAULT_LISTEN_PORT, PEER_TIMEOUT
-from exo_p2p.cli.render import link_text
+from exo_p2p.cli.readable import link_text
 
 MDNS_SERVICE_PREFIX = "_p2p-x"
 """exo-p2p nodes announce ``_p2p-x<10 hex>._udp.local.``, one type per cluster name and secret."""

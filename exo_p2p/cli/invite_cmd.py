@@ -14,8 +14,10 @@ from typing import Annotated, Optional
 import click
 import typer
 
-from exo_p2p.cli.client import CliError, NodeClient, resolve_api_url
+from exo_p2p.cli.client import NodeClient
 from exo_p2p.cli.common import ApiKeyOpt, given_api
+from exo_p2p.cli.endpoint import resolve_api_url
+from exo_p2p.cli.errors import CliError
 from exo_p2p.config import default_data_dir
 
 

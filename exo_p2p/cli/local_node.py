@@ -21,7 +21,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from exo_p2p.cli.client import CliError, NodeClient
+from exo_p2p.cli.client import NodeClient
+from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.private_state import private_state
 from exo_p2p.log_rotation import RUN_LOG_MAX_BYTES, rotate_if_larger
 

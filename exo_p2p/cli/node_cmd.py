@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from exo_p2p.cli.client import CliError
+from exo_p2p.cli.errors import CliError
 from exo_p2p.config import CPU_WEIGHTS, NodeConfig, default_data_dir, parse_bytes
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.defaults import NODE_PROMPT_CACHE_BYTES

@@ -4,6 +4,8 @@ over the JSON of ``GET /instances`` and ``GET /state``."""
 
 from __future__ import annotations
 
+from exo_p2p.cli.readable import short_id
+
 
 def with_placed(instances: list[dict], state: dict | None) -> list[dict]:
     """``GET /instances`` items with ``placed``, ``restores`` and ``moved`` (``exo_p2p.types.Instance``)
@@ -27,8 +29,6 @@ def shrunk_text(inst: dict, names: dict[str, str] | None = None) -> str | None:
     if len(placed) <= len(shards):
         return None
     here = {s.get("node_id") for s in shards}
-    from exo_p2p.cli.render import short_id
-
     left = [p.get("name") or short_id(p.get("node_id"), names) for p in placed if p.get("node_id") not in here]
     who = f" ({'node' if len(left) == 1 else 'nodes'} {', '.join(left)} left)" if left else ""
     return f"shrunk from {len(placed)} ranks{who}"

@@ -1,122 +1,17 @@
-"""How the CLI shows API answers: rich tables for people, ``--json`` shapes for scripts.
+"""How the CLI shows API answers to people: rich tables and the lines beside them.
 
-The ``*_json`` functions are pure: they keep every field the API sent and guarantee the
-fields scripts rely on (docs/cli.md) are present (None when the node did not send one).
-Memory is in bytes everywhere except the tables, which show GiB with one decimal.
+Memory is shown in GiB with one decimal (``exo_p2p.cli.readable``); node ids as friendly
+names where known, else a prefix. The ``--json`` shapes for scripts: ``exo_p2p.cli.json_shapes``.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.table import Table
 
 from exo_p2p.cli.placed_view import restoring_text, shrunk_text
-
-GIB = 1024**3
-
-NODE_FIELDS = ("node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs")
-INSTANCE_FIELDS = ("instance_id", "model", "status", "shards")
-SHARD_FIELDS = ("node_id", "rank", "start_layer", "end_layer")
-MODEL_FIELDS = ("model", "n_layers", "storage_size", "family", "quantization", "shardings")
-
-
-MIB = 1024**2
-
-
-def gib(n_bytes: int | float | None) -> str:
-    """A size for people: ``17179869184`` → ``"16.0 GiB"``, under 1 GiB in MiB
-    (``98_000_000`` → ``"93.5 MiB"``); None → ``"unknown"``."""
-    if n_bytes is None:
-        return "unknown"
-    if abs(n_bytes) < GIB:
-        return f"{n_bytes / MIB:.1f} MiB"
-    return f"{n_bytes / GIB:.1f} GiB"
-
-
-SHORT_ID = 8
-"""Fewest characters of an instance id shown in tables (like git's short hashes)."""
-
-
-def short_ids(ids: list[str], minimum: int = SHORT_ID) -> dict[str, str]:
-    """Each id → its shortest prefix of at least ``minimum`` characters that no other id in
-    ``ids`` starts with (the whole id when it is a prefix of another). ``delete`` and
-    ``--nodes`` accept such a prefix."""
-    out = {}
-    unique = set(ids)
-    for ident in unique:
-        n = min(minimum, len(ident))
-        while n < len(ident) and any(o != ident and o.startswith(ident[:n]) for o in unique):
-            n += 1
-        out[ident] = ident[:n]
-    return out
-
-
-def ago(seconds: float | None) -> str:
-    """Seconds since last heard from → ``"now"``, ``"3 s ago"``, ``"2 min ago"``."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return "now"
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    return f"{seconds / 60:.0f} min ago"
-
-
-def _with_fields(item: dict, fields: tuple[str, ...]) -> dict:
-    return {**{f: item.get(f) for f in fields}, **item}
-
-
-def nodes_json(nodes: list[dict]) -> list[dict]:
-    """``GET /nodes`` items with at least ``NODE_FIELDS``."""
-    return [_with_fields(n, NODE_FIELDS) for n in nodes]
-
-
-def instances_json(instances: list[dict]) -> list[dict]:
-    """``GET /instances`` items with at least ``INSTANCE_FIELDS``, shards with ``SHARD_FIELDS``."""
-    out = []
-    for inst in instances:
-        item = _with_fields(inst, INSTANCE_FIELDS)
-        item["shards"] = [_with_fields(s, SHARD_FIELDS) for s in inst.get("shards") or []]
-        out.append(item)
-    return out
-
-
-def models_json(models: list[dict]) -> list[dict]:
-    """``GET /models`` items with at least ``MODEL_FIELDS``."""
-    return [_with_fields(m, MODEL_FIELDS) for m in models]
-
-
-def unsupported_json(problems: list[dict]) -> list[dict]:
-    """``GET /models/unsupported`` items as ``models --json`` lists them after the servable
-    models: ``MODEL_FIELDS`` (null), ``source``, ``path`` and ``unsupported`` (the reason)."""
-    return [{**{f: None for f in MODEL_FIELDS}, "model": p.get("model"), "source": p.get("source"),
-             "path": p.get("path"), "unsupported": p.get("reason")} for p in problems]
-
-
-def dumps(value: Any) -> str:
-    """The JSON text printed by ``--json`` (indented, keys in API order)."""
-    return json.dumps(value, indent=2)
-
-
-def short_id(node_id: str | None, names: dict[str, str] | None = None) -> str:
-    """A node as people read it: its friendly name when known, else its id."""
-    if not node_id:
-        return "-"
-    if names and names.get(node_id):
-        return names[node_id]
-    return id_prefix(node_id)
-
-
-ID_PREFIX = 16
-"""Characters of a node id shown in tables; a unique prefix is enough for ``--nodes``, and the
-full id ends every address (``/p2p/<node_id>``) and is in ``--json``."""
-
-
-def id_prefix(node_id: str) -> str:
-    """The first ``ID_PREFIX`` characters of ``node_id`` and an ellipsis when cut."""
-    return node_id if len(node_id) <= ID_PREFIX else node_id[:ID_PREFIX] + "…"
+from exo_p2p.cli.readable import ago, download_text, gib, id_prefix, link_text, short_id, short_ids, size_text, source_split
 
 
 def nodes_table(nodes: list[dict]) -> Table:
@@ -155,14 +50,6 @@ def address_lines(nodes: list[dict]) -> list[str]:
     return lines
 
 
-def link_text(rtt_us: int | None, bytes_per_s: int | None) -> str:
-    """A link's figures as people read them: ``"RTT 0.42 ms, 94.0 Mbit/s"`` (bandwidth
-    ``"not measured yet"`` while unknown)."""
-    rtt = "RTT ?" if rtt_us is None else f"RTT {rtt_us / 1000:.2f} ms"
-    bw = "bandwidth not measured yet" if not bytes_per_s else f"{bytes_per_s * 8 / 1e6:.1f} Mbit/s"
-    return f"{rtt}, {bw}"
-
-
 def link_lines(nodes: list[dict]) -> list[str]:
     """``"A -> B at IP: RTT …, … Mbit/s"`` per measured address of each node's links
     (``GET /nodes`` ``links``), names where known."""
@@ -174,30 +61,6 @@ def link_lines(nodes: list[dict]) -> list[str]:
             sink = names.get(str(link.get("sink")), id_prefix(str(link.get("sink", ""))))
             lines.append(f"  {source} -> {sink} at {link.get('address')}: {link_text(link.get('rtt_us'), link.get('bytes_per_s'))}")
     return lines
-
-
-def size_text(n: int | float) -> str:
-    """Bytes as KiB / MiB / GiB with one decimal (``"3.2 MiB"``)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def source_split(from_peers: int, from_hub: int) -> str:
-    """Where a fetch's bytes came from: ``" (1.0 MiB from peers, 2.0 MiB from the hub)"``;
-    ``""`` when nothing was received yet."""
-    parts = [f"{size_text(n)} from {where}" for n, where in ((from_peers, "peers"), (from_hub, "the hub")) if n]
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def download_text(done: int, total: int, speed: float, width: int = 10, from_peers: int = 0, from_hub: int = 0) -> str:
-    """A text progress bar of a shard fetch: ``"downloading [####------] 40% 3.2 MiB/8.0 MiB at
-    1.5 MiB/s (1.0 MiB from peers, 2.2 MiB from the hub)"`` (the split: ``source_split``)."""
-    frac = min(1.0, done / total) if total > 0 else 0.0
-    filled = int(round(frac * width))
-    return (f"downloading [{'#' * filled}{'-' * (width - filled)}] {frac * 100:.0f}% "
-            f"{size_text(done)}/{size_text(total)} at {size_text(speed)}/s{source_split(from_peers, from_hub)}")
 
 
 def instance_progress(inst: dict) -> str:
@@ -294,6 +157,20 @@ def unsupported_table(problems: list[dict]) -> Table:
     table.add_column("why not", overflow="fold")
     for p in problems:
         table.add_row(str(p.get("model", "")), str(p.get("source") or "-"), str(p.get("reason") or "-"))
+    return table
+
+
+def cluster_models_table(models: list[dict], names: dict[str, str] | None = None) -> Table:
+    """model, manifest digest (12 hex), nodes holding it complete, nodes holding part of it."""
+    names = names or {}
+    table = Table(title="models in the cluster", title_justify="left")
+    for col in ("model", "manifest", "complete on", "partial on"):
+        table.add_column(col, overflow="fold")
+    for m in models:
+        for entry in m.get("manifests", []):
+            table.add_row(str(m.get("model", "")), str(entry.get("digest", ""))[:12],
+                          ", ".join(names.get(n, n[:12]) for n in entry.get("complete", [])) or "-",
+                          ", ".join(names.get(n, n[:12]) for n in entry.get("partial", [])) or "-")
     return table
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from exo_p2p.cli.client import CliError
+from exo_p2p.cli.errors import CliError
 
 MAX_SCHEMA_BYTES = 64 * 1024
 """The largest schema the node accepts (``exo_p2p.output_format.MAX_FORMAT_BYTES``)."""

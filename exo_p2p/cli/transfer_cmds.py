@@ -15,29 +15,14 @@ from urllib.parse import quote
 import click
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
-from exo_p2p.cli.client import CliError
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, model_name, node_names
-from exo_p2p.cli.render import source_split
+from exo_p2p.cli.errors import CliError
+from exo_p2p.cli.readable import source_split
 
 POLL_SECONDS = 0.5
 PULL_TIMEOUT = 24 * 3600.0
 """``pull`` gives up waiting after this many seconds (the node keeps pulling)."""
-
-
-def cluster_models_table(models: list[dict], names: dict[str, str] | None = None) -> Table:
-    """model, manifest digest (12 hex), nodes holding it complete, nodes holding part of it."""
-    names = names or {}
-    table = Table(title="models in the cluster", title_justify="left")
-    for col in ("model", "manifest", "complete on", "partial on"):
-        table.add_column(col, overflow="fold")
-    for m in models:
-        for entry in m.get("manifests", []):
-            table.add_row(str(m.get("model", "")), str(entry.get("digest", ""))[:12],
-                          ", ".join(names.get(n, n[:12]) for n in entry.get("complete", [])) or "-",
-                          ", ".join(names.get(n, n[:12]) for n in entry.get("partial", [])) or "-")
-    return table
 
 
 def _check_name(model: str) -> None:

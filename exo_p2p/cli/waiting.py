@@ -14,8 +14,9 @@ from datetime import timedelta
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
-from exo_p2p.cli.client import ApiError, CliError, NodeClient
-from exo_p2p.cli.render import size_text, source_split
+from exo_p2p.cli.client import NodeClient
+from exo_p2p.cli.errors import ApiError, CliError
+from exo_p2p.cli.readable import size_text, source_split
 
 POLL_INTERVAL = 0.5
 """Seconds between two ``GET /instances/{id}`` while waiting."""
