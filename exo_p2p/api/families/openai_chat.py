@@ -117,7 +117,7 @@ def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -
             raise ApiError(400, f"{where}.role 'function' is not supported: send tool calls and role 'tool'", param=f"{where}.role")
         raise ApiError(
             400,
-            f"{where}.role '{message.role[:64]}' is unknown: expected system, user, assistant or developer",
+            f"{where}.role '{message.role[:64]}' is unknown: expected system, developer, user, assistant or tool",
             param=f"{where}.role",
         )
     calls: tuple[ToolCall, ...] = ()
