@@ -20,10 +20,13 @@ tokenizer (the API node's 400); the runner builds the matcher with the model's t
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from exo_p2p.schema_refs import ref_cycle
 from exo_p2p.types.tasks import OutputFormat
+
+T = TypeVar("T")
 
 MAX_FORMAT_BYTES = 64 * 1024
 """Largest format source (schema JSON, regex or grammar), UTF-8 bytes."""
@@ -129,15 +132,31 @@ def format_problem(fmt: OutputFormat) -> str | None:
     from llguidance import LLMatcher
 
     try:
-        grammar = grammar_of(fmt)
+        grammar = guarded(grammar_of, fmt)
+        if fmt.kind == "json_schema" and (ref := ref_cycle(json.loads(fmt.source))) is not None:
+            return f"Unsatisfiable schema: the $ref {ref[:200]!r} leads back to itself without a schema"
+        is_error, messages = guarded(LLMatcher.validate_grammar_with_warnings, grammar, None, limits=_limits())
     except (FormatError, ValueError) as e:
         return str(e)
-    if fmt.kind == "json_schema" and (ref := ref_cycle(json.loads(fmt.source))) is not None:
-        return f"Unsatisfiable schema: the $ref {ref[:200]!r} leads back to itself without a schema"
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None, limits=_limits())
     if is_error:
         return _clean(messages[0] if messages else "the grammar does not compile")
     return None
+
+
+def guarded(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)`` of llguidance, its Rust panics turned into ``FormatError``.
+
+    llguidance panics on some inputs it should refuse (a ``$ref`` that is an object whose
+    JSON text, cut at 100 bytes for the message, splits a multi-byte character), and pyo3
+    raises a panic as ``PanicException``, a ``BaseException``: past every ``except
+    Exception``, it would end the request's task or the runner. Raises ``FormatError`` with
+    the panic's message (one line, bounded); any other exception passes unchanged."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise FormatError(f"the format could not be compiled ({_clean(str(e))[:300]})") from None
 
 
 def _clean(message: str) -> str:

@@ -73,7 +73,14 @@ def test_each_familys_field_becomes_the_tasks_format(path: str, extra: dict, exp
 
 
 TOO_LONG = "a" * (MAX_FORMAT_BYTES + 1)
+PANICKING = {"$ref": {"a": "x" * 93 + "\u75e4"}}
+"""A schema llguidance panics on (a ``$ref`` object whose JSON text, cut at 100 bytes for its
+message, splits a 3-byte character): a 400 like any other (``output_format.guarded``)."""
+
 BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": PANICKING}}},
+     "response_format.json_schema.schema", "could not be compiled"),
+    ("/api/chat", {"format": PANICKING}, "format", "could not be compiled"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format.json_schema.schema", "Invalid type: nope"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}},

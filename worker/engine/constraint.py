@@ -34,7 +34,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from exo_p2p.output_format import FormatError, grammar_of, matcher_limits
+from exo_p2p.output_format import FormatError, grammar_of, guarded, matcher_limits
 from exo_p2p.types.tasks import OutputFormat
 
 
@@ -146,7 +146,8 @@ class Grammars:
         format cannot be built (bounded by ``exo_p2p.output_format``'s limits)."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.tokenizer(), grammar_of(fmt), log_level=0, limits=matcher_limits())
+        grammar = guarded(grammar_of, fmt)
+        matcher = guarded(llguidance.LLMatcher, self.tokenizer(), grammar, log_level=0, limits=matcher_limits())
         if matcher.is_error():
             raise FormatError(" ".join(matcher.get_error().split())[:600])
         matcher.compute_bitmask()  # a format no output matches (a $ref cycle, an empty class) fails at its first mask
