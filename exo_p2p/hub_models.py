@@ -1,0 +1,73 @@
+"""A model no node holds, made known to the cluster from a model hub
+(docs/models.md#models-from-a-hub): its card and manifest read (``HubAccess.resolve``),
+recorded in State as ``HubModelResolved``, before a placement of it goes to the master."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import trio
+
+from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, NodeProfileUpdated, PlaceInstance, State
+
+RESOLVED_WAIT = 15.0
+"""Seconds to wait at most for a model read from a hub to be in State."""
+
+
+class HubModels:
+    """Reads models from a hub for this node's API. ``hub`` is an
+    ``exo_p2p.models.hub_fetch.HubAccess``, ``depot`` the node's ``ModelDepot`` (where the
+    hub's manifest is kept), ``state`` reads this node's State, ``emit`` sends a local event."""
+
+    def __init__(self, hub, depot, node_id: str, state: Callable[[], State], emit: Callable[[Event], None]) -> None:  # type: ignore[no-untyped-def]
+        self.hub = hub
+        self.depot = depot
+        self.node_id = node_id
+        self._state = state
+        self._emit = emit
+
+    async def before_command(self, command: Command) -> tuple[Command, CommandResult | None]:
+        """``(command, None)`` to send to the master: a placement of a model no node holds
+        whose name is a hub repo id names the model as read from the hub (``read``); or
+        ``(command, error result)`` naming why the hub cannot give it. Any other command,
+        or a name that is no repo id, unchanged (the master answers 404)."""
+        if not isinstance(command, PlaceInstance) or command.model_id in self._state().model_cards:
+            return command, None
+        model_id, error = await self.read(str(command.model_id))
+        command = msgspec.structs.replace(command, model_id=model_id)
+        return command, (CommandResult(command.command_id, error=error) if error is not None else None)
+
+    async def read(self, name: str) -> tuple[str, ErrorInfo | None]:
+        """``(model id, None)`` once model ``name`` (``ORG/NAME[@REV]``) is known to the
+        cluster: read from a hub (its card and manifest, ``HubAccess.resolve``) and recorded
+        in State (``HubModelResolved``, waited for at most ``RESOLVED_WAIT`` s) unless State
+        has its card already; ``(name, None)`` unchanged for a name that is no repo id or a
+        node that never asks a hub (still unknown); ``(repo id, error)`` when the hub cannot
+        give it (gated, missing, unreachable, not MLX-format: ``hub_manifest.hub_error_status``).
+        Never raises for the hub's answer."""
+        from exo_p2p.models.hub import is_repo_id, parse_repo
+        from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
+        from exo_p2p.types import HubModelResolved
+
+        if not is_repo_id(name) or not self.hub.enabled:
+            return name, None
+        repo, _ = parse_repo(name)
+        if repo in self._state().model_cards:
+            return repo, None
+        try:
+            source, card = await self.hub.resolve(name, self.depot)
+        except Exception as exc:  # the hub's answer, as one line for the caller
+            return repo, ErrorInfo(hub_error_status(exc), hub_error_text(exc), "invalid_request_error", "model")
+        self.publish_held()
+        self._emit(HubModelResolved(self.node_id, card, source))  # type: ignore[arg-type]
+        with trio.move_on_after(RESOLVED_WAIT):
+            while repo not in self._state().hub_models:
+                await trio.sleep(0.05)
+        return repo, None
+
+    def publish_held(self) -> None:
+        """Publish this node's profile now with the models its depot holds (they changed)."""
+        profile = self._state().nodes.get(self.node_id)  # type: ignore[call-overload]
+        if profile is not None:
+            self._emit(NodeProfileUpdated(msgspec.structs.replace(profile, held_models=self.depot.held())))

@@ -1,0 +1,43 @@
+"""What the node takes from ``worker`` beyond the ``Worker`` itself: the environment of its
+runners (the BLAS they use, ``worker.blas``) and the measure of its profile with its settings
+bound (``worker.profile``). A composition module, like ``exo_p2p.node``."""
+
+from __future__ import annotations
+
+import os
+
+import structlog
+
+from exo_p2p.config import NodeConfig
+from exo_p2p.process import host_name
+from exo_p2p.profile_publisher import Measure
+from exo_p2p.types import NetworkAddress, NodeProfile
+from worker import blas
+from worker.profile import measure_profile
+
+log = structlog.get_logger("exo_p2p.node")
+
+
+def runner_environment(cpu_weights: str) -> dict[str, str]:
+    """The environment of this node's runners (``worker.blas``), logged once at start:
+    which BLAS they use and how many threads, or one warning naming the install command."""
+    choice = blas.choose()
+    if choice.library is not None:
+        log.info("runners use an optimised BLAS", library=str(choice.library), threads=choice.threads, cpu_weights=cpu_weights)
+    elif choice.warning is not None:
+        log.warning(choice.warning)
+    else:
+        log.info("runners use MLX's own BLAS", cpu_weights=cpu_weights)
+    return blas.runner_environment(os.environ, choice.library, choice.threads)
+
+
+def profile_measure(node_id: str, boot_id: str, cfg: NodeConfig) -> Measure:
+    """``worker.profile.measure_profile`` with this node's identity and settings bound (its
+    friendly name, or the host name as it is at each measure; its memory limit, priority and
+    ``--cpu-weights``)."""
+
+    def measure(*, hosted_bytes: int, addrs: tuple[NetworkAddress, ...], models: tuple[str, ...]) -> NodeProfile:
+        return measure_profile(node_id, boot_id, cfg.friendly_name or host_name(), memory_limit=cfg.memory_limit, hosted_bytes=hosted_bytes,
+                               addrs=addrs, models=models, priority=cfg.priority, cpu_weights=cfg.cpu_weights)
+
+    return measure
