@@ -37,8 +37,9 @@ import trio
 
 from exo_p2p.models.bulk import BulkServer
 from exo_p2p.models.bulk_client import bulk_chunk_getter
+from exo_p2p.models.chunk_sets import shard_chunks
 from exo_p2p.models.fetch import FetchLimits, fetch_chunks
-from exo_p2p.models.manifest import MAX_CHUNK_BYTES, build_manifest, shard_chunks
+from exo_p2p.models.manifest import MAX_CHUNK_BYTES, build_manifest
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import LocalModel, ModelServer, chunk_getter
 from exo_p2p.net import NetConfig, load_or_create_identity, open_host

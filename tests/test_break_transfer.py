@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from exo_p2p.eventlog import EventLog
+from exo_p2p.models.chunk_sets import all_chunks, shard_chunks
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
-from exo_p2p.models.manifest import all_chunks, build_manifest, check_manifest, shard_chunks
+from exo_p2p.models.manifest import build_manifest, check_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import fetch_manifest
@@ -392,7 +393,7 @@ def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Pa
 def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> None:
     """A holder announcing a 1 TiB reply used to have the fetcher buffer whatever it sent
     (until memory or the 30 s chunk bound ran out)."""
-    from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkError, BulkTicket
+    from exo_p2p.models.bulk import TOKEN_BYTES, _REPLY, BulkError, BulkTicket
     from exo_p2p.models.bulk_client import BulkConnection
     from exo_p2p.models.peer_transfer import ChunkRequest
 

@@ -22,8 +22,9 @@ import trio
 from exo_p2p.models import bulk_client
 from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkServer, BulkTicket, listen_hosts
 from exo_p2p.models.bulk_client import FELL_BACK, fetch_getter
+from exo_p2p.models.chunk_sets import shard_chunks
 from exo_p2p.models.fetch import fetch_chunks
-from exo_p2p.models.manifest import build_manifest, chunk_span, shard_chunks
+from exo_p2p.models.manifest import build_manifest, chunk_span
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.peer_transfer import LocalModel
 from exo_p2p.models.synthetic import make_synthetic_model

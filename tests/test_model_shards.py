@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_p2p.models.manifest import build_manifest, chunk_bytes_of, missing_chunks, shard_chunks
+from exo_p2p.models.chunk_sets import chunk_bytes_of, missing_chunks, shard_chunks
+from exo_p2p.models.manifest import build_manifest
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.cluster import NodeProcess, converged, self_id, wait_until

@@ -10,15 +10,10 @@ import pytest
 import trio
 
 from exo_p2p.models.card import card_from_model_dir
+from exo_p2p.models.chunk_sets import chunk_bytes_of, shard_chunks
 from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
-from exo_p2p.models.manifest import (
-    build_manifest,
-    cached_manifest,
-    chunk_bytes_of,
-    chunk_span,
-    shard_chunks,
-)
-from exo_p2p.models.partial import ChunkVerificationError, PartialModel
+from exo_p2p.models.manifest import ChunkVerificationError, build_manifest, cached_manifest, chunk_span
+from exo_p2p.models.partial import PartialModel
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 

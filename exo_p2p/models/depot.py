@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -41,43 +40,26 @@ import trio
 
 from exo_p2p.models.bulk import BulkServer, listen_hosts
 from exo_p2p.models.bulk_client import fetch_getter
+from exo_p2p.models.copy_cleanup import clean_fetched, remove_pulled
+from exo_p2p.models.copy_files import MANIFEST_FILE
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
 from exo_p2p.models.gguf_import import IMPORT_MARKER
 from exo_p2p.models.held import held_models
 from exo_p2p.models.manifest import cached_manifest
 from exo_p2p.models.names import check_model_name
-from exo_p2p.models.partial import MANIFEST_FILE, VIEWS_DIR, PartialModel
-from exo_p2p.models.peer_transfer import HOOK_CORRUPT_CHUNKS, ChunkSource, LocalModel, ModelServer, chunk_getter
+from exo_p2p.models.partial import PartialModel
+from exo_p2p.models.peer_transfer import ChunkSource, LocalModel, ModelServer, chunk_getter
+from exo_p2p.models.serve_faults import ServeFaults
 from exo_p2p.models.store import ModelStore, is_mlx_model_dir
 from exo_p2p.types.manifest import HeldModel, ModelManifest
 
 log = structlog.get_logger(__name__)
 
-HOOK_SERVE_DELAY = "model_serve_delay"
 REFRESH_SECONDS = 30.0
 """How often the node re-scans its models (new GGUF imports, changed files); cheap when
 nothing changed (manifests are cached by path, size and mtime)."""
 PULLED_DIR = "pulled"
 FETCHED_DIR = ".fetched"
-
-
-class _FaultySource:
-    """Tests only: ``--fault-hook model_corrupt_chunks=N`` serves the first N chunks read with
-    one bit flipped; ``--fault-hook model_serve_delay=S`` sleeps S seconds before each chunk
-    (a slow holder, so a test can stop a transfer midway). Reads run in worker threads."""
-
-    def __init__(self, inner: ChunkSource, budget: list[int], delay: float) -> None:
-        self.inner, self.manifest, self._budget, self._delay = inner, inner.manifest, budget, delay
-
-    def read_chunk(self, path: str, index: int) -> bytes:
-        if self._delay > 0:
-            time.sleep(self._delay)
-        data = self.inner.read_chunk(path, index)
-        if self._budget[0] > 0 and data:
-            self._budget[0] -= 1
-            log.warning("fault hook: serving a corrupted chunk", path=path, index=index)
-            return bytes([data[0] ^ 1]) + data[1:]
-        return data
 
 
 class ModelDepot:
@@ -98,8 +80,7 @@ class ModelDepot:
         self._local: dict[str, tuple[str, LocalModel]] = {}  # digest -> (first name, source)
         self._names: dict[str, str] = {}  # every local model's name -> digest (one digest may have several)
         self._partials: dict[str, PartialModel] = {}
-        self._corrupt = [int((fault_hooks or {}).get(HOOK_CORRUPT_CHUNKS, 0))]
-        self._delay = float((fault_hooks or {}).get(HOOK_SERVE_DELAY, 0))
+        self._faults = ServeFaults(fault_hooks)  # tests only (--fault-hook)
         self.bulk = BulkServer(self.source)
         self.server = ModelServer(self.source)
 
@@ -158,9 +139,7 @@ class ModelDepot:
         """What to serve ``digest`` from: the complete local model, else the partial copy."""
         with self._lock:
             source: ChunkSource | None = self._local[digest][1] if digest in self._local else self._partials.get(digest)
-        if source is not None and (self._corrupt[0] > 0 or self._delay > 0):
-            return _FaultySource(source, self._corrupt, self._delay)
-        return source
+        return self._faults.wrap(source)
 
     # -- serving ---------------------------------------------------------------------------
     async def run(self, net, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
@@ -276,54 +255,16 @@ class ModelDepot:
             shutil.rmtree(p.root, ignore_errors=True)
         return out
 
-    def _pulled_digests(self) -> set[str]:
-        """Digests of the copies in ``pulled/NAME`` and ``pulled/ORG/NAME`` (their manifests
-        moved with them on promotion)."""
-        out = set()
-        for saved in [*self.pulled_dir.glob(f"*/{MANIFEST_FILE}"), *self.pulled_dir.glob(f"*/*/{MANIFEST_FILE}")]:
-            try:
-                out.add(msgspec.json.decode(saved.read_bytes(), type=ModelManifest).digest)
-            except (OSError, ValueError, msgspec.DecodeError):
-                continue
-        return out
-
     def clean_orphans(self) -> list[Path]:
         """Delete, logging each, the dirs in ``.fetched/`` that no copy owns; the deleted
-        paths. Blocking (run it in a thread); the node runs it at start (``run``).
-
-        - a ``.fetched/<name>/`` with no ``.manifest.json`` (every copy writes its manifest
-          before any chunk): left by an ``rm`` that deleted a copy under a running fetch in an
-          older version, which then wrote a chunk into a re-created dir; no ``rm`` finds it;
-        - a ``.fetched/.views/<digest>/`` whose copy is neither in ``.fetched`` nor in
-          ``pulled`` (its hard links would hold the deleted copy's bytes).
-
-        Never touched: a dir holding a manifest, a copy this depot has open (``partial``: a
-        running fetch), the views of either or of a pulled copy."""
+        paths (rules: ``exo_p2p.models.copy_cleanup.clean_fetched``; a copy this depot has
+        open, ``partial``: a running fetch, is never touched). Blocking (run it in a thread);
+        the node runs it at start (``run``)."""
         if not self.fetched_dir.is_dir():
             return []
         with self._lock:
             open_copies = set(self._partials)
-        removed = []
-        for root in sorted(self.fetched_dir.iterdir()):
-            if (root.name == VIEWS_DIR or root.name in open_copies or root.is_symlink() or not root.is_dir()
-                    or (root / MANIFEST_FILE).exists()):
-                continue
-            shutil.rmtree(root, ignore_errors=True)
-            log.warning("removed a fetched copy with no manifest (left by an interrupted rm)", path=str(root))
-            removed.append(root)
-        views = self.fetched_dir / VIEWS_DIR
-        if views.is_dir():
-            kept = open_copies | self._pulled_digests() | {
-                r.name for r in self.fetched_dir.iterdir() if (r / MANIFEST_FILE).exists()}
-            for view in sorted(views.iterdir()):
-                if view.name not in kept:
-                    if view.is_dir() and not view.is_symlink():
-                        shutil.rmtree(view, ignore_errors=True)
-                    else:
-                        view.unlink()
-                    log.warning("removed the shard views of a deleted model copy", path=str(view))
-                    removed.append(view)
-        return removed
+        return clean_fetched(self.fetched_dir, self.pulled_dir, open_copies)
 
     def remove(self, name: str) -> list[Path]:
         """Delete this node's fetched and pulled copies of ``name``; the removed dirs. Models
@@ -340,16 +281,4 @@ class ModelDepot:
                     shutil.rmtree(p.views_dir, ignore_errors=True)
                     removed.append(p.root)
                     del self._partials[digest]
-        target = self.pulled_dir / name
-        if target.is_dir():
-            try:  # the manifest a pull moved with the copy names the views made before it
-                digest = msgspec.json.decode((target / MANIFEST_FILE).read_bytes(), type=ModelManifest).digest
-            except (OSError, ValueError, msgspec.DecodeError):
-                digest = None
-            shutil.rmtree(target)
-            removed.append(target)
-            if digest is not None:
-                shutil.rmtree(self.fetched_dir / VIEWS_DIR / digest, ignore_errors=True)
-            if target.parent != self.pulled_dir and not any(target.parent.iterdir()):
-                target.parent.rmdir()  # the emptied ORG of ORG/NAME
-        return removed
+        return removed + remove_pulled(self.pulled_dir, self.fetched_dir, name)

@@ -27,11 +27,13 @@ Failures, and what bounds them:
 - when no usable holder is left for some chunk, ``FetchError`` says which chunks are missing
   and why each holder was dropped. Chunks verified so far stay on disk (the journal), so a
   later fetch — from other holders, or after a restart — asks only for the rest.
+
+Who is asked for which chunk: ``exo_p2p.models.fetch_queue.ChunkQueue`` (pure); storing the
+chunks from worker threads: ``exo_p2p.models.chunk_writes``.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,9 +41,12 @@ import structlog
 import trio
 
 from exo_p2p import defaults
+from exo_p2p.models.chunk_sets import missing_chunks
+from exo_p2p.models.chunk_writes import Deliver, deliverer, write_all
+from exo_p2p.models.fetch_queue import ChunkQueue, Key
 from exo_p2p.models.hub import HUB
-from exo_p2p.models.manifest import chunk_span, missing_chunks
-from exo_p2p.models.partial import ChunkVerificationError, PartialModel
+from exo_p2p.models.manifest import ChunkVerificationError, chunk_span
+from exo_p2p.models.partial import PartialModel
 
 log = structlog.get_logger(__name__)
 
@@ -49,23 +54,11 @@ GetChunk = Callable[[str, str, int], Awaitable[bytes]]
 """``get_chunk(peer_id, path, index) -> bytes``; may raise anything (counted as a failure)."""
 HUB_STREAMS = 4
 """Requests in flight to a hub (holder ``HUB``) at once."""
-HUB_RUN_BYTES = 16 * 1024 * 1024
-HUB_RUN_CHUNKS = 1024
-"""At most this many bytes and chunks of consecutive chunks in one hub request (``get_run``;
-each chunk is written as it arrives and journaled at the copy's next checkpoint, so a
-restart refetches at most what arrived since: ``exo_p2p.models.partial``). Fewer, longer
-requests: each costs a redirect and a round trip to the hub's CDN. The byte bound is the
-one that normally ends a run: chunks are cut at every tensor's bounds, so most are far
-smaller than the copy's chunk size (the embedded model's average ~110 KB, not 256 KiB)."""
 HUB_TIMEOUT_FACTOR = 4
 """A hub request may take this many chunk timeouts: it retries 429/5xx and resumes dropped
 connections itself (``exo_p2p.models.hub.HubClient.get_range``)."""
 NOT_HELD = "is not held here"
 """What a holder's error reply says for a chunk it lacks (``PartialModel.read_chunk``)."""
-Deliver = Callable[[int, bytes], object]
-"""``deliver(index, bytes)`` of a chunk of a run as soon as it arrived (in a worker thread):
-stores it (``PartialModel.write_chunk``) and returns True/False (new or held already), the
-``ChunkVerificationError`` of a bad chunk, or raises the ``OSError`` of a failed write."""
 GetRun = Callable[[str, list[int], Deliver], Awaitable[None]]
 """``get_run(path, indices, deliver)``: consecutive chunks of one file in one request (the
 hub), each handed to ``deliver`` as it completes, from a worker thread (``trio.to_thread``);
@@ -107,67 +100,6 @@ class FetchReport:
     dropped: dict[str, str] = field(default_factory=dict)
 
 
-def _write_one(partial: PartialModel, path: str, index: int, data: bytes) -> object:
-    """``partial.write_chunk``: True/False (new or not), or the ``ChunkVerificationError`` of a
-    bad chunk; raises ``OSError`` (blocking)."""
-    try:
-        return partial.write_chunk(path, index, data)
-    except ChunkVerificationError as exc:
-        return exc
-
-
-def _write_all(partial: PartialModel, keys: list[tuple[str, int]], datas: list[bytes]) -> list:
-    """``partial.write_chunk`` of each chunk in order: True/False (new or not), or the
-    ``ChunkVerificationError`` of a bad one; the first ``OSError`` ends the list (blocking)."""
-    out: list = []
-    for (path, index), data in zip(keys, datas):
-        try:
-            out.append(partial.write_chunk(path, index, data))
-        except ChunkVerificationError as exc:
-            out.append(exc)
-        except OSError as exc:
-            out.append(exc)
-            break
-    return out
-
-
-def _deliverer(partial: PartialModel, path: str, peer: str,
-               settle: Callable[[str, tuple[str, int], int, object], bool], token: trio.lowlevel.TrioToken) -> Deliver:
-    """``deliver`` for a run of ``path`` (called in the run's thread): writes each chunk, then
-    queues its ``settle`` for trio (progress while the run goes on) without waiting for
-    trio's loop: the chunks written while trio is busy are settled together, in order, by
-    one call (``token.run_sync_soon``; trio runs those calls in order, so all of them before
-    the run's own completion). Raises the ``OSError`` of a failed write (the run stops), and
-    ``trio.Cancelled`` once the fetch gave up on the run (an abandoned thread stops
-    downloading: ``trio.from_thread.check_cancelled``)."""
-    queued: list[tuple[str, tuple[str, int], int, object]] = []
-    lock = threading.Lock()
-
-    def drain() -> None:  # in trio
-        with lock:
-            items = queued[:]
-            queued.clear()
-        for item in items:
-            settle(*item)
-
-    def deliver(index: int, data: bytes) -> object:
-        trio.from_thread.check_cancelled()
-        try:
-            result = _write_one(partial, path, index, data)
-        except OSError as exc:
-            result = exc
-        with lock:
-            queued.append((peer, (path, index), len(data), result))
-            first = len(queued) == 1  # else a drain is queued already and will take it
-        if first:
-            token.run_sync_soon(drain)
-        if isinstance(result, OSError):
-            raise result
-        return result
-
-    return deliver
-
-
 async def fetch_chunks(
     partial: PartialModel,
     wanted: Mapping[str, Sequence[int]],
@@ -189,154 +121,156 @@ async def fetch_chunks(
     On return (or error) every chunk it verified is journaled (``PartialModel.flush``).
     Raises ``FetchError`` (module docstring); chunks verified before it stay held.
     """
-    report = FetchReport()
-    total = sum(e - s for p, idx in wanted.items() for s, e in
-                (chunk_span(partial.manifest, p, i) for i in idx))
-    todo = [(p, i) for p, idx in missing_chunks(wanted, partial.held()).items() for i in idx]
-    done = total - sum(e - s for s, e in (chunk_span(partial.manifest, p, i) for p, i in todo))
-    if on_progress:
-        on_progress(done, total, 0, 0)
-    if not todo:
-        return report
-    excluded: dict[tuple[str, int], set[str]] = {}
-    waiting = set(todo)  # todo as a set: run_for asks often
-    for peer, held in (known_held or {}).items():
-        sets = {p: set(idx) for p, idx in held.items()}
-        for key in todo:
-            if key[1] not in sets.get(key[0], ()):
-                excluded.setdefault(key, set()).add(peer)
-    strikes = {peer: 0 for peer in holders}
-    live = set(holders)
-    in_flight: set[tuple[str, int]] = set()
-    state = {"done": done, "changed": trio.Event()}
-    token = trio.lowlevel.current_trio_token()
-    write_failed: list[OSError] = []
 
-    def changed() -> None:
-        state["changed"].set()
-        state["changed"] = trio.Event()
-
-    def peer_could(key: tuple[str, int]) -> bool:
-        """Some live holder other than the hub may still have ``key`` (the hub comes last)."""
-        return any(p != HUB and p in live and p not in excluded.get(key, ()) for p in holders)
-
-    def next_for(peer: str) -> tuple[str, int] | None:
-        for key in todo:
-            if key not in in_flight and peer not in excluded.get(key, ()) and (peer != HUB or not peer_could(key)):
-                return key
-        return None
-
-    def run_for(key: tuple[str, int]) -> list[tuple[str, int]]:
-        """``key`` and the chunks right after it in its file that only the hub can give, up
-        to ``HUB_RUN_BYTES``: one range request for them all."""
-        path, index = key
-        run, size = [key], span(key)
-        while get_run is not None:
-            nxt = (path, run[-1][1] + 1)
-            if (nxt not in waiting or nxt in in_flight or HUB in excluded.get(nxt, ()) or peer_could(nxt)
-                    or size + span(nxt) > HUB_RUN_BYTES or len(run) >= HUB_RUN_CHUNKS):
-                break
-            run.append(nxt)
-            size += span(nxt)
-        return run
-
-    def span(key: tuple[str, int]) -> int:
+    def span(key: Key) -> int:
         start, end = chunk_span(partial.manifest, *key)
         return end - start
 
-    def accepted(peer: str, key: tuple[str, int], nbytes: int, fresh: bool) -> None:
-        strikes[peer] = 0
-        todo.remove(key)
-        waiting.discard(key)
-        if fresh:
-            report.bytes_fetched += nbytes
-            report.chunks_fetched += 1
-            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + nbytes
-            state["done"] += nbytes
-            if on_progress:
-                hub = report.bytes_by_peer.get(HUB, 0)
-                on_progress(state["done"], total, report.bytes_fetched - hub, hub)
+    total = sum(span((p, i)) for p, idx in wanted.items() for i in idx)
+    todo = [(p, i) for p, idx in missing_chunks(wanted, partial.held()).items() for i in idx]
+    done = total - sum(span(key) for key in todo)
+    if on_progress:
+        on_progress(done, total, 0, 0)
+    if not todo:
+        return FetchReport()
+    queue = ChunkQueue(todo, holders, span, known_held=known_held, runs=get_run is not None)
+    fetch = _Fetch(partial, queue, get_chunk, get_run, limits, on_progress, total, done)
+    await fetch.run()
+    if fetch.write_failed:
+        raise FetchError(f"cannot write chunks of {partial.manifest.name} to {partial.root}: "
+                         f"{fetch.write_failed[0]}") from fetch.write_failed[0]
+    if queue.todo:
+        raise _shortfall(partial, queue, fetch.report)
+    return fetch.report
 
-    async def worker(peer: str) -> None:
-        while peer in live and todo:
-            key = next_for(peer)
+
+def _shortfall(partial: PartialModel, queue: ChunkQueue, report: FetchReport) -> FetchError:
+    """The error of a fetch that ended with chunks still wanted: how many, and why each
+    holder was dropped, sent bad chunks, or held none of them."""
+    why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
+    bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))
+    unheld = queue.unheld()
+    unheld_note = f"{unheld} chunks held by none of them" if unheld else ""
+    reasons = "; ".join(x for x in (why, bad, unheld_note) if x) or "no holders"
+    return FetchError(f"{len(queue.todo)} chunks of {partial.manifest.name} could not be fetched "
+                      f"(holders {', '.join(queue.holders) or 'none'}: {reasons})")
+
+
+class _Fetch:
+    """One ``fetch_chunks`` call: its workers (``streams_per_peer`` per holder,
+    ``HUB_STREAMS`` for the hub), what they ask for (``queue``), what they got (``report``,
+    progress) and whether this node's disk failed (``write_failed``: the fetch stops)."""
+
+    def __init__(self, partial: PartialModel, queue: ChunkQueue, get_chunk: GetChunk, get_run: GetRun | None,
+                 limits: FetchLimits, on_progress: Progress | None, total: int, done: int) -> None:
+        self.partial, self.queue, self.get_chunk, self.get_run = partial, queue, get_chunk, get_run
+        self.limits, self.on_progress, self.total, self.done = limits, on_progress, total, done
+        self.report = FetchReport()
+        self.write_failed: list[OSError] = []
+        self._changed = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._scope = trio.CancelScope()
+
+    async def run(self) -> None:
+        """Run the workers until no chunk is left to ask anyone for, then journal what they
+        verified (``PartialModel.flush``, shielded; its ``OSError`` counts as a failed write)."""
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    for peer in self.queue.holders:
+                        for _ in range(HUB_STREAMS if peer == HUB else max(1, self.limits.streams_per_peer)):
+                            nursery.start_soon(self.worker, peer)
+        finally:
+            # journal the last chunks now, not at the next checkpoint: what this fetch verified
+            # survives a crash right after it, so a restart never asks for it again
+            with trio.CancelScope(shield=True):
+                try:
+                    await trio.to_thread.run_sync(self.partial.flush)
+                except OSError as exc:  # the journal could not be written: same as a chunk
+                    self.write_failed.append(exc)
+
+    def _wake(self) -> None:
+        """Wake the workers waiting for a chunk to become askable."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def worker(self, peer: str) -> None:
+        """Ask ``peer`` for chunk after chunk (``ChunkQueue.next_for``) until it is dropped,
+        nothing is left, or nothing it may be asked for can come back."""
+        queue = self.queue
+        while peer in queue.live and queue.todo:
+            key = queue.next_for(peer)
             if key is None:
-                if not in_flight and (peer != HUB or not any(peer_could(k) for k in todo)):
+                if queue.idle_done(peer):
                     return
-                await state["changed"].wait()
+                await self._changed.wait()
                 continue
-            keys = run_for(key) if peer == HUB else [key]
-            in_flight.update(keys)
-            path, index = key
+            keys = queue.run_for(key) if peer == HUB else [key]
+            queue.in_flight.update(keys)
             try:
-                with trio.fail_after(limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
-                    if peer == HUB and get_run is not None:  # each chunk written and settled as it arrives
-                        await get_run(path, [i for _, i in keys], _deliverer(partial, path, peer, settle, token))
-                    else:
-                        datas = [await get_chunk(peer, path, index)]
-                        # hash + write in a thread: the next chunks keep arriving meanwhile
-                        results = await trio.to_thread.run_sync(_write_all, partial, keys, datas)
-                        for k, data, fresh in zip(keys, datas, results):
-                            if not settle(peer, k, len(data), fresh):
-                                return
+                if not await self._request(peer, keys):
+                    return
             except Exception as exc:  # any failure of one request (trio.TooSlowError too)
-                if write_failed:
+                if self.write_failed:
                     return  # this node's disk: the fetch stops (settle)
                 if NOT_HELD in str(exc) and not isinstance(exc, trio.TooSlowError):
-                    excluded.setdefault(key, set()).add(peer)  # a partial holder: ask another
+                    queue.exclude(key, peer)  # a partial holder: ask another
                 else:
-                    failed(peer, path, index, exc)
+                    self.failed(peer, *key, exc)
             finally:
-                in_flight.difference_update(keys)
-                changed()
+                queue.in_flight.difference_update(keys)
+                self._wake()
 
-    def settle(peer: str, k: tuple[str, int], nbytes: int, fresh: object) -> bool:
+    async def _request(self, peer: str, keys: list[Key]) -> bool:
+        """One request to ``peer`` for ``keys`` (a run of one file for the hub when it answers
+        runs, else one chunk), its chunks stored and settled; False when this node's write
+        failed. Raises what the request raised (``trio.TooSlowError`` past its timeout)."""
+        path, index = keys[0]
+        with trio.fail_after(self.limits.chunk_timeout * (HUB_TIMEOUT_FACTOR if peer == HUB else 1)):
+            if peer == HUB and self.get_run is not None:  # each chunk written and settled as it arrives
+                await self.get_run(path, [i for _, i in keys], deliverer(self.partial, path, peer, self.settle,
+                                                                          self._token))
+            else:
+                datas = [await self.get_chunk(peer, path, index)]
+                # hash + write in a thread: the next chunks keep arriving meanwhile
+                results = await trio.to_thread.run_sync(write_all, self.partial, keys, datas)
+                for k, data, fresh in zip(keys, datas, results):
+                    if not self.settle(peer, k, len(data), fresh):
+                        return False
+        return True
+
+    def settle(self, peer: str, k: Key, nbytes: int, fresh: object) -> bool:
         """Account one chunk's write result (in trio); False when this node's write failed
         (the fetch stops: ``write_failed``)."""
         if isinstance(fresh, OSError):  # this node's disk, not the peer: stop the fetch
-            write_failed.append(fresh)
-            scope.cancel()
+            self.write_failed.append(fresh)
+            self._scope.cancel()
             return False
         if isinstance(fresh, ChunkVerificationError):
-            report.bad_chunks_by_peer[peer] = report.bad_chunks_by_peer.get(peer, 0) + 1
-            excluded.setdefault(k, set()).add(peer)
+            self.report.bad_chunks_by_peer[peer] = self.report.bad_chunks_by_peer.get(peer, 0) + 1
+            self.queue.exclude(k, peer)
             log.warning("chunk failed verification", peer=peer, path=k[0], index=k[1], error=str(fresh))
-        elif k in waiting:
-            accepted(peer, k, nbytes, bool(fresh))
+        elif self.queue.waiting(k):
+            self._accepted(peer, k, nbytes, bool(fresh))
         return True
 
-    def failed(peer: str, path: str, index: int, exc: Exception) -> None:
-        """A request to ``peer`` failed: a strike; dropped after ``max_peer_failures`` in a row."""
-        strikes[peer] += 1
-        reason = f"no answer within {limits.chunk_timeout} s" if isinstance(exc, trio.TooSlowError) else f"{exc}"
-        log.info("chunk request failed", peer=peer, path=path, index=index, error=reason)
-        if strikes[peer] >= limits.max_peer_failures and peer in live:
-            live.discard(peer)
-            report.dropped[peer] = f"{strikes[peer]} failed requests in a row, last: {reason}"
+    def _accepted(self, peer: str, key: Key, nbytes: int, fresh: bool) -> None:
+        """``peer`` gave ``key``: no longer wanted; counted and reported when it was new here."""
+        self.queue.accepted(peer, key)
+        if fresh:
+            report = self.report
+            report.bytes_fetched += nbytes
+            report.chunks_fetched += 1
+            report.bytes_by_peer[peer] = report.bytes_by_peer.get(peer, 0) + nbytes
+            self.done += nbytes
+            if self.on_progress:
+                hub = report.bytes_by_peer.get(HUB, 0)
+                self.on_progress(self.done, self.total, report.bytes_fetched - hub, hub)
 
-    try:
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as nursery:
-                for peer in holders:
-                    for _ in range(HUB_STREAMS if peer == HUB else max(1, limits.streams_per_peer)):
-                        nursery.start_soon(worker, peer)
-    finally:
-        # journal the last chunks now, not at the next checkpoint: what this fetch verified
-        # survives a crash right after it, so a restart never asks for it again
-        with trio.CancelScope(shield=True):
-            try:
-                await trio.to_thread.run_sync(partial.flush)
-            except OSError as exc:  # the journal could not be written: same as a chunk
-                write_failed.append(exc)
-    if write_failed:
-        raise FetchError(f"cannot write chunks of {partial.manifest.name} to {partial.root}: "
-                         f"{write_failed[0]}") from write_failed[0]
-    if todo:
-        why = "; ".join(f"{p}: {r}" for p, r in sorted(report.dropped.items()))
-        bad = "; ".join(f"{p} sent {n} bad chunks" for p, n in sorted(report.bad_chunks_by_peer.items()))
-        unheld = sum(1 for k in todo if set(holders) <= excluded.get(k, set()))
-        unheld_note = f"{unheld} chunks held by none of them" if unheld else ""
-        reasons = "; ".join(x for x in (why, bad, unheld_note) if x) or "no holders"
-        raise FetchError(f"{len(todo)} chunks of {partial.manifest.name} could not be fetched "
-                         f"(holders {', '.join(holders) or 'none'}: {reasons})")
-    return report
+    def failed(self, peer: str, path: str, index: int, exc: Exception) -> None:
+        """A request to ``peer`` failed: a strike; dropped after ``max_peer_failures`` in a row."""
+        dropped = self.queue.strike(peer, self.limits.max_peer_failures)
+        reason = f"no answer within {self.limits.chunk_timeout} s" if isinstance(exc, trio.TooSlowError) else f"{exc}"
+        log.info("chunk request failed", peer=peer, path=path, index=index, error=reason)
+        if dropped:
+            self.report.dropped[peer] = f"{self.queue.strikes[peer]} failed requests in a row, last: {reason}"

@@ -1,4 +1,4 @@
-"""Manifests of model directories and the chunks a shard needs (docs/models.md).
+"""Manifests of model directories: building, checking and caching them (docs/models.md).
 
 Verification design (what every transfer relies on): a file is cut into chunks of at most
 the manifest's ``chunk_bytes``; in a safetensors file the cuts also fall on the header's end
@@ -9,26 +9,19 @@ pin a bad chunk on its sender. The manifest itself is trusted by its digest
 (``ModelManifest.digest``), which is what placement and the profiles name; a manifest fetched
 from a peer is accepted only when its digest is the one asked for.
 
-Which chunks a pipeline rank needs (``shard_chunks``): every chunk of every file that is not
-a safetensors file (config, tokenizer, generation config, templates), the header of each
-safetensors file, and the chunks of the tensors of its layers ``[start, end)``, plus the
-embedding (``embed_tokens``) on rank 0, and on the last rank the final norm and every other
-non-layer tensor and the head (``lm_head``, or the embedding when tied). Since chunks never
-cross a tensor boundary, a rank fetches exactly its tensors' bytes.
+Which chunks a pipeline rank needs, and sums over chunk sets: ``exo_p2p.models.chunk_sets``.
 
 Pure functions apart from ``build_manifest`` (reads the files once; ``cached_manifest``
 keeps the result next to the data, keyed by every file's path, size and mtime).
 """
-
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -49,9 +42,6 @@ EXCLUDED_NAMES = frozenset({".exo-import.json"})
 """Files that describe where a local copy came from, not the model (never in a manifest)."""
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
-_HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
 
 
 def choose_chunk_bytes(total_bytes: int) -> int:
@@ -263,79 +253,24 @@ def chunk_span(manifest: ModelManifest, path: str, index: int) -> tuple[int, int
     return chunk.start, chunk.end
 
 
-def _chunks_of_range(chunks: Sequence[Chunk], start: int, end: int) -> list[int]:
-    """Indices of the chunks overlapping ``[start, end)`` (chunks sorted by start)."""
-    first = bisect.bisect_right([c.end for c in chunks], start)
-    out = []
-    for i in range(first, len(chunks)):
-        if chunks[i].start >= end:
-            break
-        out.append(i)
-    return out
+class ChunkVerificationError(ValueError):
+    """A chunk's bytes do not match the manifest's hash (or length); nothing was written."""
 
 
-def tensor_wanted(name: str, *, start_layer: int, end_layer: int, n_layers: int, tied: bool) -> bool:
-    """Whether the pipeline rank holding layers ``[start_layer, end_layer)`` of ``n_layers``
-    loads tensor ``name`` (rule: module docstring)."""
-    first, last = start_layer == 0, end_layer == n_layers
-    if m := _LAYER_RE.search(name):
-        return start_layer <= int(m.group(1)) < end_layer
-    if _EMBEDDING_RE.search(name):
-        return first or (last and tied)
-    if _HEAD_RE.search(name):
-        return last
-    return last
+def verify_chunk(manifest: ModelManifest, path: str, index: int, data: bytes) -> tuple[int, int]:
+    """``[start, end)`` of chunk ``index`` of ``path`` once ``data`` is checked against the
+    manifest: its length, then its SHA-256 (a chunk with hash "" came from a hub and has
+    none yet: ``exo_p2p.models.hub_manifest``).
 
-
-def shard_chunks(
-    manifest: ModelManifest, *, start_layer: int, end_layer: int, n_layers: int, tied: bool
-) -> dict[str, tuple[int, ...]]:
-    """File path -> sorted chunk indices a pipeline rank with layers ``[start_layer,
-    end_layer)`` needs (rule: module docstring). ``start_layer=0, end_layer=n_layers``
-    gives every chunk of every file. Files with no needed chunk are left out.
-
-    Raises ``ValueError`` for a layer range outside ``[0, n_layers]`` or empty."""
-    if not 0 <= start_layer < end_layer <= n_layers:
-        raise ValueError(f"bad layer range [{start_layer}, {end_layer}) of {n_layers} layers")
-    out: dict[str, tuple[int, ...]] = {}
-    for entry in manifest.files:
-        if not entry.tensors and entry.header_end == 0:
-            wanted = set(range(len(entry.chunks)))
-        else:
-            wanted = set(_chunks_of_range(entry.chunks, 0, entry.header_end))
-            for t in entry.tensors:
-                if tensor_wanted(t.name, start_layer=start_layer, end_layer=end_layer,
-                                 n_layers=n_layers, tied=tied):
-                    wanted.update(_chunks_of_range(entry.chunks, t.start, t.end))
-        if wanted:
-            out[entry.path] = tuple(sorted(wanted))
-    return out
-
-
-def all_chunks(manifest: ModelManifest) -> dict[str, tuple[int, ...]]:
-    """Every chunk of every (non-empty) file: what a whole-model pull fetches."""
-    return {f.path: tuple(range(len(f.chunks))) for f in manifest.files if f.chunks}
-
-
-def chunk_bytes_of(manifest: ModelManifest, chunks: Mapping[str, Iterable[int]]) -> int:
-    """Total bytes of the given chunks (``path -> indices``)."""
-    total = 0
-    for path, indices in chunks.items():
-        for i in indices:
-            start, end = chunk_span(manifest, path, i)
-            total += end - start
-    return total
-
-
-def missing_chunks(
-    wanted: Mapping[str, Iterable[int]], held: Mapping[str, Iterable[int]]
-) -> dict[str, tuple[int, ...]]:
-    """``wanted`` minus ``held`` (both ``path -> chunk indices``); files left with nothing to
-    fetch are dropped."""
-    out = {}
-    for path, indices in wanted.items():
-        have = set(held.get(path, ()))
-        rest = tuple(i for i in indices if i not in have)
-        if rest:
-            out[path] = rest
-    return out
+    Raises:
+        ChunkVerificationError: wrong length or hash.
+        KeyError / IndexError: a path or chunk the manifest does not list (``chunk_span``).
+    """
+    start, end = chunk_span(manifest, path, index)
+    if len(data) != end - start:
+        raise ChunkVerificationError(
+            f"chunk {index} of {path}: {len(data)} bytes, expected {end - start}")
+    expected = manifest.file(path).chunks[index].sha256
+    if expected and hashlib.sha256(data).hexdigest() != expected:  # "": from a hub, no hash yet
+        raise ChunkVerificationError(f"chunk {index} of {path}: hash mismatch")
+    return start, end

@@ -9,77 +9,42 @@ Layout of one copy (a directory, one per manifest digest)::
 
 Write order makes a restart safe: verified chunks are journaled in checkpoints (every
 ``CHECKPOINT_BYTES`` written or ``CHECKPOINT_SECONDS`` passed, before a file is renamed, and
-on ``close``): the files written
-since the last checkpoint are ``fdatasync``-ed first (a periodic checkpoint does that outside
-the copy's lock, so other writers go on meanwhile; ``flush``, ``close`` and a file's rename
-wait for it), then their journal lines are appended and the journal is fsync-ed, so every
-journal line names bytes on disk (a crash loses at most
-one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last line is
-ignored, and the next append starts on a new line so the torn piece never joins it. Nothing is written before it matched the manifest's hash
-(``ChunkVerificationError`` otherwise), so every byte the journal covers is verified; and
-``shard_view`` hands a loader a directory only when every chunk the shard needs is in the
-journal — the holes of a ``.part`` file are never read by a rank that does not need them
-(mlx-lm maps safetensors lazily and a rank evaluates only its own tensors).
+on ``close``): the files written since the last checkpoint are ``fdatasync``-ed first (a
+periodic checkpoint does that outside the copy's lock, so other writers go on meanwhile;
+``flush``, ``close`` and a file's rename wait for it), then their journal lines are appended
+and the journal is fsync-ed, so every journal line names bytes on disk (a crash loses at
+most one checkpoint's worth of chunks, which a resumed fetch asks for again); a torn last
+line is ignored, and the next append starts on a new line so the torn piece never joins it.
+Nothing is written before it matched the manifest's hash
+(``exo_p2p.models.manifest.verify_chunk``: ``ChunkVerificationError`` otherwise), so every
+byte the journal covers is verified; and ``shard_view`` hands a loader a directory only when
+every chunk the shard needs is in the journal.
 
-Views never point at a path that moves: a shard view is a directory of *hard links* to the
-copy's files (the file itself, not its path), kept outside the copy in
-``<root's parent>/.views/<root's name>/<view name>/``. So renaming a ``<path>.part`` to
-``<path>`` when its last chunk arrives, and moving the whole copy elsewhere (a pull
-promoting it to ``pulled/``), leave every view readable at its path: a running rank can
-reload from it. A file system without hard links gets symlinks to the files' current paths
-instead (logged), which a later rename breaks. Deleting a view frees no bytes while the copy
-still holds its files; deleting the copy frees them only once its views are deleted too
-(``views_dir``).
+Shard views (``shard_view``) are hard links to the copy's files kept outside it, so a rename
+or a move of the copy leaves them readable (``exo_p2p.models.shard_views``); the journal's
+format and the record of whole-file checks: ``exo_p2p.models.chunk_journal``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import msgspec
-import structlog
-
-from exo_p2p.models.manifest import check_manifest, chunk_span
-from exo_p2p.models.names import check_relative_path
+from exo_p2p.models import chunk_journal
+from exo_p2p.models.chunk_journal import JOURNAL, ends_torn, journal_lines, parse_journal, replace_journal, without_file
+from exo_p2p.models.copy_files import (claim_dir, delete_file, finish_file, open_part, present, pwrite_all, read_span,
+                                       sync_files)
+from exo_p2p.models.manifest import check_manifest, chunk_span, verify_chunk
+from exo_p2p.models.shard_views import VIEWS_DIR, build_shard_view
 from exo_p2p.types.manifest import ModelManifest
 
-JOURNAL = ".verified"
-CHECKED = ".checked"
-"""Complete files that passed their whole-file hash (hub copies: ``exo_p2p.models.hub_manifest``)."""
 CHECKPOINT_BYTES = 64 * 1024 * 1024
 CHECKPOINT_SECONDS = 0.5
 """Verified bytes / seconds between two journal checkpoints (see module docstring): a crash
 refetches at most that much."""
-MANIFEST_FILE = ".manifest.json"
-VIEWS_DIR = ".views"
-"""The dir next to a copy holding its shard views (module docstring)."""
-
-log = structlog.get_logger(__name__)
-
-
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """Write every byte of ``data`` at ``offset``: ``pwrite`` may write fewer (a file system
-    filling up writes what fits and fails only on the next call, which raises ``OSError``)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-class ChunkVerificationError(ValueError):
-    """A chunk's bytes do not match the manifest's hash (or length); nothing was written."""
 
 
 class PartialModel:
@@ -97,17 +62,7 @@ class PartialModel:
         self.root = Path(root)
         self.views_dir = Path(views_dir) if views_dir is not None else self.root.parent / VIEWS_DIR / self.root.name
         self.manifest = check_manifest(manifest)
-        self.root.mkdir(parents=True, exist_ok=True)
-        saved = self.root / MANIFEST_FILE
-        if saved.exists():
-            other = msgspec.json.decode(saved.read_bytes(), type=ModelManifest)
-            if other.digest != manifest.digest:
-                raise ValueError(f"{self.root} holds manifest {other.digest[:12]}, "
-                                 f"not {manifest.digest[:12]}")
-        else:
-            tmp = saved.with_suffix(".tmp")
-            tmp.write_bytes(msgspec.json.encode(manifest))
-            os.replace(tmp, saved)
+        claim_dir(self.root, manifest)
         self._held: dict[str, set[int]] = {f.path: set() for f in manifest.files}
         self._lock = threading.Lock()
         self._pending: list[tuple[str, int]] = []  # written, not journaled yet
@@ -119,7 +74,7 @@ class PartialModel:
         journal = self.root / JOURNAL
         # a torn last line (a crash or a full disk mid-append) must not run into the next
         # line: "1" + "5 f" would read as chunk 15 of f; the next append starts a new line
-        self._torn = journal.exists() and journal.stat().st_size > 0 and _last_byte(journal) != b"\n"
+        self._torn = ends_torn(journal)
         self._journal = open(journal, "a", encoding="utf-8")
         for f in manifest.files:  # empty files are complete from the start
             if not f.chunks:
@@ -152,19 +107,11 @@ class PartialModel:
 
     def _sync(self, chunks: list[tuple[str, int]]) -> None:
         """``fdatasync`` the files holding ``chunks`` (blocking; no lock needed)."""
-        for path in sorted({p for p, _ in chunks}):
-            target = self.root / f"{path}.part"
-            if not target.exists():
-                target = self.root / path
-            fd = os.open(target, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+        sync_files(self.root, (p for p, _ in chunks))
 
     def _append_journal(self, chunks: list[tuple[str, int]]) -> None:
         """Append one line per chunk to the journal and fsync it (caller holds the lock)."""
-        lines = "".join(f"{i} {p}\n" for p, i in chunks)
+        lines = journal_lines(chunks)
         try:
             self._journal.write(("\n" if self._torn else "") + lines)
             self._journal.flush()
@@ -215,15 +162,9 @@ class PartialModel:
         path = self.root / JOURNAL
         if not path.exists():
             return
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            index, _, name = line.partition(" ")
-            if name in self._held and index.isdigit():
-                entry = self.manifest.file(name)
-                if int(index) < len(entry.chunks) and self._file_exists(name):
-                    self._held[name].add(int(index))
-
-    def _file_exists(self, path: str) -> bool:
-        return (self.root / path).exists() or (self.root / f"{path}.part").exists()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for name, index in parse_journal(text, self.manifest, lambda p: present(self.root, p)):
+            self._held[name].add(index)
 
     # -- what is held -----------------------------------------------------------------------
     def held(self) -> dict[str, tuple[int, ...]]:
@@ -250,16 +191,10 @@ class PartialModel:
         the chunk is not verified here."""
         if index not in self._held.get(path, set()):
             raise KeyError(f"chunk {index} of {path} is not held here")
-        start, end = chunk_span(self.manifest, path, index)
-        target = self.root / path
-        if not target.exists():
-            target = self.root / f"{path}.part"
-        with open(target, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
+        return read_span(self.root, path, *chunk_span(self.manifest, path, index))
 
     def write_chunk(self, path: str, index: int, data: bytes) -> bool:
-        """Verify ``data`` against the manifest and store it; True when it was new.
+        """Verify ``data`` against the manifest (``verify_chunk``) and store it; True when it was new.
 
         Raises:
             ChunkVerificationError: wrong length or hash (nothing written).
@@ -267,22 +202,14 @@ class PartialModel:
             OSError: the chunk could not be written here (a full disk, no permission); it
                 is not held then.
         """
-        start, end = chunk_span(self.manifest, path, index)
+        start, _ = verify_chunk(self.manifest, path, index, data)
         entry = self.manifest.file(path)
-        if len(data) != end - start:
-            raise ChunkVerificationError(
-                f"chunk {index} of {path}: {len(data)} bytes, expected {end - start}")
-        expected = entry.chunks[index].sha256
-        if expected and hashlib.sha256(data).hexdigest() != expected:  # "": from a hub, no hash yet
-            raise ChunkVerificationError(f"chunk {index} of {path}: hash mismatch")
         with self._lock:
             if index in self._held[path]:
                 return False
-            part = self.root / f"{path}.part"
-            part.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+            fd = open_part(self.root, path)
         try:
-            _pwrite_all(fd, data, start)
+            pwrite_all(fd, data, start)
         finally:
             os.close(fd)
         batch: list[tuple[str, int]] = []
@@ -317,94 +244,35 @@ class PartialModel:
         with self._lock:
             self._checkpoint()
             self._held[path] = set()
-            (self.root / path).unlink(missing_ok=True)
-            (self.root / f"{path}.part").unlink(missing_ok=True)
+            delete_file(self.root, path)
             journal = self.root / JOURNAL
-            lines = [ln for ln in journal.read_text(encoding="utf-8", errors="replace").splitlines()
-                     if ln.partition(" ")[2] != path]
+            kept = without_file(journal.read_text(encoding="utf-8", errors="replace"), path)
             self._journal.close()
-            tmp = journal.with_suffix(".tmp")
-            tmp.write_text("".join(f"{ln}\n" for ln in lines), encoding="utf-8")
-            os.replace(tmp, journal)
+            replace_journal(journal, kept)
             self._journal = open(journal, "a", encoding="utf-8")
             self._torn = False
-            self._unmark(path)
+            chunk_journal.unmark_checked(self.root, path)
 
     def file_checked(self, path: str) -> bool:
         """Whether complete file ``path`` passed its whole-file hash (``mark_checked``)."""
-        marks = self.root / CHECKED
-        return marks.is_file() and path in marks.read_text(encoding="utf-8").splitlines()
+        return chunk_journal.file_checked(self.root, path)
 
     def mark_checked(self, path: str) -> None:
         """Record that complete file ``path`` passed its whole-file hash."""
-        with open(self.root / CHECKED, "a", encoding="utf-8") as f:
-            f.write(f"{path}\n")
-
-    def _unmark(self, path: str) -> None:
-        marks = self.root / CHECKED
-        if marks.is_file():
-            kept = [p for p in marks.read_text(encoding="utf-8").splitlines() if p != path]
-            marks.write_text("".join(f"{p}\n" for p in kept), encoding="utf-8")
+        chunk_journal.mark_checked(self.root, path)
 
     def _finish_file(self, path: str) -> None:
         """Rename a fully verified ``<path>.part`` to ``<path>`` (size fixed to the manifest's)."""
-        part, final = self.root / f"{path}.part", self.root / path
-        entry = self.manifest.file(path)
-        if final.exists():
-            return
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if not part.exists():
-            part.touch()
-        os.truncate(part, entry.size)
-        os.replace(part, final)
+        finish_file(self.root, path, self.manifest.file(path).size)
 
     def shard_view(self, chunks: Mapping[str, Iterable[int]], name: str) -> Path:
         """A directory a loader can read for a shard needing ``chunks``: one hard link per
         manifest file that the shard touches, named as in the manifest, to the complete file
         or to its ``.part`` (given its full length); ``<views_dir>/<name>``, rebuilt each
-        call. It stays valid when a ``.part`` is renamed or the copy is moved (module
-        docstring).
+        call (``exo_p2p.models.shard_views.build_shard_view``). It stays valid when a
+        ``.part`` is renamed or the copy is moved.
 
         Raises ``ValueError`` when a needed chunk is not verified yet (nothing unverified is
         ever handed to a loader), or when ``name`` (a runner id, which the master chose) is
-        not one plain path part: the view is deleted and rebuilt, so ``../..`` would delete
-        a directory outside the copy. ``OSError`` when the files cannot be linked."""
-        check_relative_path(name, "view name")
-        if "/" in name:
-            raise ValueError(f"view name {name!r} has a '/'")
-        missing = {p: sorted(set(idx) - self._held.get(p, set())) for p, idx in chunks.items()}
-        missing = {p: m for p, m in missing.items() if m}
-        if missing:
-            some = ", ".join(f"{p}: {len(m)} chunks" for p, m in sorted(missing.items()))
-            raise ValueError(f"shard not fully verified yet ({some})")
-        view = self.views_dir / name
-        shutil.rmtree(view, ignore_errors=True)
-        view.mkdir(parents=True)
-        for path in chunks:
-            link = view / path
-            link.parent.mkdir(parents=True, exist_ok=True)
-            self._link(path, link)
-        return view
-
-    def _link(self, path: str, link: Path) -> None:
-        """Hard-link manifest file ``path`` (complete, else its ``.part`` grown to full
-        length) at ``link``; a symlink where the file system has no hard links."""
-        final, part = self.root / path, self.root / f"{path}.part"
-        size = self.manifest.file(path).size
-        for _ in range(3):  # a concurrent fetch may rename the .part between two steps
-            target = final if final.exists() else part
-            try:
-                if target is part and part.stat().st_size < size:
-                    os.truncate(part, size)  # a .part is sparse up to its last written chunk
-                try:
-                    os.link(target, link)
-                except OSError as exc:
-                    if isinstance(exc, FileNotFoundError):
-                        raise
-                    log.warning("no hard links here: a shard view symlinks instead (it breaks when the "
-                                "copy's files move)", path=str(target), error=str(exc))
-                    link.symlink_to(target.resolve())
-                return
-            except FileNotFoundError:
-                continue
-        raise FileNotFoundError(f"{final} (nor its .part) not found")
+        not one plain path part. ``OSError`` when the files cannot be linked."""
+        return build_shard_view(self.root, self.views_dir, self.manifest, self._held, chunks, name)

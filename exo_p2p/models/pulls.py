@@ -30,11 +30,11 @@ import structlog
 import trio
 
 from exo_p2p import defaults
+from exo_p2p.models.chunk_sets import all_chunks
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import FetchError, Progress
 from exo_p2p.models.hub import HubClient, is_repo_id, parse_repo, preload
 from exo_p2p.models.hub_fetch import HubAccess
-from exo_p2p.models.manifest import all_chunks
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import HubSource, State

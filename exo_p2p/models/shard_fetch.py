@@ -1,7 +1,7 @@
 """A rank's node fetches just its shard of a model it lacks, from the peers holding it (docs/models.md).
 
 What a rank fetches (``wanted_chunks``): for a pipeline rank of several, the chunks of
-``exo_p2p.models.manifest.shard_chunks`` (its layers' tensors, the embedding on rank 0, the
+``exo_p2p.models.chunk_sets.shard_chunks`` (its layers' tensors, the embedding on rank 0, the
 final norm and head on the last rank, every config/tokenizer file); a single rank or a
 tensor-parallel rank fetches every chunk (a tensor rank slices every tensor).
 
@@ -36,11 +36,11 @@ import structlog
 import trio
 
 from exo_p2p import defaults
+from exo_p2p.models.chunk_sets import all_chunks, chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
 from exo_p2p.models.hub import HUB, HubError
 from exo_p2p.models.hub_fetch import HubAccess, await_shared, hub_manifest, shared_chunks, verify_files
-from exo_p2p.models.manifest import all_chunks, chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.types import HubSource, Instance, ShardMetadata, State
 from exo_p2p.types.manifest import ModelManifest
