@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exo_p2p.settings_table import render_configuration  # noqa: E402
+from exo_p2p.settings_docs import render_configuration  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

@@ -1,4 +1,4 @@
-"""docs/configuration.md against the code: the page is what ``exo_p2p.settings_table`` renders,
+"""docs/configuration.md against the code: the page is what ``exo_p2p.settings_docs`` renders,
 the table has exactly the options of ``exo-p2p node``, every default the page shows is the
 code's (``NodeConfig`` or the click parameter), and every ``EXO_P2P_*`` variable the product
 code names is in the page's environment table. Pure: no process, no socket."""
@@ -16,7 +16,8 @@ import typer.main
 from exo_p2p import settings_table
 from exo_p2p.cli.main import app  # at collection: its libraries' imports run ldconfig (a process)
 from exo_p2p.config import NodeConfig
-from exo_p2p.settings_table import ENVIRONMENT, GENERATE_COMMAND, SETTINGS, render_configuration, show_value
+from exo_p2p.settings_docs import GENERATE_COMMAND, render_configuration
+from exo_p2p.settings_table import ENVIRONMENT, SETTINGS, show_value
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
