@@ -7,7 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types import State
-from master.placement import PlacementError, placement_previews, resolve_nodes
+from master.placement import placement_previews
+from master.placement_context import PlacementError, resolve_nodes
 from master.placement_fetch import fetch_split
 
 

@@ -32,7 +32,8 @@ from exo_p2p.types import (
 )
 from master.admission import memory_refusal, oversized_prompt
 from master.in_flight import busy_refusal
-from master.placement import PlacementError, place_instance, resolve_nodes
+from master.placement import PlacementError, place_instance
+from master.placement_context import resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
 from exo_p2p.prefixes import longest_match, prefix_chain

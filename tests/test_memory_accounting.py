@@ -22,7 +22,8 @@ from exo_p2p.types import (
 from master.admission import rank_needs
 from master.commands import handle_command
 from master.memory import placed_bytes, usable_memory
-from master.placement import PlacementError, place_instance, placement_previews, required_bytes
+from master.placement import PlacementError, place_instance, placement_previews
+from master.placement_context import required_bytes
 from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 from tests.test_placement import card, cluster

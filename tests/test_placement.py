@@ -12,18 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.links.cost import cost_model
-from exo_p2p.state.topology import ring_cost, ring_ip, topology_from_state
+from exo_p2p.state.cycle_order import ring_cost
+from exo_p2p.state.topology import ring_ip, topology_from_state
 from exo_p2p.types import Instance, ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge
-from master.placement import (
-    RING_BASE_PORT,
-    RING_PORT_SPAN,
-    _first_port,
-    PlacementError,
-    place_instance,
-    placement_previews,
-    required_bytes,
-    resolve_nodes,
-)
+from master.placement import PlacementError, place_instance, placement_previews
+from master.placement_context import required_bytes, resolve_nodes
+from master.placement_ring import RING_BASE_PORT, RING_PORT_SPAN, first_port
 from master.memory import usable_memory
 from master.placement_split import pipeline_shares, split_layers, tensor_shares
 
@@ -220,7 +214,7 @@ def test_b20_ring_addresses_from_edges_and_ports_never_collide() -> None:
     state.edges["n0"]["n1"] = TopologyEdge("n0", "n1", "/ip4/203.0.113.2/tcp/52514", "thunderbolt")  # type: ignore[arg-type]
     state.edges["n1"]["n0"] = TopologyEdge("n1", "n0", "203.0.113.1", "thunderbolt")  # type: ignore[arg-type]
     first = place_instance(state, card(8, GIB), min_nodes=2, instance_id="i1")
-    p = _first_port("i1")
+    p = first_port("i1")
     assert [s.ring_address for s in first.shards] == [f"203.0.113.1:{p}", f"203.0.113.2:{p}"]
     assert [s.runner_id for s in first.shards] == ["i1-r0", "i1-r1"] and [s.boot_id for s in first.shards] == ["boot-n0", "boot-n1"]
     # a second instance whose ports would start at the same place skips what is in use:
@@ -230,7 +224,7 @@ def test_b20_ring_addresses_from_edges_and_ports_never_collide() -> None:
     assert [s.ring_address for s in second.shards] == [f"203.0.113.1:{p + 1}", f"203.0.113.2:{p + 2}"]
     # different instances start at different ports (a re-placement does not reuse the ports
     # of the instance it replaces, whose sockets may be in TIME_WAIT)
-    assert len({_first_port(f"inst-{k}") for k in range(20)}) > 15
+    assert len({first_port(f"inst-{k}") for k in range(20)}) > 15
     assert place_instance(with_one, card(8, GIB), instance_id="i3").shards[0].ring_address == ""
 
 

@@ -8,16 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.links.cost import CostModel, measured_path
-from exo_p2p.state.topology import (
-    LINK_RANK,
-    CycleSearch,
-    Topology,
-    best_cycle,
-    cycle_key,
-    rank_order,
-    ring_ip,
-    topology_from_state,
-)
+from exo_p2p.state.branch_and_bound import best_cycle, branch_and_bound
+from exo_p2p.state.completion_bound import completion_bound, heaviest_free
+from exo_p2p.state.cycle_order import cycle_key, rank_order
+from exo_p2p.state.cycle_search import CycleSearch
+from exo_p2p.state.cycle_sweep import Goal, sweep
+from exo_p2p.state.topology import LINK_RANK, Link, Topology, ring_ip, topology_from_state
 from exo_p2p.types import NodeProfile, State, TopologyEdge
 
 
@@ -56,13 +52,29 @@ def test_rank_order_starts_at_heaviest_then_smallest_id() -> None:
     assert rank_order(("c", "a", "b"), {"a": 5, "b": 5, "c": 1}) == ("a", "b", "c")
 
 
+def test_heaviest_free_takes_the_heaviest_untaken_then_reaches_a_host() -> None:
+    assert heaviest_free(0, 5, 0b00101, 2, -1, False) == ([1, 3], None)
+    assert heaviest_free(0, 5, 0b00101, 2, 1 << 4, True) == ([1, 3, 4], 2)
+    assert heaviest_free(3, 5, 0, 9, -1, False) == ([4], None)
+
+
+def test_completion_bound_is_the_heaviest_completion_through_each_child() -> None:
+    """Weights by index (heaviest first); a path [0] with one slot after its next node."""
+    w = [8, 4, 2, 1, 1]
+    free = completion_bound(w, 0, 5, 0b1, [], 0, -1, 1, False)
+    assert free.extra_weight(1) == 4 + 2 and free.extra_weight(3) == 1 + 4
+    host = completion_bound(w, 0, 5, 0b1, [], 0, 1 << 4, 1, True)
+    assert host.extra_weight(1) == 4 + 1 and host.extra_weight(4) == 1 + 4
+    forced = completion_bound(w, 0, 5, 0b1, [2], 1 << 2, -1, 1, False)
+    assert forced.extra_weight(1) == 4 + 2 and forced.extra_weight(2) == 2 + 4
+    assert completion_bound(w, 0, 5, 0b1, [2, 3], 0b1100, -1, 0, False).extra_weight(1) is None
+
+
 @st.composite
 def graphs(draw: st.DrawFn) -> tuple[Topology, dict[str, int]]:
     n = draw(st.integers(1, 8))
     nodes = tuple(f"n{i}" for i in range(n))
     links: dict = {v: {} for v in nodes}
-    from exo_p2p.state.topology import Link
-
     for a in nodes:
         for b in nodes:
             if a != b and draw(st.booleans()):
@@ -116,13 +128,11 @@ def test_search_equals_brute_force(graph: tuple[Topology, dict[str, int]], size:
 def test_budget_stops_the_search_and_says_so() -> None:
     n = 12
     nodes = tuple(f"n{i:02d}" for i in range(n))
-    from exo_p2p.state.topology import Link
-
     # a one-way ring: the only cycle of n nodes; no 5-cycle exists, so the search must explore
     links = {v: {nodes[(i + 1) % n]: Link("10.0.0.1", 2), nodes[(i + 2) % n]: Link("10.0.0.1", 2)} for i, v in enumerate(nodes)}
     search = CycleSearch(Topology(nodes, links), {v: 1 for v in nodes})
-    exact = search.best(11, lambda c: True)
-    capped = search.best(11, lambda c: True, budget=3)
+    exact = branch_and_bound(search, 11, lambda c: True)
+    capped = branch_and_bound(search, 11, lambda c: True, budget=3)
     assert not exact.exhausted and exact.best is not None and exact.expansions > 3
     assert capped.exhausted and capped.expansions == 4
 
@@ -131,10 +141,8 @@ def test_dense_graph_search_is_not_exhaustive() -> None:
     """On a 40-node full mesh of equal machines the best 20-node cycle is found with a number
     of path extensions linear in the graph, not the (19!)-many cycles."""
     nodes = tuple(f"n{i:02d}" for i in range(40))
-    from exo_p2p.state.topology import Link
-
     links = {a: {b: Link("10.0.0.1", 2) for b in nodes if b != a} for a in nodes}
-    outcome = CycleSearch(Topology(nodes, links), {v: 64 for v in nodes}).best(20, lambda c: True)
+    outcome = branch_and_bound(CycleSearch(Topology(nodes, links), {v: 64 for v in nodes}), 20, lambda c: True)
     assert outcome.best is not None and outcome.best.cycle == nodes[:20]
     assert outcome.expansions < 40 * 40
 
@@ -142,7 +150,7 @@ def test_dense_graph_search_is_not_exhaustive() -> None:
 def _exact_per_length(search: CycleSearch, sizes: range, **kw) -> dict[int, tuple]:
     found = {}
     for k in sizes:
-        best = search.best(k, lambda c: True, **kw).best
+        best = branch_and_bound(search, k, lambda c: True, **kw).best
         if best is not None:
             found[k] = (best.key, best.cycle)
     return found
@@ -152,22 +160,18 @@ def _exact_per_length(search: CycleSearch, sizes: range, **kw) -> dict[int, tupl
 @given(st.integers(2, 12), st.data())
 def test_sweep_on_an_equal_link_mesh_is_exact_for_every_length(n: int, data: st.DataObject) -> None:
     """The documented case where the heuristic gives up nothing: a full mesh of equal links."""
-    from exo_p2p.state.topology import Goal, Link
-
     nodes = tuple(f"n{i:02d}" for i in range(n))
     links = {a: {b: Link("10.0.0.1", 2) for b in nodes if b != a} for a in nodes}
     weights = {v: data.draw(st.sampled_from([1, 2, 4, 8])) for v in nodes}
     search = CycleSearch(Topology(nodes, links), weights)
     sizes = range(1, n + 1)
-    swept = search.sweep([Goal(lambda c: True, frozenset(sizes))], budget=n * n)[0]
+    swept = sweep(search, [Goal(lambda c: True, frozenset(sizes))], budget=n * n)[0]
     assert {k: (f.key, f.cycle) for k, f in swept.items()} == _exact_per_length(search, sizes)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs(), st.integers(0, 30), st.integers(1, 60), st.data())
 def test_sweep_records_are_candidates_and_never_beat_the_exact_search(graph, min_weight: int, budget: int, data: st.DataObject) -> None:
-    from exo_p2p.state.topology import Goal
-
     topo, weights = graph
     pool = sorted(weights)
     required = frozenset(data.draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else frozenset()
@@ -175,7 +179,7 @@ def test_sweep_records_are_candidates_and_never_beat_the_exact_search(graph, min
     search = CycleSearch(topo, weights)
     sizes = range(1, len(topo.nodes) + 1)
     goals = [Goal(lambda c: c, frozenset(sizes), min_weight), Goal(lambda c: c, frozenset(sizes), rank_links=False)]
-    by_key, by_memory = search.sweep(goals, required=required, include_one_of=hosts, budget=budget)
+    by_key, by_memory = sweep(search, goals, required=required, include_one_of=hosts, budget=budget)
     exact = _exact_per_length(search, sizes, min_weight=min_weight, required=required, include_one_of=hosts)
     for k, found in by_key.items():
         cycle = found.cycle
