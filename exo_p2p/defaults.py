@@ -88,7 +88,7 @@ HEARTBEATS_BUFFER = 4096
 LOCAL_EVENTS_BUFFER = 4096
 GLOBAL_EVENTS_BUFFER = 8192
 
-# --- dials (exo_p2p.net.host) ------------------------------------------------------------------
+# --- dials (exo_p2p.net.host_build, exo_p2p.net.dialer) --------------------------------------------
 DIAL_RETRIES = 1
 """Retries of one address within one dial (the swarm's own; our re-dialler and mesh keeper
 back off across dials). py-libp2p's default of 3 held a dial to a stale address (a peer that

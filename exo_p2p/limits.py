@@ -53,7 +53,7 @@ API_MAX_CONNECTIONS = 4096
 API_MIN_CONNECTIONS = 64
 """HTTP connections the API serves at once even when the descriptor budget is smaller."""
 LIBP2P_MAX_INBOUND = 256
-"""Inbound libp2p connections being handled at once at most (``exo_p2p.net.host``)."""
+"""Inbound libp2p connections being handled at once at most (``exo_p2p.net.host_build``)."""
 LIBP2P_MAX_CONNECTIONS = 300
 """Established libp2p connections, inbound and outbound, at most (py-libp2p's default)."""
 BULK_MAX_CONNECTIONS = 80

@@ -7,7 +7,7 @@
   slowloris and never-reading connections to its API and a few hundred to its libp2p and
   model-transfer (bulk) ports: the node stays up, ``/health`` answers within 1 s throughout,
   each kind of connection is closed by the node within its bound (``exo_p2p.api.server``,
-  ``exo_p2p.api.slow_clients``, ``exo_p2p.net.host``, ``exo_p2p.models.bulk``), and its
+  ``exo_p2p.api.slow_clients``, ``exo_p2p.net.host_build``, ``exo_p2p.models.bulk``), and its
   descriptors return to their idle count.
 """
 

@@ -3,55 +3,39 @@
 ``open_host(config)`` is the only way in; it yields a ``Network`` and tears everything down in
 the order docs/architecture.md#networking-notes, note 1 requires (Pubsub and GossipSub services entered first, ``host.run``
 innermost; on exit, under a shielded scope, the host's addresses are pinned, the swarm's
-auto-connector is stopped and its listeners are closed, see ``_quiesce``). Transport security
+auto-connector is stopped and its listeners are closed, see ``exo_p2p.net.shutdown``). Transport security
 is Noise only (plaintext peers are refused, docs/architecture.md#networking-notes, note 5); a cluster secret adds a PSK private
-network (docs/architecture.md#networking-notes, note 9).
+network (docs/architecture.md#networking-notes, note 9); how the host is built: ``exo_p2p.net.host_build``.
+``Network`` is a facade: gossip is ``exo_p2p.net.gossip``, dialling ``exo_p2p.net.dialer``,
+request streams ``exo_p2p.net.reqresp``, peers ``exo_p2p.net.peers``, re-dialling
+``exo_p2p.net.discovery`` and mDNS ``exo_p2p.net.mdns``.
 """
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import multiaddr
 import structlog
-import libp2p.pubsub.pubsub as pubsub_module
 import trio
-from libp2p import new_host
 from libp2p.abc import IHost, INetStream, PeerInfo
-from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.discovery.events.peerDiscovery import peerDiscovery
-from libp2p.discovery.mdns.mdns import create_mdns_discovery
-from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
-from libp2p.utils.address_validation import get_available_interfaces
-
-from exo_p2p import defaults
-from exo_p2p.limits import LIBP2P_MAX_CONNECTIONS, LIBP2P_MAX_INBOUND
 
 from . import libdrops, yamux_guard
-from .config import NetConfig, derive_psk, mdns_fingerprint
-from .discovery import MDNS_FALLBACK_DELAY, MdnsDialHook, Redialer, should_dial
-from .errors import DialError
+from .config import NetConfig
+from .dialer import Dialer
+from .discovery import MdnsDialHook, Redialer
+from .gossip import GossipTopics, Message
+from .host_build import gossip_router, listen_multiaddrs, new_libp2p_host, raise_subscription_queue
+from .mdns import MdnsDialer, start_mdns, stop_mdns
 from .peers import PeerEvent, PeerTracker
 from .reqresp import RequestHandler, send_request, serve_stream
+from .shutdown import close_listeners, quiesce
 
 log = structlog.get_logger(__name__)
-
-PEERSTORE_TTL = 600  # seconds a dialled address stays in the peerstore
-
-
-Message = tuple[str, bytes]  # (sender node id, data)
-_Subscriber = tuple[trio.MemorySendChannel[Message], bool]  # (channel, include_own)
 
 
 class Network:
@@ -70,13 +54,11 @@ class Network:
         self._host = host
         self._pubsub = pubsub
         self._config = config
-        self._nursery = nursery
         self._own_counters: dict[str, int] = {}
-        self._publish_lock = trio.Lock()
-        self._dial_locks: dict[str, trio.Lock] = {}  # one per peer ever dialled (bounded by peers)
         self._peers = PeerTracker(on_change=self._on_peer_change)
         self._redialer: Redialer | None = None
-        self._subscribers: dict[str, list[_Subscriber]] = {}
+        self._dialer = Dialer(host, lambda p: p in self.connected_peers(), config.dial_timeout)
+        self._gossip = GossipTopics(pubsub, host.get_id().to_bytes(), config.gossip, nursery, self._count)
         host.get_network().register_notifee(self._peers)
 
     @property
@@ -143,58 +125,7 @@ class Network:
         Raises DialError on a bad address, a refused or failed connection, or when ``timeout``
         seconds pass (a PSK mismatch hangs ~40 s without this bound, docs/architecture.md#networking-notes, note 9).
         """
-        try:
-            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-        except Exception as exc:
-            raise DialError(f"bad multiaddr {addr!r}: {exc}") from exc
-        await self._connect(info, timeout)
-        return str(info.peer_id)
-
-    async def _dial_known(self, peer_id: str) -> None:
-        pid = ID.from_base58(peer_id)
-        addrs = self._host.get_peerstore().addrs(pid)
-        if not addrs:
-            raise DialError(f"no known address for {peer_id}")
-        await self._connect(PeerInfo(pid, addrs), self._config.dial_timeout)
-
-    async def _connect(self, info: PeerInfo, timeout: float) -> None:
-        if info.peer_id == self._host.get_id():
-            # Our own id at one of our own addresses is a dial to ourselves; at a foreign
-            # address it is another process using our identity (a copied data dir): connect,
-            # so that its heartbeats reveal the duplicate and one side refuses to join.
-            own = {str(a).split("/p2p/")[0] for a in self._host.get_transport_addrs()}
-            if all(str(a).split("/p2p/")[0] in own for a in info.addrs):
-                raise DialError("refusing to dial self")
-        # One dial per peer at a time, each with its own addresses: the swarm would make a
-        # second dial wait for the one in flight and share its result, so a stale bootstrap
-        # address being retried made every dial to the peer's current address (from its
-        # State profile) fail with it (a restarted node joined only after 16 s under scripts/chaos.py).
-        lock = self._dial_locks.setdefault(str(info.peer_id), trio.Lock())
-        async with lock:
-            if str(info.peer_id) in self.connected_peers():
-                self._host.get_peerstore().add_addrs(info.peer_id, info.addrs, PEERSTORE_TTL)
-                return
-            await self._connect_now(info, timeout)
-
-    async def _connect_now(self, info: PeerInfo, timeout: float) -> None:
-        # The swarm refuses for 60 s to dial a peer whose addresses all failed once (its
-        # "negative cache"); our callers keep their own backoff, and a restarted peer must be
-        # reachable again within seconds, so lift that block for explicit dials.
-        self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
-        # The swarm dials only ONE address per transport class (its "smart address
-        # selection"), the first the peerstore lists: after a peer restarted on a new port its
-        # stale address comes first and every dial fails. The addresses we are given are
-        # current (State profile, bootstrap, mDNS), so they replace what the peerstore held.
-        if str(info.peer_id) not in self.connected_peers():
-            self._host.get_peerstore().clear_addrs(info.peer_id)
-        try:
-            with trio.fail_after(timeout):
-                await self._host.connect(info)
-        except trio.TooSlowError as exc:
-            raise DialError(f"dial {info.peer_id} timed out after {timeout} s") from exc
-        except Exception as exc:
-            raise DialError(f"dial {info.peer_id} failed: {exc!r}") from exc
-        self._host.get_peerstore().add_addrs(info.peer_id, info.addrs, PEERSTORE_TTL)
+        return await self._dialer.dial(addr, timeout=timeout)
 
     # -- gossip ---------------------------------------------------------------------------------
     async def publish(self, topic: str, data: bytes) -> bool:
@@ -205,34 +136,7 @@ class Network:
         sends anyway and counts ``publish_queue_full``). Returns False (and counts
         ``publish_oversize`` / ``publish_failed``) when the message was not handed to pubsub.
         """
-        params = self._config.gossip
-        if len(data) > params.max_payload_bytes:
-            self._count("publish_oversize")
-            return False
-        try:
-            async with self._publish_lock:
-                await self._wait_for_queue_room()
-                await self._pubsub.publish(topic, data)
-            self._count(f"published:{topic}")
-            return True
-        except trio.Cancelled:
-            raise
-        except Exception as exc:
-            self._count("publish_failed")
-            log.warning("publish failed", topic=topic, error=repr(exc))
-            return False
-
-    async def _wait_for_queue_room(self) -> None:
-        params = self._config.gossip
-        deadline = trio.current_time() + params.publish_max_wait
-        while True:
-            queues = list(self._pubsub.peer_queues.values())
-            if all(len(q) < params.queue_high_water for q in queues):
-                return
-            if trio.current_time() >= deadline:
-                self._count("publish_queue_full")
-                return
-            await trio.sleep(0.002)
+        return await self._gossip.publish(topic, data)
 
     async def subscribe(
         self, topic: str, *, buffer: int = 1024, include_own: bool = False
@@ -244,44 +148,7 @@ class Network:
         the message (counted ``subscriber_full:<topic>``). Own messages are skipped unless
         ``include_own``. Closing the returned channel unsubscribes that subscriber.
         """
-        send, recv = trio.open_memory_channel[Message](buffer)
-        subscribers = self._subscribers.get(topic)
-        if subscribers is None:
-            subscribers = self._subscribers[topic] = []
-            subscription = await self._pubsub.subscribe(topic)
-            self._nursery.start_soon(self._drain, topic, subscription, subscribers)
-        subscribers.append((send, include_own))
-        return recv
-
-    async def _drain(
-        self,
-        topic: str,
-        subscription: AsyncIterable[Any],
-        subscribers: list[_Subscriber],
-    ) -> None:
-        own = self._host.get_id().to_bytes()
-        try:
-            async for msg in subscription:
-                try:
-                    sender = str(ID(msg.from_id))
-                except Exception:
-                    self._count(f"invalid_sender:{topic}")
-                    continue
-                item = (sender, bytes(msg.data))
-                is_own = msg.from_id == own
-                for entry in list(subscribers):
-                    send, include_own = entry
-                    if is_own and not include_own:
-                        continue
-                    try:
-                        send.send_nowait(item)
-                    except trio.WouldBlock:
-                        self._count(f"subscriber_full:{topic}")
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        subscribers.remove(entry)
-        finally:
-            for send, _ in subscribers:
-                send.close()
+        return await self._gossip.subscribe(topic, buffer=buffer, include_own=include_own)
 
     # -- request / response --------------------------------------------------------------------
     def set_request_handler(
@@ -323,42 +190,6 @@ class Network:
         )
 
 
-def _listen_multiaddrs(host: str, port: int) -> list[multiaddr.Multiaddr]:
-    """What to listen on: the given IPv4 address, or every concrete IPv4 interface for 0.0.0.0
-    (sharing one port; a free one is picked first when ``port`` is 0)."""
-    if host != "0.0.0.0":
-        return [multiaddr.Multiaddr(f"/ip4/{host}/tcp/{port}")]
-    if port == 0:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("0.0.0.0", 0))
-            port = s.getsockname()[1]
-    addrs = [a for a in get_available_interfaces(port) if str(a).startswith("/ip4/")]
-    return addrs or [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")]
-
-
-def _connection_config(config: NetConfig) -> ConnectionConfig:
-    """py-libp2p's connection settings. Inbound connections are bounded: at most
-    ``LIBP2P_MAX_INBOUND`` at once, handshaking or not (py-libp2p's inbound slots are
-    ``max_connections - min_connections``; one beyond is closed on arrival) and ``LIBP2P_MAX_CONNECTIONS``
-    established ones; a connection whose Noise/PSK and muxer handshake is not done within
-    ``dial_timeout`` s (one that says nothing) is closed. Its accept loop is trio's
-    ``serve_listeners``, which pauses on ``EMFILE``/``ENFILE``/``ENOBUFS``/``ENOMEM``."""
-    return ConnectionConfig(
-        max_connections=LIBP2P_MAX_CONNECTIONS,
-        min_connections=LIBP2P_MAX_CONNECTIONS - LIBP2P_MAX_INBOUND,
-        dial_timeout=config.dial_timeout,
-        # a PSK mismatch stalls the upgrade; do not let the library hold it longer than a dial
-        inbound_upgrade_timeout=config.dial_timeout,
-        outbound_upgrade_timeout=config.dial_timeout,
-        enable_health_monitoring=True,
-        health_initial_delay=config.health_check_interval,
-        health_warmup_window=0.0,
-        health_check_interval=config.health_check_interval,
-        ping_timeout=config.health_ping_timeout,
-        abort_connection_on_ping_failure=True,
-    )
-
-
 @asynccontextmanager
 async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     """Start a libp2p host for ``config`` and yield its ``Network``; stop it on exit.
@@ -367,55 +198,14 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
     """
     libdrops.install()
     yamux_guard.install()  # whole messages on yamux streams (exo_p2p.net.yamux_guard)
-    params = config.gossip
     # Raise the library's per-subscription queue before any subscribe (docs/architecture.md#networking-notes, note 3).
-    pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = max(
-        pubsub_module.SUBSCRIPTION_CHANNEL_SIZE, params.subscription_channel_size
-    )
-    key_pair = config.identity.key_pair
-    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
-    psk = derive_psk(config.cluster_secret, config.cluster) if config.cluster_secret else None
-    listen = _listen_multiaddrs(config.listen_host, config.listen_port)
-    host = new_host(
-        key_pair=key_pair,
-        sec_opt={NOISE_PROTOCOL_ID: noise},  # Noise only: plaintext is refused (docs/architecture.md#networking-notes, note 5)
-        listen_addrs=listen,
-        psk=psk,
-        connection_config=_connection_config(config),
-    )
-    # one quick retry per address: the swarm's default (3 retries, 0.1-0.4 s apart) held a dial
-    # to a stale address ~1-2 s, and with it every other dial of that peer (the per-peer lock
-    # of ``Network._connect``); our re-dialler and mesh keeper back off themselves
-    host.get_network().retry_config = RetryConfig(  # type: ignore[attr-defined]
-        max_retries=defaults.DIAL_RETRIES, initial_delay=defaults.DIAL_RETRY_DELAY)
-    gossipsub = GossipSub(
-        protocols=[TProtocol(p) for p in params.protocols],
-        degree=params.degree,
-        degree_low=params.degree_low,
-        degree_high=params.degree_high,
-        heartbeat_interval=params.heartbeat_interval,
-        heartbeat_initial_delay=params.heartbeat_initial_delay,
-        prune_back_off=params.prune_back_off,
-        unsubscribe_back_off=params.unsubscribe_back_off,
-        adaptive_gossip_enabled=False,
-        spam_protection_enabled=False,
-        eclipse_protection_enabled=False,
-    )
+    raise_subscription_queue(config.gossip)
+    listen = listen_multiaddrs(config.listen_host, config.listen_port)
+    host = new_libp2p_host(config, listen)
+    gossipsub = gossip_router(config.gossip)
     pubsub = Pubsub(host, gossipsub, strict_signing=True)
-    mdns_hook: MdnsDialHook | None = None
     mdns_send, mdns_recv = trio.open_memory_channel[PeerInfo](256)
-    if config.mdns:
-        mdns_hook = MdnsDialHook(
-            own_id=str(host.get_id()), token=trio.lowlevel.current_trio_token(), send=mdns_send
-        )
-        peerDiscovery.register_peer_discovered_handler(mdns_hook.handler)
-        host.mDNS = create_mdns_discovery(  # type: ignore[attr-defined]
-            host.get_network(),
-            port=int(listen[0].value_for_protocol("tcp")),
-            private_network_fingerprint=mdns_fingerprint(config.cluster, config.cluster_secret),
-            host=host,
-        )
-
+    mdns_hook = start_mdns(host, config, listen, mdns_send) if config.mdns else None
     swarm = host.get_network()
     try:
         async with background_trio_service(pubsub), background_trio_service(gossipsub):
@@ -424,82 +214,54 @@ async def open_host(config: NetConfig) -> AsyncIterator[Network]:
                 try:
                     with trio.fail_after(10):
                         await pubsub.wait_until_ready()
-                    redialer = Redialer(
-                        dial_addr=lambda a: net.dial(a, timeout=config.dial_timeout),
-                        dial_peer=net._dial_known,
-                        is_connected=lambda p: p in net.connected_peers(),
-                        bootstrap=config.bootstrap,
-                        interval=config.redial_interval,
-                        max_backoff=config.redial_max_backoff,
-                        forget_after=config.forget_peer_after,
-                        counters=net._own_counters,
-                    )
-                    net._redialer = redialer
-                    nursery.start_soon(redialer.run)
-                    if config.mdns:
-                        nursery.start_soon(_mdns_dialer, net, mdns_recv, config.dial_timeout)
+                    _start_dialling(net, config, nursery, mdns_recv)
                     log.info("host up", node_id=net.node_id, addrs=net.listen_addrs())
                     yield net
                 finally:
-                    if mdns_hook is not None:
-                        net._count("mdns_discovery_dropped", mdns_hook.dropped)
-                    net._peers.close()
-                    nursery.cancel_scope.cancel()
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await _quiesce(host, swarm)
-                        listeners = list(swarm.listeners.values())  # type: ignore[attr-defined]
-                        for listener in listeners:
-                            try:
-                                await listener.close()
-                            except Exception as exc:
-                                log.debug("listener close failed", error=repr(exc))
+                    await _stop(net, host, swarm, nursery, mdns_hook)
     finally:
         if mdns_hook is not None:  # also when start-up failed (e.g. the port is taken)
-            peerDiscovery.unregister_peer_discovered_handler(mdns_hook.handler)
+            stop_mdns(mdns_hook)
 
 
-async def _quiesce(host: IHost, swarm) -> None:  # type: ignore[no-untyped-def]
-    """Stop what dials and pin the host's addresses before the listeners close.
-
-    Beyond networking note 1 (docs/architecture.md): GossipSub reads the host's addresses for every message it forwards
-    (``env_to_send_in_RPC`` → ``get_addrs`` → ``getsockname`` of each listener socket). A
-    message forwarded while a listener is closing hits a closed socket (EBADF), which fails the
-    Pubsub service and the whole ``trio.run`` (seen in 1 of ~20 shutdowns under traffic). The
-    Pubsub services must keep running until the swarm is gone (stopping them first brings back
-    "Nursery is closed to new arrivals"), so the addresses are frozen instead: the instance
-    attributes shadow the methods for the rest of this host's life.
-    """
-    transport_addrs = list(host.get_transport_addrs())
-    addrs = list(host.get_addrs())
-    host.get_transport_addrs = lambda: list(transport_addrs)  # type: ignore[method-assign]
-    host.get_addrs = lambda: list(addrs)  # type: ignore[method-assign]
-    await swarm.auto_connector.stop()
-
-
-async def _mdns_dialer(
-    net: Network, discovered: trio.MemoryReceiveChannel[PeerInfo], timeout: float
+def _start_dialling(
+    net: Network, config: NetConfig, nursery: trio.Nursery,
+    mdns_discovered: trio.MemoryReceiveChannel[PeerInfo],
 ) -> None:
-    """Dial peers found by mDNS (docs/architecture.md#networking-notes, note 6): the smaller peer id at once, the other side after
-    ``MDNS_FALLBACK_DELAY`` s if the pair is still apart. Failed peers go to the re-dialler."""
-    async with trio.open_nursery() as nursery:
-        async for info in discovered:
-            peer = str(info.peer_id)
-            if peer in net.connected_peers() or not net.peer_addrs(peer):
-                continue  # connected already, or another host's discovery (shared singleton)
-            log.debug("mdns discovered", peer=peer, addrs=[str(a) for a in info.addrs])
-            delay = 0.0 if should_dial(net.node_id, peer) else MDNS_FALLBACK_DELAY
-            nursery.start_soon(_dial_discovered, net, info, timeout, delay)
+    """Start the re-dialler (bootstrap and once-seen peers) and, with mDNS, the dialler of
+    discovered peers, in the host's nursery."""
+    dialer = net._dialer
+    redialer = Redialer(
+        dial_addr=lambda a: dialer.dial(a, timeout=config.dial_timeout),
+        dial_peer=dialer.dial_known,
+        is_connected=lambda p: p in net.connected_peers(),
+        bootstrap=config.bootstrap,
+        interval=config.redial_interval,
+        max_backoff=config.redial_max_backoff,
+        forget_after=config.forget_peer_after,
+        counters=net._own_counters,
+    )
+    net._redialer = redialer
+    nursery.start_soon(redialer.run)
+    if config.mdns:
+        mdns_dialer = MdnsDialer(
+            dialer=dialer, redialer=redialer, own_id=net.node_id,
+            is_connected=lambda p: p in net.connected_peers(), peer_addrs=net.peer_addrs,
+            count=net._count, timeout=config.dial_timeout,
+        )
+        nursery.start_soon(mdns_dialer.run, mdns_discovered)
 
 
-async def _dial_discovered(net: Network, info: PeerInfo, timeout: float, delay: float) -> None:
-    await trio.sleep(delay)
-    peer = str(info.peer_id)
-    if peer in net.connected_peers():
-        return
-    try:
-        await net._connect(info, timeout)
-    except DialError as exc:
-        net._count("mdns_dial_failed")
-        log.debug("mdns dial failed", peer=peer, error=str(exc))
-        if net._redialer is not None:
-            net._redialer.note_peer(peer, False)
+async def _stop(
+    net: Network, host: IHost, swarm, nursery: trio.Nursery,  # type: ignore[no-untyped-def]
+    mdns_hook: MdnsDialHook | None,
+) -> None:
+    """Stop the host's own tasks, then (shielded, within 5 s) quiesce the swarm and close its
+    listeners, while the Pubsub services and ``host.run`` still run (note 1)."""
+    if mdns_hook is not None:
+        net._count("mdns_discovery_dropped", mdns_hook.dropped)
+    net._peers.close()
+    nursery.cancel_scope.cancel()
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await quiesce(host, swarm)
+        await close_listeners(swarm)
