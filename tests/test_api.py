@@ -23,7 +23,7 @@ import structlog.testing
 import trio
 
 from exo_p2p.api import ApiBindError, NodeHealth, NodeSummary, create_app, serve
-from exo_p2p.api.generation import GenerationSettings
+from exo_p2p.api.generation_job import GenerationSettings
 from exo_p2p.state import apply, state_hash
 from exo_p2p.types import (
     CancelGeneration,

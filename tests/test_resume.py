@@ -12,7 +12,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.api.generation import GenerationSettings
+from exo_p2p.api.generation_job import GenerationSettings
 from exo_p2p.api.resume import (
     MOVABLE_CODE,
     GiveUp,

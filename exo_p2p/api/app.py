@@ -23,7 +23,7 @@ from exo_p2p.api.access import AccessGuard, AccessPolicy
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
-from exo_p2p.api.generation import GenerationSettings, send_error
+from exo_p2p.api.generation_job import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
 from exo_p2p.api.observe_routes import observe_routes
 from exo_p2p.api.routes import api_routes

@@ -20,7 +20,8 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
 from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, check_count_tokens_size
 from exo_p2p.api.errors import ApiError, decode_json
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, GenerationSettings, InFlight
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlight
 from exo_p2p.api.resume import MoveCounters
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.models.names import canonical_model_name

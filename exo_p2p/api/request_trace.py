@@ -1,5 +1,5 @@
 """``RequestTrace``: what one generation request did, noted as it is answered, turned into
-its ``RequestRecord`` at the end (``exo_p2p.api.generation`` calls it; docs/operations.md).
+its ``RequestRecord`` at the end (``exo_p2p.api.generation`` and ``exo_p2p.api.serving_task`` call it; docs/operations.md).
 
 It reads the chunks handed to the client (the first token's time, the last chunk's counts),
 the master's answers (instance, route) and the outcome the shared path settles on; it never

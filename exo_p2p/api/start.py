@@ -11,7 +11,7 @@ import trio
 
 from exo_p2p.api.access import AccessPolicy, is_loopback_host
 from exo_p2p.api.backend import ApiBackend
-from exo_p2p.api.generation import GenerationSettings
+from exo_p2p.api.generation_job import GenerationSettings
 from exo_p2p.config import NodeConfig
 
 log = structlog.get_logger("exo_p2p.node")

@@ -39,7 +39,8 @@ from exo_p2p.api.families.anthropic_tools import (
 )
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, sse, stop_strings
 from exo_p2p.api.formats import anthropic_output_format, extensions, output_format
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import NonEmptyStr, PositiveTokens, StopList, TopK, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
 

@@ -44,7 +44,8 @@ from exo_p2p.api.families.ollama_params import (  # noqa: F401 - the request typ
     OPTION_INT_LIMIT, RUNTIME_OPTIONS, ChatRequest, GenerateRequest, OllamaMessage, ShowRequest, chat_params, generate_params,
     options_fields)
 from exo_p2p.api.families.ollama_tools import calls_doc, ollama_thinking, with_parts
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.state import instance_view
 from exo_p2p.api.turn import Turn
 from exo_p2p.models.names import OLLAMA_PREFIX

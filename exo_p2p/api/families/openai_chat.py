@@ -31,7 +31,8 @@ from exo_p2p.api.families.openai_tools import (
     tool_result,
     usage_of,
 )
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
     AssistantMessage,
     ChatCompletion,

@@ -23,7 +23,8 @@ from exo_p2p.api.errors import ApiError, error_body
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
 from exo_p2p.api.families.openai_chat import DONE, openai_finish_reason
 from exo_p2p.api.formats import extensions, openai_response_format, output_format
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
     MinP,
     NonEmptyStr,

@@ -31,7 +31,8 @@ from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, refuse_se
 from exo_p2p.api.families.openai_chat import ROLE_ALIASES
 from exo_p2p.api.families.responses_tools import ItemsEncoder, responses_choice, responses_thinking, responses_tools, tool_item
 from exo_p2p.api.formats import extensions, output_format, responses_text_format
-from exo_p2p.api.generation import GenerationJob, GenerationResponse, new_task_id
+from exo_p2p.api.generation import GenerationResponse
+from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import ContentPart, NonEmptyStr, PositiveTokens, Temperature, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
 
