@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import structlog
 import trio
@@ -253,8 +254,7 @@ def _start_dialling(
 
 
 async def _stop(
-    net: Network, host: IHost, swarm, nursery: trio.Nursery,  # type: ignore[no-untyped-def]
-    mdns_hook: MdnsDialHook | None,
+    net: Network, host: IHost, swarm: Any, nursery: trio.Nursery, mdns_hook: MdnsDialHook | None
 ) -> None:
     """Stop the host's own tasks, then (shielded, within 5 s) quiesce the swarm and close its
     listeners, while the Pubsub services and ``host.run`` still run (note 1)."""
