@@ -90,16 +90,32 @@ def configure_logging(
     lvl = getattr(logging, level.upper(), logging.INFO)
     stream: IO[str] = sys.stderr
     if log_file is not None:
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        stream = open(log_file, "a", buffering=1, encoding="utf-8")
-        # whatever writes to fd 1/2 (runners, C libraries) goes to the file too; the
-        # terminal's stderr is kept for the one-line start errors
-        sys.stderr.flush()
-        sys.stdout.flush()
-        _user_stderr = os.fdopen(os.dup(2), "w", buffering=1)
-        os.dup2(stream.fileno(), 1)
-        os.dup2(stream.fileno(), 2)
+        stream, _user_stderr = _log_to_file(Path(log_file))
     _stream, _format = stream, fmt
+    _route_records(_formatter(fmt, stream, node_name, lvl), stream, lvl)
+    _log_uncaught()
+    os.environ[RUNNER_LOG_ENV] = json.dumps({"format": fmt, "node": node_name})
+    return stream
+
+
+def _log_to_file(log_file: Path) -> tuple[IO[str], IO[str]]:
+    """Open ``log_file`` (appended, line buffered, its directory made) and make fds 1 and 2
+    write to it, so whatever writes there (runners, C libraries) goes to the file too.
+    Returns the file and a copy of the terminal's stderr, kept for the one-line start errors."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    stream = open(log_file, "a", buffering=1, encoding="utf-8")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    user_stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    os.dup2(stream.fileno(), 1)
+    os.dup2(stream.fileno(), 2)
+    return stream, user_stderr
+
+
+def _formatter(fmt: str, stream: IO[str], node_name: str | None, lvl: int) -> logging.Formatter:
+    """Configure structlog (events at ``lvl`` and above, with level, UTC ISO time and
+    ``node``) and return the stdlib formatter that renders its events and other libraries'
+    records alike, as JSON or console text for ``stream``."""
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -112,7 +128,7 @@ def configure_logging(
         logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=True,
     )
-    formatter = structlog.stdlib.ProcessorFormatter(
+    return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
@@ -120,6 +136,11 @@ def configure_logging(
             _renderer(fmt, stream),
         ],
     )
+
+
+def _route_records(formatter: logging.Formatter, stream: IO[str], lvl: int) -> None:
+    """Every stdlib record at ``lvl`` and above (and ``warnings.warn``) to one handler on
+    ``stream`` rendered by ``formatter``; other libraries' loggers at their levels below."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
@@ -143,13 +164,15 @@ def configure_logging(
     # what our cluster layer turns into peer events; its errors still show.
     logging.getLogger("libp2p").setLevel(max(lvl, logging.ERROR))
 
+
+def _log_uncaught() -> None:
+    """Uncaught exceptions, in any thread, become critical records of ``exo_p2p``."""
+
     def excepthook(kind, value, tb):  # type: ignore[no-untyped-def]
         logging.getLogger("exo_p2p").critical("uncaught exception", exc_info=(kind, value, tb))
 
     sys.excepthook = excepthook
     threading.excepthook = lambda args: excepthook(args.exc_type, args.exc_value, args.exc_traceback)
-    os.environ[RUNNER_LOG_ENV] = json.dumps({"format": fmt, "node": node_name})
-    return stream
 
 
 class _JsonLines(io.TextIOBase):

@@ -602,6 +602,22 @@ def test_node_engine_flags_make_one_record(tmp_path):
     assert bad.value.exit_code == 2 and "--max-batch" in str(bad.value)
 
 
+def test_node_setting_flags_are_checked_in_order_and_kept_normalized():
+    """``node_flag_checks.setting_fields``: only the flags given become fields (the log level
+    lower-cased); the first bad one, in flag order, is the usage error."""
+    from exo_p2p.cli.errors import CliError
+    from exo_p2p.cli.node_flag_checks import setting_fields
+
+    assert setting_fields(None, None, None, None, None) == {}
+    assert setting_fields("1GiB", "stored", "load", "json", "DEBUG") == {
+        "memory_limit": 1 << 30, "cpu_weights": "stored", "routing": "load", "log_format": "json", "log_level": "debug"}
+    with pytest.raises(CliError) as bad:
+        setting_fields("64", None, "nearest", None, "loud")
+    assert bad.value.exit_code == 2 and "less than 64 MiB" in str(bad.value)
+    with pytest.raises(CliError, match="--routing"):
+        setting_fields(None, None, "nearest", None, "loud")
+
+
 def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):
     from exo_p2p.cli import cluster_cmds
 

@@ -1,20 +1,20 @@
 """One set of files under two names (docs/models.md): a node holding the same bytes as two
 models publishes both names with the one manifest, and ``GET /models/cluster`` lists every
 (name, manifest) pair. The rules are pure (``exo_p2p.models.held.held_models``,
-``exo_p2p.api.model_routes.cluster_models``); the depot test reads real files, no process."""
+``exo_p2p.api.model_routes.cluster_models``, ``instances_using``); the depot test reads real files, no process."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from exo_p2p.api.model_routes import cluster_models
+from exo_p2p.api.model_routes import cluster_models, instances_using
 from exo_p2p.models.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.models.held import held_models
 from exo_p2p.models.store import ModelStore
 from exo_p2p.models.synthetic import make_synthetic_model
-from exo_p2p.types import NodeId, State
+from exo_p2p.types import Instance, NodeId, ShardMetadata, State
 from exo_p2p.types.manifest import HeldModel
 from exo_p2p.types.topology import NodeProfile
 
@@ -46,6 +46,22 @@ def test_cluster_list_has_a_row_per_name_of_one_manifest() -> None:
         {"model": "tiny", "manifests": [{"digest": DIGEST, "complete": [a], "partial": []}]},
         {"model": "tiny-alias", "manifests": [{"digest": DIGEST, "complete": [a, b], "partial": []}]},
     ]
+
+
+def test_instances_using_are_the_live_ones_with_a_shard_here() -> None:
+    """``DELETE /models/{name}`` refuses while one of these runs: a live instance of the model
+    with a shard on this node; failed ones, other models and other nodes' shards do not count."""
+
+    def inst(iid: str, model: str, nodes: tuple[str, ...], failed: str | None = None) -> Instance:
+        shards = tuple(ShardMetadata(NodeId(n), f"r{iid}{r}", r, len(nodes), 0, 4, 4, 0, "boot")  # type: ignore[arg-type]
+                       for r, n in enumerate(nodes))
+        return Instance(instance_id=iid, model_id=model, sharding="pipeline", shards=shards, failed_reason=failed)  # type: ignore[arg-type]
+
+    state = State(instances={"b": inst("b", "tiny", ("x", "here")), "a": inst("a", "tiny", ("here",)),  # type: ignore[dict-item]
+                             "c": inst("c", "tiny", ("here",), failed="gone"), "d": inst("d", "other", ("here",)),
+                             "e": inst("e", "tiny", ("x",))})
+    assert instances_using(state, "tiny", "here") == ["a", "b"]
+    assert instances_using(state, "tiny", "nowhere") == []
 
 
 def test_depot_publishes_every_name_of_the_same_files(tmp_path: Path) -> None:

@@ -27,19 +27,13 @@ from starlette.routing import Route
 
 from exo_p2p.api.body import read_body
 from exo_p2p.api.errors import ApiError, decode_json
+from exo_p2p.api.views import json_response
 from exo_p2p.models.names import check_model_name
 from exo_p2p.types import State
-
-_json = msgspec.json.Encoder()
-
 
 class PullRequest(msgspec.Struct, frozen=True, rename={"from_node": "from"}):
     model: str
     from_node: str | None = None
-
-
-def _response(value: object, status: int = 200) -> Response:
-    return Response(_json.encode(value), status_code=status, media_type="application/json")
 
 
 def cluster_models(state: State) -> list[dict]:
@@ -55,6 +49,24 @@ def cluster_models(state: State) -> list[dict]:
             for name, m in sorted(by_name.items())]
 
 
+def instances_using(state: State, model: str, node_id: str) -> list[str]:
+    """The ids, sorted, of the instances in ``state`` that serve ``model`` with a shard on
+    ``node_id`` and have not failed: while any does, this node's copy of ``model`` stays (pure)."""
+    return sorted(i for i, inst in state.instances.items() if inst.model_id == model and inst.failed_reason is None
+                  and any(s.node_id == node_id for s in inst.shards))
+
+
+def source_node(backend, name: str | None) -> str | None:  # type: ignore[no-untyped-def]
+    """The node id a pull's ``from`` names (``backend.resolve_node``), or None when it names
+    none. Raises ``ApiError(400, param="from")`` for an unknown or ambiguous name."""
+    if not name:
+        return None
+    try:
+        return backend.resolve_node(name)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)[:2000], param="from") from None
+
+
 def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[no-untyped-def]
     """The routes above, or none when ``backend`` has no ``pulls``/``depot``."""
     if not (hasattr(backend, "pulls") and hasattr(backend, "depot")):
@@ -63,29 +75,24 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
 
     async def start_pull(request: Request) -> Response:
         req = decode_json(await read_body(request, max_body_bytes), PullRequest)
-        from_node = None
-        if req.from_node:
-            try:
-                from_node = backend.resolve_node(req.from_node)
-            except ValueError as exc:
-                raise ApiError(400, str(exc)[:2000], param="from") from None
+        from_node = source_node(backend, req.from_node)
         try:
             status = backend.pulls.start(req.model, from_node)
         except PullError as exc:
             code = 409 if isinstance(exc, PullConflict) else 400
             raise ApiError(code, str(exc)[:2000], param="model") from None
-        return _response(status, 201)
+        return json_response(status, 201)
 
     async def list_pulls(request: Request) -> Response:
-        return _response(sorted(backend.pulls.pulls.values(), key=lambda s: s.model))
+        return json_response(sorted(backend.pulls.pulls.values(), key=lambda s: s.model))
 
     async def list_unsupported(request: Request) -> Response:
         problems = backend.depot.store.unsupported()
-        return _response([{"model": p.model_id, "source": p.origin, "path": str(p.path), "reason": p.reason}
+        return json_response([{"model": p.model_id, "source": p.origin, "path": str(p.path), "reason": p.reason}
                           for p in problems])
 
     async def list_cluster_models(request: Request) -> Response:
-        return _response(cluster_models(backend.state()))
+        return json_response(cluster_models(backend.state()))
 
     async def remove_model(request: Request) -> Response:
         name = request.path_params["name"]
@@ -93,9 +100,7 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
             check_model_name(name)
         except ValueError as exc:
             raise ApiError(400, str(exc)[:2000], param="model") from None
-        state = backend.state()
-        using = sorted(i for i, inst in state.instances.items() if inst.model_id == name and inst.failed_reason is None
-                       and any(s.node_id == backend.node_id for s in inst.shards))
+        using = instances_using(backend.state(), name, backend.node_id)
         if using:
             raise ApiError(409, f"model {name!r} is used by instance(s) {', '.join(using)} on this node; "
                            f"delete them first", param="model")
@@ -109,7 +114,7 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
                            f"--models-dir dirs are never removed)", param="model")
         backend.depot.refresh()
         await backend.models_changed()
-        return _response({"removed": name, "paths": [str(p) for p in removed]})
+        return json_response({"removed": name, "paths": [str(p) for p in removed]})
 
     return [
         Route("/models/pull", start_pull, methods=["POST"]),

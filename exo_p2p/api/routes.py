@@ -3,10 +3,11 @@
 Generations: the routes of each family in ``exo_p2p.api.families`` (OpenAI chat,
 completions and responses, Anthropic messages, Ollama), all answered through
 ``exo_p2p.api.generation``; ``GET /v1/models/{id}``. Cluster:
-``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET|POST /instances``,
-``GET /instances/previews``, ``GET|DELETE /instances/{id}``, ``GET /health`` (no key
-needed). Debug: ``GET /debug/event-times`` (``ApiBackend.event_times``). Errors are raised
-as ``ApiError`` and answered in the route's family error shape by the app's handler.
+``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET /health`` (no key
+needed); instances: ``exo_p2p.api.instance_routes``; models travelling between nodes:
+``exo_p2p.api.model_routes``. Debug: ``GET /debug/event-times`` (``ApiBackend.event_times``).
+Errors are raised as ``ApiError`` and answered in the route's family error shape by the
+app's handler.
 """
 
 from __future__ import annotations
@@ -17,36 +18,37 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from exo_p2p.api.backend import ApiBackend
-from exo_p2p.api.body import read_body
-from exo_p2p.api.bounds import check_command_size, node_filter
 from exo_p2p.api.context import ApiConfig, ApiContext
-from exo_p2p.api.errors import ApiError, decode_json, error_response
+from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from exo_p2p.api.instance_routes import instance_routes
 from exo_p2p.api.model_routes import model_routes
-from exo_p2p.api.schemas import PlaceRequest
-from exo_p2p.api.views import instance_out, local_model, model_entry, model_list, state_document
-from exo_p2p.state import instance_view
-from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
+from exo_p2p.api.views import json_response, local_model, model_entry, model_list, state_document
 
-_json = msgspec.json.Encoder()
-
-
-def json_response(value: object, status: int = 200) -> Response:
-    """``value`` (Structs, dicts, lists) encoded by msgspec as a JSON response."""
-    return Response(_json.encode(value), status_code=status, media_type="application/json")
-
-
-__all__ = ["ApiConfig", "api_routes", "json_response"]
+__all__ = ["ApiConfig", "api_routes"]
 
 
 def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     """The routes of the API, bound to ``backend`` (closures; no global state)."""
     ctx = ApiContext(backend, config)
-    started = ctx.started
     config.observer.attach_api(lambda: ctx.inflight.count, lambda: (ctx.moves.moved, ctx.moves.failed))
+    return [
+        *openai_chat.routes(ctx),
+        *openai_completions.routes(ctx),
+        *openai_responses.routes(ctx),
+        *anthropic.routes(ctx),
+        *ollama.routes(ctx),
+        *cluster_routes(ctx),
+        *instance_routes(ctx),
+        *debug_routes(backend),
+        *model_routes(backend, config.max_body_bytes),  # models travel between nodes (docs/models.md)
+    ]
 
-    def _model_id(name: str) -> ModelId:
-        return ctx.model_id(name)
+
+def cluster_routes(ctx: ApiContext) -> list[Route]:
+    """The cluster's read-only routes: its models (``/v1/models``, ``/v1/models/{id}``, this
+    node's ``/models``), ``/state``, ``/nodes`` and ``/health``."""
+    backend, started = ctx.backend, ctx.started
 
     async def health(request: Request) -> Response:
         return json_response({"status": "ok", "node_id": backend.node_id})
@@ -76,63 +78,20 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     async def list_nodes(request: Request) -> Response:
         return json_response(backend.nodes())
 
-    async def list_instances(request: Request) -> Response:
-        state = backend.state()
-        views = [instance_out(instance_view(state, inst)) for _, inst in sorted(state.instances.items())]
-        return json_response(views)
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/models", list_local_models, methods=["GET"]),
+        Route("/state", get_state, methods=["GET"]),
+        Route("/nodes", list_nodes, methods=["GET"]),
+    ]
 
-    async def get_instance(request: Request) -> Response:
-        instance_id = request.path_params["instance_id"]
-        state = backend.state()
-        inst = state.instances.get(instance_id)
-        if inst is None:
-            raise ApiError(404, f"instance '{instance_id[:100]}' not found", param="instance_id")
-        return json_response(instance_out(instance_view(state, inst)))
 
-    async def place_instance(request: Request) -> Response:
-        body = await read_body(request, config.max_body_bytes)
-        req = decode_json(body, PlaceRequest)
-        command = PlaceInstance(
-            command_id=new_id(),
-            model_id=_model_id(req.model),
-            min_nodes=req.min_nodes,
-            sharding=req.sharding,
-            nodes=node_filter(req.nodes),
-        )
-        check_command_size(command)
-        result = await backend.command(command, timeout=config.command_timeout)
-        if result.error is not None:
-            return error_response(result.error)
-        if result.instance is None:
-            raise ApiError(500, "the master accepted the placement but returned no instance")
-        state = backend.state()
-        inst = state.instances.get(result.instance.instance_id, result.instance)
-        return json_response(instance_out(instance_view(state, inst)), status=201)
-
-    async def delete_instance(request: Request) -> Response:
-        instance_id = InstanceId(request.path_params["instance_id"])
-        result = await backend.command(DeleteInstance(command_id=new_id(), instance_id=instance_id), timeout=config.command_timeout)
-        if result.error is not None:
-            return error_response(result.error)
-        return json_response({"deleted": instance_id})
-
-    async def previews(request: Request) -> Response:
-        model = request.query_params.get("model")
-        if not model:
-            raise ApiError(400, "query parameter 'model' is required", param="model")
-        nodes = node_filter(request.query_params.getlist("nodes") or None)
-        model_id = _model_id(model)
-        if ctx.card(model) is None:  # a hub repo nobody read yet: its card first (docs/models.md)
-            model_id, error = await backend.read_from_hub(model_id)
-            if error is not None:
-                return error_response(error)
-        try:
-            found = backend.previews(ModelId(model_id), nodes)
-        except KeyError:
-            raise ApiError(404, f"model '{model[:200]}' is not known to the cluster", param="model", code="model_not_found") from None
-        except ValueError as exc:  # a required node that is unknown or ambiguous
-            raise ApiError(400, str(exc)[:2000], param="nodes") from None
-        return json_response(found)
+def debug_routes(backend: ApiBackend) -> list[Route]:
+    """``GET /debug/event-times?since=IDX``: when this node published, received and applied
+    the events from index ``IDX`` on (``ApiBackend.event_times``); 400 for a ``since`` that is not an integer, 404 when this
+    node records no event times."""
 
     async def event_times(request: Request) -> Response:
         try:
@@ -144,23 +103,4 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
             raise ApiError(404, "this node records no event times", code="not_found")
         return json_response(view)
 
-    return [
-        *openai_chat.routes(ctx),
-        *openai_completions.routes(ctx),
-        *openai_responses.routes(ctx),
-        *anthropic.routes(ctx),
-        *ollama.routes(ctx),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/models", list_local_models, methods=["GET"]),
-        Route("/state", get_state, methods=["GET"]),
-        Route("/nodes", list_nodes, methods=["GET"]),
-        Route("/instances", list_instances, methods=["GET"]),
-        Route("/instances", place_instance, methods=["POST"]),
-        Route("/instances/previews", previews, methods=["GET"]),
-        Route("/instances/{instance_id}", get_instance, methods=["GET"]),
-        Route("/instances/{instance_id}", delete_instance, methods=["DELETE"]),
-        Route("/debug/event-times", event_times, methods=["GET"]),
-        *model_routes(backend, config.max_body_bytes),  # models travel between nodes (docs/models.md)
-    ]
+    return [Route("/debug/event-times", event_times, methods=["GET"])]

@@ -1,4 +1,5 @@
-"""Pure conversions from State and node facts to the JSON documents of the cluster endpoints."""
+"""Pure conversions from State and node facts to the JSON documents of the cluster endpoints,
+and ``json_response``, the response that carries them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+from starlette.responses import Response
 
 from exo_p2p.api.backend import NodeHealth
 from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, ShardView
@@ -14,6 +16,12 @@ from exo_p2p.state import InstanceView, state_hash
 from exo_p2p.types import ModelCard, State
 
 OWNED_BY = "exo-p2p"
+_json = msgspec.json.Encoder()
+
+
+def json_response(value: object, status: int = 200) -> Response:
+    """``value`` (Structs, dicts, lists) encoded by msgspec as a JSON response."""
+    return Response(_json.encode(value), status_code=status, media_type="application/json")
 
 
 def instance_out(view: InstanceView) -> InstanceOut:

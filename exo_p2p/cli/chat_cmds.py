@@ -36,16 +36,26 @@ QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", help="Leave out the line of figures (TTFT, tokens/s, finish reason) on stderr after each answer."),
 ]
+PromptArg = Annotated[
+    Optional[str],
+    typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
+]
+RunDataDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--data-dir", help="Data dir of the node started when none answers (default: as `exo-p2p node`)."),
+]
+ReadyTimeoutOpt = Annotated[float, typer.Option("--timeout", min=0, help="Seconds to wait for the model to be ready.")]
+LanOpt = Annotated[
+    bool,
+    typer.Option("--lan", help="The node started for this command joins the LAN's default cluster (mDNS) instead of staying private."),
+]
 
 
 @app.command()
 @handled
 def chat(
     ctx: typer.Context,
-    prompt: Annotated[
-        Optional[str],
-        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
-    ] = None,
+    prompt: PromptArg = None,
     model: ModelOpt = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
@@ -99,27 +109,15 @@ def ensure_ready_instance(
 def run(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(metavar="MODEL", callback=model_name, help="Model id.")] = EMBEDDED_MODEL,
-    prompt: Annotated[
-        Optional[str],
-        typer.Argument(metavar="PROMPT", help="Ask this and exit; chat interactively when omitted."),
-    ] = None,
+    prompt: PromptArg = None,
     max_tokens: MaxTokensOpt = None,
     temperature: TemperatureOpt = None,
     system: SystemOpt = None,
     json_object: JsonAnswerOpt = False,
     schema: SchemaOpt = None,
-    data_dir: Annotated[
-        Optional[Path],
-        typer.Option(help="Data dir of the node started when none answers (default: as `exo-p2p node`)."),
-    ] = None,
-    timeout: Annotated[
-        float,
-        typer.Option(min=0, help="Seconds to wait for the model to be ready."),
-    ] = PLACE_TIMEOUT,
-    lan: Annotated[
-        bool,
-        typer.Option("--lan", help="The node started for this command joins the LAN's default cluster (mDNS) instead of staying private."),
-    ] = False,
+    data_dir: RunDataDirOpt = None,
+    timeout: ReadyTimeoutOpt = PLACE_TIMEOUT,
+    lan: LanOpt = False,
     quiet: QuietOpt = False,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
@@ -144,21 +142,8 @@ def run(
     api_url = resolve_api_url(explicit, endpoint.DEFAULT_API)
     console = stderr_console()
     with ExitStack() as stack:
-        probe = stack.enter_context(NodeClient(api_url, api_key=key))
-        started_node = False
-        if not probe.ping():
-            if explicit:
-                raise NodeUnreachable(
-                    f"nothing answers at {api_url} (the --api given); start a node there, "
-                    "or leave out --api to run a node for this command"
-                )
-            directory = (data_dir or default_data_dir()).expanduser()
-            where = "joining the LAN's default cluster" if lan else "private: loopback only, no mDNS"
-            console.print(
-                f"no node answers at {api_url}; starting one for this command ({where}; data dir {directory})"
-            )
-            api_url = stack.enter_context(running_node(directory, console, private=not lan))
-            started_node = True
+        api_url, started_node = node_for_run(stack, api_url, key, explicit=bool(explicit), data_dir=data_dir, lan=lan,
+                                             console=console)
         client = stack.enter_context(NodeClient(api_url, api_key=key))
 
         def placed(instance_id: str) -> None:
@@ -176,6 +161,28 @@ def run(
             chat_once(client, model, prompt, **params)
         else:
             repl(client, model, **params)
+
+
+def node_for_run(stack: ExitStack, api_url: str, key: str | None, *, explicit: bool, data_dir: Path | None, lan: bool,
+                 console: Console) -> tuple[str, bool]:
+    """The API URL ``run`` talks to and whether ``run`` started its node: ``api_url`` when a
+    node answers there; else a node started for this command in ``stack`` (stopped when it
+    closes; private unless ``lan``; data dir ``data_dir`` or the default). Raises
+    ``NodeUnreachable`` when nothing answers at an address the user gave (``explicit``)."""
+    probe = stack.enter_context(NodeClient(api_url, api_key=key))
+    if probe.ping():
+        return api_url, False
+    if explicit:
+        raise NodeUnreachable(
+            f"nothing answers at {api_url} (the --api given); start a node there, "
+            "or leave out --api to run a node for this command"
+        )
+    directory = (data_dir or default_data_dir()).expanduser()
+    where = "joining the LAN's default cluster" if lan else "private: loopback only, no mDNS"
+    console.print(
+        f"no node answers at {api_url}; starting one for this command ({where}; data dir {directory})"
+    )
+    return stack.enter_context(running_node(directory, console, private=not lan)), True
 
 
 def _refuse_empty(prompt: str | None) -> None:

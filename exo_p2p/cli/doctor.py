@@ -123,24 +123,36 @@ def _label(n: dict) -> str:
 def diagnose(f: Findings) -> list[str]:
     """The report's lines: this node (addresses, ports), mDNS, peers (known, reachable,
     refused), then hints. Pure."""
-    lines: list[str] = []
     me = next((n for n in f.nodes if n.get("is_self")), {"node_id": f.state.get("node_id")})
     peers = [n for n in f.nodes if not n.get("is_self")]
     ports = sorted({hp[1] for a in me.get("addrs") or [] if (hp := host_port(a))})
+    bootstrap, refused = bootstrap_lines(f)
+    hints = doctor_hints(f, peers, ports, bool(failing_bootstraps(f.state)) and not refused)
+    return [*node_lines(f, me, ports), mdns_line(f), *peer_lines(f, me, peers), *bootstrap,
+            *(f"hint: {hint}" for hint in hints)]
+
+
+def node_lines(f: Findings, me: dict, ports: list[int]) -> list[str]:
+    """This node: its name, API and master, its libp2p TCP ports and its addresses."""
     master = next((_label(n) for n in f.nodes if n.get("node_id") == f.state.get("master")), f.state.get("master") or "none yet")
-    lines.append(f"this node: {_label(me)}, API {f.api_url}, master {master}")
-    lines.append(f"  libp2p TCP port{'s' if len(ports) != 1 else ''}: {', '.join(map(str, ports)) or 'unknown'}")
-    for addr in me.get("addrs") or []:
-        lines.append(f"  address: {addr}")
+    lines = [f"this node: {_label(me)}, API {f.api_url}, master {master}",
+             f"  libp2p TCP port{'s' if len(ports) != 1 else ''}: {', '.join(map(str, ports)) or 'unknown'}"]
+    return lines + [f"  address: {addr}" for addr in me.get("addrs") or []]
 
+
+def mdns_line(f: Findings) -> str:
+    """Whether mDNS could be listened to, and how many exo-p2p clusters announced meanwhile."""
     if f.mdns_types is None:
-        lines.append("mDNS: could not listen on this machine (UDP 5353)")
-    elif not f.mdns_types:
-        lines.append(f"mDNS: no exo-p2p announcement seen in {f.mdns_seconds:g} s (multicast blocked, or every node runs --no-mdns)")
-    else:
-        lines.append(f"mDNS: announcements of {len(f.mdns_types)} exo-p2p cluster{'s' if len(f.mdns_types) > 1 else ''} seen in {f.mdns_seconds:g} s")
+        return "mDNS: could not listen on this machine (UDP 5353)"
+    if not f.mdns_types:
+        return f"mDNS: no exo-p2p announcement seen in {f.mdns_seconds:g} s (multicast blocked, or every node runs --no-mdns)"
+    return f"mDNS: announcements of {len(f.mdns_types)} exo-p2p cluster{'s' if len(f.mdns_types) > 1 else ''} seen in {f.mdns_seconds:g} s"
 
-    lines.append(f"peers known: {len(peers)}")
+
+def peer_lines(f: Findings, me: dict, peers: list[dict]) -> list[str]:
+    """Each known peer: heard from within ``PEER_TIMEOUT`` or not (then its TCP probes), and
+    the link figures this node measured to it."""
+    lines = [f"peers known: {len(peers)}"]
     for n in peers:
         seen = n.get("last_seen")
         heard = seen is not None and seen <= PEER_TIMEOUT
@@ -154,10 +166,14 @@ def diagnose(f: Findings) -> list[str]:
         for link in me.get("links") or []:
             if link.get("sink") == n.get("node_id"):
                 lines.append(f"    link at {link.get('address')}: {link_text(link.get('rtt_us'), link.get('bytes_per_s'))}")
+    return lines
 
-    failing = failing_bootstraps(f.state)
-    refused = []
-    for addr, error in failing.items():
+
+def bootstrap_lines(f: Findings) -> tuple[list[str], list[str]]:
+    """A line per bootstrap address the node fails to dial, and those of them refused: their
+    TCP port answers, so the libp2p handshake failed (another cluster secret or name)."""
+    lines, refused = [], []
+    for addr, error in failing_bootstraps(f.state).items():
         hp = host_port(addr)
         tcp = f.tcp.get(hp) if hp else None
         if tcp == "open":
@@ -166,7 +182,13 @@ def diagnose(f: Findings) -> list[str]:
                          "the two nodes do not share the cluster secret or cluster name (--cluster-secret, --cluster)")
         else:
             lines.append(f"unreachable: {addr}: {_tcp_text(tcp) if tcp else error}")
+    return lines, refused
 
+
+def doctor_hints(f: Findings, peers: list[dict], ports: list[int], bootstrap_silent: bool) -> list[str]:
+    """What to try: with no peer, the cluster flags, the firewall rules and ``--bootstrap``;
+    when a bootstrap address fails and none was refused (``bootstrap_silent``), checking that
+    node and its port."""
     hints = []
     if not peers:
         hints.append("this node sees no other node.")
@@ -178,8 +200,6 @@ def diagnose(f: Findings) -> list[str]:
                      f"or `sudo firewall-cmd --add-port={port}/tcp --add-service=mdns`.")
         hints.append("where multicast is blocked (Wi-Fi isolation, VLANs, VPNs), start the other node with "
                      "`--bootstrap ADDRESS` using an address above.")
-    elif failing and not refused:
+    elif bootstrap_silent:
         hints.append("a bootstrap address does not answer: check that node runs and the firewall allows its TCP port.")
-    for hint in hints:
-        lines.append(f"hint: {hint}")
-    return lines
+    return hints

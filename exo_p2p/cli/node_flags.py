@@ -8,7 +8,8 @@ settings, ``exo_p2p.settings_table.SETTINGS``, which also renders docs/configura
 value neither given on the command line nor in the environment comes from the data dir's
 ``config.toml`` (``node_flag_values``), keyed by the flag's name. Adding a flag: one
 ``Setting`` in the table, one alias here, one parameter of ``node``
-(``exo_p2p.cli.cluster_cmds``), one keyword in ``node_config`` and ``build_node_config``, one
+(``exo_p2p.cli.cluster_cmds``), one keyword in ``node_config``, one ``NodeFlags`` field
+(``exo_p2p.cli.node_cmd``; its check, if any, in ``exo_p2p.cli.node_flag_checks``), one
 ``NodeConfig`` field (an engine setting: one ``EngineSettings`` field,
 ``exo_p2p.types.engine``); then run scripts/gen_config_docs.py.
 """

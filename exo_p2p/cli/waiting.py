@@ -11,7 +11,7 @@ from collections.abc import Callable
 from rich.console import Console
 from datetime import timedelta
 
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
 from rich.text import Text
 
 from exo_p2p.cli.client import NodeClient
@@ -104,35 +104,19 @@ def wait_until_ready(
     instance_id = instance["instance_id"]
     deadline = clock() + timeout
     current = instance
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        TextColumn("{task.fields[phase]}"),
-        BarColumn(),
-        _Amount(),
-        _Clock(),
-        console=console,
-        transient=False,
-    ) as progress:
+    with _bar(console) as progress:
         task = progress.add_task(str(instance.get("model", instance_id)), total=None, phase=instance_phase(instance),
                                  unit="layers", speed=0.0)
         shown_phase = None
         while True:
-            total = current.get("layers_total") or None
-            phase = instance_phase(current)
-            download = download_figures(current)
-            if download is not None and download[1] > 0:
-                progress.update(task, total=download[1], completed=download[0], phase=phase, unit="bytes",
-                                speed=download[2], from_peers=download[3], from_hub=download[4])
-            else:
-                progress.update(task, total=total, completed=current.get("layers_loaded") or 0, phase=phase,
-                                unit="layers")
+            phase = show_figures(progress, task, current)
             if phase != shown_phase and not console.is_terminal:
                 # no live bar outside a terminal: one line per phase instead
                 console.print(f"{instance.get('model', instance_id)}: {phase}")
             shown_phase = phase
             status = current.get("status")
             if status == "ready":
-                if total:
+                if total := current.get("layers_total") or None:
                     progress.update(task, completed=total)
                 return current
             if status == "failed":
@@ -141,16 +125,46 @@ def wait_until_ready(
                     f"{current.get('reason') or 'no reason given'}"
                 )
             if clock() >= deadline:
-                raise CliError(
-                    f"instance {instance_id} is not ready after {timeout:g} s "
-                    f"(status {status}, {current.get('layers_loaded', 0)}/"
-                    f"{current.get('layers_total', '?')} layers); it keeps loading — "
-                    "see `exo-p2p instances`"
-                )
+                raise not_ready_error(instance_id, current, timeout)
             sleep(poll_interval)
-            try:
-                current = client.instance(instance_id)
-            except ApiError as e:
-                if e.status == 404:
-                    raise CliError(f"instance {instance_id} was deleted while loading") from e
-                raise
+            current = _poll(client, instance_id)
+
+
+def _bar(console: Console) -> Progress:
+    """The wait's progress bar: model, phase, bar, amount (``_Amount``) and clock (``_Clock``)."""
+    return Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.fields[phase]}"), BarColumn(), _Amount(),
+                    _Clock(), console=console, transient=False)
+
+
+def show_figures(progress: Progress, task: TaskID, current: dict) -> str:
+    """Put ``current``'s figures on the bar: bytes while some shard downloads, else layers
+    loaded / total. Returns its phase (``instance_phase``)."""
+    phase = instance_phase(current)
+    download = download_figures(current)
+    if download is not None and download[1] > 0:
+        progress.update(task, total=download[1], completed=download[0], phase=phase, unit="bytes",
+                        speed=download[2], from_peers=download[3], from_hub=download[4])
+    else:
+        progress.update(task, total=current.get("layers_total") or None, completed=current.get("layers_loaded") or 0,
+                        phase=phase, unit="layers")
+    return phase
+
+
+def not_ready_error(instance_id: str, current: dict, timeout: float) -> CliError:
+    """The error of a wait that ran out: the instance's status and layers so far."""
+    return CliError(
+        f"instance {instance_id} is not ready after {timeout:g} s "
+        f"(status {current.get('status')}, {current.get('layers_loaded', 0)}/"
+        f"{current.get('layers_total', '?')} layers); it keeps loading — "
+        "see `exo-p2p instances`"
+    )
+
+
+def _poll(client: NodeClient, instance_id: str) -> dict:
+    """The instance's state now. Raises ``CliError`` when it is gone (404: deleted)."""
+    try:
+        return client.instance(instance_id)
+    except ApiError as e:
+        if e.status == 404:
+            raise CliError(f"instance {instance_id} was deleted while loading") from e
+        raise

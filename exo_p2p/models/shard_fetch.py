@@ -166,21 +166,8 @@ async def fetch_shard(
         peers = holders(state, digest, me)
         source = _hub_source(state, instance, hub)
         try:
-            try:
-                manifest = await _manifest(depot, net, digest, peers)
-            except FetchError:
-                if source is None:
-                    raise
-                manifest = await hub_manifest(hub, source, depot)  # type: ignore[arg-type]
-            client = hub.client(source.repo_id, source.revision) if source is not None and hub is not None else None
-            wanted = wanted_chunks(manifest, instance, shard, tied=tied)
-            # taken before the fetch: a pull completing this copy meanwhile moves it to
-            # pulled/ and this object with it (ModelDepot.promote), a new one would be empty
-            partial = depot.partial(manifest)
-            report = await _fetch_hub_aware(depot, net, manifest, instance, shard, wanted, peers, client,
-                                            tied=tied, limits=limits, on_progress=on_progress)
-            if client is not None:
-                await verify_files(partial, client)
+            manifest, partial, wanted, report = await _fetch_round(depot, net, instance, shard, peers, source, hub, tied=tied,
+                                                                   limits=limits, on_progress=on_progress)
         except (FetchError, HubError) as exc:
             last = exc
             log.warning("shard fetch round failed", instance_id=instance.instance_id, rank=shard.rank,
@@ -195,3 +182,27 @@ async def fetch_shard(
     assert last is not None
     raise FetchError(f"shard of rank {shard.rank} not fetched after {rounds} rounds: {last}")
 
+
+async def _fetch_round(depot: ModelDepot, net, instance: Instance, shard: ShardMetadata, peers: list[str],  # type: ignore[no-untyped-def]
+                       source: HubSource | None, hub: HubAccess | None, *, tied: bool, limits: FetchLimits,
+                       on_progress: Progress | None):
+    """One round of ``fetch_shard``: the manifest (from ``peers``, else the hub ``source``),
+    then this rank's wanted chunks from ``peers`` (and the hub), the hub's files checked.
+    Returns ``(manifest, partial copy, wanted chunks, fetch report)``; raises ``FetchError``
+    or ``HubError`` when the round fails."""
+    try:
+        manifest = await _manifest(depot, net, instance.model_digest, peers)
+    except FetchError:
+        if source is None:
+            raise
+        manifest = await hub_manifest(hub, source, depot)  # type: ignore[arg-type]
+    client = hub.client(source.repo_id, source.revision) if source is not None and hub is not None else None
+    wanted = wanted_chunks(manifest, instance, shard, tied=tied)
+    # taken before the fetch: a pull completing this copy meanwhile moves it to
+    # pulled/ and this object with it (ModelDepot.promote), a new one would be empty
+    partial = depot.partial(manifest)
+    report = await _fetch_hub_aware(depot, net, manifest, instance, shard, wanted, peers, client,
+                                    tied=tied, limits=limits, on_progress=on_progress)
+    if client is not None:
+        await verify_files(partial, client)
+    return manifest, partial, wanted, report

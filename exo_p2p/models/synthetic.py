@@ -123,6 +123,29 @@ def _random_weights(model: nn.Module, seed: int, hidden_size: int) -> dict[str, 
     return out
 
 
+def _weights(config: dict, *, seed: int, dtype: str, quantize: bool) -> tuple[dict[str, mx.array], dict | None]:
+    """The weights of the llama model ``config`` describes (``_random_weights``, cast to
+    ``dtype``) and, with ``quantize``, its ``quantization`` entry: 4-bit affine group 32 for
+    the linears, 8-bit for the embedding (else None)."""
+    from mlx_lm.models.llama import Model, ModelArgs
+
+    model = Model(ModelArgs.from_dict(config))
+    weights = _random_weights(model, seed, config["hidden_size"])
+    if dtype != "float32":
+        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    if not quantize:
+        return weights, None
+    model.load_weights(list(weights.items()))
+    overrides = {"model.embed_tokens": {"group_size": 32, "bits": 8}}
+    nn.quantize(
+        model,
+        group_size=32,
+        bits=4,
+        class_predicate=lambda p, m: overrides.get(p, hasattr(m, "to_quantized")),
+    )
+    return dict(tree_flatten(model.parameters())), {"group_size": 32, "bits": 4, **overrides}
+
+
 def write_tokenizer_files(out_dir: Path, tok, context_length: int, chat_template: ChatTemplateWhere,
                           template: str = CHATML_TEMPLATE) -> None:
     """Write ``tok`` (``_build_tokenizer``'s) as ``tokenizer.json`` with its
@@ -188,7 +211,6 @@ def make_synthetic_model(
     Deterministic for a given set of arguments.
     """
     from exo_p2p.models.agent_template import AGENT_TEMPLATE, AGENT_TOKENS
-    from mlx_lm.models.llama import Model, ModelArgs
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,21 +226,9 @@ def make_synthetic_model(
         context_length=context_length,
         tie_word_embeddings=tie_word_embeddings,
     )
-    model = Model(ModelArgs.from_dict(config))
-    weights = _random_weights(model, seed, hidden_size)
-    if dtype != "float32":
-        weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
-    if quantize:
-        model.load_weights(list(weights.items()))
-        overrides = {"model.embed_tokens": {"group_size": 32, "bits": 8}}
-        nn.quantize(
-            model,
-            group_size=32,
-            bits=4,
-            class_predicate=lambda p, m: overrides.get(p, hasattr(m, "to_quantized")),
-        )
-        weights = dict(tree_flatten(model.parameters()))
-        config["quantization"] = {"group_size": 32, "bits": 4, **overrides}
+    weights, quantization = _weights(config, seed=seed, dtype=dtype, quantize=quantize)
+    if quantization is not None:
+        config["quantization"] = quantization
         config["quantization_config"] = config["quantization"]
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))

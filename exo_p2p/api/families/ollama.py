@@ -1,6 +1,6 @@
-"""Ollama's native API: ``/api/chat``, ``/api/generate`` (NDJSON streams), ``/api/tags``,
-``/api/ps``, ``/api/show``, ``/api/version``, and ``HEAD /`` / ``GET /`` ("Ollama is running",
-which clients probe).
+"""Ollama's native API: ``/api/chat``, ``/api/generate`` (NDJSON streams), and ``HEAD /`` /
+``GET /`` ("Ollama is running", which clients probe); ``/api/tags``, ``/api/ps``,
+``/api/show`` and ``/api/version`` are ``exo_p2p.api.families.ollama_models``'.
 
 A ``model`` the cluster does not know by that name is looked up as an Ollama store's model
 (``llama3.2`` -> ``ollama:llama3.2:latest``, docs/models.md#model-stores), so a client that
@@ -26,9 +26,7 @@ route named ``dashboard`` when the app has one, everyone else "Ollama is running
 
 from __future__ import annotations
 
-import hashlib
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
@@ -38,30 +36,23 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.context import ApiContext
-from exo_p2p.api.errors import ApiError, ollama_error_body
+from exo_p2p.api.errors import ollama_error_body
 from exo_p2p.api.families.common import one_line_json
 from exo_p2p.api.families.ollama_params import (  # noqa: F401 - the request types and rules, re-exported
     OPTION_INT_LIMIT, RUNTIME_OPTIONS, ChatRequest, GenerateRequest, OllamaMessage, ShowRequest, chat_params, generate_params,
     options_fields)
+from exo_p2p.api.families.ollama_models import known, meant, model_routes, timestamp
 from exo_p2p.api.families.ollama_tools import calls_doc, ollama_thinking, with_parts
 from exo_p2p.api.generation import GenerationResponse
 from exo_p2p.api.generation_job import GenerationJob, new_task_id
-from exo_p2p.state import instance_view
 from exo_p2p.api.turn import Turn
-from exo_p2p.models.names import OLLAMA_PREFIX
-from exo_p2p.types import ErrorInfo, FinishChunk, ModelCard, ModelId, ToolCall
+from exo_p2p.types import ErrorInfo, FinishChunk, ToolCall
 
-OLLAMA_VERSION = "0.12.0"
-"""The Ollama version ``/api/version`` reports (clients check for a recent enough one)."""
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
 ROOT_TEXT = "Ollama is running"
 DASHBOARD_ROUTE = "dashboard"
 """Name of the route ``GET /`` serves to browsers (registered by the dashboard, if any)."""
 _json = msgspec.json.Encoder()
-def timestamp(unix: float | None = None) -> str:
-    """RFC 3339 UTC with microseconds, as Ollama's ``created_at``."""
-    moment = datetime.fromtimestamp(time.time() if unix is None else unix, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class OllamaEncoder:
@@ -140,23 +131,6 @@ class OllamaEncoder:
         return Response(_json.encode(doc) + b"\n", media_type="application/json")
 
 
-def _digest(model_id: str) -> str:
-    return hashlib.sha256(model_id.encode()).hexdigest()
-
-
-def _details(card: ModelCard) -> dict[str, Any]:
-    return {"parent_model": "", "format": "mlx", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
-
-
-def _entry(card: ModelCard, modified: str) -> dict[str, Any]:
-    return {"name": card.model_id, "model": card.model_id, "modified_at": modified, "size": card.storage_size,
-            "digest": _digest(card.model_id), "details": _details(card)}
-
-
-def _json_response(doc: Any) -> Response:
-    return Response(_json.encode(doc), media_type="application/json")
-
-
 def accepts_html(request: Request) -> bool:
     """Whether the client says it takes ``text/html`` (a browser navigating to the page)."""
     return "text/html" in request.headers.get("accept", "").lower()
@@ -169,35 +143,30 @@ def _route_named(request: Request, name: str) -> Route | None:
     return None
 
 
+async def root(request: Request) -> Response | ASGIApp:
+    """``GET|HEAD /``: "Ollama is running", which clients probe; a browser (``accepts_html``)
+    gets the route named ``DASHBOARD_ROUTE`` instead when the app has one."""
+    if request.method == "GET" and accepts_html(request):
+        page = _route_named(request, DASHBOARD_ROUTE)
+        if page is not None:
+            async def serve_page(scope: Scope, receive: Receive, send: Send) -> None:
+                await page.handle(scope, receive, send)
+            return serve_page  # type: ignore[return-value]
+    return PlainTextResponse(ROOT_TEXT)
+
+
 def routes(ctx: ApiContext) -> list[Route]:
-    """The Ollama routes (see the module docstring)."""
-
-    def meant(name: str) -> ModelId:
-        """The model an Ollama client means: ``name`` when the cluster knows it, else the Ollama
-        store's model of that name (``llama3.2`` -> ``ollama:llama3.2:latest``,
-        docs/models.md#model-stores), else ``name`` (404 later)."""
-        given = ctx.model_id(name)
-        cards = ctx.backend.state().model_cards
-        if given in cards or name.startswith(OLLAMA_PREFIX):
-            return given
-        store = ctx.model_id(OLLAMA_PREFIX + name)
-        return store if store in cards else given
-
-    def known(model: str) -> ModelCard:
-        card = ctx.card(meant(model))
-        if card is None:
-            raise ApiError(404, f"model '{model[:200]}' not found", param="model", code="model_not_found")
-        return card
+    """The Ollama routes (see the module docstring); the model endpoints are ``ollama_models``'."""
 
     async def answer(request: Request, kind: str, request_type, to_params) -> Response | GenerationResponse:  # type: ignore[no-untyped-def]
         """``/api/chat`` (``kind`` "chat") and ``/api/generate``: one generation, or the
         "load" answer Ollama gives a request without messages/prompt."""
         r = await ctx.read_json(request, request_type)
         params = await ctx.job(to_params, r)
-        wanted = meant(r.model)
+        wanted = meant(ctx, r.model)
         encoder = OllamaEncoder(wanted, kind, think=bool(ollama_thinking(r.think)))
         if params is None:
-            known(r.model)
+            known(ctx, r.model)
             return encoder.load_answer()
         return ctx.generate(GenerationJob(model_id=wanted, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
 
@@ -207,63 +176,9 @@ def routes(ctx: ApiContext) -> list[Route]:
     async def generate(request: Request) -> Response | GenerationResponse:
         return await answer(request, "generate", GenerateRequest, generate_params)
 
-    async def tags(request: Request) -> Response:
-        modified = timestamp(ctx.started)
-        cards = sorted(ctx.backend.state().model_cards.values(), key=lambda c: c.model_id)
-        return _json_response({"models": [_entry(c, modified) for c in cards]})
-
-    async def ps(request: Request) -> Response:
-        state = ctx.backend.state()
-        ready = sorted({inst.model_id for inst in state.instances.values() if instance_view(state, inst).status == "ready"})
-        expires = "2999-01-01T00:00:00Z"
-        models = []
-        for model_id in ready:
-            card = state.model_cards.get(model_id)
-            if card is None:
-                continue
-            entry = _entry(card, timestamp(ctx.started))
-            entry.pop("modified_at")
-            models.append({**entry, "expires_at": expires, "size_vram": 0, "context_length": card.context_length})
-        return _json_response({"models": models})
-
-    async def show(request: Request) -> Response:
-        r = await ctx.read_json(request, ShowRequest)
-        name = r.model or r.name
-        if not name:
-            raise ApiError(400, "model is required", param="model")
-        card = known(name)
-        info = {
-            "general.architecture": "llama",
-            "llama.context_length": card.context_length,
-            "llama.embedding_length": card.hidden_size,
-            "llama.block_count": card.n_layers,
-            "llama.attention.head_count": card.num_attention_heads,
-            "llama.attention.head_count_kv": card.num_key_value_heads,
-            "llama.vocab_size": card.vocab_size,
-        }
-        return _json_response({
-            "modelfile": "", "parameters": "", "template": "", "details": _details(card), "model_info": info,
-            "capabilities": ["completion"], "modified_at": timestamp(ctx.started),
-        })
-
-    async def version(request: Request) -> Response:
-        return _json_response({"version": OLLAMA_VERSION})
-
-    async def root(request: Request) -> Response | ASGIApp:
-        if request.method == "GET" and accepts_html(request):
-            page = _route_named(request, DASHBOARD_ROUTE)
-            if page is not None:
-                async def serve_page(scope: Scope, receive: Receive, send: Send) -> None:
-                    await page.handle(scope, receive, send)
-                return serve_page  # type: ignore[return-value]
-        return PlainTextResponse(ROOT_TEXT)
-
     return [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/api/chat", chat, methods=["POST"]),
         Route("/api/generate", generate, methods=["POST"]),
-        Route("/api/tags", tags, methods=["GET"]),
-        Route("/api/ps", ps, methods=["GET"]),
-        Route("/api/show", show, methods=["POST"]),
-        Route("/api/version", version, methods=["GET"]),
+        *model_routes(ctx),
     ]
