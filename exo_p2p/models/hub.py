@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,7 +141,8 @@ class HubClient:
         self.commit = revision if revision is not None and _SHA_RE.fullmatch(revision) else None
         self.user_agent, self.attempts, self.pause, self.timeout = user_agent, max(1, attempts), pause, timeout
         self.files: dict[str, HubFile] = {}
-        self.bytes_received = 0
+        self.bytes_received = 0  # summed over every thread's ranges (``_count_lock``)
+        self._count_lock = threading.Lock()
 
     def _headers(self) -> dict[str, str]:
         from huggingface_hub.utils import build_hf_headers
@@ -238,7 +240,8 @@ class HubClient:
                 if block:
                     sink(block)
                 got += len(block)
-                self.bytes_received += len(block)
+                with self._count_lock:  # ranges are read from several threads at once
+                    self.bytes_received += len(block)
                 if got >= need:
                     return
         raise ConnectionError(f"connection closed after {got} of {need} bytes")
