@@ -100,6 +100,10 @@ def test_an_idle_instance_moves_onto_the_fast_link_when_it_returns_never_while_a
         lab.down(0)
         wait_until(lambda: not figures(nodes[0], ids[0], ids[1]).get(f1) and not figures(nodes[0], ids[1], ids[0]).get(f0),
                    90, interval=1, what="the fast link's figures retracted")
+        # the connection the nodes had over the fast link went with it: the peer may time out
+        # and come back over the slow one before a 2-node placement can be asked for
+        wait_until(lambda: len((state_of(nodes[0]) or {}).get("nodes") or {}) == 2, 90, interval=1,
+                   what="both nodes in the cluster over the slow link")
         first = place(nodes[0], min_nodes=2)
         assert set(ring_ips(nodes[0], first)) == {s0, s1}, "placed over the slow link while the fast one is down"
 
