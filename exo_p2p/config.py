@@ -138,6 +138,9 @@ class NodeConfig(msgspec.Struct):
     relink: bool = True
     """While master, move idle instances onto much cheaper rings when links change (``master.relink``)."""
     compact_every: int = 20_000
+    hub_card_idle: int = 600
+    """While master, seconds a model read from a hub stays in State once nothing uses it
+    (``--hub-card-idle``; ``master.hub_forget``, ``exo_p2p.state.hub_cards``)."""
     cpu_weights: str = "auto"
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
     api_keys: list[str] = msgspec.field(default_factory=list)

@@ -44,7 +44,8 @@ class HubModels:
         in State (``HubModelResolved``, waited for at most ``RESOLVED_WAIT`` s) unless State
         has its card already; ``(name, None)`` unchanged for a name that is no repo id or a
         node that never asks a hub (still unknown); ``(repo id, error)`` when the hub cannot
-        give it (gated, missing, unreachable, not MLX-format: ``hub_manifest.hub_error_status``).
+        give it (gated, missing, unreachable, not MLX-format, 507 no room on disk:
+        ``hub_manifest.hub_error_status``) or State may not take its card (``_refused``).
         Never raises for the hub's answer."""
         from exo_p2p.models.hub import is_repo_id, parse_repo
         from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
@@ -58,7 +59,12 @@ class HubModels:
         try:
             source, card = await self.hub.resolve(name, self.depot)
         except Exception as exc:  # the hub's answer, as one line for the caller
-            return repo, ErrorInfo(hub_error_status(exc), hub_error_text(exc), "invalid_request_error", "model")
+            status = hub_error_status(exc)
+            return repo, ErrorInfo(status, hub_error_text(exc), "server_error" if status >= 500 else "invalid_request_error",
+                                   "model", code="insufficient_storage" if status == 507 else None)
+        refused = _refused(self._state(), repo, card)
+        if refused is not None:
+            return repo, refused
         self.publish_held()
         self._emit(HubModelResolved(self.node_id, card, source))  # type: ignore[arg-type]
         with trio.move_on_after(RESOLVED_WAIT):
@@ -71,3 +77,15 @@ class HubModels:
         profile = self._state().nodes.get(self.node_id)  # type: ignore[call-overload]
         if profile is not None:
             self._emit(NodeProfileUpdated(msgspec.structs.replace(profile, held_models=self.depot.held())))
+
+
+def _refused(state: State, repo: str, card) -> ErrorInfo | None:  # type: ignore[no-untyped-def]
+    """Why ``card``, read from a hub as ``repo``, may not enter ``state`` (State is bounded:
+    ``exo_p2p.state.hub_cards``): 400 ``card_too_large``, 507 ``hub_models_full``; else None."""
+    from exo_p2p.state.hub_cards import card_too_large, hub_room
+
+    if (why := card_too_large(card)) is not None:
+        return ErrorInfo(400, why, "invalid_request_error", "model", code="card_too_large")
+    if (why := hub_room(state, repo)) is not None:
+        return ErrorInfo(507, why, "server_error", "model", code="hub_models_full")
+    return None

@@ -58,6 +58,7 @@ class MasterSeat:
             restore_size=cfg.restore_size,
             relink=cfg.relink,
             routing=cfg.routing,
+            hub_card_idle=cfg.hub_card_idle,
         )
         await self.role.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
         self._scope = trio.CancelScope()

@@ -140,6 +140,9 @@ _SETTINGS = (
             "instead of moving it to a much cheaper one (docs/links.md)", "relink", inverted=True),
     Setting("--compact-every", "events (≥ 1)", "Compact the event log into a snapshot of State once it holds this "
             "many events (or 16 MiB of events, whichever comes first)", "compact_every", "N"),
+    Setting("--hub-card-idle", "seconds (≥ 1)", "While master, forget the card of a model read from a hub once no "
+            "instance has used it and no node has held it for this long (State stays bounded; docs/security.md)",
+            "hub_card_idle", "SECONDS"),
     Setting("--api-key", "text, repeatable", "API key clients must send as Authorization: Bearer KEY (repeatable; "
             "/health needs none)", "api_keys", "KEY", repeatable=True),
     Setting("--api-key-file", "path", "File of API keys, one a line, # comments (with or instead of --api-key)",

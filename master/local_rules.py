@@ -10,6 +10,7 @@ stuck behind a gap.
 
 from __future__ import annotations
 
+from exo_p2p.state.hub_cards import card_too_large
 from exo_p2p.types import (
     Event,
     HubModelResolved,
@@ -32,8 +33,8 @@ def refuse_local(state: State, origin: str, event: Event) -> str | None:
         return None if event.profile.node_id == origin else "profile of another node"
     if isinstance(event, NodeModelsUpdated):
         return None if event.node_id == origin else "models of another node"
-    if isinstance(event, HubModelResolved):  # what this node read from a hub
-        return None if event.node_id == origin else "hub model read by another node"
+    if isinstance(event, HubModelResolved):  # what this node read from a hub, its card bounded
+        return card_too_large(event.card) if event.node_id == origin else "hub model read by another node"
     if isinstance(event, TopologyEdgeCreated):
         return None if event.edge.source == origin else "edge from another node"
     if isinstance(event, TopologyEdgeDeleted):

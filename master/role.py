@@ -20,6 +20,7 @@ from exo_p2p.types import (
     CommandResult,
     ErrorInfo,
     Event,
+    HubModelsForgotten,
     IndexedEvent,
     LocalEvent,
     NodeId,
@@ -30,6 +31,8 @@ from exo_p2p.types import (
 from master.commands import handle_command
 from master.local_rules import refuse_local
 from master.reactions import react
+from exo_p2p.state.hub_cards import HUB_CARD_IDLE_S
+from master.hub_forget import HubForgetClock
 from master.relink import RelinkClock
 from master.sequencer import OriginSeqs
 
@@ -60,6 +63,7 @@ class MasterRole:
         restore_size: bool = True,
         relink: bool = True,
         routing: str = "prefix",
+        hub_card_idle: float = HUB_CARD_IDLE_S,
     ) -> None:
         self.node_id = node_id
         self.term = term
@@ -84,6 +88,8 @@ class MasterRole:
         ``--no-relink``); moves under way are finished either way."""
         self._restore_not_before: dict[str, float] = {}
         self._relink = RelinkClock()
+        self._hub_forget = HubForgetClock(hub_card_idle)
+        """Since when each hub model is unused (``master.hub_forget``)."""
         self._lock = trio.Lock()
         self._replacement_errors: set[str] = set()
         """Instances whose re-placement raised (logged once; tried again every pass)."""
@@ -138,7 +144,8 @@ class MasterRole:
         """Background duties while master: re-place failed instances after their delay
         (``master.replace.replace_delay``) once their nodes are heard again or unreachable
         (``master.replace.unconfirmed``, at most ``CONFIRM_WAIT`` s), and bring shrunk
-        instances back to their placed size (``master.restore``). Runs until cancelled
+        instances back to their placed size (``master.restore``), forget the models read from
+        a hub that nothing used for ``hub_card_idle`` s (``master.hub_forget``). Runs until cancelled
         (when this node stops being master)."""
         from exo_p2p.types import new_id
         from master.replace import CONFIRM_WAIT, effective_attempt, replace_delay, replacement, unconfirmed
@@ -180,6 +187,9 @@ class MasterRole:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)
             await self._restore_pass(clock())
+            if forgotten := self._hub_forget.due(self.replica.state, clock()):
+                log.info("forgetting models read from a hub that nothing used", models=list(forgotten))
+                await self.emit([HubModelsForgotten(forgotten)])
 
     async def _restore_pass(self, now: float) -> None:
         """One step of ``master.restore.restore_step`` under the lock: finish the restores

@@ -41,7 +41,7 @@ def node(
     cpu_weights: flag.CpuWeights = None, max_moves: flag.MaxMoves = None,
     no_mdns: flag.NoMdns = False, offline: flag.Offline = False,
     no_restore_size: flag.NoRestoreSize = False, no_relink: flag.NoRelink = False,
-    compact_every: flag.CompactEvery = None,
+    compact_every: flag.CompactEvery = None, hub_card_idle: flag.HubCardIdle = None,
     api_key: flag.ApiKeys = None, api_key_file: flag.ApiKeyFile = None,
     cors_origins: flag.CorsOrigins = None, allowed_hosts: flag.AllowedHosts = None,
     routing: flag.Routing = None,

@@ -58,6 +58,7 @@ class NodeFlags:
     relink: bool = True
     max_moves: int | None = None
     compact_every: int | None = None
+    hub_card_idle: int | None = None
     api_keys: list[str] | None = None
     api_key_file: Path | None = None
     cors_origins: list[str] | None = None
@@ -73,7 +74,7 @@ class NodeFlags:
 
 
 _PLAIN_FIELDS = ("api_host", "api_port", "listen_host", "listen_port", "priority", "friendly_name", "queue_limit",
-                 "compact_every", "max_moves", "request_log_bytes")
+                 "compact_every", "hub_card_idle", "max_moves", "request_log_bytes")
 """Flags whose value, when given, is the ``NodeConfig`` field of that name as it is."""
 _SWITCHES = ("ollama", "lmstudio", "new_identity", "mdns", "offline", "restore_size", "relink", "metrics",
              "request_records", "metrics_loopback_open", "log_request_text")

@@ -75,6 +75,7 @@ Offline = Annotated[bool, node_option("--offline")]
 NoRestoreSize = Annotated[bool, node_option("--no-restore-size")]
 NoRelink = Annotated[bool, node_option("--no-relink")]
 CompactEvery = Annotated[Optional[int], node_option("--compact-every", min=1)]
+HubCardIdle = Annotated[Optional[int], node_option("--hub-card-idle", min=1)]
 ApiKeys = Annotated[Optional[list[str]], node_option("--api-key")]
 ApiKeyFile = Annotated[Optional[Path], node_option("--api-key-file")]
 CorsOrigins = Annotated[Optional[list[str]], node_option("--cors-origins")]
@@ -156,6 +157,7 @@ def node_config(values: dict[str, Any]) -> NodeConfig:
         restore_size=not values["no_restore_size"],
         relink=not values["no_relink"],
         compact_every=values["compact_every"],
+        hub_card_idle=values["hub_card_idle"],
         max_moves=values["max_moves"],
         api_keys=values["api_key"],
         api_key_file=values["api_key_file"],

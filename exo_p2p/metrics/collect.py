@@ -2,7 +2,8 @@
 
 Per node: whether it is master, the term and the log index it applied, term changes and its
 runners' starts and failures seen in the log, its API's requests in flight and moved, its
-message counters (those of ``GET /state``) and model bytes received by source. Per runner of
+message counters (those of ``GET /state``), the bytes of its State against their budget
+(``exo_p2p.state.budget``) and model bytes received by source. Per runner of
 this node (labels instance, model, rank): queue, batch rows and limit, KV bytes in use and
 budget, prompt-cache bytes, bound, hits, misses and reused tokens (``EngineStats``). The
 master's view of the cluster (nodes, instances by status, unfinished tasks and load per
@@ -19,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exo_p2p.state import instance_view
+from exo_p2p.state.budget import STATE_BUDGET_BYTES, state_bytes
 from exo_p2p.types import FINISHED_TASK_STATUSES, Event, MasterElected, RunnerFailed, RunnerIdle, RunnerStatusUpdated, State
 from exo_p2p.types.observe import EngineStats
 
@@ -91,6 +93,9 @@ class NodeCollector(Collector):
         yield _gauge("exo_is_master", "1 when this node is the master", 1.0 if s.is_master() else 0.0)
         yield _gauge("exo_term", "The master's term in the log this node applied", state.term)
         yield _gauge("exo_log_index", "Index of the last event this node applied", state.last_event_idx)
+        yield _gauge("exo_state_bytes", "Bytes of the replicated State this node holds (canonical msgpack)", state_bytes(state))
+        yield _gauge("exo_state_budget_bytes", "Bytes State may take (exo_p2p.state.budget)", STATE_BUDGET_BYTES)
+        yield _gauge("exo_state_hub_models", "Models read from a hub that State holds cards of", len(state.hub_models))
         yield _counter("exo_term_changes", "Masters elected in the log this node applied", s.counts.term_changes)
         yield _counter("exo_runners_started", "Runners of this node started (idle reported)", s.counts.runners_started)
         yield _counter("exo_runner_failures", "Runners of this node that failed", s.counts.runner_failures)

@@ -11,6 +11,7 @@ import msgspec
 from exo_p2p.types import (
     Event,
     HubModelResolved,
+    HubModelsForgotten,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
@@ -38,6 +39,7 @@ from exo_p2p.types import (
 )
 
 from exo_p2p.links.figures import MAX_ADDRESSES
+from exo_p2p.state import hub_cards
 from exo_p2p.prefixes import bounded
 
 replace = msgspec.structs.replace
@@ -100,11 +102,12 @@ def _apply_node_models_updated(event: NodeModelsUpdated, state: State) -> State:
 
 @_apply_event.register
 def _apply_hub_model_resolved(event: HubModelResolved, state: State) -> State:
-    cards = dict(state.model_cards)
-    cards.setdefault(event.card.model_id, event.card)  # a node's own copy's card stays
-    hub = dict(state.hub_models)
-    hub[event.card.model_id] = event.source
-    return replace(state, model_cards=cards, hub_models=hub)
+    return hub_cards.admit(state, event, state.last_event_idx + 1)  # bounded: exo_p2p.state.hub_cards
+
+
+@_apply_event.register
+def _apply_hub_models_forgotten(event: HubModelsForgotten, state: State) -> State:
+    return hub_cards.forget(state, event.model_ids)
 
 
 @_apply_event.register

@@ -26,6 +26,7 @@ from exo_p2p.types.common import (
 from exo_p2p.types.events import (
     Event,
     HubModelResolved,
+    HubModelsForgotten,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,

@@ -37,6 +37,14 @@ class HubModelResolved(_Event, tag="hub_model_resolved"):
     source: HubSource
 
 
+class HubModelsForgotten(_Event, tag="hub_models_forgotten"):
+    """The master forgets these models read from a hub: unused for a while
+    (``exo_p2p.state.hub_cards``); each one no instance uses nor node holds when applied
+    leaves ``State.hub_models`` and its card ``State.model_cards``."""
+
+    model_ids: tuple[str, ...]
+
+
 class NodeTimedOut(_Event, tag="node_timed_out"):
     node_id: NodeId
 
@@ -130,6 +138,7 @@ Event = (
     NodeProfileUpdated
     | NodeModelsUpdated
     | HubModelResolved
+    | HubModelsForgotten
     | NodeTimedOut
     | TopologyEdgeCreated
     | TopologyEdgeDeleted

@@ -36,7 +36,8 @@ class State(msgspec.Struct, frozen=True):
     ``prefixes`` holds at most ``exo_p2p.prefixes.MAX_DIGESTS`` digests per instance.
 
     ``hub_models`` names the model hub source of each model read from a hub
-    (``HubModelResolved``): one entry per model name ever resolved, never per request.
+    (``HubModelResolved``), and ``hub_resolved`` the log index of its last resolution: at most
+    ``exo_p2p.state.hub_cards.MAX_HUB_MODELS``, forgotten once unused (``HubModelsForgotten``).
     """
 
     nodes: dict[NodeId, NodeProfile] = msgspec.field(default_factory=dict)
@@ -52,6 +53,7 @@ class State(msgspec.Struct, frozen=True):
     prefixes: dict[InstanceId, tuple[int, ...]] = msgspec.field(default_factory=dict)
     """Per instance, the digests of the prefixes its prompt cache holds (``InstancePrefixesUpdated``)."""
     hub_models: dict[ModelId, HubSource] = msgspec.field(default_factory=dict)
+    hub_resolved: dict[ModelId, int] = msgspec.field(default_factory=dict)
     links: dict[NodeId, dict[NodeId, dict[str, LinkFigures]]] = msgspec.field(default_factory=dict)
     """``links[source][sink][address]``: what source measured of each address of sink
     (``LinkMeasured``; at most ``exo_p2p.links.figures.MAX_ADDRESSES`` per pair, dropped with
