@@ -9,7 +9,9 @@ corruption, not a torn write: it is also truncated (with everything after it) an
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -123,7 +125,19 @@ class EventLog:
             raise self._error(exc) from exc
 
     def _error(self, exc: OSError) -> OSError:
-        return OSError(exc.errno, f"cannot write the event log: {exc.strerror or exc}", str(self.path))
+        """The error naming the log; on a full disk (``ENOSPC``, ``EDQUOT``) also the free bytes
+        and why the node stops: it never applies an event it cannot keep, since the master
+        counts an applied event as committed on its word (docs/security.md)."""
+        text = f"cannot write the event log: {exc.strerror or exc}"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                free = shutil.disk_usage(self.path.parent).free
+            except OSError:
+                free = 0
+            text += (f" ({free} bytes free in {self.path.parent}); this node stops, as it cannot keep the events it "
+                     f"would apply: free space there (remove models under models/.fetched, or move the data dir) "
+                     f"and start it again")
+        return OSError(exc.errno, text, str(self.path))
 
     def truncate_after(self, idx: int) -> None:
         """Drop every event with index > ``idx`` (used when a node's tail diverges from the

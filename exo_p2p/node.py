@@ -87,6 +87,7 @@ class Node:
         docs/models.md#model-stores), its depot (models travel between nodes), the hub
         (docs/models.md#models-from-a-hub) and the node's models as the cluster hears them."""
         from exo_p2p.models.depot import ModelDepot
+        from exo_p2p.models.disk_room import reclaim_at_start
         from exo_p2p.models.hub_fetch import HubAccess
         from exo_p2p.models.store import ModelStore, store_roots
 
@@ -94,6 +95,7 @@ class Node:
         self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs] + [self.data_dir / "models" / "pulled"],
                                 **store_roots(cfg))
         self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=cfg.fault_hooks)
+        reclaim_at_start(self.depot, {i.model_id for i in self.replica.state.instances.values()})  # disk_room
         self.hub = HubAccess(offline=cfg.offline, node_id=self.node_id)
         self.models = LocalModels(self.store, self.node_id, self.emit_local)
         self.hub_models = HubModels(self.hub, self.depot, self.node_id, self.state, self.emit_local)

@@ -85,3 +85,32 @@ def remove_pulled(pulled_dir: Path, fetched_dir: Path, name: str) -> list[Path]:
     if target.parent != pulled_dir and not any(target.parent.iterdir()):
         target.parent.rmdir()  # the emptied ORG of ORG/NAME
     return [target]
+
+
+def reclaim_fetched(fetched_dir: Path, used: Set[str], free: int) -> list[Path]:
+    """At start, with ``free`` bytes on the data dir's disk below
+    ``disk_room.DATA_DIR_RESERVE_BYTES``: delete, logging each, the copies in ``fetched_dir``
+    that are incomplete (a ``.part`` file left) and of a model no placement uses (``used``:
+    model names of State's instances; ``disk_room.reclaimable``), with their shard views;
+    the deleted dirs. Nothing when there is room. Blocking."""
+    from exo_p2p.models.disk_room import DATA_DIR_RESERVE_BYTES, reclaimable
+
+    if free >= DATA_DIR_RESERVE_BYTES or not fetched_dir.is_dir():
+        return []
+    copies = []
+    for root in sorted(fetched_dir.iterdir()):
+        if root.name == VIEWS_DIR or root.is_symlink() or not (root / MANIFEST_FILE).is_file():
+            continue
+        try:
+            name = msgspec.json.decode((root / MANIFEST_FILE).read_bytes(), type=ModelManifest).name
+        except (OSError, ValueError, msgspec.DecodeError):
+            continue
+        copies.append((root.name, name, not any(root.rglob("*.part"))))
+    removed = []
+    for digest in reclaimable(copies, used):
+        shutil.rmtree(fetched_dir / digest, ignore_errors=True)
+        shutil.rmtree(fetched_dir / VIEWS_DIR / digest, ignore_errors=True)
+        log.warning("data dir nearly full: removed a partial model copy no placement uses",
+                    path=str(fetched_dir / digest), free_bytes=free, reserve_bytes=DATA_DIR_RESERVE_BYTES)
+        removed.append(fetched_dir / digest)
+    return removed

@@ -12,7 +12,9 @@ Layout under ``data_dir/models``:
   lists it as a local model (the store scans this dir like a ``--models-dir``).
 
 At start the node deletes (and logs) what in ``.fetched`` no copy owns (``clean_orphans``):
-dirs without a manifest, views of copies deleted since.
+dirs without a manifest, views of copies deleted since; and, when the disk has less than
+``disk_room.DATA_DIR_RESERVE_BYTES`` free, the incomplete copies no placement uses
+(``copy_cleanup.reclaim_fetched``, from ``Node`` before anything writes).
 
 A shard view never points at a file that moves: its hard links stay valid when a ``.part``
 is renamed and when a pull promotes the copy a running rank loads from to ``pulled/`` (the
@@ -272,13 +274,20 @@ class ModelDepot:
         Raises ``ValueError`` for a name that is no model directory name (``check_model_name``:
         ``""``, ``..`` or ``a/../..`` would name the pulled dir or one above it)."""
         check_model_name(name)
-        removed = []
         with self._lock:
-            for digest, p in list(self._partials.items()):
-                if p.manifest.name == name:
-                    p.close()
-                    shutil.rmtree(p.root, ignore_errors=True)
-                    shutil.rmtree(p.views_dir, ignore_errors=True)
-                    removed.append(p.root)
-                    del self._partials[digest]
+            removed = [self._drop(d) for d, p in list(self._partials.items()) if p.manifest.name == name]
         return removed + remove_pulled(self.pulled_dir, self.fetched_dir, name)
+
+    def discard(self, digest: str) -> Path | None:
+        """Delete the partial copy ``digest`` and its views (a write that found the disk full:
+        ``exo_p2p.models.disk_room``); its dir, or None when there was none. Blocking."""
+        with self._lock:
+            return self._drop(digest) if digest in self._partials else None
+
+    def _drop(self, digest: str) -> Path:
+        """Close, delete and forget the partial copy ``digest`` (the lock held)."""
+        p = self._partials.pop(digest)
+        p.close()
+        shutil.rmtree(p.root, ignore_errors=True)
+        shutil.rmtree(p.views_dir, ignore_errors=True)
+        return p.root

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
+from exo_p2p.models.disk_room import DiskFullError, check_room, is_disk_full, too_little
 from exo_p2p.models.fetch import FetchError, GetChunk
 from exo_p2p.models.hub import HUB, HubClient, HubError, hub_offline, parse_repo
 from exo_p2p.models.manifest import chunk_span
@@ -60,15 +61,17 @@ class HubAccess:
         """Card and source of ``name`` (``ORG/NAME[@REV]``) read from the hub; its manifest's
         small files and headers are stored in ``depot``'s partial copy. Raises ``HubError``,
         ``UnsupportedModelError``, ``ValueError`` (not a repo id)."""
-        from exo_p2p.models.hub_manifest import resolve_hub_model, store_known
+        from exo_p2p.models.hub_manifest import resolve_hub_model
 
         repo, revision = parse_repo(name)
         client = self.client(repo, revision)
-        source, card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, repo)
+
+        def room(n: int) -> None:  # exo_p2p.models.disk_room
+            check_room(f"model {repo}'s config and tokenizer files", n, depot.disk_free(), depot.models_dir)
+
+        source, card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, repo, room)
         self._clients[(repo, source.revision)] = client
-        partial = depot.partial(manifest)
-        await trio.to_thread.run_sync(store_known, partial, known)
-        await trio.to_thread.run_sync(partial.flush)
+        await keep_known(depot, manifest, known)
         log.info("model read from the hub", model=repo, commit=source.revision, layers=card.n_layers,
                  bytes=card.storage_size, digest=source.digest[:12])
         return source, card
@@ -78,15 +81,39 @@ async def hub_manifest(access: HubAccess, source: HubSource, depot) -> ModelMani
     """The manifest of ``source`` read from the hub at its commit; its small files are
     stored in ``depot``'s partial copy. Raises ``FetchError`` when the hub's files now give
     another digest, ``HubError`` when the hub cannot be read."""
-    from exo_p2p.models.hub_manifest import resolve_hub_model, store_known
+    from exo_p2p.models.hub_manifest import resolve_hub_model
 
     client = access.client(source.repo_id, source.revision)
-    got, _card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, source.repo_id)
+
+    def room(n: int) -> None:  # exo_p2p.models.disk_room
+        check_room(f"model {source.repo_id}'s config and tokenizer files", n, depot.disk_free(), depot.models_dir)
+
+    got, _card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, source.repo_id, room)
     if got.digest != source.digest:
         raise FetchError(f"model {source.repo_id} at {source.revision[:12]} gives manifest {got.digest[:12]} here, "
                          f"not {source.digest[:12]} as placed; place it again")
-    await trio.to_thread.run_sync(store_known, depot.partial(manifest), known)
+    await keep_known(depot, manifest, known)
     return manifest
+
+
+async def keep_known(depot, manifest: ModelManifest, known: dict[str, bytes]) -> None:  # type: ignore[no-untyped-def]
+    """Store ``known`` (a resolve's small files and headers) in ``depot``'s partial copy of
+    ``manifest`` and flush it. A write that finds the disk full removes the copy and raises
+    ``DiskFullError`` naming the free bytes (``exo_p2p.models.disk_room``)."""
+    from exo_p2p.models.hub_manifest import store_known
+
+    try:
+        partial = depot.partial(manifest)
+        await trio.to_thread.run_sync(store_known, partial, known)
+        await trio.to_thread.run_sync(partial.flush)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        await trio.to_thread.run_sync(depot.discard, manifest.digest)
+        free = await trio.to_thread.run_sync(depot.disk_free)
+        log.warning("disk full while keeping a hub model's files; its copy removed", model=manifest.name, free_bytes=free)
+        what = f"model {manifest.name}'s config and tokenizer files"
+        raise DiskFullError(too_little(what, sum(len(b) for b in known.values()), free, depot.models_dir), free) from exc
 
 
 def hub_get(inner: GetChunk, client: HubClient, manifest: ModelManifest) -> GetChunk:

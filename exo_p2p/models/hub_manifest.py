@@ -90,15 +90,20 @@ def _weight_entry(path: str, size: int, raw: bytes, header: dict, chunk_bytes: i
     return ManifestFile(path, size, _chunks(size, cuts, chunk_bytes, raw), header_end=base, tensors=tensors)
 
 
-def resolve_hub_model(client: HubClient, model_id: str) -> tuple[HubSource, ModelCard, ModelManifest, dict[str, bytes]]:
+def resolve_hub_model(client: HubClient, model_id: str,
+                      room: Callable[[int], None] | None = None) -> tuple[HubSource, ModelCard, ModelManifest, dict[str, bytes]]:
     """``(source, card, manifest, known bytes)`` of ``client``'s repo (module docstring);
     known bytes: path -> the small files whole and each weight file's header (its first
-    bytes). Blocking (a few requests, ``RESOLVE_STREAMS`` at once). Raises ``HubError`` (the hub), ``UnsupportedModelError``
-    (not an MLX-format model, a bad header or config)."""
+    bytes). Blocking (a few requests, ``RESOLVE_STREAMS`` at once). ``room(n)`` is called with
+    the small files' bytes before any is read (``disk_room.check_room``: it raises
+    ``DiskFullError`` when the node has no room to keep them). Raises ``HubError`` (the hub),
+    ``UnsupportedModelError`` (not an MLX-format model, a bad header or config)."""
     commit, files = client.info()
     small, weights = wanted_files(files)
     if sum(f.size for f in small) > MAX_SMALL_BYTES:
         raise UnsupportedModelError(f"model {model_id}'s config and tokenizer files exceed {MAX_SMALL_BYTES} bytes")
+    if room is not None:
+        room(sum(f.size for f in small))
     chunk_bytes = choose_chunk_bytes(sum(f.size for f in small + weights))
     with ThreadPoolExecutor(max_workers=RESOLVE_STREAMS, thread_name_prefix="hub-resolve") as pool:
         # every small file and every header at once, as snapshot_download fetches files
@@ -169,7 +174,13 @@ def check_complete_files(partial: PartialModel, file_sha256: dict[str, str],
 
 def hub_error_status(exc: Exception) -> int:
     """The HTTP status for a failed resolution: 400 not an MLX-format model, 502 the hub
-    not reached or failing, 404 otherwise (a missing, gated or private repo or revision)."""
+    not reached or failing, 507 no room on the node's disk for the model's files
+    (``disk_room.DiskFullError``, or a write that failed with ``ENOSPC``), 404 otherwise (a
+    missing, gated or private repo or revision)."""
+    from exo_p2p.models.disk_room import DiskFullError, is_disk_full
+
+    if isinstance(exc, DiskFullError) or is_disk_full(exc):
+        return 507
     if isinstance(exc, UnsupportedModelError):
         return 400
     text = str(exc)
@@ -180,6 +191,8 @@ def hub_error_status(exc: Exception) -> int:
 
 def hub_error_text(exc: Exception) -> str:
     """The line a user sees for a failed resolution."""
-    if isinstance(exc, (HubError, UnsupportedModelError)):
+    from exo_p2p.models.disk_room import DiskFullError
+
+    if isinstance(exc, (HubError, UnsupportedModelError, DiskFullError)):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
