@@ -9,7 +9,8 @@ from collections.abc import Callable
 import msgspec
 import trio
 
-from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, NodeProfileUpdated, PlaceInstance, State
+from exo_p2p.state.hub_cards import card_too_large, hub_room
+from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, ModelCard, NodeProfileUpdated, PlaceInstance, State
 
 RESOLVED_WAIT = 15.0
 """Seconds to wait at most for a model read from a hub to be in State."""
@@ -56,6 +57,8 @@ class HubModels:
         repo, _ = parse_repo(name)
         if repo in self._state().model_cards:
             return repo, None
+        if (full := _full(self._state(), repo)) is not None:  # before asking the hub anything
+            return repo, full
         try:
             source, card = await self.hub.resolve(name, self.depot)
         except Exception as exc:  # the hub's answer, as one line for the caller
@@ -79,13 +82,17 @@ class HubModels:
             self._emit(NodeProfileUpdated(msgspec.structs.replace(profile, held_models=self.depot.held())))
 
 
-def _refused(state: State, repo: str, card) -> ErrorInfo | None:  # type: ignore[no-untyped-def]
+def _refused(state: State, repo: str, card: ModelCard) -> ErrorInfo | None:
     """Why ``card``, read from a hub as ``repo``, may not enter ``state`` (State is bounded:
-    ``exo_p2p.state.hub_cards``): 400 ``card_too_large``, 507 ``hub_models_full``; else None."""
-    from exo_p2p.state.hub_cards import card_too_large, hub_room
-
+    ``exo_p2p.state.hub_cards``): 400 ``card_too_large``, else as ``_full``; None when it may."""
     if (why := card_too_large(card)) is not None:
         return ErrorInfo(400, why, "invalid_request_error", "model", code="card_too_large")
+    return _full(state, repo)
+
+
+def _full(state: State, repo: str) -> ErrorInfo | None:
+    """507 ``hub_models_full`` when ``state`` has no room for a new hub model ``repo``
+    (``hub_cards.hub_room``), else None."""
     if (why := hub_room(state, repo)) is not None:
         return ErrorInfo(507, why, "server_error", "model", code="hub_models_full")
     return None

@@ -157,3 +157,35 @@ def test_a_state_at_every_bound_is_within_its_budget_and_one_frame():
     assert size <= STATE_BUDGET_BYTES
     frame = encode(LogResponse(snapshot=state, last_idx=state.last_event_idx, snapshot_chain=b"x" * 32, diverged=True))
     assert len(frame) <= STATE_BUDGET_BYTES < FRAME
+
+
+class _Hub:
+    """A hub that gives ``card`` for any name, counting the reads."""
+
+    enabled = True
+
+    def __init__(self, given: ModelCard) -> None:
+        self.given, self.reads = given, 0
+
+    async def resolve(self, name, depot):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return HubSource(name, "a" * 40, "d" * 64), self.given
+
+
+def test_the_reading_node_refuses_a_large_card_and_a_full_state_before_emitting():
+    import trio
+
+    from exo_p2p.hub_models import HubModels
+
+    emitted: list = []
+    full = run([resolved(f"org/m{i:03d}") for i in range(MAX_HUB_MODELS)]
+               + [InstanceCreated(instance(f"i{i}", f"org/m{i:03d}")) for i in range(MAX_HUB_MODELS)])
+    huge = _Hub(card("org/huge", 600_000))
+    models = HubModels(huge, None, "node-a", State, emitted.append)
+    _, error = trio.run(models.read, "org/huge")
+    assert error is not None and error.status == 400 and error.code == "card_too_large" and emitted == []
+    other = _Hub(card("org/new"))
+    models = HubModels(other, None, "node-a", lambda: full, emitted.append)
+    _, error = trio.run(models.read, "org/new")
+    assert error is not None and error.status == 507 and error.code == "hub_models_full"
+    assert other.reads == 0 and emitted == []  # refused before the hub was asked
