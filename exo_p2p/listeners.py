@@ -2,7 +2,8 @@
 
 A listener of the node (the HTTP API, the model-transfer port) accepts through
 :func:`serve_bounded`: at most ``max_connections`` connections are served at once, one
-beyond it is closed on arrival (counted, logged at most every ``REFUSAL_LOG_EVERY`` s), and
+beyond it, or beyond ``per_source`` from one source address (``exo_p2p.admission``), is
+closed on arrival (counted, logged at most every ``REFUSAL_LOG_EVERY`` s), and
 an accept that fails with a transient error (:func:`is_transient`: out of descriptors,
 buffers or memory, a connection aborted before it was accepted) is retried after a pause
 that doubles from ``BACKOFF_FIRST`` to ``BACKOFF_MAX`` s (:func:`backoff_delay`) instead of
@@ -16,11 +17,14 @@ Background loops that touch the OS each round (reading ``/proc``, opening files)
 from __future__ import annotations
 
 import errno
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 import trio
+
+from exo_p2p.admission import peer_ip, per_source_cap
 
 log = structlog.get_logger(__name__)
 
@@ -97,13 +101,16 @@ class Refusals:
 
 
 async def _run(stream: trio.SocketStream, handler: Callable[[trio.SocketStream], Awaitable[Any]],
-               slots: trio.CapacityLimiter) -> None:
+               slots: trio.CapacityLimiter, sources: Counter[str], source: str) -> None:
     try:
         await handler(stream)
     except Exception:  # one connection's failure is not the listener's (nor the node's)
         log.exception("connection handler failed")
     finally:
         slots.release_on_behalf_of(stream)
+        sources[source] -= 1
+        if not sources[source]:
+            del sources[source]
         await trio.aclose_forcefully(stream)
 
 
@@ -113,16 +120,20 @@ async def serve_bounded(
     *,
     max_connections: int,
     name: str,
+    per_source: int | None = None,
     handler_nursery: trio.Nursery | None = None,
     task_status: trio.TaskStatus[Refusals] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept from ``listener`` forever, running ``handler(stream)`` for each connection in
     ``handler_nursery`` (a nursery of its own when None; the stream is closed when the handler
-    returns) while fewer than ``max_connections`` are being served; a connection beyond is
-    closed at once. Transient accept errors pause the loop (:class:`Backoff`); any other
+    returns) while fewer than ``max_connections`` are being served, and fewer than
+    ``per_source`` (default ``exo_p2p.admission.per_source_cap(max_connections)``) from its
+    source address; a connection beyond either is closed at once. Transient accept errors pause the loop (:class:`Backoff`); any other
     ``OSError`` is raised. An exception of a handler is logged and ends its connection only. ``task_status.started`` gets the :class:`Refusals` counter. Closes
     ``listener`` on exit."""
     slots = trio.CapacityLimiter(max_connections)
+    per_source = per_source_cap(max_connections) if per_source is None else per_source
+    sources: Counter[str] = Counter()
     refusals = Refusals(name, max_connections)
     pause = Backoff(f"{name} accept")
     async with listener, trio.open_nursery() as own:
@@ -135,10 +146,14 @@ async def serve_bounded(
                 await pause.ride_out(exc)
                 continue
             pause.reset()
+            source = peer_ip(stream)
             try:
+                if sources[source] >= per_source:
+                    raise trio.WouldBlock
                 slots.acquire_on_behalf_of_nowait(stream)
             except trio.WouldBlock:
                 refusals.add()
                 stream.socket.close()
                 continue
-            nursery.start_soon(_run, stream, handler, slots)
+            sources[source] += 1
+            nursery.start_soon(_run, stream, handler, slots, sources, source)

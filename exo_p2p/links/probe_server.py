@@ -14,12 +14,19 @@ model chunks travel (``exo_p2p.models.bulk``):
    ``b"b"`` + a 4-byte big-endian length (≤ ``BANDWIDTH_BYTES``) + that many bytes, answered
    with one byte once all arrived (a timed transfer).
 
-Bounds: at most ``MAX_TICKETS`` unredeemed tickets (the oldest dropped), ``MAX_TOKENS`` per
-request; a connection that has not sent its token within ``TOKEN_WAIT`` s, or is silent for
-``IDLE_TIMEOUT`` s, or lives longer than ``MAX_LIFETIME`` s, is closed; beyond
-``MAX_CONNECTIONS`` connections at once a new one is closed at once (a prober that meets that
-counts the round as inconclusive, never as a lost link: ``exo_p2p.links.prober``). What a peer can make this
-node spend is thus a few MiB and milliseconds per ticket, and tickets go only to members.
+Admission (``exo_p2p.admission``), so that no crowd of connections can starve the probes of
+members: a new connection *waits* for its token at most ``TOKEN_WAIT`` s (its handshake
+deadline); at most ``MAX_WAITING`` wait at once, ``PER_SOURCE_WAITING`` of one source address;
+one arriving beyond either closes the oldest waiting connection of its own source (or of the
+source holding the most), so a crowd evicts itself while a prober, which sends its token as
+soon as it connects, is read at once; while one is evicted on each arrival, accepts are paced
+(``exo_p2p.models.bulk.Paced``). Only a redeemed ticket, issued to a member, takes one of the
+``MAX_CONNECTIONS`` serving slots, ``PER_PEER_CONNECTIONS`` of them for one peer id (the
+ticket's). A served connection silent for ``IDLE_TIMEOUT`` s or older than ``MAX_LIFETIME`` s
+is closed. Bounds: at most ``MAX_TICKETS`` unredeemed tickets (the oldest dropped),
+``MAX_TOKENS`` per request. A prober that is refused counts the round as inconclusive, never
+as a lost link (``exo_p2p.links.prober``). What a peer can make this node spend is thus a few
+MiB and milliseconds per ticket, and tickets go only to members.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import secrets
 import struct
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -35,7 +42,8 @@ import structlog
 import trio
 
 from exo_p2p.links.figures import BANDWIDTH_BYTES, PROBE_BYTES
-from exo_p2p.models.bulk import open_listeners
+from exo_p2p.admission import WaitingRoom, peer_ip
+from exo_p2p.models.bulk import Paced, open_listeners
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +61,13 @@ IDLE_TIMEOUT = 10.0
 MAX_LIFETIME = 30.0
 """Seconds a probe connection lives at most."""
 MAX_CONNECTIONS = 16
-"""Probe connections open at once."""
+"""Probe connections with a redeemed ticket served at once."""
+PER_PEER_CONNECTIONS = 4
+"""Of those, connections served at once for one peer id (the one its ticket was issued to)."""
+MAX_WAITING = 64
+"""Connections waiting for their token at once; a newer one closes an older one."""
+PER_SOURCE_WAITING = 16
+"""Of those, connections from one source address at most (a newer one closes its oldest)."""
 TOKEN_BYTES = 16
 
 
@@ -80,8 +94,9 @@ class ProbeServer:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.port = 0
-        self.tickets: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
-        self.open = 0
+        self.tickets: OrderedDict[bytes, tuple[bytes, float, str]] = OrderedDict()
+        self.room = WaitingRoom(capacity=MAX_WAITING, per_source=PER_SOURCE_WAITING, wait=TOKEN_WAIT)
+        self.serving: Counter[str] = Counter()  # peer id -> connections served now
         self.served = 0
         self.refused = 0
 
@@ -92,74 +107,86 @@ class ProbeServer:
             if peer not in members():  # type: ignore[operator]
                 raise PermissionError("not a member of this cluster")
             request = msgspec.msgpack.decode(data, type=TicketRequest)
-            return msgspec.msgpack.encode(self.issue(request.count))
+            return msgspec.msgpack.encode(self.issue(request.count, peer))
 
         net.set_request_handler(TICKET_PROTOCOL, handle)
 
-    def issue(self, count: int) -> ProbeTicket:
-        """``count`` (clamped to 1..``MAX_TOKENS``) fresh tickets; drops expired and excess ones."""
+    def issue(self, count: int, peer: str = "") -> ProbeTicket:
+        """``count`` (clamped to 1..``MAX_TOKENS``) fresh tickets for ``peer`` (a node id);
+        drops expired and excess ones."""
         now = self.clock()
-        for token, (_, at) in list(self.tickets.items()):
+        for token, (_, at, _) in list(self.tickets.items()):
             if now - at > TICKET_TTL:
                 del self.tickets[token]
         out = []
         for _ in range(max(1, min(MAX_TOKENS, count))):
             token, proof = secrets.token_bytes(TOKEN_BYTES), secrets.token_bytes(TOKEN_BYTES)
-            self.tickets[token] = (proof, now)
+            self.tickets[token] = (proof, now, peer)
             out.append((token, proof))
         while len(self.tickets) > MAX_TICKETS:
             self.tickets.popitem(last=False)
         return ProbeTicket(self.port, tuple(out))
 
-    def redeem(self, token: bytes) -> bytes | None:
-        """The proof of a valid unused ``token`` (used up now), or None."""
+    def redeem(self, token: bytes) -> tuple[bytes, str] | None:
+        """(proof, peer) of a valid unused ``token`` (used up now), or None."""
         entry = self.tickets.pop(token, None)
         if entry is None or self.clock() - entry[1] > TICKET_TTL:
             return None
-        return entry[0]
+        return entry[0], entry[2]
+
+    @property
+    def open(self) -> int:
+        """Connections open now: waiting for a token or served."""
+        return len(self.room) + sum(self.serving.values())
 
     async def run(self, hosts: Sequence[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+        """Listen on ``hosts`` (IPv4 addresses) and serve until cancelled;
+        ``task_status.started(port)``. Raises ``OSError`` when they cannot be bound."""
         listeners = await open_listeners(hosts)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("link probe listener", hosts=list(hosts), port=self.port)  # once at start: where peers measure us
-        async with trio.open_nursery() as nursery:
-            task_status.started(self.port)
-            for listener in listeners:
-                nursery.start_soon(self._accept, listener, nursery)
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, [Paced(listener, self.room.crowded) for listener in listeners])
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        async with listener:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:  # EMFILE and friends: wait, do not spin
-                    log.debug("probe accept failed", error=repr(exc))
-                    await trio.sleep(0.1)
-                    continue
-                if self.open >= MAX_CONNECTIONS:
-                    self.refused += 1
-                    await stream.aclose()
-                    continue
-                self.open += 1
-                nursery.start_soon(self._handle, stream)
+    async def _admit(self, stream: trio.SocketStream) -> tuple[bytes, str] | None:
+        """Wait in the room for a token: (proof, peer) of its ticket, or None (evicted, no
+        valid token within ``TOKEN_WAIT`` s)."""
+        ticket = None
+        with self.room.enter(peer_ip(stream)) as place:
+            with place.scope:
+                ticket = self.redeem(await receive_exactly(stream, TOKEN_BYTES))
+        return ticket
+
+    def _slot(self, peer: str) -> bool:
+        """Take a serving slot for ``peer`` when one is free (``MAX_CONNECTIONS`` in all,
+        ``PER_PEER_CONNECTIONS`` for one peer)."""
+        if sum(self.serving.values()) >= MAX_CONNECTIONS or self.serving[peer] >= PER_PEER_CONNECTIONS:
+            return False
+        self.serving[peer] += 1
+        return True
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        peer: str | None = None
         try:
             with trio.move_on_after(MAX_LIFETIME):
-                async with stream:
-                    token = None
-                    with trio.move_on_after(TOKEN_WAIT):
-                        token = await receive_exactly(stream, TOKEN_BYTES)
-                    proof = self.redeem(token) if token is not None else None
-                    if proof is None:
-                        self.refused += 1
-                        return
-                    await stream.send_all(proof)
-                    await self._serve(stream)
+                ticket = await self._admit(stream)
+                if ticket is None or not self._slot(ticket[1]):
+                    self.refused += 1
+                    return
+                proof, peer = ticket
+                await stream.send_all(proof)
+                await self._serve(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ProbeClosed, OSError):
             pass
+        except Exception:  # one connection's failure is not the listener's (nor the node's)
+            log.exception("probe connection handler failed")
         finally:
-            self.open -= 1
+            if peer is not None:
+                self.serving[peer] -= 1
+                if not self.serving[peer]:
+                    del self.serving[peer]
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         while True:

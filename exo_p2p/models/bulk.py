@@ -24,9 +24,11 @@ Admission, so that connections without a ticket cannot starve ticket holders:
 - on Linux a connection that has sent nothing reaches the node only after ``DEFER_ACCEPT``
   (10 s, ``TCP_DEFER_ACCEPT``); a fetcher sends its token right after connecting;
 - a connection then waits, as *unredeemed*, at most ``TICKET_WAIT`` (2 s) for its token; at
-  most ``MAX_UNREDEEMED`` (64) wait at once, and a new connection arriving when 64 wait closes
-  the oldest waiting one (a fetcher's token is read as soon as it is accepted, so a flood
-  evicts itself, not the fetcher); while 64 wait, accepts are paced to one per
+  most ``MAX_UNREDEEMED`` (64) wait at once, ``PER_SOURCE_UNREDEEMED`` (32) of one source
+  address; a new connection arriving when its source holds 32 closes that source's oldest,
+  one arriving when 64 wait the oldest of the source holding the most
+  (``exo_p2p.admission``: a fetcher's token is read as soon as it is accepted, so a flood
+  evicts itself, not the fetcher); while one is evicted on each arrival, accepts are paced to one per
   ``FULL_ACCEPT_PAUSE`` (2 ms), so a flood that reconnects at once costs bounded CPU and a
   fetcher waits at most its place in the accept queue times 2 ms;
 - only a redeemed ticket takes one of the ``MAX_CONNECTIONS`` (16) serving slots; a ticket
@@ -55,6 +57,7 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p.admission import WaitingRoom, peer_ip
 from exo_p2p.models.peer_transfer import ChunkRequest, ChunkSource
 
 log = structlog.get_logger(__name__)
@@ -72,6 +75,9 @@ MAX_CONNECTIONS = 16
 """Connections with a redeemed ticket served at once."""
 MAX_UNREDEEMED = 64
 """Connections waiting to present a token at once; a newer one closes the oldest."""
+PER_SOURCE_UNREDEEMED = 32
+"""Of those, connections from one source address at most; a newer one from it closes its
+oldest (``exo_p2p.admission``): one host cannot take every waiting place."""
 DEFER_ACCEPT = 10.0
 """Linux: the kernel hands a connection to the node only once it has sent a byte, or after
 about this many seconds (``TCP_DEFER_ACCEPT``): silent connections cost no place at all."""
@@ -150,7 +156,7 @@ async def open_listeners(hosts: Sequence[str], *, attempts: int = 5) -> list[tri
     raise OSError("no port free on every listen address")  # not reached: attempts >= 1
 
 
-class _Paced(trio.abc.Listener[trio.SocketStream]):
+class Paced(trio.abc.Listener[trio.SocketStream]):
     """A listener that accepts at most one connection per ``FULL_ACCEPT_PAUSE`` seconds while
     ``full()``: a flood that is closed and reconnects at once cannot spin the node's CPU."""
 
@@ -183,7 +189,7 @@ class BulkServer:
         self._clock = clock
         self._tickets: dict[bytes, tuple[str, str, float]] = {}  # token -> (peer, digest, expiry)
         self._serving = 0
-        self._waiting: dict[object, trio.CancelScope] = {}  # oldest first
+        self._room = WaitingRoom(capacity=MAX_UNREDEEMED, per_source=PER_SOURCE_UNREDEEMED, wait=TICKET_WAIT)
         self.port = 0
         self.hosts: list[str] = []
         self.bytes_served = 0
@@ -224,29 +230,21 @@ class BulkServer:
         self.hosts = [listener.socket.getsockname()[0] for listener in listeners]
         log.info("bulk model transfer listening", hosts=self.hosts, port=self.port)
         task_status.started(self.port)
-        await trio.serve_listeners(self._handle, [_Paced(listener, self._full) for listener in listeners])
-
-    def _full(self) -> bool:
-        return len(self._waiting) >= MAX_UNREDEEMED
+        await trio.serve_listeners(self._handle, [Paced(listener, self._room.crowded) for listener in listeners])
 
     async def _admit(self, stream: trio.SocketStream) -> str | None:
-        """Wait (as unredeemed) for the token; the digest of its ticket, or None (closed to make
-        room for a newer connection, no valid token within ``TICKET_WAIT`` s)."""
-        if len(self._waiting) >= MAX_UNREDEEMED:
-            self._waiting.pop(next(iter(self._waiting))).cancel()
-            self.counts["evicted"] += 1
-        key = object()
-        scope = self._waiting[key] = trio.CancelScope(deadline=trio.current_time() + TICKET_WAIT)
-        try:
-            with scope:
+        """Wait (as unredeemed, ``exo_p2p.admission.WaitingRoom``) for the token; the digest of
+        its ticket, or None (closed to make room for a newer connection, no valid token within
+        ``TICKET_WAIT`` s)."""
+        with self._room.enter(peer_ip(stream)) as place:
+            self.counts["evicted"] = self._room.counts["evicted"]
+            with place.scope:
                 digest = self.redeem(await _receive_exactly(stream, TOKEN_BYTES))
                 if digest is not None:
                     return digest
-            if key in self._waiting:  # else evicted, counted there
-                self.counts["no_ticket"] += 1
-            return None
-        finally:
-            self._waiting.pop(key, None)
+        if not place.evicted:  # else counted as evicted
+            self.counts["no_ticket"] += 1
+        return None
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         digest: str | None = None  # stays None when no token came within TICKET_WAIT

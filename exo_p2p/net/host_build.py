@@ -26,6 +26,7 @@ from libp2p.utils.address_validation import get_available_interfaces
 from exo_p2p import defaults
 from exo_p2p.limits import LIBP2P_MAX_CONNECTIONS, LIBP2P_MAX_INBOUND
 
+from .inbound import limit_per_source
 from .config import GossipParams, NetConfig, derive_psk
 
 
@@ -67,7 +68,8 @@ def connection_config(config: NetConfig) -> ConnectionConfig:
 
 def new_libp2p_host(config: NetConfig, listen: list[multiaddr.Multiaddr]) -> IHost:
     """A host (not running yet) with ``config``'s identity, Noise only, the cluster's PSK
-    when it has a secret, bounded connections and quick dial retries."""
+    when it has a secret, bounded connections (in all and per source address,
+    ``exo_p2p.net.inbound``) and quick dial retries."""
     key_pair = config.identity.key_pair
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     psk = derive_psk(config.cluster_secret, config.cluster) if config.cluster_secret else None
@@ -83,6 +85,7 @@ def new_libp2p_host(config: NetConfig, listen: list[multiaddr.Multiaddr]) -> IHo
     # of ``Dialer.connect``); our re-dialler and mesh keeper back off themselves
     host.get_network().retry_config = RetryConfig(  # type: ignore[attr-defined]
         max_retries=defaults.DIAL_RETRIES, initial_delay=defaults.DIAL_RETRY_DELAY)
+    limit_per_source(host.get_network())  # one source cannot hold every inbound slot
     return host
 
 
