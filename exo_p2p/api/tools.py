@@ -9,8 +9,10 @@ before anything is sent.
 
 Bounds: at most ``MAX_TOOLS`` tools, their JSON text at most ``MAX_TOOLS_BYTES`` (the tools
 travel in the command and the replicated log, ``exo_p2p.api.bounds``); a name is 1 to 64
-characters of letters, digits, ``_``, ``-``, ``.`` and ``:``, unique in the list. Pure; raises
-``ApiError(400, param=…)``.
+characters of letters, digits, ``_``, ``-``, ``.`` and ``:``, unique in the list; a tool's
+schema and a call's arguments nest at most ``MAX_JSON_DEPTH`` arrays and objects deep (deeper
+JSON would exhaust Python's recursion in the encoder, the template or the grammar). Pure;
+raises ``ApiError(400, param=…)``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,33 @@ MAX_TOOLS_BYTES = MAX_FORMAT_BYTES
 """UTF-8 bytes of a request's tools as JSON at most (64 KiB)."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 """What a tool's name may be."""
+MAX_JSON_DEPTH = 64
+"""Arrays and objects nested in a tool's schema or a call's arguments at most."""
+
+
+def json_depth(value: Any) -> int:
+    """How deep arrays and objects nest in ``value`` (a scalar: 0, ``{}``: 1). Iterative, so
+    any depth is measured without recursion. Pure."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def too_deep(param: str) -> ApiError:
+    """The 400 of JSON at ``param`` nested deeper than ``MAX_JSON_DEPTH``."""
+    return bad(param, f"nested too deeply; at most {MAX_JSON_DEPTH} levels of arrays and objects are accepted")
+
+
+def check_depth(value: Any, param: str) -> None:
+    """``too_deep(param)`` raised when ``value`` nests deeper than ``MAX_JSON_DEPTH``."""
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise too_deep(param)
 
 
 def bad(param: str, message: str) -> ApiError:
@@ -85,6 +114,7 @@ def tools_text(tools: list[dict[str, Any]], param: str = "tools", schema_params:
         raise bad(param, f"{len(tools)} tools; at most {MAX_TOOLS} are accepted")
     seen: set[str] = set()
     for i, tool in enumerate(tools):
+        check_depth(tool, schema_params[i] if schema_params else f"{param}[{i}]")
         name = tool["function"]["name"]
         if name in seen:
             raise bad(f"{param}[{i}]", f"the tool name {name!r} is given twice")
@@ -120,15 +150,20 @@ def checked_choice(choice: str, tools: str | None, param: str = "tool_choice") -
 
 def arguments_text(arguments: Any, param: str) -> str:
     """A call's arguments as JSON text of an object: a JSON string is kept as sent (so an
-    agent's earlier turn renders the same bytes again), a dict is encoded; 400 otherwise."""
+    agent's earlier turn renders the same bytes again), a dict is encoded; 400 otherwise, and
+    for arguments nested deeper than ``MAX_JSON_DEPTH``."""
     if isinstance(arguments, dict):
+        check_depth(arguments, param)
         return json.dumps(arguments, ensure_ascii=False)
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
             raise bad(param, "must be the JSON text of an object") from None
+        except RecursionError:  # deeper than Python's recursion: far beyond the bound
+            raise too_deep(param) from None
         if isinstance(value, dict):
+            check_depth(value, param)
             return arguments if arguments.strip() else "{}"
     raise bad(param, "must be a JSON object (or its JSON text)")
 

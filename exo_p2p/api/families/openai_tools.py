@@ -4,7 +4,8 @@ Request: ``tools`` (function tools), ``tool_choice`` (``auto``, ``none``, ``requ
 ``{"type": "function", "function": {"name"}}``), ``parallel_tool_calls`` (false: only the
 first call of an answer is returned), assistant messages with ``tool_calls`` (and their
 ``reasoning_content`` or ``reasoning``), ``role: tool`` messages with ``tool_call_id``;
-``reasoning_effort`` (``none`` turns thinking off, any other effort on), ``enable_thinking`` or
+``reasoning_effort`` (one of ``REASONING_EFFORTS``, else 400: ``none`` turns thinking off, any
+other effort on), ``enable_thinking`` or
 ``chat_template_kwargs.enable_thinking`` reach the chat template as ``enable_thinking``.
 
 Answer: ``message.tool_calls`` (``content`` null when there is no text) and ``finish_reason:
@@ -26,6 +27,18 @@ from exo_p2p.api.turn import Turn
 from exo_p2p.types import ChatMessage, FinishChunk, ToolCall
 
 _TOOL_FIELDS = ("name", "description", "parameters")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+"""The reasoning efforts OpenAI's chat completions and Responses accept."""
+
+
+def checked_effort(effort: Any, param: str = "reasoning_effort") -> str | None:
+    """``effort`` when it is one of ``REASONING_EFFORTS`` (or None); else a 400 naming
+    ``param`` and the allowed values."""
+    if effort is None or effort in REASONING_EFFORTS:
+        return effort
+    allowed = ", ".join(repr(e) for e in REASONING_EFFORTS)
+    raise ApiError(400, f"{param}: {effort!r} is not a reasoning effort; one of {allowed}", param=param,
+                   code="invalid_value")
 
 
 def openai_tools(tools: list[Any] | None, param: str = "tools") -> str | None:
@@ -68,7 +81,7 @@ def thinking_of(effort: str | None, enable: bool | None, template_kwargs: dict[s
         if not isinstance(kw, bool):
             raise ApiError(400, "chat_template_kwargs.enable_thinking must be a boolean", param="chat_template_kwargs.enable_thinking")
         return kw
-    if effort is None:
+    if checked_effort(effort) is None:
         return None
     return effort != "none"
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import msgspec
 
+from exo_p2p.api.errors import ApiError
+from exo_p2p.api.families.openai_tools import checked_effort
 from exo_p2p.api.tools import bad, checked_choice, earlier_call, function_tool, tools_text
 from exo_p2p.api.turn import Turn
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
@@ -54,8 +56,11 @@ def responses_choice(choice: Any, tools: str | None) -> str:
 
 
 def responses_thinking(reasoning: Any) -> bool | None:
-    """``reasoning.effort`` → thinking (``none`` off, other efforts on, absent None)."""
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    """``reasoning.effort`` → thinking (``none`` off, other efforts on, absent None); 400 for
+    an effort not in ``REASONING_EFFORTS`` or a ``reasoning`` that is not an object."""
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError(400, "reasoning: must be an object such as {\"effort\": \"low\"}", param="reasoning")
+    effort = checked_effort(reasoning.get("effort") if reasoning else None, "reasoning.effort")
     return None if effort is None else effort != "none"
 
 
