@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from exo_p2p.api.errors import ApiError
+from exo_p2p.json_depth import json_depth
 from exo_p2p.output_format import MAX_FORMAT_BYTES, FormatError, format_problem, schema_text
 from exo_p2p.schema_refs import rebase_refs
 from exo_p2p.types import OutputFormat, ToolCall
@@ -34,20 +35,6 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 """What a tool's name may be."""
 MAX_JSON_DEPTH = 64
 """Arrays and objects nested in a tool's schema or a call's arguments at most."""
-
-
-def json_depth(value: Any) -> int:
-    """How deep arrays and objects nest in ``value`` (a scalar: 0, ``{}``: 1). Iterative, so
-    any depth is measured without recursion. Pure."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def too_deep(param: str) -> ApiError:

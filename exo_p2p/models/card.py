@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import re
 import struct
 from pathlib import Path
 from typing import Any, Mapping
 
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.model_json import model_json
 from exo_p2p.models.families import quantization_of
 from exo_p2p.models.gguf_layout import model_plan
 from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
@@ -48,10 +48,7 @@ def read_safetensors_sizes(path: Path) -> dict[str, int]:
         data = f.read(length)
     if len(data) != length:
         raise UnsupportedModelError(f"{path}: truncated safetensors header")
-    try:
-        header = json.loads(data)
-    except ValueError as e:
-        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    header = model_json(data, f"{path}: safetensors header")
     return {name: info["data_offsets"][1] - info["data_offsets"][0]
             for name, info in header.items() if name != "__metadata__"}
 
@@ -65,10 +62,7 @@ def read_safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             raise UnsupportedModelError(f"{path}: truncated safetensors header")
         (length,) = struct.unpack("<Q", raw)
         data = f.read(length)
-    try:
-        header = json.loads(data)
-    except ValueError as e:
-        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    header = model_json(data, f"{path}: safetensors header")
     return {name: tuple(int(d) for d in info["shape"]) for name, info in header.items() if name != "__metadata__"}
 
 
@@ -120,7 +114,7 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise UnsupportedModelError(f"{model_dir}: no config.json")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = model_json(config_path.read_text(encoding="utf-8"), f"{model_dir}: config.json")
     weight_files = sorted(model_dir.glob(WEIGHT_GLOB))
     if not weight_files:
         raise UnsupportedModelError(f"{model_dir}: no {WEIGHT_GLOB} files")

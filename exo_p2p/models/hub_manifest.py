@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from exo_p2p.models.card import card_from_config, float32_sizes
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.model_json import model_json
 from exo_p2p.models.hub import HubClient, HubError, HubFile
 from exo_p2p.models.manifest import choose_chunk_bytes, chunk_bounds, tensor_ranges
 from exo_p2p.models.partial import PartialModel
@@ -68,10 +68,7 @@ def _header(client: HubClient, f: HubFile) -> tuple[bytes, dict]:
     if n > MAX_HEADER_BYTES or 8 + n > f.size:
         raise UnsupportedModelError(f"{f.path}: safetensors header of {n} bytes in a {f.size}-byte file")
     raw += client.get_range(f.path, 8, 8 + n)
-    try:
-        return raw, json.loads(raw[8:])
-    except ValueError as e:
-        raise UnsupportedModelError(f"{f.path}: safetensors header is not JSON ({e})") from e
+    return raw, model_json(raw[8:], f"{f.path}: safetensors header")
 
 
 def _chunks(size: int, cuts: list[int], chunk_bytes: int, known: bytes) -> tuple[Chunk, ...]:
@@ -122,7 +119,7 @@ def resolve_hub_model(client: HubClient, model_id: str,
                 sizes[name] = int(info["data_offsets"][1]) - int(info["data_offsets"][0])
                 shapes[name] = tuple(int(d) for d in info["shape"])
     try:
-        config = json.loads(known["config.json"])
+        config = model_json(known["config.json"], f"model {model_id}: config.json")
         card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
     except (ValueError, KeyError, TypeError) as e:
         raise UnsupportedModelError(f"model {model_id}: unusable config.json ({e})") from e

@@ -27,6 +27,7 @@ from pathlib import Path
 import msgspec
 
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.model_json import model_json
 from exo_p2p.models.names import check_relative_path
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest, TensorRange
 
@@ -82,10 +83,7 @@ def safetensors_layout(path: Path) -> tuple[int, tuple[TensorRange, ...]]:
         if 8 + length > size:
             raise UnsupportedModelError(f"{path}: safetensors header longer than the file")
         data = f.read(length)
-    try:
-        header = json.loads(data)
-    except ValueError as e:
-        raise UnsupportedModelError(f"{path}: safetensors header is not JSON ({e})") from e
+    header = model_json(data, f"{path}: safetensors header")
     base = 8 + length
     return base, tensor_ranges(path, header, base, size)
 
