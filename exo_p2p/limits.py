@@ -25,8 +25,8 @@ can import mlx-lm), does three things:
    undone).
 
 The budget (:func:`api_connection_cap`): ``FD_RESERVE`` descriptors stay for the node's own
-files, runners and outgoing connections, ``LIBP2P_MAX_CONNECTIONS`` and the bulk budget
-for those listeners, and the API gets the rest, at most ``API_MAX_CONNECTIONS``.
+files, runners and outgoing connections, ``LIBP2P_MAX_CONNECTIONS``, the bulk and the link probe
+budgets for those listeners, and the API gets the rest, at most ``API_MAX_CONNECTIONS``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ LIBP2P_MAX_CONNECTIONS = 300
 BULK_MAX_CONNECTIONS = 80
 """Descriptors budgeted for the model-transfer (bulk) listener: its connections waiting for a
 ticket and those served (``exo_p2p.models.bulk.MAX_UNREDEEMED`` + ``MAX_CONNECTIONS``)."""
+PROBE_MAX_CONNECTIONS = 80
+"""Descriptors budgeted for the link probe listener: its connections waiting for a ticket and
+those served (``exo_p2p.links.probe_server.MAX_WAITING`` + ``MAX_CONNECTIONS``)."""
 
 _state: dict[str, object] = {}
 """``original``: the unpatched ``resource.setrlimit``; ``kept``: the limits set at start."""
@@ -88,11 +91,12 @@ def wanted_soft(current: Limits, ceiling: int = NOFILE_CEILING) -> int:
 
 def api_connection_cap(nofile_soft: int) -> int:
     """HTTP connections the API may hold at once under a soft NOFILE limit of ``nofile_soft``
-    descriptors: what is left after ``FD_RESERVE`` and the libp2p and bulk listeners' caps,
+    descriptors: what is left after ``FD_RESERVE`` and the libp2p, bulk and link probe
+    listeners' caps,
     clamped to [``API_MIN_CONNECTIONS``, ``API_MAX_CONNECTIONS``]. Pure."""
     if _rank(nofile_soft) == float("inf"):
         return API_MAX_CONNECTIONS
-    left = nofile_soft - FD_RESERVE - LIBP2P_MAX_CONNECTIONS - BULK_MAX_CONNECTIONS
+    left = nofile_soft - FD_RESERVE - LIBP2P_MAX_CONNECTIONS - BULK_MAX_CONNECTIONS - PROBE_MAX_CONNECTIONS
     return max(API_MIN_CONNECTIONS, min(API_MAX_CONNECTIONS, left))
 
 

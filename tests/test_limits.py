@@ -93,7 +93,7 @@ def test_wanted_soft_is_the_hard_limit(current, wanted):
 def test_api_cap_fits_the_budget(nofile):
     cap = limits.api_connection_cap(nofile)
     assert limits.API_MIN_CONNECTIONS <= cap <= limits.API_MAX_CONNECTIONS
-    reserved = limits.FD_RESERVE + limits.LIBP2P_MAX_CONNECTIONS + limits.BULK_MAX_CONNECTIONS
+    reserved = limits.FD_RESERVE + limits.LIBP2P_MAX_CONNECTIONS + limits.BULK_MAX_CONNECTIONS + limits.PROBE_MAX_CONNECTIONS
     assert cap == limits.API_MIN_CONNECTIONS or cap + reserved <= nofile
 
 
@@ -103,9 +103,15 @@ def test_the_bulk_budget_is_what_the_bulk_listener_can_hold():
     assert limits.BULK_MAX_CONNECTIONS == bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS
 
 
+def test_the_probe_budget_is_what_the_probe_listener_can_hold():
+    from exo_p2p.links import probe_server
+
+    assert limits.PROBE_MAX_CONNECTIONS == probe_server.MAX_WAITING + probe_server.MAX_CONNECTIONS
+
+
 def test_api_cap_figures():
     assert limits.api_connection_cap(20000) == 4096
-    assert limits.api_connection_cap(4096) == 4096 - 1024 - 300 - 80
+    assert limits.api_connection_cap(4096) == 4096 - 1024 - 300 - 80 - 80
     assert limits.api_connection_cap(1024) == limits.API_MIN_CONNECTIONS
     assert limits.api_connection_cap(INF) == 4096
 
