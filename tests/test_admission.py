@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from exo_p2p.admission import WaitingRoom, per_source_cap, victim
 from exo_p2p.listener_rules import LISTENERS
-from exo_p2p.listeners import serve_bounded
 from exo_p2p.net.inbound import per_source_handler
+from tests.test_limits import serve_script
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parent.parent
@@ -101,42 +101,12 @@ class _Stream:
         self.socket.close()
 
 
-class _Listener:
-    def __init__(self, streams: list[_Stream]) -> None:
-        self.streams = streams
-
-    async def accept(self) -> _Stream:
-        await trio.sleep(0.01)
-        if not self.streams:
-            await trio.sleep_forever()
-        return self.streams.pop(0)
-
-    async def __aenter__(self):  # type: ignore[no-untyped-def]
-        return self
-
-    async def __aexit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-
 def test_serve_bounded_closes_a_connection_beyond_its_sources_share() -> None:
     """A cap of 8, 3 per source: the fourth connection of one address is closed on arrival,
     another address is still served."""
     streams = [_Stream("10.0.0.66") for _ in range(4)] + [_Stream("10.0.0.2")]
-    served: list[_Stream] = []
-
-    async def handler(stream) -> None:  # type: ignore[no-untyped-def]
-        served.append(stream)
-        await trio.sleep_forever()
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            refusals = await nursery.start(lambda task_status: serve_bounded(
-                _Listener(list(streams)), handler, max_connections=8, per_source=3, name="t", task_status=task_status))
-            await trio.sleep(5)
-            assert served == streams[:3] + streams[4:] and refusals.count == 1 and streams[3].socket.closed
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    served, refused = serve_script(list(streams), 5, max_connections=8, per_source=3)
+    assert served == streams[:3] + streams[4:] and refused == 1 and streams[3].socket.closed
 
 
 class _Conn:

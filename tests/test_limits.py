@@ -172,13 +172,11 @@ class _FakeListener:
         pass
 
 
-def test_serve_bounded_caps_connections_and_rides_out_emfile():
-    """Three connections under a cap of two: the third is closed at once; EMFILE and
-    ECONNABORTED between them pause the loop instead of ending it."""
-    streams = [_FakeStream() for _ in range(3)]
-    script = [streams[0], OSError(errno.EMFILE, "Too many open files"), streams[1],
-              OSError(errno.ECONNABORTED, "aborted"), OSError(errno.EMFILE, "again"), streams[2]]
-    served: list[_FakeStream] = []
+def serve_script(script: list, seconds: float, **kw) -> tuple[list, int]:  # type: ignore[type-arg]
+    """Run ``serve_bounded`` (``kw``: its caps) over ``script`` (``_FakeListener``) for
+    ``seconds`` of a mock clock with handlers that never end: (streams served, refusals)."""
+    served: list = []  # type: ignore[type-arg]
+    out: list[int] = []
 
     async def handler(stream) -> None:  # type: ignore[no-untyped-def]
         served.append(stream)
@@ -187,12 +185,23 @@ def test_serve_bounded_caps_connections_and_rides_out_emfile():
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             refusals = await nursery.start(lambda task_status: serve_bounded(
-                _FakeListener(script), handler, max_connections=2, name="t", task_status=task_status))
-            await trio.sleep(30)
-            assert served == streams[:2] and refusals.count == 1 and streams[2].socket.closed
+                _FakeListener(script), handler, name="t", task_status=task_status, **kw))
+            await trio.sleep(seconds)
+            out.append(refusals.count)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return served, out[0]
+
+
+def test_serve_bounded_caps_connections_and_rides_out_emfile():
+    """Three connections under a cap of two: the third is closed at once; EMFILE and
+    ECONNABORTED between them pause the loop instead of ending it."""
+    streams = [_FakeStream() for _ in range(3)]
+    script = [streams[0], OSError(errno.EMFILE, "Too many open files"), streams[1],
+              OSError(errno.ECONNABORTED, "aborted"), OSError(errno.EMFILE, "again"), streams[2]]
+    served, refused = serve_script(script, 30, max_connections=2)
+    assert served == streams[:2] and refused == 1 and streams[2].socket.closed
 
 
 def test_serve_bounded_raises_other_errors():
