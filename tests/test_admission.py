@@ -180,3 +180,15 @@ def test_every_rule_bounds_sources_and_handshakes() -> None:
     for rule in LISTENERS:
         assert 1 <= rule.per_source < rule.total, rule
         assert 0 < rule.deadline_s <= 10, rule
+
+
+def test_a_libp2p_host_is_built_with_the_per_source_cap() -> None:
+    """The node's libp2p host (``new_libp2p_host``) runs every inbound connection through
+    ``per_source_handler``: an address holding its share is refused before the library's."""
+    from exo_p2p.net import NetConfig
+    from exo_p2p.net.host_build import listen_multiaddrs, new_libp2p_host
+    from exo_p2p.net.identity import identity_from_seed
+
+    host = new_libp2p_host(NetConfig(identity=identity_from_seed(b"\1" * 32)), listen_multiaddrs("127.0.0.1", 0))
+    handler = host.get_network()._handle_inbound_connection  # type: ignore[attr-defined]
+    assert handler.__qualname__ == "per_source_handler.<locals>.handle"
