@@ -189,13 +189,23 @@ def test_cross_site_form_posts_and_foreign_origins_change_nothing() -> None:
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         form = {"model": MODEL}
-        for kwargs in ({"data": form}, {"content": b'{"model": "m"}', "headers": {"content-type": "text/plain"}},
-                       {"files": {"f": b"x"}}, {"content": b'{"model": "m"}'}):
-            r = await client.post("/instances", **kwargs)  # type: ignore[arg-type]
+        # a browser sends Origin on every cross-site POST: from an allowed page (the node's
+        # own), a form content type is still refused; a foreign origin is refused before that
+        own_page = {"origin": "http://127.0.0.1:52515", "host": "127.0.0.1:52515"}
+        for kwargs, typed in (({"data": form}, {}), ({"content": b'{"model": "m"}'}, {"content-type": "text/plain"}),
+                              ({"files": {"f": b"x"}}, {}), ({"content": b'{"model": "m"}'}, {})):
+            r = await client.post("/instances", **kwargs, headers={**typed, **own_page})  # type: ignore[arg-type]
             assert r.status_code == 415, r.text
             assert r.json()["error"]["code"] == "unsupported_media_type"
-        r = await client.post("/v1/chat/completions", data={"model": MODEL})
+            r = await client.post("/instances", **kwargs, headers={**typed, "origin": "http://evil.example"})  # type: ignore[arg-type]
+            assert r.status_code == 403, r.text
+        r = await client.post("/v1/chat/completions", data={"model": MODEL}, headers=own_page)
         assert r.status_code == 415
+        # without Origin (curl -d, SDKs) the content type does not matter: a form body is not
+        # JSON (400), JSON sent as a form reaches the route
+        r = await client.post("/v1/chat/completions", data={"model": MODEL})
+        assert r.status_code == 400 and "JSON" in r.json()["error"]["message"], r.text
+        assert not backend.commands
         evil = {"origin": "http://evil.example"}
         r = await client.post("/instances", json={"model": MODEL}, headers=evil)
         assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
@@ -211,7 +221,9 @@ def test_cross_site_form_posts_and_foreign_origins_change_nothing() -> None:
         own = {"origin": "http://127.0.0.1:52515", "host": "127.0.0.1:52515"}
         assert (await client.post("/instances", json={"model": MODEL}, headers=own)).status_code == 201
         assert (await client.post("/instances", json={"model": MODEL})).status_code == 201
-        assert len(_mutations(backend)) == 2
+        form_json = {"content": b'{"model": "%s"}' % MODEL.encode(), "headers": {"content-type": "application/x-www-form-urlencoded"}}
+        assert (await client.post("/instances", **form_json)).status_code == 201  # type: ignore[arg-type]
+        assert len(_mutations(backend)) == 3
 
     run_api(body)
 

@@ -18,9 +18,12 @@ routing, in this order, answering in the error shape of the route's API family
    can call it, while a DNS-rebinding page, whose host is another name, cannot). A web page
    on another site therefore cannot place, delete or chat through the user's browser, even
    with a form post that needs no preflight.
-2. ``POST``/``PUT``/``PATCH`` bodies must be ``application/json`` (415 otherwise): a
-   cross-site form post (``application/x-www-form-urlencoded``, ``multipart/form-data``,
-   ``text/plain``) never reaches a route.
+2. ``POST``/``PUT``/``PATCH`` bodies of a request with an ``Origin`` header must be
+   ``application/json`` (415 otherwise): a cross-site form post
+   (``application/x-www-form-urlencoded``, ``multipart/form-data``, ``text/plain``) never
+   reaches a route, as a browser sends ``Origin`` on every cross-site POST. A request with no
+   ``Origin`` (curl, SDKs, agents: ``curl -d '{…}'`` sends a form content type, as Ollama's
+   own docs do) may use any content type; its body is still decoded as JSON (400 otherwise).
 3. With API keys configured, every path but the public ones (``/health``, and the
    dashboard: ``/`` and ``/dashboard/…``) needs
    ``Authorization: Bearer KEY``; Anthropic routes (``/v1/messages…``) also accept
@@ -236,7 +239,7 @@ class AccessGuard:
                 given = bool(presented_keys(headers, family))
                 what = "invalid API key" if given else "missing API key"
                 return error_info(401, f"{what}: this node requires {where}", code="invalid_api_key")
-        if method in BODY_METHODS and not is_json_content_type(headers.get("content-type")):
+        if method in BODY_METHODS and "origin" in headers and not is_json_content_type(headers.get("content-type")):
             return self._not_json(headers)
         return None
 

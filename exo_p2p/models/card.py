@@ -15,6 +15,9 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
+import msgspec
+
+from exo_p2p.models.capabilities import model_dir_template, template_capabilities
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.model_json import model_json
 from exo_p2p.models.families import quantization_of
@@ -123,7 +126,8 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     for path in weight_files:
         sizes.update(read_safetensors_sizes(path))
         shapes.update(read_safetensors_shapes(path))
-    return card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
+    card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
+    return msgspec.structs.replace(card, capabilities=template_capabilities(model_dir_template(model_dir)))
 
 
 def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
@@ -136,8 +140,10 @@ def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:
     header = read_gguf_header(gguf_path)
     config, plans = model_plan(header, functools.partial(read_float_tensor, gguf_path, header))
     tensors = [t for plan in plans for t in plan.outputs]
-    return card_from_config(config, {t.name: t.nbytes for t in tensors}, model_id,
+    card = card_from_config(config, {t.name: t.nbytes for t in tensors}, model_id,
                             float32=float32_sizes(config, {t.name: t.shape for t in tensors}))
+    template = header.metadata.get("tokenizer.chat_template")
+    return msgspec.structs.replace(card, capabilities=template_capabilities(template if isinstance(template, str) else None))
 
 
 #: bytes per element of a config's ``torch_dtype`` (the activations' dtype in mlx-lm)

@@ -28,6 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgspec
+
+from exo_p2p.models.capabilities import template_capabilities, template_of
 from exo_p2p.models.card import card_from_config, float32_sizes
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.model_json import model_json
@@ -121,6 +124,8 @@ def resolve_hub_model(client: HubClient, model_id: str,
     try:
         config = model_json(known["config.json"], f"model {model_id}: config.json")
         card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
+        template = template_of(known.get("chat_template.jinja"), known.get("tokenizer_config.json"))
+        card = msgspec.structs.replace(card, capabilities=template_capabilities(template))
     except (ValueError, KeyError, TypeError) as e:
         raise UnsupportedModelError(f"model {model_id}: unusable config.json ({e})") from e
     manifest = ModelManifest(model_id, chunk_bytes, tuple(sorted(entries, key=lambda e: e.path)))

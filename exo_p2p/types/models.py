@@ -27,6 +27,8 @@ class ModelCard(msgspec.Struct, frozen=True):
     node's runner, ``--cpu-weights``); empty / 0 on cards from before them (never expanded).
     ``quantization``: how the weights are stored (``exo_p2p.models.families.quantization_of``:
     ``"4-bit, group 64"``, ``"bfloat16"``...; empty on cards from before it).
+    ``capabilities``: what its chat template knows (``exo_p2p.models.capabilities``:
+    ``completion``, ``tools``, ``thinking``; empty on cards from before it).
     """
 
     model_id: ModelId
@@ -53,6 +55,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     float32_head_bytes: Bytes = 0
     float32_norm_bytes: Bytes = 0
     quantization: str = ""
+    capabilities: tuple[str, ...] = ()
 
     @property
     def expandable(self) -> bool:

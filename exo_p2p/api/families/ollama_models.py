@@ -42,7 +42,9 @@ def _digest(model_id: str) -> str:
 
 
 def _details(card: ModelCard) -> dict[str, Any]:
-    return {"parent_model": "", "format": "mlx", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
+    arch = card.architecture or ""
+    return {"parent_model": "", "format": "mlx", "family": arch, "families": [arch] if arch else None, "parameter_size": "",
+            "quantization_level": card.quantization}
 
 
 def _entry(card: ModelCard, modified: str) -> dict[str, Any]:
@@ -116,19 +118,22 @@ def model_routes(ctx: ApiContext) -> list[Route]:
 
 
 def show_document(card: ModelCard, started: int) -> dict[str, Any]:
-    """``/api/show``'s answer for ``card``: its shape as llama-style ``model_info`` keys
-    (context length, widths, layers, heads, vocabulary); ``started`` (Unix seconds) is its
-    ``modified_at`` (pure)."""
-    info = {
-        "general.architecture": "llama",
-        "llama.context_length": card.context_length,
-        "llama.embedding_length": card.hidden_size,
-        "llama.block_count": card.n_layers,
-        "llama.attention.head_count": card.num_attention_heads,
-        "llama.attention.head_count_kv": card.num_key_value_heads,
-        "llama.vocab_size": card.vocab_size,
-    }
+    """``/api/show``'s answer for ``card``: its shape as Ollama's ``model_info`` keys under
+    its architecture (``<arch>.context_length`` in tokens, where clients read the context
+    window; widths, layers, heads, vocabulary), its ``capabilities`` from its chat template
+    (``exo_p2p.models.capabilities``; ``completion`` for a card from before them);
+    ``started`` (Unix seconds) is its ``modified_at`` (pure)."""
+    arch = card.architecture or "llama"
+    info: dict[str, Any] = {"general.architecture": arch}
+    info.update({
+        f"{arch}.context_length": card.context_length,
+        f"{arch}.embedding_length": card.hidden_size,
+        f"{arch}.block_count": card.n_layers,
+        f"{arch}.attention.head_count": card.num_attention_heads,
+        f"{arch}.attention.head_count_kv": card.num_key_value_heads,
+        f"{arch}.vocab_size": card.vocab_size,
+    })
     return {
         "modelfile": "", "parameters": "", "template": "", "details": _details(card), "model_info": info,
-        "capabilities": ["completion"], "modified_at": timestamp(started),
+        "capabilities": list(card.capabilities or ("completion",)), "modified_at": timestamp(started),
     }
