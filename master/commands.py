@@ -30,7 +30,7 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TextGeneration,
 )
-from master.admission import memory_refusal, oversized_prompt
+from master.admission import MAX_BYTES_PER_TOKEN, memory_refusal, oversized_prompt, prompt_bytes
 from master.in_flight import busy_refusal
 from master.placement import PlacementError, place_instance
 from master.placement_context import resolve_nodes
@@ -195,7 +195,9 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         return _error(command, 503, f"no healthy instance for model {model!r}: {reasons}", type_="server_error", code="instance_failed")
     card = state.model_cards[model]
     if (too_long := oversized_prompt(command.params, card.context_length)) is not None:
-        return _error(command, 400, too_long, param="messages", code="context_length_exceeded")
+        info = ErrorInfo(400, too_long, param="messages", code="context_length_exceeded", context_tokens=card.context_length,
+                         prompt_tokens=-(-prompt_bytes(command.params) // MAX_BYTES_PER_TOKEN))  # at least this many tokens
+        return Decision((), CommandResult(command.command_id, error=info))
     refusals = {i.instance_id: memory_refusal(state, i, card, command.params) for i in ready}
     fitting = [i for i in ready if refusals[i.instance_id] is None]
     if not fitting:

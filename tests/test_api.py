@@ -356,7 +356,8 @@ def test_stream_include_usage_chunk_and_cancelled_maps_to_stop() -> None:
         chunks = [json.loads(e) for e in events[:-1]]
         usage_chunk = chunks[-1]
         assert usage_chunk["choices"] == []
-        assert usage_chunk["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+        assert usage_chunk["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+                                       "prompt_tokens_details": {"cached_tokens": 0}}
         assert [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == [chunks[-2]]
         assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
         assert all("usage" not in c for c in chunks[:-1])
@@ -439,7 +440,8 @@ def test_non_stream_shape_usage_and_parameter_mapping() -> None:
         assert doc["object"] == "chat.completion" and doc["model"] == MODEL
         message = {"role": "assistant", "content": "".join(TOKENS), "refusal": None}
         assert doc["choices"] == [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}]
-        assert doc["usage"] == {"prompt_tokens": 12, "completion_tokens": len(TOKENS), "total_tokens": 12 + len(TOKENS)}
+        assert doc["usage"] == {"prompt_tokens": 12, "completion_tokens": len(TOKENS), "total_tokens": 12 + len(TOKENS),
+                                "prompt_tokens_details": {"cached_tokens": 0}}
         assert null_keys(doc) == {"refusal", "logprobs"}  # the spec's required nullable fields
         assert submit.model_id == MODEL and submit.api_node_id == backend.node_id
         p = submit.params

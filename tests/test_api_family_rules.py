@@ -41,7 +41,8 @@ def test_anthropic_mapping_and_refusals() -> None:
          "tool_choice"),
         ({"thinking": {"type": "sometimes"}}, "thinking.type"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
         ({"messages": []}, "messages"),
     ]:
         assert refused(anthropic.messages_params, msg_request(**fields)).info.param == param
@@ -94,7 +95,7 @@ def test_responses_input_forms_and_refusals() -> None:
         ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["message.output_text.logprobs"]}, "include"), ({"include": ["reasoning.bogus"]}, "include"),
         ({"input": [{"type": "function_call_output"}]}, "input[0].call_id"), ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
         ({"input": [], "instructions": "x"}, "input"),

@@ -177,8 +177,8 @@ def test_anthropic_answer_blocks_streamed_and_not() -> None:
         whole = (await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, thinking={"type": "enabled", "budget_tokens": 1024}))).json()
         assert whole["stop_reason"] == "tool_use"
         assert whole["content"] == [{"type": "thinking", "thinking": "plan it", "signature": ""}, {"type": "text", "text": "Let me look."},
-                                    {"type": "tool_use", "id": "call_t_0", "name": "get_weather", "input": {"city": "Paris"}},
-                                    {"type": "tool_use", "id": "call_t_1", "name": "get_time", "input": {}}]
+                                    {"type": "tool_use", "id": "toolu_t_0", "name": "get_weather", "input": {"city": "Paris"}},
+                                    {"type": "tool_use", "id": "toolu_t_1", "name": "get_time", "input": {}}]
         plain = (await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True}))).json()
         assert [b["type"] for b in plain["content"]] == ["text", "tool_use"]  # no thinking asked: none answered
         r = await client.post("/v1/messages", json=messages(tools=ANTHROPIC_TOOLS, stream=True, thinking={"type": "enabled", "budget_tokens": 1024}))

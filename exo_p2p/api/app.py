@@ -45,6 +45,7 @@ def create_app(
     access: AccessPolicy | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     observer: Observer | None = None,
+    reasoning_key: bytes | None = None,
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -57,7 +58,8 @@ def create_app(
     ``extra_routes`` are served too (e.g. a page route named ``dashboard``, which ``GET /``
     serves to browsers; see ``exo_p2p.api.families.ollama``); ``observer`` receives every
     finished request's record and serves ``/metrics`` and ``/requests`` (default: metrics of
-    this API alone, no request file).
+    this API alone, no request file); ``reasoning_key`` (32 bytes) seals reasoning carried
+    across Responses turns (``exo_p2p.api.sealed_reasoning``; default: random).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -70,6 +72,8 @@ def create_app(
         command_timeout=command_timeout,
         observer=observer or Observer(NodeMetrics(known_model=lambda m: m in backend.state().model_cards)),
     )
+    if reasoning_key is not None:
+        config.reasoning_key = reasoning_key
     return Starlette(
         routes=[*api_routes(backend, config), *observe_routes(config.observer), *dashboard_routes(), *extra_routes],
         middleware=[

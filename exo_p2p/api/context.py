@@ -7,6 +7,7 @@ request body into a Struct, and ``generate`` the one way it answers a generation
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,8 +37,8 @@ CHECK_THREADS = 2
 @dataclass
 class ApiConfig:
     """Settings of one API: model aliases (alias → model id), the in-flight generation limit
-    (None = unlimited), the request body limit in bytes, the generation waits, and the
-    observer of finished requests."""
+    (None = unlimited), the request body limit in bytes, the generation waits, the
+    observer of finished requests and the reasoning sealing key."""
 
     model_aliases: Mapping[str, str]
     queue_limit: int | None = None
@@ -46,6 +47,9 @@ class ApiConfig:
     command_timeout: float = 30.0
     observer: Observer = field(default_factory=Observer)
     """Where finished requests' records go (metrics, the request log)."""
+    reasoning_key: bytes = field(default_factory=lambda: os.urandom(32))
+    """The key sealing reasoning carried across Responses turns (``exo_p2p.api.sealed_reasoning``;
+    a node's is derived from its cluster secret, default: random for this API alone)."""
 
 
 @dataclass

@@ -51,9 +51,30 @@ def error_info(status: int, message: str, *, param: str | None = None, code: str
     return ErrorInfo(status=status, message=message, type=kind, param=param, code=code)
 
 
+OVERFLOW_CODE = "context_length_exceeded"
+
+
+def overflow_message(family: str, info: ErrorInfo) -> str:
+    """``info``'s message, or for a prompt that does not fit the context (``code``
+    ``context_length_exceeded`` with its token counts) the words its family's vendor uses, which
+    agents match to compact a conversation: OpenAI's "This model's maximum context length is M
+    tokens. However, your messages resulted in N tokens. …", Anthropic's "prompt is too long:
+    N tokens > M maximum", Ollama's "the input length exceeds the context length"."""
+    n, m = info.prompt_tokens, info.context_tokens
+    if info.code != OVERFLOW_CODE or n is None or m is None:
+        return info.message
+    if family == "anthropic":
+        return f"prompt is too long: {n} tokens > {m} maximum"
+    if family == "ollama":
+        return "the input length exceeds the context length"
+    return (f"This model's maximum context length is {m} tokens. However, your messages resulted in {n} tokens. "
+            "Please reduce the length of the messages.")
+
+
 def error_body(info: ErrorInfo) -> bytes:
-    """The JSON bytes of an OpenAI-shaped error body for ``info``."""
-    return _json.encode(ErrorBody(ErrorDetail(info.message, info.type, info.param, info.code)))
+    """The JSON bytes of an OpenAI-shaped error body for ``info`` (an overflow worded as
+    OpenAI does, ``overflow_message``)."""
+    return _json.encode(ErrorBody(ErrorDetail(overflow_message("openai", info), info.type, info.param, info.code)))
 
 
 def should_not_retry(info: ErrorInfo) -> bool:
@@ -109,14 +130,15 @@ def family_of(path: str) -> Family:
 
 
 def anthropic_error_body(info: ErrorInfo) -> bytes:
-    """``{"type": "error", "error": {"type", "message"}}`` (Anthropic's error shape)."""
+    """``{"type": "error", "error": {"type", "message"}}`` (Anthropic's error shape; an
+    overflow worded as Anthropic does, ``overflow_message``)."""
     kind = _ANTHROPIC_TYPE_BY_STATUS.get(info.status, "api_error" if info.status >= 500 else "invalid_request_error")
-    return _json.encode({"type": "error", "error": {"type": kind, "message": info.message}})
+    return _json.encode({"type": "error", "error": {"type": kind, "message": overflow_message("anthropic", info)}})
 
 
 def ollama_error_body(info: ErrorInfo) -> bytes:
     """``{"error": "message"}`` (Ollama's error shape)."""
-    return _json.encode({"error": info.message})
+    return _json.encode({"error": overflow_message("ollama", info)})
 
 
 def family_error_body(family: str, info: ErrorInfo) -> bytes:

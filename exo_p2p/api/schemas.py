@@ -131,10 +131,20 @@ class ErrorBody(msgspec.Struct, frozen=True):
     error: ErrorDetail
 
 
+class CachedTokens(msgspec.Struct, frozen=True):
+    """``prompt_tokens_details``: ``cached_tokens`` of the prompt taken from the prompt cache."""
+
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct, frozen=True):
+    """OpenAI's usage; ``prompt_tokens_details.cached_tokens`` counts the prompt tokens the
+    prompt cache served (OpenAI's field, which agents read as cache hits)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: CachedTokens = CachedTokens()
 
 
 class Delta(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -5,6 +5,7 @@ app on the node's backend, served in the node's nursery."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import structlog
 import trio
@@ -12,6 +13,7 @@ import trio
 from exo_p2p.api.access import AccessPolicy, is_loopback_host
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.generation_job import GenerationSettings
+from exo_p2p.api.sealed_reasoning import reasoning_key
 from exo_p2p.config import NodeConfig
 
 log = structlog.get_logger("exo_p2p.node")
@@ -29,8 +31,10 @@ def access_policy(cfg: NodeConfig) -> AccessPolicy:
 async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig, observer) -> int:  # type: ignore[no-untyped-def]
     """Serve the HTTP API on ``cfg.api_host:cfg.api_port`` in ``nursery`` with ``backend``
     and ``observer`` (``exo_p2p.metrics.observer.Observer``); returns the port it bound.
-    Warns, in the log and on stderr, when anyone on the network can use it. Raises
-    ``OSError`` when the port cannot be bound."""
+    Warns, in the log and on stderr, when anyone on the network can use it. Its reasoning
+    sealing key comes from the cluster secret, else the data dir's ``reasoning.key``
+    (``exo_p2p.api.sealed_reasoning``). Raises ``OSError`` when the port cannot be bound or
+    the key cannot be written."""
     from exo_p2p.api.app import create_app
     from exo_p2p.api.server import serve
 
@@ -42,6 +46,8 @@ async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig,
         )
         log.warning("api open to the network", api_host=cfg.api_host)
         print(f"warning: {warning}", file=sys.stderr)
+    secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
+    key = await trio.to_thread.run_sync(reasoning_key, secret, Path(cfg.data_dir))
     app = create_app(backend, queue_limit=cfg.queue_limit, access=access,
-                     generation=GenerationSettings(max_moves=cfg.max_moves), observer=observer)
+                     generation=GenerationSettings(max_moves=cfg.max_moves), observer=observer, reasoning_key=key)
     return await nursery.start(serve, app, cfg.api_host, cfg.api_port)

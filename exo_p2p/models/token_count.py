@@ -21,6 +21,7 @@ import structlog
 import trio
 
 from exo_p2p.models.errors import ModelNotFoundError
+from exo_p2p.system_turns import messages_for_template
 from exo_p2p.types import GenerationParams, State
 
 log = structlog.get_logger(__name__)
@@ -141,7 +142,8 @@ class TokenCounter:
 
     async def count(self, model_id: str, params: GenerationParams) -> int:
         """Tokens of ``params``'s prompt (its text, or its messages through the chat template
-        with the generation prompt added) for ``model_id``, counted in a thread. Raises
+        with the generation prompt added, late system messages as ``exo_p2p.system_turns``
+        says) for ``model_id``, counted in a thread. Raises
         ``KeyError`` when this node does not store the model, ``ValueError`` when its chat
         template fails."""
         tokenizer = await self.tokenizer(model_id)
@@ -151,6 +153,8 @@ class TokenCounter:
                 return len(tokenizer.encode(params.prompt))
             messages = [{"role": m.role, "content": m.content} for m in params.messages]
             try:
+                messages = messages_for_template(
+                    lambda ms: tokenizer.apply_chat_template(ms, add_generation_prompt=True, tokenize=False), messages)
                 return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
             except Exception as e:  # noqa: BLE001 - a template error is the request's problem
                 raise ValueError(f"the chat template of model {model_id} failed: {e}") from None

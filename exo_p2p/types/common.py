@@ -37,7 +37,10 @@ class ErrorInfo(msgspec.Struct, frozen=True):
 
     ``status`` is the HTTP status the API answers with (docs/architecture.md#instance-lifecycle), ``type`` the OpenAI
     error type (``invalid_request_error``, ``not_found_error``, ``server_error``, ...),
-    ``param`` the offending request field when there is one.
+    ``param`` the offending request field when there is one. A prompt that does not fit
+    (``code`` ``context_length_exceeded``) carries its ``prompt_tokens`` (exact, or a lower
+    bound when it was refused by size) and the model's ``context_tokens``, from which each API
+    family words the error as its vendor does (``exo_p2p.api.errors.overflow_message``).
     """
 
     status: int
@@ -45,3 +48,5 @@ class ErrorInfo(msgspec.Struct, frozen=True):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    prompt_tokens: int | None = None
+    context_tokens: int | None = None

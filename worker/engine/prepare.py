@@ -27,8 +27,10 @@ into it (a resume that does not fit its format is a 400 too).
 from __future__ import annotations
 
 import mlx.core as mx
+import msgspec
 
 from exo_p2p.output_format import FormatError
+from exo_p2p.system_turns import messages_for_template
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import GenerationParams
@@ -79,8 +81,9 @@ def vocab_size(loaded: LoadedModel) -> int:
 def prompt_ids(task_id: TaskId, params: GenerationParams, loaded: LoadedModel,
                model_id: str) -> list[int] | ErrorChunk:
     """The prompt's token ids: the raw ``prompt`` tokenized, else the messages through the
-    chat template with the generation prompt; an ``ErrorChunk`` (400) when there is no
-    template or it fails."""
+    chat template with the generation prompt (late system messages as
+    ``exo_p2p.system_turns`` says); an ``ErrorChunk`` (400) when there is no template or it
+    fails."""
     tok = loaded.tokenizer
     if params.prompt is not None:
         return list(tok.encode(params.prompt))
@@ -89,6 +92,8 @@ def prompt_ids(task_id: TaskId, params: GenerationParams, loaded: LoadedModel,
                            code="no_chat_template")
     messages, kwargs = render_kwargs(params, tok)
     try:
+        messages = messages_for_template(
+            lambda ms: tok.apply_chat_template(ms, add_generation_prompt=True, tokenize=False, **kwargs), messages)
         return list(tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
     except Exception as e:  # noqa: BLE001 - a template error is the request's fault
         return error_chunk(task_id, 400, f"the chat template of model {model_id} failed: {e}", param="messages")
@@ -99,8 +104,11 @@ def check(task_id: TaskId, params: GenerationParams, ids: list[int], loaded: Loa
     """The 400 for a request of prompt ``ids`` that cannot run on ``loaded`` (see the module
     docstring), or None."""
     if problem := validate_prompt(len(ids), params.max_tokens, loaded.context_length):
-        code = "context_length_exceeded" if "context" in problem else None
-        return error_chunk(task_id, 400, problem, param="messages" if code else "max_tokens", code=code)
+        if "context" not in problem:
+            return error_chunk(task_id, 400, problem, param="max_tokens")
+        chunk = error_chunk(task_id, 400, problem, param="messages", code="context_length_exceeded")
+        sizes = msgspec.structs.replace(chunk.error, prompt_tokens=len(ids), context_tokens=loaded.context_length)
+        return msgspec.structs.replace(chunk, error=sizes)
     if params.temperature < 0:
         return error_chunk(task_id, 400, f"temperature must be >= 0, not {params.temperature}", param="temperature")
     vocab = vocab_size(loaded) if params.logit_bias else 0

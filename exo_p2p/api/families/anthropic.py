@@ -1,7 +1,9 @@
 """Anthropic Messages, ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 ``system`` (a string or text blocks) becomes the system message; ``messages`` alternate
-``user``/``assistant`` with string or text-block content; ``max_tokens`` is required;
+``user``/``assistant`` with string or text-block content, and may hold ``system`` turns
+anywhere (text; rendered as ``exo_p2p.system_turns`` says; ``cache_control`` is ignored:
+the prompt cache is automatic); ``max_tokens`` is required;
 ``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours; tools, tool
 blocks and thinking as ``anthropic_tools`` says; ``output_config.format`` (the beta's
 ``output_format``; the extensions ``regex``, ``grammar``) constrains the output
@@ -32,6 +34,7 @@ from exo_p2p.api.families.anthropic_tools import (
     BlocksEncoder,
     anthropic_choice,
     anthropic_tools,
+    anthropic_usage,
     counted_messages,
     system_text,
     thinking_of,
@@ -119,9 +122,11 @@ def anthropic_messages(messages: list[MessageParam], system: str | list[Block] |
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     for i, m in enumerate(messages):
-        if m.role not in ("user", "assistant"):
-            raise ApiError(400, f"messages.{i}.role must be 'user' or 'assistant', got {m.role[:64]!r}", param=f"messages.{i}.role")
-        if isinstance(m.content, str):
+        if m.role not in ("user", "assistant", "system"):
+            raise ApiError(400, f"messages.{i}.role must be 'user', 'assistant' or 'system', got {m.role[:64]!r}", param=f"messages.{i}.role")
+        if m.role == "system":  # a system turn anywhere (exo_p2p.system_turns renders it)
+            out.append(ChatMessage("system", system_text(_text(f"messages.{i}.content", m.content))))
+        elif isinstance(m.content, str):
             out.append(ChatMessage(m.role, m.content))
         else:
             out += turn_messages(i, m.role, m.content)
@@ -168,10 +173,7 @@ class MessagesEncoder:
             "content": content,
             "stop_reason": None if chunk is None else stop_reason(chunk),
             "stop_sequence": None if chunk is None else chunk.stop_sequence,
-            "usage": {
-                "input_tokens": self.prompt_tokens if chunk is None else chunk.prompt_tokens,
-                "output_tokens": 0 if chunk is None else chunk.completion_tokens,
-            },
+            "usage": anthropic_usage(self.prompt_tokens, chunk),
         }
 
     def start(self, prompt_tokens: int | None) -> bytes:
@@ -187,7 +189,7 @@ class MessagesEncoder:
 
     def finish(self, chunk: FinishChunk) -> bytes:
         delta = {"stop_reason": stop_reason(chunk), "stop_sequence": chunk.stop_sequence}
-        usage = {"input_tokens": chunk.prompt_tokens, "output_tokens": chunk.completion_tokens}
+        usage = anthropic_usage(chunk.prompt_tokens, chunk)
         return (
             sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
             + sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")

@@ -118,9 +118,31 @@ def turn_messages(i: int, role: str, blocks: list[Any]) -> list[ChatMessage]:
     return results + ([ChatMessage("user", "".join(texts))] if texts or not results else [])
 
 
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's ``toolu_…`` form of our call id ``call_<task id>_<n>``: ``toolu_`` and the
+    rest without dashes (letters, digits and ``_``, as Anthropic's ids); an id already in that
+    form is kept."""
+    if call_id.startswith("toolu_"):
+        return call_id
+    return "toolu_" + call_id.removeprefix("call_").replace("-", "")
+
+
 def call_block(call: ToolCall, *, empty: bool = False) -> dict[str, Any]:
-    """A ``tool_use`` block of ``call`` (``input`` empty when it opens a stream block)."""
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": {} if empty else json.loads(call.arguments)}
+    """A ``tool_use`` block of ``call`` (``input`` empty when it opens a stream block; ``id``
+    in Anthropic's form, ``tool_use_id``)."""
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {} if empty else json.loads(call.arguments)}
+
+
+def anthropic_usage(prompt_tokens: int, chunk: FinishChunk | None) -> dict[str, int]:
+    """Anthropic's ``usage``: ``input_tokens`` the prompt tokens prefilled,
+    ``cache_read_input_tokens`` those taken from the prompt cache (their sum is the prompt,
+    as Anthropic counts), ``output_tokens``; before the finish (``chunk`` None) the whole
+    prompt is ``input_tokens``."""
+    if chunk is None:
+        return {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
+    cached = min(chunk.cached_tokens, chunk.prompt_tokens)
+    return {"input_tokens": chunk.prompt_tokens - cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached, "output_tokens": chunk.completion_tokens}
 
 
 def stop_reason(chunk: FinishChunk) -> str:
@@ -150,8 +172,7 @@ class BlocksEncoder:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": None if chunk is None else stop_reason(chunk),
                 "stop_sequence": None if chunk is None else chunk.stop_sequence,
-                "usage": {"input_tokens": self.prompt_tokens if chunk is None else chunk.prompt_tokens,
-                          "output_tokens": 0 if chunk is None else chunk.completion_tokens}}
+                "usage": anthropic_usage(self.prompt_tokens, chunk)}
 
     def _close(self) -> bytes:
         if self._open is None:
@@ -194,7 +215,7 @@ class BlocksEncoder:
 
     def finish(self, chunk: FinishChunk) -> bytes:
         delta = {"stop_reason": stop_reason(chunk), "stop_sequence": chunk.stop_sequence}
-        usage = {"input_tokens": chunk.prompt_tokens, "output_tokens": chunk.completion_tokens}
+        usage = anthropic_usage(chunk.prompt_tokens, chunk)
         empty = self._block("text", {"type": "text", "text": ""}) if self._index < 0 else b""  # as answer(): text when nothing else
         return (empty + self._close() + sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
                 + sse({"type": "message_stop"}, "message_stop"))

@@ -35,6 +35,7 @@ from exo_p2p.api.generation import GenerationResponse
 from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
     AssistantMessage,
+    CachedTokens,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -225,7 +226,7 @@ class ChatEncoder(msgspec.Struct, frozen=True):
     def body(self, text: str, chunk: FinishChunk) -> bytes:
         """A whole non-streamed ``chat.completion`` JSON body."""
         choice = Choice(index=0, message=AssistantMessage("assistant", text), finish_reason=openai_finish_reason(chunk.finish_reason))
-        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens)
+        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens, CachedTokens(min(chunk.cached_tokens, chunk.prompt_tokens)))
         return _json.encode(ChatCompletion(self.id, "chat.completion", self.created, self.model, [choice], usage))
 
 

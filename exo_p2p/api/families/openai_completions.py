@@ -26,6 +26,7 @@ from exo_p2p.api.formats import extensions, openai_response_format, output_forma
 from exo_p2p.api.generation import GenerationResponse
 from exo_p2p.api.generation_job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
+    CachedTokens,
     MinP,
     NonEmptyStr,
     Penalty,
@@ -154,7 +155,7 @@ class CompletionEncoder(msgspec.Struct, frozen=True):
 
 
 def _usage(chunk: FinishChunk) -> Usage:
-    return Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens)
+    return Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.prompt_tokens + chunk.completion_tokens, CachedTokens(min(chunk.cached_tokens, chunk.prompt_tokens)))
 
 
 def completion_job(r: CompletionRequest, ctx: ApiContext) -> GenerationJob:

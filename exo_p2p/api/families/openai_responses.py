@@ -6,7 +6,9 @@
 reasoning as ``responses_tools`` says; ``text.format`` (and the extensions ``regex``,
 ``grammar``) constrain the output (``exo_p2p.api.formats``) and is echoed in the response.
 Nothing is stored: ``store: true``, ``previous_response_id``, ``conversation`` and
-``background`` are refused with a 400 that says so, as are other item types. A stream
+``background`` are refused with a 400 that says so, as are other item types; reasoning
+carries across turns through ``include: ["reasoning.encrypted_content"]``
+(``responses_include``). Keep-alives are ``response.in_progress`` events again. A stream
 (without tools or reasoning) is
 ``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta``…, ``response.output_text.done``,
@@ -26,9 +28,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from exo_p2p.api.context import ApiContext
-from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, refuse_set, sse
+from exo_p2p.api.errors import ApiError, overflow_message
+from exo_p2p.api.families.common import SSE_MEDIA_TYPE, refuse_set, sse
 from exo_p2p.api.families.openai_chat import ROLE_ALIASES
+from exo_p2p.api.families.responses_include import join_reasoning, reasoning_message, wants_encrypted_reasoning
 from exo_p2p.api.families.responses_tools import ItemsEncoder, responses_choice, responses_thinking, responses_tools, tool_item
 from exo_p2p.api.formats import extensions, output_format, responses_text_format
 from exo_p2p.api.generation import GenerationResponse
@@ -49,6 +52,7 @@ class InputItem(msgspec.Struct, frozen=True):
     name: str | None = None
     arguments: Any = None
     output: Any = None
+    encrypted_content: Any = None
 
 
 class TextConfig(msgspec.Struct, frozen=True):
@@ -84,18 +88,20 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     grammar: str | None = None
 
 
-def responses_params(r: ResponsesRequest) -> GenerationParams:
-    """``GenerationParams`` of a stateless response; 400 naming what cannot be honoured."""
+def responses_params(r: ResponsesRequest, key: bytes | None = None) -> GenerationParams:
+    """``GenerationParams`` of a stateless response; 400 naming what cannot be honoured.
+    ``key`` opens reasoning items' ``encrypted_content`` (``responses_include``; None: such
+    items are not rendered)."""
     refuse_set([
         ("store", bool(r.store), "responses are not stored by this server; send store: false (or omit it)"),
         ("previous_response_id", r.previous_response_id is not None,
          "responses are not stored by this server, so none can be continued; send the whole conversation in input"),
         ("conversation", r.conversation is not None, "conversations are not stored by this server"),
         ("background", bool(r.background), "background responses are not supported"),
-        ("include", bool(r.include), "no additional output data can be included"),
         ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("prompt", r.prompt is not None, "stored prompt templates are not supported"),
     ])
+    wants_encrypted_reasoning(r.include)
     messages: list[ChatMessage] = []
     if r.instructions:
         messages.append(ChatMessage("system", r.instructions))
@@ -103,10 +109,14 @@ def responses_params(r: ResponsesRequest) -> GenerationParams:
         messages.append(ChatMessage("user", r.input))
     else:
         for i, item in enumerate(r.input):
-            if item.type in ("function_call", "function_call_output", "reasoning"):
+            if item.type == "reasoning":
+                if key is not None and (thought := reasoning_message(i, item, key)) is not None:
+                    messages.append(thought)
+            elif item.type in ("function_call", "function_call_output"):
                 tool_item(i, item, messages)
             else:
                 messages.append(_item_message(i, item))
+        messages = join_reasoning(messages)
     if not messages or all(m.role == "system" for m in messages):
         raise ApiError(400, "input must contain at least one message", param="input")
     optional = {"max_tokens": r.max_output_tokens, "temperature": r.temperature, "top_p": r.top_p}
@@ -169,7 +179,7 @@ class ResponsesEncoder:
         if chunk is not None:
             usage = {
                 "input_tokens": chunk.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": min(chunk.cached_tokens, chunk.prompt_tokens)},
                 "output_tokens": chunk.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
@@ -180,7 +190,7 @@ class ResponsesEncoder:
             "created_at": self.created_at,
             "status": status,
             "background": False,
-            "error": None if error is None else {"code": error.code or error.type, "message": error.message},
+            "error": None if error is None else {"code": error.code or error.type, "message": overflow_message("openai", error)},
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions,
             "max_output_tokens": r.max_output_tokens,
@@ -226,12 +236,14 @@ class ResponsesEncoder:
         )
 
     def error(self, info: ErrorInfo) -> bytes:
-        return self._event("error", code=info.code or info.type, message=info.message, param=info.param) + self._event(
+        return self._event("error", code=info.code or info.type, message=overflow_message("openai", info), param=info.param) + self._event(
             "response.failed", response=self.response("failed", text="".join(self._texts), error=info)
         )
 
     def keepalive(self) -> bytes:
-        return SSE_KEEPALIVE
+        """``response.in_progress`` again: a real event, so a client's idle timer that counts
+        events (Codex's) resets, where an SSE comment would not."""
+        return self._event("response.in_progress", response=self.response("in_progress"))
 
     def body(self, text: str, chunk: FinishChunk) -> bytes:
         status = "incomplete" if chunk.finish_reason == "length" else "completed"
@@ -239,12 +251,14 @@ class ResponsesEncoder:
 
 
 def responses_job(r: ResponsesRequest, ctx: ApiContext) -> GenerationJob:
-    params = responses_params(r)
+    key = ctx.config.reasoning_key
+    params = responses_params(r, key)
     model_id = ctx.model_id(r.model)
     task_id = new_task_id()
     encoder: ResponsesEncoder | ItemsEncoder = ResponsesEncoder(task_id, model_id, r)
     if params.tools or params.thinking:
-        encoder = ItemsEncoder(encoder, limit=1 if r.parallel_tool_calls is False else None, tools=r.tools or [], choice=r.tool_choice)
+        encoder = ItemsEncoder(encoder, limit=1 if r.parallel_tool_calls is False else None, tools=r.tools or [], choice=r.tool_choice,
+                               seal_key=key if wants_encrypted_reasoning(r.include) else None)
     return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=encoder, task_id=task_id)
 
 

@@ -145,7 +145,8 @@ def answer_message(turn: Turn, limit: int | None) -> dict[str, Any]:
 def usage_of(chunk: FinishChunk, reasoning_tokens: int) -> dict[str, Any]:
     """OpenAI's usage of a finished answer, reasoning tokens counted apart (when there are any)."""
     usage: dict[str, Any] = {"prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.completion_tokens,
-                             "total_tokens": chunk.prompt_tokens + chunk.completion_tokens}
+                             "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+                             "prompt_tokens_details": {"cached_tokens": min(chunk.cached_tokens, chunk.prompt_tokens)}}
     if reasoning_tokens:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return usage

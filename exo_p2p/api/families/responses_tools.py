@@ -5,7 +5,7 @@ built-in tools such as web search, which the models here cannot run, are left ou
 ``required``, ``{"type": "function", "name"}``), ``parallel_tool_calls`` (false: one call at
 most), ``reasoning.effort`` (``none`` turns thinking off, any other effort on); ``input``
 items ``function_call`` (joined to the assistant turn before them) and
-``function_call_output`` (a tool message); ``reasoning`` items are accepted and not rendered.
+``function_call_output`` (a tool message); ``reasoning`` items as ``responses_include`` says.
 
 Answer (``ItemsEncoder``): a ``reasoning`` item (its text as ``reasoning_text`` content), the
 ``message`` item, one ``function_call`` item per call (``call_id``, ``name``, ``arguments``).
@@ -22,6 +22,8 @@ import msgspec
 
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.openai_tools import checked_effort
+from exo_p2p.api.errors import overflow_message
+from exo_p2p.api.sealed_reasoning import seal
 from exo_p2p.api.tools import bad, checked_choice, earlier_call, function_tool, tools_text
 from exo_p2p.api.turn import Turn
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
@@ -95,12 +97,15 @@ def _output_text(where: str, output: Any) -> str:
 class ItemsEncoder:
     """Responses bytes of a request with tools or reasoning; ``base`` is the family's plain
     ``ResponsesEncoder`` (its ids, sequence numbers and response object), ``limit`` the most
-    calls returned, ``tools`` the request's tools as Responses lists them."""
+    calls returned, ``tools`` the request's tools as Responses lists them; with ``seal_key``
+    each reasoning item carries its text sealed as ``encrypted_content``
+    (``exo_p2p.api.sealed_reasoning``)."""
 
     family = "openai"
 
-    def __init__(self, base: Any, *, limit: int | None, tools: list[Any], choice: Any) -> None:
+    def __init__(self, base: Any, *, limit: int | None, tools: list[Any], choice: Any, seal_key: bytes | None = None) -> None:
         self.base, self.limit, self.tools, self.choice = base, limit, tools, choice
+        self.seal_key = seal_key
         self.media_type = base.media_type
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None
@@ -125,6 +130,8 @@ class ItemsEncoder:
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
             out = self._event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0, text=text)
+            if self.seal_key is not None:
+                item["encrypted_content"] = seal(self.seal_key, text)
         elif item["type"] == "message":
             text = item["content"][0]["text"]
             out = self._event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text, logprobs=[])
@@ -192,11 +199,12 @@ class ItemsEncoder:
         return self._close() + self._event(f"response.{status}", response=self._response(status, chunk, reasoning_tokens=reasoning))
 
     def error(self, info: ErrorInfo) -> bytes:
-        return (self._event("error", code=info.code or info.type, message=info.message, param=info.param)
+        return (self._event("error", code=info.code or info.type, message=overflow_message("openai", info), param=info.param)
                 + self._event("response.failed", response=self._response("failed", error=info)))
 
     def keepalive(self) -> bytes:
-        return self.base.keepalive()
+        """``response.in_progress`` again (a real event, ``ResponsesEncoder.keepalive``)."""
+        return self._event("response.in_progress", response=self._response("in_progress"))
 
     def body(self, text: str, chunk: FinishChunk) -> bytes:
         turn = Turn()
