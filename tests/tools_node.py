@@ -27,11 +27,12 @@ _OPENS = ("{% if enable_thinking is defined and enable_thinking is false %}<thin
           "{% elif enable_thinking %}<think>\n{% endif %}")
 
 
-def agent_model(models: Path) -> tuple[Path, dict[str, int]]:
+def agent_model(models: Path, context_length: int = 2048) -> tuple[Path, dict[str, int]]:
     """The agent model in ``models`` (thinking on opens a think block in the generation
-    prompt) and the ids of its markers and end-of-turn tokens (``<think>``, ``</think>``,
-    ``<tool_call>``, ``</tool_call>``, ``eos``…)."""
-    path = make_synthetic_model(models / AGENT_MODEL, n_layers=2, hidden_size=64, intermediate_size=128, seed=3, agent=True)
+    prompt; a context of ``context_length`` tokens) and the ids of its markers and
+    end-of-turn tokens (``<think>``, ``</think>``, ``<tool_call>``, ``</tool_call>``, ``eos``…)."""
+    path = make_synthetic_model(models / AGENT_MODEL, n_layers=2, hidden_size=64, intermediate_size=128, seed=3, agent=True,
+                                context_length=context_length)
     config_path = path / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     assert _CLOSED in config["chat_template"]
@@ -42,10 +43,10 @@ def agent_model(models: Path) -> tuple[Path, dict[str, int]]:
     return path, ids
 
 
-def agent_node(tmp_path_factory) -> tuple[NodeProcess, dict[str, int]]:  # type: ignore[no-untyped-def]
+def agent_node(tmp_path_factory, context_length: int = 2048) -> tuple[NodeProcess, dict[str, int]]:  # type: ignore[no-untyped-def]
     """A started node serving the agent model (the caller stops it)."""
     models = tmp_path_factory.mktemp("models")
-    _, ids = agent_model(models)
+    _, ids = agent_model(models, context_length)
     node = NodeProcess(tmp_path_factory.mktemp("node"), extra_args=["--models-dir", str(models)])
     try:
         node.start()

@@ -74,9 +74,10 @@ def _reasoning_only(m: ChatMessage) -> bool:
 
 
 def join_reasoning(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """``messages`` with each reasoning-only assistant message joined to the assistant message
-    right after it (reasoning texts in order); one with no assistant message after it is
-    dropped (reasoning that led to nothing the conversation kept)."""
+    """``messages`` with each run of reasoning-only assistant messages joined to the assistant
+    message right after it (reasoning texts in order); a run with no assistant message after
+    it stays one assistant turn of that reasoning alone (an answer cut short while it
+    reasoned), so the conversation renders as it was generated."""
     out: list[ChatMessage] = []
     pending: list[str] = []
     for m in messages:
@@ -85,6 +86,10 @@ def join_reasoning(messages: list[ChatMessage]) -> list[ChatMessage]:
             continue
         if pending and m.role == "assistant":
             m = msgspec.structs.replace(m, reasoning="".join([*pending, m.reasoning or ""]))
+        elif pending:
+            out.append(ChatMessage("assistant", "", reasoning="".join(pending)))
         pending = []
         out.append(m)
+    if pending:
+        out.append(ChatMessage("assistant", "", reasoning="".join(pending)))
     return out
