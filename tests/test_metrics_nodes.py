@@ -76,7 +76,8 @@ def anthropic(node: NodeProcess, content: str) -> dict:
     r = httpx.post(f"{node.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=120)
     assert r.status_code == 200, r.text
     u = r.json()["usage"]
-    return {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"]}
+    # Anthropic counts prompt-cache reads apart: the prompt is their sum
+    return {"prompt_tokens": u["input_tokens"] + u["cache_read_input_tokens"], "completion_tokens": u["output_tokens"]}
 
 
 def total(text: str, name: str) -> float:
