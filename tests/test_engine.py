@@ -280,6 +280,8 @@ def test_prompt_longer_than_context_is_400_before_prefill(tmp_path: Path) -> Non
     err = first[0].error
     assert err.status == 400 and "but the model's context is 64 tokens" in err.message
     assert err.message.startswith("prompt is ") and int(err.message.split()[2]) > 64
+    # the counts travel with it, for each family's own words (exo_p2p.api.errors.overflow_message)
+    assert (err.code, err.prompt_tokens, err.context_tokens) == ("context_length_exceeded", int(err.message.split()[2]), 64)
     rest = first[1:] + run(gen)  # the engine keeps serving the next request
     assert finish_of(rest, "ok").completion_tokens == 3
 

@@ -297,6 +297,7 @@ def test_a_prompt_too_large_for_any_tokenization_is_refused_before_a_task_exists
     d = handle_command(s, SubmitGeneration("cmd-2", "t1", "m", huge, "node-a"))
     assert d.events == () and d.result.error.status == 400
     assert d.result.error.code == "context_length_exceeded" and str(limit + 1) in d.result.error.message
+    assert d.result.error.context_tokens is not None and d.result.error.prompt_tokens > d.result.error.context_tokens  # a lower bound
     fits_bound = GenerationParams((ChatMessage("user", "x" * limit),), max_tokens=5)
     d = handle_command(s, SubmitGeneration("cmd-3", "t2", "m", fits_bound, "node-a"))
     assert d.result.error is None or d.result.error.code != "context_length_exceeded"

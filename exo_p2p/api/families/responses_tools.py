@@ -20,9 +20,8 @@ from typing import Any
 
 import msgspec
 
-from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.openai_tools import checked_effort
-from exo_p2p.api.errors import overflow_message
+from exo_p2p.api.errors import ApiError, overflow_message
 from exo_p2p.api.sealed_reasoning import seal
 from exo_p2p.api.tools import bad, checked_choice, earlier_call, function_tool, tools_text
 from exo_p2p.api.turn import Turn
