@@ -7,7 +7,7 @@ Every answer is JSON or SSE (but the dashboard page and its assets, ``exo_p2p.da
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import structlog
 from starlette.applications import Starlette
@@ -26,6 +26,7 @@ from exo_p2p.api.errors import ApiError, error_info, family_error_response, fami
 from exo_p2p.api.generation_job import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
 from exo_p2p.api.observe_routes import observe_routes
+from exo_p2p.api.rejected import rejected_record
 from exo_p2p.api.routes import api_routes
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
@@ -88,13 +89,21 @@ def create_app(
             ),
             Middleware(AccessGuard, policy=access),
         ],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+        exception_handlers={ApiError: _api_error_handler(config.observer), HTTPException: _http_error},
     )
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return family_error_response(family_of(request.url.path), exc.info)
+def _api_error_handler(observer: Observer) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The handler of an ``ApiError`` raised in a route: the family's error answer; a
+    generation request refused so is recorded too (``exo_p2p.api.rejected``)."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        if observer.active and (record := rejected_record(request, exc)) is not None:
+            observer.finished(record)
+        return family_error_response(family_of(request.url.path), exc.info)
+
+    return handle
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

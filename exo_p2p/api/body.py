@@ -10,6 +10,9 @@ from exo_p2p.api.errors import ApiError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest request body accepted (bytes); larger ones get a 413."""
+BODY_KEY = "exo_body"
+"""Where ``read_body`` leaves the body it read in ``request.state``: the record of a request
+refused afterwards names the model it asked for (``exo_p2p.api.rejected``)."""
 
 
 async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
@@ -18,7 +21,7 @@ async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> by
     Raises ``ApiError(413)`` as soon as the declared ``Content-Length`` (ASCII digits; any other
     value is ignored and the bytes are counted) or the bytes received so far exceed ``limit``
     (the rest is never read). Raises starlette's ``ClientDisconnect`` if the client goes away
-    mid-body.
+    mid-body. The body is also kept in ``request.state`` (``BODY_KEY``).
     """
     declared = (request.headers.get("content-length") or "").strip().lstrip("0") or "0"
     # ASCII digits only (isdigit() also takes "²", which int() refuses), and more of them
@@ -33,7 +36,9 @@ async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> by
             if size > limit:
                 raise _too_large(limit)
             parts.append(part)
-    return b"".join(parts)
+    body = b"".join(parts)
+    setattr(request.state, BODY_KEY, body)
+    return body
 
 
 def _too_large(limit: int) -> ApiError:
