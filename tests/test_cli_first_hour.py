@@ -54,3 +54,88 @@ def test_refused_generation_requests_are_recorded() -> None:
         assert value(text, "exo_requests_total", family="openai", model=MODEL, status="400") == 1
 
     _run(body, access=AccessPolicy.of([KEY]), observer=observer)
+
+
+def test_top_tells_nodes_apart_and_shows_the_last_speed() -> None:
+    """Every libp2p id begins ``12D3KooW``: nodes without a name (or sharing one) are shown
+    by enough of their id to tell them apart; an instance with no tokens flowing shows the
+    speed of its last request, marked ``last``."""
+    from rich.console import Console
+
+    from exo_p2p.cli.top_cmd import frame, last_rates, rate_text
+
+    one, two = "12D3KooWAbCdEfGh1111", "12D3KooWXyZaBcDe2222"
+    state = {"master": one, "node_id": one, "nodes": {one: {"friendly_name": ""}, two: {"friendly_name": ""}},
+             "runners": {}, "tasks": {},
+             "instances": {"inst-1": {"model_id": "m", "shards": [{"node_id": one, "runner_id": "r"},
+                                                                 {"node_id": two, "runner_id": "s"}]}}}
+    last = last_rates([{"instance": "inst-1", "decode_tps": 3.0}, {"instance": "inst-1", "decode_tps": 12.34},
+                       {"instance": None, "decode_tps": 9.0}, {"instance": "inst-1", "decode_tps": None}])
+    assert last == {"inst-1": 12.34}
+    console = Console(width=80, record=True)
+    console.print(frame(state, {}, {"inst-1": 0.0}, last))
+    out = console.export_text()
+    assert "12D3KooWAbCd" in out and "12D3KooWXyZa" in out and "12.3 last" in out
+    assert rate_text(None, None) == "-" and rate_text(0.0, None) == "0.0" and rate_text(7.25, 3.0) == "7.2"
+
+
+def _words(table) -> list[str]:
+    from exo_p2p.cli.fit import cell_text
+
+    return [w for c in table.columns for cell in [c.header, *c.cells] for w in cell_text(cell).split()]
+
+
+def _rendered(renderable, width: int = 80) -> str:
+    from rich.console import Console
+
+    console = Console(width=width, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def _tables() -> list:
+    from exo_p2p.cli import render
+
+    self_id, peer_id = "12D3KooWSelfSelfSelfSelf", "12D3KooWPeerPeerPeerPeer"
+    shards = [{"node_id": self_id, "rank": 0, "start_layer": 0, "end_layer": 15, "share_bytes": 59_000_000,
+               "status": "connecting"},
+              {"node_id": peer_id, "rank": 1, "start_layer": 15, "end_layer": 30, "share_bytes": 59_000_000,
+               "status": "connecting"}]
+    instances = [{"instance_id": "a1b2c3d4-1111-2222-3333-444455556666", "model": "smollm2-135m-instruct",
+                  "sharding": "pipeline", "status": "loading", "layers_loaded": 10, "layers_total": 30, "shards": shards}]
+    models = [{"model": "smollm2-135m-instruct", "family": "llama", "quantization": "4-bit, group 32, some modules 8-bit",
+               "n_layers": 30, "storage_size": 108_000_000, "shardings": ["pipeline", "tensor"],
+               "sharding_notes": {"tensor": "untested"}, "source": "embedded"},
+              {"model": "qwen2.5-0.5b-instruct-4bit", "family": "qwen2", "quantization": "4-bit, group 64",
+               "n_layers": 24, "storage_size": 300_000_000, "shardings": ["pipeline"], "source": "hf-cache"}]
+    nodes = [{"node_id": self_id, "friendly_name": "alpha-workstation", "is_self": True, "is_master": True,
+              "memory_total": 16 * 2**30, "memory_available": 6 * 2**30, "last_seen": 0.0},
+             {"node_id": peer_id, "friendly_name": "beta", "memory_total": 8 * 2**30, "last_seen": 2.5}]
+    previews = [{"sharding": "pipeline", "world_size": 2, "nodes": [self_id, peer_id], "layers": [[0, 15], [15, 30]],
+                 "bytes": [59_000_000, 59_000_000], "error": None},
+                {"sharding": "tensor", "world_size": 2, "error": "tensor sharding needs 9 heads divisible by 2"}]
+    return [render.instances_table(instances, {self_id: "alpha-workstation"}), render.models_table(models),
+            render.nodes_table(nodes), render.previews_table("smollm2-135m-instruct", previews, {})]
+
+
+def test_tables_at_80_columns_cut_nothing_and_split_no_word() -> None:
+    """Each table rendered 80 columns wide (a pipe, a narrow terminal): no line is wider, and
+    every word of every cell is there whole (as a table with narrower columns, or as a list)."""
+    from exo_p2p.cli.fit import fit
+
+    for table in _tables():
+        words = _words(table)
+        out = _rendered(fit(table, 80))
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        missing = [w for w in words if w not in out]
+        assert not missing, (missing, out)
+    wide = _rendered(fit(_tables()[0], 200), 200)
+    assert "rank 0: alpha-workstation layers [0, 15) 56.3 MiB connecting" in wide  # room: one line per shard
+
+
+def test_fit_narrows_the_widest_column_first() -> None:
+    from exo_p2p.cli.fit import column_widths
+
+    assert column_widths([10, 40, 5], [8, 12, 5], 60) == [10, 40, 5]
+    assert column_widths([10, 40, 5], [8, 12, 5], 30) == [9, 16, 5] or column_widths([10, 40, 5], [8, 12, 5], 30) == [10, 15, 5]
+    assert column_widths([10, 40, 5], [8, 12, 5], 24) is None

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import httpx
 import pytest
 
+from exo_p2p.cli.readable import NODE_ID_CHARS, short_ids
 from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.test_metrics import samples, value
@@ -138,8 +140,12 @@ def test_key_rule_and_records(nodes) -> None:
     assert httpx.get(f"{b.url}/metrics", timeout=10).status_code == 401
     assert httpx.get(f"{a.url}/metrics", timeout=10).status_code == 200  # --metrics-loopback-open
     assert httpx.get(f"{a.url}/requests", timeout=10).status_code == 401
+    bad = httpx.post(f"{b.url}/v1/chat/completions", headers=AUTH, timeout=30,
+                     json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})
+    assert bad.status_code == 400  # refused before it became a job: recorded all the same
     recs = b.get("/requests", headers=AUTH).json()["records"]
-    assert [r["status"] for r in recs][-4:] == [200, 200, 200, 404]
+    assert [r["status"] for r in recs][-5:] == [200, 200, 200, 404, 400]
+    assert recs[-1]["model"] == MODEL and recs[-1]["outcome"] == "refused"
     done = [r for r in recs if r["status"] == 200]
     for r in done:
         assert r["instance"] == iid and r["nodes"] and r["ttft"] > 0 and r["completion_tokens"] > 0
@@ -154,8 +160,13 @@ def test_key_rule_and_records(nodes) -> None:
     assert [json.loads(line)["request_id"] for line in out.stdout.splitlines()] == [r["request_id"] for r in recs]
     out = subprocess.run([sys.executable, "-m", "exo_p2p", "logs", "requests", "--api", b.url, "--api-key", KEY, "-n", "1"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.count("\n") == 1 and " 404 " in out.stdout, out
+    heading, line = out.stdout.splitlines()  # a heading row, then the newest record
+    assert out.returncode == 0 and "ttft s" in heading and " 400 " in line and "-s" not in line, out
     out = subprocess.run([sys.executable, "-m", "exo_p2p", "top", "--once", "--api", a.url, "--api-key", KEY],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
     assert out.returncode == 0, out.stderr
     assert MODEL in out.stdout and iid[:8] in out.stdout and "ready" in out.stdout, out.stdout
+    row = next(line for line in out.stdout.splitlines() if iid[:8] in line)
+    assert re.search(r"\d+\.\d( last)? *│$", row.rstrip()), row  # a rate after the traffic above, never "-"
+    ids = [n.get("/health", headers=AUTH).json()["node_id"] for n in (a, b)]
+    assert all(short_ids(ids, NODE_ID_CHARS)[i] in out.stdout for i in ids), out.stdout  # told apart

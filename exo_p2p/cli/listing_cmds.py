@@ -29,6 +29,7 @@ from exo_p2p.cli.common import (
     stdout_console,
 )
 from exo_p2p.cli.errors import ApiError, CliError
+from exo_p2p.cli.fit import show
 from exo_p2p.cli.messages import name_node_ids, named_reasons
 
 
@@ -53,7 +54,7 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, jso
     if json:
         click.echo(json_shapes.dumps(json_shapes.nodes_json(listed)))
     else:
-        stdout_console().print(render.nodes_table(listed))
+        show(stdout_console(), render.nodes_table(listed))
         lines = render.address_lines(listed)
         if lines:
             click.echo("addresses (for --bootstrap):\n" + "\n".join(lines))
@@ -85,11 +86,11 @@ def models(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, js
     if json:
         click.echo(json_shapes.dumps(json_shapes.models_json(listed) + json_shapes.unsupported_json(unsupported)))
     else:
-        stdout_console().print(render.models_table(listed))
+        show(stdout_console(), render.models_table(listed))
         if unsupported:
-            stdout_console().print(render.unsupported_table(unsupported))
+            show(stdout_console(), render.unsupported_table(unsupported))
         if cluster:
-            stdout_console().print(render.cluster_models_table(cluster, names))
+            show(stdout_console(), render.cluster_models_table(cluster, names))
 
 
 @app.command()
@@ -105,7 +106,7 @@ def instances(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None,
     elif not listed:
         stderr_console().print("no instances; place one with `exo-p2p place MODEL`")
     else:
-        stdout_console().print(render.instances_table(named_reasons(listed, names), names))
+        show(stdout_console(), render.instances_table(named_reasons(listed, names), names))
 
 
 @app.command()
@@ -134,4 +135,4 @@ def previews(
         click.echo(json_shapes.dumps(listed))
     else:
         shown = [{**p, "error": name_node_ids(p["error"], names)} if isinstance(p.get("error"), str) else p for p in listed]
-        stdout_console().print(render.previews_table(model, shown, names))
+        show(stdout_console(), render.previews_table(model, shown, names))

@@ -38,6 +38,24 @@ def short_ids(ids: list[str], minimum: int = SHORT_ID) -> dict[str, str]:
     return out
 
 
+NODE_ID_CHARS = 12
+"""Fewest characters of a node id shown where a name is missing or shared: every libp2p id
+of an Ed25519 key begins ``12D3KooW``, so 8 would name every node alike; 12 tell a home
+cluster's nodes apart (``short_ids`` adds more when two still share them)."""
+
+
+def node_labels(names: dict[str, str]) -> dict[str, str]:
+    """Node id → how a table names it: its friendly name (``names[id]``) when that is set and
+    no other node has it, else its shortest unique id prefix of at least ``NODE_ID_CHARS``,
+    after the name when there is one (``"box 12D3KooWAbCd"``)."""
+    prefixes = short_ids(list(names), NODE_ID_CHARS)
+    counts: dict[str, int] = {}
+    for name in names.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {nid: name if name and counts[name] == 1 else f"{name} {prefixes[nid]}".strip()
+            for nid, name in names.items()}
+
+
 def ago(seconds: float | None) -> str:
     """Seconds since last heard from → ``"now"``, ``"3 s ago"``, ``"2 min ago"``."""
     if seconds is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
@@ -23,6 +23,10 @@ from rich.table import Table
 from rich.text import Text
 
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, stdout_console
+from exo_p2p.cli.client import NodeClient
+from exo_p2p.cli.errors import ApiError
+from exo_p2p.cli.fit import fit
+from exo_p2p.cli.readable import NODE_ID_CHARS, node_labels, short_ids
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -67,6 +71,26 @@ class Rates:
         return rates
 
 
+def last_rates(records: list[Mapping]) -> dict[str, float]:
+    """Instance id → the decode tok/s of its newest finished request (``GET /requests``
+    records, oldest first), for the instances that served one with a measured speed."""
+    out: dict[str, float] = {}
+    for r in records:
+        if r.get("instance") and isinstance(r.get("decode_tps"), (int, float)):
+            out[str(r["instance"])] = float(r["decode_tps"])
+    return out
+
+
+def rate_text(live: float | None, last: float | None) -> str:
+    """The tok/s cell: the rate between two frames while tokens flow, else the speed of the
+    instance's last request on this node (``"12.3 last"``), else ``-``."""
+    if live:
+        return f"{live:.1f}"
+    if last:
+        return f"{last:.1f} last"
+    return "-" if live is None else "0.0"
+
+
 def _gib(n: object) -> str:
     return "-" if not isinstance(n, (int, float)) else f"{n / 2**30:.1f}"
 
@@ -79,21 +103,25 @@ def _status(state: Mapping, inst: Mapping) -> str:
     return "ready" if kinds and all(k in ("ready", "running") for k in kinds) else "loading"
 
 
-def frame(state: Mapping, samples: Samples, rates: Mapping[str, float]) -> Group:
-    """One frame of ``top`` from ``GET /state``, this node's metrics and the rates."""
+def frame(state: Mapping, samples: Samples, rates: Mapping[str, float],
+          last: Mapping[str, float] | None = None, width: int = 80) -> Group:
+    """One frame of ``top`` ``width`` characters wide (``exo_p2p.cli.fit``) from ``GET /state``,
+    this node's metrics, the rates between two frames and the last requests' speeds
+    (``last_rates``)."""
     nodes = state.get("nodes", {})
-    names = {nid: (p.get("friendly_name") or nid[:8]) for nid, p in nodes.items()}
+    names = node_labels({nid: str(p.get("friendly_name") or "") for nid, p in nodes.items()})
+    ids = short_ids(list(nodes), NODE_ID_CHARS)
     master = state.get("master")
     flight = samples.get(("exo_requests_in_flight", ()), 0)
     head = Text(f"master {names.get(master, master or '-')}  term {state.get('term')}  log {state.get('last_event_idx')}  "
                 f"this node: {names.get(state.get('node_id'), '-')}, {flight:.0f} requests in flight")
     node_table = Table(title="nodes", title_justify="left")
-    for col in ("node", "id", "master", "mem free GiB", "mem total GiB", "runners"):
-        node_table.add_column(col)
+    for col in ("node", "id", "master", "free GiB", "total GiB", "runners"):
+        node_table.add_column(col, overflow="fold")
     runners = state.get("runners", {})
     for nid, p in sorted(nodes.items()):
         count = sum(1 for r in runners.values() if r.get("node_id") == nid)
-        node_table.add_row(names[nid], nid[:8], "*" if nid == master else "", _gib(p.get("memory_available")),
+        node_table.add_row(names[nid], ids[nid], "*" if nid == master else "", _gib(p.get("memory_available")),
                            _gib(p.get("memory_total")), str(count))
     tasks = list(state.get("tasks", {}).values())
     inst_table = Table(title="instances", title_justify="left")
@@ -104,11 +132,10 @@ def frame(state: Mapping, samples: Samples, rates: Mapping[str, float]) -> Group
         running = sum(1 for t in mine if t.get("status") == "running")
         queued = sum(1 for t in mine if t.get("status") == "pending")
         limit = (inst.get("settings") or {}).get("max_batch", 1)
-        where = ", ".join(names.get(s["node_id"], s["node_id"][:8]) for s in inst.get("shards", []))
-        rate = rates.get(iid)
+        where = ", ".join(names.get(s["node_id"], s["node_id"]) for s in inst.get("shards", []))
         inst_table.add_row(iid[:8], inst.get("model_id", ""), _status(state, inst), where, str(running), str(queued),
-                           f"{min(running, limit)}/{limit}", "-" if rate is None else f"{rate:.1f}")
-    return Group(head, node_table, inst_table)
+                           f"{min(running, limit)}/{limit}", rate_text(rates.get(iid), (last or {}).get(iid)))
+    return Group(head, fit(node_table, width), fit(inst_table, width))
 
 
 @app.command()
@@ -116,24 +143,51 @@ def frame(state: Mapping, samples: Samples, rates: Mapping[str, float]) -> Group
 def top(
     ctx: typer.Context,
     interval: Annotated[float, typer.Option("--interval", min=0.2, max=60, help="Seconds between two frames.")] = 1.0,
-    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame (its rates measured over --interval) and exit.")] = False,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:
-    """A live view of the cluster: nodes, instances, sequences running and queued, batch, tok/s."""
+    """A live view of the cluster: nodes, instances, sequences running and queued, batch, tok/s
+    (while tokens flow; else the speed of the instance's last request here, marked "last")."""
     with client_for(ctx, api, api_key) as client:
+        speeds = LastSpeeds()
+
         def read() -> tuple[Mapping, Samples]:
             metrics = client.text("/metrics")
+            speeds.read(client)
             return client.state(), parse_metrics(metrics) if metrics is not None else {}
 
         state, samples = read()
         rates = Rates(tokens_by_instance(samples), time.monotonic())
         if once:
-            stdout_console().print(frame(state, samples, {}))
+            time.sleep(interval)
+            state, samples = read()
+            live_rates = rates.update(tokens_by_instance(samples), time.monotonic())
+            console = stdout_console()
+            console.print(frame(state, samples, live_rates, speeds.by_instance, console.width))
             return
-        with Live(frame(state, samples, {}), console=stdout_console(), auto_refresh=False) as live:
+        console = stdout_console()
+        with Live(frame(state, samples, {}, speeds.by_instance, console.width), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
                 state, samples = read()
-                live.update(frame(state, samples, rates.update(tokens_by_instance(samples), time.monotonic())),
-                            refresh=True)
+                live.update(frame(state, samples, rates.update(tokens_by_instance(samples), time.monotonic()),
+                                  speeds.by_instance, console.width), refresh=True)
+
+
+@dataclass
+class LastSpeeds:
+    """The decode speed of each instance's last request on this node, kept up to date from
+    ``GET /requests`` (only the records after the last one read; none when records are off
+    or the key may not read them)."""
+
+    by_instance: dict[str, float] = field(default_factory=dict)
+    after: int = 0
+
+    def read(self, client: NodeClient) -> None:
+        try:
+            answer = client.request("GET", "/requests", params={"after": self.after})
+        except ApiError:
+            return
+        self.by_instance.update(last_rates(answer.get("records") or []))
+        self.after = int(answer.get("last", self.after))
