@@ -5,6 +5,7 @@ rate, the wording of ``place`` / ``stop`` / ``chat`` errors, tables at 80 column
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from exo_p2p.api.access import AccessPolicy
 from exo_p2p.cli.observe_cmds import COLUMNS, header_line, record_line, route_text
@@ -139,3 +140,40 @@ def test_fit_narrows_the_widest_column_first() -> None:
     assert column_widths([10, 40, 5], [8, 12, 5], 60) == [10, 40, 5]
     assert column_widths([10, 40, 5], [8, 12, 5], 30) == [9, 16, 5] or column_widths([10, 40, 5], [8, 12, 5], 30) == [10, 15, 5]
     assert column_widths([10, 40, 5], [8, 12, 5], 24) is None
+
+
+@pytest.fixture
+def served():
+    from tests.test_cli import Served
+
+    s = Served()
+    yield s
+    s.close()
+
+
+@pytest.mark.integration
+def test_place_min_nodes_says_it_waits_and_how_to_add_a_node(served, monkeypatch) -> None:
+    from exo_p2p.cli import placement_cmds
+    from tests.test_cli import error_lines, invoke
+
+    monkeypatch.setattr(placement_cmds, "NODES_WAIT", 0.6)  # the fake cluster has 2 nodes, never 3
+    result = invoke(["place", "smollm2-135m-instruct", "--min-nodes", "3", "--api", served.url])
+    assert result.exit_code == 1
+    assert "the cluster has 2 nodes; waiting up to 1 s for 1 more (--min-nodes 3)" in result.stderr
+    (error,) = [line for line in error_lines(result) if line.startswith("error:")]
+    assert "--min-nodes 3 needs 3 nodes, but the cluster has 2" in error and "`exo-p2p node`" in error
+    assert "--bootstrap" in error and "min_nodes=" not in error
+    assert "POST" not in [m for m, *_ in served.node.requests]
+
+
+@pytest.mark.integration
+def test_place_min_nodes_of_a_placed_model_is_not_ignored(served) -> None:
+    from tests.test_cli import invoke
+
+    assert invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url]).exit_code == 0
+    result = invoke(["place", "smollm2-135m-instruct", "--min-nodes", "2", "--api", served.url])
+    assert result.exit_code == 1
+    assert "already has an instance (inst0001) on 1 node, fewer than --min-nodes 2" in result.stderr
+    assert "exo-p2p stop smollm2-135m-instruct" in result.stderr and "--replica" in result.stderr
+    # one node asked for, one node it has: place waits for it as before
+    assert invoke(["place", "smollm2-135m-instruct", "--min-nodes", "1", "--api", served.url]).exit_code == 0

@@ -65,7 +65,7 @@ def place(
     """Place MODEL on the cluster and wait until it is ready to serve.
 
     With --min-nodes N it first waits up to 20 s for N nodes to be in the cluster (nodes
-    that were just started). A model that already has an instance (one being re-placed
+    that were just started), saying so, and fails naming how to add one. A model that already has an instance (one being re-placed
     counts) is not placed again: place says so and waits for that instance instead (exit 0);
     --replica adds another one (a replica, the same memory again).
     """
@@ -77,14 +77,21 @@ def place(
         existing = counted_instances(model, client.instances(), in_state)
         if existing and not replica:
             short = short_ids([str(i["instance_id"]) for i in existing])
+            if (smaller := too_few_nodes(model, existing, short, min_nodes)) is not None:
+                raise CliError(smaller)
             console.print(replica_notice(model, existing, short, in_state), highlight=False)
             _wait_for_existing(client, existing, timeout, console, no_wait)
             return
         if min_nodes and min_nodes > 1:
             _wait_for_nodes(client, min_nodes, console)
-        inst = client.place(
-            model, min_nodes=min_nodes, sharding=sharding.value if sharding else None, nodes=split_nodes(nodes)
-        )
+        try:
+            inst = client.place(
+                model, min_nodes=min_nodes, sharding=sharding.value if sharding else None, nodes=split_nodes(nodes)
+            )
+        except ApiError as e:  # a node left meanwhile: the API's words name its field
+            if min_nodes and e.message.startswith(f"min_nodes={min_nodes} but the cluster has"):
+                raise CliError(nodes_missing_message(min_nodes, len(client.nodes()), NODES_WAIT)) from None
+            raise
         click.echo(placed_line(model, inst))
         if no_wait:
             return
@@ -130,17 +137,46 @@ def _wait_for_existing(client: NodeClient, existing: list, timeout: float, conso
     click.echo(f"instance {ready.get('instance_id', live[0]['instance_id'])} is ready")
 
 
+def too_few_nodes(model: str, existing: list, short: dict[str, str], min_nodes: int | None) -> str | None:
+    """The error of ``place --min-nodes N`` when ``model`` already has instances (``existing``,
+    named by ``short``) and none spans N nodes: placing would add none and waiting for one
+    would ignore N. None when there is no N or one of them has N nodes or more."""
+    if not min_nodes:
+        return None
+    spans = [len({s.get("node_id") for s in i.get("shards") or []}) for i in existing]
+    if max(spans, default=0) >= min_nodes:
+        return None
+    ids = ", ".join(short.get(str(i["instance_id"]), str(i["instance_id"])) for i in existing)
+    most = max(spans, default=0)
+    return (f"{model} already has an instance ({ids}) on {most} node{'' if most == 1 else 's'}, fewer than "
+            f"--min-nodes {min_nodes}: `exo-p2p stop {model}` first to place it again on {min_nodes}, "
+            "or add --replica for another instance")
+
+
+def nodes_missing_message(wanted: int, count: int, waited: float) -> str:
+    """What ``place --min-nodes`` says when the cluster still has fewer than ``wanted`` nodes
+    after ``waited`` seconds, and how to add one."""
+    return (f"--min-nodes {wanted} needs {wanted} nodes, but the cluster has {count} after waiting {waited:.0f} s: "
+            "start `exo-p2p node` on another machine of this network (mDNS finds it), or there pass "
+            "--bootstrap with an address `exo-p2p nodes` lists here")
+
+
 def _wait_for_nodes(client: NodeClient, wanted: int, console: Console) -> None:
-    """Return once the cluster lists ``wanted`` nodes, or after ``NODES_WAIT`` seconds (the
-    placement then says what is missing)."""
+    """Return once the cluster lists ``wanted`` nodes; says at once that it waits (a line, also
+    in a pipe), and raises ``CliError`` (``nodes_missing_message``) after ``NODES_WAIT``
+    seconds without them."""
     deadline = time.monotonic() + NODES_WAIT
     count = len(client.nodes())
     if count >= wanted:
         return
-    with console.status(f"waiting up to {NODES_WAIT:.0f} s for {wanted} nodes (the cluster has {count})…"):
+    console.print(f"the cluster has {count} node{'' if count == 1 else 's'}; waiting up to {NODES_WAIT:.0f} s "
+                  f"for {wanted - count} more (--min-nodes {wanted})…", highlight=False)
+    with console.status(f"waiting for {wanted} nodes…"):
         while count < wanted and time.monotonic() < deadline:
             time.sleep(0.5)
             count = len(client.nodes())
+    if count < wanted:
+        raise CliError(nodes_missing_message(wanted, count, NODES_WAIT))
 
 
 @app.command()
