@@ -6,7 +6,7 @@ It reads the node's ``GET /state`` (nodes, instances, the tasks in flight on eac
 each node's memory and runners; each instance's status, nodes, sequences running and
 queued against its batch limit, and tokens per second — measured by the runners of this
 node, else from the completions this node's API delivered (an instance whose requests all
-come through other nodes shows ``-``). docs/operations.md.
+come through other nodes shows its last request's speed here, else ``-``). docs/operations.md.
 """
 
 from __future__ import annotations
