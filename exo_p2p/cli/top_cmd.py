@@ -6,7 +6,8 @@ It reads the node's ``GET /state`` (nodes, instances, the tasks in flight on eac
 each node's memory and runners; each instance's status, nodes, sequences running and
 queued against its batch limit, and tokens per second — measured by the runners of this
 node, else from the completions this node's API delivered (an instance whose requests all
-come through other nodes shows its last request's speed here, else ``-``). docs/operations.md.
+come through other nodes shows ``-``); while none flow, the speed of its last request
+through this node (``GET /requests``), marked "last". docs/operations.md.
 """
 
 from __future__ import annotations
