@@ -108,6 +108,12 @@ def handle_command(
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
+def unknown_model_message(model: str, known: str) -> str:
+    """The one wording of a model the cluster does not know, for a placement and a request
+    alike (the CLI shows it as is): ``unknown model NAME; models in the cluster: A, B``."""
+    return f"unknown model {model[:200]}; models in the cluster: {known}"
+
+
 def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None) -> Decision:
     placed = state.instances.get(command.command_id)
     if placed is not None:  # a retry of a placement already decided: the same answer
@@ -118,7 +124,7 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
     card = state.model_cards.get(command.model_id)
     if card is None:
         known = ", ".join(sorted(state.model_cards)) or "none"
-        return _error(command, 404, f"unknown model {command.model_id!r}; models in the cluster: {known}", type_="not_found_error", param="model", code="model_not_found")
+        return _error(command, 404, unknown_model_message(command.model_id, known), type_="not_found_error", param="model", code="model_not_found")
     try:
         required = resolve_nodes(state, command.nodes) if command.nodes else None
         instance = place_instance(
@@ -170,7 +176,7 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
     model = command.model_id
     if model not in state.model_cards:
         known = ", ".join(sorted(state.model_cards)) or "none"
-        return _error(command, 404, f"The model `{model}` does not exist in this cluster; available models: {known}", type_="not_found_error", param="model", code="model_not_found")
+        return _error(command, 404, unknown_model_message(model, known), type_="not_found_error", param="model", code="model_not_found")
     instances = [i for i in state.instances.values() if i.model_id == model]
     if not instances:
         return _error(

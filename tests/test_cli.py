@@ -226,6 +226,8 @@ def make_handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
                     return self._send(200, node.state())
                 if method == "GET" and path == "/nodes":
                     return self._send(200, node.nodes())
+                if method == "GET" and path == "/v1/models":
+                    return self._send(200, {"object": "list", "data": [{"id": m["model"]} for m in node.models()]})
                 if method == "GET" and path == "/models":
                     return self._send(200, node.models())
                 if method == "GET" and path == "/models/unsupported":

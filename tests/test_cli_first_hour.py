@@ -177,3 +177,41 @@ def test_place_min_nodes_of_a_placed_model_is_not_ignored(served) -> None:
     assert "exo-p2p stop smollm2-135m-instruct" in result.stderr and "--replica" in result.stderr
     # one node asked for, one node it has: place waits for it as before
     assert invoke(["place", "smollm2-135m-instruct", "--min-nodes", "1", "--api", served.url]).exit_code == 0
+
+
+def test_place_and_chat_say_unknown_model_alike() -> None:
+    """The master answers a placement and a request of a model it does not know in one
+    wording (the CLI shows it as is, ``chat`` too)."""
+    from exo_p2p.types import GenerationParams, PlaceInstance, State, SubmitGeneration
+    from master.commands import handle_command
+
+    place = handle_command(State(), PlaceInstance(command_id="c1", model_id="smolm2"))
+    submit = handle_command(State(), SubmitGeneration(command_id="c2", task_id="t", model_id="smolm2",
+                                                      params=GenerationParams(messages=()), api_node_id="n"))
+    for decision in (place, submit):
+        assert decision.result.error.status == 404
+        assert decision.result.error.message == "unknown model smolm2; models in the cluster: none"
+
+
+def test_unknown_model_message_suggests_the_close_name() -> None:
+    from exo_p2p.cli.messages import unknown_model_message
+
+    known = ["smollm2-135m-instruct", "qwen2.5-0.5b-instruct"]
+    assert unknown_model_message("smolm2-135m-instruct", known).startswith(
+        "unknown model smolm2-135m-instruct — did you mean smollm2-135m-instruct?")
+    assert "models in the cluster: qwen2.5-0.5b-instruct, smollm2-135m-instruct" in unknown_model_message("llama", known)
+
+
+@pytest.mark.integration
+def test_stop_and_place_of_a_misspelt_model(served) -> None:
+    from tests.test_cli import error_lines, invoke
+
+    result = invoke(["stop", "smolm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 1
+    assert error_lines(result) == ["error: unknown model smolm2-135m-instruct — did you mean smollm2-135m-instruct? "
+                                   "(`exo-p2p models` lists them)"]
+    result = invoke(["stop", "smollm2-135m-instruct", "--api", served.url])  # known, not placed
+    assert result.exit_code == 1 and "no instance of smollm2-135m-instruct is placed" in result.stderr
+    served.node.place_error = (404, "unknown model smollm2-135m-instuct; models in the cluster: smollm2-135m-instruct")
+    result = invoke(["place", "smollm2-135m-instuct", "--api", served.url])
+    assert result.exit_code == 1 and "error: unknown model smollm2-135m-instuct — did you mean smollm2-135m-instruct?" in result.stderr

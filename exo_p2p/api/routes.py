@@ -60,7 +60,7 @@ def cluster_routes(ctx: ApiContext) -> list[Route]:
         name = request.path_params["model_id"]
         card = ctx.card(name)
         if card is None:
-            raise ApiError(404, f"The model `{name[:200]}` does not exist in this cluster", param="model", code="model_not_found")
+            raise ApiError(404, f"unknown model {name[:200]}", param="model", code="model_not_found")
         return json_response(model_entry(card, started))
 
     async def list_local_models(request: Request) -> Response:

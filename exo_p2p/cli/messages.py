@@ -113,3 +113,17 @@ def named_reasons(instances: list[dict], names: dict[str, str]) -> list[dict]:
             inst = {**inst, "reason": name_node_ids(inst["reason"], names)}
         out.append(inst)
     return out
+
+
+def unknown_model_message(model: str, known: list[str]) -> str:
+    """The CLI's one wording of a model name the cluster does not know (the API's own, and
+    ``stop`` of a misspelt name): ``unknown model NAME — did you mean X?`` with the closest
+    known names (difflib), else the known ones, and where to list them."""
+    import difflib
+
+    close = difflib.get_close_matches(model, known, n=2, cutoff=0.6)
+    if close:
+        hint = f" — did you mean {' or '.join(close)}?"
+    else:
+        hint = f"; models in the cluster: {', '.join(sorted(known)) or 'none'}"
+    return f"unknown model {model}{hint} (`exo-p2p models` lists them)"

@@ -30,6 +30,7 @@ from exo_p2p.cli.common import (
     stderr_console,
 )
 from exo_p2p.cli.errors import ApiError, CliError
+from exo_p2p.cli.messages import unknown_model_message
 from exo_p2p.cli.place_check import counted_instances, replica_notice
 from exo_p2p.cli.readable import short_ids
 from exo_p2p.cli.waiting import wait_until_ready
@@ -91,6 +92,8 @@ def place(
         except ApiError as e:  # a node left meanwhile: the API's words name its field
             if min_nodes and e.message.startswith(f"min_nodes={min_nodes} but the cluster has"):
                 raise CliError(nodes_missing_message(min_nodes, len(client.nodes()), NODES_WAIT)) from None
+            if e.status == 404 and e.message.startswith("unknown model"):
+                raise CliError(unknown_model_message(model, sorted(cluster_models(client) or ()))) from None
             raise
         click.echo(placed_line(model, inst))
         if no_wait:
@@ -135,6 +138,15 @@ def _wait_for_existing(client: NodeClient, existing: list, timeout: float, conso
         return
     ready = wait_until_ready(client, live[0], timeout=timeout, console=console)
     click.echo(f"instance {ready.get('instance_id', live[0]['instance_id'])} is ready")
+
+
+def cluster_models(client: NodeClient) -> set[str] | None:
+    """The model ids the cluster knows (``GET /v1/models``: every node's models); None when
+    the node does not say."""
+    try:
+        return {str(m.get("id")) for m in client.request("GET", "/v1/models").get("data") or []}
+    except ApiError:
+        return None
 
 
 def too_few_nodes(model: str, existing: list, short: dict[str, str], min_nodes: int | None) -> str | None:
@@ -228,8 +240,12 @@ def stop(
 ) -> None:
     """Delete every instance of MODEL (by name; `delete ID` deletes one instance)."""
     with client_for(ctx, api, api_key) as client:
-        ids = [str(i["instance_id"]) for i in client.instances() if i.get("model") == model]
+        listed = client.instances()
+        ids = [str(i["instance_id"]) for i in listed if i.get("model") == model]
         if not ids:
+            known = cluster_models(client)
+            if known is not None and model not in known:
+                raise CliError(unknown_model_message(model, sorted(known | {str(i.get("model")) for i in listed})))
             raise CliError(f"no instance of {model} is placed (see `exo-p2p instances`)")
         for instance_id in ids:
             try:

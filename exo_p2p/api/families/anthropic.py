@@ -227,7 +227,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         params = GenerationParams(messages=counted_messages(anthropic_messages(r.messages, r.system), await ctx.job(anthropic_tools, r.tools)))
         model_id = ctx.model_id(r.model)
         if ctx.card(r.model) is None:
-            raise ApiError(404, f"model: {r.model[:200]} does not exist in this cluster", param="model", code="model_not_found")
+            raise ApiError(404, f"model: unknown model {r.model[:200]}", param="model", code="model_not_found")
         count = await ctx.count_tokens(model_id, params)
         return Response(_json.encode({"input_tokens": count}), media_type="application/json")
 
