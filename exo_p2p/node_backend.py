@@ -67,7 +67,8 @@ class NodeBackend:
                        link_probes_served=node.probes.served, link_probes_refused=node.probes.refused)
         counters = health_counters(net.counters, member.counters,
                                    {"local_events_pending": member.local_events_pending}, node.seat.counters, own)
-        return NodeHealth(node_id=node.node_id, master=node.replica.state.master, warnings=warnings, counters=counters)  # type: ignore[arg-type]
+        return NodeHealth(node_id=node.node_id, master=node.replica.state.master, warnings=warnings, counters=counters,  # type: ignore[arg-type]
+                          mdns=node.config.mdns)
 
     def nodes(self) -> list[NodeSummary]:
         """``GET /nodes``: every node this node knows (``exo_p2p.status.node_summaries``)."""

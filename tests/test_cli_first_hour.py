@@ -215,3 +215,14 @@ def test_stop_and_place_of_a_misspelt_model(served) -> None:
     served.node.place_error = (404, "unknown model smollm2-135m-instuct; models in the cluster: smollm2-135m-instruct")
     result = invoke(["place", "smollm2-135m-instuct", "--api", served.url])
     assert result.exit_code == 1 and "error: unknown model smollm2-135m-instuct — did you mean smollm2-135m-instruct?" in result.stderr
+
+
+def test_doctor_on_a_no_mdns_node_says_mdns_is_off() -> None:
+    from exo_p2p.cli.doctor import Findings, diagnose
+
+    me = {"node_id": "12D3KooWMe", "is_self": True, "friendly_name": "me", "addrs": ["/ip4/10.0.0.2/tcp/52514/p2p/x"]}
+    off = "\n".join(diagnose(Findings(api_url="http://x", state={"mdns": False}, nodes=[me], mdns_types=[])))
+    assert "mDNS: off on this node (--no-mdns)" in off and "hint: mDNS is off here" in off and "--bootstrap" in off
+    assert "firewall" not in off and "5353" not in off
+    on = "\n".join(diagnose(Findings(api_url="http://x", state={"mdns": True}, nodes=[me], mdns_types=[], mdns_seconds=2)))
+    assert "hint: firewall: allow TCP port 52514" in on and "mDNS is off" not in on

@@ -49,12 +49,15 @@ class NodeSummary(msgspec.Struct, frozen=True):
 
 class NodeHealth(msgspec.Struct, frozen=True):
     """Node-local facts for ``GET /state`` (not part of the replicated State or its hash):
-    warnings such as "no peers found for 12 s", and counters of dropped messages by kind."""
+    warnings such as "no peers found for 12 s", and counters of dropped messages by kind;
+    ``mdns``: whether this node announces and browses mDNS (False with ``--no-mdns``; None:
+    not said, as from a backend without discovery)."""
 
     node_id: NodeId
     master: NodeId | None
     warnings: list[str]
     counters: dict[str, int]
+    mdns: bool | None = None
 
 
 class ApiBackend(Protocol):

@@ -107,7 +107,7 @@ def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
 def state_document(state: State, health: NodeHealth) -> dict[str, Any]:
     """``GET /state``: the replicated State as plain JSON values plus ``last_event_idx``,
     ``term``, ``state_hash`` (docs/architecture.md#log-guarantees) and the node-local ``node_id``, ``master``,
-    ``warnings`` and ``counters`` (not part of the hash)."""
+    ``warnings``, ``counters`` and ``mdns`` (whether it uses mDNS; None: not said) (not part of the hash)."""
     doc: dict[str, Any] = msgspec.to_builtins(state)
     doc.update(
         last_event_idx=state.last_event_idx,
@@ -117,6 +117,7 @@ def state_document(state: State, health: NodeHealth) -> dict[str, Any]:
         master=health.master,
         warnings=list(health.warnings),
         counters=dict(health.counters),
+        mdns=health.mdns,
     )
     return doc
 

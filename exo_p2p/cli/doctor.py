@@ -140,8 +140,16 @@ def node_lines(f: Findings, me: dict, ports: list[int]) -> list[str]:
     return lines + [f"  address: {addr}" for addr in me.get("addrs") or []]
 
 
+def mdns_off(f: Findings) -> bool:
+    """Whether the node runs ``--no-mdns`` (its ``/state`` says ``"mdns": false``)."""
+    return f.state.get("mdns") is False
+
+
 def mdns_line(f: Findings) -> str:
-    """Whether mDNS could be listened to, and how many exo-p2p clusters announced meanwhile."""
+    """Whether this node uses mDNS, whether mDNS could be listened to, and how many exo-p2p
+    clusters announced meanwhile."""
+    if mdns_off(f):
+        return "mDNS: off on this node (--no-mdns): it finds other nodes only through --bootstrap addresses"
     if f.mdns_types is None:
         return "mDNS: could not listen on this machine (UDP 5353)"
     if not f.mdns_types:
@@ -195,6 +203,11 @@ def doctor_hints(f: Findings, peers: list[dict], ports: list[int], bootstrap_sil
         if f.mdns_types and len(f.mdns_types) > 1:
             hints.append("nodes of several clusters announce here: nodes only join nodes started with the same --cluster and --cluster-secret.")
         port = ports[0] if ports else DEFAULT_LISTEN_PORT
+        if mdns_off(f):
+            hints.append("mDNS is off here (--no-mdns): restart this node with `--bootstrap ADDRESS` of another "
+                         "node, or start the other node with `--bootstrap ADDRESS` using an address above "
+                         f"(TCP port {port} must be reachable from there).")
+            return hints
         hints.append(f"firewall: allow TCP port {port} (libp2p) and UDP 5353 (mDNS) on every machine, "
                      f"e.g. `sudo ufw allow {port}/tcp && sudo ufw allow 5353/udp`, "
                      f"or `sudo firewall-cmd --add-port={port}/tcp --add-service=mdns`.")
