@@ -19,9 +19,12 @@ import pytest
 pytestmark = pytest.mark.integration
 
 FORBIDDEN = ("libp2p", "multiaddr", "mlx", "mlx_lm", "transformers", "tokenizers", "numpy",
-             "exo_p2p.node", "exo_p2p.net", "master", "worker")
-"""Top-level packages (and exo-p2p modules) a client command must not import. Not trio:
-httpcore (under httpx) imports it whenever it is installed, at the first request."""
+             "exo_p2p.node", "exo_p2p.net", "master", "worker", "trio", "anyio", "httpcore", "structlog")
+"""Top-level packages (and exo-p2p modules) a client command must not import. trio, anyio
+and httpcore too: httpx's own transport imports httpcore, which imports trio and anyio
+whenever they are installed (~0.2 s of CPU); the CLI sends through
+``exo_p2p.cli.http_transport`` instead. structlog: only a node (or ``run`` starting one)
+logs through it."""
 
 PROBE = r"""
 import json, sys
@@ -80,6 +83,21 @@ def test_help_of_every_command_loads_no_node_library() -> None:
     modules = loaded_modules([["--help"], *([c, "--help"] for c in commands)])
     assert forbidden_in(modules) == []
     assert "trio" not in modules
+
+
+def test_client_commands_against_a_node_load_no_node_library() -> None:
+    """Commands that reach an API (the CLI tests' fake node) and print what it answered."""
+    from tests.test_cli import Served
+
+    served = Served()
+    try:
+        argvs = [["models", "--api", served.url], ["instances", "--api", served.url], ["nodes", "--api", served.url],
+                 ["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url], ["ps", "--api", served.url],
+                 ["chat", "hi", "-m", "smollm2-135m-instruct", "--api", served.url]]
+        modules = loaded_modules(argvs)
+    finally:
+        served.close()
+    assert "exo_p2p.cli.http_transport" in modules and forbidden_in(modules) == []
 
 
 def test_client_commands_without_a_node_load_no_node_library() -> None:

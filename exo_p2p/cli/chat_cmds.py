@@ -19,7 +19,6 @@ from exo_p2p.cli.endpoint import resolve_api_url
 from exo_p2p.cli.errors import CliError, NodeUnreachable
 from exo_p2p.cli.local_node import running_node
 from exo_p2p.cli.structured import JsonAnswerOpt, SchemaOpt, response_format
-from exo_p2p.cli.waiting import wait_until_ready
 from exo_p2p.config import default_data_dir
 
 ModelOpt = Annotated[
@@ -96,11 +95,13 @@ def ensure_ready_instance(
         if inst.get("status") == "ready":
             return inst
     if existing:
+        from exo_p2p.cli.waiting import wait_until_ready  # rich.progress: only when waiting
         return wait_until_ready(client, existing[0], timeout=timeout, console=console)
     inst = client.place(model)
     if on_placed is not None:
         on_placed(inst["instance_id"])
     console.print(f"placed {model} as instance {inst['instance_id']}")
+    from exo_p2p.cli.waiting import wait_until_ready  # rich.progress: only when waiting
     return wait_until_ready(client, inst, timeout=timeout, console=console)
 
 

@@ -20,6 +20,7 @@ import httpx
 from exo_p2p.cli.chat_stream import chat_deltas, iter_sse_data
 from exo_p2p.cli.endpoint import local_node_starting, normalize_api_url, resolve_api_key
 from exo_p2p.cli.errors import ApiError, CliError, NodeUnreachable, error_message, not_http_message, transport_reason
+from exo_p2p.cli.http_transport import StdlibTransport
 from exo_p2p.cli.messages import api_key_message, has_node_ids, name_node_ids
 
 REQUEST_TIMEOUT = 30.0
@@ -67,7 +68,7 @@ class NodeClient:
             base_url=self.base_url,
             headers={"authorization": f"Bearer {key}"} if key else None,
             timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT),
-            transport=_transport,
+            transport=_transport or StdlibTransport(),
             trust_env=False,
         )
         self._start_deadline: float | None = None
@@ -249,7 +250,7 @@ def name_nodes_in(text: str) -> str:
         return text
     url, key = last_node
     try:
-        with httpx.Client(base_url=url, timeout=NAMES_TIMEOUT, transport=_transport, trust_env=False,
+        with httpx.Client(base_url=url, timeout=NAMES_TIMEOUT, transport=_transport or StdlibTransport(), trust_env=False,
                           headers={"authorization": f"Bearer {key}"} if key else None) as http:
             listed = http.get("/nodes").json()
         names = {str(n["node_id"]): str(n["friendly_name"]) for n in listed if n.get("friendly_name")}

@@ -24,7 +24,6 @@ from rich.console import Console
 from exo_p2p.cli.client import NodeClient
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.private_state import private_state
-from exo_p2p.log_rotation import RUN_LOG_MAX_BYTES, rotate_if_larger
 
 LOG_NAME = "run-node.log"
 START_TIMEOUT = 180.0
@@ -138,6 +137,8 @@ def _run_node(data_dir: Path, state_dir: Path, console: Console, start_timeout: 
     api_port = free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     log_path = data_dir / LOG_NAME
+    from exo_p2p.log_rotation import RUN_LOG_MAX_BYTES, rotate_if_larger  # structlog: only when a node starts
+
     try:
         rotate_if_larger(log_path, RUN_LOG_MAX_BYTES)  # bounded on disk (exo_p2p.log_rotation)
     except OSError as exc:

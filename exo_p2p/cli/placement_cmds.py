@@ -33,7 +33,6 @@ from exo_p2p.cli.errors import ApiError, CliError
 from exo_p2p.cli.messages import unknown_model_message
 from exo_p2p.cli.place_check import counted_instances, replica_notice
 from exo_p2p.cli.readable import short_ids
-from exo_p2p.cli.waiting import wait_until_ready
 
 NODES_WAIT = 20.0
 """Seconds ``place --min-nodes N`` waits for N nodes to be in the cluster."""
@@ -117,6 +116,7 @@ def _wait_for_placed(client: NodeClient, inst: dict, timeout: float, console: Co
     """Wait for the new instance ``inst`` to be ready (``wait_until_ready``); on Ctrl-C say
     that it stays placed and how to remove it, then let the interrupt through (exit 130)."""
     try:
+        from exo_p2p.cli.waiting import wait_until_ready  # rich.progress: only when waiting
         wait_until_ready(client, inst, timeout=timeout, console=console)
     except KeyboardInterrupt:
         console.print(
@@ -136,6 +136,7 @@ def _wait_for_existing(client: NodeClient, existing: list, timeout: float, conso
         return
     if no_wait:
         return
+    from exo_p2p.cli.waiting import wait_until_ready  # rich.progress: only when waiting
     ready = wait_until_ready(client, live[0], timeout=timeout, console=console)
     click.echo(f"instance {ready.get('instance_id', live[0]['instance_id'])} is ready")
 

@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 import click
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, app, client_for, handled, model_name, node_names
 from exo_p2p.cli.errors import CliError
@@ -51,6 +50,8 @@ def pull(
     _check_name(model)
     with client_for(ctx, api, api_key) as client:
         status = client.request("POST", "/models/pull", json={"model": model, "from": from_node})
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn(), TimeRemainingColumn())
         deadline = time.monotonic() + PULL_TIMEOUT
