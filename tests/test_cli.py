@@ -1238,13 +1238,15 @@ def test_help_shows_no_python_types_and_lists_the_env_vars():
         assert result.exit_code == 0
         for bad in ("<bool>", "<int", "<str>", "<float", "list[", "<path>"):
             assert bad not in result.stdout, (command, bad)
-    node_help = invoke(["node", "--help"], env={"COLUMNS": "400"}).stdout
+    node_help = invoke(["node", "--help-all"], env={"COLUMNS": "400"}).stdout
     import typer.main
 
-    params = [p for p in typer.main.get_command(app).commands["node"].params if not p.hidden and p.name != "help"]
+    params = [p for p in typer.main.get_command(app).commands["node"].params if not p.hidden and p.name not in ("help", "help_all")]
+    assert "environment variable (EXO_P2P_ and the flag's name: --api-port is EXO_P2P_API_PORT)" in node_help
     for param in params:
         assert param.envvar and (param.envvar.startswith("EXO_P2P_")), param.name
-        assert param.envvar in node_help, param.envvar
+        derived = "EXO_P2P_" + param.opts[0][2:].upper().replace("-", "_")
+        assert param.opts[0] in node_help and (param.envvar == derived or param.envvar in node_help), param.envvar
     assert "--install-completion" in invoke(["--help"]).stdout
 
 

@@ -226,3 +226,24 @@ def test_doctor_on_a_no_mdns_node_says_mdns_is_off() -> None:
     assert "firewall" not in off and "5353" not in off
     on = "\n".join(diagnose(Findings(api_url="http://x", state={"mdns": True}, nodes=[me], mdns_types=[], mdns_seconds=2)))
     assert "hint: firewall: allow TCP port 52514" in on and "mDNS is off" not in on
+
+
+def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
+    """``node --help`` at 80 columns: the common groups only, no default cut; ``--help-all``
+    every flag the settings table has (but hidden ones)."""
+    from exo_p2p.cli.node_flags import ALL_ONLY, HELP_PANELS
+    from exo_p2p.settings_table import SETTINGS
+    from tests.test_cli import invoke
+
+    short = invoke(["node", "--help"], env={"COLUMNS": "80"})
+    assert short.exit_code == 0
+    lines = short.stdout.splitlines()
+    assert len(lines) <= 90 and max(len(line) for line in lines) <= 80
+    assert "…" not in short.stdout and "~/.local/share/exo-p2p" in short.stdout
+    assert "--help-all" in short.stdout and "--api-port" in short.stdout and "--bootstrap" in short.stdout
+    assert not [f for f in ALL_ONLY if f in short.stdout.replace("--help-all", "")]
+    full = invoke(["node", "--help-all"], env={"COLUMNS": "80"})
+    assert full.exit_code == 0 and "…" not in full.stdout
+    shown = {s.flag for s in SETTINGS.values() if not s.hidden}
+    assert not [f for f in shown if f not in full.stdout]
+    assert shown == {f for flags in HELP_PANELS.values() for f in flags}  # every flag is in a group

@@ -25,12 +25,13 @@ PRODUCT = ("exo_p2p", "master", "worker")
 
 
 def node_params() -> dict[str, object]:
-    """The options of the click command behind ``exo-p2p node``, by their long flag."""
+    """The options of the click command behind ``exo-p2p node``, by their long flag (not
+    ``--help`` and ``--help-all``, which are no settings)."""
     command = typer.main.get_command(app).commands["node"]  # type: ignore[attr-defined]
     params = {}
     for param in command.params:
         longs = [o for o in param.opts if o.startswith("--")]
-        if param.name != "help" and longs:
+        if param.name not in ("help", "help_all") and longs:
             params[longs[0]] = param
     return params
 

@@ -22,7 +22,7 @@ from exo_p2p.cli.node_cmd import run_node
 from exo_p2p.cli.secret import new_cluster_secret, write_cluster_secret
 
 
-@app.command()
+@app.command(cls=flag.NodeCommand)
 @handled
 def node(
     ctx: typer.Context,
@@ -50,12 +50,14 @@ def node(
     request_log_bytes: flag.RequestLogBytes = None, log_request_text: flag.LogRequestText = False,
     join: flag.Join = None,
     fault_hook: flag.FaultHook = None,
+    help_all: flag.HelpAll = False,
 ) -> None:
     """Run a node on this machine until Ctrl-C.
 
-    Every flag can also come from its EXO_P2P_... environment variable or from config.toml
-    in the data dir (keys are the flag names, e.g. api-port = 52525); the command line wins,
-    then the environment, then the file. Every setting: docs/configuration.md.
+    Every flag can also come from its environment variable (EXO_P2P_ and the flag's name:
+    --api-port is EXO_P2P_API_PORT) or from config.toml in the data dir (keys are the flag
+    names: api-port = 52525); the command line wins, then the environment, then the file.
+    --help-all shows the flags of every group; every setting: docs/configuration.md.
     """
     config = flag.node_config(flag.node_flag_values(ctx, fault_hook=fault_hook))
     code = run_node(config)

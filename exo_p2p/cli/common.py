@@ -10,6 +10,7 @@ that need them import them when they run (``tests/test_cli_imports.py`` bounds t
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Optional, TypeVar
@@ -53,6 +54,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def reflow(text: str) -> str:
+    """A docstring as help: its paragraphs (split at blank lines) each on one line, so the
+    terminal wraps them at its width (this typer keeps the source's line breaks after the
+    first paragraph, which left half-empty lines at 80 columns); a paragraph starting with
+    ``\\b`` keeps its lines."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+
+
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Give every command registered on ``typer_app`` (and on the apps added to it) its
+    docstring reflowed (``reflow``) as its help, unless it has a help of its own."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = reflow(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Optional
 import click
 import typer
 from typer._click.core import ParameterSource  # typer ships its own click
+from typer.core import TyperCommand
 
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file
@@ -35,11 +36,66 @@ class LogFormat(str, Enum):
     json = "json"
 
 
+HELP_PANELS: dict[str, tuple[str, ...]] = {
+    "Basics": ("--data-dir", "--name", "--memory-limit", "--models-dir", "--log-level", "--log-file"),
+    "Network and cluster": ("--api-port", "--api-host", "--listen-port", "--listen-host", "--cluster",
+                            "--cluster-secret", "--bootstrap", "--join", "--no-mdns"),
+    "API access": ("--api-key", "--api-key-file", "--cors-origins", "--allowed-hosts"),
+    "Serving (--help-all)": ("--queue-limit", "--prefill-chunk-size", "--max-batch", "--prompt-cache-bytes",
+                             "--kv-cache-bytes", "--micro-batches", "--cpu-weights", "--routing", "--max-moves"),
+    "Model stores (--help-all)": ("--ollama-models", "--no-ollama", "--lmstudio-models", "--no-lmstudio", "--offline"),
+    "Logs, records and metrics (--help-all)": ("--log-format", "--no-metrics", "--no-request-records",
+                                               "--metrics-loopback-open", "--request-log-bytes", "--log-request-text"),
+    "Recovery and identity (--help-all)": ("--priority", "--new-identity", "--no-restore-size", "--no-relink",
+                                           "--compact-every"),
+}
+"""The groups ``exo-p2p node --help`` shows the flags in; the groups marked ``--help-all`` are
+shown only by ``node --help-all`` (``NodeCommand``), so that the first help fits a screen."""
+PANEL_OF = {flag: panel for panel, flags in HELP_PANELS.items() for flag in flags}
+ALL_ONLY = frozenset(flag for panel, flags in HELP_PANELS.items() if panel.endswith("(--help-all)") for flag in flags)
+
+
 def node_option(flag: str, **extra: Any) -> Any:
     """The ``typer.Option`` of the node flag ``flag`` (``"--api-port"``), from its entry in
-    ``SETTINGS``; ``extra`` adds click settings such as ``min``."""
+    ``SETTINGS``, in its help group (``HELP_PANELS``); ``extra`` adds click settings such as
+    ``min``. Its environment variable is shown only when it is not ``EXO_P2P_`` and the flag's
+    name (the command's help says that rule once)."""
     setting = SETTINGS[flag]
-    return typer.Option(flag, envvar=setting.env, metavar=setting.metavar, help=setting.cli_help(), hidden=setting.hidden, **extra)
+    derived = "EXO_P2P_" + flag[2:].upper().replace("-", "_")
+    return typer.Option(flag, envvar=setting.env, metavar=setting.metavar, help=setting.cli_help(), hidden=setting.hidden,
+                        show_envvar=setting.env not in (None, derived), rich_help_panel=PANEL_OF.get(flag), **extra)
+
+
+class NodeCommand(TyperCommand):
+    """``exo-p2p node``'s command: ``--help`` leaves out the flags of the groups marked
+    ``--help-all`` (``ALL_ONLY``); ``--help-all`` (``show_all_help``) shows every one."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if ctx.meta.get(HELP_ALL_KEY):
+            return super().format_help(ctx, formatter)
+        advanced = [p for p in self.get_params(ctx) if not p.hidden and set(p.opts) & ALL_ONLY]
+        for param in advanced:
+            param.hidden = True
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            for param in advanced:
+                param.hidden = False
+
+
+HELP_ALL_KEY = "exo_p2p.help_all"
+
+
+def show_all_help(ctx: typer.Context, value: bool) -> None:
+    """``--help-all``'s callback: print the help with every flag and exit."""
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL_KEY] = True
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+HelpAll = Annotated[bool, typer.Option("--help-all", is_eager=True, callback=show_all_help,
+                                       help="Show every flag, also those of the groups --help leaves out.")]
 
 
 ApiPort = Annotated[Optional[int], node_option("--api-port")]
