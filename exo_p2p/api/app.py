@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from exo_p2p.api.access import AccessGuard, AccessPolicy
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
+from exo_p2p.api.client_stream import INSTANCE_HEADER
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation_job import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
@@ -84,7 +85,7 @@ def create_app(
                 allow_origins=list(access.cors_origins),
                 allow_methods=["*"],
                 allow_headers=["*"],
-                expose_headers=["retry-after", "x-should-retry"],
+                expose_headers=["retry-after", "x-should-retry", INSTANCE_HEADER],
                 max_age=600,
             ),
             Middleware(AccessGuard, policy=access),

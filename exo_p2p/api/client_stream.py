@@ -19,6 +19,11 @@ from exo_p2p.api.generation_job import SSE_HEADERS, StreamEncoder, send_bytes, s
 from exo_p2p.types import ErrorInfo
 
 
+INSTANCE_HEADER = "x-exo-instance"
+"""The response header of a streamed answer naming the instance that serves it (the first
+one: a request that moves later keeps it); the dashboard shows each answer's speed under
+that instance."""
+
 class ClientStream:
     """The ASGI ``send`` of one generation request, with when it last sent bytes.
 
@@ -36,12 +41,17 @@ class ClientStream:
         self.streaming = False
         """Whether the stream was begun (the status 200 and the start event sent)."""
         self.last_sent = 0.0
+        self.instance: str | None = None
+        """The instance the master gave the request to, once it did: a begun stream names it
+        in its ``x-exo-instance`` header (``INSTANCE_HEADER``)."""
 
     async def begin(self, prompt_tokens: int | None) -> None:
         """Commit the status 200 and send the encoder's start event (``prompt_tokens``, when
         a prefill progress chunk told them, else None)."""
         headers = [(b"content-type", self.encoder.media_type.encode())]
         headers += [(k.encode(), v.encode()) for k, v in SSE_HEADERS.items()]
+        if self.instance:
+            headers.append((INSTANCE_HEADER.encode(), self.instance.encode()))
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
         self.streaming = True
         self.last_sent = trio.current_time()

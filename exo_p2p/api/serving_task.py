@@ -118,6 +118,7 @@ class ServingTask:
             result = await self._wait_for_replacement(submit, result)
         self._instance_id = result.instance_id
         self._trace.routed(result)
+        self._out.instance = self._out.instance or result.instance_id
         if result.error is not None:
             self.ended = True
         return result

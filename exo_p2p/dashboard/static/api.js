@@ -76,10 +76,11 @@ export async function call(method, path, { body, timeoutMs = 5000 } = {}) {
 
 /**
  * Stream a chat completion (`params`: extra request fields such as max_tokens). `onDelta(text)` for each content piece, `onUsage(usage)` for the
- * usage event; resolves to the finish reason ("stop", "length", or "cancelled" when `signal`
- * aborted it). Raises ApiError / AuthRequired / Unreachable.
+ * usage event, `onInstance(id)` with the instance serving it (the x-exo-instance header); resolves
+ * to the finish reason ("stop", "length", or "cancelled" when `signal` aborted it). Raises
+ * ApiError / AuthRequired / Unreachable.
  */
-export async function streamChat({ model, messages, params = {}, signal, onDelta, onUsage }) {
+export async function streamChat({ model, messages, params = {}, signal, onDelta, onUsage, onInstance }) {
   let response;
   try {
     response = await fetch("/v1/chat/completions", {
@@ -93,6 +94,8 @@ export async function streamChat({ model, messages, params = {}, signal, onDelta
     throw new Unreachable("cannot reach the node");
   }
   if (!response.ok) throw await failure(response);
+  const instance = response.headers.get("x-exo-instance");
+  if (instance && onInstance) onInstance(instance);
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";

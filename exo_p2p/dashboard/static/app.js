@@ -21,12 +21,12 @@ const ui = {
   preview: null, // {model, previews, loading, error, placing}
   deleting: new Set(),
   deleteErrors: {},
-  speeds: {},
+  speeds: {}, // instance id -> tokens/s of the last answer it served here
 };
 
 const chat = new Chat($("chat"), {
-  onSpeed: (model, rate) => {
-    ui.speeds[model] = rate;
+  onSpeed: (instanceId, rate) => {
+    ui.speeds[instanceId] = rate;
     render();
   },
   onAuth: () => askForKey(true),
@@ -81,9 +81,16 @@ $("forget-key").addEventListener("click", () => {
   location.reload();
 });
 
+/** Bring the placement panel into view (it opens below the models table, often below the fold). */
+function showPreview() {
+  const panel = $("preview").firstElementChild;
+  if (panel) panel.scrollIntoView({ block: "nearest" });
+}
+
 async function openPreview(model) {
   ui.preview = { model, previews: null, loading: true, error: null, placing: false };
   render();
+  showPreview();
   try {
     const previews = await call("GET", `/instances/previews?model=${encodeURIComponent(model)}`);
     if (ui.preview && ui.preview.model === model) ui.preview = { ...ui.preview, previews, loading: false };
@@ -92,6 +99,7 @@ async function openPreview(model) {
     if (ui.preview && ui.preview.model === model) ui.preview = { ...ui.preview, loading: false, error: `no previews: ${exc.message}` };
   }
   render();
+  showPreview();
 }
 
 async function confirmPlacement(preview) {

@@ -12,7 +12,8 @@ const HISTORY_STORAGE = "exo-p2p.chat";
 
 export class Chat {
   /**
-   * `root` holds the panel; `onSpeed(model, tokensPerSecond)` reports each answer's decode rate;
+   * `root` holds the panel; `onSpeed(instanceId, tokensPerSecond)` reports each answer's decode rate
+   *   and the instance that served it (an answer whose instance is not known reports none);
    * `onAuth()` is called when the node answers 401.
    */
   constructor(root, { onSpeed, onAuth }) {
@@ -212,6 +213,7 @@ export class Chat {
     let lastAt = null;
     let chunks = 0;
     let usageTokens = null;
+    let instance = null;
     try {
       answer.finish = await streamChat({
         model,
@@ -235,6 +237,9 @@ export class Chat {
         onUsage: (usage) => {
           usageTokens = usage.completion_tokens;
         },
+        onInstance: (id) => {
+          instance = id;
+        },
       });
     } catch (exc) {
       if (exc instanceof AuthRequired) this.onAuth();
@@ -249,7 +254,7 @@ export class Chat {
       this.updateButtons();
       this.rerender(answer);
       this.save();
-      if (stats.tokensPerSecond) this.onSpeed(model, stats.tokensPerSecond);
+      if (stats.tokensPerSecond && instance) this.onSpeed(instance, stats.tokensPerSecond);
     }
   }
 }

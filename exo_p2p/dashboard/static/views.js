@@ -145,19 +145,20 @@ export function modelTable(state, onPlace) {
   const labels = nodeLabels(state);
   const rows = modelRows(state);
   if (!rows.length) return h("p", { class: "muted" }, "No model known to the cluster (start a node with --models-dir).");
-  return h("table", { class: "models" },
-    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", {}, "size"), h("th", {}, "layers"), h("th", {}, "context"), h("th", {}, "on nodes"), h("th", {}, "instances"), h("th", {}))),
+  // the "wide" columns give way on a narrow screen (style.css), so that Place… stays in the card
+  return h("div", { class: "table-wrap" }, h("table", { class: "models" },
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", {}, "size"), h("th", { class: "wide" }, "layers"), h("th", { class: "wide" }, "context"), h("th", { class: "wide" }, "on nodes"), h("th", {}, "instances"), h("th", {}))),
     h("tbody", {}, rows.map((r) =>
       h("tr", { dataset: { model: r.id } },
         h("td", { class: "model-id" }, r.id),
         h("td", {}, formatBytes(r.storage_size)),
-        h("td", {}, r.n_layers),
-        h("td", {}, r.context_length.toLocaleString("en")),
-        h("td", {}, r.holders.length ? r.holders.map((id) => labels[id]).join(", ") : h("span", { class: "muted" }, "none")),
+        h("td", { class: "wide" }, r.n_layers),
+        h("td", { class: "wide" }, r.context_length.toLocaleString("en")),
+        h("td", { class: "wide" }, r.holders.length ? r.holders.map((id) => labels[id]).join(", ") : h("span", { class: "muted" }, "none")),
         h("td", {}, r.instances),
         h("td", {}, h("button", { class: "place", onclick: () => onPlace(r.id) }, "Place…")),
       ))),
-  );
+  ));
 }
 
 /**
@@ -216,7 +217,7 @@ function sourceSplit({ bytes_from_peers: peers, bytes_from_hub: hub }) {
 /**
  * One card per instance: status, load progress, failure reason, shards (rank, layers, node,
  * runner status), requests in flight, last measured tokens/s, a Delete button.
- * `ui` = {deleting: Set, deleteErrors: {id: message}, speeds: {model: tokens/s}, onDelete(id)}.
+ * `ui` = {deleting: Set, deleteErrors: {id: message}, speeds: {instance id: tokens/s}, onDelete(id)}.
  */
 export function instanceCards(state, views, ui) {
   if (!views.length) return h("p", { class: "muted" }, "No instance placed. Place a model above.");
@@ -225,7 +226,7 @@ export function instanceCards(state, views, ui) {
   return views.map((v) => {
     const fraction = loadFraction(v);
     const deleting = ui.deleting.has(v.instance_id);
-    const speed = ui.speeds[v.model];
+    const speed = ui.speeds[v.instance_id];
     return h("article", { class: `instance-card ${STATUS_CLASS[v.status] || ""}`, dataset: { instanceId: v.instance_id, status: v.status } },
       h("header", {},
         h("span", { class: "instance-model" }, v.model),
