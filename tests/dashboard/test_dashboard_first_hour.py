@@ -6,6 +6,9 @@ header), not under every instance of its model."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import msgspec
 import pytest
 
@@ -40,12 +43,21 @@ def served():
         server.close()
 
 
-def test_place_brings_the_placement_panel_into_view(browser, served):
-    context = browser.new_context(viewport={"width": 1280, "height": 600})
+@contextmanager
+def models_shown(browser, served, width: int, height: int) -> Iterator:
+    """A page of ``width`` x ``height`` px showing the models table; closed after."""
+    context = browser.new_context(viewport={"width": width, "height": height})
     try:
         page = context.new_page()
         page.goto(served.url + "/")
         page.wait_for_function("document.querySelectorAll('#models tr[data-model]').length === 5", timeout=WAIT_MS)
+        yield page
+    finally:
+        context.close()
+
+
+def test_place_brings_the_placement_panel_into_view(browser, served):
+    with models_shown(browser, served, 1280, 600) as page:
         # the button at the bottom edge of the window, as after scrolling down to it: the panel
         # opens below the whole table, out of view unless the page brings it in
         button = page.locator('#models tr[data-model="phi-3"] button.place')
@@ -55,16 +67,10 @@ def test_place_brings_the_placement_panel_into_view(browser, served):
         panel = page.locator("#preview .preview-panel")
         page.wait_for_function(f"({IN_VIEW})(document.querySelector('#preview .preview-panel'))", timeout=WAIT_MS)
         assert panel.evaluate(IN_VIEW), panel.bounding_box()
-    finally:
-        context.close()
 
 
 def test_a_420_px_page_keeps_the_models_table_in_its_card(browser, served):
-    context = browser.new_context(viewport={"width": 420, "height": 800})
-    try:
-        page = context.new_page()
-        page.goto(served.url + "/")
-        page.wait_for_function("document.querySelectorAll('#models tr[data-model]').length === 5", timeout=WAIT_MS)
+    with models_shown(browser, served, 420, 800) as page:
         card = page.locator("section.panel", has=page.locator("#models")).bounding_box()
         table = page.locator("#models table.models").bounding_box()
         assert table["x"] >= card["x"] and table["x"] + table["width"] <= card["x"] + card["width"], (table, card)
@@ -77,8 +83,6 @@ def test_a_420_px_page_keeps_the_models_table_in_its_card(browser, served):
         button = page.locator('#models tr[data-model="phi-3"] button.place')
         button.click()
         page.locator("#preview .preview-panel").wait_for(timeout=WAIT_MS)
-    finally:
-        context.close()
 
 
 def test_an_answers_speed_shows_under_the_instance_that_served_it(page, served):
