@@ -247,3 +247,11 @@ def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
     shown = {s.flag for s in SETTINGS.values() if not s.hidden}
     assert not [f for f in shown if f not in full.stdout]
     assert shown == {f for flags in HELP_PANELS.values() for f in flags}  # every flag is in a group
+
+
+def test_the_model_of_a_refused_body_is_read_safely() -> None:
+    from exo_p2p.api.rejected import asked_model
+
+    assert asked_model(b'{"model": "m", "messages": 3}') == "m"
+    assert asked_model(b"[" * 100_000) == "" and asked_model(b"{not json") == "" and asked_model(None) == ""
+    assert asked_model(b'{"model": 5}') == "" and len(asked_model(b'{"model": "' + b"x" * 5000 + b'"}')) == 200

@@ -94,15 +94,27 @@ def create_app(
     )
 
 
+async def _api_error(request: Request, exc: Exception) -> Response:
+    """An ``ApiError`` raised in a route as the family's error answer."""
+    assert isinstance(exc, ApiError)
+    return family_error_response(family_of(request.url.path), exc.info)
+
+
 def _api_error_handler(observer: Observer) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """The handler of an ``ApiError`` raised in a route: the family's error answer; a
-    generation request refused so is recorded too (``exo_p2p.api.rejected``)."""
+    """``_api_error``, and a generation request refused so is recorded too
+    (``exo_p2p.api.rejected``); a failure to record is logged, never the answer's."""
 
     async def handle(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        if observer.active and (record := rejected_record(request, exc)) is not None:
-            observer.finished(record)
-        return family_error_response(family_of(request.url.path), exc.info)
+        if observer.active:
+            try:
+                record = rejected_record(request, exc)
+            except Exception:  # noqa: BLE001 - the record goes; the client's answer stays
+                log.exception("api.rejected_record_failed", path=request.url.path)
+                record = None
+            if record is not None:
+                observer.finished(record)
+        return await _api_error(request, exc)
 
     return handle
 

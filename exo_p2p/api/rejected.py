@@ -31,12 +31,12 @@ class _ModelOnly(msgspec.Struct):
 
 def asked_model(body: object) -> str:
     """The ``model`` string of a JSON object body (cut to ``MAX_MODEL_CHARS``), ``""`` when
-    there is none or the body does not decode."""
+    there is none or the body does not decode (nested too deeply included)."""
     if not isinstance(body, bytes):
         return ""
     try:
         return msgspec.json.decode(body, type=_ModelOnly).model[:MAX_MODEL_CHARS]
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ""
 
 
