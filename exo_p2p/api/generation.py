@@ -40,9 +40,10 @@ import trio
 from starlette.types import Receive, Scope, Send
 
 from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.client_key import client_key
 from exo_p2p.api.client_stream import ClientStream
 from exo_p2p.api.errors import error_info
-from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlight, send_error
+from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlight, send_error, with_client
 from exo_p2p.api.request_trace import RequestTrace, prompt_text
 from exo_p2p.api.resume import MoveCounters
 from exo_p2p.api.serving_task import ServingTask
@@ -71,6 +72,7 @@ class GenerationResponse:
         """The answer handed to the client so far (``exo_p2p.api.turn``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.job = with_client(self.job, client_key(scope))
         self._start_trace(scope)
         out = ClientStream(send, self.encoder, stream=self.job.stream, keepalive_interval=self.settings.keepalive_interval)
         if not self.inflight.try_acquire():

@@ -7,9 +7,11 @@ generations in flight (``InFlight``) and whole responses and errors (``send_byte
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from starlette.types import Send
 
 from exo_p2p.api.errors import Family, error_headers, family_error_body
@@ -80,6 +82,11 @@ class GenerationJob:
     stream: bool
     encoder: StreamEncoder
     task_id: TaskId
+
+
+def with_client(job: GenerationJob, client: str) -> GenerationJob:
+    """``job`` with its parameters naming ``client`` (``exo_p2p.api.client_key``)."""
+    return dataclasses.replace(job, params=msgspec.structs.replace(job.params, client=client))
 
 
 def new_task_id() -> TaskId:

@@ -91,6 +91,10 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     the model's chat template (or the generic tool format for a model without one);
     ``tool_choice`` is ``auto``, ``none``, ``required`` or ``function:NAME``. ``thinking``
     reaches the chat template as ``enable_thinking`` (None: the template's default).
+
+    ``client``: who asked, as the runner's fairness rule shares prefill between clients
+    (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.client_key``, at most
+    ``exo_p2p.api.client_key.CLIENT_KEY_MAX`` characters); None: the unnamed client.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -113,6 +117,7 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     tools: str | None = None
     tool_choice: str = "auto"
     thinking: bool | None = None
+    client: str | None = None
 
 
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):

@@ -128,6 +128,19 @@ class PrefillGroup:
             self._cache = None
         return not self.rows
 
+    def take_out(self, seq: Sequence) -> bool:
+        """``seq`` (a row of this group not yet at its last prompt token) leaves the group
+        with its KV so far as its own cache (extracted from the merged one), to rejoin a group
+        later by ``add`` and go on from where it was (``fair_share``: paused); returns whether
+        the group is empty now. Raises ``ValueError`` when ``seq`` is not a row here."""
+        if not any(s is seq for s in self.rows):
+            raise ValueError(f"{seq.task_id} is not a row of this group")
+        if self._cache is not None:
+            i = next(j for j, s in enumerate(self.rows) if s is seq)
+            with mx.stream(generation_stream):
+                seq.cache = [c.extract(i) for c in self._cache]
+        return self.discard(seq)
+
     def prefill_chunk(self, stage: Stage, model: Any, limit: int) -> list[Chunk]:
         """Feed every row at most ``limit`` (≥ 1) more prompt tokens in one forward pass,
         then, when only the last token of each row is left, feed those with the first

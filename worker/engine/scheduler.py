@@ -1,19 +1,18 @@
 """The engine: requests are submitted to it and it is stepped (docs/architecture.md#engine).
 
 ``Engine`` owns the parts and decides, step by step, what each does: the ``TaskQueue``
-(submitted requests, first come, first served), ``prepare`` (a request into a ``Sequence``,
+(submitted requests), ``prepare`` (a request into a ``Sequence``,
 no model work), the ``PrefillGroup`` (sequences accepted together, prefilled together), the
 ``DecodeBatch`` (every prefilled sequence, one forward pass per step) and the
 ``PromptCache``. One path serves every ``max_batch``: a batch of at most one row is the same
 batch. ``step`` does one bounded unit of work and returns the chunks it produced; see its
 docstring for the order.
 
-Admission: before each prefill chunk, the heads of the queue are accepted into the group
-prefilling (or a new one), one after the other, while the batch has room beside the group,
-the group is under its limit (``prefill.group_limit``) and each head's KV (prompt + its
-token budget, bounded by the context) fits beside the batch's and the group's within
-``kv_capacity_tokens`` (``batch_memory``); otherwise the head waits (later requests behind
-it), and one that cannot fit even alone ends at once with a 503 ``out_of_memory``.
+Admission: before each chunk the fairness rule picks the prompts to prefill (``prefill_slots``,
+``fair_share``); the queued ones it picks are accepted in its order while each one's KV (prompt
++ its token budget, bounded by the context) fits beside every accepted row's within
+``kv_capacity_tokens`` (``batch_memory``); otherwise that one waits (those after it too), and
+one that cannot fit even alone ends at once with a 503 ``out_of_memory``.
 
 Ranks: every rank of a multi-rank instance steps the same requests (agreed by the runner's
 rounds before each step that accepts or prefills: ``in_prefill``), cancels and tokens, so
@@ -39,7 +38,8 @@ from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.loader import LoadedModel
 from worker.engine.micro import decode_batch
 from worker.engine.pipeline import LocalStage, Stage, request_error
-from worker.engine.prefill import PrefillGroup, group_limit, out_of_memory, start_kv
+from worker.engine.prefill import PrefillGroup, out_of_memory, start_kv
+from worker.engine.prefill_slots import PrefillSlots
 from worker.engine.prepare import Grammars, failure_chunk, grammars_for, prepare
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
@@ -73,7 +73,8 @@ class Engine:
         self.on_token = on_token
         self.queue = TaskQueue()
         self.batch = decode_batch(self.settings)  # DecodeBatch, or MicroBatches (micro.py)
-        self.prefilling: PrefillGroup | None = None
+        self.slots = PrefillSlots()  # the group prefilling and the rows paused
+        self._submitted = 0  # requests submitted so far: the next one's order
         self.prefilled_tokens = 0  # prompt tokens fed through the model (the prompt cache's saving shows)
         self._live: dict[TaskId, Sequence] = {}  # accepted, unfinished: prefilling or in the batch
         self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
@@ -86,7 +87,8 @@ class Engine:
         """Queue a request; it is accepted after every request submitted before it."""
         with self._lock:
             self.grammars = grammars_for(params, self.grammars, self.loaded)
-            self.queue.push(Queued(task_id, params, self.clock()))
+            self.queue.push(Queued(task_id, params, self.clock(), self._submitted))
+            self._submitted += 1
 
     def cancel(self, task_id: TaskId) -> bool:
         """Cancel a queued or running request: the next ``step`` returns its
@@ -119,25 +121,30 @@ class Engine:
             return self.queue.task_ids
 
     @property
+    def prefilling(self) -> PrefillGroup | None:  # the group prefilling now (None: none)
+        return self.slots.group
+
+    @property
     def in_prefill(self) -> bool:
         """Whether the next ``step`` accepts a request or prefills a chunk (the runner's
         agreement points are taken before each such step)."""
         with self._lock:
-            return self.prefilling is not None or (len(self.queue) > 0 and self._room())
+            if self.slots.rows:  # prefilling or paused
+                return True
+            first = next((self.queue.find(t) for t in self._choice()), None)
+            return first is not None and (first.prepared is None or self._verdict(first.prepared) != "wait")
 
-    def _room(self, forming: list[Sequence] | None = None) -> bool:
-        """Whether the head of the queue may join ``forming`` (default: the group prefilling)
-        now (lock held): the group is under its limit, the head does not wait for KV."""
-        forming = forming if forming is not None else (self.prefilling.rows if self.prefilling else [])
-        if len(forming) >= group_limit(self.settings.prefill_chunk_size, self.batch.max_rows - len(self.batch.rows)):
-            return False
-        head = self.queue.head()
-        return head is None or head.prepared is None or self._verdict(head.prepared, forming) != "wait"
+    def _choice(self) -> list[str]:
+        """The fairness rule's pick for the next chunk (lock held; ``PrefillSlots.choice``)."""
+        return self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows),
+                                 self.settings.prefill_chunk_size)
 
     def _verdict(self, seq: Sequence, forming: list[Sequence] | None = None) -> Verdict:
+        """Whether ``seq``'s KV fits beside the batch's and ``forming``'s (default: ``slots.rows``)."""
         if seq.done_before_start:
             return "join"  # nothing left to generate: no KV
-        rows = self.batch.kv_rows() + [s.kv() for s in forming or []]
+        forming = self.slots.rows if forming is None else forming
+        rows = self.batch.kv_rows() + [s.kv() for s in forming]
         return join_verdict(seq.kv(), rows, self.kv_capacity_tokens)
 
     # -- work (one thread) ---------------------------------------------------------------
@@ -147,10 +154,9 @@ class Engine:
 
         1. the ends of requests cancelled while queued, and of sequences cancelled since
            the last step;
-        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: the heads
-           of the queue are accepted into the ``PrefillGroup`` prefilling, or a new one
-           (prefilled together, one forward pass a chunk); rows whose prompts end join the
-           batch at once (``PrefillGroup.split_ready``), and once the whole group has, the next
+        2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: the prompts
+           the fairness rule picks (``_form_group``) as one ``PrefillGroup`` (one forward pass
+           a chunk, at most ``group_limit`` rows); rows whose prompts end join the batch at once (``PrefillGroup.split_ready``), and once the whole group has, the next
            may follow in the same step; prompts longer than what is left go on next step;
         3. one decode step of the batch; rows that end leave at once.
         """
@@ -163,9 +169,7 @@ class Engine:
         return out
 
     def _end_cancelled(self) -> list[Chunk]:
-        out: list[Chunk] = []
-        if self.prefilling is not None:
-            out += [self._end(s, "cancelled") for s in list(self.prefilling.rows) if s.cancel_requested]
+        out: list[Chunk] = [self._end(s, "cancelled") for s in self.slots.rows if s.cancel_requested]
         gone = [i for i, row in enumerate(self.batch.rows) if row.cancel_requested]
         out += [self._end(self.batch.rows[i], "cancelled") for i in gone]
         self.batch.drop(gone)
@@ -175,7 +179,7 @@ class Engine:
         out: list[Chunk] = []
         while budget > 0:
             out += self._form_group()
-            if (group := self.prefilling) is None:
+            if (group := self.slots.group) is None:
                 break
             before = [s.processed for s in group.rows]
             try:
@@ -190,35 +194,34 @@ class Engine:
             budget -= max(fed)
             with self._lock:
                 for done in [g for g in (ready, group) if g is not None and g.prefilled]:
-                    done.join(self.batch)
-                self.prefilling = None if group.prefilled else group
-            if self.prefilling is not None:
+                    self.slots.join(done, self.batch)
+            if self.slots.group is not None:
                 break  # the rest of the prompts next step
         return out
 
     def _form_group(self) -> list[Chunk]:
-        """Accept heads of the queue while there is room, into the group prefilling (between
-        two of its chunks, ``PrefillGroup.add``) or a new one; their chunks."""
-        out: list[Chunk] = []
-        group, accepted, go_on = self.prefilling, [], True
-        while go_on:
-            chunks, seq, go_on = self._accept_next((group.rows if group else []) + accepted)
-            out, accepted = out + chunks, accepted + ([seq] if seq is not None else [])
+        """Apply the fairness rule's pick (``_choice``): pause the rows it drops, take back the
+        paused and accept the queued ones it picks (in its order, while their KV fits) into the
+        group prefilling (between two chunks, ``PrefillGroup.add``) or a new one; their chunks."""
         with self._lock:
-            if accepted and group is not None:
-                group.add(accepted)
-            elif accepted:
-                self.prefilling = PrefillGroup(accepted)
+            chosen = self._choice()
+            self.slots.pause_except(set(chosen))
+            resumed = self.slots.resume(chosen)
+            queued = [q for t in chosen if (q := self.queue.find(t)) is not None]
+        out: list[Chunk] = []
+        accepted: list[Sequence] = []
+        for item in queued:
+            chunks, seq, go_on = self._accept(item, self.slots.rows + resumed + accepted)
+            out, accepted = out + chunks, accepted + ([seq] if seq is not None else [])
+            if not go_on:
+                break
+        with self._lock:
+            self.slots.add(resumed + accepted)
         return out
 
-    def _accept_next(self, forming: list[Sequence]) -> tuple[list[Chunk], Sequence | None, bool]:
-        """Accept the head of the queue into the group ``forming`` when there is room: its
-        chunks, the sequence accepted (None: none), and whether to try the next head (False:
-        nothing to accept, the group is full, or the head waits for memory)."""
-        with self._lock:
-            queued = self.queue.head() if self._room(forming) else None
-        if queued is None:
-            return [], None, False
+    def _accept(self, queued: Queued, forming: list[Sequence]) -> tuple[list[Chunk], Sequence | None, bool]:
+        """Accept ``queued`` beside the rows ``forming`` when its KV fits: its chunks, the
+        sequence accepted (None: none), and whether to try the next pick (False: it waits)."""
         try:
             seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
                                              submitted_at=queued.submitted_at, grammars=self.grammars)
@@ -235,9 +238,10 @@ class Engine:
         if seq.done_before_start:  # every allowed token was sent before the move
             return self._pop(queued, [seq.progress(), seq.finish("length")]), None, True
         with self._lock:
-            if not self.queue.pop_head(queued):
+            if not self.queue.pop(queued):
                 return [], None, True  # cancelled meanwhile: its end is in the outbox
             self._live[seq.task_id], seq.accepted_at = seq, self.clock()
+            self.slots.accept(seq, queued.order)
         try:
             start_kv(seq, self.prompt_cache, self.loaded.model)
         except Exception as e:  # noqa: BLE001
@@ -245,9 +249,8 @@ class Engine:
         return [seq.progress()], seq, True
 
     def _pop(self, queued: Queued, chunks: list[Chunk]) -> list[Chunk]:
-        """``chunks`` when ``queued`` was still the head (now removed), else none (cancelled)."""
-        with self._lock:
-            return chunks if self.queue.pop_head(queued) else []
+        with self._lock:  # the chunks when ``queued`` still waited (now removed), else none (cancelled)
+            return chunks if self.queue.pop(queued) else []
 
     def _decode(self) -> list[Chunk]:
         """One decode step of the batch: every row's token consumed; rows that end leave
@@ -290,8 +293,7 @@ class Engine:
         return failure_chunk(seq.task_id, exc)
 
     def _forget(self, seq: Sequence) -> None:
-        """``seq`` is no longer live, nor in the prefilling group (its KV rows freed)."""
+        """``seq`` is no longer live, nor prefilling or paused (its KV rows freed)."""
         with self._lock:
             self._live.pop(seq.task_id, None)
-            if self.prefilling is not None and self.prefilling.discard(seq):
-                self.prefilling = None
+            self.slots.discard(seq)

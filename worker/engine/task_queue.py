@@ -1,8 +1,9 @@
-"""The engine's queue: submitted requests waiting to be accepted, first come, first served.
+"""The engine's queue: submitted requests waiting to be accepted, in submission order.
 
-A request is accepted from the head only (later ones wait behind it). The head may be
-prepared (tokenized and checked into a ``Sequence``) and still wait there when its KV does not
-fit beside the batch's yet; it is prepared once. Not thread-safe by itself: the engine calls
+Which is accepted next is the fairness rule's choice (``fair_share``: round-robin across
+clients, each client's in submission order), not always the head. A request may be prepared
+(tokenized and checked into a ``Sequence``) and still wait when its KV does not fit beside
+the batch's yet; it is prepared once. Not thread-safe by itself: the engine calls
 it under its lock (``submit`` and ``cancel`` come from any thread).
 """
 
@@ -19,11 +20,13 @@ from worker.engine.sequence import Sequence
 @dataclass
 class Queued:
     """A submitted request: its task id, parameters, submission time (seconds of the
-    engine's clock) and, once prepared, its ``Sequence``."""
+    engine's clock), submission order (the engine's counter) and, once prepared, its
+    ``Sequence``."""
 
     task_id: TaskId
     params: GenerationParams
     submitted_at: float
+    order: int = 0
     prepared: Sequence | None = None
 
 
@@ -43,6 +46,22 @@ class TaskQueue:
 
     def push(self, item: Queued) -> None:
         self._items.append(item)
+
+    @property
+    def items(self) -> list[Queued]:
+        """The waiting requests, head first."""
+        return list(self._items)
+
+    def find(self, task_id: TaskId) -> Queued | None:
+        return next((q for q in self._items if q.task_id == task_id), None)
+
+    def pop(self, item: Queued) -> bool:
+        """Remove ``item`` when it still waits (a cancel may have removed it meanwhile)."""
+        for i, q in enumerate(self._items):
+            if q is item:
+                del self._items[i]
+                return True
+        return False
 
     def head(self) -> Queued | None:
         return self._items[0] if self._items else None

@@ -26,8 +26,7 @@ def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> En
     thread that steps the engine. ``kv_bytes_per_token``: this rank's KV bytes per token;
     ``generated``: tokens the runner sampled for requests so far."""
     rows = [row.kv().used for row in engine.batch.rows]
-    if engine.prefilling is not None:  # a PrefillGroup: its rows prefill together
-        rows += [int(seq.processed) for seq in engine.prefilling.rows]
+    rows += [int(seq.processed) for seq in engine.slots.rows]  # prefilling or paused
     cache = engine.prompt_cache
     return EngineStats(
         queued=len(engine.queued_task_ids), batch_rows=engine.batch_size, batch_limit=engine.settings.max_batch,

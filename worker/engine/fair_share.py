@@ -1,0 +1,73 @@
+"""Which requests prefill at the next step: the prefill slots shared fairly between clients.
+
+The engine prefills at most ``slots`` prompts at once (``prefill.group_limit``: one chunk of
+the group feeds at most ``PREFILL_GROUP_TOKENS`` tokens, so a step's prefill work is bounded
+whatever is waiting), a chunk of each every step, interleaved with the decode batch's step.
+When more prompts want prefill than there are slots, this rule picks which, every step:
+
+- **Round-robin across clients**: client 1's first candidate, client 2's first, …, then
+  each client's second, and so on, until ``slots`` are taken. Clients are ordered by their
+  oldest candidate (the one submitted first), so the order only changes when requests
+  arrive or leave, and a row once chosen stays chosen while nothing changes (no thrash).
+- **Within a client**, its candidates in submission order.
+
+A client is what ``GenerationParams.client`` names (the API key's id, else the caller's
+address and user agent: ``exo_p2p.api.client_key``); requests without one are one client.
+Candidates are the rows prefilling, the rows paused (taken out of the group by this rule
+earlier, their KV kept) and the queued requests.
+
+Bounds (``tests/test_fair_share.py``): never more than ``slots`` chosen; every slot used
+while candidates remain (work-conserving); each client with ``n`` candidates gets at least
+``min(n, slots // clients)`` slots, so with at most ``slots`` clients every client has a row
+prefilling within one step of asking: one client's ten long prompts never keep another's
+one waiting for their whole prefill. The rule is a pure function of the engine's state, the
+same on every rank of an instance (they hold the same requests in the same order), so the
+ranks choose alike without a round of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A prompt wanting prefill: its task id, its client's key, its submission order (an
+    engine-wide counter: lower was submitted first) and whether it was accepted already
+    (prefilling or paused: it holds a batch row) or still waits in the queue."""
+
+    task_id: str
+    client: str
+    order: int
+    accepted: bool = True
+
+
+def prefill_choice(candidates: Sequence[Candidate], slots: int, new_rows: int | None = None) -> list[str]:
+    """The task ids to prefill next, at most ``slots`` (≥ 0), in the rule's priority order
+    (module docstring), taking at most ``new_rows`` candidates not yet accepted (the rows the
+    decode batch can still take; None: no limit): one the batch has no row for is passed
+    over and its slot goes on down the order. Raises ``ValueError`` for a negative ``slots``
+    or ``new_rows`` or repeated task ids."""
+    if slots < 0 or (new_rows is not None and new_rows < 0):
+        raise ValueError(f"slots and new_rows must be >= 0, not {slots} and {new_rows}")
+    if len({c.task_id for c in candidates}) != len(candidates):
+        raise ValueError("a task id is a candidate twice")
+    by_client: dict[str, list[Candidate]] = {}
+    for c in sorted(candidates, key=lambda c: c.order):
+        by_client.setdefault(c.client, []).append(c)
+    queues = list(by_client.values())  # clients in order of their oldest candidate
+    fresh = len(candidates) if new_rows is None else new_rows
+    chosen: list[str] = []
+    depth = 0
+    while len(chosen) < slots and any(depth < len(q) for q in queues):
+        for q in queues:
+            if depth >= len(q) or len(chosen) >= slots:
+                continue
+            if not q[depth].accepted:
+                if fresh == 0:
+                    continue
+                fresh -= 1
+            chosen.append(q[depth].task_id)
+        depth += 1
+    return chosen
