@@ -1,11 +1,13 @@
 """The prefill slots' fairness rule (``worker.engine.fair_share.prefill_choice``) on its own.
 
-Properties: the slots are never exceeded and never left idle while a candidate could take
+Properties of the pick: the slots are never exceeded and never left idle while a candidate could take
 them (work-conserving, new rows within the batch's room); every client gets at least
 ``min(its candidates, slots // clients)`` slots; a client's chosen candidates are its oldest;
 the oldest candidate is always chosen, so simulated step by step every prompt finishes
 within a bound (every prefilling row progresses); the pick does not depend on the order the
-candidates are listed in (ranks that hold the same rows pick alike).
+candidates are listed in (ranks that hold the same rows pick alike). Of the prompts picked,
+those fed together are alike in length (the shortest always among them), and each one left
+out for its length gets a chunk of its own within ``LONG_TURN`` steps per prompt left out.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.fair_share import Candidate, prefill_choice
+from worker.engine.fair_share import LENGTH_FACTOR, LENGTH_SLACK, LONG_TURN, Candidate, fed_together, prefill_choice, turn
 
 
 @st.composite
@@ -99,8 +101,34 @@ def test_one_clients_ten_prompts_leave_a_slot_for_another() -> None:
     assert prefill_choice([*a, b], 4, new_rows=0) == ["a0", "a1", "a2", "a3"]  # no batch row for b
 
 
+@given(st.lists(st.integers(0, 20_000), max_size=10))
+def test_prompts_fed_together_are_alike_in_length(lengths: list[int]) -> None:
+    """The shortest prompt is always fed; every prompt fed is within the factor of it; none
+    left out is; the order is kept."""
+    named = [(f"t{i}", n) for i, n in enumerate(lengths)]
+    fed = fed_together(named)
+    assert fed == [t for t, _ in named if t in set(fed)]
+    if named:
+        shortest = min(lengths)
+        assert any(n == shortest for t, n in named if t in fed)
+        for t, n in named:
+            assert (t in fed) == (n <= LENGTH_FACTOR * shortest + LENGTH_SLACK)
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4, unique=True), st.integers(0, 400))
+def test_every_prompt_left_out_gets_a_turn(left_out: list[str], start: int) -> None:
+    """Within ``LONG_TURN`` × (prompts left out) steps from any step, each of them is fed once;
+    no step feeds more than one, and only every ``LONG_TURN``-th step feeds one."""
+    fed = [turn(left_out, step) for step in range(start, start + LONG_TURN * len(left_out))]
+    assert sorted(t for t in fed if t is not None) == sorted(left_out)
+    assert sum(1 for t in fed if t is not None) == len(left_out)
+    assert turn([], 7) is None
+
+
 def test_bad_arguments_are_errors() -> None:
     with pytest.raises(ValueError, match="slots"):
         prefill_choice([], -1)
     with pytest.raises(ValueError, match="twice"):
         prefill_choice([Candidate("t", "a", 0), Candidate("t", "b", 1)], 2)
+    with pytest.raises(ValueError, match="negative"):
+        fed_together([("t", -1)])

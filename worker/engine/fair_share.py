@@ -23,6 +23,15 @@ prefilling within one step of asking: one client's ten long prompts never keep a
 one waiting for their whole prefill. The rule is a pure function of the engine's state, the
 same on every rank of an instance (they hold the same requests in the same order), so the
 ranks choose alike without a round of their own.
+
+**Lengths apart** (``fed_together``): the prompts picked are fed together in one forward a
+chunk only when their lengths are alike (at most ``LENGTH_FACTOR`` × the shortest picked
+plus ``LENGTH_SLACK`` tokens): the group's KV is left-padded to its longest row, so a short
+prompt fed beside a long one would pay the long one's attention at every chunk and take as
+long as it. The longer ones wait, keeping their KV, while the shorter prefill; every
+``LONG_TURN``-th prefill step one of them (in turn, ``turn``) is fed a chunk on its own,
+so a long prompt always progresses, and a short one waits at most one such chunk every
+``LONG_TURN`` of its own.
 """
 
 from __future__ import annotations
@@ -53,21 +62,52 @@ def prefill_choice(candidates: Sequence[Candidate], slots: int, new_rows: int | 
         raise ValueError(f"slots and new_rows must be >= 0, not {slots} and {new_rows}")
     if len({c.task_id for c in candidates}) != len(candidates):
         raise ValueError("a task id is a candidate twice")
+    fresh = len(candidates) if new_rows is None else new_rows
     by_client: dict[str, list[Candidate]] = {}
     for c in sorted(candidates, key=lambda c: c.order):
-        by_client.setdefault(c.client, []).append(c)
+        if c.accepted or fresh > 0:  # with no new row at all, the new ones are not candidates
+            by_client.setdefault(c.client, []).append(c)
     queues = list(by_client.values())  # clients in order of their oldest candidate
-    fresh = len(candidates) if new_rows is None else new_rows
+    at = [0] * len(queues)
     chosen: list[str] = []
-    depth = 0
-    while len(chosen) < slots and any(depth < len(q) for q in queues):
-        for q in queues:
-            if depth >= len(q) or len(chosen) >= slots:
-                continue
-            if not q[depth].accepted:
-                if fresh == 0:
-                    continue
-                fresh -= 1
-            chosen.append(q[depth].task_id)
-        depth += 1
+    while len(chosen) < slots:
+        took = False
+        for k, q in enumerate(queues):
+            while at[k] < len(q) and not q[at[k]].accepted and fresh == 0:
+                at[k] += 1  # no batch row left for a new one: this client's next
+            if at[k] < len(q) and len(chosen) < slots:
+                fresh -= 0 if q[at[k]].accepted else 1
+                chosen.append(q[at[k]].task_id)
+                at[k], took = at[k] + 1, True
+        if not took:
+            break
     return chosen
+
+
+LENGTH_FACTOR = 2
+"""Prompts fed together are at most this many times as long as the shortest (plus ``LENGTH_SLACK``)."""
+LENGTH_SLACK = 256
+"""Tokens a prompt fed together may exceed ``LENGTH_FACTOR`` × the shortest by."""
+LONG_TURN = 8
+"""Every this many prefill steps, a prompt left out for its length is fed a chunk of its own."""
+
+
+def fed_together(lengths: Sequence[tuple[str, int]]) -> list[str]:
+    """Of the picked prompts ``(task id, prompt tokens)``, in order, those fed together: the
+    ones at most ``LENGTH_FACTOR`` × the shortest + ``LENGTH_SLACK`` tokens long (module
+    docstring); the order kept. Raises ``ValueError`` for a negative length."""
+    if any(n < 0 for _, n in lengths):
+        raise ValueError("a prompt length is negative")
+    if not lengths:
+        return []
+    limit = LENGTH_FACTOR * min(n for _, n in lengths) + LENGTH_SLACK
+    return [t for t, n in lengths if n <= limit]
+
+
+def turn(left_out: Sequence[str], step: int) -> str | None:
+    """The prompt left out for its length (``left_out``, in the rule's order) that is fed a
+    chunk of its own at prefill step ``step`` (≥ 0), or None: every ``LONG_TURN``-th step,
+    each in turn."""
+    if not left_out or step % LONG_TURN != LONG_TURN - 1:
+        return None
+    return left_out[(step // LONG_TURN) % len(left_out)]

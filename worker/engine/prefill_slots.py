@@ -6,7 +6,10 @@ prefilling that the rule no longer picks (another client's request took its slot
 *paused*: taken out of the group with its KV so far (``PrefillGroup.take_out``), kept here,
 and added back to the group when the rule picks it again, going on from where it was. A
 paused row keeps its batch row and its KV (the engine's memory check counts it), so resuming
-never waits for memory. Every rank makes the same moves in the same order (the rule is a pure
+never waits for memory. Of the prompts picked, only those of alike lengths form the group
+(``fair_share.fed_together``); the longer ones stay paused (``left_out``) and are fed a chunk
+on their own in turn (``next_turn``). A paused row holds its own cache, so moving it in and
+out between steps copies nothing; only taking a row out of a merged group copies its KV. Every rank makes the same moves in the same order (the rule is a pure
 function of state the ranks share).
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.fair_share import Candidate, prefill_choice
+from worker.engine.fair_share import Candidate, fed_together, prefill_choice, turn
 from worker.engine.prefill import PrefillGroup, group_limit
 from worker.engine.sequence import Sequence
 from worker.engine.task_queue import Queued
@@ -33,6 +36,8 @@ class PrefillSlots:
     def __init__(self) -> None:
         self.group: PrefillGroup | None = None
         self.paused: list[Sequence] = []
+        self.left_out: list[str] = []  # picked, but paused for their length (``fed_together``)
+        self.steps = 0  # prefill steps so far (``next_turn``)
         self._order: dict[str, int] = {}
 
     @property
@@ -74,6 +79,17 @@ class PrefillSlots:
         self.paused = [s for s in self.paused if all(s is not b for b in back)]
         return back
 
+    def arrange(self, chosen: list[str], incoming: list[Sequence]) -> None:
+        """After ``pause_except(chosen)``: of the group's rows and ``incoming`` (just
+        accepted or resumed, their own caches), those of alike lengths form the group (in
+        ``chosen``'s order), the others are paused and ``left_out``."""
+        live = {s.task_id: s for s in (self.group.rows if self.group is not None else []) + incoming}
+        together = set(fed_together([(t, int(live[t].prompt.size)) for t in chosen if t in live]))
+        self.left_out = [t for t in chosen if t in live and t not in together]
+        self.pause_except(together)
+        self.paused += [s for s in incoming if s.task_id not in together]
+        self.add([s for s in incoming if s.task_id in together])
+
     def add(self, seqs: list[Sequence]) -> None:
         """``seqs`` (just accepted or resumed) join the group prefilling, or form one."""
         if not seqs:
@@ -83,10 +99,27 @@ class PrefillSlots:
         else:
             self.group = PrefillGroup(seqs)
 
+    def next_turn(self) -> Sequence | None:
+        """Count a prefill step; the paused row left out for its length that is fed a chunk
+        on its own this step (``fair_share.turn``), or None."""
+        self.steps += 1
+        task_id = turn(self.left_out, self.steps - 1)
+        return next((s for s in self.paused if s.task_id == task_id), None)
+
+    def join_alone(self, seq: Sequence, batch: Any) -> None:
+        """``seq``, paused and fed on its own, joins ``batch`` once prefilled."""
+        if not seq.prefilled:
+            return
+        self.paused = [s for s in self.paused if s is not seq]
+        self.left_out = [t for t in self.left_out if t != seq.task_id]
+        self._order.pop(seq.task_id, None)
+        batch.join(seq)
+
     def discard(self, seq: Sequence) -> None:
         """``seq`` leaves (cancelled, failed, or in the batch now): its KV rows freed."""
         self._order.pop(seq.task_id, None)
         self.paused = [s for s in self.paused if s is not seq]
+        self.left_out = [t for t in self.left_out if t != seq.task_id]
         if self.group is not None and self.group.discard(seq):
             self.group = None
 

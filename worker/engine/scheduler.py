@@ -1,12 +1,10 @@
 """The engine: requests are submitted to it and it is stepped (docs/architecture.md#engine).
 
 ``Engine`` owns the parts and decides, step by step, what each does: the ``TaskQueue``
-(submitted requests), ``prepare`` (a request into a ``Sequence``,
-no model work), the ``PrefillGroup`` (sequences accepted together, prefilled together), the
-``DecodeBatch`` (every prefilled sequence, one forward pass per step) and the
-``PromptCache``. One path serves every ``max_batch``: a batch of at most one row is the same
-batch. ``step`` does one bounded unit of work and returns the chunks it produced; see its
-docstring for the order.
+(submitted requests), ``prepare`` (a request into a ``Sequence``, no model work), the
+``PrefillSlots`` (the ``PrefillGroup`` prefilled together and the rows paused), the
+``DecodeBatch`` (one forward pass per step) and the ``PromptCache``. One path serves every
+``max_batch``. ``step`` does one bounded unit of work and returns its chunks (its docstring).
 
 Admission: before each chunk the fairness rule picks the prompts to prefill (``prefill_slots``,
 ``fair_share``); the queued ones it picks are accepted in its order while each one's KV (prompt
@@ -35,6 +33,7 @@ from exo_p2p.types.common import TaskId
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import GenerationParams
 from worker.engine.batch_memory import Verdict, join_verdict
+from worker.engine.decode_step import consume_tokens
 from worker.engine.loader import LoadedModel
 from worker.engine.micro import decode_batch
 from worker.engine.pipeline import LocalStage, Stage, request_error
@@ -80,8 +79,6 @@ class Engine:
         self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
         self._lock = threading.Lock()
         self.grammars: Grammars | None = None  # at the first request with an output format (submit)
-
-    # -- control (any thread) ------------------------------------------------------------
 
     def submit(self, task_id: TaskId, params: GenerationParams) -> None:
         """Queue a request; it is accepted after every request submitted before it."""
@@ -147,8 +144,6 @@ class Engine:
         rows = self.batch.kv_rows() + [s.kv() for s in forming]
         return join_verdict(seq.kv(), rows, self.kv_capacity_tokens)
 
-    # -- work (one thread) ---------------------------------------------------------------
-
     def step(self) -> list[Chunk]:
         """One step, in this order (the same on every rank):
 
@@ -197,6 +192,21 @@ class Engine:
                     self.slots.join(done, self.batch)
             if self.slots.group is not None:
                 break  # the rest of the prompts next step
+        return out + self._feed_alone(self.slots.next_turn())
+
+    def _feed_alone(self, seq: Sequence | None) -> list[Chunk]:
+        """A chunk of ``seq``'s prompt on its own (left out of the group for its length, on
+        its turn: ``PrefillSlots.next_turn``); it joins the batch once prefilled."""
+        if seq is None:
+            return []
+        before = seq.processed
+        try:
+            out = seq.prefill_chunk(self.stage, self.loaded.model, self.settings.prefill_chunk_size)
+        except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
+            return [self._fail(seq, request_error(self.stage, e))]
+        self.prefilled_tokens += seq.processed - before
+        with self._lock:
+            self.slots.join_alone(seq, self.batch)  # once prefilled
         return out
 
     def _form_group(self) -> list[Chunk]:
@@ -216,7 +226,7 @@ class Engine:
             if not go_on:
                 break
         with self._lock:
-            self.slots.add(resumed + accepted)
+            self.slots.arrange(chosen, resumed + accepted)
         return out
 
     def _accept(self, queued: Queued, forming: list[Sequence]) -> tuple[list[Chunk], Sequence | None, bool]:
@@ -262,26 +272,17 @@ class Engine:
             out = [self._fail(row, error) for row in self.batch.rows]
             self.batch.drop(list(range(len(self.batch.rows))))
             return out
-        now = self.clock()
-        out: list[Chunk] = []
-        ended: list[int] = []
-        for i, (row, token) in enumerate(zip(self.batch.rows, tokens, strict=True)):
-            if self.on_token is not None:
-                self.on_token(row.task_id, token)
-            try:
-                chunks, done = row.consume(token, now)
-            except Exception as e:  # noqa: BLE001 - this row fails, the others go on
-                out.append(self._fail(row, e))
-                ended.append(i)
+        out, ended = consume_tokens(self.batch.rows, tokens, self.clock(), self.on_token)
+        for i, exc in ended:
+            row = self.batch.rows[i]
+            if exc is not None:
+                out.append(self._fail(row, exc))
                 continue
-            out += chunks
-            if done:
-                ended.append(i)
-                with self._lock:
-                    self._live.pop(row.task_id, None)
-                if self.prompt_cache.enabled:
-                    self.prompt_cache.insert(row.tokens(), self.batch.extract(i), row.params)
-        self.batch.drop(ended)
+            with self._lock:
+                self._live.pop(row.task_id, None)
+            if self.prompt_cache.enabled:
+                self.prompt_cache.insert(row.tokens(), self.batch.extract(i), row.params)
+        self.batch.drop([i for i, _ in ended])
         return out
 
     def _end(self, seq: Sequence, reason: FinishReason) -> FinishChunk:
