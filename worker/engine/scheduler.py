@@ -133,8 +133,7 @@ class Engine:
 
     def _choice(self) -> list[str]:
         """The fairness rule's pick for the next chunk (lock held; ``PrefillSlots.choice``)."""
-        return self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows),
-                                 self.settings.prefill_chunk_size)
+        return self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows), self.settings.prefill_chunk_size)
 
     def _verdict(self, seq: Sequence, forming: list[Sequence] | None = None) -> Verdict:
         """Whether ``seq``'s KV fits beside the batch's and ``forming``'s (default: ``slots.rows``)."""
@@ -151,8 +150,9 @@ class Engine:
            the last step;
         2. prefill, within a budget of ``prefill_chunk_size`` prompt tokens a row: the prompts
            the fairness rule picks (``_form_group``) as one ``PrefillGroup`` (one forward pass
-           a chunk, at most ``group_limit`` rows); rows whose prompts end join the batch at once (``PrefillGroup.split_ready``), and once the whole group has, the next
-           may follow in the same step; prompts longer than what is left go on next step;
+           a chunk, at most ``group_limit`` rows, alike in length); rows whose prompts end join
+           the batch at once (``split_ready``), and once the whole group has, the next may
+           follow; every 8th step one left out for its length is fed a chunk alone (``_feed_alone``);
         3. one decode step of the batch; rows that end leave at once.
         """
         with self._lock:
@@ -211,8 +211,8 @@ class Engine:
 
     def _form_group(self) -> list[Chunk]:
         """Apply the fairness rule's pick (``_choice``): pause the rows it drops, take back the
-        paused and accept the queued ones it picks (in its order, while their KV fits) into the
-        group prefilling (between two chunks, ``PrefillGroup.add``) or a new one; their chunks."""
+        paused and accept the queued ones it picks (in its order, while their KV fits), and
+        arrange them (``PrefillSlots.arrange``: the group, or left out for length); their chunks."""
         with self._lock:
             chosen = self._choice()
             self.slots.pause_except(set(chosen))
