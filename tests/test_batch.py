@@ -346,20 +346,23 @@ _schedules = st.lists(
         st.lists(st.integers(0, 8), min_size=2, max_size=2),  # delivery tick on rank 0, 1
         st.integers(2, 10),  # max_tokens
         st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(0, 30))),  # cancel: rank, tick
-        st.sampled_from(range(len(PROMPTS))),
+        st.sampled_from(range(len(PROMPTS) + 1)),  # the last: LONG_PROMPT
     ),
     min_size=1, max_size=6,
 )
+LONG_PROMPT = "the long story goes on and on, " * 18  # ~380 tokens: fits a capacity of 700 alone
+"""A prompt several times as long as the others: left out of their group for its length."""
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=_schedules, capacity=st.sampled_from([None, 700, 1400]))
 def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capacity) -> None:
     """Two simulated ranks (a generator each, ``max_batch`` 3, the runner's round rule and a
-    simulated all-gather): tasks reach the ranks at different ticks, cancels reach one rank
-    only, and with a KV capacity some wait for memory. After every step both ranks hold the
-    same rows in the same order, the same prefilling group and queue, and every task ends
-    the same way on both."""
+    simulated all-gather): tasks of two clients reach the ranks at different ticks, cancels
+    reach one rank only, a long prompt may be left out of the group for its length, and with
+    a KV capacity some wait for memory. After every step both ranks hold the same rows in the
+    same order, the same prefilling group, paused rows and queue, and every task ends the
+    same way on both."""
     import numpy as np
 
     from worker.engine.agreement import TaskAgreement, encode_row
@@ -369,7 +372,8 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
             for _ in range(world)]
     deals: list[TaskAgreement[Request]] = [TaskAgreement() for _ in range(world)]
     ended: list[dict[str, str]] = [{} for _ in range(world)]
-    reqs = [(f"s{i}", GenerationParams(messages=user(PROMPTS[p]), max_tokens=n, temperature=0.0))
+    texts = [*PROMPTS, LONG_PROMPT]
+    reqs = [(f"s{i}", GenerationParams(messages=user(texts[p]), max_tokens=n, temperature=0.0, client=f"c{i % 2}"))
             for i, (_, n, _, p) in enumerate(schedule)]
     check_every, since_round = 2, 0
     for tick in range(2_000):
@@ -402,8 +406,8 @@ def test_ranks_never_disagree_on_batch_rows(loaded: LoadedModel, schedule, capac
                         deals[r].finished(chunk.task_id)
                         ended[r][chunk.task_id] = getattr(chunk, "finish_reason", "error")
             since_round += 1
-        seen = [([row.task_id for row in g.batch.rows],
-                 None if g.prefilling is None else g.prefilling.task_ids, g.queued_task_ids) for g in gens]
+        seen = [([row.task_id for row in g.batch.rows], None if g.prefilling is None else g.prefilling.task_ids,
+                 [s.task_id for s in g.slots.paused], g.slots.left_out, g.queued_task_ids) for g in gens]
         assert seen[0] == seen[1], seen
         if tick > 40 and all(len(e) == len(reqs) for e in ended):
             break

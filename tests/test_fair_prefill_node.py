@@ -43,7 +43,7 @@ def node(tmp_path_factory):
 
 def test_a_short_request_beside_a_long_prefill_is_within_the_bound(node: NodeProcess) -> None:
     own = statistics.median(timed_request(node.url, MODEL, filler(300, f"idle{i}"), "short")[0] for i in range(3))
-    long = Background(node.url, MODEL, filler(6000, "long"), "long")
+    long = Background(node.url, MODEL, filler(12_000, "long"), "long")
     time.sleep(1.0)
     beside = [timed_request(node.url, MODEL, filler(300, f"beside{i}"), "short")[0] for i in range(2)]
     sent_during = not long.done
@@ -57,7 +57,7 @@ def test_a_short_request_beside_a_long_prefill_is_within_the_bound(node: NodePro
 
 
 def test_one_clients_nine_long_prompts_do_not_keep_another_waiting(node: NodeProcess) -> None:
-    longs = [Background(node.url, MODEL, filler(1500, f"many{i}"), "greedy-client") for i in range(9)]
+    longs = [Background(node.url, MODEL, filler(4000, f"many{i}"), "greedy-client") for i in range(9)]
     time.sleep(1.0)
     took, _ = timed_request(node.url, MODEL, filler(200, "one"), "other-client")
     answered = time.perf_counter()
