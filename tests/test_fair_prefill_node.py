@@ -5,7 +5,8 @@ synthetic model of a 16k context, each client named by its ``User-Agent``.
   within 2× its own prefill time (its TTFT on the idle node) plus one chunk of the long
   prompt, times ``SLACK`` plus ``SLACK_S`` for a loaded machine.
 - One client's nine long prompts (more than the 8 the group prefills at once) do not keep
-  another client's short request waiting: it is answered before any of the nine.
+  another client's short request waiting: it is answered before any of the nine; on one
+  node and on a 2-node pipeline (whose ranks must pick, pause and feed alike).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE
 from exo_p2p.models.synthetic import make_synthetic_model
-from tests.cluster import NodeProcess, nodes_cleanup
+from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.fair_load import Background, filler, timed_request
 
 pytestmark = pytest.mark.integration
@@ -30,15 +31,37 @@ SLACK_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fair")
-    make_synthetic_model(base / "models" / MODEL, n_layers=2, context_length=16_384, seed=5)
-    a = NodeProcess(base / "a", extra_args=["--models-dir", str(base / "models"), "--max-batch", "16"])
+def models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fair-models")
+    make_synthetic_model(base / MODEL, n_layers=2, context_length=16_384, seed=5)
+    return base
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, models):
+    a = NodeProcess(tmp_path_factory.mktemp("fair") / "a", extra_args=["--models-dir", str(models), "--max-batch", "16"])
     with nodes_cleanup([a]):
         a.start()
         a.place_and_wait(MODEL, min_nodes=1, timeout=120)
         timed_request(a.url, MODEL, filler(32, "warm"), "warm")
         yield a
+
+
+@pytest.fixture
+def pipeline(tmp_path, models):
+    """A 2-node pipeline instance of the model; the API node (the last) is not rank 0."""
+    args = ["--models-dir", str(models), "--max-batch", "16"]
+    a = NodeProcess(tmp_path / "a", extra_args=args)
+    nodes = [a]
+    with nodes_cleanup(nodes):
+        a.start()
+        b = NodeProcess(tmp_path / "b", cluster=a.cluster, extra_args=[*args, *(x for addr in a.addrs() for x in ("--bootstrap", addr))])
+        nodes.append(b)
+        b.start()
+        wait_until(lambda: converged(nodes, 2), 30, what="2-node cluster")
+        a.place_and_wait(MODEL, min_nodes=2, timeout=120)
+        timed_request(b.url, MODEL, filler(32, "warm"), "warm")
+        yield b
 
 
 def test_a_short_request_beside_a_long_prefill_is_within_the_bound(node: NodeProcess) -> None:
@@ -56,7 +79,9 @@ def test_a_short_request_beside_a_long_prefill_is_within_the_bound(node: NodePro
     assert max(beside) <= bound, (beside, own, chunk_s)
 
 
-def test_one_clients_nine_long_prompts_do_not_keep_another_waiting(node: NodeProcess) -> None:
+@pytest.mark.parametrize("where", ["node", "pipeline"])
+def test_one_clients_nine_long_prompts_do_not_keep_another_waiting(where: str, request: pytest.FixtureRequest) -> None:
+    node: NodeProcess = request.getfixturevalue(where)
     longs = [Background(node.url, MODEL, filler(4000, f"many{i}"), "greedy-client") for i in range(9)]
     time.sleep(1.0)
     took, _ = timed_request(node.url, MODEL, filler(200, "one"), "other-client")
