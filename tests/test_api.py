@@ -461,8 +461,8 @@ def test_defaults_come_from_generation_params_and_max_tokens_alias() -> None:
         await client.post("/v1/chat/completions", json=chat_body())
         await client.post("/v1/chat/completions", json=chat_body(max_tokens=9, stop=["a", "", "b"]))
         first, second = (s.params for s in submits(backend))
-        defaults = GenerationParams(messages=first.messages)
-        assert first == defaults
+        defaults = GenerationParams(messages=first.messages, client=first.client)
+        assert first == defaults and (first.client or "").startswith("peer:")  # exo_p2p.api.client_key
         assert second.max_tokens == 9 and second.stop == ("a", "b")
 
     run_api(body)
