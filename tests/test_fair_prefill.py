@@ -100,3 +100,33 @@ def test_a_cancelled_paused_row_ends_and_frees_its_slot(loaded: LoadedModel) -> 
     out = gen.step()
     assert any(isinstance(c, FinishChunk) and c.task_id == "a3" and c.finish_reason == "cancelled" for c in out)
     assert "a3" not in [s.task_id for s in gen.slots.rows] and "a3" not in gen.slots.left_out
+
+
+def test_a_long_prompt_held_back_while_rows_decode_then_fed_alike(tmp_path) -> None:
+    """With ``hold_long`` set (the runner's pacer, or the ranks' round), a prompt longer than
+    ``LONG_PROMPT_TOKENS`` gets no chunk while a row decodes, the row decodes on; released,
+    the prompt prefills and its greedy output still equals mlx-lm's."""
+    from worker.engine.fair_share import LONG_PROMPT_TOKENS
+
+    loaded = load_all(make_synthetic_model(tmp_path / "long", n_layers=1, context_length=4096))
+    tokens: dict[str, list[int]] = {}
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=256, max_batch=4),
+                       on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
+    gen.submit("d", GenerationParams(messages=(ChatMessage("user", "go on"),), max_tokens=400, temperature=0.0))
+    gen.step()
+    long = params("the quiet river runs past the old mill, " * 130, "b")
+    gen.submit("L", long)
+    gen.slots.hold_long = True
+    for _ in range(4):
+        gen.step()
+    held = next(s for s in gen.slots.rows if s.task_id == "L")
+    assert int(held.prompt.size) > LONG_PROMPT_TOKENS and held.processed == 0
+    assert len(tokens["d"]) >= 4 and not gen.slots.long_fed  # d decoded on
+    gen.slots.hold_long = False
+    gen.step()
+    assert held.processed > 0 and gen.slots.long_fed
+    for _ in range(MAX_STEPS):
+        if not gen.has_work():
+            break
+        gen.step()
+    assert [t for t in tokens["L"] if t not in loaded.eos_token_ids] == reference(loaded, long)

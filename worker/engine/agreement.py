@@ -12,7 +12,9 @@ Every rank then decides the same thing from the same gathered rows:
 - **shut down** when any rank was told to;
 - **pace**: the decode steps until the next round, the smallest of the ranks' proposals
   (each rank proposes from its own measured decode rate), so the rounds keep coming every
-  ~``CHECK_SECONDS`` even when decode slows down under load, and every rank counts the same.
+  ~``CHECK_SECONDS`` even when decode slows down under load, and every rank counts the same;
+- **hold** long prompts' prefill chunks back at the next step when any rank asks (each asks
+  from its own ``worker.runner.prefill_pace.PrefillPacer``), so all ranks feed alike.
 
 ``agree(view, all_gather)`` is that rule as one pure function with the collective injected;
 the runner passes the MLX ring's all-gather, the unit tests a simulated one. ``TaskAgreement``
@@ -40,11 +42,12 @@ import numpy as np
 MAX_SLOTS = 32
 """Pending task ids (and, separately, cancel ids) one rank contributes per round."""
 
-ROW_LEN = 3 + 2 * MAX_SLOTS + 1
+ROW_LEN = 3 + 2 * MAX_SLOTS + 2
 """``[n_pending, n_cancel, shutdown, pending keys × MAX_SLOTS, cancel keys × MAX_SLOTS,
-check_every proposal (0: none)]``."""
+check_every proposal (0: none), hold long prefill (0/1)]``."""
 
-_PACE = ROW_LEN - 1
+_PACE = ROW_LEN - 2
+_HOLD = ROW_LEN - 1
 
 AllGather = Callable[[np.ndarray], np.ndarray]
 """``row [ROW_LEN] int64 -> rows [world_size, ROW_LEN] int64`` (rank order)."""
@@ -75,6 +78,8 @@ class LocalView:
     shutdown: bool = False
     check_every: int = 0
     """Decode steps this rank proposes until the next round (0: no proposal)."""
+    hold: bool = False
+    """Whether this rank asks to hold long prompts' prefill back at the next step."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +89,15 @@ class Agreement:
     ``start``: task ids to start now, in ``created_idx`` order (all are pending on this rank);
     ``cancel_keys``: ``task_key``s of tasks to cancel (some may be unknown to this rank yet);
     ``shutdown``: some rank was told to shut down; ``check_every``: decode steps until the
-    next round, the smallest positive proposal (0: nobody proposed; keep the current pace).
+    next round, the smallest positive proposal (0: nobody proposed; keep the current pace);
+    ``hold``: some rank asks to hold long prompts' prefill back at the next step.
     """
 
     start: tuple[str, ...] = ()
     cancel_keys: frozenset[int] = frozenset()
     shutdown: bool = False
     check_every: int = 0
+    hold: bool = False
 
 
 def _ordered(pending: Sequence[PendingTask]) -> list[PendingTask]:
@@ -106,6 +113,7 @@ def encode_row(view: LocalView) -> np.ndarray:
     row[3 : 3 + len(pending)] = pending
     row[3 + MAX_SLOTS : 3 + MAX_SLOTS + len(cancel)] = cancel
     row[_PACE] = max(0, int(view.check_every))
+    row[_HOLD] = int(view.hold)
     return row
 
 
@@ -136,6 +144,7 @@ def decide(view: LocalView, rows: np.ndarray) -> Agreement:
         cancel_keys=frozenset(cancel),
         shutdown=bool(rows[:, 2].any()),
         check_every=min(proposals) if proposals else 0,
+        hold=bool(rows[:, _HOLD].any()),
     )
 
 
@@ -154,13 +163,15 @@ class RoundResult(Generic[T]):
     """A round seen by one rank: ``start`` (tasks to start, in order), ``cancel`` (ids of
     tasks already started here — or started in this round — to cancel), ``dropped`` (pending
     tasks cancelled before they started: end them Cancelled without work), ``shutdown``,
-    ``check_every`` (the agreed decode steps until the next round; 0: keep the current)."""
+    ``check_every`` (the agreed decode steps until the next round; 0: keep the current),
+    ``hold`` (hold long prompts' prefill back at the next step)."""
 
     start: list[T] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
     dropped: list[T] = field(default_factory=list)
     shutdown: bool = False
     check_every: int = 0
+    hold: bool = False
 
 
 class TaskAgreement(Generic[T]):
@@ -207,21 +218,23 @@ class TaskAgreement(Generic[T]):
     def pending_ids(self) -> list[str]:
         return list(self._pending)
 
-    def view(self, check_every: int = 0) -> LocalView:
+    def view(self, check_every: int = 0, hold: bool = False) -> LocalView:
         return LocalView(
             pending=[p for p, _ in self._pending.values()],
             cancel=sorted(self._want_cancel),
             shutdown=self._want_shutdown,
             check_every=check_every,
+            hold=hold,
         )
 
-    def round(self, all_gather: AllGather, check_every: int = 0) -> RoundResult[T]:
+    def round(self, all_gather: AllGather, check_every: int = 0, hold: bool = False) -> RoundResult[T]:
         """Run one agreement round (a collective) and update this rank's side;
-        ``check_every`` is this rank's pace proposal (decode steps until the next round)."""
-        agreed = agree(self.view(check_every), all_gather)
+        ``check_every`` is this rank's pace proposal (decode steps until the next round),
+        ``hold`` whether it asks to hold long prompts' prefill back at the next step."""
+        agreed = agree(self.view(check_every, hold), all_gather)
         self._cancelled_keys |= agreed.cancel_keys
         self._want_cancel = {t for t in self._want_cancel if task_key(t) not in agreed.cancel_keys}
-        result: RoundResult[T] = RoundResult(shutdown=agreed.shutdown, check_every=agreed.check_every)
+        result: RoundResult[T] = RoundResult(shutdown=agreed.shutdown, check_every=agreed.check_every, hold=agreed.hold)
         for task_id in agreed.start:
             _, task = self._pending.pop(task_id)
             self._started.add(task_id)

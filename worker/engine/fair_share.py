@@ -111,3 +111,9 @@ def turn(left_out: Sequence[str], step: int) -> str | None:
     if not left_out or step % LONG_TURN != LONG_TURN - 1:
         return None
     return left_out[(step // LONG_TURN) % len(left_out)]
+
+
+LONG_PROMPT_TOKENS = 2048
+"""Prompts longer than this are *long*: while rows decode, the runner may hold their chunks
+back to keep the streams' rate (``PrefillSlots.may_feed``, ``worker.runner.prefill_pace``);
+shorter ones are interactive turns and are never held."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.engine.fair_share import Candidate, fed_together, prefill_choice, turn
+from worker.engine.fair_share import LONG_PROMPT_TOKENS, Candidate, fed_together, prefill_choice, turn
 from worker.engine.prefill import PrefillGroup, group_limit
 from worker.engine.sequence import Sequence
 from worker.engine.task_queue import Queued
@@ -38,6 +38,8 @@ class PrefillSlots:
         self.paused: list[Sequence] = []
         self.left_out: list[str] = []  # picked, but paused for their length (``fed_together``)
         self.steps = 0  # prefill steps so far (``next_turn``)
+        self.hold_long = False  # set by the runner: hold long prompts' chunks back this step (``may_feed``)
+        self.long_fed = False  # whether this step fed a long prompt's chunk (the engine resets it)
         self._order: dict[str, int] = {}
 
     @property
@@ -98,6 +100,16 @@ class PrefillSlots:
             self.group.add(seqs)
         else:
             self.group = PrefillGroup(seqs)
+
+    def may_feed(self, rows: list[Sequence], decoding: bool) -> bool:
+        """Whether a chunk of ``rows`` is fed this step: not when they are all longer than
+        ``LONG_PROMPT_TOKENS``, rows decode and the runner holds long prompts back
+        (``hold_long``, the same on every rank); notes ``long_fed`` when it feeds them."""
+        long = bool(rows) and min(int(s.prompt.size) for s in rows) > LONG_PROMPT_TOKENS
+        if long and decoding and self.hold_long:
+            return False
+        self.long_fed = self.long_fed or long
+        return True
 
     def next_turn(self) -> Sequence | None:
         """Count a prefill step; the paused row left out for its length that is fed a chunk

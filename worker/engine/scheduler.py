@@ -128,12 +128,9 @@ class Engine:
         with self._lock:
             if self.slots.rows:  # prefilling or paused
                 return True
-            first = next((self.queue.find(t) for t in self._choice()), None)
+            chosen = self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows), self.settings.prefill_chunk_size)
+            first = next((self.queue.find(t) for t in chosen), None)
             return first is not None and (first.prepared is None or self._verdict(first.prepared) != "wait")
-
-    def _choice(self) -> list[str]:
-        """The fairness rule's pick for the next chunk (lock held; ``PrefillSlots.choice``)."""
-        return self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows), self.settings.prefill_chunk_size)
 
     def _verdict(self, seq: Sequence, forming: list[Sequence] | None = None) -> Verdict:
         """Whether ``seq``'s KV fits beside the batch's and ``forming``'s (default: ``slots.rows``)."""
@@ -156,7 +153,7 @@ class Engine:
         3. one decode step of the batch; rows that end leave at once.
         """
         with self._lock:
-            out, self._outbox = self._outbox, []
+            out, self._outbox, self.slots.long_fed = self._outbox, [], False
         out += self._end_cancelled()
         out += self._prefill(self.settings.prefill_chunk_size)
         if self.batch.rows:
@@ -174,8 +171,8 @@ class Engine:
         out: list[Chunk] = []
         while budget > 0:
             out += self._form_group()
-            if (group := self.slots.group) is None:
-                break
+            if (group := self.slots.group) is None or not self.slots.may_feed(group.rows, bool(self.batch.rows)):
+                break  # none, or a long prompt's chunk held back for the streams decoding
             before = [s.processed for s in group.rows]
             try:
                 out += group.prefill_chunk(self.stage, self.loaded.model, min(self.settings.prefill_chunk_size, budget))
@@ -197,7 +194,7 @@ class Engine:
     def _feed_alone(self, seq: Sequence | None) -> list[Chunk]:
         """A chunk of ``seq``'s prompt on its own (left out of the group for its length, on
         its turn: ``PrefillSlots.next_turn``); it joins the batch once prefilled."""
-        if seq is None:
+        if seq is None or not self.slots.may_feed([seq], bool(self.batch.rows)):
             return []
         before = seq.processed
         try:
@@ -210,11 +207,11 @@ class Engine:
         return out
 
     def _form_group(self) -> list[Chunk]:
-        """Apply the fairness rule's pick (``_choice``): pause the rows it drops, take back the
+        """Apply the fairness rule's pick (``PrefillSlots.choice``): pause the rows it drops, take back the
         paused and accept the queued ones it picks (in its order, while their KV fits), and
         arrange them (``PrefillSlots.arrange``: the group, or left out for length); their chunks."""
         with self._lock:
-            chosen = self._choice()
+            chosen = self.slots.choice(self.queue.items, self.batch.max_rows - len(self.batch.rows), self.settings.prefill_chunk_size)
             self.slots.pause_except(set(chosen))
             resumed = self.slots.resume(chosen)
             queued = [q for t in chosen if (q := self.queue.find(t)) is not None]

@@ -29,6 +29,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import msgspec
@@ -40,6 +41,7 @@ from worker.runner import lifecycle
 from worker.runner.faults import NO_FAULTS, RunnerFaults
 from worker.runner.protocol import (INPUT_CLOSED, ChunkMsg, PrefixesMsg, RunnerSetup, StatusMsg, TaskStatusMsg,
                                     frame, read_frame, to_runner_decoder, write_all)
+from worker.runner.prefill_pace import PrefillPacer
 from worker.runner.pulse import Pulse, start_heartbeat
 from worker.runner.rounds import serve_round
 from worker.runner.startup import preload, watch_parent
@@ -67,6 +69,7 @@ class RunnerProcess:
         self.decode_steps = 0
         self.decode_seconds = 0.0
         self.pulse = Pulse()
+        self.pacer = PrefillPacer()  # long prompts' share of the time while rows decode
         self.faults = NO_FAULTS
         self.stats_clock = StatsClock()
         self.prefixes = PrefixPublisher()
@@ -232,7 +235,11 @@ class RunnerProcess:
             self.set_status(RunnerRunning())
         with self.pulse.unit("step"):
             self.faults.before_step()
+            if not self.multi:  # a multi-rank runner's ranks agree it in their rounds (rounds.py)
+                self.engine.slots.hold_long = self.pacer.hold
+            started = time.monotonic()
             chunks = self.engine.step()
+        self.pacer.note(time.monotonic() - started, self.engine.slots.long_fed, bool(self.engine.batch.rows))
         self.generated += sum(1 for c in chunks if isinstance(c, TokenChunk) and c.token_id is not None)
         self.note_stats(force=any(isinstance(c, (FinishChunk, ErrorChunk)) for c in chunks))
         for chunk in chunks:

@@ -58,8 +58,9 @@ def agreement_round(runner: RunnerProcess) -> int | None:
     """One agreement round (a collective): start, cancel and drop what every rank agreed;
     0 when the ranks agreed to shut down."""
     assert runner.engine is not None and runner.agreement is not None and runner.all_gather is not None
-    result = runner.agreement.round(runner.all_gather, pace_proposal(runner))
+    result = runner.agreement.round(runner.all_gather, pace_proposal(runner), hold=runner.pacer.hold)
     runner.steps_since_round, runner.decode_steps, runner.decode_seconds = 0, 0, 0.0
+    runner.engine.slots.hold_long = result.hold  # the same on every rank (worker.runner.prefill_pace)
     if result.check_every > 0:
         runner.check_every = result.check_every
     for task in result.start:
