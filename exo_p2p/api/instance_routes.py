@@ -15,6 +15,7 @@ from starlette.routing import Route
 from exo_p2p.api.body import read_body
 from exo_p2p.api.bounds import check_command_size, node_filter
 from exo_p2p.api.context import ApiContext
+from exo_p2p.api.disconnect import until_disconnect
 from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.schemas import PlaceRequest
 from exo_p2p.api.views import instance_out, json_response
@@ -51,7 +52,10 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
             nodes=node_filter(req.nodes),
         )
         check_command_size(command)
-        result = await backend.command(command, timeout=config.command_timeout)
+        if ctx.card(req.model) is None:  # may read a hub: stopped when the client leaves
+            result = await until_disconnect(request, backend.command, command, config.command_timeout)
+        else:
+            result = await backend.command(command, timeout=config.command_timeout)
         if result.error is not None:
             return error_response(result.error)
         if result.instance is None:
@@ -82,7 +86,8 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
 async def placement_previews(ctx: ApiContext, request: Request) -> Response:
     """``GET /instances/previews?model=M&nodes=…``: the placements the master would consider
     for ``M`` (``ApiBackend.previews``). A hub repo no node has read yet gets its card read
-    first (docs/models.md). 400 without ``model`` or for a required node that is unknown or
+    first, for this node only (docs/models.md; never into State; abandoned when the client
+    leaves). 400 without ``model`` or for a required node that is unknown or
     ambiguous; 404 for a model the cluster does not know."""
     model = request.query_params.get("model")
     if not model:
@@ -90,7 +95,7 @@ async def placement_previews(ctx: ApiContext, request: Request) -> Response:
     nodes = node_filter(request.query_params.getlist("nodes") or None)
     model_id = ctx.model_id(model)
     if ctx.card(model) is None:  # a hub repo nobody read yet: its card first (docs/models.md)
-        model_id, error = await ctx.backend.read_from_hub(model_id)
+        model_id, error = await until_disconnect(request, ctx.backend.read_from_hub, model_id)
         if error is not None:
             return error_response(error)
     try:

@@ -23,6 +23,7 @@ from exo_p2p.models.model_json import model_json
 from exo_p2p.models.families import quantization_of
 from exo_p2p.models.gguf_layout import model_plan
 from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
+from exo_p2p.models.hub_limits import check_layers
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.models import ModelCard
 
@@ -195,11 +196,12 @@ def card_from_config(
     sizes, split the same way (None: the card cannot say, and no node expands it).
 
     Raises:
-        UnsupportedModelError: a layer index outside ``num_hidden_layers`` or a layer with no
-            tensors.
+        UnsupportedModelError: ``num_hidden_layers`` beyond the layers the tensors name or
+            ``hub_limits.MAX_LAYERS`` (checked before anything is sized by it), a layer index
+            outside it, or a layer with no tensors.
     """
     args = {**config.get("text_config", {}), **config}
-    n_layers = int(args["num_hidden_layers"])
+    n_layers = check_layers(args["num_hidden_layers"], (int(m.group(1)) for n in sizes if (m := _LAYER_RE.search(n))))
     layer_bytes, embedding, head, norm = _parts(sizes, n_layers)
     f32_layers, f32_embedding, f32_head, f32_norm = _parts(float32, n_layers) if float32 else ([], 0, 0, 0)
     if empty := [i for i, b in enumerate(layer_bytes) if b == 0]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from exo_p2p.models.hub_stop import HubStopped, Stop, read_timeout
+
 log = structlog.get_logger(__name__)
 
 HUB = "hub"
@@ -149,47 +151,52 @@ class HubClient:
 
         return build_hf_headers(user_agent=self.user_agent)
 
-    def info(self) -> tuple[str, list[HubFile]]:
-        """``(commit, files)`` of the repo at the revision (files sorted by path).
-
-        Raises ``HubError`` (gated, missing, a revision not found, no network)."""
-        from huggingface_hub import HfApi
+    def info(self, stop: Stop | None = None) -> tuple[str, list[HubFile]]:
+        """``(commit, files)`` of the repo at the revision (files sorted by path), the listing
+        bounded before it is parsed (``hub_listing.fetch_listing``). Raises ``HubError``
+        (gated, missing, a revision not found, no network), ``UnsupportedModelError`` (a
+        listing over its bounds), ``HubStopped`` (``stop``)."""
+        from exo_p2p.models.errors import UnsupportedModelError
+        from exo_p2p.models.hub_listing import fetch_listing, sibling_fields
 
         try:
-            info = HfApi(endpoint=endpoint(), library_name="exo-p2p", user_agent=self.user_agent).model_info(
-                self.repo_id, revision=self.revision, files_metadata=True, timeout=self.timeout)
+            info = fetch_listing(endpoint(), self.repo_id, self.revision, self._headers(), self.timeout, stop)
+        except (UnsupportedModelError, HubStopped):
+            raise
         except Exception as exc:  # huggingface_hub's errors, httpx's, OS errors
             raise HubError(_advice(exc, self.repo_id, self.revision)) from exc
-        if not info.sha or not _SHA_RE.fullmatch(info.sha):
+        sha = info.get("sha")
+        if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
             raise HubError(f"the hub at {endpoint()} gave no commit for model {self.repo_id}")
-        self.commit = info.sha
-        files = []
-        for s in info.siblings or []:
-            lfs = s.lfs.sha256 if s.lfs is not None else ""
-            size = int(s.size if s.size is not None else (s.lfs.size if s.lfs else 0))
-            files.append(HubFile(s.rfilename, size, lfs, s.blob_id or ""))
+        self.commit = sha
+        files = [HubFile(*sibling_fields(s)) for s in info.get("siblings") or []]
         self.files = {f.path: f for f in files}
         return self.commit, sorted(files, key=lambda f: f.path)
 
-    def get_range(self, path: str, start: int, end: int) -> bytes:
+    def get_range(self, path: str, start: int, end: int, stop: Stop | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``path`` at the pinned commit (rules: module docstring).
-        Raises ``HubError`` after ``attempts`` failed tries, at once for 401/403/404."""
+        Raises ``HubError`` after ``attempts`` failed tries, at once for 401/403/404;
+        ``HubStopped`` when ``stop`` says so."""
         parts: list[bytes] = []
-        self.stream_range(path, start, end, parts.append)
+        self.stream_range(path, start, end, parts.append, stop)
         return b"".join(parts)
 
-    def stream_range(self, path: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+    def stream_range(self, path: str, start: int, end: int, sink: Callable[[bytes], None],
+                     stop: Stop | None = None) -> None:
         """Bytes ``[start, end)`` of ``path`` handed to ``sink`` in order as they arrive (a
         dropped connection resumed from the bytes ``sink`` got; rules: module docstring).
         Raises ``HubError`` after ``attempts`` failed tries, at once for 401/403/404; an
-        exception ``sink`` raises ends the request and propagates, never retried."""
+        exception ``sink`` raises ends the request and propagates, never retried; so does
+        ``HubStopped`` from ``stop`` (checked on every block and before every try)."""
         if self.commit is None:
-            self.info()
+            self.info(stop)
         if end <= start:
             return
         got = [0]
 
         def counted(block: bytes) -> None:
+            if stop is not None:
+                stop.check()
             try:
                 sink(block)
             except Exception as exc:  # the caller's, not the hub's
@@ -200,9 +207,11 @@ class HubClient:
         pause = self.pause
         while len(failures) < self.attempts:
             try:
-                self._read(path, start + got[0], end, counted)
+                if stop is not None:
+                    stop.check()
+                self._read(path, start + got[0], end, counted, read_timeout(stop, self.timeout))
                 return
-            except HubError:
+            except (HubError, HubStopped):
                 raise
             except _SinkFailed as exc:
                 raise exc.__cause__ from None  # type: ignore[misc]
@@ -211,19 +220,18 @@ class HubClient:
                 log.info("hub request failed; retrying", repo=self.repo_id, path=path, received=got[0],
                          wanted=end - start, error=failures[-1])
             if len(failures) < self.attempts:
-                time.sleep(pause)
+                stop.wait(pause) if stop is not None else time.sleep(pause)
                 pause = min(RETRY_PAUSE_MAX, pause * 2)
         raise HubError(f"bytes {start}-{end} of {path} in model {self.repo_id} not received from the hub at "
                        f"{endpoint()} after {len(failures)} tries (last: {failures[-1]}); try again later")
 
-    def _read(self, path: str, start: int, end: int, sink: Callable[[bytes], None]) -> None:
+    def _read(self, path: str, start: int, end: int, sink: Callable[[bytes], None], timeout: float) -> None:
         """One ranged GET of ``[start, end)``, its bytes handed to ``sink`` as they arrive."""
         from huggingface_hub import get_session, hf_hub_url
 
         url = hf_hub_url(self.repo_id, path, revision=self.commit, endpoint=endpoint())
         headers = {**self._headers(), "Range": f"bytes={start}-{end - 1}"}
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                  timeout=self.timeout) as r:
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as r:
             if r.status_code in (401, 403, 404):
                 raise HubError(_advice(_status_error(r), self.repo_id, self.revision))
             if r.status_code == 429 or r.status_code >= 500 or r.status_code not in (200, 206):

@@ -2,9 +2,11 @@
 
 ``HubAccess`` is a node's way to a hub: none at all with ``--offline`` or ``HF_HUB_OFFLINE``
 (nothing is ever asked of a hub then), else one ``HubClient`` per repo and commit, its
-``User-Agent`` naming the node. ``resolve`` reads a repo's card and manifest
-(``hub_manifest.resolve_hub_model``) and keeps its small files in the node's partial copy,
-which the node then publishes: peers take the manifest and those files from it.
+``User-Agent`` naming the node. ``read`` reads a repo's card and manifest
+(``hub_manifest.resolve_hub_model``) through its ``hub_resolve.Resolver`` (own threads,
+deadlines, single-flight); ``resolve`` also keeps its small files in the node's partial copy,
+which the node then publishes: peers take the manifest and those files from it; ``preview``
+keeps only the card, in memory, for placement previews.
 
 ``hub_manifest`` gives a fetching node the manifest of a hub model it has never seen: its
 own copy's, else a peer's, else read from the hub at the pinned commit — refused when the
@@ -16,6 +18,7 @@ fetch: a complete file that fails its LFS SHA-256 is discarded and the fetch fai
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import structlog
@@ -24,6 +27,8 @@ import trio
 from exo_p2p.models.disk_room import DiskFullError, check_room, is_disk_full, too_little
 from exo_p2p.models.fetch import FetchError, GetChunk
 from exo_p2p.models.hub import HUB, HubClient, HubError, hub_offline, parse_repo
+from exo_p2p.models.hub_limits import PREVIEW_CACHE, PREVIEW_TTL
+from exo_p2p.models.hub_resolve import Resolver
 from exo_p2p.models.manifest import chunk_span
 from exo_p2p.models.partial import PartialModel
 from exo_p2p.types.manifest import ModelManifest
@@ -42,6 +47,8 @@ class HubAccess:
 
     def __post_init__(self) -> None:
         self._clients: dict[tuple[str, str | None], HubClient] = {}
+        self.resolver = Resolver()  # own limiter, deadlines, single-flight (hub_resolve)
+        self._previews: OrderedDict[str, tuple[float, HubSource, ModelCard]] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -57,38 +64,66 @@ class HubAccess:
             self._clients[key] = HubClient(repo_id, revision, user_agent={"exo-p2p-node": self.node_id or "unknown"})
         return self._clients[key]
 
-    async def resolve(self, name: str, depot) -> tuple[HubSource, ModelCard]:  # type: ignore[no-untyped-def]
-        """Card and source of ``name`` (``ORG/NAME[@REV]``) read from the hub; its manifest's
-        small files and headers are stored in ``depot``'s partial copy. Raises ``HubError``,
-        ``UnsupportedModelError``, ``ValueError`` (not a repo id)."""
+    async def read(self, name: str):  # type: ignore[no-untyped-def]
+        """``(source, card, manifest, known bytes)`` of ``name`` (``ORG/NAME[@REV]``) read from
+        the hub by ``self.resolver`` (bounded, shared by concurrent callers, abandoned on
+        cancel). Raises ``HubError``, ``UnsupportedModelError``, ``HubTimeout``, ``ValueError``
+        (not a repo id)."""
         from exo_p2p.models.hub_manifest import resolve_hub_model
 
         repo, revision = parse_repo(name)
         client = self.client(repo, revision)
+        got = await self.resolver.run((repo, revision), resolve_hub_model, client, repo,
+                                      what=f"reading model {repo} from the hub")
+        self._clients[(repo, got[0].revision)] = client
+        return got
 
-        def room(n: int) -> None:  # exo_p2p.models.disk_room
-            check_room(f"model {repo}'s config and tokenizer files", n, depot.disk_free(), depot.models_dir)
+    async def preview(self, name: str) -> tuple[HubSource, ModelCard]:
+        """Card and source of ``name`` for a placement preview: read as ``read`` does, nothing
+        stored (no depot file, no State), kept ``PREVIEW_TTL`` s (at most ``PREVIEW_CACHE``
+        models). Raises as ``read``."""
+        now = trio.current_time()
+        kept = self._previews.get(name)
+        if kept is not None and now - kept[0] < PREVIEW_TTL:
+            return kept[1], kept[2]
+        source, card, _manifest, _known = await self.read(name)
+        self._previews[name] = (now, source, card)
+        self._previews.move_to_end(name)
+        while len(self._previews) > PREVIEW_CACHE:
+            self._previews.popitem(last=False)
+        return source, card
 
-        source, card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, repo, room)
-        self._clients[(repo, source.revision)] = client
+    def previewed(self, repo_id: str) -> tuple[HubSource, ModelCard] | None:
+        """What ``preview`` last kept for repo ``repo_id`` at any revision (None: nothing, or too old)."""
+        now = trio.current_time()
+        for at, source, card in reversed(self._previews.values()):
+            if source.repo_id == repo_id and now - at < PREVIEW_TTL:
+                return source, card
+        return None
+
+    async def resolve(self, name: str, depot) -> tuple[HubSource, ModelCard]:  # type: ignore[no-untyped-def]
+        """Card and source of ``name`` (``ORG/NAME[@REV]``) read from the hub (``read``); its
+        manifest's small files and headers are stored in ``depot``'s partial copy when the
+        node's disk has room for them (``keep_known``). Raises as ``read``, and
+        ``DiskFullError`` (``exo_p2p.models.disk_room``)."""
+        source, card, manifest, known = await self.read(name)
         await keep_known(depot, manifest, known)
-        log.info("model read from the hub", model=repo, commit=source.revision, layers=card.n_layers,
+        log.info("model read from the hub", model=source.repo_id, commit=source.revision, layers=card.n_layers,
                  bytes=card.storage_size, digest=source.digest[:12])
         return source, card
 
 
 async def hub_manifest(access: HubAccess, source: HubSource, depot) -> ModelManifest:  # type: ignore[no-untyped-def]
     """The manifest of ``source`` read from the hub at its commit; its small files are
-    stored in ``depot``'s partial copy. Raises ``FetchError`` when the hub's files now give
-    another digest, ``HubError`` when the hub cannot be read."""
+    stored in ``depot``'s partial copy (``keep_known``). Raises ``FetchError`` when the hub's
+    files now give another digest (``DiskFullError`` when the disk has no room for them),
+    ``HubError`` when the hub cannot be read."""
     from exo_p2p.models.hub_manifest import resolve_hub_model
 
     client = access.client(source.repo_id, source.revision)
-
-    def room(n: int) -> None:  # exo_p2p.models.disk_room
-        check_room(f"model {source.repo_id}'s config and tokenizer files", n, depot.disk_free(), depot.models_dir)
-
-    got, _card, manifest, known = await trio.to_thread.run_sync(resolve_hub_model, client, source.repo_id, room)
+    got, _card, manifest, known = await access.resolver.run(
+        (source.repo_id, source.revision), resolve_hub_model, client, source.repo_id,
+        what=f"reading model {source.repo_id} from the hub")
     if got.digest != source.digest:
         raise FetchError(f"model {source.repo_id} at {source.revision[:12]} gives manifest {got.digest[:12]} here, "
                          f"not {source.digest[:12]} as placed; place it again")
@@ -97,11 +132,16 @@ async def hub_manifest(access: HubAccess, source: HubSource, depot) -> ModelMani
 
 
 async def keep_known(depot, manifest: ModelManifest, known: dict[str, bytes]) -> None:  # type: ignore[no-untyped-def]
-    """Store ``known`` (a resolve's small files and headers) in ``depot``'s partial copy of
-    ``manifest`` and flush it. A write that finds the disk full removes the copy and raises
-    ``DiskFullError`` naming the free bytes (``exo_p2p.models.disk_room``)."""
+    """Store ``known`` (a resolve's small files and headers, already bounded in size by
+    ``hub_limits``) in ``depot``'s partial copy of ``manifest`` and flush it, when the disk
+    has room for them (``disk_room.check_room``, else ``DiskFullError``). A write that finds
+    the disk full all the same removes the copy and raises ``DiskFullError`` naming the free
+    bytes (``exo_p2p.models.disk_room``)."""
     from exo_p2p.models.hub_manifest import store_known
 
+    what = f"model {manifest.name}'s config and tokenizer files"
+    need = sum(len(b) for b in known.values())
+    check_room(what, need, await trio.to_thread.run_sync(depot.disk_free), depot.models_dir)
     try:
         partial = depot.partial(manifest)
         await trio.to_thread.run_sync(store_known, partial, known)
@@ -112,8 +152,7 @@ async def keep_known(depot, manifest: ModelManifest, known: dict[str, bytes]) ->
         await trio.to_thread.run_sync(depot.discard, manifest.digest)
         free = await trio.to_thread.run_sync(depot.disk_free)
         log.warning("disk full while keeping a hub model's files; its copy removed", model=manifest.name, free_bytes=free)
-        what = f"model {manifest.name}'s config and tokenizer files"
-        raise DiskFullError(too_little(what, sum(len(b) for b in known.values()), free, depot.models_dir), free) from exc
+        raise DiskFullError(too_little(what, need, free, depot.models_dir), free) from exc
 
 
 def hub_get(inner: GetChunk, client: HubClient, manifest: ModelManifest) -> GetChunk:
