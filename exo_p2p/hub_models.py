@@ -48,23 +48,17 @@ class HubModels:
         give it (gated, missing, unreachable, not MLX-format, 507 no room on disk:
         ``hub_manifest.hub_error_status``) or State may not take its card (``_refused``).
         Never raises for the hub's answer."""
-        from exo_p2p.models.hub import is_repo_id, parse_repo
-        from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
         from exo_p2p.types import HubModelResolved
 
-        if not is_repo_id(name) or not self.hub.enabled:
-            return name, None
-        repo, _ = parse_repo(name)
-        if repo in self._state().model_cards:
+        repo, ask = self._repo(name)
+        if not ask:
             return repo, None
         if (full := _full(self._state(), repo)) is not None:  # before asking the hub anything
             return repo, full
         try:
             source, card = await self.hub.resolve(name, self.depot)
         except Exception as exc:  # the hub's answer, as one line for the caller
-            status = hub_error_status(exc)
-            return repo, ErrorInfo(status, hub_error_text(exc), "server_error" if status >= 500 else "invalid_request_error",
-                                   "model", code="insufficient_storage" if status == 507 else None)
+            return repo, _error(exc)
         refused = _refused(self._state(), repo, card)
         if refused is not None:
             return repo, refused
@@ -74,6 +68,43 @@ class HubModels:
             while repo not in self._state().hub_models:
                 await trio.sleep(0.05)
         return repo, None
+
+    async def preview(self, name: str) -> tuple[str, ErrorInfo | None]:
+        """``(model id, None)`` once model ``name`` (``ORG/NAME[@REV]``) can be previewed: State
+        has its card, or its card was read from a hub for this node only
+        (``HubAccess.preview``, see ``previewed``) — nothing is written to State or disk: only a
+        placement adds a hub model to the cluster (``read``). Otherwise as ``read``."""
+        repo, ask = self._repo(name)
+        if ask:
+            try:
+                await self.hub.preview(name)
+            except Exception as exc:  # the hub's answer, as one line for the caller
+                return repo, _error(exc)
+        return repo, None
+
+    def _repo(self, name: str) -> tuple[str, bool]:
+        """``(model id, whether to ask the hub)`` of ``name``: its repo id, asked when State has
+        no card of it; ``name`` itself, never asked, for a name that is no repo id or a node
+        that never asks a hub."""
+        from exo_p2p.models.hub import is_repo_id, parse_repo
+
+        if not is_repo_id(name) or not self.hub.enabled:
+            return name, False
+        repo, _ = parse_repo(name)
+        return repo, repo not in self._state().model_cards
+
+    def preview_state(self, state: State, model_id: str) -> State:
+        """``state`` with the card and source ``preview`` read for ``model_id`` added, when State
+        lacks its card: a local copy for computing previews, never emitted. ``state`` itself
+        otherwise."""
+        if model_id in state.model_cards or not self.hub.enabled:
+            return state
+        kept = self.hub.previewed(model_id)
+        if kept is None:
+            return state
+        source, card = kept
+        return msgspec.structs.replace(state, model_cards={**state.model_cards, model_id: card},
+                                       hub_models={**state.hub_models, model_id: source})
 
     def publish_held(self) -> None:
         """Publish this node's profile now with the models its depot holds (they changed)."""
@@ -96,3 +127,12 @@ def _full(state: State, repo: str) -> ErrorInfo | None:
     if (why := hub_room(state, repo)) is not None:
         return ErrorInfo(507, why, "server_error", "model", code="hub_models_full")
     return None
+
+
+def _error(exc: Exception) -> ErrorInfo:
+    """A failed hub read as the error a client gets (``hub_manifest.hub_error_status``)."""
+    from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
+
+    status = hub_error_status(exc)
+    return ErrorInfo(status, hub_error_text(exc), "server_error" if status >= 500 else "invalid_request_error",
+                     "model", code="insufficient_storage" if status == 507 else None)

@@ -87,8 +87,9 @@ class NodeBackend:
         return await self._node.member.command(command, timeout)
 
     async def read_from_hub(self, name: str) -> tuple[str, ErrorInfo | None]:
-        """``HubModels.read``: model ``name`` made known to the cluster from a hub."""
-        return await self._node.hub_models.read(name)
+        """``HubModels.preview``: model ``name``'s card read from a hub for previews on this
+        node only (State unchanged: only a placement adds a hub model)."""
+        return await self._node.hub_models.preview(name)
 
     def open_chunks(self, task_id: str) -> trio.MemoryReceiveChannel[Chunk]:
         """Register for the chunks of ``task_id`` before it is submitted (``ChunkRouter.open``)."""
@@ -109,8 +110,9 @@ class NodeBackend:
 
     def previews(self, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
         """Placement previews of ``model_id`` as plain dicts; raises ``KeyError`` for an
-        unknown model."""
-        return self._previews(self._node.replica.state, model_id, nodes)
+        unknown model. A hub model's card read for previews (``HubModels.preview_state``)
+        counts as known here."""
+        return self._previews(self._node.hub_models.preview_state(self._node.replica.state, model_id), model_id, nodes)
 
     async def count_tokens(self, model_id: str, params) -> int:  # type: ignore[no-untyped-def]
         """The prompt of ``params`` tokenized with the tokenizer of this node's copy of

@@ -78,11 +78,12 @@ class ApiBackend(Protocol):
     - ``close_chunks(task_id)``: unregister (idempotent).
     - ``previews(model_id, nodes)``: placement previews as plain dicts (``master.placement``), or raise
       ``KeyError`` for an unknown model.
-    - ``read_from_hub(name)``: make a model no node holds known to the cluster by reading its
-      card from a model hub (``ORG/NAME[@REV]``; docs/models.md#models-from-a-hub):
+    - ``read_from_hub(name)``: read the card of a model no node holds from a model hub
+      (``ORG/NAME[@REV]``; docs/models.md#models-from-a-hub) for ``previews`` on this node
+      only, never into State (only a placement adds a hub model to the cluster):
       ``(model id, None)`` when known now or not a hub model at all (then still unknown),
-      ``(model id, error)`` naming why the hub cannot give it (status 404, 400 or 502);
-      never raises.
+      ``(model id, error)`` naming why the hub cannot give it (status 404, 400, 502 or
+      504); never raises.
     - ``event_times(since)``: the node's publish/receive/apply times of event indices
       ``since..`` (an ``exo_p2p.cluster.event_times.EventTimesView``; seconds of
       CLOCK_MONOTONIC), or None when the node records none.
