@@ -228,6 +228,30 @@ def test_cross_site_form_posts_and_foreign_origins_change_nothing() -> None:
     run_api(body)
 
 
+def test_a_cross_site_img_get_is_refused_on_a_keyless_node() -> None:
+    """``<img src=http://127.0.0.1:52515/instances/previews?model=…>`` on another site's page:
+    a GET with no ``Origin`` (rule 1 cannot see it) but ``Sec-Fetch-Site: cross-site`` is
+    refused in each family's shape before any route runs; same-origin, direct and public
+    requests are served."""
+
+    async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
+        img = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "no-cors", "sec-fetch-dest": "image"}
+        for path in ("/instances/previews?model=org/evil", "/state", "/v1/models", "/api/tags"):
+            r = await client.get(path, headers=img)
+            assert r.status_code == 403, (path, r.text)
+            assert "cross-site" in r.text
+        r = await client.get("/instances/previews?model=org/evil", headers=img)
+        assert r.json()["error"]["code"] == "cross_site_refused"
+        link = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"}
+        assert (await client.get("/instances/previews?model=x", headers=link)).status_code == 403
+        assert (await client.get("/health", headers=img)).status_code == 200  # public
+        for ok in ({"sec-fetch-site": "same-origin"}, {"sec-fetch-site": "none"}, {}):
+            assert (await client.get("/state", headers=ok)).status_code == 200, ok
+        assert not backend.commands
+
+    run_api(body)
+
+
 def test_cors_origins_allow_a_listed_origin_and_answer_its_preflight() -> None:
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
         app_origin = {"origin": "http://app.example"}

@@ -18,6 +18,13 @@ routing, in this order, answering in the error shape of the route's API family
    can call it, while a DNS-rebinding page, whose host is another name, cannot). A web page
    on another site therefore cannot place, delete or chat through the user's browser, even
    with a form post that needs no preflight.
+1b. A request with no ``Origin`` whose browser says it comes from another site
+   (``Sec-Fetch-Site: cross-site``: an ``<img>``, ``<script>`` or ``<link>`` of another
+   site's page, a link followed or a GET form sent from it) gets 403 (``cross_site_refused``)
+   on every path but the public ones: such a GET carries no ``Origin``, so rule 1 never saw
+   it, and on a keyless node it would otherwise be served (a preview that reads a hub repo,
+   say). Browsers without Fetch Metadata headers are not stopped by this rule; what such a
+   GET can make a node spend is bounded anyway (docs/security.md).
 2. ``POST``/``PUT``/``PATCH`` bodies of a request with an ``Origin`` header must be
    ``application/json`` (415 otherwise): a cross-site form post
    (``application/x-www-form-urlencoded``, ``multipart/form-data``, ``text/plain``) never
@@ -230,6 +237,10 @@ class AccessGuard:
                 f"requests from origin {origin[:200]!r} are not allowed; start the node with --cors-origins to allow a web origin",
                 code="origin_not_allowed",
             )
+        if origin is None and headers.get("sec-fetch-site") == "cross-site" and not self._public(path):
+            return error_info(403, "cross-site requests without an allowed Origin are refused (an <img>, <script>, "
+                                   "link or form of another site's page); call the API from a page of an origin given "
+                                   "to --cors-origins, or directly", code="cross_site_refused")
         if self.policy.api_keys and self._needs_key(path, scope):
             key = accepted_key(presented_keys(headers, family), self.policy.api_keys)
             if key is not None:
@@ -243,8 +254,11 @@ class AccessGuard:
             return self._not_json(headers)
         return None
 
+    def _public(self, path: str) -> bool:
+        return path in self.policy.public_paths or path.startswith(PUBLIC_PREFIXES)
+
     def _needs_key(self, path: str, scope: Scope) -> bool:
-        if path in self.policy.public_paths or path.startswith(PUBLIC_PREFIXES):
+        if self._public(path):
             return False
         return not (path == "/metrics" and self.policy.metrics_loopback_open and loopback_client(scope))
 
