@@ -192,3 +192,40 @@ def test_weight_file_count_and_the_header_budget_are_bounded() -> None:
     budget.take("b", 40)
     with pytest.raises(UnsupportedModelError, match="MAX_HEADERS_BYTES"):
         budget.take("c", 1)
+
+
+def test_a_preview_keeps_the_card_for_this_node_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HubModels.preview``: the card read from a hub is kept in memory (``PREVIEW_CACHE``
+    models at most), shared by later previews and revisions, added to a local copy of State
+    for the previews, and never emitted (State unchanged: only a placement adds it)."""
+    from exo_p2p.hub_models import HubModels
+    from exo_p2p.models.hub_fetch import HubAccess
+    from exo_p2p.types import State
+    from exo_p2p.types.models import HubSource
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    config = {"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8}
+    card = card_from_config(config, {"model.layers.0.w": 4, "model.layers.1.w": 4}, "org/m")
+    access, calls, emitted = HubAccess(), [], []
+
+    async def read(name: str):  # type: ignore[no-untyped-def]
+        calls.append(name)
+        return HubSource(name.partition("@")[0], "a" * 40, "d" * 64), card, None, {}
+
+    access.read = read  # type: ignore[method-assign]
+    state = State()
+    models = HubModels(access, None, "n", lambda: state, emitted.append)
+
+    async def main() -> None:
+        assert await models.preview("org/m@v1") == ("org/m", None)
+        assert await models.preview("org/m@v1") == ("org/m", None)
+        assert calls == ["org/m@v1"]  # kept, not read again
+        local = models.preview_state(state, "org/m")
+        assert local.model_cards["org/m"] == card and local.hub_models["org/m"].repo_id == "org/m"
+        assert state.model_cards == {} and state.hub_models == {} and emitted == []
+        for i in range(L.PREVIEW_CACHE + 5):
+            await models.preview(f"org/x{i}")
+        assert len(access._previews) == L.PREVIEW_CACHE and models.preview_state(state, "org/m") is state
+        assert await models.preview("not a repo") == ("not a repo", None)
+
+    trio.run(main)
