@@ -3,7 +3,8 @@ a real node on loopback asked about hostile repos on the stand-in hub (``tests/h
 refuses each with a 400 naming the field and the limit, within a bound, while its memory stays
 within ``RSS_BOUND`` of where it started and ``/health`` answers within ``HEALTH_BOUND`` (plus
 the worst the idle node showed first: this machine's noise) throughout; a preview adds nothing to State; a trickling hub neither holds a good placement
-back (within 2× its time alone) nor keeps the node from stopping on SIGTERM.
+back (within 2× its time alone) nor keeps the node from stopping on SIGTERM, and a client
+that waits on it gets a 504 at ``RESOLVE_DEADLINE``.
 
 Figures (measured by these tests) are logged with ``print`` (``pytest -s`` shows them)."""
 
@@ -22,8 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from exo_p2p.models.hub_limits import (MAX_CONFIG_BYTES, MAX_HEADERS_BYTES, MAX_LISTING_BYTES, MAX_REPO_FILES,
+                                       MAX_WEIGHT_FILE_BYTES, RESOLVE_DEADLINE)
 from exo_p2p.models.hub_manifest import MAX_HEADER_BYTES
-from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES, MAX_HEADERS_BYTES, MAX_LISTING_BYTES, MAX_REPO_FILES, MAX_WEIGHT_FILE_BYTES
 from exo_p2p.models.synthetic import make_synthetic_model
 from tests.cluster import NodeProcess, wait_until
 from tests.hub_hostile import Hostile, HostileHub
@@ -272,3 +274,23 @@ def test_a_trickling_hub_neither_holds_back_a_good_placement_nor_the_node_stoppi
     print(f"SIGTERM to exit with trickling previews in flight: {took:.2f} s")
     assert took <= 5.0
     attack.join(timeout=40)
+
+
+@pytest.mark.timeout(300)  # waits out the product's RESOLVE_DEADLINE (60 s) once
+def test_a_client_that_waits_on_a_trickling_hub_gets_a_504_at_the_deadline(tmp_path, nodes, hub):
+    node = _start(nodes, tmp_path / "n", hub)
+    before = _hub_state(node)
+    idle = _idle(node, tmp_path / "idle.stop")
+    watch = Watch(node, tmp_path / "watch.stop")
+    try:
+        started = time.monotonic()
+        r = node.get("/instances/previews", params={"model": "org/trickle"}, timeout=RESOLVE_DEADLINE + 60)
+        took = time.monotonic() - started
+    finally:
+        watch.stop()
+    print(f"trickling repo, client waiting: {r.status_code} after {took:.1f} s")
+    watch.check("504 at the deadline", idle)
+    assert r.status_code == 504 and f"deadline of {RESOLVE_DEADLINE:g} s" in r.json()["error"]["message"], r.text
+    assert RESOLVE_DEADLINE - 1 <= took <= RESOLVE_DEADLINE + 15  # slack: the next trickled byte, a loaded machine
+    wait_until(lambda: hub.trickling == 0, 40, what="the trickling read ended")
+    assert _hub_state(node) == before
