@@ -8,6 +8,8 @@ repos may each carry a ``Hostile`` mode:
 - ``siblings``: that many extra junk entries in its listing (a listing of 500,000 files);
 - ``ignore_range``: paths answered whole with 200 and ``padding`` bytes appended, whatever
   ``Range`` asked (a server sending more than the listed size);
+- ``error_body``: the listing answered 401 ``RepoNotFound`` with that many bytes of body (an
+  error answer that never ends, as far as a reader is concerned);
 - ``trickle``: seconds between two bytes of every answer about the repo (its listing, its
   files): a hub that never quite stalls. ``trickling`` counts those answers in progress.
 
@@ -34,6 +36,7 @@ class Hostile:
     ignore_range: tuple[str, ...] = ()
     padding: int = 0
     trickle: float = 0.0
+    error_body: int = 0
     _listing: bytes | None = None
 
 
@@ -77,6 +80,8 @@ class HostileHandler(Handler):
         self._mode = self.hub.hostile.get(m.group(1)) if m else None
         if self._mode is None or m is None:
             return super().do_GET()
+        if path.startswith("/api/") and self._mode.error_body:
+            return self._endless_error(self._mode.error_body)
         if path.startswith("/api/"):
             with self.hub.lock:
                 self.hub.requests.append((self.command, self.path))
@@ -86,6 +91,22 @@ class HostileHandler(Handler):
             data = self.hub.repos[m.group(1)].files[file] + b" " * self._mode.padding
             return self._send(200, data, {"X-Repo-Commit": self.hub.repos[m.group(1)].commit})
         return super().do_GET()
+
+    def _endless_error(self, size: int) -> None:
+        """401 ``RepoNotFound`` with ``size`` bytes of body, written 1 MiB at a time (no big
+        buffer in this process: a test measures the reader's memory here)."""
+        self.send_response(401)
+        for k, v in {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found",
+                     "Content-Length": str(size)}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        block = b" " * (1 << 20)
+        try:
+            for at in range(0, size, len(block)):
+                self.wfile.write(block[:size - at])
+        except OSError:  # the reader stopped at its bound
+            pass
+        self.close_connection = True
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
         if self._mode is None or not self._mode.trickle or self.command == "HEAD":

@@ -267,12 +267,8 @@ class HubClient:
 
 
 def _status_error(r):  # type: ignore[no-untyped-def]
-    """The ``huggingface_hub`` error of a failed response (gated, missing repo, ...)."""
-    from huggingface_hub.utils import hf_raise_for_status
+    """The ``huggingface_hub`` error of a failed response (gated, missing repo, ...), read
+    from a bounded part of its body (``hub_listing.status_error``)."""
+    from exo_p2p.models.hub_listing import status_error
 
-    try:
-        r.read()
-        hf_raise_for_status(r)
-    except Exception as exc:
-        return exc
-    return RuntimeError(f"status {r.status_code}")
+    return status_error(r)

@@ -15,6 +15,10 @@ from exo_p2p.models.hub_limits import MAX_LISTING_BYTES, check_sibling_count
 from exo_p2p.models.hub_stop import Stop, read_timeout
 
 
+MAX_ERROR_BYTES = 65536
+"""Bytes of an error answer's body read at most (its message)."""
+
+
 def listing_url(base: str, repo_id: str, revision: str | None) -> str:
     """The model-info URL of ``repo_id`` at ``revision`` (None: the default branch) on hub ``base``."""
     url = f"{base}/api/models/{repo_id}"
@@ -28,7 +32,6 @@ def fetch_listing(base: str, repo_id: str, revision: str | None, headers: dict[s
     naming more than ``MAX_REPO_FILES`` siblings; ``huggingface_hub``'s errors for a refused
     request (``hf_raise_for_status``); ``HubStopped`` when ``stop`` says so; httpx's errors."""
     from huggingface_hub import get_session
-    from huggingface_hub.utils import hf_raise_for_status
 
     if stop is not None:
         stop.check()
@@ -36,9 +39,7 @@ def fetch_listing(base: str, repo_id: str, revision: str | None, headers: dict[s
     with get_session().stream("GET", listing_url(base, repo_id, revision), params={"blobs": "true"},
                               headers=headers, follow_redirects=True, timeout=read_timeout(stop, timeout)) as r:
         if r.status_code >= 400:
-            if int(r.headers.get("content-length") or 0) <= 65536:  # an error's JSON, read for its message
-                r.read()
-            hf_raise_for_status(r)
+            raise status_error(r, stop)
         for block in r.iter_bytes():
             if stop is not None:
                 stop.check()
@@ -67,3 +68,26 @@ def sibling_fields(s: object) -> tuple[str, int, str, str]:
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise UnsupportedModelError(f"the hub's file listing gives {s['rfilename'][:200]} the size {str(size)[:50]}")
     return s["rfilename"], size, str(lfs.get("sha256") or ""), str(s.get("blobId") or "")
+
+
+def status_error(r, stop: Stop | None = None) -> Exception:  # type: ignore[no-untyped-def]
+    """The ``huggingface_hub`` error (gated, missing repo, revision not found, ...) of a
+    failed streamed response ``r``, read from at most ``MAX_ERROR_BYTES`` of its body: a
+    hostile server's endless error answer is not read whole."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    body = b""
+    for block in r.iter_bytes():
+        if stop is not None:
+            stop.check()
+        body += block[:MAX_ERROR_BYTES - len(body)]
+        if len(body) >= MAX_ERROR_BYTES:
+            break
+    headers = {k: v for k, v in r.headers.items() if k.lower() not in ("content-encoding", "content-length",
+                                                                       "transfer-encoding")}
+    try:
+        # the session's own Response class (huggingface_hub's HTTP client), with the bounded body
+        hf_raise_for_status(type(r)(r.status_code, headers=headers, content=body, request=r.request))
+    except Exception as exc:
+        return exc
+    return RuntimeError(f"status {r.status_code}")
