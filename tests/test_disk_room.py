@@ -94,12 +94,14 @@ class _FullPartial:
 
 
 class _FullDepot:
-    """A depot whose partial copy finds the disk full on its first write."""
+    """A depot whose partial copy finds the disk full on its first write: the check before it
+    saw room (``free_before``), something else filled the disk meanwhile (3 MiB left)."""
 
     models_dir = Path("/data/models")
 
-    def __init__(self) -> None:
+    def __init__(self, free_before: int = DATA_DIR_RESERVE_BYTES + 8 * MIB) -> None:
         self.discarded: list[str] = []
+        self._free = [free_before]
 
     def partial(self, manifest):  # type: ignore[no-untyped-def]
         return _FullPartial(manifest)
@@ -108,7 +110,7 @@ class _FullDepot:
         self.discarded.append(digest)
 
     def disk_free(self) -> int:
-        return 3 * MIB
+        return self._free.pop() if self._free else 3 * MIB
 
 
 def test_a_write_that_finds_the_disk_full_removes_the_copy_and_says_507():
@@ -123,3 +125,17 @@ def test_a_write_that_finds_the_disk_full_removes_the_copy_and_says_507():
 
     trio.run(main)
     assert depot.discarded == [manifest.digest]
+
+
+def test_keeping_a_hub_models_files_without_room_writes_nothing_and_says_507():
+    data = b"{}" * 100
+    manifest = ModelManifest("org/m", MIB, (ManifestFile("config.json", len(data), (Chunk(0, len(data), hashlib.sha256(data).hexdigest()),)),))
+    depot = _FullDepot(free_before=DATA_DIR_RESERVE_BYTES)  # the reserve only: no room for the files
+
+    async def main() -> None:
+        with pytest.raises(DiskFullError) as caught:
+            await keep_known(depot, manifest, {"config.json": data})
+        assert hub_error_status(caught.value) == 507 and "config and tokenizer files" in str(caught.value)
+
+    trio.run(main)
+    assert depot.discarded == []  # refused before the copy was opened
