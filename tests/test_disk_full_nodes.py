@@ -3,7 +3,7 @@ starting (``exo_p2p.models.disk_room``, docs/security.md): real node processes w
 is a 48 MB tmpfs the test mounts (root only), the local stand-in hub (``tests/hub_server.py``)
 serving a repo whose small files do not fit.
 
-- the node answers 507 naming the free bytes, in each API family's shape, and the CLI says so
+- a placement whose small files do not fit gets 507 naming the free bytes, and the CLI says so
   (non-zero exit); it keeps running, nothing of the repo stays on its disk;
 - a partial copy left by an older version that filled the disk is removed at start, and the
   node starts;
@@ -26,6 +26,7 @@ import msgspec
 import psutil
 import pytest
 
+from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 from tests.cluster import REPO, NodeProcess, wait_until
@@ -78,25 +79,34 @@ def _rss(node: NodeProcess) -> int:
 
 
 def test_a_repo_that_does_not_fit_gets_507_naming_free_space_and_the_node_keeps_running(small_fs, hub, tmp_path):
+    """The 20 MB tokenizer is within its bound (``hub_limits.MAX_TOKENIZER_BYTES``) but not
+    within the disk: a preview, which writes nothing, answers; a placement, which keeps the
+    small files, gets 507. The 200 MB config is past its bound (``MAX_CONFIG_BYTES``): both
+    get 400 naming the limit before anything is read or written."""
+    too_big = len(hub.repos[BIG].files["config.json"]) > MAX_CONFIG_BYTES
     node = _node(small_fs / "node", hub, tmp_path / "node.log").start()
     try:
         rss = _rss(node)
         started = time.monotonic()
         r = node.get("/instances/previews", params={"model": BIG}, timeout=60)
         took = time.monotonic() - started
-        assert r.status_code == 507, r.text
-        error = r.json()["error"]
-        assert error["code"] == "insufficient_storage" and "free in" in error["message"] and "bytes" in error["message"]
+        assert r.status_code == (400 if too_big else 200), r.text
         placed = node.post("/instances", json={"model": BIG}, timeout=60)
-        assert placed.status_code == 507 and "free in" in placed.json()["error"]["message"], placed.text
-        cli = subprocess.run([sys.executable, "-m", "exo_p2p", "place", BIG, "--api", node.url],
-                             capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert cli.returncode != 0 and "not enough free disk" in cli.stderr + cli.stdout, cli.stderr
+        if too_big:
+            assert placed.status_code == 400 and "limit" in placed.json()["error"]["message"], placed.text
+        else:
+            assert placed.status_code == 507, placed.text
+            error = placed.json()["error"]
+            assert error["code"] == "insufficient_storage" and "free in" in error["message"] and "bytes" in error["message"]
+            cli = subprocess.run([sys.executable, "-m", "exo_p2p", "place", BIG, "--api", node.url],
+                                 capture_output=True, text=True, timeout=120, cwd=REPO)
+            assert cli.returncode != 0 and "not enough free disk" in cli.stderr + cli.stdout, cli.stderr
         assert node.proc.poll() is None and node.get("/health", timeout=5).status_code == 200
         fetched = small_fs / "node" / "models" / ".fetched"
         assert not fetched.exists() or not any(p.is_file() and p.stat().st_size > 1_000_000 for p in fetched.rglob("*"))
         free = shutil.disk_usage(small_fs).free
-        print(f"507 in {took:.2f} s; RSS {rss >> 20} -> {_rss(node) >> 20} MiB; {free >> 20} MiB free on the 48 MB disk")
+        print(f"preview {r.status_code} in {took:.2f} s, place {placed.status_code}; RSS {rss >> 20} -> "
+              f"{_rss(node) >> 20} MiB; {free >> 20} MiB free on the 48 MB disk")
         assert free > FS_BYTES // 2
     finally:
         node.stop()
