@@ -41,6 +41,11 @@ CLAIM_PROBE_TIMEOUT = 3.0
 """Seconds a node waits for a master claimer to answer for its log (``cluster.claims``)."""
 CLAIM_RECHECK_AFTER = 5.0
 """Seconds after which a refused master claim is probed again (the claimer may have caught up)."""
+RIVAL_YIELD_AFTER = 2 * CLAIM_RECHECK_AFTER + CLAIM_PROBE_TIMEOUT
+"""Seconds a master keeps its seat while a rival master it admits and outranks keeps claiming
+(``election.election_step``, rule 4): then it yields to the rival, which refuses this
+master's claim. Longer than a loser's two probes of the winner (a first one may go unanswered
+on a busy host), so a rival that merely has not admitted the winner yet is not yielded to."""
 
 # --- local events and the replicated log --------------------------------------------------------
 RESEND_INTERVAL = 1.0

@@ -23,7 +23,13 @@ announcing a huge term: it must either
    its term: every node serves its log.
 
 So a forged claim with a huge term is refused unless it presents a log that extends this
-node's, and one with a plausible term must still answer for its log. Probe answers are kept
+node's, and one with a plausible term must still answer for its log.
+
+Rule 4 is one-sided on purpose: of two masters with diverged logs and terms two or more
+apart, only the one with the higher term admits the other. So that such a split still
+heals, the admitting master yields to a rival it outranks after ``RIVAL_YIELD_AFTER``
+(``election`` rule 4); it never yields to a claim refused here, so a forged term opens
+nothing: the node that refuses it keeps its seat. Probe answers are kept
 per ``(node id, boot id, term)``; a refusal is re-checked after ``recheck_after`` seconds.
 
 A claim that is neither admitted nor refused yet (a probe in flight) is *pending*: it is not

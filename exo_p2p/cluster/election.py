@@ -24,6 +24,19 @@ Rules (docs/architecture.md#rules "Election"):
    (the cluster role does that).
 3. Nodes with another ``boot_id`` for this node's own id are duplicates, not peers (the
    cluster role refuses to join then).
+4. **A master yields to a rival that refuses it.** ``cluster.claims`` admits a claim whose
+   log diverged from this node's only at a plausible term (at most one above its own), so
+   of two masters that meet with diverged logs and terms two or more apart, the one with the
+   lower term refuses the other's claim and keeps its seat, while the higher one admits the
+   lower one's claim and, ranked higher by rule 1, keeps its seat too: a split that never
+   heals. So a master that has heard, for ``yield_after`` seconds without a break, an
+   admitted rival claim it outranks (the rival did not step down, so it refuses this
+   master's claim, or cannot check it), yields: it follows the best such rival whose side
+   is at least its own (a bigger side is never given up: its claim is admitted by every
+   node that hears its followers, ``cluster.claims`` rule 2). Both masters never refuse each
+   other (if ``x > y + 1`` then ``y <= x + 1``), so of two mutually reachable masters one
+   steps down within ``yield_after`` plus a probe. A forged claim is still never yielded to:
+   only admitted claims count, and the refusal of an implausible term stands.
 
 ``election_step`` is one pass of the election loop (``role.RoleKeeper``) over these rules:
 the followed master is lost when no reachable, admitted peer still claims it (a master that
@@ -40,6 +53,7 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
+from exo_p2p import defaults
 from exo_p2p.cluster.messages import Heartbeat
 
 
@@ -108,25 +122,30 @@ class Seat:
     master: str | None
     term: int
     masterless_since: float | None
+    rival_since: float | None = None
+    """Since when this master has heard, without a break, an admitted rival claim (rule 4)."""
 
 
 @dataclass(frozen=True)
 class ElectionStep:
     """The outcome of one pass: the new ``seat``; ``lost``: the followed master is gone;
-    ``claim``: become master with this term; ``follow``: follow this other node at ``term``."""
+    ``claim``: become master with this term; ``follow``: follow this other node at ``term``
+    (``yielded``: this master gives its seat to a rival that refuses it, rule 4)."""
 
     seat: Seat
     lost: bool = False
     claim: int | None = None
     follow: str | None = None
     term: int = 0
+    yielded: bool = False
 
 
 def election_step(seat: Seat, own: Heartbeat, peers: Sequence[Heartbeat], pending: Sequence[Heartbeat],
-                  now: float, *, settle: float) -> ElectionStep:
+                  now: float, *, settle: float, yield_after: float = defaults.RIVAL_YIELD_AFTER) -> ElectionStep:
     """One pass of the election loop at ``now`` (module docstring). ``own``: this node's
     heartbeat; ``peers``: the reachable peers whose claims (if any) are admitted;
-    ``pending``: claims still being checked (they hold off an election). Reads no clock."""
+    ``pending``: claims still being checked (they hold off an election); ``yield_after``:
+    seconds of rule 4. Reads no clock."""
     me = own.node_id
     lost = seat.master not in (None, me) and not any(p.node_id == seat.master and p.master == p.node_id for p in peers)
     if lost:
@@ -142,8 +161,28 @@ def election_step(seat: Seat, own: Heartbeat, peers: Sequence[Heartbeat], pendin
         return ElectionStep(seat, lost, claim=decision.term, term=decision.term)
     changed = decision.follow != seat.master or decision.term != seat.term
     if decision.follow is not None and decision.follow != me and changed:
-        return ElectionStep(seat, lost, follow=decision.follow, term=decision.term)
-    return ElectionStep(seat, lost)
+        return ElectionStep(replace(seat, rival_since=None), lost, follow=decision.follow, term=decision.term)
+    if seat.master != me or decision.follow != me:
+        return ElectionStep(replace(seat, rival_since=None), lost)
+    return _rivals(seat, own, peers, now, yield_after)
+
+
+def _rivals(seat: Seat, own: Heartbeat, peers: Sequence[Heartbeat], now: float, yield_after: float) -> ElectionStep:
+    """Rule 4 for a master that keeps its seat this pass."""
+    rivals = [p for p in peers if p.master == p.node_id]
+    if not rivals:
+        return ElectionStep(replace(seat, rival_since=None))
+    since = now if seat.rival_since is None else seat.rival_since
+    if now - since < yield_after:
+        return ElectionStep(replace(seat, rival_since=since))
+    everyone = (own, *peers)
+    mine = support(everyone, own.node_id)
+    sides = {p.node_id: support(everyone, p.node_id) for p in rivals}
+    eligible = [p for p in rivals if sides[p.node_id] >= mine]
+    if not eligible:
+        return ElectionStep(replace(seat, rival_since=since))
+    best = max(eligible, key=lambda p: master_rank(p, sides[p.node_id]))
+    return ElectionStep(replace(seat, rival_since=None), follow=best.node_id, term=best.term, yielded=True)
 
 
 def settle_for(now: float, started_at: float, start_settle: float, failover_settle: float, *,

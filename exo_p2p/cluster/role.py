@@ -53,6 +53,8 @@ class RoleKeeper:
         self.lost_master: str | None = None
         """The master this node followed and lost most recently, while it has not followed
         another one since (``peer_timeouts``: no grace for it when this node takes over)."""
+        self.rival_since: float | None = None
+        """Since when this master has heard an admitted rival claim (``election`` rule 4)."""
         self.followed = False
         """Whether this node has followed (or been) a master since it started."""
         self.lock = trio.Lock()
@@ -73,11 +75,14 @@ class RoleKeeper:
         peers, pending = self.admitted(self.peers.reachable_peers(now), now, probes)
         self._considered = peers
         settle = settle_for(now, self.started_at, self.start_settle(), self.settings.failover_settle, followed=self.followed)
-        seat = Seat(self.role.master, self.role.term, self.masterless_since)
+        seat = Seat(self.role.master, self.role.term, self.masterless_since, self.rival_since)
         return election_step(seat, self.peers.own_heartbeat(), peers, pending, now, settle=settle)
 
     async def enact(self, step: ElectionStep) -> None:
-        self.masterless_since = step.seat.masterless_since
+        self.masterless_since, self.rival_since = step.seat.masterless_since, step.seat.rival_since
+        if step.yielded:
+            log.warning("yielding to a rival master that refuses this one's claim", rival=step.follow, term=step.term)
+            self.counters.add("master_yielded")
         if step.lost:
             log.warning("master gone", master=self.role.master)
             await self.set_master(None, self.role.term)
