@@ -42,6 +42,7 @@ from worker.runner.faults import NO_FAULTS, RunnerFaults
 from worker.runner.protocol import (INPUT_CLOSED, ChunkMsg, PrefixesMsg, RunnerSetup, StatusMsg, TaskStatusMsg,
                                     frame, read_frame, to_runner_decoder, write_all)
 from worker.runner.prefill_pace import PrefillPacer
+from worker.runner.priority import lower_this_thread
 from worker.runner.pulse import Pulse, start_heartbeat
 from worker.runner.rounds import serve_round
 from worker.runner.startup import preload, watch_parent
@@ -127,6 +128,7 @@ class RunnerProcess:
         self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
         interval = first.heartbeat_interval
         start_heartbeat(self.pulse, self.send, interval)
+        lower_this_thread()  # the compute below the node; the heartbeat thread keeps its priority
         while True:
             if self.multi and isinstance(self.status, (RunnerReady, RunnerRunning)):
                 try:
@@ -260,6 +262,12 @@ class RunnerProcess:
             self.set_status(RunnerReady())
 
 
+def _low_preload() -> None:
+    """The preload at the compute's priority (the BLAS pool its imports create inherits it)."""
+    lower_this_thread()
+    preload()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="exo-p2p-runner")
     parser.add_argument("--in-fd", type=int, required=True)
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    threading.Thread(target=preload, name="preload", daemon=True).start()  # after the env above
+    threading.Thread(target=_low_preload, name="preload", daemon=True).start()  # after the env above
     runner = RunnerProcess(args.in_fd, args.out_fd)
     try:
         code = runner.run()
