@@ -27,6 +27,8 @@ from collections import deque
 import structlog
 import trio
 
+from exo_p2p.cluster.liveness import Stalls
+
 log = structlog.get_logger(__name__)
 
 SLOW_STEPS_KEPT = 32
@@ -70,6 +72,9 @@ class LoopWatch(trio.abc.Instrument):
         self.wakes = 0
         self.worst_step: SlowStep | None = None
         self.slow: deque[SlowStep] = deque(maxlen=SLOW_STEPS_KEPT)
+        self.stalls = Stalls()
+        """Wakes late by ``interval`` or more, as ``(start, end)`` of ``time.monotonic`` (the
+        cluster's clock): not counted as a peer's silence (``cluster.liveness``)."""
         self._t0: float | None = None
         self._c0 = 0.0
 
@@ -94,10 +99,14 @@ class LoopWatch(trio.abc.Instrument):
             last_report = -self.warn
             while True:
                 due = time.perf_counter() + self.interval
+                self.stalls.due = time.monotonic() + self.interval
                 await trio.sleep(self.interval)
                 lag = max(0.0, time.perf_counter() - due)
                 self.wakes += 1
                 self.worst_lag = max(self.worst_lag, lag)
+                if lag >= self.interval:
+                    end = time.monotonic()
+                    self.stalls.add(end - lag, end)
                 if lag >= self.warn:
                     self.late += 1
                     now = time.perf_counter()

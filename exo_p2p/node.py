@@ -171,7 +171,8 @@ class Node:
         from exo_p2p.cluster.member import ClusterMember, ClusterSettings
 
         return ClusterMember(net, self.replica, self.node_id, self.boot_id, self.seat.hooks, priority=self.config.priority,
-                             settings=ClusterSettings(fault_hooks=dict(self.config.fault_hooks)),  # gossip faults: tests only
+                             settings=ClusterSettings(fault_hooks=dict(self.config.fault_hooks),  # gossip faults: tests only
+                                                      stalled=self.loop_watch.stalls.between),  # own lag is not a peer's silence
                              on_chunks=self.routes.receive)
 
     async def _start_parts(self, net, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]

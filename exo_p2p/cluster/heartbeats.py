@@ -77,7 +77,7 @@ class PeerView:
         self.net, self.replica, self.role, self.boot_id, self.priority = net, replica, role, boot_id, priority
         self.settings, self.counters, self.clock = settings, counters, clock
         self.node_id = role.node_id
-        self.liveness = Liveness(settings.peer_timeout)
+        self.liveness = Liveness(settings.peer_timeout, settings.stalled)
         self.started_at = clock()
         self.disconnected_at: dict[str, float] = {}
         """When each disconnected peer lost its last connection (written by ``mesh.MeshKeeper``)."""

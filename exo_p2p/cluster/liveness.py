@@ -4,13 +4,60 @@ Each heartbeat received is stamped with the receiver's ``now`` (a monotonic cloc
 by the caller); a peer is alive while its last heartbeat is younger than ``timeout``
 seconds. Wall clocks are never compared, so a peer whose clock is off by hours, or a slow
 profile probe that does not stop heartbeats, never looks dead.
+
+**Late because this host is busy is not gone** (``silence``). While this node's own loop
+is stalled (a long task step, or the process waiting for a core on a loaded host: measured
+by ``exo_p2p.loop_watch``), the heartbeats that arrive wait unread and are stamped only when
+the loop runs again — and the check that times a peer out may run before the read. So the
+time this node's loop was stalled since a peer was last heard does not count as that peer's
+silence, up to ``timeout`` (a dead peer is still gone within ``2 × timeout`` however busy
+this host is). A node whose loop lagged 3.5 s once declared its live master gone and split
+the cluster.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from exo_p2p.cluster.messages import Heartbeat
+
+Stalled = Callable[[float, float], float]
+"""``stalled(t0, t1)``: seconds this node's loop was stalled between ``t0`` and ``t1``."""
+
+
+def no_stall(_t0: float, _t1: float) -> float:
+    return 0.0
+
+
+def stalled_between(stalls: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of the ``(start, end)`` intervals ``stalls`` within ``[t0, t1]``."""
+    return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in stalls)
+
+
+def silence(heard_at: float, now: float, timeout: float, stalled: Stalled = no_stall) -> float:
+    """Seconds a peer last heard at ``heard_at`` has been silent at ``now``, this node's own
+    stalls since then not counted, up to ``timeout`` of them (module docstring)."""
+    return now - heard_at - min(timeout, stalled(heard_at, now))
+
+
+class Stalls:
+    """This node's recent loop stalls, ``(start, end)`` monotonic seconds, the last
+    ``keep`` of them (older ones fall off: they are older than any timeout), plus the one
+    going on: ``due`` is when the watch (``exo_p2p.loop_watch``) expects to run next, so a
+    task that runs before the watch after a stall (the election, say) counts it already."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=keep)
+        self.due: float | None = None
+
+    def add(self, start: float, end: float) -> None:
+        self._stalls.append((start, end))
+
+    def between(self, t0: float, t1: float) -> float:
+        ongoing = () if self.due is None or t1 <= self.due else ((self.due, t1),)
+        return stalled_between((*self._stalls, *ongoing), t0, t1)
 
 
 @dataclass
@@ -18,6 +65,8 @@ class Liveness:
     """Latest heartbeat per peer and when (receiver's monotonic seconds) it arrived."""
 
     timeout: float
+    stalled: Stalled = no_stall
+    """This node's own loop stalls (module docstring); none by default."""
     _last: dict[str, tuple[float, Heartbeat]] = field(default_factory=dict)
 
     def heard(self, hb: Heartbeat, now: float) -> bool:
@@ -34,11 +83,12 @@ class Liveness:
 
     def alive(self, now: float) -> list[Heartbeat]:
         """Heartbeats of the peers heard within ``timeout``, by node id."""
-        return [hb for t, hb in sorted(self._last.values(), key=lambda x: x[1].node_id) if now - t < self.timeout]
+        return [hb for t, hb in sorted(self._last.values(), key=lambda x: x[1].node_id)
+                if silence(t, now, self.timeout, self.stalled) < self.timeout]
 
     def gone(self, now: float) -> list[str]:
         """Peers last heard ``timeout`` or more seconds ago (they stay listed until ``forget``)."""
-        return sorted(n for n, (t, _) in self._last.items() if now - t >= self.timeout)
+        return sorted(n for n, (t, _) in self._last.items() if silence(t, now, self.timeout, self.stalled) >= self.timeout)
 
     def last_heard(self, node_id: str) -> float | None:
         entry = self._last.get(node_id)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from exo_p2p import defaults
+from exo_p2p.cluster.liveness import Stalled, no_stall, silence
 
 
 def timed_out(
@@ -47,6 +48,7 @@ def timed_out(
     lost_master: str | None = None,
     disconnected_since: Callable[[str], float | None] = lambda _node: None,
     disconnected_timeout: float = defaults.DISCONNECTED_TIMEOUT,
+    stalled: Stalled = no_stall,
 ) -> list[str]:
     """The nodes of ``nodes`` (not ``self_id``) with ``now - max(last heard, master_since)
     >= timeout``, in the order given. Times are the master's monotonic seconds;
@@ -54,7 +56,8 @@ def timed_out(
     node followed before it became master; when it was heard, its time counts from its
     last heartbeat alone (module docstring). ``disconnected_since(node)``: since when the
     master has had no connection to the node (None: connected); such a node is gone after
-    ``disconnected_timeout`` s of silence already (module docstring)."""
+    ``disconnected_timeout`` s of silence already (module docstring). ``stalled``: this
+    node's own loop stalls, which do not count as a node's silence (``liveness.silence``)."""
     out = []
     for node in nodes:
         if node == self_id:
@@ -65,7 +68,7 @@ def timed_out(
         else:
             since = master_since if heard is None else max(heard, master_since)
         cut = disconnected_since(node) if node == lost_master or now - master_since >= timeout else None
-        if now - since >= timeout or (cut is not None and now - max(since, cut) >= disconnected_timeout):
+        if silence(since, now, timeout, stalled) >= timeout or (cut is not None and now - max(since, cut) >= disconnected_timeout):
             out.append(node)
     return out
 

@@ -160,6 +160,7 @@ class MasterLink:
                 list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self._last_heard,
                 master_since=self.master_since(), now=self.clock(), timeout=self.settings.peer_timeout,
                 lost_master=self.lost_master(), disconnected_since=self._disconnected_since,
+                stalled=self.settings.stalled,
             )
             for node_id in gone:
                 log.warning("node timed out", node=node_id)

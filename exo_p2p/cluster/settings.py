@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from exo_p2p import defaults
+from exo_p2p.cluster.liveness import Stalled, no_stall
 from exo_p2p.types import Command, CommandResult, Event, LocalEvent
 
 
@@ -26,6 +27,9 @@ class ClusterSettings:
     max_local_batch: int = defaults.MAX_LOCAL_BATCH
     max_global_batch: int = defaults.MAX_GLOBAL_BATCH
     max_outbox: int = defaults.MAX_OUTBOX
+    stalled: Stalled = no_stall
+    """This node's own loop stalls (``exo_p2p.loop_watch.LoopWatch.stalls.between``): not
+    counted as a peer's silence (``cluster.liveness``)."""
     fault_hooks: dict[str, str] = field(default_factory=dict)
     """Tests only (``--fault-hook``): ``gossip_drop``/``gossip_dup``/``gossip_reorder`` mistreat
     the messages this node receives on the local- and global-events topics (``cluster.faults``)."""

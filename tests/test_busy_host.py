@@ -1,0 +1,81 @@
+"""A busy host is not a gone peer (``exo_p2p.cluster.liveness``, "Late because this host is
+busy is not gone"): this node's own loop stalls do not count as a peer's silence, up to one
+timeout; and ``exo_p2p.loop_watch`` records those stalls, the one going on included. Pure
+rules, plus the watch on a real trio loop (no process, no socket)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exo_p2p.cluster.liveness import Liveness, Stalls, silence, stalled_between
+from exo_p2p.cluster.peer_timeouts import timed_out
+from exo_p2p.loop_watch import LoopWatch
+from tests.test_election import hb
+
+pytestmark = pytest.mark.unit
+T = 5.0
+
+
+def test_the_field_case_a_35_s_lag_does_not_lose_the_master():
+    """Heard the master at 0; this node's loop stalled from 1.5 to 5.0 s (3.5 s, a heavy hub
+    read); at 5.2 the election runs before the queued heartbeats are read: the master is
+    still live (1.7 s of silence), and gone only at 8.5 s if really silent."""
+    stalls = Stalls()
+    stalls.add(1.5, 5.0)
+    live = Liveness(T, stalls.between)
+    live.heard(hb("m", 3, "m"), 0.0)
+    assert [p.node_id for p in live.alive(5.2)] == ["m"]
+    assert live.gone(8.49) == [] and live.gone(8.5) == ["m"]
+    assert [p.node_id for p in Liveness(T).alive(5.2)] == []  # without the rule: gone
+
+
+def test_the_ongoing_stall_counts_before_the_watch_wakes():
+    stalls = Stalls()
+    stalls.due = 1.0  # the watch should have run at 1.0 and has not yet
+    assert stalls.between(0.0, 4.0) == pytest.approx(3.0)
+    assert stalls.between(0.0, 0.5) == 0.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 10)), max_size=20), st.floats(0, 60))
+def test_a_silent_peer_is_gone_within_two_timeouts_however_busy_this_host(stalls, now):
+    record = [(s, s + d) for s, d in stalls]
+    credit = stalled_between(record, 0.0, now)
+    assert 0.0 <= credit
+    s = silence(0.0, now, T, lambda a, b: stalled_between(record, a, b))
+    assert now - T <= s <= now  # never more than one timeout of credit
+    if now >= 2 * T:
+        assert s >= T  # gone
+
+
+def test_master_times_a_node_out_only_for_its_own_silence():
+    stalls = Stalls()
+    stalls.add(2.0, 5.0)
+    args = dict(self_id="m", last_heard=lambda n: 1.0, master_since=-100.0, timeout=T)
+    assert timed_out(["m", "x"], now=6.5, **args) == ["x"]
+    assert timed_out(["m", "x"], now=6.5, stalled=stalls.between, **args) == []
+    assert timed_out(["m", "x"], now=9.0, stalled=stalls.between, **args) == ["x"]
+
+
+def test_the_loop_watch_records_a_blocking_step_as_a_stall():
+    watch = LoopWatch(interval=0.01, slow_step=0.1, warn=0.2)
+    seen = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            await trio.sleep(0.05)
+            t0 = time.monotonic()
+            time.sleep(0.3)  # a step that holds the loop
+            seen["during"] = watch.stalls.between(t0, time.monotonic())  # before the watch ran again
+            await trio.sleep(0.05)
+            seen["after"] = watch.stalls.between(t0, time.monotonic())
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert 0.25 <= seen["during"] <= 0.35 + 0.2
+    assert 0.25 <= seen["after"] <= 0.35 + 0.2
