@@ -9,6 +9,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,3 +80,52 @@ def test_the_loop_watch_records_a_blocking_step_as_a_stall():
     trio.run(main)
     assert 0.25 <= seen["during"] <= 0.35 + 0.2
     assert 0.25 <= seen["after"] <= 0.35 + 0.2
+
+
+# --- the master confirms before it times a connected node out ---------------------------------------
+
+
+def _timeout_pass(answers: bool, connected: bool) -> tuple[list, int]:
+    """One node "x" last heard at 0; the master (since -100) checks at 6 s. Returns the
+    events emitted and how many direct heartbeats were sent."""
+    from types import SimpleNamespace
+
+    from exo_p2p.cluster.common import Counters, Role
+    from exo_p2p.cluster.sequencing import MasterLink
+    from exo_p2p.cluster.settings import ClusterSettings
+
+    emitted: list = []
+    asked: list[str] = []
+
+    async def exchange(peer: str):  # type: ignore[no-untyped-def]
+        asked.append(peer)
+        return object() if answers else None
+
+    async def emit(events) -> int:  # type: ignore[no-untyped-def]
+        emitted.extend(events)
+        return 0
+
+    role = Role("m")
+    role.is_master = True
+    peers = SimpleNamespace(liveness=SimpleNamespace(last_heard=lambda n: 0.0), disconnected_at={}, started_at=-100.0,
+                            direct=SimpleNamespace(exchange=exchange))
+    net = SimpleNamespace(connected_peers=lambda: {"x"} if connected else set())
+    link = MasterLink(net, SimpleNamespace(state=SimpleNamespace(nodes={"m": 1, "x": 1})), role, peers,
+                      SimpleNamespace(emit=emit), ClusterSettings(), Counters(), None,
+                      master_since=lambda: -100.0, clock=lambda: 6.0)
+
+    async def main() -> None:
+        with trio.move_on_after(1.5):
+            await link.timeout_loop()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return emitted, len(asked)
+
+
+def test_a_late_node_that_answers_a_direct_heartbeat_is_not_timed_out():
+    emitted, asked = _timeout_pass(answers=True, connected=True)
+    assert emitted == [] and asked >= 1
+    emitted, _ = _timeout_pass(answers=False, connected=True)  # stopped (SIGSTOP): no answer
+    assert [type(e).__name__ for e in emitted][:1] == ["NodeTimedOut"]
+    emitted, asked = _timeout_pass(answers=True, connected=False)  # no connection: not asked
+    assert asked == 0 and emitted

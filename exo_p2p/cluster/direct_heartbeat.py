@@ -97,20 +97,26 @@ class DirectHeartbeats:
                 fresh = False
                 self.heard_by = None
                 continue
-            try:
-                raw = await self.net.request(master, HEARTBEAT_PROTOCOL, encode(self.own()), timeout=min(defaults.DIRECT_HEARTBEAT_TIMEOUT, self.peer_timeout / 2))
-                ack = heartbeat_ack_decoder.decode(raw)
-            except Exception as exc:  # noqa: BLE001 - master unreachable now; gossip may still work
-                log.debug("direct heartbeat failed", master=master, error=repr(exc))
-                self.count("direct_heartbeat_failed")
-                fresh = False
-                self.heard_by = None
-                continue
-            self.tally("direct_heartbeats_sent")
-            fresh = ack.gossip_fresh
+            ack = await self.exchange(master)
+            fresh = ack is not None and ack.gossip_fresh
             self.heard_by = master if fresh else None
-            if ack.version == PROTOCOL_VERSION and ack.heartbeat.node_id == master and ack.heartbeat.version == PROTOCOL_VERSION:
-                self.on_heartbeat(ack.heartbeat)
+
+    async def exchange(self, peer: str) -> HeartbeatAck | None:
+        """Send this node's heartbeat straight to ``peer`` and record its answer's heartbeat
+        (when it is ``peer``'s own); None when ``peer`` does not answer within
+        ``min(DIRECT_HEARTBEAT_TIMEOUT, peer_timeout / 2)`` s (counted)."""
+        try:
+            raw = await self.net.request(peer, HEARTBEAT_PROTOCOL, encode(self.own()), timeout=min(defaults.DIRECT_HEARTBEAT_TIMEOUT, self.peer_timeout / 2))
+            ack = heartbeat_ack_decoder.decode(raw)
+        except Exception as exc:  # noqa: BLE001 - peer unreachable now; gossip may still work
+            log.debug("direct heartbeat failed", peer=peer, error=repr(exc))
+            self.count("direct_heartbeat_failed")
+            return None
+        self.tally("direct_heartbeats_sent")
+        if ack.version == PROTOCOL_VERSION and ack.heartbeat.node_id == peer and ack.heartbeat.version == PROTOCOL_VERSION:
+            self.on_heartbeat(ack.heartbeat)
+            return ack
+        return None
 
     async def serve(self, peer: str, data: bytes) -> bytes:
         """Record the asker's heartbeat (it must be its own) and answer with ours.

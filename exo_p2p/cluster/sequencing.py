@@ -14,7 +14,10 @@ Rules:
   count, whatever its last index: its log may hold other events at the same indices (two
   masters meeting after a starved heartbeat, docs/architecture.md#log-guarantees).
 - ``peer_timeouts.timed_out``: a node in State unheard for ``peer_timeout`` s is timed out,
-  never before a full timeout of this node's mastership.
+  never before a full timeout of this node's mastership — once confirmed: a node still
+  connected is first sent a direct heartbeat (``DirectHeartbeats.exchange``), and one that
+  answers is live (its heartbeats were late: a starved host), not timed out. Timing out a
+  live node fails its instances and re-places them, killing its runners.
 """
 
 from __future__ import annotations
@@ -163,6 +166,13 @@ class MasterLink:
                 stalled=self.settings.stalled,
             )
             for node_id in gone:
+                connected = self.net is not None and node_id in self.net.connected_peers()
+                if connected and await self.peers.direct.exchange(node_id) is not None:
+                    log.warning("node late but answering: not timed out", node=node_id)
+                    self.counters.add("timeout_averted")
+                    continue
+                if not self.role.is_master:
+                    break
                 log.warning("node timed out", node=node_id)
                 await self.hooks.emit([NodeTimedOut(node_id)])  # type: ignore[arg-type]
 
