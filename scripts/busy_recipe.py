@@ -11,8 +11,19 @@ wall time, the machine's load average, and whether any runner was killed (the no
 A busy runner is not a dead runner (docs/architecture.md#rules, runner supervision): the
 chat must answer, with no runner killed, however slow the steps are.
 
+With ``--hold SECONDS`` (the control plane under starvation, docs/architecture.md#rules
+"Liveness"), the nodes start on a quiet machine, the model is placed across both and its
+decode speed measured (``--baseline`` s of back-to-back chats); then ``--burners`` (30 here:
+load ≥ 30 on 2 cores) start and the chats go on for ``--hold`` seconds while ``/state`` of both
+nodes is polled every second: exactly one master throughout (no term change), no
+re-placement (a new instance id), no runner killed. Then the follower node is SIGSTOPped for
+3 s (no re-placement expected), then past the peer timeout (``--long-stop``, 10 s: one clean
+failover — the master times it out once, the instance is re-placed at most once, no term
+change). Each phase prints its figures; exit 0 when every phase holds.
+
 Usage: ``python scripts/busy_recipe.py [--model smollm2-135m-instruct] [--burners N]
-[--prompt TEXT] [--timeout SECONDS]``; exit 0 when the chat answered and no runner was killed.
+[--prompt TEXT] [--timeout SECONDS] [--hold SECONDS [--baseline S] [--long-stop S]]``; exit 0
+when the chat answered and no runner was killed (and, with ``--hold``, every phase held).
 """
 
 from __future__ import annotations
@@ -46,9 +57,10 @@ def _timed(cmd: list[str], timeout: float) -> tuple[float, subprocess.CompletedP
     return time.monotonic() - started, proc
 
 
-def _node(name: str, home: Path, api: int, listen: int) -> subprocess.Popen[bytes]:
+def _node(name: str, home: Path, api: int, listen: int, cluster: str | None = None) -> subprocess.Popen[bytes]:
     cmd = _exo("node", "--name", name, "--data-dir", str(home / name), "--api-port", str(api),
-               "--listen-port", str(listen), "--log-file", str(home / f"{name}.log"))
+               "--listen-port", str(listen), "--log-file", str(home / f"{name}.log"),
+               *(["--cluster", cluster] if cluster else []))
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -71,7 +83,17 @@ def _report(step: str, seconds: float, proc: subprocess.CompletedProcess[str]) -
         print("  stdout:", proc.stdout.strip()[-600:], "\n  stderr:", proc.stderr.strip()[-600:], flush=True)
 
 
+def killed_runners(home: Path) -> list[str]:
+    """The nodes' log lines that say a runner was killed."""
+    return [line for name in ("a", "b") for line in (home / f"{name}.log").read_text(errors="replace").splitlines()
+            if "runner silent" in line or "runner stuck" in line]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.hold:
+        from busy_hold import run_hold  # scripts/busy_hold.py
+
+        return run_hold(args, _node, _stop, _burn, killed_runners)
     """The recipe under load; 0 when the chat answered and no runner was killed."""
     home = Path(tempfile.mkdtemp(prefix="busy-recipe-"))
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.burners)]
@@ -89,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         took, proc = _timed(_exo("chat", "--api", f"http://127.0.0.1:{api_b}", args.prompt), args.timeout)
         _report("chat", took, proc)
-        killed = [line for name in ("a", "b") for line in (home / f"{name}.log").read_text(errors="replace").splitlines()
-                  if "runner silent" in line or "runner stuck" in line]
+        killed = killed_runners(home)
         print(f"runners killed: {len(killed)}", *killed[:3], sep="\n", flush=True)
         return 0 if proc.returncode == 0 and proc.stdout.strip() and not killed else 1
     finally:
@@ -108,6 +129,9 @@ def main() -> int:
     parser.add_argument("--prompt", default="Why is the sky blue?")
     parser.add_argument("--port-base", type=int, default=53600)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds under burners with chats running (0: the plain recipe)")
+    parser.add_argument("--baseline", type=float, default=30.0, help="seconds of chats before the burners start")
+    parser.add_argument("--long-stop", type=float, default=10.0, help="seconds of the SIGSTOP past the peer timeout")
     return run(parser.parse_args())
 
 
