@@ -97,14 +97,16 @@ def monitor(apis: list[str], seconds: float, home: Path, chats: Chats, killed, b
             "load": [round(x, 1) for x in os.getloadavg()]}
 
 
-def _wait_master(apis: list[str], timeout: float) -> str:
+def _wait_master(apis: list[str], timeout: float) -> str | None:
+    """The master both nodes follow, waited for up to ``timeout`` s (None: none by then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = [_state(a) for a in apis]
         if all(states) and len({s["master"] for s in states}) == 1 and states[0]["master"]:
             return states[0]["master"]
         time.sleep(1)
-    raise SystemExit(f"no common master within {timeout} s")
+    print(f"no common master within {timeout} s", flush=True)
+    return None
 
 
 def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-def]
@@ -117,7 +119,8 @@ def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-
     burners: list[multiprocessing.Process] = []
     chats = Chats(apis[1], args.model, args.prompt)
     try:
-        master = _wait_master(apis, 120)
+        if _wait_master(apis, 120) is None:
+            return 1
         exe = str(Path(sys.executable).parent / "exo-p2p")
         placed = subprocess.run([exe, "place", args.model, "--min-nodes", "2", "--api", apis[0]], capture_output=True,
                                 text=True, timeout=args.timeout, stdin=subprocess.DEVNULL)
@@ -126,21 +129,22 @@ def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-
             return 1
         chats.thread.start()
         results = {"baseline (no burners)": monitor(apis, args.baseline, home, chats, killed)}
+        print(f"baseline (no burners): {results['baseline (no burners)']}", flush=True)
         burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
         for b in burners:
             b.start()
         time.sleep(5)
         results[f"{args.burners} burners"] = monitor(apis, args.hold, home, chats, killed)
-        master = _wait_master(apis, 30)
-        follower = nodes[1] if _state(apis[0])["node_id"] == master else nodes[0]
+        print(f"{args.burners} burners: {results[f'{args.burners} burners']}", flush=True)
+        master = _wait_master(apis, 60)
+        follower = nodes[1] if (_state(apis[0]) or {}).get("node_id") == master else nodes[0]
         for label, pause, after in (("SIGSTOP 3 s", 3.0, 30.0), (f"SIGSTOP {args.long_stop:.0f} s", args.long_stop, 60.0)):
             before = baseline(apis, home, killed)
             follower.send_signal(signal.SIGSTOP)
             time.sleep(pause)
             follower.send_signal(signal.SIGCONT)
             results[label] = monitor(apis, pause + after, home, chats, killed, before)
-        for label, figures in results.items():
-            print(f"{label}: {figures}", flush=True)
+            print(f"{label}: {results[label]}", flush=True)
         print("loop lag:", [(_state(a) or {}).get("counters", {}).get("loop_lag_worst_ms") for a in apis], flush=True)
         return _verdict(results, args)
     finally:
