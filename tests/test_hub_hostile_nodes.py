@@ -243,6 +243,11 @@ def _trickling_previews(node: NodeProcess, n: int, leave_after: float) -> None:
         list(pool.map(one, range(n)))
 
 
+PLACE_SLACK = 3.0
+"""Seconds of slack on the 2x bound of a good placement beside a trickling hub (a runner
+start's variation between two runs under three test workers; docs/testing.md#bounds)."""
+
+
 @pytest.mark.timeout(400)  # expensive: two placements (model loads) and 45 stalled clients
 def test_a_trickling_hub_neither_holds_back_a_good_placement_nor_the_node_stopping(tmp_path, nodes, hub):
     node = _start(nodes, tmp_path / "n", hub)
@@ -265,7 +270,10 @@ def test_a_trickling_hub_neither_holds_back_a_good_placement_nor_the_node_stoppi
         watch.stop()
     print(f"good placement alone {alone:.2f} s, beside {TRICKLERS} trickling previews {beside:.2f} s")
     watch.check("trickling hub", idle)
-    assert beside <= 2 * alone, (alone, beside)
+    # 2x its time alone, plus PLACE_SLACK: under three test workers on 2 cores one placement
+    # (mostly a runner start) varies by seconds between two runs whatever the hub does (a CI run:
+    # 1.85 s alone, 3.96 s beside; alone on a quiet machine: 1.42 s and 1.60 s)
+    assert beside <= 2 * alone + PLACE_SLACK, (alone, beside)
     assert _hub_state(node)[1] == before[1] + 1  # the placement's model only, no preview's
     # SIGTERM while previews of the trickling repo wait: the node stops promptly
     attack = threading.Thread(target=_trickling_previews, args=(node, 5, 30.0), daemon=True)
@@ -306,8 +314,11 @@ def test_hub_errors_keep_their_advice_and_an_endless_error_body_is_not_read_whol
     a 401 whose body is 200 MB is answered as fast as a small one."""
     from exo_p2p.models.hub import HubClient, HubError
 
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # read at import: .ci/run sets HF_HUB_OFFLINE=1
     hub.repos["org/endless"] = hub.repos["org/tiny"]
     hub.hostile["org/endless"] = Hostile(error_body=200 * 1024 * 1024)
     for repo, revision, says in (("org/missing", None, "not found"), ("org/tiny", "nope", "revision 'nope' not found"),
