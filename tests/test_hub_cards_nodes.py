@@ -77,10 +77,16 @@ def test_hub_cards_stay_bounded_in_count_and_bytes_and_a_joining_node_receives_t
             statuses = list(pool.map(lambda m: _read(nodes[names.index(m) % 2], m), names))
         took = time.monotonic() - started
         assert all(s in (400, 409, 503) for s in statuses), set(statuses)
-        wait_until(lambda: agreement(nodes), 30, what="both nodes on the same State")
+        # a read answers once its card is in State or after RESOLVED_WAIT: under load the last
+        # reads' events may still be on their way to the master, so wait for the newest card too
+        wait_until(lambda: agreement(nodes) and names[-1] in _hub_models(nodes[0]), 60,
+                   what="both nodes on the same State, with the newest card")
         held = _hub_models(nodes[0])
         assert MAX_HUB_MODELS - EXTRA <= len(held) <= MAX_HUB_MODELS
-        assert names[-1] in held and names[0] not in held  # the oldest unused went first
+        # the oldest unused went first: reads ran 4 at once, so "oldest" is by the order the
+        # master logged them, close to but not exactly the order asked (exact: test_hub_cards.py)
+        gone = [m for m in names if m not in held]
+        assert len(gone) >= EXTRA and all(names.index(m) < len(names) // 2 for m in gone), gone
         size = _metric(nodes[0], "exo_state_bytes")
         assert size <= _metric(nodes[0], "exo_state_budget_bytes") == STATE_BUDGET_BYTES
         assert _metric(nodes[1], "exo_state_hub_models") == len(held)
