@@ -36,7 +36,7 @@ from master.placement import PlacementError, place_instance
 from master.placement_context import resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
-from exo_p2p.prefixes import longest_match, prefix_chain
+from exo_p2p.content.prefixes import longest_match, prefix_chain
 
 
 class Decision(msgspec.Struct, frozen=True):

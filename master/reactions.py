@@ -35,7 +35,7 @@ def react(state: State, event: Event) -> tuple[Event, ...]:
       client connection was on that node, so nobody waits for those tokens, and without it
       they decode to their token limit (or the context), holding batch rows and counting
       towards the queue limit of everyone else (a restarted API node cancels its own:
-      ``exo_p2p.orphans``);
+      ``exo_p2p.node.orphans``);
     - a node that restarted (its profile carries a new boot id) fails every instance with a
       shard placed on its previous boot: runners are never revived (docs/architecture.md#instance-lifecycle);
     - an address retracted (``LinkLost``: its prober was refused twice, docs/links.md) fails

@@ -1,7 +1,7 @@
 """Which ready instance serves a request (pure; docs/operations.md#prefix-aware-routing).
 
 Each instance publishes the digests of the prefixes its prompt cache holds
-(``State.prefixes``, ``exo_p2p.prefixes``). ``choose`` takes, per candidate instance, its
+(``State.prefixes``, ``exo_p2p.content.prefixes``). ``choose`` takes, per candidate instance, its
 load (unfinished tasks ÷ batch limit, ``master.commands.instance_load``) and how many
 characters of the request's longest prefix it holds, and picks:
 

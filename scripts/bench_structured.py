@@ -177,7 +177,7 @@ def overhead(con: Filled, free_step: float, calls: list[tuple[float, int]], repe
 
 def compile_times(loaded: Any) -> dict[str, tuple[float, float]]:
     """Per schema: (matcher built with the tokenizer, the API node's check), median seconds."""
-    from exo_p2p.output_format import format_problem
+    from exo_p2p.content.output_format import format_problem
     from exo_p2p.types.tasks import OutputFormat
     from worker.engine.prepare import new_grammars
 

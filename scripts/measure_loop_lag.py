@@ -2,7 +2,7 @@
 
 Starts a 2-node cluster on 127.0.0.1 (``tests/cluster.py``), then ``--rounds`` times: places
 the embedded model with ``min_nodes 2``, waits for it to be ready (at most 300 s), deletes
-it. Each node's ``exo_p2p.loop_watch`` measures its loop: printed per node are the worst lag
+it. Each node's ``exo_p2p.node.loop_watch`` measures its loop: printed per node are the worst lag
 (``loop_lag_worst_ms``: how late a 50 ms sleep woke, the longest any heartbeat due meanwhile
 waited), the wakes later than 0.5 s (``loop_lag_late_wakes``: a heartbeat interval missed),
 the task steps the node logged with ``event loop lagged`` (name, wall s, thread CPU s: CPU

@@ -1,4 +1,4 @@
-"""Per-source admission of every listener (``exo_p2p.admission``, ``exo_p2p.listener_rules``),
+"""Per-source admission of every listener (``exo_p2p.listen.admission``, ``exo_p2p.listen.rules``),
 without sockets or processes: who a crowd of unproven connections evicts, the API's and
 libp2p's per-source caps, and that every place in the code opening a listener has a rule.
 Real sockets and nodes: ``tests/test_probe_guard.py``."""
@@ -15,8 +15,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.admission import WaitingRoom, per_source_cap, victim
-from exo_p2p.listener_rules import LISTENERS
+from exo_p2p.listen.admission import WaitingRoom, per_source_cap, victim
+from exo_p2p.listen.rules import LISTENERS
 from exo_p2p.net.inbound import per_source_handler
 from tests.test_limits import serve_script
 
@@ -172,7 +172,7 @@ def test_every_listener_in_the_code_has_an_admission_rule() -> None:
             if calls:
                 found[module] = calls
     unruled = {m: c for m, c in found.items() if m not in ruled}
-    assert not unruled, f"listeners without an admission rule in exo_p2p.listener_rules: {unruled}"
+    assert not unruled, f"listeners without an admission rule in exo_p2p.listen.rules: {unruled}"
     assert ruled <= set(found), f"rules whose module opens no listener any more: {ruled - set(found)}"
 
 

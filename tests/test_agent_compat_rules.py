@@ -17,7 +17,7 @@ from exo_p2p.api.sealed_reasoning import MAX_REASONING_BYTES, SealError, derive_
 from exo_p2p.models.agent_template import AGENT_TEMPLATE
 from exo_p2p.models.capabilities import template_capabilities, template_of
 from exo_p2p.models.synthetic import CHATML_TEMPLATE
-from exo_p2p.system_turns import fold_late_system, late_system_indexes, messages_for_template
+from exo_p2p.content.system_turns import fold_late_system, late_system_indexes, messages_for_template
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk
 
 pytestmark = pytest.mark.unit

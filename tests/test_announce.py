@@ -1,4 +1,4 @@
-"""What a node says at start and while alone (``exo_p2p.announce``, ``exo_p2p.logging.announce``):
+"""What a node says at start and while alone (``exo_p2p.node.announce``, ``exo_p2p.logs.configure.announce``):
 which cluster it joined or started, the instances from before its restart being re-placed,
 the open-cluster note once, and the no-peers warning after a peer left. Pure rules, no process."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from exo_p2p import logging as node_logging
-from exo_p2p.announce import (
+from exo_p2p.logs import configure as node_logging
+from exo_p2p.node.announce import (
     banner,
     from_before_fact,
     instances_from_before,
@@ -107,7 +107,7 @@ def test_the_from_before_line_names_model_nodes_and_how_to_drop_it():
 
 @pytest.fixture
 def log_to(monkeypatch):
-    """``exo_p2p.logging``'s stream and format set for one test (restored after)."""
+    """``exo_p2p.logs.configure``'s stream and format set for one test (restored after)."""
 
     def use(fmt: str) -> io.StringIO:
         stream = io.StringIO()

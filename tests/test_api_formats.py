@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.api import formats
 from exo_p2p.api.errors import ApiError
-from exo_p2p.output_format import MAX_FORMAT_BYTES, schema_text
+from exo_p2p.content.output_format import MAX_FORMAT_BYTES, schema_text
 from exo_p2p.types import OutputFormat
 from tests.test_api import MODEL, FakeMaster, run_api, submits
 from tests.test_resume import WORDS, failing_script

@@ -144,7 +144,7 @@ def test_a_ref_cycle_no_value_can_match_is_a_400_as_format_and_as_tool(schema: d
 
 
 def test_recursive_schemas_that_reach_a_value_still_pass() -> None:
-    from exo_p2p.schema_refs import ref_cycle
+    from exo_p2p.content.schema_refs import ref_cycle
 
     tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
             "$ref": "#/$defs/n"}

@@ -25,7 +25,7 @@ from exo_p2p.models.peer_transfer import fetch_manifest
 from exo_p2p.models.pulls import PullManager, PullStatus, check_disk
 from exo_p2p.models.store import ModelStore
 from exo_p2p.models.synthetic import make_synthetic_model
-from exo_p2p.process import first_leaf
+from exo_p2p.node.process import first_leaf
 from exo_p2p.types import IndexedEvent, MasterElected, NodeProfile, State
 from exo_p2p.types.manifest import Chunk, HeldModel, ManifestFile, ModelManifest, TensorRange
 

@@ -1,6 +1,6 @@
 """A busy host is not a gone peer (``exo_p2p.cluster.liveness``, "Late because this host is
 busy is not gone"): this node's own loop stalls do not count as a peer's silence, up to one
-timeout; and ``exo_p2p.loop_watch`` records those stalls, the one going on included. Pure
+timeout; and ``exo_p2p.node.loop_watch`` records those stalls, the one going on included. Pure
 rules, plus the watch on a real trio loop (no process, no socket)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.cluster.liveness import Liveness, Stalls, silence, stalled_between
 from exo_p2p.cluster.peer_timeouts import timed_out
-from exo_p2p.loop_watch import LoopWatch
+from exo_p2p.node.loop_watch import LoopWatch
 from tests.test_election import hb
 
 pytestmark = pytest.mark.unit

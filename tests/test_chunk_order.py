@@ -1,4 +1,4 @@
-"""Token streams checked end to end (``exo_p2p.chunk_order``): every chunk
+"""Token streams checked end to end (``exo_p2p.chunks.order``): every chunk
 of a task carries its position; the requesting node delivers in order, drops duplicates,
 and ends the request with an error when a gap does not fill within ``GAP_BOUND``."""
 
@@ -12,8 +12,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.chunk_order import GAP_BOUND, ChunkNumbering, ChunkOrder
-from exo_p2p.chunk_router import ChunkRouter
+from exo_p2p.chunks.order import GAP_BOUND, ChunkNumbering, ChunkOrder
+from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.cluster.faults import FaultyChunkSender, GossipFaults, chunk_faults_from_hooks
 from exo_p2p.models.synthetic import make_synthetic_model
 from exo_p2p.types import ErrorChunk, ErrorInfo, FinishChunk, TokenChunk

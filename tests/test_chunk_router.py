@@ -1,4 +1,4 @@
-"""The chunk router ends every request (exo_p2p.chunk_router): a task failed by its runner
+"""The chunk router ends every request (exo_p2p.chunks.router): a task failed by its runner
 ends with the runner's own error chunk when it arrives after the "failed" event (found by an
 adversarial tester: a 400 for a prompt longer than the context became a vague 503 on an API
 node that does not host rank 0); a task whose instance failed ends at once with the reason;
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from exo_p2p.chunk_router import ChunkRouter
+from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.types import (
     ChatMessage,
     ErrorChunk,

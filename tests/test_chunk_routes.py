@@ -1,11 +1,11 @@
-"""Chunk routes between nodes (exo_p2p.chunk_routes): rank 0's node sends each chunk to the
+"""Chunk routes between nodes (exo_p2p.chunks.routes): rank 0's node sends each chunk to the
 request's API node, numbered; the API node admits chunks only from rank 0 of the task's
 instance, and only numbered ones; the task tables stay bounded."""
 
 from __future__ import annotations
 
-from exo_p2p.chunk_router import ChunkRouter
-from exo_p2p.chunk_routes import ChunkRoutes, admission, trim_oldest
+from exo_p2p.chunks.router import ChunkRouter
+from exo_p2p.chunks.routes import ChunkRoutes, admission, trim_oldest
 from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, State, TaskCreated, TextGeneration, TokenChunk
 from tests.strategies import _instance
 

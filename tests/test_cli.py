@@ -1330,7 +1330,7 @@ def test_runner_output_becomes_json_lines(tmp_path):
     """With --log-format json a runner's prints, warnings and traceback are
     JSON lines too (the node sets the runner's log settings in its environment)."""
     code = (
-        "from exo_p2p.logging import configure_runner_output; configure_runner_output(); "
+        "from exo_p2p.logs.configure import configure_runner_output; configure_runner_output(); "
         "print('hello from a runner'); import os, sys; print('to stderr', file=sys.stderr); "
         "raise ValueError('boom')"
     )

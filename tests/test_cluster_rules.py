@@ -462,7 +462,7 @@ def _violations(folder: str, forbidden: tuple[str, ...], allowed: tuple[str, ...
 def test_layers():
     assert not _violations("master", ("worker", "exo_p2p.node", "exo_p2p.api", "exo_p2p.cli"))
     assert not _violations("worker", ("master", "exo_p2p.node", "exo_p2p.api", "exo_p2p.cli"))
-    composition = ("exo_p2p/node.py", "exo_p2p/node_master.py", "exo_p2p/node_placement.py", "exo_p2p/node_worker.py")
+    composition = ("exo_p2p/node/node.py", "exo_p2p/node/seat.py", "exo_p2p/node/placement.py", "exo_p2p/node/worker_env.py")
     assert not _violations("exo_p2p", ("master", "worker"), allowed=composition + tuple(
         str(p.relative_to(ROOT)) for p in (ROOT / "exo_p2p" / "cli").rglob("*.py")))
     for folder in ("exo_p2p/types", "exo_p2p/state", "exo_p2p/net", "exo_p2p/cluster"):

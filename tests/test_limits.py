@@ -1,6 +1,6 @@
 """The rules that keep a node's descriptors bounded, without sockets or processes: the
 open-file limit never lowered (``exo_p2p.limits``), the accept loop's cap and its patience
-with transient OS errors (``exo_p2p.listeners``), the API's body deadline
+with transient OS errors (``exo_p2p.listen.accept``), the API's body deadline
 (``exo_p2p.api.slow_clients``). Real nodes under a flood: ``tests/test_flood.py``."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from exo_p2p import limits
 from exo_p2p.api.slow_clients import BodyDeadline
-from exo_p2p.listeners import BACKOFF_MAX, backoff_delay, is_transient, serve_bounded
+from exo_p2p.listen.accept import BACKOFF_MAX, backoff_delay, is_transient, serve_bounded
 
 INF = resource.RLIM_INFINITY
 limit_values = st.one_of(st.just(INF), st.integers(0, 1 << 20))

@@ -260,7 +260,7 @@ def test_stopped_runner_is_killed_after_the_silence_bound(tmp_path, models_dir):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, models_dir, signum):
     """SIGHUP (the terminal of ``exo-p2p node &`` closed) stops the node as SIGTERM does:
-    exit 0, its runners shut down, no traceback (``exo_p2p.process.stop_signals``)."""
+    exit 0, its runners shut down, no traceback (``exo_p2p.node.process.stop_signals``)."""
     node = NodeProcess(tmp_path / "n", extra_args=[*NO_MOVES, "--models-dir", str(models_dir)])
     before = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal (the node inherits it)
     try:
@@ -288,7 +288,7 @@ def test_sigterm_mid_request_ends_the_request_and_leaves_no_process(tmp_path, mo
 
 def test_a_node_started_with_sighup_ignored_keeps_running_through_it(monkeypatch):
     """``nohup exo-p2p node``: SIGHUP ignored before the node starts stays ignored."""
-    from exo_p2p.process import stop_signals
+    from exo_p2p.node.process import stop_signals
 
     monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_IGN if signum == signal.SIGHUP else signal.SIG_DFL)
     assert stop_signals() == (signal.SIGINT, signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""Log files rotate by size with copy and truncate (``exo_p2p.log_rotation``): the writers'
+"""Log files rotate by size with copy and truncate (``exo_p2p.logs.rotation``): the writers'
 append-mode descriptors keep working, and a log takes at most about twice its bound."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from exo_p2p.log_rotation import rotate_if_larger, rotated_path, watch
+from exo_p2p.logs.rotation import rotate_if_larger, rotated_path, watch
 
 
 def test_a_file_over_its_limit_is_copied_and_truncated(tmp_path):

@@ -1,4 +1,4 @@
-"""``exo_p2p.loop_watch``: a task step that blocks the trio loop is seen as lag and named as
+"""``exo_p2p.node.loop_watch``: a task step that blocks the trio loop is seen as lag and named as
 a slow step with its CPU time; a loop that only sleeps shows neither."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from exo_p2p.loop_watch import LoopWatch
+from exo_p2p.node.loop_watch import LoopWatch
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,9 @@
-"""What a node says about itself (exo_p2p.status): its warnings in order, its counters with
+"""What a node says about itself (exo_p2p.node.status): its warnings in order, its counters with
 a later part winning, and when it has joined the cluster (its API waits for that)."""
 
 from __future__ import annotations
 
-from exo_p2p.status import health_counters, health_warnings, joined
+from exo_p2p.node.status import health_counters, health_warnings, joined
 from exo_p2p.types import NodeProfile, State
 from tests.strategies import CARD
 

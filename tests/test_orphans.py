@@ -1,5 +1,5 @@
 """Tasks whose request is gone from their API node are cancelled (what a long-lived
-cluster needs; ``exo_p2p.orphans``). Pure rule and the sweeper with a fake master; the case of
+cluster needs; ``exo_p2p.node.orphans``). Pure rule and the sweeper with a fake master; the case of
 an API node that dies is tested on real nodes in tests/test_faults.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.orphans import CANCELS_PER_SWEEP, ORPHAN_GRACE, OrphanSweeper, orphans
+from exo_p2p.node.orphans import CANCELS_PER_SWEEP, ORPHAN_GRACE, OrphanSweeper, orphans
 from exo_p2p.types import CommandResult, State, TaskRecord
 from tests.test_plan import gen_task
 

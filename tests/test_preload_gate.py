@@ -1,4 +1,4 @@
-"""``exo_p2p.preload_gate.settled``: the node's tokenizer preloader sees an instance only once
+"""``exo_p2p.node.preload_gate.settled``: the node's tokenizer preloader sees an instance only once
 no runner of it on this node is starting (the GIL-holding load stays out of the start-up window)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from exo_p2p.models.token_count import models_to_preload
-from exo_p2p.preload_gate import settled
+from exo_p2p.node.preload_gate import settled
 from exo_p2p.types import Instance, ShardMetadata, State
 from exo_p2p.types.runner import RunnerFailed, RunnerLoading, RunnerReady, RunnerRunning, RunnerWarmingUp
 from exo_p2p.types.state import RunnerRecord

@@ -1,4 +1,4 @@
-"""This node's profile publishing (exo_p2p.profile_publisher): addresses from listen
+"""This node's profile publishing (exo_p2p.node.profile_publisher): addresses from listen
 multiaddrs, the test-only memory cap, and a round that publishes on change and re-publishes
 a profile State lost once nothing of the node's is in flight."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from exo_p2p.profile_publisher import ProfilePublisher, address_of, with_fault_hooks
+from exo_p2p.node.profile_publisher import ProfilePublisher, address_of, with_fault_hooks
 from exo_p2p.types import NodeProfile, NodeProfileUpdated, State
 
 

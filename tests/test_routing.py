@@ -1,4 +1,4 @@
-"""Prefix-aware routing, pure: the digests of a request's prefixes (``exo_p2p.prefixes``),
+"""Prefix-aware routing, pure: the digests of a request's prefixes (``exo_p2p.content.prefixes``),
 the rule that picks an instance (``master.routing.choose``, with hypothesis properties), the
 master's decision on a State with two ready instances, the log's bound on what an instance
 publishes, who may publish it, the prompt cache's digests and the runner's publication gap.
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.prefixes import MAX_DIGESTS, PER_ENTRY, bounded, entry_digests, longest_match, prefix_chain
+from exo_p2p.content.prefixes import MAX_DIGESTS, PER_ENTRY, bounded, entry_digests, longest_match, prefix_chain
 from exo_p2p.types import (
     ChatMessage,
     GenerationParams,

@@ -1,4 +1,4 @@
-"""Start-up checks of a node (``exo_p2p.process.check_can_start``): a port taken by a live
+"""Start-up checks of a node (``exo_p2p.node.process.check_can_start``): a port taken by a live
 listener is refused with a one-line reason; a port whose only sockets are connections of a
 node that just died (TIME_WAIT) is not — a node restarted right after a crash must start
 (found by scripts/chaos.py: a SIGKILLed node with open API clients could not be restarted on
@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from exo_p2p.config import NodeConfig
-from exo_p2p.process import StartupError, check_can_start
+from exo_p2p.node.process import StartupError, check_can_start
 
 
 def _config(tmp_path, port: int) -> NodeConfig:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.models.synthetic import make_synthetic_model
-from exo_p2p.output_format import format_problem
+from exo_p2p.content.output_format import format_problem
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat
@@ -221,7 +221,7 @@ def test_the_format_starts_after_the_reasoning(thinker: LoadedModel) -> None:
 
 
 def test_object_schemas_with_properties_are_closed_unless_they_say_otherwise() -> None:
-    from exo_p2p.output_format import close_objects
+    from exo_p2p.content.output_format import close_objects
 
     got = close_objects({"type": "object", "properties": {"a": {"properties": {"b": {}}}},
                          "$defs": {"P": {"properties": {"x": {}}}},

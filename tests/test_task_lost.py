@@ -1,4 +1,4 @@
-"""A request whose task vanished from State ends (exo_p2p.chunk_router ``task_lost``, ``sweep``).
+"""A request whose task vanished from State ends (exo_p2p.chunks.router ``task_lost``, ``sweep``).
 
 Found by scripts/chaos.py: a moved request's continuation was accepted by a master
 whose divergent log tail was dropped when the cluster followed the other side's master; the
@@ -14,7 +14,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.chunk_router import LOST_GRACE, UNSEEN_BOUND, ChunkRouter, task_lost
+from exo_p2p.chunks.router import LOST_GRACE, UNSEEN_BOUND, ChunkRouter, task_lost
 from exo_p2p.types import ChatMessage, GenerationParams, State, TaskRecord, TextGeneration, TokenChunk
 
 times = st.floats(min_value=0, max_value=1000, allow_nan=False)

@@ -1,6 +1,6 @@
 """Tools whose ``parameters`` use ``$defs`` and ``$ref`` (as Pydantic writes them, so the
 OpenAI Agents SDK and LangChain send them): the API's check and the runner's grammar both
-resolve the references inside the call's schema (exo_p2p/schema_refs.py)."""
+resolve the references inside the call's schema (exo_p2p/content/schema_refs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from exo_p2p.api.tools import schema_problem
 from exo_p2p.models.synthetic import make_synthetic_model
-from exo_p2p.schema_refs import rebase_refs
+from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types.chunks import FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import ChatMessage, GenerationParams

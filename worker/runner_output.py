@@ -1,7 +1,7 @@
 """What a runner writes to its file descriptors 1 and 2, as JSON lines of the node's log.
 
 With ``--log-format json`` every line a node writes must be one JSON object. A runner's
-Python-level output already is (``exo_p2p.logging.configure_runner_output``), but C and C++
+Python-level output already is (``exo_p2p.logs.configure.configure_runner_output``), but C and C++
 code writes to fds 1 and 2 directly (MLX's ring backend: "[ring] Socket 3 was closed by the
 peer"). So in JSON mode the supervisor gives the runner a pipe as its stdout and stderr and
 feeds what arrives to an ``OutputRelay``:

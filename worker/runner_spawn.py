@@ -4,7 +4,7 @@ The runner is ``python -m worker.runner.main --in-fd N --out-fd M``: tasks go to
 pipe, its messages come back on another (``worker.runner.protocol``), and its stdout and
 stderr are a third pipe whose bytes the supervisor feeds to an ``OutputRelay``
 (``worker.runner_output``). The node's log settings reach the runner in its environment
-(``exo_p2p.logging.RUNNER_LOG_ENV``).
+(``exo_p2p.logs.configure.RUNNER_LOG_ENV``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def spawn_runner(env: Mapping[str, str] | None, output_fd: int | None
 def runner_log_settings(env: Mapping[str, str] | None) -> dict:
     """What the node told its runners of its log (``RUNNER_LOG_ENV`` in ``env``, None: the
     node's environment): ``format``, ``node``...; {} when absent or not a JSON object."""
-    from exo_p2p.logging import RUNNER_LOG_ENV
+    from exo_p2p.logs.configure import RUNNER_LOG_ENV
 
     try:
         settings = json.loads((env if env is not None else os.environ).get(RUNNER_LOG_ENV) or "{}")
@@ -64,7 +64,7 @@ async def relay_to_log(stream: trio.lowlevel.FdStream, env: Mapping[str, str] | 
     to the node's log through an ``OutputRelay`` (JSON lines carrying ``fields`` and the node's
     name when the node logs JSON, unchanged lines otherwise; every line shown to ``on_line``)
     until end of file or a read error; then close both."""
-    from exo_p2p.logging import log_stream
+    from exo_p2p.logs.configure import log_stream
 
     def write(line: str) -> None:
         out = log_stream()

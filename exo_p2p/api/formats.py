@@ -16,7 +16,7 @@ Each reader takes the field as the client sent it (any JSON value) and returns a
   llguidance's dialect).
 
 ``output_format(*asked)`` keeps the one format a request asks for and checks that it can be
-enforced (``exo_p2p.output_format.format_problem``: llguidance's compiler under its bounds,
+enforced (``exo_p2p.content.output_format.format_problem``: llguidance's compiler under its bounds,
 no tokenizer). ``strict`` is accepted either way: a format is always enforced.
 
 Pure; every problem is ``ApiError(400, param=…)`` naming the field (``…schema`` for a schema
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exo_p2p.api.errors import ApiError
-from exo_p2p.output_format import FormatError, format_problem, schema_text
+from exo_p2p.content.output_format import FormatError, format_problem, schema_text
 from exo_p2p.types import OutputFormat
 
 MAX_FORMAT_NAME_CHARS = 64
@@ -151,7 +151,7 @@ def extensions(regex: str | None, grammar: str | None) -> tuple[Asked | None, As
 def output_format(*asked: Asked | None) -> OutputFormat | None:
     """The one format of a request, checked: None when none is asked; 400 when more than one
     is (naming the second field), or when llguidance cannot build it or it is past a bound
-    of ``exo_p2p.output_format`` (naming where its source is, with the reason)."""
+    of ``exo_p2p.content.output_format`` (naming where its source is, with the reason)."""
     given = [a for a in asked if a is not None]
     if not given:
         return None

@@ -62,7 +62,7 @@ FAIL_WAIT = 12.0
 slack for a loaded machine) before it is answered as the model's own error."""
 
 MOVABLE_CODE = "generation_failed"
-"""``ErrorInfo.code`` of the failures of the serving side (``exo_p2p.chunk_router``)."""
+"""``ErrorInfo.code`` of the failures of the serving side (``exo_p2p.chunks.router``)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ bounded number of descriptors and never the node:
 
 - **connections**: at most ``exo_p2p.limits.api_connection_cap`` of the process's soft
   open-file limit at once (4,096 with a limit of 5,452 or more); one beyond is closed on
-  arrival (``exo_p2p.listeners.serve_bounded``, which also rides out ``EMFILE`` and other
+  arrival (``exo_p2p.listen.accept.serve_bounded``, which also rides out ``EMFILE`` and other
   transient accept errors). The kernel queues at most ``BACKLOG`` connections not accepted yet.
 - **a request's head** (request line and headers) must arrive within ``KEEP_ALIVE_TIMEOUT``
   s of the connection's start or of the previous response (hypercorn's keep-alive timer runs
@@ -46,7 +46,7 @@ from starlette.types import ASGIApp
 
 from exo_p2p.api.slow_clients import BODY_TIMEOUT, BodyDeadline
 from exo_p2p.limits import api_connection_cap
-from exo_p2p.listeners import serve_bounded
+from exo_p2p.listen.accept import serve_bounded
 
 SERVER_LOGGER = "exo_p2p.api.server"
 """The stdlib logger hypercorn's own messages go to ("Running on …", protocol errors)."""

@@ -22,9 +22,9 @@ import re
 from typing import Any
 
 from exo_p2p.api.errors import ApiError
-from exo_p2p.json_depth import json_depth
-from exo_p2p.output_format import MAX_FORMAT_BYTES, FormatError, format_problem, schema_text
-from exo_p2p.schema_refs import rebase_refs
+from exo_p2p.content.json_depth import json_depth
+from exo_p2p.content.output_format import MAX_FORMAT_BYTES, FormatError, format_problem, schema_text
+from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types import OutputFormat, ToolCall
 
 MAX_TOOLS = 128

@@ -137,10 +137,10 @@ def _run_node(data_dir: Path, state_dir: Path, console: Console, start_timeout: 
     api_port = free_port()
     api_url = f"http://127.0.0.1:{api_port}"
     log_path = data_dir / LOG_NAME
-    from exo_p2p.log_rotation import RUN_LOG_MAX_BYTES, rotate_if_larger  # structlog: only when a node starts
+    from exo_p2p.logs.rotation import RUN_LOG_MAX_BYTES, rotate_if_larger  # structlog: only when a node starts
 
     try:
-        rotate_if_larger(log_path, RUN_LOG_MAX_BYTES)  # bounded on disk (exo_p2p.log_rotation)
+        rotate_if_larger(log_path, RUN_LOG_MAX_BYTES)  # bounded on disk (exo_p2p.logs.rotation)
     except OSError as exc:
         console.print(f"[yellow]warning:[/] could not rotate {log_path}: {exc}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -1,4 +1,4 @@
-"""``exo-p2p node``: command-line flags (``NodeFlags``) → ``NodeConfig`` → ``exo_p2p.node.run_node``.
+"""``exo-p2p node``: command-line flags (``NodeFlags``) → ``NodeConfig`` → ``exo_p2p.node.node.run_node``.
 
 The checks of each flag's value are ``exo_p2p.cli.node_flag_checks``'."""
 
@@ -156,7 +156,7 @@ def read_node_config_file(path: Path) -> dict:
 
 
 def run_node(config: NodeConfig) -> int:
-    """Run a node until it is stopped (Ctrl-C / SIGTERM), through ``exo_p2p.node.run_node``
+    """Run a node until it is stopped (Ctrl-C / SIGTERM), through ``exo_p2p.node.node.run_node``
     (imported here so client commands never pay for the node's imports); returns its exit
     code (0 after a clean stop). Raises ``CliError`` when this installation has no node
     runtime."""
@@ -164,7 +164,7 @@ def run_node(config: NodeConfig) -> int:
 
     guard_setrlimit()  # before any import can lower the open-file limit (exo_p2p.limits)
     try:
-        from exo_p2p.node import run_node as node_main
+        from exo_p2p.node.node import run_node as node_main
     except ImportError as e:
         raise CliError(f"this installation cannot run a node: {e}") from e
     if inspect.iscoroutinefunction(node_main):

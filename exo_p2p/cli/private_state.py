@@ -32,7 +32,7 @@ just made its own has not started its node yet)."""
 
 
 def unused(state_dir: Path) -> bool:
-    """Whether no node holds ``state_dir``'s ``node.lock`` (``exo_p2p.process``'s lock): a
+    """Whether no node holds ``state_dir``'s ``node.lock`` (``exo_p2p.node.process``'s lock): a
     state dir with no lock file, or one whose lock can be taken now."""
     lock_path = state_dir / "node.lock"
     try:

@@ -18,7 +18,7 @@ import typer
 from exo_p2p.cli.errors import CliError
 
 MAX_SCHEMA_BYTES = 64 * 1024
-"""The largest schema the node accepts (``exo_p2p.output_format.MAX_FORMAT_BYTES``)."""
+"""The largest schema the node accepts (``exo_p2p.content.output_format.MAX_FORMAT_BYTES``)."""
 
 JsonAnswerOpt = Annotated[
     bool,

@@ -3,7 +3,7 @@ direct stream, one queue and one sending task per destination, in order, batched
 
 Rule (``take_batch``): a batch holds the chunks queued now, ``CHUNK_BATCH_MAX`` at most; it is
 tried ``CHUNK_ATTEMPTS`` times, then its chunks are counted lost (``chunks_lost``; the API
-node's chunk router notices the gap by the stream positions, ``exo_p2p.chunk_order``).
+node's chunk router notices the gap by the stream positions, ``exo_p2p.chunks.order``).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def chunk_faults_from_hooks(hooks: Mapping[str, str]) -> GossipFaults | None:
 class FaultyChunkSender:
     """Tests only: ``send(destination, chunk, seq)`` with ``faults`` applied to every
     numbered chunk, between the numbering and the network, so the receiving node sees a
-    stream with chunks lost, duplicated and reordered (``exo_p2p.chunk_order`` must cope).
+    stream with chunks lost, duplicated and reordered (``exo_p2p.chunks.order`` must cope).
 
     Held chunks (a reorder window not yet full) go out at the latest ``hold`` seconds after
     the first of them was held: ``run()`` (a background task) releases them.

@@ -7,7 +7,7 @@ profile probe that does not stop heartbeats, never looks dead.
 
 **Late because this host is busy is not gone** (``silence``). While this node's own loop
 is stalled (a long task step, or the process waiting for a core on a loaded host: measured
-by ``exo_p2p.loop_watch``), the heartbeats that arrive wait unread and are stamped only when
+by ``exo_p2p.node.loop_watch``), the heartbeats that arrive wait unread and are stamped only when
 the loop runs again — and the check that times a peer out may run before the read. So the
 time this node's loop was stalled since a peer was last heard does not count as that peer's
 silence, up to ``timeout`` (a dead peer is still gone within ``2 × timeout`` however busy
@@ -45,7 +45,7 @@ def silence(heard_at: float, now: float, timeout: float, stalled: Stalled = no_s
 class Stalls:
     """This node's recent loop stalls, ``(start, end)`` monotonic seconds, the last
     ``keep`` of them (older ones fall off: they are older than any timeout), plus the one
-    going on: ``due`` is when the watch (``exo_p2p.loop_watch``) expects to run next, so a
+    going on: ``due`` is when the watch (``exo_p2p.node.loop_watch``) expects to run next, so a
     task that runs before the watch after a stall (the election, say) counts it already."""
 
     def __init__(self, keep: int = 256) -> None:

@@ -119,7 +119,7 @@ class LogResponse(msgspec.Struct, frozen=True):
 
 class ChunkBatch(msgspec.Struct, frozen=True):
     """Chunks for requests owned by the receiving node, in order per task; ``seqs[i]`` is
-    the position of ``chunks[i]`` in its task's stream (``exo_p2p.chunk_order``; a batch
+    the position of ``chunks[i]`` in its task's stream (``exo_p2p.chunks.order``; a batch
     whose chunks are not all numbered is not delivered)."""
 
     chunks: tuple[Chunk, ...]

@@ -28,7 +28,7 @@ class ClusterSettings:
     max_global_batch: int = defaults.MAX_GLOBAL_BATCH
     max_outbox: int = defaults.MAX_OUTBOX
     stalled: Stalled = no_stall
-    """This node's own loop stalls (``exo_p2p.loop_watch.LoopWatch.stalls.between``): not
+    """This node's own loop stalls (``exo_p2p.node.loop_watch.LoopWatch.stalls.between``): not
     counted as a peer's silence (``cluster.liveness``)."""
     fault_hooks: dict[str, str] = field(default_factory=dict)
     """Tests only (``--fault-hook``): ``gossip_drop``/``gossip_dup``/``gossip_reorder`` mistreat

@@ -14,7 +14,7 @@ model chunks travel (``exo_p2p.models.bulk``):
    ``b"b"`` + a 4-byte big-endian length (≤ ``BANDWIDTH_BYTES``) + that many bytes, answered
    with one byte once all arrived (a timed transfer).
 
-Admission (``exo_p2p.admission``), so that no crowd of connections can starve the probes of
+Admission (``exo_p2p.listen.admission``), so that no crowd of connections can starve the probes of
 members: a new connection *waits* for its token at most ``TOKEN_WAIT`` s (its handshake
 deadline); at most ``MAX_WAITING`` wait at once, ``PER_SOURCE_WAITING`` of one source address;
 one arriving beyond either closes the oldest waiting connection of its own source (or of the
@@ -42,7 +42,7 @@ import structlog
 import trio
 
 from exo_p2p.links.figures import BANDWIDTH_BYTES, PROBE_BYTES
-from exo_p2p.admission import WaitingRoom, peer_ip
+from exo_p2p.listen.admission import WaitingRoom, peer_ip
 from exo_p2p.models.bulk import Paced, open_listeners
 
 log = structlog.get_logger(__name__)

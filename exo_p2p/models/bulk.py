@@ -27,7 +27,7 @@ Admission, so that connections without a ticket cannot starve ticket holders:
   most ``MAX_UNREDEEMED`` (64) wait at once, ``PER_SOURCE_UNREDEEMED`` (32) of one source
   address; a new connection arriving when its source holds 32 closes that source's oldest,
   one arriving when 64 wait the oldest of the source holding the most
-  (``exo_p2p.admission``: a fetcher's token is read as soon as it is accepted, so a flood
+  (``exo_p2p.listen.admission``: a fetcher's token is read as soon as it is accepted, so a flood
   evicts itself, not the fetcher); while one is evicted on each arrival, accepts are paced to one per
   ``FULL_ACCEPT_PAUSE`` (2 ms), so a flood that reconnects at once costs bounded CPU and a
   fetcher waits at most its place in the accept queue times 2 ms;
@@ -57,7 +57,7 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.admission import WaitingRoom, peer_ip
+from exo_p2p.listen.admission import WaitingRoom, peer_ip
 from exo_p2p.models.peer_transfer import ChunkRequest, ChunkSource
 
 log = structlog.get_logger(__name__)
@@ -77,7 +77,7 @@ MAX_UNREDEEMED = 64
 """Connections waiting to present a token at once; a newer one closes the oldest."""
 PER_SOURCE_UNREDEEMED = 32
 """Of those, connections from one source address at most; a newer one from it closes its
-oldest (``exo_p2p.admission``): one host cannot take every waiting place."""
+oldest (``exo_p2p.listen.admission``): one host cannot take every waiting place."""
 DEFER_ACCEPT = 10.0
 """Linux: the kernel hands a connection to the node only once it has sent a byte, or after
 about this many seconds (``TCP_DEFER_ACCEPT``): silent connections cost no place at all."""
@@ -233,7 +233,7 @@ class BulkServer:
         await trio.serve_listeners(self._handle, [Paced(listener, self._room.crowded) for listener in listeners])
 
     async def _admit(self, stream: trio.SocketStream) -> str | None:
-        """Wait (as unredeemed, ``exo_p2p.admission.WaitingRoom``) for the token; the digest of
+        """Wait (as unredeemed, ``exo_p2p.listen.admission.WaitingRoom``) for the token; the digest of
         its ticket, or None (closed to make room for a newer connection, no valid token within
         ``TICKET_WAIT`` s)."""
         with self._room.enter(peer_ip(stream)) as place:

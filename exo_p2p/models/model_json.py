@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_p2p.json_depth import json_depth
+from exo_p2p.content.json_depth import json_depth
 from exo_p2p.models.errors import UnsupportedModelError
 
 MAX_MODEL_JSON_DEPTH = 32

@@ -21,7 +21,7 @@ import structlog
 import trio
 
 from exo_p2p.models.errors import ModelNotFoundError
-from exo_p2p.system_turns import messages_for_template
+from exo_p2p.content.system_turns import messages_for_template
 from exo_p2p.types import GenerationParams, State
 
 log = structlog.get_logger(__name__)
@@ -142,7 +142,7 @@ class TokenCounter:
 
     async def count(self, model_id: str, params: GenerationParams) -> int:
         """Tokens of ``params``'s prompt (its text, or its messages through the chat template
-        with the generation prompt added, late system messages as ``exo_p2p.system_turns``
+        with the generation prompt added, late system messages as ``exo_p2p.content.system_turns``
         says) for ``model_id``, counted in a thread. Raises
         ``KeyError`` when this node does not store the model, ``ValueError`` when its chat
         template fails."""

@@ -5,7 +5,7 @@ established, ``exo_p2p.net.host_build.connection_config``) and the time of a han
 (``inbound_upgrade_timeout``), but one host could still hold every inbound slot. So
 :func:`limit_per_source` wraps the swarm's inbound handler: a connection arriving while its
 source address already holds ``per_source`` inbound connections (default
-``exo_p2p.admission.per_source_cap(LIBP2P_MAX_INBOUND)``) is closed on arrival, before the
+``exo_p2p.listen.admission.per_source_cap(LIBP2P_MAX_INBOUND)``) is closed on arrival, before the
 library takes a slot or starts a handshake.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from exo_p2p.admission import per_source_cap
+from exo_p2p.listen.admission import per_source_cap
 from exo_p2p.limits import LIBP2P_MAX_INBOUND
 
 log = structlog.get_logger(__name__)

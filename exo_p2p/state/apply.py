@@ -40,7 +40,7 @@ from exo_p2p.types import (
 
 from exo_p2p.links.figures import MAX_ADDRESSES
 from exo_p2p.state import hub_cards
-from exo_p2p.prefixes import bounded
+from exo_p2p.content.prefixes import bounded
 
 replace = msgspec.structs.replace
 

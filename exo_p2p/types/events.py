@@ -106,7 +106,7 @@ class RunnerStatusUpdated(_Event, tag="runner_status_updated"):
 
 class InstancePrefixesUpdated(_Event, tag="instance_prefixes_updated"):
     """The prefixes rank 0's prompt cache of ``instance_id`` holds now, as digests
-    (``exo_p2p.prefixes``; at most ``MAX_DIGESTS``, most recently used last): the master
+    (``exo_p2p.content.prefixes``; at most ``MAX_DIGESTS``, most recently used last): the master
     routes a request to the instance holding its longest prefix (``master.routing``)."""
 
     instance_id: InstanceId

@@ -33,7 +33,7 @@ class State(msgspec.Struct, frozen=True):
     so a snapshot (and its hash) carries it and a master rebuilt from snapshot + tail
     de-duplicates exactly like one rebuilt from the whole log. One entry per node boot (and
     per origin epoch after a replaced log): it grows with restarts, never with traffic.
-    ``prefixes`` holds at most ``exo_p2p.prefixes.MAX_DIGESTS`` digests per instance.
+    ``prefixes`` holds at most ``exo_p2p.content.prefixes.MAX_DIGESTS`` digests per instance.
 
     ``hub_models`` names the model hub source of each model read from a hub
     (``HubModelResolved``), and ``hub_resolved`` the log index of its last resolution: at most

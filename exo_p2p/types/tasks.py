@@ -46,7 +46,7 @@ FormatKind = Literal["json_object", "json_schema", "regex", "lark"]
 
 
 class OutputFormat(msgspec.Struct, frozen=True):
-    """The shape a generation's output must have (structured output, ``exo_p2p.output_format``).
+    """The shape a generation's output must have (structured output, ``exo_p2p.content.output_format``).
 
     ``kind``: ``json_object`` (any JSON object; ``source`` empty), ``json_schema`` (``source``
     is the schema as JSON text), ``regex`` (``source`` is the pattern, the whole output must

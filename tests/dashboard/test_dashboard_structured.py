@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from exo_p2p.output_format import close_objects
+from exo_p2p.content.output_format import close_objects
 from exo_p2p.types import SubmitGeneration
 from tests.dashboard.fake_backend import TOKENS, FakeCluster, ServedBackend, synthetic_state
 

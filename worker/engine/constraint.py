@@ -1,6 +1,6 @@
 """Constrained decoding: a grammar matcher per row, and the token masks of a batch.
 
-A request with an ``OutputFormat`` (``exo_p2p.output_format``) gets a ``RowConstraint``: an
+A request with an ``OutputFormat`` (``exo_p2p.content.output_format``) gets a ``RowConstraint``: an
 llguidance ``LLMatcher`` over the model's tokenizer. Before each sampling step of its row the
 sampler sets every logit outside the matcher's allowed tokens to −∞ (``Sampler.mask``); the
 sampled token advances the matcher. When the format is complete the matcher allows only the
@@ -34,7 +34,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from exo_p2p.output_format import FormatError, grammar_of, guarded, matcher_limits
+from exo_p2p.content.output_format import FormatError, grammar_of, guarded, matcher_limits
 from exo_p2p.types.tasks import OutputFormat
 
 
@@ -143,7 +143,7 @@ class Grammars:
     def constraint(self, fmt: OutputFormat, prompt: Sequence[int]) -> RowConstraint:
         """A new row's constraint for ``fmt`` after ``prompt`` (token ids: whether it ends
         inside a think block). Raises ``FormatError`` with llguidance's message when the
-        format cannot be built (bounded by ``exo_p2p.output_format``'s limits)."""
+        format cannot be built (bounded by ``exo_p2p.content.output_format``'s limits)."""
         import llguidance
 
         grammar = guarded(grammar_of, fmt)

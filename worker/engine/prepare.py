@@ -29,8 +29,8 @@ from __future__ import annotations
 import mlx.core as mx
 import msgspec
 
-from exo_p2p.output_format import FormatError
-from exo_p2p.system_turns import messages_for_template
+from exo_p2p.content.output_format import FormatError
+from exo_p2p.content.system_turns import messages_for_template
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import GenerationParams
@@ -82,7 +82,7 @@ def prompt_ids(task_id: TaskId, params: GenerationParams, loaded: LoadedModel,
                model_id: str) -> list[int] | ErrorChunk:
     """The prompt's token ids: the raw ``prompt`` tokenized, else the messages through the
     chat template with the generation prompt (late system messages as
-    ``exo_p2p.system_turns`` says); an ``ErrorChunk`` (400) when there is no template or it
+    ``exo_p2p.content.system_turns`` says); an ``ErrorChunk`` (400) when there is no template or it
     fails."""
     tok = loaded.tokenizer
     if params.prompt is not None:

@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from exo_p2p.prefixes import bounded, entry_digests
+from exo_p2p.content.prefixes import bounded, entry_digests
 from exo_p2p.types.tasks import GenerationParams
 
 Gather = Callable[[np.ndarray], np.ndarray]
@@ -37,7 +37,7 @@ Gather = Callable[[np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class CachedPrefix:
     """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, its bytes,
-    and the digests of the prefixes of the request that made it (``exo_p2p.prefixes``)."""
+    and the digests of the prefixes of the request that made it (``exo_p2p.content.prefixes``)."""
 
     tokens: tuple[int, ...]
     cache: list[Any]
@@ -113,7 +113,7 @@ class PromptCache:
 
     def digests(self) -> tuple[int, ...]:
         """The prefix digests of the entries, those of the most recently used last, at most
-        ``exo_p2p.prefixes.MAX_DIGESTS`` (what the runner publishes)."""
+        ``exo_p2p.content.prefixes.MAX_DIGESTS`` (what the runner publishes)."""
         return bounded(d for e in self._entries.values() for d in e.digests)
 
     def nearest(self, ids: list[int]) -> tuple[int | None, int]:

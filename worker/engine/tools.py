@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_p2p.output_format import ANY_OBJECT, JSON_OPTIONS, FormatError, close_objects, schema_text
-from exo_p2p.schema_refs import rebase_refs
+from exo_p2p.content.output_format import ANY_OBJECT, JSON_OPTIONS, FormatError, close_objects, schema_text
+from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat
 from worker.engine.output_parser import Markers, OutputParser
 

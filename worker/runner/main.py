@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
     from exo_p2p.limits import guard_setrlimit
-    from exo_p2p.logging import configure_runner_output
+    from exo_p2p.logs.configure import configure_runner_output
 
     guard_setrlimit()  # before the preload imports mlx-lm, which would lower the open-file limit (exo_p2p.limits)
 

@@ -73,7 +73,7 @@ class HeartbeatMsg(msgspec.Struct, frozen=True, tag="heartbeat", tag_field="kind
 
 
 class PrefixesMsg(msgspec.Struct, frozen=True, tag="prefixes", tag_field="kind"):
-    """The digests of the prefixes rank 0's prompt cache holds now (``exo_p2p.prefixes``),
+    """The digests of the prefixes rank 0's prompt cache holds now (``exo_p2p.content.prefixes``),
     sent when they changed, after a burst at most every ``worker.runner.stats.PREFIX_MIN_GAP`` seconds."""
 
     digests: tuple[int, ...]

@@ -2,7 +2,7 @@
 
 ``system`` (a string or text blocks) becomes the system message; ``messages`` alternate
 ``user``/``assistant`` with string or text-block content, and may hold ``system`` turns
-anywhere (text; rendered as ``exo_p2p.system_turns`` says; ``cache_control`` is ignored:
+anywhere (text; rendered as ``exo_p2p.content.system_turns`` says; ``cache_control`` is ignored:
 the prompt cache is automatic); ``max_tokens`` is required;
 ``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours; tools, tool
 blocks and thinking as ``anthropic_tools`` says; ``output_config.format`` (the beta's
@@ -124,7 +124,7 @@ def anthropic_messages(messages: list[MessageParam], system: str | list[Block] |
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant", "system"):
             raise ApiError(400, f"messages.{i}.role must be 'user', 'assistant' or 'system', got {m.role[:64]!r}", param=f"messages.{i}.role")
-        if m.role == "system":  # a system turn anywhere (exo_p2p.system_turns renders it)
+        if m.role == "system":  # a system turn anywhere (exo_p2p.content.system_turns renders it)
             out.append(ChatMessage("system", system_text(_text(f"messages.{i}.content", m.content))))
         elif isinstance(m.content, str):
             out.append(ChatMessage(m.role, m.content))

@@ -9,8 +9,8 @@ import os
 import structlog
 
 from exo_p2p.config import NodeConfig
-from exo_p2p.process import host_name
-from exo_p2p.profile_publisher import Measure
+from exo_p2p.node.process import host_name
+from exo_p2p.node.profile_publisher import Measure
 from exo_p2p.types import NetworkAddress, NodeProfile
 from worker import blas
 from worker.profile import measure_profile

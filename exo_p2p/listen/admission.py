@@ -13,7 +13,7 @@ before any eviction reaches it, and no host can take the places of another.
 
 The per-source caps of the listeners that serve before any proof (the HTTP API, libp2p's
 handshakes) are :func:`per_source_cap`: one source address may hold all but a reserve of the
-listener's connections (``exo_p2p.listeners.serve_bounded``, ``exo_p2p.net.inbound``).
+listener's connections (``exo_p2p.listen.accept.serve_bounded``, ``exo_p2p.net.inbound``).
 """
 
 from __future__ import annotations

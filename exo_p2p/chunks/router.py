@@ -10,7 +10,7 @@ disappears, gets it when its own last chunk has not arrived within ``failed_grac
 context, may arrive after the event) — so no request waits forever (docs/architecture.md#instance-lifecycle).
 
 Chunks from another node carry their position in the task's stream; they pass through the
-task's ``exo_p2p.chunk_order.ChunkOrder`` (in order, each once) and a gap that does not fill
+task's ``exo_p2p.chunks.order.ChunkOrder`` (in order, each once) and a gap that does not fill
 within ``GAP_BOUND`` seconds ends the request with a 503 naming the lost positions (a lost
 last chunk: the task's removal from State ends the request after ``grace``, as above).
 Either way a client never gets a response that silently lacks a piece.
@@ -31,7 +31,7 @@ from collections.abc import Callable
 import structlog
 import trio
 
-from exo_p2p.chunk_order import ChunkOrder
+from exo_p2p.chunks.order import ChunkOrder
 from exo_p2p.types import (
     Chunk,
     ErrorChunk,

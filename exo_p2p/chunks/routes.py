@@ -2,7 +2,7 @@
 streams to the API node that owns the request (here, or over a direct stream to that node;
 never through gossip), and the API node admits chunks only from rank 0 of the task's
 instance (docs/architecture.md#request-flow, step 5). Delivery in order and once is
-``exo_p2p.chunk_order`` and ``exo_p2p.chunk_router``'s; this module decides who sends to whom."""
+``exo_p2p.chunks.order`` and ``exo_p2p.chunks.router``'s; this module decides who sends to whom."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Literal
 import structlog
 import trio
 
-from exo_p2p.chunk_order import ChunkNumbering
-from exo_p2p.chunk_router import ChunkRouter
+from exo_p2p.chunks.order import ChunkNumbering
+from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.types import Chunk, IndexedEvent, State, TaskCreated
 
 log = structlog.get_logger("exo_p2p.node")
@@ -90,7 +90,7 @@ class ChunkRoutes:
 
     def receive(self, peer: str, chunks: list[Chunk], seqs: list[int]) -> None:
         """Chunks from ``peer``, ``seqs[i]`` the position of ``chunks[i]``: delivered (in
-        position order, each once: ``exo_p2p.chunk_order``) when ``admission`` says so, else
+        position order, each once: ``exo_p2p.chunks.order``) when ``admission`` says so, else
         counted as undeliverable (and as refused when not from rank 0)."""
         numbered = len(seqs) == len(chunks) and all(s >= 1 for s in seqs)
         for i, chunk in enumerate(chunks):

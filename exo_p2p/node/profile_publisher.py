@@ -71,10 +71,10 @@ class ProfilePublisher:
     async def run(self) -> None:
         """Measure and publish this node's profile every ``PROFILE_INTERVAL`` s; a transient
         OS error (out of descriptors reading ``/proc``) costs a round, not the node
-        (``exo_p2p.listeners``); each round also keeps the open-file limit
+        (``exo_p2p.listen.accept``); each round also keeps the open-file limit
         (``exo_p2p.limits.check_nofile``). Never returns."""
         from exo_p2p.limits import check_nofile
-        from exo_p2p.listeners import Backoff
+        from exo_p2p.listen.accept import Backoff
 
         pause = Backoff("profile")
         last: tuple = (None, None)

@@ -5,7 +5,7 @@ cluster it is in ("joined cluster NAME: N nodes, master NAME" or "started a new 
 NAME"), whether it is open, and which instances from before its restart the cluster is
 re-placing ("re-placing 1 instance from before: MODEL on NODES; `exo-p2p stop MODEL` to drop
 it"). Each fact is printed once: as a line of the console banner, or, with the JSON log
-format, as one log record (``exo_p2p.logging.announce``).
+format, as one log record (``exo_p2p.logs.configure.announce``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A node's OS process around its trio run: the checks before it starts (its ports, the
 data-dir lock), the signals it stops on, and its exit code. Knows nothing of what a node
-runs: ``run_process`` takes the node to build as a callable (``exo_p2p.node.run_node``)."""
+runs: ``run_process`` takes the node to build as a callable (``exo_p2p.node.node.run_node``)."""
 
 from __future__ import annotations
 
@@ -130,10 +130,10 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 def prepare_process(config: NodeConfig) -> bool:
     """Before a node is built: keep the open-file limit, configure logging (its file bounded
-    on disk, ``exo_p2p.log_rotation``). False, with the reason printed, when the log file
+    on disk, ``exo_p2p.logs.rotation``). False, with the reason printed, when the log file
     cannot be written."""
     from exo_p2p.limits import guard_setrlimit
-    from exo_p2p.logging import configure_logging
+    from exo_p2p.logs.configure import configure_logging
 
     guard_setrlimit()  # first: no import may lower the open-file limit (exo_p2p.limits)
     try:
@@ -142,9 +142,9 @@ def prepare_process(config: NodeConfig) -> bool:
         print(f"error: cannot write the log file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return False
     if config.log_file is not None:
-        from exo_p2p import log_rotation
+        from exo_p2p.logs import rotation as log_rotation
 
-        log_rotation.watch(Path(config.log_file))  # bounded on disk (exo_p2p.log_rotation)
+        log_rotation.watch(Path(config.log_file))  # bounded on disk (exo_p2p.logs.rotation)
     return True
 
 
@@ -153,7 +153,7 @@ def run_process(config: NodeConfig, build: Callable[[NodeConfig], RunnableNode])
     the way out. Returns the process exit code (0 on a clean stop, 1 when the node could not
     start or gave up, the reason reported on one line)."""
     from exo_p2p.limits import keep_nofile
-    from exo_p2p.logging import report_error
+    from exo_p2p.logs.configure import report_error
 
     if not prepare_process(config):
         return 1

@@ -40,7 +40,7 @@ def log_stream() -> IO[str]:
 
 
 def announce(banner: list[str], facts: list[Any]) -> None:
-    """Say the start-up ``facts`` (``exo_p2p.announce.Fact``) once each: with the console
+    """Say the start-up ``facts`` (``exo_p2p.node.announce.Fact``) once each: with the console
     format as the ``banner`` lines (which carry their text), with JSON as one log record per
     fact (its ``event`` at its ``level``, with its ``fields``) and no banner."""
     if _format != "json":

@@ -18,19 +18,19 @@ from pathlib import Path
 import structlog
 import trio
 
-from exo_p2p.announce import banner, from_before_fact, instances_from_before, membership_fact, secret_fact, still_coming
-from exo_p2p.chunk_router import ChunkRouter
-from exo_p2p.chunk_routes import ChunkRoutes
+from exo_p2p.node.announce import banner, from_before_fact, instances_from_before, membership_fact, secret_fact, still_coming
+from exo_p2p.chunks.router import ChunkRouter
+from exo_p2p.chunks.routes import ChunkRoutes
 from exo_p2p.config import NodeConfig
 from exo_p2p.hub_models import HubModels
 from exo_p2p.local_models import LocalModels
-from exo_p2p.loop_watch import LoopWatch
-from exo_p2p.node_backend import NodeBackend
-from exo_p2p.orphans import OrphanSweeper
-from exo_p2p.preload_gate import settled
-from exo_p2p.process import run_process
+from exo_p2p.node.loop_watch import LoopWatch
+from exo_p2p.node.backend import NodeBackend
+from exo_p2p.node.orphans import OrphanSweeper
+from exo_p2p.node.preload_gate import settled
+from exo_p2p.node.process import run_process
 from exo_p2p.replica import Replica
-from exo_p2p.status import joined
+from exo_p2p.node.status import joined
 from exo_p2p.types import Event, State
 
 log = structlog.get_logger(__name__)
@@ -45,9 +45,9 @@ class Node:
         Raises ``OSError`` when the data dir cannot be read."""
         from exo_p2p.models.token_count import TokenCounter
         from exo_p2p.net import load_or_create_identity, new_boot_id
-        from exo_p2p.node_master import MasterSeat
-        from exo_p2p.node_placement import previews, resolve_node
-        from exo_p2p.node_worker import runner_environment
+        from exo_p2p.node.seat import MasterSeat
+        from exo_p2p.node.placement import previews, resolve_node
+        from exo_p2p.node.worker_env import runner_environment
         from worker.worker import Worker
 
         self.config = config
@@ -184,10 +184,10 @@ class Node:
 
         member, cfg = self.member, self.config
         self.seat.bind(member, nursery)
-        nursery.start_soon(self.loop_watch.run)  # how late the loop runs, and why (exo_p2p.loop_watch)
+        nursery.start_soon(self.loop_watch.run)  # how late the loop runs, and why (exo_p2p.node.loop_watch)
         self.router.bind(nursery)
-        nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (exo_p2p.chunk_router)
-        nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.orphans)
+        nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (exo_p2p.chunks.router)
+        nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.node.orphans)
         self.routes.bind(member.send_chunk, member.counters, cfg.fault_hooks, nursery)
         await nursery.start(self._run_member, nursery.cancel_scope)
         log.debug("start-up", step="member running")
@@ -201,7 +201,7 @@ class Node:
         nursery.start_soon(self._profile_publisher(net).run)
         nursery.start_soon(self.models.watch)  # models added to a store while running
         nursery.start_soon(self.worker.run)
-        nursery.start_soon(self.tokens.run, lambda: settled(self.state(), self.node_id), self.node_id, self.boot_id)  # exo_p2p.preload_gate
+        nursery.start_soon(self.tokens.run, lambda: settled(self.state(), self.node_id), self.node_id, self.boot_id)  # exo_p2p.node.preload_gate
 
     async def _run_member(self, node_scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
         await self.member.run(task_status=task_status)  # type: ignore[attr-defined]
@@ -224,8 +224,8 @@ class Node:
 
     def _profile_publisher(self, net):  # type: ignore[no-untyped-def]
         """This node's ``ProfilePublisher``, measuring with ``worker.profile``."""
-        from exo_p2p.node_worker import profile_measure
-        from exo_p2p.profile_publisher import ProfilePublisher
+        from exo_p2p.node.worker_env import profile_measure
+        from exo_p2p.node.profile_publisher import ProfilePublisher
         from worker.profile import publish_due
 
         return ProfilePublisher(self.node_id, self.boot_id, profile_measure(self.node_id, self.boot_id, self.config),
@@ -245,8 +245,8 @@ class Node:
     def _announce(self, net, secret_notice: str | None) -> None:  # type: ignore[no-untyped-def]
         """Say once that the node is ready: its API and addresses, its cluster (joined or
         new), the instances from before its restart being re-placed, and ``secret_notice``
-        when the cluster is open (``exo_p2p.announce``)."""
-        from exo_p2p.logging import announce
+        when the cluster is open (``exo_p2p.node.announce``)."""
+        from exo_p2p.logs.configure import announce
 
         state, cfg = self.replica.state, self.config
         facts = [membership_fact(cfg.cluster, self.node_id, self.member.master, self.member.reachable_nodes(), state)]  # type: ignore[attr-defined]
@@ -263,5 +263,5 @@ class Node:
 def run_node(config: NodeConfig) -> int:
     """Run a node until SIGINT/SIGTERM; runners are shut down on the way out. Returns the
     process exit code (0 on a clean stop, 1 when the node could not start:
-    ``exo_p2p.process.run_process``)."""
+    ``exo_p2p.node.process.run_process``)."""
     return run_process(config, Node)

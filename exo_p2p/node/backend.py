@@ -2,7 +2,7 @@
 the node's parts at the moment it is asked (its State, cluster member, host, chunk router,
 models, hub, token counter), plus what the model routes use beyond the protocol (``depot``,
 ``pulls``, ``resolve_node``, ``models_changed``). Placement questions are answered with the
-master's rules, injected by the node (``exo_p2p.node_placement``): this module imports no role."""
+master's rules, injected by the node (``exo_p2p.node.placement``): this module imports no role."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 import trio
 
 from exo_p2p.api.backend import NodeHealth, NodeSummary
-from exo_p2p.status import health_counters, health_warnings, node_summaries
+from exo_p2p.node.status import health_counters, health_warnings, node_summaries
 from exo_p2p.types import Chunk, Command, CommandResult, ErrorInfo, ModelCard, State
 
 if TYPE_CHECKING:
-    from exo_p2p.node import Node
+    from exo_p2p.node.node import Node
 
 
 class NodeBackend:
     """``ApiBackend`` of ``node``. ``health``, ``nodes``, ``command`` and ``event_times``
     need the node running (its host and cluster member built); the rest answer from the
     moment the node is built. ``previews(state, model_id, nodes)`` and
-    ``resolve_node(state, name)`` are ``exo_p2p.node_placement``'s."""
+    ``resolve_node(state, name)`` are ``exo_p2p.node.placement``'s."""
 
     def __init__(self, node: Node, previews: Callable[[State, str, tuple[str, ...]], list[dict]],
                  resolve_node: Callable[[State, str], str]) -> None:
@@ -51,7 +51,7 @@ class NodeBackend:
         return self._node.replica.state
 
     def health(self) -> NodeHealth:
-        """``GET /state``'s node part: warnings and every part's counters (``exo_p2p.status``)."""
+        """``GET /state``'s node part: warnings and every part's counters (``exo_p2p.node.status``)."""
         node = self._node
         member, net, router = node.member, node.net, node.router
         warnings = health_warnings(alone_for=member.alone_for(), peer_left=bool(member.peers.disconnected_at),
@@ -60,7 +60,7 @@ class NodeBackend:
         own = {"chunks_undeliverable": router.undeliverable, "chunk_not_from_rank0": node.routes.refused,
                "chunks_duplicate": router.duplicates, "chunk_stream_gaps": router.gaps, "tasks_lost": router.lost,
                "orphaned_tasks_cancelled": node.orphans.cancelled,
-               "loop_lag_worst_ms": int(node.loop_watch.worst_lag * 1000),  # exo_p2p.loop_watch
+               "loop_lag_worst_ms": int(node.loop_watch.worst_lag * 1000),  # exo_p2p.node.loop_watch
                "loop_lag_late_wakes": node.loop_watch.late}
         if node.prober is not None:  # links measured (docs/links.md)
             own.update(link_rounds=node.prober.rounds, link_events=node.prober.events,
@@ -71,7 +71,7 @@ class NodeBackend:
                           mdns=node.config.mdns)
 
     def nodes(self) -> list[NodeSummary]:
-        """``GET /nodes``: every node this node knows (``exo_p2p.status.node_summaries``)."""
+        """``GET /nodes``: every node this node knows (``exo_p2p.node.status.node_summaries``)."""
         return node_summaries(self._node.replica.state, self._node.node_id, self._node.member.last_seen)
 
     def local_models(self) -> list[ModelCard]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from exo_p2p import limits
-from exo_p2p.admission import per_source_cap
+from exo_p2p.listen.admission import per_source_cap
 from exo_p2p.api import server as api_server
 from exo_p2p.links import probe_server
 from exo_p2p.models import bulk
@@ -39,16 +39,16 @@ class ListenerRule:
 LISTENERS: tuple[ListenerRule, ...] = (
     ListenerRule("HTTP API", "exo_p2p.api.server", limits.API_MAX_CONNECTIONS,
                  per_source_cap(limits.API_MAX_CONNECTIONS), api_server.KEEP_ALIVE_TIMEOUT,
-                 "exo_p2p.listeners.serve_bounded (cap: exo_p2p.limits.api_connection_cap)"),
+                 "exo_p2p.listen.accept.serve_bounded (cap: exo_p2p.limits.api_connection_cap)"),
     ListenerRule("libp2p", "exo_p2p.net.host_build", limits.LIBP2P_MAX_INBOUND, inbound.LIBP2P_PER_SOURCE,
                  next(f.default for f in fields(NetConfig) if f.name == "dial_timeout"),  # type: ignore[misc]
                  "py-libp2p's inbound limiter and upgrade timeout; exo_p2p.net.inbound"),
     ListenerRule("model transfer (bulk)", "exo_p2p.models.bulk", bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS,
                  bulk.PER_SOURCE_UNREDEEMED, bulk.TICKET_WAIT,
-                 "exo_p2p.admission.WaitingRoom, then a ticket's serving slot"),
+                 "exo_p2p.listen.admission.WaitingRoom, then a ticket's serving slot"),
     ListenerRule("link probe", "exo_p2p.links.probe_server", probe_server.MAX_WAITING + probe_server.MAX_CONNECTIONS,
                  probe_server.PER_SOURCE_WAITING, probe_server.TOKEN_WAIT,
-                 "exo_p2p.admission.WaitingRoom, then a ticket's serving slot (per peer id)"),
+                 "exo_p2p.listen.admission.WaitingRoom, then a ticket's serving slot (per peer id)"),
 )
 """The listeners of a node process. MLX's ring between the ranks of an instance is opened by
 MLX (C++) inside a runner, not by this code, and is not listed."""

@@ -2,7 +2,7 @@
 
 A listener of the node (the HTTP API, the model-transfer port) accepts through
 :func:`serve_bounded`: at most ``max_connections`` connections are served at once, one
-beyond it, or beyond ``per_source`` from one source address (``exo_p2p.admission``), is
+beyond it, or beyond ``per_source`` from one source address (``exo_p2p.listen.admission``), is
 closed on arrival (counted, logged at most every ``REFUSAL_LOG_EVERY`` s), and
 an accept that fails with a transient error (:func:`is_transient`: out of descriptors,
 buffers or memory, a connection aborted before it was accepted) is retried after a pause
@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 import trio
 
-from exo_p2p.admission import peer_ip, per_source_cap
+from exo_p2p.listen.admission import peer_ip, per_source_cap
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +127,7 @@ async def serve_bounded(
     """Accept from ``listener`` forever, running ``handler(stream)`` for each connection in
     ``handler_nursery`` (a nursery of its own when None; the stream is closed when the handler
     returns) while fewer than ``max_connections`` are being served, and fewer than
-    ``per_source`` (default ``exo_p2p.admission.per_source_cap(max_connections)``) from its
+    ``per_source`` (default ``exo_p2p.listen.admission.per_source_cap(max_connections)``) from its
     source address; a connection beyond either is closed at once. Transient accept errors pause the loop (:class:`Backoff`); any other
     ``OSError`` is raised. An exception of a handler is logged and ends its connection only. ``task_status.started`` gets the :class:`Refusals` counter. Closes
     ``listener`` on exit."""

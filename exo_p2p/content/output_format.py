@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from exo_p2p.schema_refs import ref_cycle
+from exo_p2p.content.schema_refs import ref_cycle
 from exo_p2p.types.tasks import OutputFormat
 
 T = TypeVar("T")

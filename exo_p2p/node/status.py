@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from exo_p2p.announce import no_peers_warning
+from exo_p2p.node.announce import no_peers_warning
 from exo_p2p.api.backend import LinkSummary, NodeSummary
 from exo_p2p.config import NO_PEERS_WARNING_AFTER
 from exo_p2p.types import ModelCard, State

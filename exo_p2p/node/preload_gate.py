@@ -2,7 +2,7 @@
 
 Loading a tokenizer (``exo_p2p.models.token_count``) imports mlx-lm and transformers and
 builds the vocabulary in C calls that hold the GIL; run in a thread, it still stalls the
-node's trio loop while the thread holds the GIL. Measured with ``exo_p2p.loop_watch``
+node's trio loop while the thread holds the GIL. Measured with ``exo_p2p.node.loop_watch``
 (``scripts/measure_loop_lag.py``, 2 nodes, load average ~10 on 2 cores): the loop's wakes
 later than 0.5 s during a placement coincided with that thread in tokenizer ``__init__`` /
 ``get_vocab``. During a placement that is the worst moment: the node's runners start and load
