@@ -2,36 +2,66 @@
 
 Builds the node's parts and wires them in one trio process: the libp2p host, the cluster
 membership (heartbeats, election, log replication), the replica of the event log, the
-worker, the master role while this node is master and the HTTP API. The composition
-modules, the only ones that import ``master`` or ``worker``: this one (builds, then runs
-the parts in order), ``node_master`` (the master role's seat), ``node_placement`` (the
-API's placement questions) and ``node_worker`` (runner environment, profile measure).
-What needs neither role lives in modules of its own: ``node_backend`` (the API's backend),
-``chunk_routes``, ``profile_publisher``, ``local_models``, ``hub_models``, ``status`` and
-``process`` (the OS process: start-up checks, signals, exit code)."""
+worker, the master role while this node is master and the HTTP API. Every part is handed
+what it uses (no part holds the node). The composition modules, the only ones that import
+``master`` or ``worker``: this one (builds, then runs the parts in order), ``seat`` (the
+master role's seat), ``placement`` (the API's placement questions) and ``worker_env``
+(runner environment, profile measure). What needs neither role lives in modules of its own:
+``backend`` (the API's backend), ``parts`` (the record of the running parts),
+``exo_p2p.chunks``, ``profile_publisher``, ``status`` and ``process`` (the OS process:
+start-up checks, signals, exit code).
+
+Every import is at module level: only the ``node`` command imports this module, after it
+guarded the open-file limit (``exo_p2p.limits``), and a node needs all of them at start."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 import trio
 
-from exo_p2p.node.announce import banner, from_before_fact, instances_from_before, membership_fact, secret_fact, still_coming
+from exo_p2p.api.start import start_api
 from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.chunks.routes import ChunkRoutes
+from exo_p2p.cluster.member import ClusterMember, ClusterSettings
 from exo_p2p.config import NodeConfig
 from exo_p2p.hub_models import HubModels
+from exo_p2p.links.probe_server import ProbeServer
+from exo_p2p.links.prober import Prober
 from exo_p2p.local_models import LocalModels
+from exo_p2p.logs.configure import announce
+from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures
+from exo_p2p.metrics.node_observer import node_observer
+from exo_p2p.metrics.observer import Observer
+from exo_p2p.models.bulk import listen_hosts
+from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.disk_room import reclaim_at_start
+from exo_p2p.models.hub_fetch import HubAccess
+from exo_p2p.models.pulls import PullManager
+from exo_p2p.models.shard_fetch import fetch_shard
+from exo_p2p.models.store import ModelStore, store_roots
+from exo_p2p.models.token_count import TokenCounter
+from exo_p2p.net import NetConfig, Network, load_or_create_identity, new_boot_id, open_host
+from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
+from exo_p2p.node.announce import banner, from_before_fact, instances_from_before, membership_fact, secret_fact, still_coming
+from exo_p2p.node.backend import BackendParts, NodeBackend
 from exo_p2p.node.loop_watch import LoopWatch
-from exo_p2p.node.backend import NodeBackend
 from exo_p2p.node.orphans import OrphanSweeper
+from exo_p2p.node.parts import Running, own_counters
+from exo_p2p.node.placement import previews, resolve_node
 from exo_p2p.node.preload_gate import settled
 from exo_p2p.node.process import run_process
-from exo_p2p.replica import Replica
+from exo_p2p.node.profile_publisher import ProfilePublisher
+from exo_p2p.node.seat import MasterSeat
 from exo_p2p.node.status import joined
-from exo_p2p.types import Event, State
+from exo_p2p.node.worker_env import profile_measure, runner_environment
+from exo_p2p.replica import Replica
+from exo_p2p.types import Event, Instance, ShardMetadata, State
+from worker.profile import publish_due
+from worker.worker import Worker
 
 log = structlog.get_logger(__name__)
 
@@ -41,15 +71,8 @@ class Node:
 
     def __init__(self, config: NodeConfig) -> None:
         """Build every part that needs no network: identity, replica, model store, worker and
-        the master's seat. ``run`` opens the libp2p host and builds the cluster member on it.
-        Raises ``OSError`` when the data dir cannot be read."""
-        from exo_p2p.models.token_count import TokenCounter
-        from exo_p2p.net import load_or_create_identity, new_boot_id
-        from exo_p2p.node.seat import MasterSeat
-        from exo_p2p.node.placement import previews, resolve_node
-        from exo_p2p.node.worker_env import runner_environment
-        from worker.worker import Worker
-
+        the master's seat. ``run`` opens the libp2p host and builds the parts that live on it
+        (``running``). Raises ``OSError`` when the data dir cannot be read."""
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.router = ChunkRouter()
@@ -63,8 +86,6 @@ class Node:
         self.replica = Replica(self.data_dir / "events.log", compact_every=config.compact_every)
         self._from_before = instances_from_before(self.replica.state, self.node_id, self.boot_id)  # said at start
         self.routes = ChunkRoutes(self.node_id, self.state, self.router)
-        self.api = NodeBackend(self, previews, resolve_node)  # what the API asks of this node
-        self.orphans = OrphanSweeper(self.node_id, lambda: self.replica.state, self.router.open_task_ids, self.api.command)
         self.loop_watch = LoopWatch()  # loop lag and slow task steps: GET /state counters, the log
         self._build_models()
         self.worker = Worker(self.node_id, self.boot_id, self.state, self.emit_local, self.routes.route,
@@ -77,20 +98,12 @@ class Node:
         self.replica.snapshot_listeners += [lambda _s: self.worker.wake(), lambda _s: self.tokens.wake()]
         self.seat = MasterSeat(self.node_id, self.replica, config)  # the master role, while this node is master
         self.observer = self._observer()  # metrics and the record of every request (docs/operations.md)
-        self.net = None  # built in run(), on the open libp2p host: an exo_p2p.net.Network,
-        self.member = None  # the exo_p2p.cluster.member.ClusterMember on it,
-        self.pulls = None  # and the exo_p2p.models.pulls.PullManager
-        self.probes = self.prober = None  # links measured (docs/links.md)
+        self._running: Running | None = None  # made once by run(), every part on the open host at once
 
     def _build_models(self) -> None:
         """The model store (models dirs, models pulled from peers, Ollama and LM Studio:
         docs/models.md#model-stores), its depot (models travel between nodes), the hub
         (docs/models.md#models-from-a-hub) and the node's models as the cluster hears them."""
-        from exo_p2p.models.depot import ModelDepot
-        from exo_p2p.models.disk_room import reclaim_at_start
-        from exo_p2p.models.hub_fetch import HubAccess
-        from exo_p2p.models.store import ModelStore, store_roots
-
         cfg = self.config
         self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs] + [self.data_dir / "models" / "pulled"],
                                 **store_roots(cfg))
@@ -100,35 +113,43 @@ class Node:
         self.models = LocalModels(self.store, self.node_id, self.emit_local)
         self.hub_models = HubModels(self.hub, self.depot, self.node_id, self.state, self.emit_local)
 
-    def _observer(self):  # type: ignore[no-untyped-def]
+    def _observer(self) -> Observer:
         """The node's ``Observer``: metrics and the record of every request (docs/operations.md,
         ``exo_p2p.metrics.node_observer``)."""
-        from exo_p2p.metrics.collect import MetricSources, RunnerFigures
-        from exo_p2p.metrics.node_observer import node_observer
 
-        def sources(counts):  # type: ignore[no-untyped-def]
+        def sources(counts: NodeCounts) -> MetricSources:
             return MetricSources(
                 state=self.state, node_id=self.node_id, is_master=lambda: self.seat.role is not None,
                 runners=lambda: [RunnerFigures(*r) for r in self.worker.runner_figures()],
-                counters=lambda: self.api.health().counters if self.member is not None and self.net is not None else {},
-                counts=counts)
+                counters=self._api_counters, counts=counts)
 
         return node_observer(self.config, self.data_dir, self.replica, self.node_id, sources, self.depot.bytes_received)
 
+    def _api_counters(self) -> dict[str, int]:
+        """``GET /state``'s counters while running, none before."""
+        running = self._running
+        return running.api.health().counters if running is not None else {}
+
+    @property
+    def running(self) -> Running:
+        """The parts on the open libp2p host. Raises ``RuntimeError`` before ``run`` made them."""
+        if self._running is None:
+            raise RuntimeError("the node is not running: its host, member and API are made by Node.run")
+        return self._running
+
     def emit_local(self, event: Event) -> None:
         """Queue a local event for the master (re-sent until seen indexed)."""
-        self.member.send_local(event)  # type: ignore[attr-defined]
+        self.running.member.send_local(event)
 
     def state(self) -> State:
         """This node's replicated State."""
         return self.replica.state
 
-    async def _fetch_shard(self, instance, shard, on_progress) -> Path:  # type: ignore[no-untyped-def]
+    async def _fetch_shard(self, instance: Instance, shard: ShardMetadata,
+                           on_progress: Callable[[int, int, int, int], None]) -> Path:
         """The worker's ``FetchShard``: this rank's chunks from the peers holding the model
         (``exo_p2p.models.shard_fetch``)."""
-        from exo_p2p.models.shard_fetch import fetch_shard
-
-        return await fetch_shard(self.depot, self.net, self.node_id, self.state, instance, shard,
+        return await fetch_shard(self.depot, self.running.net, self.node_id, self.state, instance, shard,
                                  on_progress=on_progress, hub=self.hub)
 
     # --- running ---------------------------------------------------------------------------
@@ -136,120 +157,114 @@ class Node:
         """Open the libp2p host, build the cluster member on it, start member, worker,
         profile publishing and API in that order, then serve until cancelled (or until the
         member gives up: ``exit_reason``). Raises ``OSError`` when a port cannot be bound."""
-        from exo_p2p.api.start import start_api
-        from exo_p2p.net import open_host
-        from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
-
         cfg = self.config
         secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
         async with open_host(self._net_config(secret)) as net:
-            self.net = net
-            self.member = self._cluster_member(net)
             async with trio.open_nursery() as nursery:
-                await self._start_parts(net, nursery)
-                await self._wait_joined(15.0)
+                running = self._running = self._build_running(net, nursery)
+                await self._start_parts(running, nursery)
+                await self._wait_joined(running.member, 15.0)
                 log.debug("start-up", step="joined")
-                self.api_port = await start_api(nursery, self.api, cfg, self.observer)
+                self.api_port = await start_api(nursery, running.api, cfg, self.observer)
                 log.info("node ready", node_id=self.node_id, api=f"http://{cfg.api_host}:{self.api_port}",
                          addrs=net.listen_addrs(), data_dir=str(self.data_dir))
-                self._announce(net, OPEN_CLUSTER_NOTICE if secret is None else None)
+                self._announce(running, OPEN_CLUSTER_NOTICE if secret is None else None)
                 gc.freeze()  # what start-up built stays: a full collection under a flood of connections scans only theirs
                 self.started.set()
                 task_status.started()
                 await trio.sleep_forever()
 
-    def _net_config(self, secret: bytes | None):  # type: ignore[no-untyped-def]
+    def _net_config(self, secret: bytes | None) -> NetConfig:
         """The libp2p host's ``NetConfig`` from this node's settings and identity."""
-        from exo_p2p.net import NetConfig
-
         cfg = self.config
         return NetConfig(identity=self.identity, listen_host=cfg.listen_host, listen_port=cfg.listen_port,
                          cluster=cfg.cluster, cluster_secret=secret, bootstrap=tuple(cfg.bootstrap), mdns=cfg.mdns)
 
-    def _cluster_member(self, net):  # type: ignore[no-untyped-def]
+    def _cluster_member(self, net: Network) -> ClusterMember:
         """This node's ``ClusterMember`` on the open host, driving the master's seat."""
-        from exo_p2p.cluster.member import ClusterMember, ClusterSettings
-
         return ClusterMember(net, self.replica, self.node_id, self.boot_id, self.seat.hooks, priority=self.config.priority,
                              settings=ClusterSettings(fault_hooks=dict(self.config.fault_hooks),  # gossip faults: tests only
                                                       stalled=self.loop_watch.stalls.between),  # own lag is not a peer's silence
                              on_chunks=self.routes.receive)
 
-    async def _start_parts(self, net, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]
+    def _build_running(self, net: Network, nursery: trio.Nursery) -> Running:
+        """The parts on the open host, made at once before any starts: the cluster member,
+        pulls, the links' probe server and prober (docs/links.md), the orphan sweeper and the
+        API's backend, handed the parts it reads."""
+        cfg = self.config
+        member = self._cluster_member(net)
+        pulls = PullManager(self.depot, net, self.node_id, self.state, nursery, self.models.load, hub=self.hub,
+                            models_dir=Path(cfg.models_dirs[0]) if cfg.models_dirs else None)
+        probes, prober = ProbeServer(), Prober(net, self.node_id, self.state, self.emit_local)
+        orphans = OrphanSweeper(self.node_id, self.state, self.router.open_task_ids, member.command)  # CancelGeneration only: no hub read
+        parts = BackendParts(node_id=self.node_id, replica=self.replica, member=member, net=net, router=self.router,
+                             models=self.models, hub_models=self.hub_models, tokens=self.tokens, depot=self.depot,
+                             pulls=pulls, mdns=cfg.mdns)
+        counters = (lambda: self.seat.counters,
+                    lambda: own_counters(self.router, self.routes, orphans, self.loop_watch, probes, prober))
+        api = NodeBackend(parts, counters, previews, resolve_node)  # what the API asks of this node
+        return Running(net=net, member=member, pulls=pulls, probes=probes, prober=prober, api=api, orphans=orphans)
+
+    async def _start_parts(self, running: Running, nursery: trio.Nursery) -> None:
         """Start every part in ``nursery``, in order: the loop's watch, the chunk router and
         the orphan sweeper, the member (until it is running), the node's models (listed),
-        the depot, the links, pulls, profile publishing, the models' watch, the worker and
-        the token counter."""
-        from exo_p2p.models.pulls import PullManager
-
-        member, cfg = self.member, self.config
+        the depot, the links, profile publishing, the models' watch, the worker and the token
+        counter."""
+        member, net = running.member, running.net
         self.seat.bind(member, nursery)
         nursery.start_soon(self.loop_watch.run)  # how late the loop runs, and why (exo_p2p.node.loop_watch)
         self.router.bind(nursery)
-        nursery.start_soon(self.router.watch, lambda: self.replica.state)  # lost tasks end (exo_p2p.chunks.router)
-        nursery.start_soon(self.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.node.orphans)
-        self.routes.bind(member.send_chunk, member.counters, cfg.fault_hooks, nursery)
-        await nursery.start(self._run_member, nursery.cancel_scope)
+        nursery.start_soon(self.router.watch, self.state)  # lost tasks end (exo_p2p.chunks.router)
+        nursery.start_soon(running.orphans.run)  # tasks whose request is gone here are cancelled (exo_p2p.node.orphans)
+        self.routes.bind(member.send_chunk, member.counters, self.config.fault_hooks, nursery)
+        await nursery.start(self._run_member, member, nursery.cancel_scope)
         log.debug("start-up", step="member running")
         await self.models.load()
         log.debug("start-up", step="models listed")
         await nursery.start(self.depot.run, net)  # models travel: docs/models.md
         log.debug("start-up", step="depot running")
-        await self._start_links(net, nursery)  # links measured: docs/links.md
-        self.pulls = PullManager(self.depot, net, self.node_id, lambda: self.replica.state, nursery, self.api.models_changed,
-                                 hub=self.hub, models_dir=Path(cfg.models_dirs[0]) if cfg.models_dirs else None)
-        nursery.start_soon(self._profile_publisher(net).run)
+        await self._start_links(running, nursery)  # links measured: docs/links.md
+        nursery.start_soon(self._profile_publisher(running).run)
         nursery.start_soon(self.models.watch)  # models added to a store while running
         nursery.start_soon(self.worker.run)
         nursery.start_soon(self.tokens.run, lambda: settled(self.state(), self.node_id), self.node_id, self.boot_id)  # exo_p2p.node.preload_gate
 
-    async def _run_member(self, node_scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
-        await self.member.run(task_status=task_status)  # type: ignore[attr-defined]
-        if self.member.duplicate_identity:  # type: ignore[attr-defined]
-            self.exit_reason = self.member.duplicate_identity  # type: ignore[attr-defined]
+    async def _run_member(self, member: ClusterMember, node_scope: trio.CancelScope, *,
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await member.run(task_status=task_status)
+        if member.duplicate_identity:
+            self.exit_reason = member.duplicate_identity
             node_scope.cancel()
 
-    async def _start_links(self, net, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]
+    async def _start_links(self, running: Running, nursery: trio.Nursery) -> None:
         """Serve probes of this node's addresses and measure every address of every peer
         (``exo_p2p.links``: the probe listener on the addresses libp2p listens on)."""
-        from exo_p2p.links.probe_server import ProbeServer
-        from exo_p2p.links.prober import Prober
-        from exo_p2p.models.bulk import listen_hosts
+        running.probes.register(running.net, lambda: self.replica.state.nodes)
+        await nursery.start(running.probes.run, listen_hosts(running.net.listen_addrs()))
+        nursery.start_soon(running.prober.run)
 
-        self.probes = ProbeServer()
-        self.probes.register(net, lambda: self.replica.state.nodes)
-        await nursery.start(self.probes.run, listen_hosts(net.listen_addrs()))
-        self.prober = Prober(net, self.node_id, lambda: self.replica.state, self.emit_local)
-        nursery.start_soon(self.prober.run)
-
-    def _profile_publisher(self, net):  # type: ignore[no-untyped-def]
+    def _profile_publisher(self, running: Running) -> ProfilePublisher:
         """This node's ``ProfilePublisher``, measuring with ``worker.profile``."""
-        from exo_p2p.node.worker_env import profile_measure
-        from exo_p2p.node.profile_publisher import ProfilePublisher
-        from worker.profile import publish_due
-
         return ProfilePublisher(self.node_id, self.boot_id, profile_measure(self.node_id, self.boot_id, self.config),
-                                publish_due, hosted_bytes=self.worker.hosted_bytes, listen_addrs=net.listen_addrs,
-                                cards=lambda: self.models.cards, depot=self.depot, member=self.member, state=self.state,
+                                publish_due, hosted_bytes=self.worker.hosted_bytes, listen_addrs=running.net.listen_addrs,
+                                cards=lambda: self.models.cards, depot=self.depot, member=running.member, state=self.state,
                                 emit=self.emit_local, fault_hooks=self.config.fault_hooks)
 
-    async def _wait_joined(self, timeout: float) -> None:
+    async def _wait_joined(self, member: ClusterMember, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until a master is known and this node's profile and
         models are in State, so the API never answers from a node that is still joining."""
         with trio.move_on_after(timeout) as scope:
-            while not joined(self.replica.state, self.node_id, self.boot_id, self.member.master, self.models.cards):  # type: ignore[attr-defined]
+            while not joined(self.replica.state, self.node_id, self.boot_id, member.master, self.models.cards):
                 await trio.sleep(0.05)
         if scope.cancelled_caught:
-            log.warning("not joined yet; serving the API anyway", master=self.member.master)  # type: ignore[attr-defined]
+            log.warning("not joined yet; serving the API anyway", master=member.master)
 
-    def _announce(self, net, secret_notice: str | None) -> None:  # type: ignore[no-untyped-def]
+    def _announce(self, running: Running, secret_notice: str | None) -> None:
         """Say once that the node is ready: its API and addresses, its cluster (joined or
         new), the instances from before its restart being re-placed, and ``secret_notice``
         when the cluster is open (``exo_p2p.node.announce``)."""
-        from exo_p2p.logs.configure import announce
-
-        state, cfg = self.replica.state, self.config
-        facts = [membership_fact(cfg.cluster, self.node_id, self.member.master, self.member.reachable_nodes(), state)]  # type: ignore[attr-defined]
+        state, cfg, member, net = self.replica.state, self.config, running.member, running.net
+        facts = [membership_fact(cfg.cluster, self.node_id, member.master, member.reachable_nodes(), state)]
         if (before := from_before_fact(state, still_coming(state, self._from_before))) is not None:
             facts.append(before)
         facts.append(secret_fact(secret_notice))
