@@ -14,6 +14,7 @@ import trio
 
 from exo_p2p.chunks.order import ChunkNumbering
 from exo_p2p.chunks.router import ChunkRouter
+from exo_p2p.cluster.faults import FaultyChunkSender, chunk_faults_from_hooks
 from exo_p2p.types import Chunk, IndexedEvent, State, TaskCreated
 
 log = structlog.get_logger("exo_p2p.node")
@@ -107,8 +108,6 @@ class ChunkRoutes:
         ``chunk_*`` fault hooks, the chunks this node sends to other nodes are dropped,
         duplicated and reordered (``cluster.faults.FaultyChunkSender``, its background task
         started in ``nursery``, its counts added to ``counters`` as ``fault_KIND:chunks``)."""
-        from exo_p2p.cluster.faults import FaultyChunkSender, chunk_faults_from_hooks
-
         self._send = send
         faults = chunk_faults_from_hooks(fault_hooks)
         if faults is None:

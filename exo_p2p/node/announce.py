@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from exo_p2p.state.views import instance_view
 from exo_p2p.types import Instance, State
 
 
@@ -71,8 +72,6 @@ def still_coming(state: State, earlier: Sequence[Instance]) -> tuple[Instance, .
     ``state`` holds, leads to it) while that is not ready yet. Deleted and given-up ones are dropped, as are those already
     re-placed and serving. Each as the newest instance of its chain, in the order of
     ``earlier``."""
-    from exo_p2p.state.views import instance_view
-
     successor = {i.replaces: i.instance_id for i in state.instances.values() if i.replaces is not None}
     out = []
     for inst in earlier:

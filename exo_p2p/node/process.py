@@ -4,6 +4,7 @@ runs: ``run_process`` takes the node to build as a callable (``exo_p2p.node.node
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -16,6 +17,9 @@ import structlog
 import trio
 
 from exo_p2p.config import NodeConfig
+from exo_p2p.limits import guard_setrlimit, keep_nofile
+from exo_p2p.logs import rotation as log_rotation
+from exo_p2p.logs.configure import configure_logging, report_error
 
 log = structlog.get_logger("exo_p2p.node")
 
@@ -90,8 +94,6 @@ def lock_data_dir(data_dir: Path):  # type: ignore[no-untyped-def]
     """Create ``data_dir`` (mode 0700) and take its ``node.lock``: an open file holding an
     exclusive ``flock`` and this process's pid, to keep for the process lifetime. Raises
     ``StartupError`` when the dir cannot be used or another node process holds the lock."""
-    import fcntl
-
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = open(data_dir / "node.lock", "a+")
@@ -132,9 +134,6 @@ def prepare_process(config: NodeConfig) -> bool:
     """Before a node is built: keep the open-file limit, configure logging (its file bounded
     on disk, ``exo_p2p.logs.rotation``). False, with the reason printed, when the log file
     cannot be written."""
-    from exo_p2p.limits import guard_setrlimit
-    from exo_p2p.logs.configure import configure_logging
-
     guard_setrlimit()  # first: no import may lower the open-file limit (exo_p2p.limits)
     try:
         configure_logging(config.log_format, config.log_level, node_name=config.friendly_name or host_name(), log_file=config.log_file)
@@ -142,8 +141,6 @@ def prepare_process(config: NodeConfig) -> bool:
         print(f"error: cannot write the log file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return False
     if config.log_file is not None:
-        from exo_p2p.logs import rotation as log_rotation
-
         log_rotation.watch(Path(config.log_file))  # bounded on disk (exo_p2p.logs.rotation)
     return True
 
@@ -152,9 +149,6 @@ def run_process(config: NodeConfig, build: Callable[[NodeConfig], RunnableNode])
     """Run the node ``build(config)`` gives until SIGINT/SIGTERM; runners are shut down on
     the way out. Returns the process exit code (0 on a clean stop, 1 when the node could not
     start or gave up, the reason reported on one line)."""
-    from exo_p2p.limits import keep_nofile
-    from exo_p2p.logs.configure import report_error
-
     if not prepare_process(config):
         return 1
     try:

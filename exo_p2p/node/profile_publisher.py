@@ -11,6 +11,8 @@ import msgspec
 import structlog
 import trio
 
+from exo_p2p.limits import check_nofile
+from exo_p2p.listen.accept import Backoff
 from exo_p2p.types import Event, ModelCard, NetworkAddress, NodeModelsUpdated, NodeProfile, NodeProfileUpdated, State
 
 log = structlog.get_logger("exo_p2p.node")
@@ -73,9 +75,6 @@ class ProfilePublisher:
         OS error (out of descriptors reading ``/proc``) costs a round, not the node
         (``exo_p2p.listen.accept``); each round also keeps the open-file limit
         (``exo_p2p.limits.check_nofile``). Never returns."""
-        from exo_p2p.limits import check_nofile
-        from exo_p2p.listen.accept import Backoff
-
         pause = Backoff("profile")
         last: tuple = (None, None)
         while True:
