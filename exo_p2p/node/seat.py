@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import trio
 
+from exo_p2p.cluster.member import ClusterMember
 from exo_p2p.cluster.settings import MasterHooks
 from exo_p2p.config import NodeConfig
 from exo_p2p.replica import Replica
-from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, LocalEvent, MasterElected
+from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, LocalEvent, MasterElected, NodeId
 from master.role import MasterRole
 
 
@@ -21,20 +22,19 @@ class MasterSeat:
     ``not_master`` and emits count 0 events."""
 
     def __init__(self, node_id: str, replica: Replica, config: NodeConfig) -> None:
-        self.node_id = node_id
+        self.node_id = NodeId(node_id)
         self.replica = replica
         self.config = config
         self.role: MasterRole | None = None
         self.hooks = MasterHooks(start=self.start, stop=self.stop, accept_local=self.accept_local,
                                  command=self.command, emit=self.emit)
-        self._member = None
-        self._nursery: trio.Nursery | None = None
+        self._bound: tuple[ClusterMember, trio.Nursery] | None = None
         self._scope: trio.CancelScope | None = None
 
-    def bind(self, member, nursery: trio.Nursery) -> None:  # type: ignore[no-untyped-def]
-        """Use ``member`` (the ``ClusterMember``) to publish and ``nursery`` to run the role."""
-        self._member = member
-        self._nursery = nursery
+    def bind(self, member: ClusterMember, nursery: trio.Nursery) -> None:
+        """Use ``member`` to publish and ``nursery`` to run the role (the member is built
+        with this seat's ``hooks``, so it is handed over once both exist)."""
+        self._bound = (member, nursery)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -43,27 +43,28 @@ class MasterSeat:
 
     async def start(self, term: int) -> None:
         """Become master in ``term``: sequence ``MasterElected`` first, then run the role's
-        duties in the node's nursery until ``stop``."""
-        member, cfg = self._member, self.config
+        duties in the node's nursery until ``stop``. Raises ``RuntimeError`` before ``bind``."""
+        if self._bound is None:
+            raise RuntimeError("the master's seat is not bound to a cluster member yet")
+        (member, nursery), cfg = self._bound, self.config
         self.role = MasterRole(
-            self.node_id,  # type: ignore[arg-type]
+            self.node_id,
             term,
             self.replica,
-            member.publish_indexed,  # type: ignore[union-attr]
-            wait_committed=member.wait_committed,  # type: ignore[union-attr]
+            member.publish_indexed,
+            wait_committed=member.wait_committed,
             queue_limit=cfg.queue_limit,
-            reachable=member.reachable_nodes,  # type: ignore[union-attr]
-            heard_ago=member.last_seen,  # type: ignore[union-attr]
+            reachable=member.reachable_nodes,
+            heard_ago=member.last_seen,
             rank_settings=cfg.engine.rank_settings(),
             restore_size=cfg.restore_size,
             relink=cfg.relink,
             routing=cfg.routing,
             hub_card_idle=cfg.hub_card_idle,
         )
-        await self.role.emit([MasterElected(self.node_id, term)])  # type: ignore[arg-type]
+        await self.role.emit([MasterElected(self.node_id, term)])
         self._scope = trio.CancelScope()
-        assert self._nursery is not None
-        self._nursery.start_soon(self._run_duties, self.role, self._scope)
+        nursery.start_soon(self._run_duties, self.role, self._scope)
 
     async def _run_duties(self, role: MasterRole, scope: trio.CancelScope) -> None:
         with scope:
