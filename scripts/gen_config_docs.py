@@ -1,4 +1,4 @@
-"""Write docs/configuration.md from the table of node settings (``exo_p2p.settings_table``).
+"""Write docs/configuration.md from the table of node settings (``exo_p2p.settings.table``).
 
     .venv/bin/python scripts/gen_config_docs.py           # rewrite the page
     .venv/bin/python scripts/gen_config_docs.py --check   # exit 1 when the page differs
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exo_p2p.settings_docs import render_configuration  # noqa: E402
+from exo_p2p.settings.docs import render_configuration  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

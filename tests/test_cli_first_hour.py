@@ -232,7 +232,7 @@ def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
     """``node --help`` at 80 columns: the common groups only, no default cut; ``--help-all``
     every flag the settings table has (but hidden ones)."""
     from exo_p2p.cli.node_flags import ALL_ONLY, HELP_PANELS
-    from exo_p2p.settings_table import SETTINGS
+    from exo_p2p.settings.table import SETTINGS
     from tests.test_cli import invoke
 
     short = invoke(["node", "--help"], env={"COLUMNS": "80"})

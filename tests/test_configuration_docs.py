@@ -1,4 +1,4 @@
-"""docs/configuration.md against the code: the page is what ``exo_p2p.settings_docs`` renders,
+"""docs/configuration.md against the code: the page is what ``exo_p2p.settings.docs`` renders,
 the table has exactly the options of ``exo-p2p node``, every default the page shows is the
 code's (``NodeConfig`` or the click parameter), and every ``EXO_P2P_*`` variable the product
 code names is in the page's environment table. Pure: no process, no socket."""
@@ -13,11 +13,11 @@ import msgspec
 import pytest
 import typer.main
 
-from exo_p2p import settings_table
+from exo_p2p.settings import table as settings_table
 from exo_p2p.cli.main import app  # at collection: its libraries' imports run ldconfig (a process)
 from exo_p2p.config import NodeConfig
-from exo_p2p.settings_docs import GENERATE_COMMAND, render_configuration
-from exo_p2p.settings_table import ENVIRONMENT, SETTINGS, show_value
+from exo_p2p.settings.docs import GENERATE_COMMAND, render_configuration
+from exo_p2p.settings.table import ENVIRONMENT, SETTINGS, show_value
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -57,7 +57,7 @@ def test_page_is_the_generated_text():
 def test_every_option_of_the_node_command_has_one_entry_and_back():
     params = node_params()
     assert set(params) == set(SETTINGS), (
-        f"options without an entry in exo_p2p/settings_table.py: {sorted(set(params) - set(SETTINGS))}; "
+        f"options without an entry in exo_p2p/settings/table.py: {sorted(set(params) - set(SETTINGS))}; "
         f"entries without an option: {sorted(set(SETTINGS) - set(params))}")
     for flag, param in params.items():
         setting = SETTINGS[flag]

@@ -4,7 +4,7 @@ command line, the environment and the data dir's ``config.toml`` give them, made
 
 Every node flag is one alias below, ``node_option("--flag")``: its environment variable,
 metavar and help (with the default, read from ``NodeConfig``) come from the one table of node
-settings, ``exo_p2p.settings_table.SETTINGS``, which also renders docs/configuration.md. A
+settings, ``exo_p2p.settings.table.SETTINGS``, which also renders docs/configuration.md. A
 value neither given on the command line nor in the environment comes from the data dir's
 ``config.toml`` (``node_flag_values``), keyed by the flag's name. Adding a flag: one
 ``Setting`` in the table, one alias here, one parameter of ``node``
@@ -28,7 +28,7 @@ from typer.core import TyperCommand
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file
 from exo_p2p.config import NodeConfig, default_data_dir
-from exo_p2p.settings_table import SETTINGS
+from exo_p2p.settings.table import SETTINGS
 
 
 class LogFormat(str, Enum):

@@ -1,4 +1,4 @@
-"""docs/configuration.md, rendered from the one table of node settings (``exo_p2p.settings_table``).
+"""docs/configuration.md, rendered from the one table of node settings (``exo_p2p.settings.table``).
 
 ``render_configuration`` writes the page: the flags table (flag, type or unit, default,
 environment variable, ``config.toml`` key, ``NodeConfig`` field, meaning), the environment
@@ -9,7 +9,7 @@ checks that the page is what this renders.
 
 from __future__ import annotations
 
-from exo_p2p.settings_table import ENVIRONMENT, SETTINGS, default_text
+from exo_p2p.settings.table import ENVIRONMENT, SETTINGS, default_text
 
 CONFIG_FILE = "config.toml"
 """The file of node settings in the data dir (``exo_p2p.cli.node_cmd.NODE_CONFIG_FILE``)."""
@@ -85,7 +85,7 @@ def render_configuration() -> str:
     """The text of docs/configuration.md."""
     parts = [
         "# Configuration", "",
-        f"Generated from the table in `exo_p2p/settings_table.py` by `{GENERATE_COMMAND}`; do not",
+        f"Generated from the table in `exo_p2p/settings/table.py` by `{GENERATE_COMMAND}`; do not",
         "edit it by hand: `tests/test_configuration_docs.py` fails when it differs from the code.", "",
         _INTRO, "",
         "Sizes are bytes unless a unit is given (`--memory-limit`: KiB/MiB/GiB are powers of 1024,",

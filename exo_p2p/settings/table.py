@@ -7,7 +7,7 @@ written here: ``default_of`` reads them from ``NodeConfig`` (``exo_p2p.config``)
 without a field has no default beyond "not given".
 
 Who reads it: the ``node`` command's options (``exo_p2p.cli.node_flags``) take their environment
-variable, metavar and help from ``SETTINGS``; ``exo_p2p.settings_docs`` renders
+variable, metavar and help from ``SETTINGS``; ``exo_p2p.settings.docs`` renders
 docs/configuration.md from it (``scripts/gen_config_docs.py``); tests/test_configuration_docs.py
 checks the page, the command's options and the defaults against this table.
 """

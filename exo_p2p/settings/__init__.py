@@ -1,0 +1,2 @@
+"""The settings of ``exo-p2p node``: the one table of them (``table``), what each one is
+(``setting``) and docs/configuration.md rendered from the table (``docs``)."""
