@@ -605,19 +605,19 @@ def test_node_engine_flags_make_one_record(tmp_path):
 
 
 def test_node_setting_flags_are_checked_in_order_and_kept_normalized():
-    """``node_flag_checks.setting_fields``: only the flags given become fields (the log level
-    lower-cased); the first bad one, in flag order, is the usage error."""
-    from exo_p2p.cli.errors import CliError
-    from exo_p2p.cli.node_flag_checks import setting_fields
+    """``settings.apply.field_values``: only the flags given become fields (the log level
+    lower-cased); the first bad one, in table order, is the usage error."""
+    from exo_p2p.settings.apply import SettingError, field_values
 
-    assert setting_fields(None, None, None, None, None) == {}
-    assert setting_fields("1GiB", "stored", "load", "json", "DEBUG") == {
+    assert field_values({}) == {}
+    assert field_values({"memory_limit": "1GiB", "cpu_weights": "stored", "routing": "load", "log_format": "json",
+                         "log_level": "DEBUG"}) == {
         "memory_limit": 1 << 30, "cpu_weights": "stored", "routing": "load", "log_format": "json", "log_level": "debug"}
-    with pytest.raises(CliError) as bad:
-        setting_fields("64", None, "nearest", None, "loud")
-    assert bad.value.exit_code == 2 and "less than 64 MiB" in str(bad.value)
-    with pytest.raises(CliError, match="--routing"):
-        setting_fields(None, None, "nearest", None, "loud")
+    with pytest.raises(SettingError) as bad:
+        field_values({"memory_limit": "64", "routing": "nearest", "log_level": "loud"})
+    assert "less than 64 MiB" in str(bad.value)
+    with pytest.raises(SettingError, match="--routing"):
+        field_values({"request_log_bytes": -1, "routing": "nearest"})  # in table order, not the order given
 
 
 def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):

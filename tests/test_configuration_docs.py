@@ -17,7 +17,8 @@ from exo_p2p.settings import table as settings_table
 from exo_p2p.cli.main import app  # at collection: its libraries' imports run ldconfig (a process)
 from exo_p2p.config import NodeConfig
 from exo_p2p.settings.docs import GENERATE_COMMAND, render_configuration
-from exo_p2p.settings.table import ENVIRONMENT, SETTINGS, show_value
+from exo_p2p.settings.setting import show_value
+from exo_p2p.settings.table import ENVIRONMENT, SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"

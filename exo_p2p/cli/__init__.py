@@ -7,7 +7,8 @@ a command uses), ``errors`` (``CliError`` and the one-line messages of failed ca
 (``--json`` shapes), ``readable`` (sizes, times and ids as people read them), ``waiting``
 (wait for an instance to be ready, with progress), ``chat`` (streamed answers and the
 interactive loop), ``local_node`` (a node started for the duration of ``run``), ``node_cmd``
-(flags → ``NodeConfig``), ``node_flag_checks`` (each flag value's check), ``node_flags`` (the ``node`` command's options and config.toml),
+(flag values → ``NodeConfig``), ``node_flags`` (the ``node`` command's options, generated from
+``exo_p2p.settings``, and config.toml),
 ``secret`` (cluster secrets), ``membership`` and ``invite_cmd`` (join tokens, the secret kept
 in the data dir), ``common`` (the typer app, the shared options, errors as one line),
 ``messages`` (the API-key error, node ids → names, the figures after an answer); the commands:

@@ -1,18 +1,21 @@
-"""``exo-p2p node``: command-line flags (``NodeFlags``) → ``NodeConfig`` → ``exo_p2p.node.node.run_node``.
+"""``exo-p2p node``: the flags' values → ``NodeConfig`` → ``exo_p2p.node.node.run_node``.
 
-The checks of each flag's value are ``exo_p2p.cli.node_flag_checks``'."""
+``build_node_config`` applies the values the way ``exo_p2p.settings.apply`` applies every
+setting (each setting's type, check, bounds and choices from ``exo_p2p.settings.table``); the
+rules here are the ones that join several flags: the data dir's default, and the cluster this
+node belongs to (``--join``, ``--cluster-secret``, ``--cluster``, ``--bootstrap`` and what the
+data dir keeps, ``exo_p2p.cli.membership``)."""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exo_p2p.cli.errors import CliError
-from exo_p2p.cli.node_flag_checks import (access_fields, check_network_flags, check_priority, engine_settings, secret_file,
-                                          setting_fields)
 from exo_p2p.config import NodeConfig, default_data_dir
+from exo_p2p.settings.apply import SettingError, checked, field_values, node_config
+from exo_p2p.settings.table import SETTINGS
 
 if TYPE_CHECKING:
     from exo_p2p.cli.membership import Membership
@@ -21,107 +24,34 @@ NODE_CONFIG_FILE = "config.toml"
 """The optional file of ``exo-p2p node`` settings in the data dir (TOML; keys are flag names)."""
 
 
-@dataclass(frozen=True)
-class NodeFlags:
-    """The values of ``exo-p2p node``'s flags, as ``build_node_config`` takes them: None (or
-    the default below) means "the default of ``NodeConfig``"; a ``--no-X`` flag is ``X=False``."""
+def build_node_config(**given: Any) -> NodeConfig:
+    """A ``NodeConfig`` from setting values, by ``Setting.keyword`` (the ``NodeConfig`` field's
+    name: ``max_batch=4``, ``mdns=False``, ``api_key_file=Path(...)``; another keyword is a
+    ``TypeError``); None, or a keyword left out, means "the default of ``NodeConfig``".
 
-    data_dir: Path | None = None
-    api_host: str | None = None
-    api_port: int | None = None
-    listen_host: str | None = None
-    listen_port: int | None = None
-    memory_limit: str | None = None
-    models_dirs: list[Path] | None = None
-    ollama_models: Path | None = None
-    ollama: bool = True
-    lmstudio_models: Path | None = None
-    lmstudio: bool = True
-    log_format: str | None = None
-    log_level: str | None = None
-    log_file: Path | None = None
-    cluster: str | None = None
-    cluster_secret_file: Path | None = None
-    bootstrap: list[str] | None = None
-    priority: int | None = None
-    new_identity: bool = False
-    friendly_name: str | None = None
-    queue_limit: int | None = None
-    prefill_chunk_size: int | None = None
-    max_batch: int | None = None
-    prompt_cache_bytes: int | None = None
-    kv_cache_bytes: int | None = None
-    micro_batches: int | None = None
-    mdns: bool = True
-    offline: bool = False
-    restore_size: bool = True
-    relink: bool = True
-    max_moves: int | None = None
-    compact_every: int | None = None
-    hub_card_idle: int | None = None
-    api_keys: list[str] | None = None
-    api_key_file: Path | None = None
-    cors_origins: list[str] | None = None
-    allowed_hosts: list[str] | None = None
-    join: str | None = None
-    cpu_weights: str | None = None
-    routing: str | None = None
-    metrics: bool = True
-    request_records: bool = True
-    metrics_loopback_open: bool = False
-    request_log_bytes: int | None = None
-    log_request_text: bool = False
-
-
-_PLAIN_FIELDS = ("api_host", "api_port", "listen_host", "listen_port", "priority", "friendly_name", "queue_limit",
-                 "compact_every", "hub_card_idle", "max_moves", "request_log_bytes")
-"""Flags whose value, when given, is the ``NodeConfig`` field of that name as it is."""
-_SWITCHES = ("ollama", "lmstudio", "new_identity", "mdns", "offline", "restore_size", "relink", "metrics",
-             "request_records", "metrics_loopback_open", "log_request_text")
-"""Flags that are ``NodeConfig`` booleans of the same name."""
-
-
-def build_node_config(**flags: Any) -> NodeConfig:
-    """A ``NodeConfig`` from flag values, ``NodeFlags``' fields as keywords (another keyword
-    is a ``TypeError``); None means "the default of ``NodeConfig``".
-
-    ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises
-    ``CliError`` with exit code 2 (a usage error) for a bad size, log format or level, or
-    a ``cpu_weights`` other than auto/float32/stored, a ``routing`` other than prefix/load, a cluster-secret file that does not exist
-    or is not a valid secret, or a priority out of the 32-bit range, an unreadable or empty
-    ``api_key_file``, a malformed CORS origin or allowed host name, or an engine setting out of range. The five
-    engine settings (``prefill_chunk_size`` tokens, ``max_batch`` sequences,
-    ``prompt_cache_bytes`` and ``kv_cache_bytes`` bytes, ``micro_batches``) become ``NodeConfig.engine``.
-    ``join`` (a token of ``exo-p2p invite``) and the secret stored in the data dir follow
-    ``exo_p2p.cli.membership``.
+    ``memory_limit`` is text for ``parse_bytes`` ("17179869184", "16GiB"). Raises ``CliError``
+    with exit code 2 (a usage error) naming the flag for a value its setting refuses (its
+    check, bounds or choices: ``exo_p2p.settings.table``), and for a ``join`` token or a
+    cluster that do not go together (``exo_p2p.cli.membership``); exit 1 when the cluster
+    secret cannot be kept in the data dir.
     """
-    f = NodeFlags(**flags)
-    given: dict = access_fields(f.api_keys, f.api_key_file, f.cors_origins, f.allowed_hosts)
-    given.update(setting_fields(f.memory_limit, f.cpu_weights, f.routing, f.log_format, f.log_level))
-    if f.cluster_secret_file is not None:
-        given["cluster_secret_file"] = secret_file(f.cluster_secret_file)
-    data_dir = (f.data_dir or default_data_dir()).expanduser()
-    membership = _membership(data_dir, f.join, given.get("cluster_secret_file"), f.cluster)
+    try:
+        fields = field_values(given)
+    except SettingError as e:
+        raise CliError(str(e), 2) from None
+    data_dir = fields.setdefault("data_dir", default_data_dir().expanduser())
+    membership = _membership(data_dir, given.get("join"), fields.get("cluster_secret_file"), fields.get("cluster"))
+    try:
+        if membership.cluster is not None:
+            fields["cluster"] = checked(SETTINGS["--cluster"], membership.cluster)
+        if membership.bootstrap:
+            invited = checked(SETTINGS["--bootstrap"], membership.bootstrap)
+            fields["bootstrap"] = [*fields.get("bootstrap", []), *invited]
+    except SettingError as e:
+        raise CliError(str(e), 2) from None
     if membership.secret_file is not None:
-        given["cluster_secret_file"] = membership.secret_file
-    bootstrap = [*(f.bootstrap or []), *membership.bootstrap]
-    check_priority(f.priority)
-    check_network_flags(membership.cluster, f.api_port, f.listen_port, bootstrap)
-    plain = {name: getattr(f, name) for name in _PLAIN_FIELDS} | {"cluster": membership.cluster}
-    given.update({name: value for name, value in plain.items() if value is not None})
-    given["engine"] = engine_settings(f.prefill_chunk_size, f.max_batch, f.prompt_cache_bytes, f.kv_cache_bytes,
-                                      f.micro_batches)
-    if f.log_file is not None:
-        given["log_file"] = Path(f.log_file).expanduser()
-    return NodeConfig(
-        data_dir=data_dir,
-        models_dirs=[Path(d).expanduser() for d in f.models_dirs or []],
-        ollama_models=Path(f.ollama_models).expanduser() if f.ollama_models else None,
-        lmstudio_models=Path(f.lmstudio_models).expanduser() if f.lmstudio_models else None,
-        bootstrap=bootstrap,
-        **{name: getattr(f, name) for name in _SWITCHES},
-        **given,
-    )
+        fields["cluster_secret_file"] = membership.secret_file
+    return node_config(fields)
 
 
 def _membership(data_dir: Path, join: str | None, secret: Path | None, cluster: str | None) -> Membership:

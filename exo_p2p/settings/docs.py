@@ -9,7 +9,8 @@ checks that the page is what this renders.
 
 from __future__ import annotations
 
-from exo_p2p.settings.table import ENVIRONMENT, SETTINGS, default_text
+from exo_p2p.settings.setting import default_text
+from exo_p2p.settings.table import ENVIRONMENT, SETTINGS
 
 CONFIG_FILE = "config.toml"
 """The file of node settings in the data dir (``exo_p2p.cli.node_cmd.NODE_CONFIG_FILE``)."""
@@ -35,7 +36,7 @@ def _flags_table() -> list[str]:
         flag = f"`{s.flag} {s.metavar}`" if s.metavar else f"`{s.flag}`"
         field = f"`{'not ' if s.inverted else ''}{s.field}`" if s.field else "—"
         meaning = ("(hidden) " if s.hidden else "") + s.help
-        lines.append(f"| {_cell(flag)} | {_cell(s.kind)} | {_cell(default_text(s))} | {_code(s.env)} | "
+        lines.append(f"| {_cell(flag)} | {_cell(s.kind_text)} | {_cell(default_text(s))} | {_code(s.env)} | "
                      f"{_code(s.key)} | {field} | {_cell(meaning)} |")
     return lines
 
