@@ -24,7 +24,7 @@ from typer.core import TyperCommand
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.node_cmd import NODE_CONFIG_FILE, build_node_config, read_node_config_file
 from exo_p2p.config import NodeConfig, default_data_dir
-from exo_p2p.settings.setting import ENV_PREFIX, Setting
+from exo_p2p.settings.setting import Setting
 from exo_p2p.settings.table import PANELS, SETTINGS
 
 HELP_PANELS: dict[str, tuple[str, ...]] = {
@@ -39,10 +39,9 @@ def node_option(setting: Setting) -> Any:
     not ``EXO_P2P_`` and the flag's name: the command's help says that rule once), metavar,
     help with the default, bounds (unless not ``bounds_in_help``: then only
     ``exo_p2p.settings.apply`` checks them) and help panel."""
-    derived = ENV_PREFIX + setting.flag[2:].upper().replace("-", "_")
     bounds = {"min": setting.min, "max": setting.max} if setting.bounds_in_help else {}
     return typer.Option(setting.flag, envvar=setting.env, metavar=setting.metavar, help=setting.cli_help(),
-                        hidden=setting.hidden, show_envvar=setting.env not in (None, derived),
+                        hidden=setting.hidden, show_envvar=setting.env not in (None, setting.derived_env),
                         rich_help_panel=setting.panel, **bounds)
 
 

@@ -1,2 +1,3 @@
 """The settings of ``exo-p2p node``: the one table of them (``table``), what each one is
-(``setting``) and docs/configuration.md rendered from the table (``docs``)."""
+(``setting``), the checks some need (``checks``), their values applied into ``NodeConfig``
+(``apply``) and docs/configuration.md rendered from the table (``docs``)."""

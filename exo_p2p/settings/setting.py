@@ -65,7 +65,12 @@ class Setting:
         """The environment variable (None: none)."""
         if self.env_name is not None:
             return self.env_name or None
-        return None if self.hidden else ENV_PREFIX + self.flag[2:].upper().replace("-", "_")
+        return None if self.hidden else self.derived_env
+
+    @property
+    def derived_env(self) -> str:
+        """``EXO_P2P_`` and the flag's name (``--api-port``: ``EXO_P2P_API_PORT``)."""
+        return ENV_PREFIX + self.flag[2:].upper().replace("-", "_")
 
     @property
     def key(self) -> str | None:
