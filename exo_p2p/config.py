@@ -22,7 +22,7 @@ RUNNER_SILENT_GENERATING = 10.0
 """Seconds a ready runner may send nothing at all (not even the heartbeat its own thread sends
 every second: a stopped or frozen process) before its supervisor kills it (``worker.liveness``)."""
 CPU_WEIGHTS = ("auto", "float32", "stored")
-"""``--cpu-weights``: what a CPU-only node's runners hold (``master.placement_split.rank_weights``)."""
+"""``--cpu-weights``: what a CPU-only node's runners hold (``master.placement.split.rank_weights``)."""
 RUNNER_SILENT_LOADING = 60.0
 """Seconds a runner may send nothing at all while loading or warming up before it is killed."""
 RUNNER_STEP_FLOOR = 45.0

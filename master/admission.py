@@ -12,7 +12,7 @@ where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim ×
 and ``b`` is bytes per activation element (4 on a rank holding float32 weights). A pipeline rank holds only its layers
 ``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
 heads. The rank is admitted when that sum is ≤ its node's usable memory in State
-(``master.memory.usable_memory``: the reported available memory, already capped by
+(``master.placement.memory.usable_memory``: the reported available memory, already capped by
 ``--memory-limit``, and never more than the total minus the shares State places on the
 node); a node that has not reported memory is admitted.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types import GenerationParams, Instance, ModelCard, NodeId, ShardMetadata, State
-from master.memory import usable_memory
+from master.placement.memory import usable_memory
 
 DEFAULT_ACTIVATION_DTYPE_BYTES = 4
 """Bytes per activation / KV element when the card does not say (float32: the largest)."""

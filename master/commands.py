@@ -32,8 +32,8 @@ from exo_p2p.types import (
 )
 from master.admission import MAX_BYTES_PER_TOKEN, memory_refusal, oversized_prompt, prompt_bytes
 from master.in_flight import busy_refusal
-from master.placement import PlacementError, place_instance
-from master.placement_context import resolve_nodes
+from master.placement.place import PlacementError, place_instance
+from master.placement.context import resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
 from exo_p2p.content.prefixes import longest_match, prefix_chain

@@ -6,7 +6,7 @@ it indexed, with the State that includes it. Returned events are sequenced right
 
 from __future__ import annotations
 
-from exo_p2p.state.topology import ring_ip
+from master.placement.topology import ring_ip
 from exo_p2p.types import (
     FINISHED_TASK_STATUSES,
     Event,

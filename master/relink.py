@@ -1,6 +1,6 @@
 """Moving an idle instance onto a better ring when its links change (docs/links.md#when-a-link-changes).
 
-Placement chooses a ring by the estimated network cost per token (``exo_p2p.links.cost``) with
+Placement chooses a ring by the estimated network cost per token (``master.placement.cost``) with
 the link figures of the moment. Links change after that: a cable is plugged back in, a
 Thunderbolt bridge comes up, Wi-Fi degrades. This rule says when the master moves an instance
 to the ring placement would choose now, reusing the switch of ``master.restore`` (a successor
@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from exo_p2p.links.cost import CostModel, cost_model, hop_cost_us, ring_cost_us
-from exo_p2p.state.topology import Topology, ring_ip, topology_from_state
+from master.placement.cost import CostModel, cost_model, hop_cost_us, ring_cost_us
+from master.placement.topology import Topology, ring_ip, topology_from_state
 from exo_p2p.state.views import instance_view
 from exo_p2p.types import Event, Instance, InstanceCreated, State
-from master.placement import PlacementError, place_instance
+from master.placement.place import PlacementError, place_instance
 from master.restore import in_flight
 
 RELINK_FACTOR = 2.0

@@ -10,7 +10,7 @@ node restarts spread over its life. A re-placement that fits nowhere is tried ag
 ``RELEASE_WAIT`` seconds after the failure before the instance is given up: the failed
 instance's runners still hold their memory until they exit, and their nodes re-publish it
 within a profile tick after (a report taken while they ran is the smaller of the two figures
-placement takes, ``master.memory.usable_memory``). Deleting an instance is final (a deleted instance is not in State, so never re-placed).
+placement takes, ``master.placement.memory.usable_memory``). Deleting an instance is final (a deleted instance is not in State, so never re-placed).
 The timing uses the master's monotonic clock only; the decisions are pure.
 
 A re-placement waits until every node of the failed instance is either heard again since the
@@ -32,9 +32,9 @@ from collections.abc import Callable
 import msgspec
 
 from exo_p2p import defaults
-from exo_p2p.state.topology import ring_ip
+from master.placement.topology import ring_ip
 from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, PlacedNode, RankSettings, State
-from master.placement import PlacementError, place_instance
+from master.placement.place import PlacementError, place_instance
 
 MAX_ATTEMPTS = 3
 BACKOFF_BASE = 1.0

@@ -30,7 +30,7 @@ import msgspec
 
 from exo_p2p.state.views import instance_view
 from exo_p2p.types import FINISHED_TASK_STATUSES, Event, Instance, InstanceCreated, InstanceDeleted, State
-from master.placement import PlacementError, place_instance
+from master.placement.place import PlacementError, place_instance
 
 RESTORE_INTERVAL = 60.0
 """Seconds after a restore of an instance started before another one of it may start."""

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exo_p2p.types import Instance, ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge  # noqa: E402
-from master.placement import PlacementError, place_instance, placement_previews  # noqa: E402
+from master.placement.place import PlacementError, place_instance, placement_previews  # noqa: E402
 
 GIB = 1 << 30
 KINDS = ("thunderbolt", "ethernet", "wifi")

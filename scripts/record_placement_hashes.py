@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from master.placement import PlacementError, place_instance, placement_previews  # noqa: E402
+from master.placement.place import PlacementError, place_instance, placement_previews  # noqa: E402
 from tests.placement_clusters import clusters, outcome_hashes  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "placement_hashes.json"

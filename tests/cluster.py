@@ -47,10 +47,10 @@ def free_ports(n: int) -> list[int]:
     hosts, MLX ring ranks), outside the ephemeral range: a port the kernel handed out for
     ``bind(0)`` can be taken, before the listener binds it, as the local port of any outgoing
     connection on the machine (then the node's start fails with "port … is in use"). Ports below the range are never given out implicitly; picked at random among
-    them, below the ring ports placement hands out (``master.placement_ring.RING_BASE_PORT`` and
+    them, below the ring ports placement hands out (``master.placement.ring.RING_BASE_PORT`` and
     up), and checked free by binding. Falls back to ``bind(0)`` when the range leaves too
     little room below it."""
-    from master.placement_ring import RING_BASE_PORT
+    from master.placement.ring import RING_BASE_PORT
 
     low, top = _worker_slice(10000, min(_ephemeral_range()[0], RING_BASE_PORT))
     ports: list[int] = []

@@ -21,7 +21,7 @@ from exo_p2p.models.families import (
     shardings_of,
 )
 from exo_p2p.models.synthetic_families import FAMILIES
-from master.placement import PlacementError, place_instance, placement_previews
+from master.placement.place import PlacementError, place_instance, placement_previews
 from tests.test_placement import GIB, card, cluster
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.placement_ring import RING_BASE_PORT
+from master.placement.ring import RING_BASE_PORT
 from tests.cluster import NodeProcess, _ephemeral_range, free_ports
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
-"""The network cost of a ring (docs/links.md, ``exo_p2p.links.cost``) and placement by it
-(``master.placement``): exact values, the ring over the fastest address, the closing hop over
+"""The network cost of a ring (docs/links.md, ``master.placement.cost``) and placement by it
+(``master.placement.place``): exact values, the ring over the fastest address, the closing hop over
 the slow pair, and hypothesis properties (a faster link never makes the chosen cost worse;
 adding a link never hurts)."""
 
@@ -9,9 +9,9 @@ import msgspec
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.links.cost import ASSUMED, cost_model, hidden_bytes, hop_cost_us, measured_path, ring_cost_us
+from master.placement.cost import ASSUMED, cost_model, hidden_bytes, hop_cost_us, measured_path, ring_cost_us
 from exo_p2p.types import LinkFigures, ModelCard, NodeProfile, State, TopologyEdge
-from master.placement import place_instance, placement_previews
+from master.placement.place import place_instance, placement_previews
 
 GIB = 1 << 30
 

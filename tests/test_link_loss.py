@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from exo_p2p.links.prober import RETRY_SOON, PeerMemory, Prober
 from exo_p2p.links.figures import RTT_EVERY
 from exo_p2p.types import InstanceFailed, LinkFigures, LinkLost, TaskDeleted, TaskStatusUpdated
-from master.placement import place_instance
+from master.placement.place import place_instance
 from master.reactions import react, ring_over
 from tests.test_relink import FAST, MODEL, SLOW, _figures, _state
 from tests.test_restore_size import _ready, _task, _with

@@ -1,4 +1,4 @@
-"""Memory accounting from State (``master.memory``): a placement counts the
+"""Memory accounting from State (``master.placement.memory``): a placement counts the
 moment it is indexed, whatever the node's (lagging) profile says; placement, previews and
 memory admission use the one rule."""
 
@@ -21,9 +21,9 @@ from exo_p2p.types import (
 )
 from master.admission import rank_needs
 from master.commands import handle_command
-from master.memory import placed_bytes, usable_memory
-from master.placement import PlacementError, place_instance, placement_previews
-from master.placement_context import required_bytes
+from master.placement.memory import placed_bytes, usable_memory
+from master.placement.place import PlacementError, place_instance, placement_previews
+from master.placement.context import required_bytes
 from tests.conftest import tiny_models_dir
 from tests.cluster import NodeProcess, wait_until
 from tests.test_placement import card, cluster

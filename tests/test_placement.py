@@ -11,15 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.links.cost import cost_model
-from exo_p2p.state.cycle_order import ring_cost
-from exo_p2p.state.topology import ring_ip, topology_from_state
+from master.placement.cost import cost_model
+from master.placement.cycle_order import ring_cost
+from master.placement.topology import ring_ip, topology_from_state
 from exo_p2p.types import Instance, ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge
-from master.placement import PlacementError, place_instance, placement_previews
-from master.placement_context import required_bytes, resolve_nodes
-from master.placement_ring import RING_BASE_PORT, RING_PORT_SPAN, first_port
-from master.memory import usable_memory
-from master.placement_split import pipeline_shares, split_layers, tensor_shares
+from master.placement.place import PlacementError, place_instance, placement_previews
+from master.placement.context import required_bytes, resolve_nodes
+from master.placement.ring import RING_BASE_PORT, RING_PORT_SPAN, first_port
+from master.placement.memory import usable_memory
+from master.placement.split import pipeline_shares, split_layers, tensor_shares
 
 GIB = 1 << 30
 RANK = {"thunderbolt": 3, "ethernet": 2, "wifi": 1}
@@ -157,7 +157,7 @@ def test_tensor_split_checks_mlp_width_and_quantization_groups() -> None:
     """A split the runner could not load is refused at placement: the MLP width must divide
     by the ranks, and for a quantized model each rank's slice of the hidden size and MLP
     width must be whole groups; SmolLM2 (hidden 576, MLP 1536, group 32) splits over 3."""
-    from master.placement_split import tensor_divisibility_problem
+    from master.placement.split import tensor_divisibility_problem
 
     base = card(4, 10 * GIB, heads=8, kv=4, hidden=256)
     assert tensor_divisibility_problem(msgspec.structs.replace(base, intermediate_size=1000), 2) is None
@@ -314,7 +314,7 @@ def scenarios(draw: st.DrawFn):
 
 def brute_force(state: State, model: ModelCard, min_nodes: int, sharding: str, required: list[str]) -> tuple[tuple[str, ...], list] | None:
     """Every cycle of every size, filtered by the rules, the best by the documented order
-    (network cost per token first: ``exo_p2p.links.cost``, then the links' static ranks)."""
+    (network cost per token first: ``master.placement.cost``, then the links' static ranks)."""
     ok = [n for n, p in sorted(state.nodes.items()) if p.memory_total is not None and p.memory_available is not None and model.model_id in p.models]
     if min_nodes > len(state.nodes) or not set(required) <= set(ok):
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from master.placement import PlacementError, place_instance, placement_previews
+from master.placement.place import PlacementError, place_instance, placement_previews
 from tests.placement_clusters import clusters, outcome_hashes
 
 DATA = Path(__file__).parent / "data" / "placement_hashes.json"

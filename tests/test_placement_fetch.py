@@ -1,4 +1,4 @@
-"""Placement on nodes that lack the model but may fetch it from peers (docs/models.md, ``master.placement_fetch``)."""
+"""Placement on nodes that lack the model but may fetch it from peers (docs/models.md, ``master.placement.fetch``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from exo_p2p.types import HubSource
 from exo_p2p.types.manifest import HeldModel
-from master.placement import PlacementError, place_instance, placement_previews
-from master.placement_fetch import disk_needed, fetch_split, shard_fetch_bytes
+from master.placement.place import PlacementError, place_instance, placement_previews
+from master.placement.fetch import disk_needed, fetch_split, shard_fetch_bytes
 from tests.test_placement import GIB, card, cluster
 
 

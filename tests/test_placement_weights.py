@@ -1,5 +1,5 @@
-"""Which weights each rank holds (float32 on CPU nodes): pure rules of ``master.placement_split`` and
-``master.placement``, the card's float32 sizes, and memory admission of float32 ranks.
+"""Which weights each rank holds (float32 on CPU nodes): pure rules of ``master.placement.split`` and
+``master.placement.place``, the card's float32 sizes, and memory admission of float32 ranks.
 
 A node's ``cpu_weights`` (its profile): ``auto`` holds float32 when the rank's float32 share
 fits its usable memory with 10% headroom, else the stored weights; ``float32`` / ``stored``
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from exo_p2p.types import ModelCard, NodeProfile, ShardMetadata, State, TopologyEdge
 from master.admission import kv_bytes_per_token
-from master.placement import PlacementError, place_instance, placement_previews
-from master.placement_split import Overflow, headroom_bytes, pipeline_shares, tensor_shares
+from master.placement.place import PlacementError, place_instance, placement_previews
+from master.placement.split import Overflow, headroom_bytes, pipeline_shares, tensor_shares
 
 MIB = 1 << 20
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.cli.placed_view import restoring_text
 from exo_p2p.types import InstanceCreated, InstanceDeleted, LinkFigures, RunnerLoading, State
-from master.placement import place_instance
+from master.placement.place import place_instance
 from master.relink import (
     RELINK_CHECK_EVERY,
     RELINK_FACTOR,
@@ -67,8 +67,8 @@ def _placed_on_slow() -> tuple[State, str]:
 
 def test_the_current_cost_is_over_the_addresses_the_ring_uses_with_todays_figures():
     state, iid = _placed_on_slow()
-    from exo_p2p.links.cost import cost_model
-    from exo_p2p.state.topology import topology_from_state
+    from master.placement.cost import cost_model
+    from master.placement.topology import topology_from_state
 
     inst = state.instances[iid]
     model = cost_model(MODEL, "pipeline", 2)
@@ -161,8 +161,8 @@ def test_the_rule_never_moves_a_busy_instance_never_for_a_small_gain_and_a_move_
     if busy:
         state = _task(state, "t1", "i", status="pending")
     plan = relink_step(state, reachable=BOTH, now=1000.0, not_before={}, better_since={"i": 0.0}, new_instance_id="j")
-    from exo_p2p.links.cost import cost_model
-    from exo_p2p.state.topology import topology_from_state
+    from master.placement.cost import cost_model
+    from master.placement.topology import topology_from_state
 
     model = cost_model(MODEL, "pipeline", 2)
     current = current_cost_us(topology_from_state(state), placed, model)

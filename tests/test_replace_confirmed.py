@@ -22,7 +22,7 @@ import trio.testing
 from exo_p2p import defaults
 from exo_p2p.types import (InstanceCreated, MasterElected, NodeModelsUpdated, NodeProfileUpdated, RunnerFailed, RunnerReady,
                            RunnerStatusUpdated, TopologyEdgeCreated)
-from master.placement import place_instance
+from master.placement.place import place_instance
 from master.replace import CONFIRM_WAIT, unconfirmed
 from tests.test_placement import GIB, card, cluster
 

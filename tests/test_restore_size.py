@@ -40,7 +40,7 @@ from exo_p2p.types import (
     TopologyEdgeCreated,
 )
 from master.commands import handle_command
-from master.placement import place_instance
+from master.placement.place import place_instance
 from master.replace import replacement
 from master.restore import RECHECK_INTERVAL, RESTORE_INTERVAL, draining, handled_by_restore, restore_step
 from tests.test_placement import GIB, card, cluster

@@ -409,7 +409,7 @@ def test_embedded_three_rank_tensor_matches_single_node(embedded_dir: Path, tmp_
         assert got[0] == got[1] == got[2]  # every rank holds the same tokens
         same += got[0] == want
     assert same >= 4, same
-    from master.placement_split import tensor_share_bytes
+    from master.placement.split import tensor_share_bytes
 
     card = card_from_model_dir(embedded_dir, "smollm2").sized_for("float32")
     share = tensor_share_bytes(card, 3)  # what placement reserves for each float32 tensor rank

@@ -7,13 +7,13 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.links.cost import CostModel, measured_path
-from exo_p2p.state.branch_and_bound import best_cycle, branch_and_bound
-from exo_p2p.state.completion_bound import completion_bound, heaviest_free
-from exo_p2p.state.cycle_order import cycle_key, rank_order
-from exo_p2p.state.cycle_search import CycleSearch
-from exo_p2p.state.cycle_sweep import Goal, sweep
-from exo_p2p.state.topology import LINK_RANK, Link, Topology, ring_ip, topology_from_state
+from master.placement.cost import CostModel, measured_path
+from master.placement.branch_and_bound import best_cycle, branch_and_bound
+from master.placement.completion_bound import completion_bound, heaviest_free
+from master.placement.cycle_order import cycle_key, rank_order
+from master.placement.cycle_search import CycleSearch
+from master.placement.cycle_sweep import Goal, sweep
+from master.placement.topology import LINK_RANK, Link, Topology, ring_ip, topology_from_state
 from exo_p2p.types import NodeProfile, State, TopologyEdge
 
 

@@ -94,5 +94,5 @@ def publish_due(old: NodeProfile | None, new: NodeProfile, old_hosted_bytes: int
     under ``--memory-limit`` its available memory (``capped_memory``) moves by exactly that, often
     less than ``memory_step`` — left unpublished, a profile re-published for another field while
     3 shards were hosted would keep refusing a placement after one of them was deleted (placement
-    takes the smaller of reported and computed, master/memory.py ``usable_memory``)."""
+    takes the smaller of reported and computed, master/placement/memory.py ``usable_memory``)."""
     return profile_changed(old, new, memory_step=memory_step) or old_hosted_bytes != hosted_bytes

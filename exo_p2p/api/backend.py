@@ -76,7 +76,7 @@ class ApiBackend(Protocol):
       after a ``FinishChunk`` or ``ErrorChunk``. The node guarantees an ``ErrorChunk`` if the
       task's instance or runner fails (so reading never hangs forever).
     - ``close_chunks(task_id)``: unregister (idempotent).
-    - ``previews(model_id, nodes)``: placement previews as plain dicts (``master.placement``), or raise
+    - ``previews(model_id, nodes)``: placement previews as plain dicts (``master.placement.place``), or raise
       ``KeyError`` for an unknown model.
     - ``read_from_hub(name)``: read the card of a model no node holds from a model hub
       (``ORG/NAME[@REV]``; docs/models.md#models-from-a-hub) for ``previews`` on this node

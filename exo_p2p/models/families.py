@@ -1,6 +1,6 @@
 """Which ways each model family can be split, and why not (docs/models.md#families).
 
-A pure rule read by placement (``master.placement``: a split a family cannot take is refused
+A pure rule read by placement (``master.placement.place``: a split a family cannot take is refused
 there, with this reason in the previews, never at load) and by the model listing
 (``exo-p2p models``: ``family``, ``quantization``, ``shardings``). A family is config.json's
 ``model_type`` (the card's ``architecture``).
@@ -15,7 +15,7 @@ the family's own forward), tensor parallel when mlx-lm has ``Model.shard`` for i
 card's ``supports_tensor``) — both noted as untested.
 
 Tensor parallelism also needs the heads and widths to divide by the world size
-(``master.placement_split.tensor_divisibility_problem``), checked per size by placement.
+(``master.placement.split.tensor_divisibility_problem``), checked per size by placement.
 """
 
 from __future__ import annotations

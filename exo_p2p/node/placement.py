@@ -1,5 +1,5 @@
 """Placement as this node's API asks about it, answered with the master's own rules
-(``master.placement``, ``master.placement_fetch``) on this node's State: a node named by the
+(``master.placement.place``, ``master.placement.fetch``) on this node's State: a node named by the
 user, and the placements a model could have. A composition module, like ``exo_p2p.node``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types import State
-from master.placement import placement_previews
-from master.placement_context import PlacementError, resolve_nodes
-from master.placement_fetch import fetch_split
+from master.placement.place import placement_previews
+from master.placement.context import PlacementError, resolve_nodes
+from master.placement.fetch import fetch_split
 
 
 def resolve_node(state: State, name: str) -> str:

@@ -22,7 +22,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     estimate of ``master.admission``; optional, so cards from before them still decode.
     ``intermediate_size`` (MLP width) and ``quant_group_size`` (elements per quantization
     group of the layers' linears; None = not quantized) let placement refuse a tensor split
-    the runner could not load (``master.placement_split.tensor_divisibility_problem``).
+    the runner could not load (``master.placement.split.tensor_divisibility_problem``).
     ``float32_*`` are the same parts' bytes once expanded to float32 at load (a CPU-only
     node's runner, ``--cpu-weights``); empty / 0 on cards from before them (never expanded).
     ``quantization``: how the weights are stored (``exo_p2p.models.families.quantization_of``:
@@ -67,7 +67,7 @@ class ModelCard(msgspec.Struct, frozen=True):
         ``"float32"`` → the ``float32_*`` sizes in ``layer_bytes``, ``embedding_bytes``,
         ``head_bytes``, ``norm_bytes`` and ``storage_size`` (activations then 4 bytes;
         ``quant_group_size`` stays: a tensor rank shards the stored tensors before it expands
-        them), so every share rule of ``master.placement_split`` applies unchanged. Raises
+        them), so every share rule of ``master.placement.split`` applies unchanged. Raises
         ``ValueError`` for float32 on a card that is not ``expandable``, or another dtype."""
         if weights_dtype == "stored":
             return self

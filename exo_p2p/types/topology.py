@@ -32,7 +32,7 @@ class NodeProfile(msgspec.Struct, frozen=True):
     from nodes before it). ``cpu_weights`` is what a CPU node's runners hold (``--cpu-weights``):
     ``"auto"`` (float32 when the float32 share fits, else as stored), ``"float32"`` or
     ``"stored"``; a Metal node, and a profile from before the field, say ``"stored"``.
-    Placement reads both (``master.placement_split.rank_weights``).
+    Placement reads both (``master.placement.split.rank_weights``).
     ``held_models`` lists the manifests this node holds, complete or partial (docs/models.md,
     ``exo_p2p.models.depot``); ``models_disk_free`` is the free bytes of its models dir (rounded down to whole GiB)
     (None: not said, as from nodes before it).

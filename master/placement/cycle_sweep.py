@@ -3,7 +3,7 @@
 ``sweep`` runs one depth-first search of a prepared ``CycleSearch`` shared by every cycle
 length and every ``Goal`` (a sharding's fit, or "the heaviest cycle" for error messages), and
 records per goal and length the best cycle it meets under the choice order
-(``exo_p2p.state.cycle_order``). Unlike ``exo_p2p.state.branch_and_bound`` it is not exact:
+(``master.placement.cycle_order``). Unlike ``master.placement.branch_and_bound`` it is not exact:
 see ``sweep`` for what it gives up.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from exo_p2p.links.cost import CostModel
-from exo_p2p.state.cycle_search import CycleSearch, Found
+from master.placement.cost import CostModel
+from master.placement.cycle_search import CycleSearch, Found
 from exo_p2p.types import NodeId
 
 T = TypeVar("T")

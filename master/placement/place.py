@@ -5,11 +5,11 @@ always gives the same ``Instance``.
 
 Rules, in the order they are applied:
 
-- **Candidates** are simple cycles of the topology (``exo_p2p.state.topology``; a single node is
+- **Candidates** are simple cycles of the topology (``master.placement.topology``; a single node is
   a cycle) with ``len >= min_nodes``, containing every required node, in which every node
   reports its memory (``memory_total`` and ``memory_available`` not None — never counted as 0)
   and holds the model (``model_id`` in ``NodeProfile.models``) or may fetch it from peers
-  (``master.placement_fetch``: some node publishes a complete copy and the node reports its
+  (``master.placement.fetch``: some node publishes a complete copy and the node reports its
   free disk), and every link of the ring has an address (an edge without one does not count).
   A rank on a node that fetches needs the disk for its shard's bytes
   (``placement_fetch.disk_problem``); a cycle where one does not have it is not taken. A node holding other files under the
@@ -18,11 +18,11 @@ Rules, in the order they are applied:
 - **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
   ``sum(usable) >= required_bytes(storage_size) = ceil(storage_size * 11 / 10)`` (for an
   integer sum the two are the same). ``usable(n)`` is ``memory_total`` when no node of the
-  cycle hosts a shard of an instance in ``state.instances``, else ``master.memory.usable_memory``:
+  cycle hosts a shard of an instance in ``state.instances``, else ``master.placement.memory.usable_memory``:
   ``min(memory_available, memory_total − Σ share_bytes State places on n)``, so a placement
   counts the moment it is indexed, not when the node re-reports its memory.
-- **Choice order** among candidates (see ``exo_p2p.state.cycle_order.cycle_key``): (1) fewest nodes, (2) the
-  least estimated network cost per token of the ring (``exo_p2p.links.cost``: per hop RTT +
+- **Choice order** among candidates (see ``master.placement.cycle_order.cycle_key``): (1) fewest nodes, (2) the
+  least estimated network cost per token of the ring (``master.placement.cost``: per hop RTT +
   bytes ÷ bandwidth of its cheapest address, summed for pipeline, the slowest hop per
   all-reduce step for tensor; measured figures from ``State.links``, assumed ones by interface
   type while unmeasured), then as ties (2b) the
@@ -47,8 +47,8 @@ Rules, in the order they are applied:
   ``RING_BASE_PORT`` that no shard of an existing instance uses on that node, nor any shard (or
   an earlier rank of this instance) at that IP (several nodes may share one machine).
 - **Scale**: up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes the search is exact: one branch and
-  bound per (size, memory mode), ``exo_p2p.state.branch_and_bound``. Beyond, one heuristic search per memory
-  mode serves every size, both shardings and the error messages: ``exo_p2p.state.cycle_sweep``, a
+  bound per (size, memory mode), ``master.placement.branch_and_bound``. Beyond, one heuristic search per memory
+  mode serves every size, both shardings and the error messages: ``master.placement.cycle_sweep``, a
   depth-first search of at most ``SWEEP_BUDGET`` path extensions that records, per cycle
   length, the best cycle it meets (by the choice order, among those that fit, per sharding)
   and the heaviest one (for "the largest candidate cycle" in errors). ``place_instance`` and
@@ -61,9 +61,9 @@ Rules, in the order they are applied:
   Cost: bounded by the budget plus one reachability pass per start tried, whatever the number
   of sizes (previews at 64 nodes take milliseconds, not seconds).
 
-Where each part lives: the request's context and its errors in ``master.placement_context``,
-the search in ``master.placement_search``, ring addresses in ``master.placement_ring``, the
-messages of failures in ``master.placement_explain``; this module builds the ``Instance`` and
+Where each part lives: the request's context and its errors in ``master.placement.context``,
+the search in ``master.placement.search``, ring addresses in ``master.placement.ring``, the
+messages of failures in ``master.placement.explain``; this module builds the ``Instance`` and
 the previews.
 """
 
@@ -73,9 +73,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from exo_p2p.links.cost import cost_model
+from master.placement.cost import cost_model
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
-from master.placement_context import (
+from master.placement.context import (
     SHARDINGS,
     PlacementContext,
     PlacementError,
@@ -83,13 +83,13 @@ from master.placement_context import (
     placement_context,
     size_problem,
 )
-from master.placement_explain import explain
-from master.placement_fetch import fetch_source_digest
-from master.placement_ring import ring_addresses, ring_ips
-from master.placement_search import Plan, best_of_size, fetch_bytes
+from master.placement.explain import explain
+from master.placement.fetch import fetch_source_digest
+from master.placement.ring import ring_addresses, ring_ips
+from master.placement.search import Plan, best_of_size, fetch_bytes
 
 __all__ = ["PlacementError", "Preview", "place_instance", "placement_previews"]
-"""``PlacementError`` (defined in ``master.placement_context``) is part of this module's
+"""``PlacementError`` (defined in ``master.placement.context``) is part of this module's
 interface: every caller of ``place_instance`` catches it."""
 
 
@@ -100,9 +100,9 @@ class Preview(msgspec.Struct, frozen=True):
     same inputs (instance id ``"preview"``). ``nodes``, ``bytes_per_node`` (bytes each rank
     loads, in the weights it holds), ``layers_per_node``, ``weights_per_node`` (``"stored"``
     or ``"float32"``) and ``fetch_bytes_per_node`` (stored bytes the rank's node fetches from
-    peers first, 0 when it holds the model; ``master.placement_fetch``) are in rank order;
+    peers first, 0 when it holds the model; ``master.placement.fetch``) are in rank order;
     empty when ``error`` is set. ``network_us_per_token`` is the ring's estimated network cost
-    per decoded token in microseconds (``exo_p2p.links.cost``; 0 for one node) and
+    per decoded token in microseconds (``master.placement.cost``; 0 for one node) and
     ``links_measured`` whether every hop's chosen address was measured (else assumed figures).
     """
 
@@ -130,7 +130,7 @@ def place_instance(
 ) -> Instance:
     """The best placement of ``model_card`` on ``state``'s cluster (rules: module docstring).
 
-    ``nodes``: names (``master.placement_context.resolve_nodes``) of nodes the placement must include. The instance's
+    ``nodes``: names (``master.placement.context.resolve_nodes``) of nodes the placement must include. The instance's
     shards are in rank order; runner ids are ``f"{instance_id}-r{rank}"``.
 
     Raises ``PlacementError`` with the reason: ``min_nodes`` larger than the cluster, a required

@@ -10,7 +10,7 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   a source to fetch from exists), or, when none does, State names a hub source of it
   (``State.hub_models``: the hub is the source), and (b) its profile reports the free disk of its models dir
   (``NodeProfile.models_disk_free``; None, as from nodes before it: not a candidate). The
-  memory rule is unchanged (``master.placement``).
+  memory rule is unchanged (``master.placement.place``).
 - **Bytes a rank fetches** (``shard_fetch_bytes``): a pipeline rank the stored bytes of its
   layers plus the non-layer tensors it loads (``placement_split.non_layer_bytes_of_rank``:
   the embedding on rank 0, the final norm and head on the last rank); a tensor rank the
@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from exo_p2p.defaults import disk_needed
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
 from master.model_identity import chosen_digest
-from master.placement_split import non_layer_bytes_of_rank
+from master.placement.split import non_layer_bytes_of_rank
 
 
 def holds_model(state: State, node: NodeId, model_id: str) -> bool:

@@ -3,9 +3,9 @@
 ``CycleSearch`` indexes one ``Topology`` and one set of node weights once (nodes in weight
 order, successors best link first, predecessors, hop costs per cost model, distances back
 to each start) so that every search of a placement request reuses it: the exact branch and
-bound (``exo_p2p.state.branch_and_bound``) and the budgeted sweep beyond 8 nodes
-(``exo_p2p.state.cycle_sweep``). A search's answer is a ``Found`` cycle in rank order with
-its ``cycle_key`` (``exo_p2p.state.cycle_order``).
+bound (``master.placement.branch_and_bound``) and the budgeted sweep beyond 8 nodes
+(``master.placement.cycle_sweep``). A search's answer is a ``Found`` cycle in rank order with
+its ``cycle_key`` (``master.placement.cycle_order``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from exo_p2p.links.cost import CostModel, ring_cost_us
-from exo_p2p.state.cycle_order import CycleKey
-from exo_p2p.state.topology import BEST_LINK_RANK, Link, Topology
+from master.placement.cost import CostModel, ring_cost_us
+from master.placement.cycle_order import CycleKey
+from master.placement.topology import BEST_LINK_RANK, Link, Topology
 from exo_p2p.types import NodeId
 
 T = TypeVar("T")

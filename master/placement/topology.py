@@ -4,10 +4,10 @@ A ``Topology`` is the directed reachability graph of State restricted to some no
 A→B exists when State holds ``edges[A][B]`` with an address at which B can be dialled (an IP,
 or a multiaddr / ``ip:port`` holding one). Edges without such an address are kept aside in
 ``unaddressed`` so errors can name the pair. Each usable edge is a ``Link`` carrying its
-rank (``LINK_RANK``) and the figures of every address of the sink (``exo_p2p.links.cost``).
+rank (``LINK_RANK``) and the figures of every address of the sink (``master.placement.cost``).
 
-The order in which cycles of the graph are chosen is ``exo_p2p.state.cycle_order``; the search
-for the best cycle is ``exo_p2p.state.cycle_search``.
+The order in which cycles of the graph are chosen is ``master.placement.cycle_order``; the search
+for the best cycle is ``master.placement.cycle_search``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exo_p2p.links.cost import Path, assumed_path, best_path, hop_cost_us, measured_path
+from master.placement.cost import Path, assumed_path, best_path, hop_cost_us, measured_path
 from exo_p2p.types import NodeId, State
 
 LINK_RANK: Mapping[str, int] = {"thunderbolt": 3, "ethernet": 2, "wifi": 1, "loopback": 0, "other": 0}
@@ -32,14 +32,14 @@ class Link:
     """A usable edge: the ``ip`` the source dials to reach the sink (the edge's address), its
     ``rank`` (``LINK_RANK`` of the edge's interface type) and every address of the sink it may
     use, with figures (``paths``: measured ones from ``State.links``, else the edge's address
-    with the figures assumed for its type; ``exo_p2p.links.cost``)."""
+    with the figures assumed for its type; ``master.placement.cost``)."""
 
     ip: str
     rank: int
     paths: tuple[Path, ...] = ()
 
     def best(self, nbytes: int) -> Path:
-        """The cheapest address for ``nbytes`` per token (``exo_p2p.links.cost.best_path``)."""
+        """The cheapest address for ``nbytes`` per token (``master.placement.cost.best_path``)."""
         return best_path(self.paths or (assumed_path(self.ip, "other"),), nbytes)
 
     def cost(self, nbytes: int) -> int:

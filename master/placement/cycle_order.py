@@ -2,17 +2,17 @@
 
 A cycle of a ``Topology`` is written in rank order (``rank_order``: rank 0 is its heaviest
 member). ``cycle_key`` sorts cycles, smaller first, by the ring's network cost per token
-(``ring_cost``, ``exo_p2p.links.cost``), then link quality, then memory, then node ids: the
-order in which placement (``master.placement``) takes candidates and that the search
-(``exo_p2p.state.cycle_search``) bounds.
+(``ring_cost``, ``master.placement.cost``), then link quality, then memory, then node ids: the
+order in which placement (``master.placement.place``) takes candidates and that the search
+(``master.placement.cycle_search``) bounds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from exo_p2p.links.cost import CostModel, ring_cost_us
-from exo_p2p.state.topology import BEST_LINK_RANK, Topology
+from master.placement.cost import CostModel, ring_cost_us
+from master.placement.topology import BEST_LINK_RANK, Topology
 from exo_p2p.types import NodeId
 
 CycleKey = tuple[int, int, int, int, tuple[tuple[int, str], ...]]
@@ -31,7 +31,7 @@ def rank_order(cycle: Iterable[NodeId], weights: Mapping[NodeId, int]) -> tuple[
 
 def ring_cost(topology: Topology, cycle: tuple[NodeId, ...], model: CostModel | None) -> int:
     """The network cost per token (µs) of ``cycle`` (rank order) under ``model``, each hop over
-    its cheapest address (``exo_p2p.links.cost``); 0 without a model or for one node."""
+    its cheapest address (``master.placement.cost``); 0 without a model or for one node."""
     if model is None or len(cycle) < 2:
         return 0
     hops = [topology.links[cycle[i]][cycle[i + 1]].cost(model.hop_bytes) for i in range(len(cycle) - 1)]

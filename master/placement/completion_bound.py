@@ -5,7 +5,7 @@ them bit masks. A path from ``start`` (its rank-0 node) can only be completed wi
 nodes; the heaviest completion through a child ``j`` holds j, the required nodes the path
 still misses ("forced") and the heaviest other nodes ("free") for the slots left — with a
 host among them when the cycle must include one and has none yet. ``CompletionBound`` gives
-that weight per child (``exo_p2p.state.branch_and_bound`` cuts a child whose bound cannot
+that weight per child (``master.placement.branch_and_bound`` cuts a child whose bound cannot
 reach ``min_weight`` or beat the best cycle so far).
 """
 

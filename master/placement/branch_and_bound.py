@@ -1,7 +1,7 @@
 """The exact search for the best cycle of one size: depth-first branch and bound.
 
 ``best_cycle`` (or ``branch_and_bound`` on a prepared ``CycleSearch``) finds the best simple
-cycle of an exact size under the choice order of placement (``exo_p2p.state.cycle_order``)
+cycle of an exact size under the choice order of placement (``master.placement.cycle_order``)
 without listing every simple cycle of a dense graph. It is exact when it is given no
 ``budget``; with a budget it stops after that many path extensions and returns the best cycle
 found so far, flagged ``exhausted``.
@@ -9,7 +9,7 @@ found so far, flagged ``exhausted``.
 Method: each cycle is visited once, from its rank-0 node (nodes ordered weight desc, id asc;
 a path from start s only uses later nodes). Paths are extended best link first and cut when
 an optimistic key (the path's cost so far with every remaining hop as cheap as the cheapest
-hop of the graph, ``exo_p2p.links.cost.lower_bound_us``; worst link so far; every remaining
+hop of the graph, ``master.placement.cost.lower_bound_us``; worst link so far; every remaining
 link as good as the best link of the graph; the heaviest remaining nodes, including the
 required ones and a host when one is needed; the path as a rank-order prefix) cannot beat the
 best cycle accepted, when the weight cannot reach ``min_weight``, when the required nodes
@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
-from exo_p2p.links.cost import CostModel, lower_bound_us
-from exo_p2p.state.completion_bound import CompletionBound, completion_bound
-from exo_p2p.state.cycle_order import CycleKey
-from exo_p2p.state.cycle_search import CycleSearch, Found, SearchOutcome
-from exo_p2p.state.topology import Topology
+from master.placement.cost import CostModel, lower_bound_us
+from master.placement.completion_bound import CompletionBound, completion_bound
+from master.placement.cycle_order import CycleKey
+from master.placement.cycle_search import CycleSearch, Found, SearchOutcome
+from master.placement.topology import Topology
 from exo_p2p.types import NodeId
 
 T = TypeVar("T")

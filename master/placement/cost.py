@@ -1,13 +1,13 @@
 """The estimated network cost of a ring per decoded token, from link figures (docs/links.md).
 
-Pure functions; placement ranks cycles by ``ring_cost_us`` (``master.placement``) and shows it
+Pure functions; placement ranks cycles by ``ring_cost_us`` (``master.placement.place``) and shows it
 in previews. Units: microseconds per token, bytes, bytes per second.
 
 **A hop** (one address of a link a→b) costs ``rtt_us + bytes × 10⁶ ÷ bytes_per_s`` for the
 ``bytes`` it carries per token (``hop_cost_us``). An unmeasured address (or one whose bandwidth
 is not measured yet) takes the figures ``ASSUMED`` for its interface type: the static rank of
 interfaces (Thunderbolt > Ethernet > Wi-Fi > other) is the fallback while a link is
-unmeasured, and stays the tie-break between equal costs (``exo_p2p.state.cycle_order``). A link
+unmeasured, and stays the tie-break between equal costs (``master.placement.cycle_order``). A link
 with several addresses costs what its cheapest address costs, and the ring uses that address.
 
 **A ring** of ``n`` ranks, per token (``CostModel``, built by ``cost_model``):
@@ -127,7 +127,7 @@ def ring_cost_us(model: CostModel, forward: Sequence[int], closing: int | None) 
 def lower_bound_us(model: CostModel, partial: int, hops_left: int, cheapest: int) -> int:
     """A lower bound of the ring cost (``factor`` applied) of any completion of a path whose hops
     so far combine to ``partial`` (µs, before ``factor``), with ``hops_left`` hops still to add,
-    none cheaper than ``cheapest`` µs (``exo_p2p.state.branch_and_bound``)."""
+    none cheaper than ``cheapest`` µs (``master.placement.branch_and_bound``)."""
     if model.combine == "sum":
         return model.factor * (partial + hops_left * cheapest)
     return model.factor * (max(partial, cheapest) if hops_left else partial)

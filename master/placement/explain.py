@@ -10,9 +10,9 @@ nodes without a ring address.
 from __future__ import annotations
 
 from exo_p2p.types import Sharding
-from master.placement_context import PlacementContext, gib, label, required_bytes, size_problem
-from master.placement_search import disk_short, largest_candidate, rank_shares, weight_policies
-from master.placement_split import Overflow
+from master.placement.context import PlacementContext, gib, label, required_bytes, size_problem
+from master.placement.search import disk_short, largest_candidate, rank_shares, weight_policies
+from master.placement.split import Overflow
 
 
 def explain(ctx: PlacementContext, sharding: Sharding, min_size: int, sizes: list[int]) -> str:

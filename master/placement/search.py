@@ -1,12 +1,12 @@
 """The search of placement: the best fitting cycle of one size, and the largest candidate.
 
-A cycle fits (``fits``) when every rank's share (``master.placement_split``) fits its node's
+A cycle fits (``fits``) when every rank's share (``master.placement.split``) fits its node's
 usable memory and every node that fetches the model has the disk for its bytes
-(``master.placement_fetch``). Up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes each (size,
-memory mode) gets one exact branch and bound (``exo_p2p.state.branch_and_bound``); beyond,
-one budgeted sweep per memory mode (``exo_p2p.state.cycle_sweep``, ``SWEEP_BUDGET``) serves
+(``master.placement.fetch``). Up to ``EXACT_SEARCH_MAX_NODES`` eligible nodes each (size,
+memory mode) gets one exact branch and bound (``master.placement.branch_and_bound``); beyond,
+one budgeted sweep per memory mode (``master.placement.cycle_sweep``, ``SWEEP_BUDGET``) serves
 every size, both shardings and the error messages (``largest_candidate``). Rules: the
-docstring of ``master.placement``.
+docstring of ``master.placement.place``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from exo_p2p.links.cost import CostModel, cost_model
-from exo_p2p.state.branch_and_bound import branch_and_bound
-from exo_p2p.state.cycle_order import CycleKey
-from exo_p2p.state.cycle_search import Found
-from exo_p2p.state.cycle_sweep import Goal, sweep
+from master.placement.cost import CostModel, cost_model
+from master.placement.branch_and_bound import branch_and_bound
+from master.placement.cycle_order import CycleKey
+from master.placement.cycle_search import Found
+from master.placement.cycle_sweep import Goal, sweep
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
-from master.placement_context import (
+from master.placement.context import (
     SHARDINGS,
     PlacementContext,
     memory_modes,
@@ -28,8 +28,8 @@ from master.placement_context import (
     required_bytes,
     size_problem,
 )
-from master.placement_fetch import disk_problem, shard_fetch_bytes
-from master.placement_split import Overflow, RankShare, pipeline_shares, tensor_share_bytes, tensor_shares
+from master.placement.fetch import disk_problem, shard_fetch_bytes
+from master.placement.split import Overflow, RankShare, pipeline_shares, tensor_share_bytes, tensor_shares
 
 SWEEP_BUDGET = 8000
 """Successors examined by the one heuristic search per memory mode beyond ``EXACT_SEARCH_MAX_NODES``
@@ -48,7 +48,7 @@ class Plan:
 
 def rank_shares(card: ModelCard, sharding: Sharding, usable: list[int], policies: list[str] | None = None) -> list[RankShare] | Overflow:
     """Each rank's share of ``card`` under ``sharding`` given its usable bytes and weights
-    policy, or the first rank it overflows (``master.placement_split``)."""
+    policy, or the first rank it overflows (``master.placement.split``)."""
     if sharding == "tensor":
         return tensor_shares(card, usable, policies)
     return pipeline_shares(card, usable, policies)
@@ -114,7 +114,7 @@ def sweep_records(ctx: PlacementContext, mode: int) -> list[dict[int, Found]]:
 
 def best_of_size(ctx: PlacementContext, sharding: Sharding, size: int) -> Plan | None:
     """The best fitting cycle of exactly ``size`` nodes, or None (exact search or the
-    heuristic's record; ``master.placement`` docstring "Scale")."""
+    heuristic's record; ``master.placement.place`` docstring "Scale")."""
     best: Found | None = None
     for mode in range(len(memory_modes(ctx))):
         if ctx.exact:

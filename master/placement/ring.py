@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 
-from exo_p2p.links.cost import CostModel
-from exo_p2p.state.topology import Topology
+from master.placement.cost import CostModel
+from master.placement.topology import Topology
 from exo_p2p.types import NodeId, State
-from master.placement_context import PlacementError, label
+from master.placement.context import PlacementError, label
 
 RING_BASE_PORT = 29600
 """Lowest port a ring member listens on. Below Linux's ephemeral range (32768–60999) and

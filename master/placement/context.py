@@ -1,11 +1,11 @@
 """What every search of one placement request shares, and the errors placement raises.
 
-``placement_context`` reads State once per request (``master.placement``): the nodes that may
+``placement_context`` reads State once per request (``master.placement.place``): the nodes that may
 take a rank (``eligible``: memory reported, the model held or fetchable from peers, the same
 files under the model's name as most holders) and why the others may not (``excluded``), the
 required nodes (``resolve_nodes``), the topology among the eligible, and whether the search
 is exact (up to ``EXACT_SEARCH_MAX_NODES``). ``modes`` gives the two memory modes (total
-memory; or usable memory with a host in the cycle, ``master.memory.usable_memory``) and
+memory; or usable memory with a host in the cycle, ``master.placement.memory.usable_memory``) and
 ``prepared_search`` the ``CycleSearch`` of each, both cached in the context.
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from exo_p2p.models.families import sharding_problem
-from exo_p2p.state.cycle_search import CycleSearch, Found
-from exo_p2p.state.topology import Topology, topology_from_state
+from master.placement.cycle_search import CycleSearch, Found
+from master.placement.topology import Topology, topology_from_state
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
-from master.memory import usable_memory
+from master.placement.memory import usable_memory
 from master.model_identity import mismatched_nodes
-from master.placement_fetch import fetcher_problem, holds_model
-from master.placement_split import tensor_divisibility_problem
+from master.placement.fetch import fetcher_problem, holds_model
+from master.placement.split import tensor_divisibility_problem
 
 GIB = 1 << 30
 EXACT_SEARCH_MAX_NODES = 8
@@ -114,7 +114,7 @@ def placement_context(state: State, card: ModelCard, nodes: Iterable[str] | None
         if profile.memory_total is None or profile.memory_available is None:
             excluded[node] = "memory not yet reported"
         elif card.model_id not in profile.models:
-            problem = fetcher_problem(state, node, card.model_id)  # fetch from peers: master.placement_fetch
+            problem = fetcher_problem(state, node, card.model_id)  # fetch from peers: master.placement.fetch
             if problem is not None:
                 excluded[node] = problem
             elif not holds_model(state, node, card.model_id):
@@ -154,7 +154,7 @@ def family_problem(card: ModelCard, sharding: Sharding) -> str | None:
 def memory_modes(ctx: PlacementContext) -> list[Mode]:
     """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
     node hosting an instance count total memory; cycles with one count available memory as
-    State sees it (``master.memory.usable_memory``)."""
+    State sees it (``master.placement.memory.usable_memory``)."""
     if ctx.modes:
         return ctx.modes
     profiles = ctx.state.nodes

@@ -13,7 +13,7 @@ counts the moment its ``InstanceCreated`` is applied, whatever the node has publ
 Shards of failed instances are not counted: their runners shut down (the reported available
 memory still counts them until the node re-reports, so the minimum stays on the safe side).
 
-One rule for placement (``master.placement``), its previews, and memory admission
+One rule for placement (``master.placement.place``), its previews, and memory admission
 (``master.admission``).
 """
 
