@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from exo_p2p.links.figures import (
     BANDWIDTH_EVERY,
-    MAX_ADDRESSES,
     RTT_FLOOR_US,
     bandwidth_due,
     median_rtt_us,
@@ -32,6 +31,7 @@ from exo_p2p.types import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from exo_p2p.types.topology import MAX_ADDRESSES
 
 
 def test_quantise_keeps_two_significant_digits() -> None:

@@ -23,9 +23,6 @@ import statistics
 from collections.abc import Sequence
 
 from exo_p2p.types import LinkFigures
-
-MAX_ADDRESSES = 8
-"""Addresses of one sink a source keeps figures for (``State.links``); more are ignored."""
 RTT_MOVE = 0.5
 """Fraction by which a quantised RTT must move to be published again."""
 RTT_FLOOR_US = 500

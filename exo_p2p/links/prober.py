@@ -27,10 +27,11 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.links.figures import MAX_ADDRESSES, RTT_EVERY, bandwidth_due, moved
+from exo_p2p.links.figures import RTT_EVERY, bandwidth_due, moved
 from exo_p2p.links.measure import Inconclusive, Unreachable, measure
 from exo_p2p.links.probe_server import TICKET_PROTOCOL, ProbeTicket, TicketRequest
 from exo_p2p.types import Event, LinkFigures, LinkLost, LinkMeasured, NodeId, State
+from exo_p2p.types.topology import MAX_ADDRESSES
 
 log = structlog.get_logger(__name__)
 

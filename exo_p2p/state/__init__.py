@@ -1,4 +1,5 @@
-"""Pure rules over the replicated State: apply, hashing, derived views, topology."""
+"""Pure rules over the replicated State: apply, hashing, the chain digest, derived views
+(the topology and cycle search placement uses live in ``master/placement/``)."""
 
 from exo_p2p.state.apply import EventOrderError, apply
 from exo_p2p.state.hashing import canonical_bytes, state_hash

@@ -38,7 +38,7 @@ from exo_p2p.types import (
     TopologyEdgeDeleted,
 )
 
-from exo_p2p.links.figures import MAX_ADDRESSES
+from exo_p2p.types.topology import MAX_ADDRESSES
 from exo_p2p.state import hub_cards
 from exo_p2p.content.prefixes import bounded
 

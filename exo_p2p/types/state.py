@@ -56,5 +56,5 @@ class State(msgspec.Struct, frozen=True):
     hub_resolved: dict[ModelId, int] = msgspec.field(default_factory=dict)
     links: dict[NodeId, dict[NodeId, dict[str, LinkFigures]]] = msgspec.field(default_factory=dict)
     """``links[source][sink][address]``: what source measured of each address of sink
-    (``LinkMeasured``; at most ``exo_p2p.links.figures.MAX_ADDRESSES`` per pair, dropped with
+    (``LinkMeasured``; at most ``exo_p2p.types.topology.MAX_ADDRESSES`` per pair, dropped with
     the pair's edge or either node)."""

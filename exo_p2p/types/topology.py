@@ -11,6 +11,10 @@ from exo_p2p.types.manifest import HeldModel
 
 InterfaceType = Literal["thunderbolt", "ethernet", "wifi", "loopback", "other"]
 
+MAX_ADDRESSES = 8
+"""Addresses of one sink a source keeps figures for (``State.links``, bounded by ``apply``;
+the prober measures at most this many); more are ignored."""
+
 
 class NetworkAddress(msgspec.Struct, frozen=True):
     """One dialable address of a node: a libp2p multiaddr, its IP, and the interface kind."""
