@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
-from master.placement.cost import CostModel, lower_bound_us
+from exo_p2p.types import NodeId
 from master.placement.completion_bound import CompletionBound, completion_bound
+from master.placement.cost import CostModel, lower_bound_us
 from master.placement.cycle_order import CycleKey
 from master.placement.cycle_search import CycleSearch, Found, SearchOutcome
 from master.placement.topology import Topology
-from exo_p2p.types import NodeId
 
 T = TypeVar("T")
 

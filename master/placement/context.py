@@ -1,34 +1,31 @@
-"""What every search of one placement request shares, and the errors placement raises.
+"""What one placement request is, and the errors placement raises.
 
-``placement_context`` reads State once per request (``master.placement.place``): the nodes that may
-take a rank (``eligible``: memory reported, the model held or fetchable from peers, the same
-files under the model's name as most holders) and why the others may not (``excluded``), the
-required nodes (``resolve_nodes``), the topology among the eligible, and whether the search
-is exact (up to ``EXACT_SEARCH_MAX_NODES``). ``modes`` gives the two memory modes (total
-memory; or usable memory with a host in the cycle, ``master.placement.memory.usable_memory``) and
-``prepared_search`` the ``CycleSearch`` of each, both cached in the context.
+``placement_context`` reads State once per request (``master/placement/place.py``): the nodes
+that may take a rank (``eligible``: memory reported, the model held or fetchable from peers,
+the same files under the model's name as most holders) and why the others may not
+(``excluded``), the required nodes (``resolve_nodes``), the topology among the eligible, and
+whether the search is exact (up to ``EXACT_SEARCH_MAX_NODES``). The context is a frozen
+record of the request's inputs: it holds no search state. The search of the request, its
+memory modes and what it memoises, is one ``master.placement.search.Search`` made per
+request; this module imports nothing of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from exo_p2p.models.families import sharding_problem
-from master.placement.cycle_search import CycleSearch, Found
-from master.placement.topology import Topology, topology_from_state
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
-from master.placement.memory import usable_memory
 from master.model_identity import mismatched_nodes
 from master.placement.fetch import fetcher_problem, holds_model
 from master.placement.split import tensor_divisibility_problem
+from master.placement.topology import Topology, topology_from_state
 
 GIB = 1 << 30
 EXACT_SEARCH_MAX_NODES = 8
 """Up to this many eligible nodes the cycle search is exact (no budget)."""
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
-Mode = tuple[dict[NodeId, int], frozenset[NodeId] | None]
-"""A memory mode: (usable bytes per eligible node, the nodes a cycle must include one of, or None)."""
 
 
 class PlacementError(ValueError):
@@ -75,11 +72,11 @@ def resolve_nodes(state: State, names: Iterable[str]) -> tuple[NodeId, ...]:
 
 @dataclass(frozen=True)
 class PlacementContext:
-    """What every search of one placement request shares: the inputs, the nodes that may take
-    a rank (``eligible``) and why the others may not (``excluded``: node -> reason), the
-    nodes hosting a shard of an existing instance (``hosts``), the nodes that must fetch the
-    model first (``fetchers``), the reason the request cannot be placed at all
-    (``blocking``), and caches filled by the searches (``searches``, ``sweeps``, ``modes``)."""
+    """One placement request: the inputs, the nodes that may take a rank (``eligible``) and
+    why the others may not (``excluded``: node -> reason), the nodes hosting a shard of an
+    existing instance (``hosts``), the nodes that must fetch the model first (``fetchers``)
+    and the reason the request cannot be placed at all (``blocking``). Holds no search state
+    (``master.placement.search.Search`` does, per request)."""
 
     state: State
     card: ModelCard
@@ -91,9 +88,6 @@ class PlacementContext:
     exact: bool
     blocking: str | None
     fetchers: frozenset[NodeId] = frozenset()
-    searches: dict[tuple[int, bool], CycleSearch] = field(default_factory=dict)
-    sweeps: dict[int, list[dict[int, Found]]] = field(default_factory=dict)
-    modes: list[Mode] = field(default_factory=list)
 
 
 def label(state: State, node: NodeId) -> str:
@@ -149,28 +143,3 @@ def size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
 def family_problem(card: ModelCard, sharding: Sharding) -> str | None:
     """Why the model's family cannot be split by ``sharding``, or None (``exo_p2p.models.families``)."""
     return sharding_problem(card.architecture, sharding, supports_tensor=card.supports_tensor)
-
-
-def memory_modes(ctx: PlacementContext) -> list[Mode]:
-    """(weights = usable bytes, must include one of) for the two memory modes: cycles with no
-    node hosting an instance count total memory; cycles with one count available memory as
-    State sees it (``master.placement.memory.usable_memory``)."""
-    if ctx.modes:
-        return ctx.modes
-    profiles = ctx.state.nodes
-    free = {n: profiles[n].memory_total or 0 for n in ctx.eligible if n not in ctx.hosts}
-    modes: list[Mode] = [(free, None)]
-    hosts = frozenset(n for n in ctx.eligible if n in ctx.hosts)
-    if hosts:
-        modes.append(({n: usable_memory(ctx.state, n) or 0 for n in ctx.eligible}, hosts))
-    ctx.modes.extend(modes)
-    return modes
-
-
-def prepared_search(ctx: PlacementContext, mode: int, rank_links: bool = True) -> tuple[CycleSearch, Mode]:
-    """The prepared cycle search of memory mode ``mode`` (index into ``memory_modes``), cached."""
-    modes = memory_modes(ctx)
-    key = (mode, rank_links)
-    if key not in ctx.searches:
-        ctx.searches[key] = CycleSearch(ctx.topology, modes[mode][0], rank_links=rank_links)
-    return ctx.searches[key], modes[mode]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from exo_p2p.types import NodeId
 from master.placement.cost import CostModel, ring_cost_us
 from master.placement.topology import BEST_LINK_RANK, Topology
-from exo_p2p.types import NodeId
 
 CycleKey = tuple[int, int, int, int, tuple[tuple[int, str], ...]]
 """Sort key of a cycle (smaller is better): ``(network cost per token in µs, -worst link rank,

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from exo_p2p.types import NodeId
 from master.placement.cost import CostModel, ring_cost_us
 from master.placement.cycle_order import CycleKey
 from master.placement.topology import BEST_LINK_RANK, Link, Topology
-from exo_p2p.types import NodeId
 
 T = TypeVar("T")
 

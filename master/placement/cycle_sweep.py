@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from exo_p2p.types import NodeId
 from master.placement.cost import CostModel
 from master.placement.cycle_search import CycleSearch, Found
-from exo_p2p.types import NodeId
 
 T = TypeVar("T")
 

@@ -10,20 +10,22 @@ nodes without a ring address.
 from __future__ import annotations
 
 from exo_p2p.types import Sharding
-from master.placement.context import PlacementContext, gib, label, required_bytes, size_problem
-from master.placement.search import disk_short, largest_candidate, rank_shares, weight_policies
+from master.placement.context import gib, label, required_bytes, size_problem
+from master.placement.search import Search, disk_short, rank_shares, weight_policies
 from master.placement.split import Overflow
 
 
-def explain(ctx: PlacementContext, sharding: Sharding, min_size: int, sizes: list[int]) -> str:
+def explain(search: Search, sharding: Sharding, min_size: int, sizes: list[int]) -> str:
     """Why no cycle of ``sizes`` nodes takes the model under ``sharding`` (sizes already tried
-    and failed; ``min_size``: the smallest size asked for, named when there is no candidate)."""
+    and failed by ``search``, the request's search; ``min_size``: the smallest size asked for,
+    named when there is no candidate)."""
+    ctx = search.ctx
     state, card = ctx.state, ctx.card
     ok_sizes = [k for k in sizes if size_problem(card, sharding, k) is None]
     if sizes and not ok_sizes:
         message = "; ".join(dict.fromkeys(p for k in sizes if (p := size_problem(card, sharding, k))))
     else:
-        largest = largest_candidate(ctx, ok_sizes)
+        largest = search.largest_candidate(ok_sizes)
         need = required_bytes(card.storage_size)
         if largest is None:
             containing = f" containing {', '.join(label(state, n) for n in sorted(ctx.required))}" if ctx.required else ""

@@ -12,7 +12,7 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   (``NodeProfile.models_disk_free``; None, as from nodes before it: not a candidate). The
   memory rule is unchanged (``master.placement.place``).
 - **Bytes a rank fetches** (``shard_fetch_bytes``): a pipeline rank the stored bytes of its
-  layers plus the non-layer tensors it loads (``placement_split.non_layer_bytes_of_rank``:
+  layers plus the non-layer tensors it loads (``master.placement.split.non_layer_bytes_of_rank``:
   the embedding on rank 0, the final norm and head on the last rank); a tensor rank the
   whole model (every rank needs part of every tensor, fetched whole). Config and tokenizer
   files are not in the card and not counted (kilobytes to a few MB). A node with a partial

@@ -12,7 +12,7 @@ Rules, in the order they are applied:
   (``master.placement.fetch``: some node publishes a complete copy and the node reports its
   free disk), and every link of the ring has an address (an edge without one does not count).
   A rank on a node that fetches needs the disk for its shard's bytes
-  (``placement_fetch.disk_problem``); a cycle where one does not have it is not taken. A node holding other files under the
+  (``master.placement.fetch.disk_problem``); a cycle where one does not have it is not taken. A node holding other files under the
   model's name than most holders (another manifest digest, ``master.model_identity``) is
   not a candidate: placement never mixes two models that share a name.
 - **Memory**: ``sum(usable) >= 1.1 * storage_size``, computed exactly as
@@ -34,12 +34,12 @@ Rules, in the order they are applied:
   in this order whose every rank's share fits its node's usable memory wins. Tie rule (5) is
   used instead of "sorted node ids" because the search can bound it from a path prefix.
 - **Ranks**: rank 0 is the member with the most usable memory (ties: smallest node id); ranks
-  follow the cycle's direction from there. Shares: ``placement_split``.
+  follow the cycle's direction from there. Shares: ``master.placement.split``.
 - **Weights per rank**: each node's profile says what its runners may hold
   (``cpu_weights``: auto / float32 / stored; a Metal node and an old profile say stored). An
   auto rank holds float32 when its float32 share fits its usable memory with the 10%
   headroom, else the stored weights; the shard records it (``weights_dtype``) and its
-  ``share_bytes`` are in those bytes (``placement_split.pipeline_shares``).
+  ``share_bytes`` are in those bytes (``master.placement.split.pipeline_shares``).
 - **Ring addresses** (world size > 1): rank r listens at ``ip:port`` where ``ip`` is the
   cheapest address of the link (rank r-1 → rank r) for the bytes that hop carries
   (``Link.best``: measured figures first, else the edge's address) — the address at which its
@@ -61,10 +61,12 @@ Rules, in the order they are applied:
   Cost: bounded by the budget plus one reachability pass per start tried, whatever the number
   of sizes (previews at 64 nodes take milliseconds, not seconds).
 
-Where each part lives: the request's context and its errors in ``master.placement.context``,
-the search in ``master.placement.search``, ring addresses in ``master.placement.ring``, the
-messages of failures in ``master.placement.explain``; this module builds the ``Instance`` and
-the previews.
+Where each part lives (all in ``master/placement/``): the request's context and its errors
+in ``master.placement.context`` (a frozen record, read once per request), the search in
+``master.placement.search`` (one ``Search`` per request: ``place_instance`` makes one, and
+``placement_previews`` one for all its previews), ring addresses in
+``master.placement.ring``, the messages of failures in ``master.placement.explain``; this
+module builds the ``Instance`` and the previews.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ from collections.abc import Iterable
 
 import msgspec
 
-from master.placement.cost import cost_model
 from exo_p2p.types import Instance, InstanceId, ModelCard, ModelId, NodeId, RunnerId, ShardMetadata, Sharding, State
 from master.placement.context import (
     SHARDINGS,
@@ -83,10 +84,11 @@ from master.placement.context import (
     placement_context,
     size_problem,
 )
+from master.placement.cost import cost_model
 from master.placement.explain import explain
 from master.placement.fetch import fetch_source_digest
 from master.placement.ring import ring_addresses, ring_ips
-from master.placement.search import Plan, best_of_size, fetch_bytes
+from master.placement.search import Plan, Search, fetch_bytes
 
 __all__ = ["PlacementError", "Preview", "place_instance", "placement_previews"]
 """``PlacementError`` (defined in ``master.placement.context``) is part of this module's
@@ -149,14 +151,15 @@ def place_instance(
         raise PlacementError(ctx.blocking)
     if sharding == "tensor" and not model_card.supports_tensor:
         raise PlacementError(f"model {model_card.model_id} does not support tensor sharding ({family_problem(model_card, sharding)})")
+    search = Search(ctx)
     sizes = range(max(min_nodes, len(ctx.required)), len(ctx.eligible) + 1)
     for size in sizes:
         if size_problem(model_card, sharding, size) is not None:
             continue
-        plan = best_of_size(ctx, sharding, size)
+        plan = search.best_of_size(sharding, size)
         if plan is not None:
             return _instance(ctx, plan, sharding, instance_id)
-    raise PlacementError(explain(ctx, sharding, max(min_nodes, len(ctx.required)), list(sizes)))
+    raise PlacementError(explain(search, sharding, max(min_nodes, len(ctx.required)), list(sizes)))
 
 
 def placement_previews(state: State, model_card: ModelCard, *, nodes: Iterable[str] | None = None) -> list[Preview]:
@@ -164,11 +167,11 @@ def placement_previews(state: State, model_card: ModelCard, *, nodes: Iterable[s
     pipeline first. Each is the best placement of exactly that size — identical to
     ``place_instance(state, model_card, min_nodes=world_size, sharding=..., nodes=nodes)`` —
     or the reason there is none. Raises ``PlacementError`` only for unknown/ambiguous names."""
-    ctx = placement_context(state, model_card, nodes)
+    search = Search(placement_context(state, model_card, nodes))  # one search serves every preview
     previews: list[Preview] = []
     for sharding in SHARDINGS:
         for size in range(1, len(state.nodes) + 1):
-            previews.append(_preview(ctx, sharding, size))
+            previews.append(_preview(search, sharding, size))
     return previews
 
 
@@ -197,9 +200,11 @@ def _instance(ctx: PlacementContext, plan: Plan, sharding: Sharding, instance_id
     return Instance(InstanceId(instance_id), ModelId(ctx.card.model_id), sharding, shards, model_digest=digest)
 
 
-def _preview(ctx: PlacementContext, sharding: Sharding, size: int) -> Preview:
-    """The ``Preview`` of exactly ``size`` nodes under ``sharding``: the same checks, in the same
-    order, as ``place_instance`` with ``min_nodes=size``."""
+def _preview(search: Search, sharding: Sharding, size: int) -> Preview:
+    """The ``Preview`` of exactly ``size`` nodes under ``sharding`` by the request's ``search``:
+    the same checks, in the same order, as ``place_instance`` with ``min_nodes=size``."""
+    ctx = search.ctx
+
     def failed(reason: str) -> Preview:
         return Preview(sharding, size, error=reason)
 
@@ -212,9 +217,9 @@ def _preview(ctx: PlacementContext, sharding: Sharding, size: int) -> Preview:
     problem = size_problem(ctx.card, sharding, size)
     if problem is not None:
         return failed(problem)
-    plan = best_of_size(ctx, sharding, size) if size <= len(ctx.eligible) else None
+    plan = search.best_of_size(sharding, size) if size <= len(ctx.eligible) else None
     if plan is None:
-        return failed(explain(ctx, sharding, size, [size] if size <= len(ctx.eligible) else []))
+        return failed(explain(search, sharding, size, [size] if size <= len(ctx.eligible) else []))
     instance = _instance(ctx, plan, sharding, "preview")
     return Preview(
         sharding,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 
-from master.placement.cost import CostModel
-from master.placement.topology import Topology
 from exo_p2p.types import NodeId, State
 from master.placement.context import PlacementError, label
+from master.placement.cost import CostModel
+from master.placement.topology import Topology
 
 RING_BASE_PORT = 29600
 """Lowest port a ring member listens on. Below Linux's ephemeral range (32768–60999) and

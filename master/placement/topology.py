@@ -17,8 +17,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from master.placement.cost import Path, assumed_path, best_path, hop_cost_us, measured_path
 from exo_p2p.types import NodeId, State
+from master.placement.cost import Path, assumed_path, best_path, hop_cost_us, measured_path
 
 LINK_RANK: Mapping[str, int] = {"thunderbolt": 3, "ethernet": 2, "wifi": 1, "loopback": 0, "other": 0}
 """How good a link is, by the edge's ``interface_type``: Thunderbolt > Ethernet > Wi-Fi > the
