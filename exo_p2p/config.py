@@ -122,17 +122,17 @@ class NodeConfig(msgspec.Struct):
     worker as one record."""
     mdns: bool = True
     ollama: bool = True
-    """List the models of an Ollama install (``--no-ollama``: not; ``exo_p2p.models.ollama_store``)."""
+    """List the models of an Ollama install (``--no-ollama``: not; ``exo_p2p.models.stores.ollama``)."""
     ollama_models: Path | None = None
     """Ollama's models dir (``--ollama-models``); None: ``$OLLAMA_MODELS``, else ``~/.ollama/models``."""
     lmstudio: bool = True
-    """List the models of LM Studio's models dir (``--no-lmstudio``: not; ``exo_p2p.models.lmstudio_store``)."""
+    """List the models of LM Studio's models dir (``--no-lmstudio``: not; ``exo_p2p.models.stores.lmstudio``)."""
     lmstudio_models: Path | None = None
     """LM Studio's models dir (``--lmstudio-models``); None: ``~/.lmstudio/models``, else
     ``~/.cache/lm-studio/models`` when only that one exists."""
     offline: bool = False
     """Never ask a model hub (``--offline``; ``HF_HUB_OFFLINE=1`` does the same):
-    models come only from this node's dirs and its peers (``exo_p2p.models.hub_fetch``)."""
+    models come only from this node's dirs and its peers (``exo_p2p.models.hub.fetch``)."""
     restore_size: bool = True
     """While master, bring shrunk instances back to their placed size (``master.restore``)."""
     relink: bool = True

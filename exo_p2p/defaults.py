@@ -157,7 +157,7 @@ CHUNK_REQUEST_TIMEOUT = 5.0
 CHUNK_RETRY_PAUSE = 0.2
 """Seconds between two tries of a chunk batch."""
 
-# --- models travelling between nodes (docs/models.md; rules: exo_p2p.models.fetch, master.placement.fetch)
+# --- models travelling between nodes (docs/models.md; rules: exo_p2p.models.transfer.fetch, master.placement.fetch)
 MODEL_STREAMS_PER_PEER = 2
 """Chunk requests in flight per holder during one fetch."""
 MODEL_CHUNK_TIMEOUT = 30.0
@@ -177,7 +177,7 @@ FETCH_DISK_HEADROOM_PERCENT = 10
 def disk_needed(fetch_bytes: int) -> int:
     """Free disk bytes a node needs to fetch ``fetch_bytes``: plus ``FETCH_DISK_HEADROOM_PERCENT``,
     rounded up (integers). One rule for a placement's fetch (``master.placement.fetch``) and
-    a pull (``exo_p2p.models.pulls``)."""
+    a pull (``exo_p2p.models.depot.pulls``)."""
     return -(-fetch_bytes * (100 + FETCH_DISK_HEADROOM_PERCENT) // 100)
 
 # --- the engine (worker.engine; the record: exo_p2p.types.engine.EngineSettings) ---------------

@@ -58,7 +58,7 @@ LIBP2P_MAX_CONNECTIONS = 300
 """Established libp2p connections, inbound and outbound, at most (py-libp2p's default)."""
 BULK_MAX_CONNECTIONS = 80
 """Descriptors budgeted for the model-transfer (bulk) listener: its connections waiting for a
-ticket and those served (``exo_p2p.models.bulk.MAX_UNREDEEMED`` + ``MAX_CONNECTIONS``)."""
+ticket and those served (``exo_p2p.models.transfer.bulk.MAX_UNREDEEMED`` + ``MAX_CONNECTIONS``)."""
 PROBE_MAX_CONNECTIONS = 80
 """Descriptors budgeted for the link probe listener: its connections waiting for a ticket and
 those served (``exo_p2p.links.probe_server.MAX_WAITING`` + ``MAX_CONNECTIONS``)."""

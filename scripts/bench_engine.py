@@ -206,8 +206,8 @@ def main() -> None:
         gguf: Path | None = None
         model_dir = args.model_dir
         if model_dir is None:
-            from exo_p2p.models.embedded import find_embedded_gguf
-            from exo_p2p.models.gguf_import import import_gguf
+            from exo_p2p.models.stores.embedded import find_embedded_gguf
+            from exo_p2p.models.gguf.importer import import_gguf
 
             gguf = find_embedded_gguf()
             model_dir = import_gguf(gguf, Path(tmp) / "smollm2")

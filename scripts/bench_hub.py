@@ -41,11 +41,11 @@ def model_dir(kind: str, tmp: Path) -> Path:
     """The directory the stand-in serves: the embedded model imported into MLX format, or a
     tiny synthetic one."""
     if kind == "synthetic":
-        from exo_p2p.models.synthetic import make_synthetic_model
+        from tests.support.synthetic_models import make_synthetic_model
 
         return make_synthetic_model(tmp / "synthetic", n_layers=8, hidden_size=256, intermediate_size=512, seed=1)
-    from exo_p2p.models.embedded import EMBEDDED_MODEL_ID
-    from exo_p2p.models.store import ModelStore
+    from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID
+    from exo_p2p.models.stores.store import ModelStore
 
     return ModelStore(tmp / "import").resolve(EMBEDDED_MODEL_ID)
 

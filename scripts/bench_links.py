@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp) / "models"

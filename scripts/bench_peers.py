@@ -70,8 +70,8 @@ def float32_weights(work: Path) -> Path:
     out = work / MODEL_NAME
     if (out / "config.json").is_file():
         return out
-    from exo_p2p.models.embedded import find_embedded_gguf
-    from exo_p2p.models.gguf_import import import_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
+    from exo_p2p.models.gguf.importer import import_gguf
 
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
@@ -174,7 +174,7 @@ class LlamaServer(Spawned):
     name = "llama-server"
 
     def __init__(self, tmp: Path, binary: str, max_batch: int, threads: int, env: dict[str, str]) -> None:
-        from exo_p2p.models.embedded import find_embedded_gguf
+        from exo_p2p.models.stores.embedded import find_embedded_gguf
 
         port = free_port()
         self.url, self.model = f"http://127.0.0.1:{port}", "smollm2"

@@ -240,7 +240,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
-            from exo_p2p.models.synthetic import make_synthetic_model
+            from tests.support.synthetic_models import make_synthetic_model
 
             model_dir = make_synthetic_model(Path(tmp) / "synthetic", n_layers=args.layers, hidden_size=args.hidden,
                                              num_attention_heads=8, num_key_value_heads=4,

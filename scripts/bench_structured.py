@@ -74,11 +74,11 @@ def load(synthetic: bool, tmp: Path) -> Any:
     from worker.engine.loader import load_all
 
     if synthetic:
-        from exo_p2p.models.synthetic import make_synthetic_model
+        from tests.support.synthetic_models import make_synthetic_model
 
         return load_all(make_synthetic_model(tmp / "synthetic"))
-    from exo_p2p.models.embedded import find_embedded_gguf
-    from exo_p2p.models.gguf_import import import_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
+    from exo_p2p.models.gguf.importer import import_gguf
 
     return load_all(import_gguf(find_embedded_gguf(), tmp / "smollm2"), weights_dtype="float32")
 

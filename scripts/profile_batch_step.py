@@ -40,8 +40,8 @@ def main() -> None:
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
     import mlx.core as mx
 
-    from exo_p2p.models.embedded import find_embedded_gguf
-    from exo_p2p.models.gguf_import import import_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
+    from exo_p2p.models.gguf.importer import import_gguf
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine

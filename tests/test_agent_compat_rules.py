@@ -14,9 +14,9 @@ from exo_p2p.api.families import anthropic, openai_responses
 from exo_p2p.api.families.anthropic_tools import anthropic_usage, tool_use_id
 from exo_p2p.api.families.responses_include import join_reasoning, wants_encrypted_reasoning
 from exo_p2p.api.sealed_reasoning import MAX_REASONING_BYTES, SealError, derive_key, node_key, reasoning_key, seal, unseal
-from exo_p2p.models.agent_template import AGENT_TEMPLATE
-from exo_p2p.models.capabilities import template_capabilities, template_of
-from exo_p2p.models.synthetic import CHATML_TEMPLATE
+from tests.support.synthetic_agent import AGENT_TEMPLATE
+from exo_p2p.models.card.capabilities import template_capabilities, template_of
+from tests.support.synthetic_models import CHATML_TEMPLATE
 from exo_p2p.content.system_turns import fold_late_system, late_system_indexes, messages_for_template
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk
 

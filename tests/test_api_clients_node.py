@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess
 
 pytestmark = pytest.mark.integration

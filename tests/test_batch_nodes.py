@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, states, wait_until
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from worker.engine.loader import load_all
 
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("pcache") / "synthetic", n_layers=4))

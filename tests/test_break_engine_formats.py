@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.tasks import OutputFormat
 from tests.test_structured_engine import params, serve

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, nodes_cleanup
 
 pytestmark = pytest.mark.integration

@@ -15,16 +15,16 @@ import pytest
 import trio
 
 from exo_p2p.eventlog import EventLog
-from exo_p2p.models.chunk_sets import all_chunks, shard_chunks
-from exo_p2p.models.depot import ModelDepot
-from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
+from exo_p2p.models.transfer.chunk_sets import all_chunks, shard_chunks
+from exo_p2p.models.depot.depot import ModelDepot
+from exo_p2p.models.transfer.fetch import FetchError, FetchLimits, fetch_chunks
 from exo_p2p.models.manifest import build_manifest, check_manifest
 from exo_p2p.models.names import check_model_name
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.peer_transfer import fetch_manifest
-from exo_p2p.models.pulls import PullManager, PullStatus, check_disk
-from exo_p2p.models.store import ModelStore
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.transfer.protocols import fetch_manifest
+from exo_p2p.models.depot.pulls import PullManager, PullStatus, check_disk
+from exo_p2p.models.stores.store import ModelStore
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.node.process import first_leaf
 from exo_p2p.types import IndexedEvent, MasterElected, NodeProfile, State
 from exo_p2p.types.manifest import Chunk, HeldModel, ManifestFile, ModelManifest, TensorRange
@@ -393,9 +393,9 @@ def test_rm_while_the_model_is_being_pulled_is_refused(tmp_path: Path, model: Pa
 def test_a_bulk_reply_longer_than_any_chunk_fails_before_it_is_buffered() -> None:
     """A holder announcing a 1 TiB reply used to have the fetcher buffer whatever it sent
     (until memory or the 30 s chunk bound ran out)."""
-    from exo_p2p.models.bulk import TOKEN_BYTES, _REPLY, BulkError, BulkTicket
-    from exo_p2p.models.bulk_client import BulkConnection
-    from exo_p2p.models.peer_transfer import ChunkRequest
+    from exo_p2p.models.transfer.bulk import TOKEN_BYTES, _REPLY, BulkError, BulkTicket
+    from exo_p2p.models.transfer.bulk_client import BulkConnection
+    from exo_p2p.models.transfer.protocols import ChunkRequest
 
     sent = [0]
 
@@ -582,7 +582,7 @@ def test_a_second_pull_of_the_same_files_under_another_name_is_refused_with_409(
     from exo_p2p.api.app import _api_error
     from exo_p2p.api.errors import ApiError
     from exo_p2p.api.model_routes import model_routes
-    from exo_p2p.models.pulls import PullError  # a PullConflict: the API's 409
+    from exo_p2p.models.depot.pulls import PullError  # a PullConflict: the API's 409
 
     m = build_manifest(model, "tiny")
     data = tmp_path / "data"
@@ -653,8 +653,8 @@ def test_a_rank_fetch_during_which_a_pull_promotes_the_copy_still_gets_its_view(
     then asked the depot for its copy again, got a new empty one at ``.fetched/D`` and failed
     ("shard not fully verified yet"). It now builds its view from the copy it fetched into,
     wherever the pull moved it."""
-    from exo_p2p.models.fetch import FetchReport
-    from exo_p2p.models.shard_fetch import fetch_shard
+    from exo_p2p.models.transfer.fetch import FetchReport
+    from exo_p2p.models.depot.shard_fetch import fetch_shard
     from exo_p2p.types import Instance, ShardMetadata
 
     data = tmp_path / "data"

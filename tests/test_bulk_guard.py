@@ -19,15 +19,15 @@ import pytest
 import structlog
 import trio
 
-from exo_p2p.models import bulk_client
-from exo_p2p.models.bulk import _REPLY, TOKEN_BYTES, BulkServer, BulkTicket, listen_hosts
-from exo_p2p.models.bulk_client import FELL_BACK, fetch_getter
-from exo_p2p.models.chunk_sets import shard_chunks
-from exo_p2p.models.fetch import fetch_chunks
+from exo_p2p.models.transfer import bulk_client
+from exo_p2p.models.transfer.bulk import _REPLY, TOKEN_BYTES, BulkServer, BulkTicket, listen_hosts
+from exo_p2p.models.transfer.bulk_client import FELL_BACK, fetch_getter
+from exo_p2p.models.transfer.chunk_sets import shard_chunks
+from exo_p2p.models.transfer.fetch import fetch_chunks
 from exo_p2p.models.manifest import build_manifest, chunk_span
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.peer_transfer import LocalModel
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.transfer.protocols import LocalModel
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.cluster import NodeProcess, converged, make_secret, nodes_cleanup, self_id, wait_until
 

@@ -1,4 +1,4 @@
-"""A partial copy's pure rules: the journal's lines (``exo_p2p.models.chunk_journal``), a
+"""A partial copy's pure rules: the journal's lines (``exo_p2p.models.copies.journal``), a
 chunk checked against its manifest (``manifest.verify_chunk``) and what a shard view still
 lacks (``shard_views.unverified_chunks``)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.chunk_journal import ends_torn, journal_lines, parse_journal, without_file
+from exo_p2p.models.copies.journal import ends_torn, journal_lines, parse_journal, without_file
 from exo_p2p.models.manifest import ChunkVerificationError, verify_chunk
-from exo_p2p.models.shard_views import unverified_chunks
+from exo_p2p.models.copies.shard_views import unverified_chunks
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 
 DATA = b"abcdefgh"

@@ -18,7 +18,7 @@ import pytest
 from exo_p2p.cli.chat import request_body
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.structured import MAX_SCHEMA_BYTES, read_schema, response_format, schema_name
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess
 from tests.test_cli import Served, error_lines, invoke
 

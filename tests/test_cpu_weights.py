@@ -140,8 +140,8 @@ def test_node_without_optimised_blas_warns_once_and_serves(tmp_path: Path) -> No
     ids=["fits-stored-only", "fits-float32"],
 )
 def test_placement_decides_weights_and_reserves_what_the_runner_holds(tmp_path: Path, limit: str, want: str) -> None:
-    from exo_p2p.models.card import card_from_gguf
-    from exo_p2p.models.embedded import find_embedded_gguf
+    from exo_p2p.models.card.derive import card_from_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
 
     card = card_from_gguf(find_embedded_gguf(), MODEL)
     node = NodeProcess(tmp_path / "n", extra_args=["--memory-limit", limit])
@@ -189,8 +189,8 @@ def test_float32_greedy_output_equals_stored_weights(tmp_path: Path) -> None:
     each; also measured once with 2 more prompts and 32 tokens: equal): dequantization is
     exact, and the stored weights' float16 activations round no greedy choice differently
     here. The stored side is the slow one (~40 s on a quiet 2-core machine)."""
-    from exo_p2p.models.embedded import find_embedded_gguf
-    from exo_p2p.models.gguf_import import import_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
+    from exo_p2p.models.gguf.importer import import_gguf
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine

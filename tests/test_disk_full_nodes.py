@@ -1,5 +1,5 @@
 """A model repository cannot fill a node's disk, and a full data dir never keeps a node from
-starting (``exo_p2p.models.disk_room``, docs/security.md): real node processes whose data dir
+starting (``exo_p2p.models.copies.disk_room``, docs/security.md): real node processes whose data dir
 is a 48 MB tmpfs the test mounts (root only), the local stand-in hub (``tests/hub_server.py``)
 serving a repo whose small files do not fit.
 
@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 from tests.cluster import REPO, NodeProcess, wait_until
 from tests.hub_server import HubServer, _git_blob_id

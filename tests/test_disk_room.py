@@ -1,4 +1,4 @@
-"""Room on disk for what a model repository makes a node write (``exo_p2p.models.disk_room``,
+"""Room on disk for what a model repository makes a node write (``exo_p2p.models.copies.disk_room``,
 docs/security.md): the check before a hub model's small files are kept, the 507 answer
 naming free bytes in every API family's shape, the copy removed when a write finds the disk
 full, and what a node removes at start when its disk is full."""
@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from exo_p2p import defaults
 from exo_p2p.api.errors import family_error_response
-from exo_p2p.models.copy_cleanup import reclaim_fetched
-from exo_p2p.models.disk_room import (
+from exo_p2p.models.copies.cleanup import reclaim_fetched
+from exo_p2p.models.copies.disk_room import (
     DATA_DIR_RESERVE_BYTES, DiskFullError, check_room, is_disk_full, reclaimable,
 )
-from exo_p2p.models.hub_fetch import keep_known
-from exo_p2p.models.hub_manifest import hub_error_status, hub_error_text
+from exo_p2p.models.hub.fetch import keep_known
+from exo_p2p.models.hub.manifest import hub_error_status, hub_error_text
 from exo_p2p.types import ErrorInfo
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 

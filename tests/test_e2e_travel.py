@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from exo_p2p.models.embedded import find_embedded_gguf
-from exo_p2p.models.gguf_import import import_gguf
+from exo_p2p.models.stores.embedded import find_embedded_gguf
+from exo_p2p.models.gguf.importer import import_gguf
 from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
 
 pytestmark = pytest.mark.e2e

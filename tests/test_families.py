@@ -1,4 +1,4 @@
-"""The family rule (exo_p2p/models/families.py) and where it shows: placement refuses a split
+"""The family rule (exo_p2p/models/card/families.py) and where it shows: placement refuses a split
 a family cannot take, with the reason in its previews (never at load); a model's card carries
 its quantization; ``GET /models`` and ``exo-p2p models`` show family, quantization and the
 allowed shardings. The synthetic family models the matrix test uses load as their family.
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.models.families import (
+from exo_p2p.models.card.families import (
     MATRIX,
     NO_MLX_SHARD,
     NO_PIPELINE,
@@ -20,7 +20,7 @@ from exo_p2p.models.families import (
     sharding_problem,
     shardings_of,
 )
-from exo_p2p.models.synthetic_families import FAMILIES
+from tests.support.synthetic_families import FAMILIES
 from master.placement.place import PlacementError, place_instance, placement_previews
 from tests.test_placement import GIB, card, cluster
 
@@ -111,8 +111,8 @@ def test_placement_splits_the_families_the_matrix_proves(family: str) -> None:
 def test_a_synthetic_family_model_loads_as_its_family(tmp_path, family: str) -> None:
     """mlx-lm builds the family's own class from the written files (strict: every parameter
     present, none extra), and the card knows the family and its storage."""
-    from exo_p2p.models.card import card_from_model_dir
-    from exo_p2p.models.synthetic_families import make_family_model
+    from exo_p2p.models.card.derive import card_from_model_dir
+    from tests.support.synthetic_families import make_family_model
     from worker.engine.loader import load_all
 
     model_dir = make_family_model(tmp_path / family, family, n_layers=2 if family != "gpt_oss" else 2)
@@ -125,7 +125,7 @@ def test_a_synthetic_family_model_loads_as_its_family(tmp_path, family: str) -> 
 
 
 def test_unknown_family_is_refused_by_the_maker(tmp_path) -> None:
-    from exo_p2p.models.synthetic_families import make_family_model
+    from tests.support.synthetic_families import make_family_model
 
     with pytest.raises(KeyError, match="unknown family"):
         make_family_model(tmp_path / "x", "nope")
@@ -143,9 +143,9 @@ def test_the_listing_shows_family_quantization_and_shardings(tmp_path) -> None:
     from exo_p2p.api.views import local_model
     from exo_p2p.cli.json_shapes import MODEL_FIELDS, models_json
     from exo_p2p.cli.render import models_table
-    from exo_p2p.models.card import card_from_model_dir
-    from exo_p2p.models.synthetic import make_synthetic_model
-    from exo_p2p.models.synthetic_families import make_family_model
+    from exo_p2p.models.card.derive import card_from_model_dir
+    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.synthetic_families import make_family_model
 
     phi = msgspec.to_builtins(local_model(card_from_model_dir(make_family_model(tmp_path / "p", "phi3"), "p")))
     assert (phi["family"], phi["quantization"], phi["shardings"]) == ("phi3", "float32", ["pipeline"])

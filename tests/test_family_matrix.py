@@ -1,6 +1,6 @@
 """The family matrix (docs/models.md#families): every family of
-``exo_p2p.models.synthetic_families`` on 1 rank, as a 2-rank pipeline and, where
-``exo_p2p.models.families`` allows it, 2-rank tensor parallel, in real rank processes over
+``tests.support.synthetic_families`` on 1 rank, as a 2-rank pipeline and, where
+``exo_p2p.models.card.families`` allows it, 2-rank tensor parallel, in real rank processes over
 the MLX ring on 127.0.0.1, each building its engine as the runner does
 (``builder.build_engine`` with a ``Ring``; ``ring_stage`` picks the stage).
 
@@ -30,7 +30,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from exo_p2p.models.synthetic_families import FAMILIES  # noqa: E402
+from tests.support.synthetic_families import FAMILIES  # noqa: E402
 from tests.cluster import free_ports  # noqa: E402
 from tests.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
 
@@ -179,7 +179,7 @@ def share_bytes(model_dir: Path, start: int, end: int, n_layers: int, world: int
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from exo_p2p.models.synthetic_families import make_family_model
+    from tests.support.synthetic_families import make_family_model
 
     root = tmp_path_factory.mktemp("families")
     return {f: make_family_model(root / f, f, hidden_size=128, intermediate_size=256) for f in FAMILIES}
@@ -203,7 +203,7 @@ def single(family_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 
 def _tensor_families() -> list[str]:
-    from exo_p2p.models.families import sharding_problem
+    from exo_p2p.models.card.families import sharding_problem
 
     return [f for f in FAMILIES if sharding_problem(f, "tensor") is None]
 

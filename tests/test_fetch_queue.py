@@ -1,13 +1,13 @@
-"""The rules of who is asked for which chunk during a fetch (``exo_p2p.models.fetch_queue``):
+"""The rules of who is asked for which chunk during a fetch (``exo_p2p.models.transfer.fetch_queue``):
 pure, no peers."""
 
 from __future__ import annotations
 
 import pytest
 
-from exo_p2p.models import fetch_queue
-from exo_p2p.models.fetch_queue import ChunkQueue
-from exo_p2p.models.hub import HUB
+from exo_p2p.models.transfer import fetch_queue
+from exo_p2p.models.transfer.fetch_queue import ChunkQueue
+from exo_p2p.models.hub.client import HUB
 
 
 def _queue(todo, holders, *, size=10, **kw) -> ChunkQueue:

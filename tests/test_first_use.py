@@ -223,7 +223,7 @@ def test_placing_on_one_node_skips_connecting_and_loads_the_tokenizer(tmp_path_f
     anthropic = pytest.importorskip("anthropic")
     import httpx
 
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from tests.cluster import NodeProcess, wait_until
 
     models = tmp_path_factory.mktemp("models")

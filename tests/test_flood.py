@@ -7,7 +7,7 @@
   slowloris and never-reading connections to its API and a few hundred to its libp2p and
   model-transfer (bulk) ports: the node stays up, ``/health`` answers within 1 s throughout,
   each kind of connection is closed by the node within its bound (``exo_p2p.api.server``,
-  ``exo_p2p.api.slow_clients``, ``exo_p2p.net.host_build``, ``exo_p2p.models.bulk``), and its
+  ``exo_p2p.api.slow_clients``, ``exo_p2p.net.host_build``, ``exo_p2p.models.transfer.bulk``), and its
   descriptors return to their idle count.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from exo_p2p.api.server import KEEP_ALIVE_TIMEOUT, SEND_TIMEOUT
 from exo_p2p.api.slow_clients import BODY_TIMEOUT
-from exo_p2p.models.bulk import DEFER_ACCEPT, TICKET_WAIT
+from exo_p2p.models.transfer.bulk import DEFER_ACCEPT, TICKET_WAIT
 from tests.cluster import NodeProcess, wait_until
 from tests.conftest import TINY_MODEL
 from tests.flood import Wave, probe_failures, quick_share, run_flood
@@ -43,7 +43,7 @@ def _deferred(seconds: float) -> float:
 
 BULK_SILENT = (_deferred(DEFER_ACCEPT) if sys.platform == "linux" else 0.0) + TICKET_WAIT
 """Seconds a silent bulk connection may stay open: the kernel holds it (``TCP_DEFER_ACCEPT``),
-then the node waits ``TICKET_WAIT`` for its token (``exo_p2p.models.bulk``): 17 s here."""
+then the node waits ``TICKET_WAIT`` for its token (``exo_p2p.models.transfer.bulk``): 17 s here."""
 SLACK = 4.0
 """Seconds beyond a bound the node may take to close a connection on a loaded machine."""
 HEALTH_BOUND = 1.0

@@ -19,9 +19,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from exo_p2p.models.card import card_from_gguf, card_from_model_dir
+from exo_p2p.models.card.derive import card_from_gguf, card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_import import import_gguf
+from exo_p2p.models.gguf.importer import import_gguf
 from tests.gguf_files import family_metadata, llama3_rope_freqs, reference_model, write_family_gguf
 
 
@@ -159,7 +159,7 @@ def test_unsupported_architecture_and_tokenizer_are_named(tmp_path: Path) -> Non
 
 def test_store_lists_an_unsupported_gguf_as_unusable_with_the_reason(tmp_path: Path) -> None:
     from exo_p2p.models.errors import ModelNotFoundError
-    from exo_p2p.models.store import ModelStore
+    from exo_p2p.models.stores.store import ModelStore
 
     def no_embedded() -> Path:
         raise ModelNotFoundError("no embedded model in this test")

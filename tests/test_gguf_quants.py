@@ -1,6 +1,6 @@
 """Every GGML type the importer reads, against the ``gguf`` package's reference
 (``gguf.quants.dequantize``) on random blocks; MLX's packing; and what each type becomes in
-the imported directory (exact MLX affine quantization or float16: exo_p2p/models/gguf_tensors.py)."""
+the imported directory (exact MLX affine quantization or float16: exo_p2p/models/gguf/tensors.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_quants import GGML_TYPES, affine_blocks, dequantize, pack_mlx
-from exo_p2p.models.gguf_reader import GgufTensorInfo
-from exo_p2p.models.gguf_tensors import plan_tensor, write_tensor
+from exo_p2p.models.gguf.quants import GGML_TYPES, affine_blocks, dequantize, pack_mlx
+from exo_p2p.models.gguf.reader import GgufTensorInfo
+from exo_p2p.models.gguf.tensors import plan_tensor, write_tensor
 from tests.gguf_files import random_blocks
 
 import gguf  # noqa: E402  (the test extra)
@@ -119,7 +119,7 @@ def test_unknown_tensor_type_is_named() -> None:
 
 
 def test_safetensors_header_lists_outputs_in_order() -> None:
-    from exo_p2p.models.gguf_tensors import safetensors_header
+    from exo_p2p.models.gguf.tensors import safetensors_header
 
     plan = plan_tensor(GgufTensorInfo("w", (4, 64), 2), "a.weight")  # Q4_0
     blob = safetensors_header(plan.outputs)

@@ -1,5 +1,5 @@
 """Llama 3.1's ``rope_freqs`` tensor back to mlx-lm's ``llama3`` rope_scaling
-(exo_p2p/models/gguf_rope.py): for any llama3 parameters, the recovered ones give mlx-lm's
+(exo_p2p/models/gguf/rope.py): for any llama3 parameters, the recovered ones give mlx-lm's
 ``Llama3RoPE`` the frequencies llama.cpp runs with (factors as its converter writes them)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_rope import llama3_scaling, rope_scaling_from_metadata
+from exo_p2p.models.gguf.rope import llama3_scaling, rope_scaling_from_metadata
 from tests.gguf_files import llama3_rope_freqs
 
 

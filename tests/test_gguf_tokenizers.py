@@ -1,7 +1,7 @@
 """GGUF tokenizers against a reference: SentencePiece vocabularies (``tokenizer.ggml.model ==
 "llama"``) built into a ``tokenizer.json`` give the ids of the ``sentencepiece`` library
 on models it trains here (llama.cpp's SentencePiece tokenizer merges by the same scores);
-the Qwen 2 pre-tokenizer splits digits one by one (exo_p2p/models/gguf_spm.py,
+the Qwen 2 pre-tokenizer splits digits one by one (exo_p2p/models/gguf/spm.py,
 gguf_tokenizer.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.gguf_tokenizer import check_tokenizer, tokenizer_config, tokenizer_json
+from exo_p2p.models.gguf.tokenizer import check_tokenizer, tokenizer_config, tokenizer_json
 
 spm = pytest.importorskip("sentencepiece")
 

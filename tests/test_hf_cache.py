@@ -1,5 +1,5 @@
 """Models a user already has: MLX-format models in the Hugging Face cache are listed under
-their repo id, read-only (docs/models.md, ``exo_p2p.models.store.hf_cache_models``)."""
+their repo id, read-only (docs/models.md, ``exo_p2p.models.stores.store.hf_cache_models``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import os
 import shutil
 from pathlib import Path
 
-from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError
-from exo_p2p.models.store import ModelStore, hf_cache_models
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.stores.store import ModelStore, hf_cache_models
+from tests.support.synthetic_models import make_synthetic_model
 
 
 def _no_embedded() -> Path:

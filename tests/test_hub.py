@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from exo_p2p.models.card import card_from_model_dir
-from exo_p2p.models.chunk_sets import all_chunks
-from exo_p2p.models.fetch import NOT_HELD, fetch_chunks
-from exo_p2p.models.hub import HUB, HubFile, hub_offline, is_repo_id, parse_repo
-from exo_p2p.models.hub_manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
+from exo_p2p.models.card.derive import card_from_model_dir
+from exo_p2p.models.transfer.chunk_sets import all_chunks
+from exo_p2p.models.transfer.fetch import NOT_HELD, fetch_chunks
+from exo_p2p.models.hub.client import HUB, HubFile, hub_offline, is_repo_id, parse_repo
+from exo_p2p.models.hub.manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
 from exo_p2p.models.manifest import build_manifest, chunk_span
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.copies.partial import PartialModel
+from tests.support.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.unit
 
@@ -150,9 +150,9 @@ def test_a_hub_copy_is_hashed_as_it_arrives_and_needs_no_second_read(model_dir, 
     """Runs streamed from the hub (``hub_run``), out of order: each file's SHA-256 and every
     chunk's hash are known when the fetch ends, equal to what reading the files gives (the
     whole-file check and ``build_manifest``), and a file corrupted on arrival is caught."""
-    from exo_p2p.models import fetch_queue
-    from exo_p2p.models.hub_fetch import hub_run
-    from exo_p2p.models.hub_hashing import arrivals
+    from exo_p2p.models.transfer import fetch_queue
+    from exo_p2p.models.hub.fetch import hub_run
+    from exo_p2p.models.hub.hashing import arrivals
 
     monkeypatch.setattr(fetch_queue, "HUB_RUN_CHUNKS", 3)  # several runs, finishing out of order
     for corrupt in (False, True):
@@ -185,8 +185,9 @@ def test_every_byte_of_a_hub_copy_is_hashed_twice_at_most(model_dir, tmp_path, m
     """Once for its chunk, once for its file: a chunk fed to its file's hash from a read-back
     (it arrived ahead of the frontier) keeps the hash taken on arrival, and a receiving
     thread never waits for another one feeding the same file."""
-    from exo_p2p.models import fetch_queue, hub_hashing
-    from exo_p2p.models.hub_fetch import hub_run
+    from exo_p2p.models.transfer import fetch_queue
+    from exo_p2p.models.hub import hashing as hub_hashing
+    from exo_p2p.models.hub.fetch import hub_run
 
     monkeypatch.setattr(fetch_queue, "HUB_RUN_CHUNKS", 3)  # several runs, finishing out of order
     hashed = [0]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.hub_cache import cache_dir, git_blob_id, land, storage_dir
-from exo_p2p.models.store import hf_cache_models, is_mlx_model_dir
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.hub.cache import cache_dir, git_blob_id, land, storage_dir
+from exo_p2p.models.stores.store import hf_cache_models, is_mlx_model_dir
+from tests.support.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.unit
 REPO = "org/tiny"

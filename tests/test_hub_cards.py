@@ -175,7 +175,7 @@ class _Hub:
 def test_the_reading_node_refuses_a_large_card_and_a_full_state_before_emitting():
     import trio
 
-    from exo_p2p.hub_models import HubModels
+    from exo_p2p.models.hub.announce import HubModels
 
     emitted: list = []
     full = run([resolved(f"org/m{i:03d}") for i in range(MAX_HUB_MODELS)]

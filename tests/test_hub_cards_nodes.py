@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.state.budget import STATE_BUDGET_BYTES
 from exo_p2p.state.hub_cards import MAX_HUB_MODELS
 from tests.cluster import NodeProcess, agreement, state_of, wait_until

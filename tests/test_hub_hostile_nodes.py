@@ -26,8 +26,8 @@ import pytest
 
 from exo_p2p.models.hub_limits import (MAX_CONFIG_BYTES, MAX_HEADERS_BYTES, MAX_LISTING_BYTES, MAX_REPO_FILES,
                                        MAX_WEIGHT_FILE_BYTES, RESOLVE_DEADLINE)
-from exo_p2p.models.hub_manifest import MAX_HEADER_BYTES
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.hub.manifest import MAX_HEADER_BYTES
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, wait_until
 from tests.hub_hostile import Hostile, HostileHub
 
@@ -312,7 +312,7 @@ def test_hub_errors_keep_their_advice_and_an_endless_error_body_is_not_read_whol
     """In this process: a missing repo, a gated one, a revision not found are named as
     ``huggingface_hub`` names them (from at most ``MAX_ERROR_BYTES`` of the error's body), and
     a 401 whose body is 200 MB is answered as fast as a small one."""
-    from exo_p2p.models.hub import HubClient, HubError
+    from exo_p2p.models.hub.client import HubClient, HubError
 
     from huggingface_hub import constants
 

@@ -1,6 +1,6 @@
 """The bounds on what a hub repo may make a node spend (``exo_p2p.models.hub_limits``), the
-stop flag a hub thread checks (``hub_stop``) and the resolver that runs hub reads apart from
-the node's threads (``hub_resolve``): pure rules as properties, the resolver with trio."""
+stop flag a hub thread checks (``hub.stop``) and the resolver that runs hub reads apart from
+the node's threads (``hub.resolve``): pure rules as properties, the resolver with trio."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.models import hub_limits as L
-from exo_p2p.models.card import card_from_config
+from exo_p2p.models.card.derive import card_from_config
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.hub_resolve import Resolver
-from exo_p2p.models.hub_stop import HubStopped, HubTimeout, Stop
+from exo_p2p.models.hub.resolve import Resolver
+from exo_p2p.models.hub.stop import HubStopped, HubTimeout, Stop
 from exo_p2p.models.manifest import chunk_bounds
 
 pytestmark = pytest.mark.unit
@@ -198,8 +198,8 @@ def test_a_preview_keeps_the_card_for_this_node_only(monkeypatch: pytest.MonkeyP
     """``HubModels.preview``: the card read from a hub is kept in memory (``PREVIEW_CACHE``
     models at most), shared by later previews and revisions, added to a local copy of State
     for the previews, and never emitted (State unchanged: only a placement adds it)."""
-    from exo_p2p.hub_models import HubModels
-    from exo_p2p.models.hub_fetch import HubAccess
+    from exo_p2p.models.hub.announce import HubModels
+    from exo_p2p.models.hub.fetch import HubAccess
     from exo_p2p.types import State
     from exo_p2p.types.models import HubSource
 

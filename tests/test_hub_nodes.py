@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_p2p.models.chunk_sets import shard_chunks
-from exo_p2p.models.hub import HubClient
-from exo_p2p.models.hub_manifest import UNKNOWN, resolve_hub_model
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.transfer.chunk_sets import shard_chunks
+from exo_p2p.models.hub.client import HubClient
+from exo_p2p.models.hub.manifest import UNKNOWN, resolve_hub_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.cluster import NodeProcess, converged, self_id, wait_until
 from tests.hub_server import HubServer

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from exo_p2p.models.card import card_from_model_dir
+from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.hub_manifest import hub_error_status, resolve_hub_model
+from exo_p2p.models.hub.manifest import hub_error_status, resolve_hub_model
 from exo_p2p.models.model_json import MAX_MODEL_JSON_DEPTH, model_json
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.hub_server import HubServer
 from tests.test_hub import LocalRepo
 

@@ -17,8 +17,8 @@ import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)
 
 ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"exo_p2p.models.copy_cleanup", "exo_p2p.models.disk_room"}): "exo_p2p/models/ regrouping (h-models)",
-    frozenset({"exo_p2p.models.depot", "exo_p2p.models.hub_fetch", "exo_p2p.models.shard_fetch"}):
+    frozenset({"exo_p2p.models.copies.cleanup", "exo_p2p.models.copies.disk_room"}): "exo_p2p/models/ regrouping (h-models)",
+    frozenset({"exo_p2p.models.depot.depot", "exo_p2p.models.hub.fetch", "exo_p2p.models.depot.shard_fetch"}):
         "exo_p2p/models/ regrouping (h-models)",
 }
 """Circles known and owned, to be broken by their owner's regrouping (then removed from here)."""

@@ -1,5 +1,5 @@
 """A pipeline rank's layers run by the family's own forward (worker/engine/layer_span.py), in
-process: for every family of ``exo_p2p.models.synthetic_families``, the ranks of a 2- and a
+process: for every family of ``tests.support.synthetic_families``, the ranks of a 2- and a
 3-rank split, chained by hand (rank r's output is rank r + 1's input, as the ring carries
 it), give the whole model's logits at every step — a prompt longer than the sliding window
 in two chunks, then greedy decode steps — alone and as a left-padded batch of two rows.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.models.synthetic_families import FAMILIES, SLIDING_WINDOW
+from tests.support.synthetic_families import FAMILIES, SLIDING_WINDOW
 from worker.engine.layer_span import stand_in_indices
 
 ATOL = 1e-4
@@ -51,7 +51,7 @@ def test_stand_ins_refuse_a_range_outside_the_model() -> None:
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from exo_p2p.models.synthetic_families import make_family_model
+    from tests.support.synthetic_families import make_family_model
 
     root = tmp_path_factory.mktemp("families")
     return {f: make_family_model(root / f, f) for f in FAMILIES}
@@ -182,7 +182,7 @@ def test_the_view_runs_the_modules_a_float32_rank_holds(tmp_path: Path) -> None:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from worker.engine.loader import load_all
 
     q4 = make_synthetic_model(tmp_path / "q4", n_layers=4, quantize=True)

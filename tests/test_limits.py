@@ -98,7 +98,7 @@ def test_api_cap_fits_the_budget(nofile):
 
 
 def test_the_bulk_budget_is_what_the_bulk_listener_can_hold():
-    from exo_p2p.models import bulk
+    from exo_p2p.models.transfer import bulk
 
     assert limits.BULK_MAX_CONNECTIONS == bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS
 
@@ -273,7 +273,7 @@ def test_a_handler_that_raises_ends_its_connection_only():
 def test_a_bulk_connection_without_a_token_is_closed_after_its_timeout():
     """A connection to the model-transfer port that sends nothing ends quietly after
     ``TICKET_WAIT`` (it once raised and took the node down)."""
-    from exo_p2p.models.bulk import TICKET_WAIT, BulkServer
+    from exo_p2p.models.transfer.bulk import TICKET_WAIT, BulkServer
 
     async def main() -> None:
         server_side, client_side = trio.testing.memory_stream_pair()

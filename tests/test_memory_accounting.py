@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.models.card import card_from_model_dir
+from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.state import apply
 from exo_p2p.types import (
     DeleteInstance,

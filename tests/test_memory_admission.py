@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE
-from exo_p2p.models.card import card_from_model_dir
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.card.derive import card_from_model_dir
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.state import apply
 from exo_p2p.types import (
     ChatMessage,

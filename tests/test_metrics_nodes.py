@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from exo_p2p.cli.readable import NODE_ID_CHARS, short_ids
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.test_metrics import samples, value
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
+from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from tests.test_batch import CHUNK, drive, requests  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402

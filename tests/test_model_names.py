@@ -1,6 +1,6 @@
 """One set of files under two names (docs/models.md): a node holding the same bytes as two
 models publishes both names with the one manifest, and ``GET /models/cluster`` lists every
-(name, manifest) pair. The rules are pure (``exo_p2p.models.held.held_models``,
+(name, manifest) pair. The rules are pure (``exo_p2p.models.depot.held.held_models``,
 ``exo_p2p.api.model_routes.cluster_models``, ``instances_using``); the depot test reads real files, no process."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 from exo_p2p.api.model_routes import cluster_models, instances_using
-from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError
-from exo_p2p.models.held import held_models
-from exo_p2p.models.store import ModelStore
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.depot.held import held_models
+from exo_p2p.models.stores.store import ModelStore
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types import Instance, NodeId, ShardMetadata, State
 from exo_p2p.types.manifest import HeldModel
 from exo_p2p.types.topology import NodeProfile

@@ -1,5 +1,5 @@
 """A model held by one node is placed across nodes that lack it: each fetches just its shard
-from the peers holding it (docs/models.md, ``exo_p2p.models.shard_fetch``), with real node
+from the peers holding it (docs/models.md, ``exo_p2p.models.depot.shard_fetch``), with real node
 processes and a tiny synthetic model (~4.9 MB, 105 chunks of 64 KiB). Holders are slowed
 with the ``model_serve_delay`` fault hook where a test must act mid-transfer."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_p2p.models.chunk_sets import chunk_bytes_of, missing_chunks, shard_chunks
+from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.manifest import build_manifest
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.cluster import NodeProcess, converged, self_id, wait_until
 

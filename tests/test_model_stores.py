@@ -1,5 +1,5 @@
 """The model stores people use, read-only (docs/models.md#model-stores): an Ollama models dir
-(``exo_p2p.models.ollama_store``) and LM Studio's (``exo_p2p.models.lmstudio_store``) as the
+(``exo_p2p.models.stores.ollama``) and LM Studio's (``exo_p2p.models.stores.lmstudio``) as the
 node's ``ModelStore`` lists, imports and identifies their models. Every layout is made here;
 the GGUF is a tiny one written by MLX's GGUF writer."""
 
@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.models.depot import ModelDepot
+from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
-from exo_p2p.models.lmstudio_store import gguf_variants, scan_lmstudio
+from exo_p2p.models.stores.lmstudio import gguf_variants, scan_lmstudio
 from exo_p2p.models.names import canonical_model_name, check_relative_path
-from exo_p2p.models.ollama_store import (ADAPTER_MEDIA, MODEL_MEDIA, Layer, default_root, manifest_files, model_layer,
+from exo_p2p.models.stores.ollama import (ADAPTER_MEDIA, MODEL_MEDIA, Layer, default_root, manifest_files, model_layer,
                                          ollama_name, read_layers, scan_ollama)
-from exo_p2p.models.store import ModelStore, import_dir_name
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.stores.store import ModelStore, import_dir_name
+from tests.support.synthetic_models import make_synthetic_model
 from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
 
 DIGEST = "sha256:" + "ab" * 32
@@ -308,7 +308,7 @@ def msgspec_replace(card, model_id):  # type: ignore[no-untyped-def]
 def test_store_roots_follow_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from exo_p2p.cli.node_cmd import build_node_config
     from exo_p2p.config import NodeConfig
-    from exo_p2p.models.store import store_roots
+    from exo_p2p.models.stores.store import store_roots
 
     monkeypatch.setenv("HOME", str(tmp_path))  # Path.home()
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "o"))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
 from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
 

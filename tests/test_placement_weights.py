@@ -147,8 +147,8 @@ def test_card_float32_sizes_match_what_the_float32_load_holds(tmp_path) -> None:
     the bytes of the parameters ``load_model(weights_dtype="float32")`` holds."""
     from mlx.utils import tree_flatten
 
-    from exo_p2p.models.card import card_from_model_dir
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from exo_p2p.models.card.derive import card_from_model_dir
+    from tests.support.synthetic_models import make_synthetic_model
     from worker.engine.loader import load_all
 
     model_dir = make_synthetic_model(tmp_path / "q", n_layers=3, hidden_size=64, intermediate_size=128,

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from exo_p2p.api.resume import MOVE_BOUND
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration

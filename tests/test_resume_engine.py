@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from exo_p2p.models.synthetic import make_synthetic_model  # noqa: E402
+from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 
 pytestmark = pytest.mark.integration

@@ -36,8 +36,8 @@ import msgspec
 import psutil
 import pytest
 
-from exo_p2p.models.card import card_from_model_dir
-from exo_p2p.models.synthetic import make_synthetic_model
+from exo_p2p.models.card.derive import card_from_model_dir
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types import (
     CreateRunner,
     Instance,

@@ -3,7 +3,7 @@
 Carding its models is on the path to a restarted node's profile being indexed. It asked
 mlx-lm whether a model type supports tensor sharding (``Model.shard``) by importing it,
 ~2 s of CPU with transformers (more on a loaded machine): the node rejoined that much later.
-``exo_p2p.models.card.shard_method_in_source`` reads the answer from mlx-lm's source instead.
+``exo_p2p.models.card.derive.shard_method_in_source`` reads the answer from mlx-lm's source instead.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 def test_listing_a_nodes_models_does_not_import_mlx_lm(tmp_path):
     """A store holding a synthetic llama model and the embedded GGUF (a llama too) is carded
     in a fresh process without mlx-lm (nor transformers) being imported."""
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     models = tmp_path / "models"
     make_synthetic_model(models / "tiny", n_layers=2, hidden_size=32, intermediate_size=64, seed=1)
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from exo_p2p.models.store import ModelStore\n"
+        "from exo_p2p.models.stores.store import ModelStore\n"
         f"store = ModelStore(Path({str(tmp_path / 'data')!r}), [Path({str(models)!r})])\n"
         "cards = store.list_cards()\n"
         "assert any(c.model_id == 'tiny' for c in cards), [c.model_id for c in cards]\n"
@@ -48,7 +48,7 @@ def test_the_source_reading_agrees_with_mlx_lm_for_every_model_type():
     gives one) is what importing mlx-lm says; llama (and mistral, remapped to llama) answer."""
     from mlx_lm.utils import _get_classes
 
-    from exo_p2p.models.card import shard_method_in_source
+    from exo_p2p.models.card.derive import shard_method_in_source
 
     assert shard_method_in_source("llama") is True and shard_method_in_source("mistral") is True
     assert shard_method_in_source("no_such_model_type") is None

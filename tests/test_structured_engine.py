@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.content.output_format import format_problem
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings

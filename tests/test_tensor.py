@@ -185,7 +185,7 @@ def report(name: str, single: dict, ranks: list[dict], diff: float | None) -> No
 @pytest.mark.integration
 @pytest.mark.parametrize("quantize", [False, True], ids=["float", "q4"])
 def test_two_rank_tensor_equals_single_rank(tmp_path: Path, quantize: bool) -> None:
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     model_dir = make_synthetic_model(tmp_path / "m", n_layers=4, num_attention_heads=4,
                                      num_key_value_heads=2, quantize=quantize)
@@ -213,7 +213,7 @@ def test_tensor_ranks_with_different_weights(tmp_path: Path) -> None:
     the ranks exchange one dtype; they end every step with the same token, the first-step
     logits are within 0.15 of one float32 rank's (rank 1's half of every sum is rounded to
     float16: measured 0.076, logits up to ~10), and the first 8 greedy tokens equal its."""
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     model_dir = make_synthetic_model(tmp_path / "m", n_layers=4, num_attention_heads=4,
                                      num_key_value_heads=2, quantize=True, dtype="float16")
@@ -234,7 +234,7 @@ def test_tensor_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
     """Each of 2 ranks loads about half the layers plus the non-layer tensors: its load peak is
     at least its share, at most its share plus one full layer tensor read before slicing (and
     15%), and clearly below the whole model."""
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
 
     big = make_synthetic_model(tmp_path / "big", n_layers=8, hidden_size=256, num_attention_heads=8,
                                num_key_value_heads=4, intermediate_size=1024)
@@ -258,7 +258,7 @@ def _lazy_model(model_dir: Path):
 
 
 def test_shard_problem_names_what_does_not_divide(tmp_path: Path) -> None:
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from worker.engine.tensor import shard_problem
 
     plain = _lazy_model(make_synthetic_model(tmp_path / "p", num_attention_heads=4, num_key_value_heads=2))
@@ -276,7 +276,7 @@ def test_shard_problem_names_what_does_not_divide(tmp_path: Path) -> None:
 
 
 def test_loader_refuses_a_tensor_rank_of_a_layer_range(tmp_path: Path) -> None:
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from worker.engine.loader import load_all
 
     class FakeGroup:  # only size() is asked before the refusal
@@ -296,7 +296,7 @@ def test_tensor_runners_generate_agree_and_cancel(tmp_path: Path) -> None:
     model; a task reaching the ranks in different orders runs once with one rank's text; a
     cancel reaching rank 1 only ends the task Cancelled on both within 5 s; Shutdown to one
     rank stops both."""
-    from exo_p2p.models.synthetic import make_synthetic_model
+    from tests.support.synthetic_models import make_synthetic_model
     from exo_p2p.types.chunks import FinishChunk, TokenChunk
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import CancelTask, ConnectToGroup, Shutdown
@@ -376,8 +376,8 @@ E2E_RING_FLOOR = 120.0
 
 @pytest.fixture(scope="session")
 def embedded_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from exo_p2p.models.embedded import find_embedded_gguf
-    from exo_p2p.models.gguf_import import import_gguf
+    from exo_p2p.models.stores.embedded import find_embedded_gguf
+    from exo_p2p.models.gguf.importer import import_gguf
 
     return import_gguf(find_embedded_gguf(), tmp_path_factory.mktemp("embedded") / "smollm2")
 
@@ -389,7 +389,7 @@ def test_embedded_three_rank_tensor_matches_single_node(embedded_dir: Path, tmp_
     the synthetic q4 tests): each rank shards the stored tensors, then expands its part. The
     3-rank run is bounded by the 1-rank run's measured time (``E2E_RING_FACTOR``); its ranks
     end with a barrier (tests/ranks.py: without it rank 0 could hang after its last prompt)."""
-    from exo_p2p.models.card import card_from_model_dir
+    from exo_p2p.models.card.derive import card_from_model_dir
 
     started = time.monotonic()
     (single,), want_logits = run_ranks(embedded_dir, 1, tmp_path, prompts=E2E_PROMPTS, max_tokens=20,

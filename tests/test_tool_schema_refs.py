@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from exo_p2p.api.tools import schema_problem
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types.chunks import FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings

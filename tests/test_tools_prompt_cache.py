@@ -11,7 +11,7 @@ import msgspec
 
 from exo_p2p.api.families.openai_chat import chat_params
 from exo_p2p.api.schemas import ChatCompletionRequest
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from worker.engine.builder import build_engine

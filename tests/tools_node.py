@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jsonschema
 
-from exo_p2p.models.agent_template import AGENT_TEMPLATE
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_agent import AGENT_TEMPLATE
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess
 
 AGENT_MODEL = "tiny-agent"

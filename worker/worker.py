@@ -22,8 +22,8 @@ log = structlog.get_logger(__name__)
 
 FetchShard = Callable[[Instance, ShardMetadata, Callable[[int, int, int, int], None]], Awaitable[Path]]
 """``fetch_shard(instance, shard, on_progress) -> model dir``: fetch this rank's shard of a
-model the node lacks from its peers (``exo_p2p.models.shard_fetch``); raises with the reason.
-``on_progress(done, total, from_peers, from_hub)``: bytes (``exo_p2p.models.fetch.Progress``)."""
+model the node lacks from its peers (``exo_p2p.models.depot.shard_fetch``); raises with the reason.
+``on_progress(done, total, from_peers, from_hub)``: bytes (``exo_p2p.models.transfer.fetch.Progress``)."""
 DOWNLOAD_STATUS_INTERVAL = 0.5
 """Seconds between two Downloading status events of one runner at most (the last one always)."""
 

@@ -2,7 +2,7 @@
 
 ``until_disconnect`` runs an awaitable function beside a watch of the request's ASGI
 ``receive`` channel: an ``http.disconnect`` cancels the work (a hub read waited for in a
-thread is abandoned: ``exo_p2p.models.hub_resolve``) and raises Starlette's
+thread is abandoned: ``exo_p2p.models.hub.resolve``) and raises Starlette's
 ``ClientDisconnect``, which the app logs without answering. Used by the routes that may read
 a model hub (previews and placements of a model no node holds).
 """

@@ -3,18 +3,18 @@
 ``POST /models/pull`` (body ``{"model": NAME, "from": NODE|null}``) starts copying a model
 another node holds onto this node (201 with its ``PullStatus``; 400 when no node holds it
 completely or the name is ambiguous, 409 when it is already here or being pulled, under
-this name or, for the same files, another: ``exo_p2p.models.pulls.PullConflict``);
+this name or, for the same files, another: ``exo_p2p.models.depot.pulls.PullConflict``);
 ``GET /models/pulls`` lists this node's pulls with their progress; ``GET /models/unsupported``
 lists the models this node's stores hold that it cannot serve, each ``{"model", "source",
-"path", "reason"}`` (``exo_p2p.models.store.ModelStore.unsupported``); ``GET /models/cluster``
+"path", "reason"}`` (``exo_p2p.models.stores.store.ModelStore.unsupported``); ``GET /models/cluster``
 lists every model name held in the cluster with its manifests and holders (complete or
 partial); ``DELETE /models/{name}`` removes this node's pulled and fetched copies of a model
 (409 while an instance on this node uses it or a pull of it runs; 404 when this node has none; 400 for a name
 that cannot name a model directory, ``exo_p2p.models.names.check_model_name``, such as
 ``..`` or an empty name, which would name the pulled dir itself or one above it).
 
-Bound to a backend with ``pulls`` (``exo_p2p.models.pulls.PullManager``), ``depot``
-(``exo_p2p.models.depot.ModelDepot``), ``state()`` and ``node_id``; a backend without them
+Bound to a backend with ``pulls`` (``exo_p2p.models.depot.pulls.PullManager``), ``depot``
+(``exo_p2p.models.depot.depot.ModelDepot``), ``state()`` and ``node_id``; a backend without them
 (test doubles) gets no such routes.
 """
 
@@ -71,7 +71,7 @@ def model_routes(backend, max_body_bytes: int) -> list[Route]:  # type: ignore[n
     """The routes above, or none when ``backend`` has no ``pulls``/``depot``."""
     if not (hasattr(backend, "pulls") and hasattr(backend, "depot")):
         return []
-    from exo_p2p.models.pulls import PullConflict, PullError
+    from exo_p2p.models.depot.pulls import PullConflict, PullError
 
     async def start_pull(request: Request) -> Response:
         req = decode_json(await read_body(request, max_body_bytes), PullRequest)

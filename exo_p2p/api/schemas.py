@@ -214,7 +214,7 @@ class LocalModel(msgspec.Struct, frozen=True):
     when the backend cannot say). ``family`` (config.json's ``model_type``),
     ``quantization`` (the card's), ``shardings``: the ways it may be split over several nodes,
     ``sharding_notes``: why another is not, or that an allowed one is untested for the family
-    (``exo_p2p.models.families``)."""
+    (``exo_p2p.models.card.families``)."""
 
     model: str
     n_layers: int

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from exo_p2p.api.backend import NodeHealth
 from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, ShardView
-from exo_p2p.models.families import shardings_of
+from exo_p2p.models.card.families import shardings_of
 from exo_p2p.state import InstanceView, state_hash
 from exo_p2p.types import ModelCard, State
 
@@ -85,8 +85,8 @@ def model_list(cards: Iterable[ModelCard], created: int) -> ModelList:
 
 def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
     """``GET /models`` entry of a model this node holds (bytes, tokens; family, quantization
-    and shardings: ``exo_p2p.models.families``); ``source``: where the store found it
-    (``exo_p2p.models.sources.Origin``; None: not known)."""
+    and shardings: ``exo_p2p.models.card.families``); ``source``: where the store found it
+    (``exo_p2p.models.stores.sources.Origin``; None: not known)."""
     shardings, notes = shardings_of(card.architecture, supports_tensor=card.supports_tensor)
     return LocalModel(
         model=card.model_id,

@@ -2,7 +2,7 @@
 
 A peer measures each of this node's addresses over a plain TCP connection to that address,
 opened by a one-time ticket it got over the cluster's own authenticated connection, the way
-model chunks travel (``exo_p2p.models.bulk``):
+model chunks travel (``exo_p2p.models.transfer.bulk``):
 
 1. the prober asks for tickets over ``TICKET_PROTOCOL`` (a libp2p request/response: Noise,
    and PSK-private when the cluster has a secret), one per address it will probe; only a node
@@ -20,7 +20,7 @@ deadline); at most ``MAX_WAITING`` wait at once, ``PER_SOURCE_WAITING`` of one s
 one arriving beyond either closes the oldest waiting connection of its own source (or of the
 source holding the most), so a crowd evicts itself while a prober, which sends its token as
 soon as it connects, is read at once; while one is evicted on each arrival, accepts are paced
-(``exo_p2p.models.bulk.Paced``). Only a redeemed ticket, issued to a member, takes one of the
+(``exo_p2p.models.transfer.bulk.Paced``). Only a redeemed ticket, issued to a member, takes one of the
 ``MAX_CONNECTIONS`` serving slots, ``PER_PEER_CONNECTIONS`` of them for one peer id (the
 ticket's). A served connection silent for ``IDLE_TIMEOUT`` s or older than ``MAX_LIFETIME`` s
 is closed. Bounds: at most ``MAX_TICKETS`` unredeemed tickets (the oldest dropped),
@@ -43,7 +43,7 @@ import trio
 
 from exo_p2p.links.figures import BANDWIDTH_BYTES, PROBE_BYTES
 from exo_p2p.listen.admission import WaitingRoom, peer_ip
-from exo_p2p.models.bulk import Paced, open_listeners
+from exo_p2p.models.transfer.bulk import Paced, open_listeners
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Admission of connections that have not proven who they are yet, per source address.
 
-A node's ticketed TCP ports (the model-transfer port ``exo_p2p.models.bulk``, the link probe
+A node's ticketed TCP ports (the model-transfer port ``exo_p2p.models.transfer.bulk``, the link probe
 port ``exo_p2p.links.probe_server``) give a serving slot only to a connection that presents a
 one-time ticket issued over libp2p, i.e. to a cluster member. Until it does, a connection
 *waits*: at most ``wait`` s (its handshake deadline), in a :class:`WaitingRoom` of at most

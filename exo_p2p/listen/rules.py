@@ -17,7 +17,7 @@ from exo_p2p import limits
 from exo_p2p.listen.admission import per_source_cap
 from exo_p2p.api import server as api_server
 from exo_p2p.links import probe_server
-from exo_p2p.models import bulk
+from exo_p2p.models.transfer import bulk
 from exo_p2p.net import inbound
 from exo_p2p.net.config import NetConfig
 
@@ -43,7 +43,7 @@ LISTENERS: tuple[ListenerRule, ...] = (
     ListenerRule("libp2p", "exo_p2p.net.host_build", limits.LIBP2P_MAX_INBOUND, inbound.LIBP2P_PER_SOURCE,
                  next(f.default for f in fields(NetConfig) if f.name == "dial_timeout"),  # type: ignore[misc]
                  "py-libp2p's inbound limiter and upgrade timeout; exo_p2p.net.inbound"),
-    ListenerRule("model transfer (bulk)", "exo_p2p.models.bulk", bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS,
+    ListenerRule("model transfer (bulk)", "exo_p2p.models.transfer.bulk", bulk.MAX_UNREDEEMED + bulk.MAX_CONNECTIONS,
                  bulk.PER_SOURCE_UNREDEEMED, bulk.TICKET_WAIT,
                  "exo_p2p.listen.admission.WaitingRoom, then a ticket's serving slot"),
     ListenerRule("link probe", "exo_p2p.links.probe_server", probe_server.MAX_WAITING + probe_server.MAX_CONNECTIONS,

@@ -11,9 +11,9 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "card_from_gguf": "card", "card_from_model_dir": "card", "EMBEDDED_MODEL_ID": "embedded",
-    "find_embedded_gguf": "embedded", "ModelNotFoundError": "errors", "UnsupportedModelError": "errors",
-    "import_gguf": "gguf_import", "ModelStore": "store",
+    "card_from_gguf": "card.derive", "card_from_model_dir": "card.derive", "EMBEDDED_MODEL_ID": "stores.embedded",
+    "find_embedded_gguf": "stores.embedded", "ModelNotFoundError": "errors", "UnsupportedModelError": "errors",
+    "import_gguf": "gguf.importer", "ModelStore": "stores.store",
 }
 
 

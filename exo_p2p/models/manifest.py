@@ -9,7 +9,7 @@ pin a bad chunk on its sender. The manifest itself is trusted by its digest
 (``ModelManifest.digest``), which is what placement and the profiles name; a manifest fetched
 from a peer is accepted only when its digest is the one asked for.
 
-Which chunks a pipeline rank needs, and sums over chunk sets: ``exo_p2p.models.chunk_sets``.
+Which chunks a pipeline rank needs, and sums over chunk sets: ``exo_p2p.models.transfer.chunk_sets``.
 
 Pure functions apart from ``build_manifest`` (reads the files once; ``cached_manifest``
 keeps the result next to the data, keyed by every file's path, size and mtime).
@@ -161,7 +161,7 @@ def check_manifest(manifest: ModelManifest) -> ModelManifest:
     (``exo_p2p.models.names.check_relative_path``), not ending in ``.part``, listed once,
     and no path a directory of another; a file's chunks tile ``[0, size)`` in order, each
     non-empty, at most ``chunk_bytes`` long, with a lower-case hex SHA-256 (or "": a hub chunk
-    no node has read yet, ``exo_p2p.models.hub_manifest``); ``header_end``
+    no node has read yet, ``exo_p2p.models.hub.manifest``); ``header_end``
     within the file; tensors within ``[header_end, size]``, sorted and not overlapping.
 
     Raises:
@@ -232,7 +232,7 @@ def cached_manifest(model_dir: Path, name: str, cache_dir: Path) -> ModelManifes
 def seed_cached_manifest(model_dir: Path, manifest: ModelManifest, cache_dir: Path) -> None:
     """Record ``manifest`` as ``model_dir``'s in ``cache_dir`` (what ``cached_manifest`` reads
     while the files are unchanged), for a copy whose chunk hashes were computed as its bytes
-    arrived (``exo_p2p.models.hub_hashing``): the node does not hash it all again. The caller
+    arrived (``exo_p2p.models.hub.hashing``): the node does not hash it all again. The caller
     vouches that it equals ``build_manifest(model_dir, manifest.name)``."""
     cache = cache_dir / f"{manifest.name.replace('/', '--')}.manifest.json"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +258,7 @@ class ChunkVerificationError(ValueError):
 def verify_chunk(manifest: ModelManifest, path: str, index: int, data: bytes) -> tuple[int, int]:
     """``[start, end)`` of chunk ``index`` of ``path`` once ``data`` is checked against the
     manifest: its length, then its SHA-256 (a chunk with hash "" came from a hub and has
-    none yet: ``exo_p2p.models.hub_manifest``).
+    none yet: ``exo_p2p.models.hub.manifest``).
 
     Raises:
         ChunkVerificationError: wrong length or hash.

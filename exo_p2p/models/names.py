@@ -62,7 +62,7 @@ OLLAMA_DEFAULT_TAG = "latest"
 def canonical_model_name(name: str) -> str:
     """``name`` as the store lists it: an Ollama model named without its tag
     (``ollama:llama3.2``, ``ollama:someone/model``) gets Ollama's default tag,
-    ``ollama:llama3.2:latest`` (``exo_p2p.models.ollama_store``); any other name is unchanged."""
+    ``ollama:llama3.2:latest`` (``exo_p2p.models.stores.ollama``); any other name is unchanged."""
     if name.startswith(OLLAMA_PREFIX) and len(name) > len(OLLAMA_PREFIX):
         last = name[len(OLLAMA_PREFIX):].rsplit("/", 1)[-1]
         if last and ":" not in last:

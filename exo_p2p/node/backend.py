@@ -21,10 +21,10 @@ if TYPE_CHECKING:  # the parts' types only; the node imports them to build the p
     from exo_p2p.chunks.router import ChunkRouter
     from exo_p2p.cluster.event_times import EventTimesView
     from exo_p2p.cluster.member import ClusterMember
-    from exo_p2p.hub_models import HubModels
-    from exo_p2p.local_models import LocalModels
-    from exo_p2p.models.depot import ModelDepot
-    from exo_p2p.models.pulls import PullManager
+    from exo_p2p.models.hub.announce import HubModels
+    from exo_p2p.models.stores.announce import LocalModels
+    from exo_p2p.models.depot.depot import ModelDepot
+    from exo_p2p.models.depot.pulls import PullManager
     from exo_p2p.models.token_count import TokenCounter
     from exo_p2p.net import Network
     from exo_p2p.replica import Replica

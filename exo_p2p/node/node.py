@@ -28,21 +28,21 @@ from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.chunks.routes import ChunkRoutes
 from exo_p2p.cluster.member import ClusterMember, ClusterSettings
 from exo_p2p.config import NodeConfig
-from exo_p2p.hub_models import HubModels
+from exo_p2p.models.hub.announce import HubModels
 from exo_p2p.links.probe_server import ProbeServer
 from exo_p2p.links.prober import Prober
-from exo_p2p.local_models import LocalModels
+from exo_p2p.models.stores.announce import LocalModels
 from exo_p2p.logs.configure import announce
 from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures
 from exo_p2p.metrics.node_observer import node_observer
 from exo_p2p.metrics.observer import Observer
-from exo_p2p.models.bulk import listen_hosts
-from exo_p2p.models.depot import ModelDepot
-from exo_p2p.models.disk_room import reclaim_at_start
-from exo_p2p.models.hub_fetch import HubAccess
-from exo_p2p.models.pulls import PullManager
-from exo_p2p.models.shard_fetch import fetch_shard
-from exo_p2p.models.store import ModelStore, store_roots
+from exo_p2p.models.transfer.bulk import listen_hosts
+from exo_p2p.models.depot.depot import ModelDepot
+from exo_p2p.models.copies.disk_room import reclaim_at_start
+from exo_p2p.models.hub.fetch import HubAccess
+from exo_p2p.models.depot.pulls import PullManager
+from exo_p2p.models.depot.shard_fetch import fetch_shard
+from exo_p2p.models.stores.store import ModelStore, store_roots
 from exo_p2p.models.token_count import TokenCounter
 from exo_p2p.net import NetConfig, Network, load_or_create_identity, new_boot_id, open_host
 from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
@@ -148,7 +148,7 @@ class Node:
     async def _fetch_shard(self, instance: Instance, shard: ShardMetadata,
                            on_progress: Callable[[int, int, int, int], None]) -> Path:
         """The worker's ``FetchShard``: this rank's chunks from the peers holding the model
-        (``exo_p2p.models.shard_fetch``)."""
+        (``exo_p2p.models.depot.shard_fetch``)."""
         return await fetch_shard(self.depot, self.running.net, self.node_id, self.state, instance, shard,
                                  on_progress=on_progress, hub=self.hub)
 

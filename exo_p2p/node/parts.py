@@ -10,7 +10,7 @@ from exo_p2p.chunks.routes import ChunkRoutes
 from exo_p2p.cluster.member import ClusterMember
 from exo_p2p.links.probe_server import ProbeServer
 from exo_p2p.links.prober import Prober
-from exo_p2p.models.pulls import PullManager
+from exo_p2p.models.depot.pulls import PullManager
 from exo_p2p.net import Network
 from exo_p2p.node.backend import NodeBackend
 from exo_p2p.node.loop_watch import LoopWatch

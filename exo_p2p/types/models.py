@@ -25,9 +25,9 @@ class ModelCard(msgspec.Struct, frozen=True):
     the runner could not load (``master.placement.split.tensor_divisibility_problem``).
     ``float32_*`` are the same parts' bytes once expanded to float32 at load (a CPU-only
     node's runner, ``--cpu-weights``); empty / 0 on cards from before them (never expanded).
-    ``quantization``: how the weights are stored (``exo_p2p.models.families.quantization_of``:
+    ``quantization``: how the weights are stored (``exo_p2p.models.card.families.quantization_of``:
     ``"4-bit, group 64"``, ``"bfloat16"``...; empty on cards from before it).
-    ``capabilities``: what its chat template knows (``exo_p2p.models.capabilities``:
+    ``capabilities``: what its chat template knows (``exo_p2p.models.card.capabilities``:
     ``completion``, ``tools``, ``thinking``; empty on cards from before it).
     """
 
@@ -106,7 +106,7 @@ class HubSource(msgspec.Struct, frozen=True):
     """Where a model no node holds comes from: a Hugging Face repo (``repo_id``, ``ORG/NAME``)
     at the commit ``revision`` (40 hex digits: a moved branch never changes what the cluster
     fetches), whose files' manifest has ``digest`` (``ModelManifest.digest``, weight chunks
-    without hashes until fetched: ``exo_p2p.models.hub_manifest``)."""
+    without hashes until fetched: ``exo_p2p.models.hub.manifest``)."""
 
     repo_id: str
     revision: str

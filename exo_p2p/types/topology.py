@@ -38,7 +38,7 @@ class NodeProfile(msgspec.Struct, frozen=True):
     ``"stored"``; a Metal node, and a profile from before the field, say ``"stored"``.
     Placement reads both (``master.placement.split.rank_weights``).
     ``held_models`` lists the manifests this node holds, complete or partial (docs/models.md,
-    ``exo_p2p.models.depot``); ``models_disk_free`` is the free bytes of its models dir (rounded down to whole GiB)
+    ``exo_p2p.models.depot.depot``); ``models_disk_free`` is the free bytes of its models dir (rounded down to whole GiB)
     (None: not said, as from nodes before it).
     """
 

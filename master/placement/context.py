@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exo_p2p.models.families import sharding_problem
+from exo_p2p.models.card.families import sharding_problem
 from exo_p2p.types import ModelCard, NodeId, Sharding, State
 from master.model_identity import mismatched_nodes
 from master.placement.fetch import fetcher_problem, holds_model
@@ -130,7 +130,7 @@ def placement_context(state: State, card: ModelCard, nodes: Iterable[str] | None
 
 def size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
     """Why no cycle of ``size`` nodes can take the model whatever the nodes, or None: the
-    family's rule first (``exo_p2p.models.families``), then the sizes."""
+    family's rule first (``exo_p2p.models.card.families``), then the sizes."""
     if size > 1 and (problem := family_problem(card, sharding)):
         return problem
     if sharding == "tensor":
@@ -141,5 +141,5 @@ def size_problem(card: ModelCard, sharding: Sharding, size: int) -> str | None:
 
 
 def family_problem(card: ModelCard, sharding: Sharding) -> str | None:
-    """Why the model's family cannot be split by ``sharding``, or None (``exo_p2p.models.families``)."""
+    """Why the model's family cannot be split by ``sharding``, or None (``exo_p2p.models.card.families``)."""
     return sharding_problem(card.architecture, sharding, supports_tensor=card.supports_tensor)

@@ -24,7 +24,7 @@ Rules (pure, from ``State`` and the ``ModelCard``):
   single rank or a tensor rank takes everything from the hub; a pipeline rank of several
   the same, except what a lower rank on another node also fetches — the embedding, which
   the last rank of a tied model loads again as its head — which it takes from that rank's
-  node (``exo_p2p.models.hub_fetch.shared_chunks``). Partial copies nodes hold of it are
+  node (``exo_p2p.models.hub.fetch.shared_chunks``). Partial copies nodes hold of it are
   not counted as peers' (State does not say which chunks they have), so the hub figure is
   the most the hub sends.
 - **Disk**: a fetcher's ``models_disk_free`` must be at least ``disk_needed(fetch)`` =

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from exo_p2p.models.synthetic import make_synthetic_model
+from tests.support.synthetic_models import make_synthetic_model
 from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.test_batch_nodes import CANCEL_BOUND, cancel_bound
 

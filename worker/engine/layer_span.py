@@ -25,7 +25,7 @@ other ranks' layers are dropped: the empty caches the family's ``make_cache`` gi
 layer, and each layer's plain attributes (``use_sliding``: llama reads it in its loop), copied
 onto the placeholders. The view shares every module and array with the model: it holds no
 weights of its own. Families whose layers pass more than the hidden states between them
-(shared KV caches, per-layer inputs) are refused at placement (``exo_p2p.models.families``).
+(shared KV caches, per-layer inputs) are refused at placement (``exo_p2p.models.card.families``).
 """
 
 from __future__ import annotations

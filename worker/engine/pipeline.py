@@ -23,7 +23,7 @@ Every pipeline op runs on the engine's stream, in the same order on every rank.
 A rank's layers run inside the family's own forward (``engine.layer_span``: embedding scale,
 masks per kind of layer, norm, tied or untied head), so every mlx-lm family whose layers pass
 only hidden states to each other pipelines (``model.model.embed_tokens / layers / norm``); the
-families that cannot are refused at placement (``exo_p2p.models.families``).
+families that cannot are refused at placement (``exo_p2p.models.card.families``).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def show_document(card: ModelCard, started: int) -> dict[str, Any]:
     """``/api/show``'s answer for ``card``: its shape as Ollama's ``model_info`` keys under
     its architecture (``<arch>.context_length`` in tokens, where clients read the context
     window; widths, layers, heads, vocabulary), its ``capabilities`` from its chat template
-    (``exo_p2p.models.capabilities``; ``completion`` for a card from before them);
+    (``exo_p2p.models.card.capabilities``; ``completion`` for a card from before them);
     ``started`` (Unix seconds) is its ``modified_at`` (pure)."""
     arch = card.architecture or "llama"
     info: dict[str, Any] = {"general.architecture": arch}

@@ -1,0 +1,1 @@
+"""Model cards derived from a model's files (docs/architecture.md#vocabulary)."""

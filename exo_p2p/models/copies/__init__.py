@@ -1,0 +1,1 @@
+"""A node's copies of models on disk, complete or partial (docs/models.md)."""

@@ -1,0 +1,1 @@
+"""Model chunks travelling between nodes: protocols, the bulk path, one fetch (docs/models.md)."""

@@ -1,0 +1,1 @@
+"""Test support shared by test modules (harnesses, tiny synthetic models); no tests here."""
