@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 import trio
 
+from exo_p2p.limits import check_nofile
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.content.system_turns import messages_for_template
 from exo_p2p.types import GenerationParams, State
@@ -51,9 +52,7 @@ def load_tokenizer(path: Path) -> Any:
     one the runners use, so counts match what a generation's prompt takes). Blocking: imports
     mlx-lm on first use, reads the files; run it in a thread. The node's open-file limit is
     checked after (mlx-lm's import tries to lower it: ``exo_p2p.limits``)."""
-    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
-
-    from exo_p2p.limits import check_nofile
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer  # lazy: imports MLX (seconds)
 
     tokenizer = mlx_load_tokenizer(path)
     check_nofile("mlx-lm imported")

@@ -38,7 +38,7 @@ from exo_p2p.metrics.node_observer import node_observer
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.models.transfer.bulk import listen_hosts
 from exo_p2p.models.depot.depot import ModelDepot
-from exo_p2p.models.copies.disk_room import reclaim_at_start
+from exo_p2p.models.copies.cleanup import reclaim_at_start
 from exo_p2p.models.hub.fetch import HubAccess
 from exo_p2p.models.depot.pulls import PullManager
 from exo_p2p.models.depot.shard_fetch import fetch_shard
@@ -108,7 +108,7 @@ class Node:
         self.store = ModelStore(self.data_dir, [Path(p) for p in cfg.models_dirs] + [self.data_dir / "models" / "pulled"],
                                 **store_roots(cfg))
         self.depot = ModelDepot(self.store, self.data_dir, fault_hooks=cfg.fault_hooks)
-        reclaim_at_start(self.depot, {i.model_id for i in self.replica.state.instances.values()})  # disk_room
+        reclaim_at_start(self.depot, {i.model_id for i in self.replica.state.instances.values()})  # copies/cleanup
         self.hub = HubAccess(offline=cfg.offline, node_id=self.node_id)
         self.models = LocalModels(self.store, self.node_id, self.emit_local)
         self.hub_models = HubModels(self.hub, self.depot, self.node_id, self.state, self.emit_local)

@@ -8,8 +8,10 @@ read. :func:`card_from_gguf` gives the card the same GGUF would have after
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import importlib.util
 import re
 import struct
 from pathlib import Path
@@ -18,12 +20,12 @@ from typing import Any, Mapping
 import msgspec
 
 from exo_p2p.models.card.capabilities import model_dir_template, template_capabilities
-from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.model_json import model_json
 from exo_p2p.models.card.families import quantization_of
+from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.layout import model_plan
 from exo_p2p.models.gguf.reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
+from exo_p2p.models.model_json import model_json
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.models import ModelCard
 
@@ -251,7 +253,7 @@ def has_shard_method(model_type: str) -> bool:
     if plain is not None:
         return plain
     try:
-        from mlx_lm.utils import _get_classes
+        from mlx_lm.utils import _get_classes  # lazy: imports MLX (seconds)
 
         model_class, _ = _get_classes({"model_type": model_type})
     except (ImportError, ValueError):
@@ -268,9 +270,6 @@ def shard_method_in_source(model_type: str) -> bool | None:
     class ``Model`` of ``mlx_lm/models/<type>.py``, a direct ``nn.Module`` subclass, defines
     ``shard``. None when the source does not say it plainly (no such file, another base class
     that may bring ``shard``, a remapping that is not a literal): then mlx-lm is imported."""
-    import ast
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("mlx_lm")  # a top-level package: not imported
         if spec is None or not spec.submodule_search_locations:

@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from exo_p2p.models.copies.disk_room import DATA_DIR_RESERVE_BYTES, reclaimable
 from exo_p2p.models.copies.files import MANIFEST_FILE
 from exo_p2p.models.copies.shard_views import VIEWS_DIR
 from exo_p2p.types.manifest import ModelManifest
@@ -93,8 +94,6 @@ def reclaim_fetched(fetched_dir: Path, used: Set[str], free: int) -> list[Path]:
     that are incomplete (a ``.part`` file left) and of a model no placement uses (``used``:
     model names of State's instances; ``disk_room.reclaimable``), with their shard views;
     the deleted dirs. Nothing when there is room. Blocking."""
-    from exo_p2p.models.copies.disk_room import DATA_DIR_RESERVE_BYTES, reclaimable
-
     if free >= DATA_DIR_RESERVE_BYTES or not fetched_dir.is_dir():
         return []
     copies = []
@@ -113,4 +112,21 @@ def reclaim_fetched(fetched_dir: Path, used: Set[str], free: int) -> list[Path]:
         log.warning("data dir nearly full: removed a partial model copy no placement uses",
                     path=str(fetched_dir / digest), free_bytes=free, reserve_bytes=DATA_DIR_RESERVE_BYTES)
         removed.append(fetched_dir / digest)
+    return removed
+
+
+def reclaim_at_start(depot, used: Set[str]) -> list:  # type: ignore[no-untyped-def]
+    """At a node's start, before anything writes: when the data dir's disk has less than
+    ``DATA_DIR_RESERVE_BYTES`` free, remove ``depot``'s incomplete copies of models no
+    placement uses (``used``; ``reclaim_fetched``) and say in the log what is
+    free then; the removed dirs. Blocking."""
+    data_dir = depot.models_dir.parent
+    free = shutil.disk_usage(data_dir).free
+    removed = reclaim_fetched(depot.fetched_dir, used, free)
+    after = shutil.disk_usage(data_dir).free if removed else free
+    if after < DATA_DIR_RESERVE_BYTES:
+        log.error(
+            "data dir nearly full: this node stops when its event log cannot be written (docs/security.md); "
+            "free space on its disk", data_dir=str(data_dir), free_bytes=after,
+            reserve_bytes=DATA_DIR_RESERVE_BYTES)
     return removed

@@ -13,14 +13,13 @@ write: ``exo_p2p.eventlog``). Rules:
   check (something else filled the disk meanwhile): the copy written so far is removed
   (``ModelDepot.discard``) and the caller gets the same 507;
 - ``reclaimable``: at start, a node whose data dir has less than the reserve free removes its
-  partial copies that no placement uses (``ModelDepot.reclaim``), so a disk filled by a copy
-  never keeps the node from starting.
+  partial copies that no placement uses (``copies.cleanup.reclaim_at_start``), so a disk
+  filled by a copy never keeps the node from starting.
 """
 
 from __future__ import annotations
 
 import errno
-import shutil
 from collections.abc import Iterable, Set
 
 from exo_p2p import defaults
@@ -69,23 +68,3 @@ def reclaimable(copies: Iterable[tuple[str, str, bool]], used: Set[str]) -> list
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
-
-def reclaim_at_start(depot, used: Set[str]) -> list:  # type: ignore[no-untyped-def]
-    """At a node's start, before anything writes: when the data dir's disk has less than
-    ``DATA_DIR_RESERVE_BYTES`` free, remove ``depot``'s incomplete copies of models no
-    placement uses (``used``; ``copies.cleanup.reclaim_fetched``) and say in the log what is
-    free then; the removed dirs. Blocking."""
-    import structlog
-
-    from exo_p2p.models.copies.cleanup import reclaim_fetched
-
-    data_dir = depot.models_dir.parent
-    free = shutil.disk_usage(data_dir).free
-    removed = reclaim_fetched(depot.fetched_dir, used, free)
-    after = shutil.disk_usage(data_dir).free if removed else free
-    if after < DATA_DIR_RESERVE_BYTES:
-        structlog.get_logger(__name__).error(
-            "data dir nearly full: this node stops when its event log cannot be written (docs/security.md); "
-            "free space on its disk", data_dir=str(data_dir), free_bytes=after,
-            reserve_bytes=DATA_DIR_RESERVE_BYTES)
-    return removed

@@ -34,11 +34,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from exo_p2p.models.copies import journal as chunk_journal
-from exo_p2p.models.copies.journal import JOURNAL, ends_torn, journal_lines, parse_journal, replace_journal, without_file
 from exo_p2p.models.copies.files import (claim_dir, delete_file, finish_file, open_part, present, pwrite_all, read_span,
                                        sync_files)
-from exo_p2p.models.manifest import check_manifest, chunk_span, verify_chunk
+from exo_p2p.models.copies.journal import JOURNAL, ends_torn, journal_lines, parse_journal, replace_journal, without_file
 from exo_p2p.models.copies.shard_views import VIEWS_DIR, build_shard_view
+from exo_p2p.models.manifest import check_manifest, chunk_span, verify_chunk
 from exo_p2p.types.manifest import ModelManifest
 
 CHECKPOINT_BYTES = 64 * 1024 * 1024

@@ -40,26 +40,24 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.models.transfer.bulk import BulkServer, listen_hosts
-from exo_p2p.models.transfer.bulk_client import fetch_getter
 from exo_p2p.models.copies.cleanup import clean_fetched, remove_pulled
 from exo_p2p.models.copies.files import MANIFEST_FILE
-from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
-from exo_p2p.models.gguf.importer import IMPORT_MARKER
+from exo_p2p.models.copies.partial import PartialModel
 from exo_p2p.models.depot.held import held_models
+from exo_p2p.models.depot.serve_faults import ServeFaults
+from exo_p2p.models.gguf.importer import IMPORT_MARKER
+from exo_p2p.models.hub.fetch import held_maps, hub_get, hub_run
 from exo_p2p.models.manifest import cached_manifest
 from exo_p2p.models.names import check_model_name
-from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.stores.store import REFRESH_SECONDS, ModelStore, is_mlx_model_dir
+from exo_p2p.models.transfer.bulk import BulkServer, listen_hosts
+from exo_p2p.models.transfer.bulk_client import fetch_getter
+from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchLimits, FetchReport, Progress, fetch_chunks
 from exo_p2p.models.transfer.protocols import ChunkSource, LocalModel, ModelServer, chunk_getter
-from exo_p2p.models.depot.serve_faults import ServeFaults
-from exo_p2p.models.stores.store import ModelStore, is_mlx_model_dir
 from exo_p2p.types.manifest import HeldModel, ModelManifest
 
 log = structlog.get_logger(__name__)
 
-REFRESH_SECONDS = 30.0
-"""How often the node re-scans its models (new GGUF imports, changed files); cheap when
-nothing changed (manifests are cached by path, size and mtime)."""
 PULLED_DIR = "pulled"
 FETCHED_DIR = ".fetched"
 
@@ -199,8 +197,6 @@ class ModelDepot:
         get, close = fetch_getter(net, manifest.digest, p2p_get, timeout=limits.chunk_timeout)
         known = run = None
         if hub is not None:
-            from exo_p2p.models.hub.fetch import held_maps, hub_get, hub_run
-
             get, run = hub_get(get, hub, manifest), hub_run(hub, partial)
             known = await held_maps(net, manifest.digest, holders)
         try:

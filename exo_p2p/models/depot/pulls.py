@@ -30,12 +30,16 @@ import structlog
 import trio
 
 from exo_p2p import defaults
-from exo_p2p.models.transfer.chunk_sets import all_chunks
 from exo_p2p.models.depot.depot import ModelDepot
-from exo_p2p.models.transfer.fetch import FetchError, Progress
-from exo_p2p.models.hub.client import HubClient, is_repo_id, parse_repo, preload
-from exo_p2p.models.hub.fetch import HubAccess
+from exo_p2p.models.depot.shard_fetch import holders as peers_of
+from exo_p2p.models.hub.cache import cache_dir, land
+from exo_p2p.models.hub.client import HUB, HubClient, is_repo_id, parse_repo, preload
+from exo_p2p.models.hub.fetch import HubAccess, verify_files
+from exo_p2p.models.hub.hashing import arrivals
+from exo_p2p.models.manifest import seed_cached_manifest
 from exo_p2p.models.names import check_model_name
+from exo_p2p.models.transfer.chunk_sets import all_chunks
+from exo_p2p.models.transfer.fetch import FetchError, Progress
 from exo_p2p.models.transfer.protocols import fetch_manifest
 from exo_p2p.types import HubSource, State
 
@@ -169,10 +173,6 @@ class PullManager:
         """Pull ``status.model`` from the hub (and the peers holding chunks of it): read its
         manifest, fetch every chunk (peers first), check every file's SHA-256 (a failed file
         is fetched again, at most ``HUB_PULL_ROUNDS`` rounds), then land the copy (``_land``)."""
-        from exo_p2p.models.hub.client import HUB
-        from exo_p2p.models.hub.fetch import verify_files
-        from exo_p2p.models.depot.shard_fetch import holders as peers_of
-
         assert self._hub is not None
         revision = self._revisions.get(status.model)
         source, _card = await self._hub.resolve(f"{status.model}@{revision}" if revision else status.model, self._depot)
@@ -211,10 +211,6 @@ class PullManager:
         """Where a complete hub copy goes (blocking): the node's first ``--models-dir`` as
         ``ORG/NAME`` when it has one, else the Hugging Face cache (``hub.cache.land``); the
         model's dir (the snapshot dir in the cache)."""
-        from exo_p2p.models.hub.cache import cache_dir, land
-        from exo_p2p.models.hub.hashing import arrivals
-        from exo_p2p.models.manifest import seed_cached_manifest
-
         partial = self._depot.partial(self._depot.manifest(source.digest))  # type: ignore[arg-type]
         full = arrivals(partial).full_manifest()  # every chunk hashed as it arrived, or None
         if self._models_dir is not None:

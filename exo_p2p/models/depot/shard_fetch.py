@@ -1,6 +1,6 @@
 """A rank's node fetches just its shard of a model it lacks, from the peers holding it (docs/models.md).
 
-What a rank fetches (``wanted_chunks``): for a pipeline rank of several, the chunks of
+What a rank fetches (``chunk_sets.wanted_chunks``): for a pipeline rank of several, the chunks of
 ``exo_p2p.models.transfer.chunk_sets.shard_chunks`` (its layers' tensors, the embedding on rank 0, the
 final norm and head on the last rank, every config/tokenizer file); a single rank or a
 tensor-parallel rank fetches every chunk (a tensor rank slices every tensor).
@@ -36,11 +36,11 @@ import structlog
 import trio
 
 from exo_p2p import defaults
-from exo_p2p.models.transfer.chunk_sets import all_chunks, chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.depot.depot import ModelDepot
-from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
 from exo_p2p.models.hub.client import HUB, HubError
 from exo_p2p.models.hub.fetch import HubAccess, await_shared, hub_manifest, shared_chunks, verify_files
+from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, missing_chunks, wanted_chunks
+from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
 from exo_p2p.models.transfer.protocols import fetch_manifest
 from exo_p2p.types import HubSource, Instance, ShardMetadata, State
 from exo_p2p.types.manifest import ModelManifest
@@ -61,14 +61,6 @@ def holders(state: State, digest: str, me: str) -> list[str]:
                 break
     return complete + partial
 
-
-def wanted_chunks(manifest: ModelManifest, instance: Instance, shard: ShardMetadata, *, tied: bool) -> dict[str, tuple[int, ...]]:
-    """File path -> chunk indices this rank reads (rule: module docstring). ``tied``: the
-    model's head is its embedding (``ModelCard.tie_word_embeddings``)."""
-    if instance.sharding == "tensor" or shard.world_size == 1:
-        return all_chunks(manifest)
-    return shard_chunks(manifest, start_layer=shard.start_layer, end_layer=shard.end_layer,
-                        n_layers=shard.n_layers, tied=tied)
 
 
 async def _manifest(depot: ModelDepot, net, digest: str, peers: list[str]) -> ModelManifest:  # type: ignore[no-untyped-def]

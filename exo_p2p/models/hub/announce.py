@@ -9,8 +9,11 @@ from collections.abc import Callable
 import msgspec
 import trio
 
+from exo_p2p.models.hub.client import is_repo_id, parse_repo
+from exo_p2p.models.hub.manifest import hub_error_status, hub_error_text
 from exo_p2p.state.hub_cards import card_too_large, hub_room
-from exo_p2p.types import Command, CommandResult, ErrorInfo, Event, ModelCard, NodeProfileUpdated, PlaceInstance, State
+from exo_p2p.types import (Command, CommandResult, ErrorInfo, Event, HubModelResolved, ModelCard, NodeProfileUpdated,
+                           PlaceInstance, State)
 
 RESOLVED_WAIT = 15.0
 """Seconds to wait at most for a model read from a hub to be in State."""
@@ -48,8 +51,6 @@ class HubModels:
         give it (gated, missing, unreachable, not MLX-format, 507 no room on disk:
         ``hub.manifest.hub_error_status``) or State may not take its card (``_refused``).
         Never raises for the hub's answer."""
-        from exo_p2p.types import HubModelResolved
-
         repo, ask = self._repo(name)
         if not ask:
             return repo, None
@@ -86,8 +87,6 @@ class HubModels:
         """``(model id, whether to ask the hub)`` of ``name``: its repo id, asked when State has
         no card of it; ``name`` itself, never asked, for a name that is no repo id or a node
         that never asks a hub."""
-        from exo_p2p.models.hub.client import is_repo_id, parse_repo
-
         if not is_repo_id(name) or not self.hub.enabled:
             return name, False
         repo, _ = parse_repo(name)
@@ -131,8 +130,6 @@ def _full(state: State, repo: str) -> ErrorInfo | None:
 
 def _error(exc: Exception) -> ErrorInfo:
     """A failed hub read as the error a client gets (``hub.manifest.hub_error_status``)."""
-    from exo_p2p.models.hub.manifest import hub_error_status, hub_error_text
-
     status = hub_error_status(exc)
     return ErrorInfo(status, hub_error_text(exc), "server_error" if status >= 500 else "invalid_request_error",
                      "model", code="insufficient_storage" if status == 507 else None)

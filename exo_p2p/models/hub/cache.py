@@ -23,6 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
+from exo_p2p.models.names import check_relative_path
+
 DEFAULT_REVISION = "main"
 """The ref a pull without ``@REVISION`` records (the hub's default branch, as
 ``huggingface_hub`` names it)."""
@@ -30,7 +32,7 @@ DEFAULT_REVISION = "main"
 
 def cache_dir() -> Path:
     """The Hugging Face hub cache of this process's environment (module docstring)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: a ~0.2 s import, hub reads only
 
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
@@ -50,7 +52,7 @@ def git_blob_id(path: Path) -> str:
 
 def storage_dir(cache: Path, repo_id: str) -> Path:
     """``<cache>/models--ORG--NAME`` of model ``repo_id``."""
-    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.file_download import repo_folder_name  # lazy: a ~0.2 s import, hub reads only
 
     return cache / repo_folder_name(repo_id=repo_id, repo_type="model")
 
@@ -79,8 +81,6 @@ def land(root: Path, files: dict[str, str], repo_id: str, commit: str, revision:
     default branch) gets a ref to ``commit``; a commit names none. Leaves ``root`` holding
     only what is not a model file. Blocking. Raises ``OSError`` (the cache is not writable),
     ``ValueError`` (a revision that is no safe relative path)."""
-    from exo_p2p.models.names import check_relative_path
-
     ref = check_relative_path(revision or DEFAULT_REVISION, "revision")  # it names a file under refs/
     storage = storage_dir(cache, repo_id)
     snapshot = storage / "snapshots" / commit

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.hub.listing import fetch_listing, sibling_fields, status_error
 from exo_p2p.models.hub.stop import HubStopped, Stop, read_timeout
 
 log = structlog.get_logger(__name__)
@@ -92,7 +94,7 @@ def hub_offline(offline: bool = False) -> bool:
 
 def endpoint() -> str:
     """The hub's base URL: ``HF_ENDPOINT`` (read now), else ``huggingface_hub``'s default."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: a ~0.2 s import, hub reads only
 
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
@@ -110,7 +112,7 @@ def preload() -> None:
 def _advice(exc: Exception, repo: str, revision: str | None) -> str:
     """A ``huggingface_hub`` error as one line naming the cause and what to do."""
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+                                        RevisionNotFoundError)  # lazy: a ~0.2 s import, hub reads only
 
     where = endpoint()
     if isinstance(exc, GatedRepoError):
@@ -147,7 +149,7 @@ class HubClient:
         self._count_lock = threading.Lock()
 
     def _headers(self) -> dict[str, str]:
-        from huggingface_hub.utils import build_hf_headers
+        from huggingface_hub.utils import build_hf_headers  # lazy: a ~0.2 s import, hub reads only
 
         return build_hf_headers(user_agent=self.user_agent)
 
@@ -156,9 +158,6 @@ class HubClient:
         bounded before it is parsed (``hub.listing.fetch_listing``). Raises ``HubError``
         (gated, missing, a revision not found, no network), ``UnsupportedModelError`` (a
         listing over its bounds), ``HubStopped`` (``stop``)."""
-        from exo_p2p.models.errors import UnsupportedModelError
-        from exo_p2p.models.hub.listing import fetch_listing, sibling_fields
-
         try:
             info = fetch_listing(endpoint(), self.repo_id, self.revision, self._headers(), self.timeout, stop)
         except (UnsupportedModelError, HubStopped):
@@ -227,7 +226,7 @@ class HubClient:
 
     def _read(self, path: str, start: int, end: int, sink: Callable[[bytes], None], timeout: float) -> None:
         """One ranged GET of ``[start, end)``, its bytes handed to ``sink`` as they arrive."""
-        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub import get_session, hf_hub_url  # lazy: a ~0.2 s import, hub reads only
 
         url = hf_hub_url(self.repo_id, path, revision=self.commit, endpoint=endpoint())
         headers = {**self._headers(), "Range": f"bytes={start}-{end - 1}"}
@@ -269,6 +268,4 @@ class HubClient:
 def _status_error(r):  # type: ignore[no-untyped-def]
     """The ``huggingface_hub`` error of a failed response (gated, missing repo, ...), read
     from a bounded part of its body (``hub.listing.status_error``)."""
-    from exo_p2p.models.hub.listing import status_error
-
     return status_error(r)

@@ -25,12 +25,16 @@ import structlog
 import trio
 
 from exo_p2p.models.copies.disk_room import DiskFullError, check_room, is_disk_full, too_little
-from exo_p2p.models.transfer.fetch import FetchError, GetChunk
-from exo_p2p.models.hub.client import HUB, HubClient, HubError, hub_offline, parse_repo
-from exo_p2p.models.hub_limits import PREVIEW_CACHE, PREVIEW_TTL
-from exo_p2p.models.hub.resolve import Resolver
-from exo_p2p.models.manifest import chunk_span
 from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.hub.client import HUB, HubClient, HubError, hub_offline, parse_repo
+from exo_p2p.models.hub.hashing import arrivals
+from exo_p2p.models.hub.manifest import check_complete_files, resolve_hub_model, store_known
+from exo_p2p.models.hub.resolve import Resolver
+from exo_p2p.models.hub_limits import PREVIEW_CACHE, PREVIEW_TTL
+from exo_p2p.models.manifest import chunk_span
+from exo_p2p.models.transfer.chunk_sets import wanted_chunks
+from exo_p2p.models.transfer.fetch import FetchError, GetChunk
+from exo_p2p.models.transfer.protocols import fetch_held
 from exo_p2p.types.manifest import ModelManifest
 from exo_p2p.types.models import HubSource, ModelCard
 
@@ -69,8 +73,6 @@ class HubAccess:
         the hub by ``self.resolver`` (bounded, shared by concurrent callers, abandoned on
         cancel). Raises ``HubError``, ``UnsupportedModelError``, ``HubTimeout``, ``ValueError``
         (not a repo id)."""
-        from exo_p2p.models.hub.manifest import resolve_hub_model
-
         repo, revision = parse_repo(name)
         client = self.client(repo, revision)
         got = await self.resolver.run((repo, revision), resolve_hub_model, client, repo,
@@ -118,8 +120,6 @@ async def hub_manifest(access: HubAccess, source: HubSource, depot) -> ModelMani
     stored in ``depot``'s partial copy (``keep_known``). Raises ``FetchError`` when the hub's
     files now give another digest (``DiskFullError`` when the disk has no room for them),
     ``HubError`` when the hub cannot be read."""
-    from exo_p2p.models.hub.manifest import resolve_hub_model
-
     client = access.client(source.repo_id, source.revision)
     got, _card, manifest, known = await access.resolver.run(
         (source.repo_id, source.revision), resolve_hub_model, client, source.repo_id,
@@ -137,8 +137,6 @@ async def keep_known(depot, manifest: ModelManifest, known: dict[str, bytes]) ->
     has room for them (``disk_room.check_room``, else ``DiskFullError``). A write that finds
     the disk full all the same removes the copy and raises ``DiskFullError`` naming the free
     bytes (``exo_p2p.models.copies.disk_room``)."""
-    from exo_p2p.models.hub.manifest import store_known
-
     what = f"model {manifest.name}'s config and tokenizer files"
     need = sum(len(b) for b in known.values())
     check_room(what, need, await trio.to_thread.run_sync(depot.disk_free), depot.models_dir)
@@ -176,8 +174,6 @@ async def held_maps(net, digest: str, holders) -> dict[str, dict[str, tuple[int,
     """Peer -> the chunks of ``digest`` it holds, for every holder but ``HUB`` that answers
     ``HELD_PROTOCOL`` within ``HELD_TIMEOUT`` (asked at once); one that does not is left
     out (then asked chunk by chunk, as before)."""
-    from exo_p2p.models.transfer.protocols import fetch_held
-
     out: dict[str, dict[str, tuple[int, ...]]] = {}
 
     async def ask(peer: str) -> None:
@@ -199,8 +195,6 @@ def hub_run(client: HubClient, partial: PartialModel):  # type: ignore[no-untype
     is handed to ``deliver`` as soon as its bytes are in, so at most one chunk per request is
     held in memory, hashed on arrival (before it is stored) and, once stored, fed to its
     file's hash (``hub.hashing.arrivals``)."""
-    from exo_p2p.models.hub.hashing import arrivals
-
     hashes = arrivals(partial)
 
     def stream(path: str, indices: list[int], deliver) -> None:  # type: ignore[no-untyped-def]
@@ -259,8 +253,6 @@ async def await_shared(net, digest: str, owners: list[str], shared: dict[str, tu
 def shared_chunks(manifest: ModelManifest, instance, shard, wanted, *, tied: bool):  # type: ignore[no-untyped-def]
     """``(chunks of wanted a lower rank also fetches, their nodes)``: a pipeline rank takes
     those from that rank's node, not from the hub a second time (``await_shared``)."""
-    from exo_p2p.models.depot.shard_fetch import wanted_chunks
-
     if instance.sharding == "tensor" or shard.world_size == 1:
         return {}, []
     mine = {(p, i) for p, idx in wanted.items() for i in idx}
@@ -285,9 +277,6 @@ async def verify_files(partial: PartialModel, client: HubClient) -> None:
     (``hub.manifest.check_complete_files``, with the hashes taken as the bytes arrived:
     ``hub.hashing``). Raises ``FetchError`` naming the files that failed (discarded:
     fetched again by the next round)."""
-    from exo_p2p.models.hub.hashing import arrivals
-    from exo_p2p.models.hub.manifest import check_complete_files
-
     if not client.files:
         await trio.to_thread.run_sync(client.info)
     shas = {p: f.sha256 for p, f in client.files.items() if f.sha256}

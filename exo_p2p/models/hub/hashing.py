@@ -28,8 +28,8 @@ import weakref
 
 import msgspec
 
-from exo_p2p.models.hub.manifest import UNKNOWN
 from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.hub.manifest import UNKNOWN
 from exo_p2p.types.manifest import ModelManifest
 
 

@@ -11,8 +11,8 @@ import json
 from urllib.parse import quote
 
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.hub_limits import MAX_LISTING_BYTES, check_sibling_count
 from exo_p2p.models.hub.stop import Stop, read_timeout
+from exo_p2p.models.hub_limits import MAX_LISTING_BYTES, check_sibling_count
 
 
 MAX_ERROR_BYTES = 65536
@@ -31,7 +31,7 @@ def fetch_listing(base: str, repo_id: str, revision: str | None, headers: dict[s
     ``UnsupportedModelError`` for an answer over ``MAX_LISTING_BYTES``, not a JSON object, or
     naming more than ``MAX_REPO_FILES`` siblings; ``huggingface_hub``'s errors for a refused
     request (``hf_raise_for_status``); ``HubStopped`` when ``stop`` says so; httpx's errors."""
-    from huggingface_hub import get_session
+    from huggingface_hub import get_session  # lazy: a ~0.2 s import, hub reads only
 
     if stop is not None:
         stop.check()
@@ -74,7 +74,7 @@ def status_error(r, stop: Stop | None = None) -> Exception:  # type: ignore[no-u
     """The ``huggingface_hub`` error (gated, missing repo, revision not found, ...) of a
     failed streamed response ``r``, read from at most ``MAX_ERROR_BYTES`` of its body: a
     hostile server's endless error answer is not read whole."""
-    from huggingface_hub.utils import hf_raise_for_status
+    from huggingface_hub.utils import hf_raise_for_status  # lazy: a ~0.2 s import, hub reads only
 
     body = b""
     for block in r.iter_bytes():

@@ -35,14 +35,15 @@ import msgspec
 
 from exo_p2p.models.card.capabilities import template_capabilities, template_of
 from exo_p2p.models.card.derive import card_from_config, float32_sizes
+from exo_p2p.models.copies.disk_room import DiskFullError, is_disk_full
+from exo_p2p.models.copies.partial import PartialModel
 from exo_p2p.models.errors import UnsupportedModelError
-from exo_p2p.models.model_json import model_json
 from exo_p2p.models.hub.client import HubClient, HubError, HubFile
+from exo_p2p.models.hub.stop import HubTimeout, Stop
 from exo_p2p.models.hub_limits import (FILE_DEADLINE, HeaderBudget, check_chunks, check_listed_sizes, check_weight_size,
                                        chunk_count)
-from exo_p2p.models.hub.stop import HubTimeout, Stop
 from exo_p2p.models.manifest import choose_chunk_bytes, chunk_bounds, tensor_ranges
-from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.model_json import model_json
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 from exo_p2p.types.models import HubSource, ModelCard
 
@@ -210,8 +211,6 @@ def hub_error_status(exc: Exception) -> int:
     failing, 507 no room on the node's disk for the model's files (``disk_room.DiskFullError``,
     or a write that failed with ``ENOSPC``), 404 otherwise (a missing, gated or private repo
     or revision)."""
-    from exo_p2p.models.copies.disk_room import DiskFullError, is_disk_full
-
     if isinstance(exc, DiskFullError) or is_disk_full(exc):
         return 507
     if isinstance(exc, UnsupportedModelError):
@@ -226,8 +225,6 @@ def hub_error_status(exc: Exception) -> int:
 
 def hub_error_text(exc: Exception) -> str:
     """The line a user sees for a failed resolution."""
-    from exo_p2p.models.copies.disk_room import DiskFullError
-
     if isinstance(exc, (HubError, UnsupportedModelError, HubTimeout, DiskFullError)):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"

@@ -28,8 +28,8 @@ from typing import Any
 
 import trio
 
-from exo_p2p.models.hub_limits import RESOLVE_DEADLINE, RESOLVE_THREADS
 from exo_p2p.models.hub.stop import HubTimeout, Stop
+from exo_p2p.models.hub_limits import RESOLVE_DEADLINE, RESOLVE_THREADS
 
 
 class _Flight:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import structlog
 import trio
 
+from exo_p2p.models.stores.store import REFRESH_SECONDS
 from exo_p2p.types import Event, ModelCard, NodeModelsUpdated
 
 log = structlog.get_logger("exo_p2p.node")
@@ -42,8 +43,6 @@ class LocalModels:
         dir while the node runs is listed (docs/models.md#model-stores). Cheap when nothing
         changed: cards are cached by their files' paths, sizes and mtimes. A failed listing is
         logged and tried again at the next pass; never returns."""
-        from exo_p2p.models.depot.depot import REFRESH_SECONDS
-
         while True:
             await trio.sleep(REFRESH_SECONDS)
             try:

@@ -74,7 +74,7 @@ def hf_cache_models() -> list[ModelSource]:
     """MLX-format models in the Hugging Face cache (rule 3 of the module docstring), by
     repo id; an absent, unreadable or corrupted cache gives none (logged at debug level)."""
     try:
-        from huggingface_hub import constants, scan_cache_dir
+        from huggingface_hub import constants, scan_cache_dir  # lazy: a ~0.2 s import, hub reads only
 
         # read the environment now, not at import (a node started with another HF_HOME)
         hub = os.environ.get("HF_HUB_CACHE") or (

@@ -34,9 +34,9 @@ import structlog
 
 from exo_p2p.config import NodeConfig
 from exo_p2p.models.card.derive import WEIGHT_GLOB, card_from_gguf, card_from_model_dir
-from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
 from exo_p2p.models.gguf.importer import IMPORT_MARKER, import_gguf, source_stamp
+from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
 from exo_p2p.models.stores.lmstudio import default_root as lmstudio_root
 from exo_p2p.models.stores.lmstudio import scan_lmstudio
 from exo_p2p.models.stores.ollama import default_root as ollama_root
@@ -46,6 +46,11 @@ from exo_p2p.models.stores.sources import (TOKENIZER_FILES, ModelSource, Origin,
 from exo_p2p.types.models import ModelCard
 
 log = structlog.get_logger(__name__)
+
+REFRESH_SECONDS = 30.0
+"""How often the node re-scans its models: the depot's manifests (``transfer.depot``) and the
+cards it publishes (``stores.announce``); cheap when nothing changed (manifests and cards are
+cached by path, size and mtime)."""
 
 __all__ = ["TOKENIZER_FILES", "ModelSource", "ModelStore", "Unsupported", "dir_models", "hf_cache_models",
            "import_dir_name", "is_complete_import", "is_mlx_model_dir", "store_roots"]

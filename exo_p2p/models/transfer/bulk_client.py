@@ -24,8 +24,8 @@ import msgspec
 import structlog
 import trio
 
-from exo_p2p.models.transfer.bulk import _LEN, _REPLY, TICKET_PROTOCOL, BulkError, BulkRefused, BulkTicket, _receive_exactly
 from exo_p2p.models.manifest import MAX_CHUNK_BYTES
+from exo_p2p.models.transfer.bulk import _LEN, _REPLY, TICKET_PROTOCOL, BulkError, BulkRefused, BulkTicket, _receive_exactly
 from exo_p2p.models.transfer.protocols import ChunkRequest
 
 log = structlog.get_logger(__name__)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from exo_p2p.models.manifest import chunk_span
+from exo_p2p.types import Instance, ShardMetadata
 from exo_p2p.types.manifest import Chunk, ModelManifest
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -101,3 +102,14 @@ def missing_chunks(
         if rest:
             out[path] = rest
     return out
+
+
+def wanted_chunks(manifest: ModelManifest, instance: Instance, shard: ShardMetadata, *, tied: bool) -> dict[str, tuple[int, ...]]:
+    """File path -> chunk indices the rank ``shard`` of ``instance`` reads: every chunk for a
+    single or a tensor-parallel rank (it slices every tensor), else ``shard_chunks`` of its
+    layers (rule: ``exo_p2p.models.depot.shard_fetch``). ``tied``: the model's head is its
+    embedding (``ModelCard.tie_word_embeddings``). Pure."""
+    if instance.sharding == "tensor" or shard.world_size == 1:
+        return all_chunks(manifest)
+    return shard_chunks(manifest, start_layer=shard.start_layer, end_layer=shard.end_layer,
+                        n_layers=shard.n_layers, tied=tied)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import trio
 
-from exo_p2p.models.manifest import ChunkVerificationError
 from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.manifest import ChunkVerificationError
 
 Deliver = Callable[[int, bytes], object]
 """``deliver(index, bytes)`` of a chunk of a run as soon as it arrived (in a worker thread):

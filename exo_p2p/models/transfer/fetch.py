@@ -41,12 +41,12 @@ import structlog
 import trio
 
 from exo_p2p import defaults
+from exo_p2p.models.copies.partial import PartialModel
+from exo_p2p.models.hub.client import HUB
+from exo_p2p.models.manifest import ChunkVerificationError, chunk_span
 from exo_p2p.models.transfer.chunk_sets import missing_chunks
 from exo_p2p.models.transfer.chunk_writes import Deliver, deliverer, write_all
 from exo_p2p.models.transfer.fetch_queue import ChunkQueue, Key
-from exo_p2p.models.hub.client import HUB
-from exo_p2p.models.manifest import ChunkVerificationError, chunk_span
-from exo_p2p.models.copies.partial import PartialModel
 
 log = structlog.get_logger(__name__)
 
