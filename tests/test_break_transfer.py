@@ -17,7 +17,8 @@ import trio
 from exo_p2p.eventlog import EventLog
 from exo_p2p.models.transfer.chunk_sets import all_chunks, shard_chunks
 from exo_p2p.models.depot.depot import ModelDepot
-from exo_p2p.models.transfer.fetch import FetchError, FetchLimits, fetch_chunks
+from exo_p2p.models.transfer.fetch import FetchLimits, fetch_chunks
+from exo_p2p.models.errors import FetchError
 from exo_p2p.models.manifest import build_manifest, check_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.copies.partial import PartialModel

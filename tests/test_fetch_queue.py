@@ -7,7 +7,7 @@ import pytest
 
 from exo_p2p.models.transfer import fetch_queue
 from exo_p2p.models.transfer.fetch_queue import ChunkQueue
-from exo_p2p.models.hub.client import HUB
+from exo_p2p.models.transfer.fetch_queue import HUB
 
 
 def _queue(todo, holders, *, size=10, **kw) -> ChunkQueue:

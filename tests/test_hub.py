@@ -14,7 +14,8 @@ import trio
 from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.transfer.chunk_sets import all_chunks
 from exo_p2p.models.transfer.fetch import NOT_HELD, fetch_chunks
-from exo_p2p.models.hub.client import HUB, HubFile, hub_offline, is_repo_id, parse_repo
+from exo_p2p.models.hub.client import HubFile, hub_offline, is_repo_id, parse_repo
+from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.hub.manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
 from exo_p2p.models.manifest import build_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel

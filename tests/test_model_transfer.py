@@ -11,7 +11,8 @@ import trio
 
 from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, shard_chunks
-from exo_p2p.models.transfer.fetch import FetchError, FetchLimits, fetch_chunks
+from exo_p2p.models.transfer.fetch import FetchLimits, fetch_chunks
+from exo_p2p.models.errors import FetchError
 from exo_p2p.models.manifest import ChunkVerificationError, build_manifest, cached_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel
 from tests.support.synthetic_models import make_synthetic_model

@@ -20,3 +20,9 @@ class UnsupportedModelError(Exception):
     """A model file exists but cannot be used: a GGUF of an architecture, tokenizer or tensor
     type the importer does not handle, or an MLX directory without the files a model needs.
     The message names the unsupported value."""
+
+
+class FetchError(RuntimeError):
+    """A fetch of a model's chunks cannot finish: no usable holder is left for some chunk, or
+    the disk has no room for them (``exo_p2p.models.copies.disk_room.DiskFullError``); the
+    message says why. Raised by ``exo_p2p.models.transfer.fetch`` and the depot's fetches."""

@@ -23,7 +23,7 @@ import errno
 from collections.abc import Iterable, Set
 
 from exo_p2p import defaults
-from exo_p2p.models.transfer.fetch import FetchError
+from exo_p2p.models.errors import FetchError
 
 DATA_DIR_RESERVE_BYTES = 32 * 1024 * 1024
 """Bytes kept free on the data dir's disk for the event log and its snapshot: the log is

@@ -32,14 +32,16 @@ import trio
 from exo_p2p import defaults
 from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.depot.shard_fetch import holders as peers_of
+from exo_p2p.models.errors import FetchError
 from exo_p2p.models.hub.cache import cache_dir, land
-from exo_p2p.models.hub.client import HUB, HubClient, is_repo_id, parse_repo, preload
+from exo_p2p.models.hub.client import HubClient, is_repo_id, parse_repo, preload
 from exo_p2p.models.hub.fetch import HubAccess, verify_files
 from exo_p2p.models.hub.hashing import arrivals
 from exo_p2p.models.manifest import seed_cached_manifest
 from exo_p2p.models.names import check_model_name
 from exo_p2p.models.transfer.chunk_sets import all_chunks
-from exo_p2p.models.transfer.fetch import FetchError, Progress
+from exo_p2p.models.transfer.fetch import Progress
+from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.transfer.protocols import fetch_manifest
 from exo_p2p.types import HubSource, State
 

@@ -37,10 +37,12 @@ import trio
 
 from exo_p2p import defaults
 from exo_p2p.models.depot.depot import ModelDepot
-from exo_p2p.models.hub.client import HUB, HubError
+from exo_p2p.models.errors import FetchError
+from exo_p2p.models.hub.client import HubError
 from exo_p2p.models.hub.fetch import HubAccess, await_shared, hub_manifest, shared_chunks, verify_files
 from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, missing_chunks, wanted_chunks
-from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchError, FetchLimits, Progress
+from exo_p2p.models.transfer.fetch import DEFAULT_LIMITS, FetchLimits, Progress
+from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.transfer.protocols import fetch_manifest
 from exo_p2p.types import HubSource, Instance, ShardMetadata, State
 from exo_p2p.types.manifest import ModelManifest

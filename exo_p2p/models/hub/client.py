@@ -35,8 +35,6 @@ from exo_p2p.models.hub.stop import HubStopped, Stop, read_timeout
 
 log = structlog.get_logger(__name__)
 
-HUB = "hub"
-"""The holder id of the hub among a fetch's holders (``exo_p2p.models.transfer.fetch``)."""
 RETRY_PAUSE = 0.5
 RETRY_PAUSE_MAX = 8.0
 """Seconds before the first retry of a failed hub request, and the most between two."""

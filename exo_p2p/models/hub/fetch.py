@@ -26,14 +26,16 @@ import trio
 
 from exo_p2p.models.copies.disk_room import DiskFullError, check_room, is_disk_full, too_little
 from exo_p2p.models.copies.partial import PartialModel
-from exo_p2p.models.hub.client import HUB, HubClient, HubError, hub_offline, parse_repo
+from exo_p2p.models.errors import FetchError
+from exo_p2p.models.hub.client import HubClient, HubError, hub_offline, parse_repo
 from exo_p2p.models.hub.hashing import arrivals
 from exo_p2p.models.hub.manifest import check_complete_files, resolve_hub_model, store_known
 from exo_p2p.models.hub.resolve import Resolver
 from exo_p2p.models.hub_limits import PREVIEW_CACHE, PREVIEW_TTL
 from exo_p2p.models.manifest import chunk_span
 from exo_p2p.models.transfer.chunk_sets import wanted_chunks
-from exo_p2p.models.transfer.fetch import FetchError, GetChunk
+from exo_p2p.models.transfer.fetch import GetChunk
+from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.transfer.protocols import fetch_held
 from exo_p2p.types.manifest import ModelManifest
 from exo_p2p.types.models import HubSource, ModelCard

@@ -6,7 +6,7 @@ under ``chunk_timeout`` seconds and hands the bytes to ``PartialModel.write_chun
 verifies them against the manifest before writing. Several holders thus share one shard's
 chunks, a fast peer taking more of them.
 
-The hub (holder id ``exo_p2p.models.hub.client.HUB``, when the model comes from one) is the last
+The hub (holder id ``exo_p2p.models.transfer.fetch_queue.HUB``, when the model comes from one) is the last
 source: its workers take only the chunks that every live peer lacks or was dropped for, so a
 chunk another node already fetched comes from that node (``HUB_STREAMS`` requests at once).
 
@@ -42,11 +42,11 @@ import trio
 
 from exo_p2p import defaults
 from exo_p2p.models.copies.partial import PartialModel
-from exo_p2p.models.hub.client import HUB
+from exo_p2p.models.errors import FetchError
 from exo_p2p.models.manifest import ChunkVerificationError, chunk_span
 from exo_p2p.models.transfer.chunk_sets import missing_chunks
 from exo_p2p.models.transfer.chunk_writes import Deliver, deliverer, write_all
-from exo_p2p.models.transfer.fetch_queue import ChunkQueue, Key
+from exo_p2p.models.transfer.fetch_queue import HUB, ChunkQueue, Key
 
 log = structlog.get_logger(__name__)
 
@@ -82,10 +82,6 @@ class FetchLimits:
 
 
 DEFAULT_LIMITS = FetchLimits()
-
-
-class FetchError(RuntimeError):
-    """The fetch cannot finish: no usable holder is left for some chunk (message says why)."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ tell it what happened, so the rules are tested without peers.
 
 The rules: a holder is never asked for a chunk it was excluded for (it failed verification,
 answered ``is not held here``, or its published held map lacks it), nor for a chunk already
-in flight. The hub (``exo_p2p.models.hub.client.HUB``) is the last source: it takes only the chunks
+in flight. The hub (``HUB``) is the last source: it takes only the chunks
 no live peer may still give, and asks for runs of such consecutive chunks of one file
 (``run_for``) in one request.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from exo_p2p.models.hub.client import HUB
-
+HUB = "hub"
+"""The holder id of the hub among a fetch's holders (its chunks: ``exo_p2p.models.hub.fetch``)."""
 Key = tuple[str, int]
 """A chunk: (file path, chunk index)."""
 
