@@ -2,8 +2,7 @@
 reads from the source (imports inside functions counted; imports under ``if TYPE_CHECKING:``
 left out, since they never run; that module's docstring gives every rule of an edge).
 
-``ALLOWED`` names the circles still open while their area is being regrouped, each with who
-owns it; it only shrinks. A circle not in it, or an entry no longer found, fails."""
+Any circle fails, with one concrete cycle of it in the message."""
 
 from __future__ import annotations
 
@@ -16,14 +15,6 @@ assert _spec is not None and _spec.loader is not None
 import_graph = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_graph)
 
-ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"exo_p2p.models.copies.cleanup", "exo_p2p.models.copies.disk_room"}): "exo_p2p/models/ regrouping (h-models)",
-    frozenset({"exo_p2p.models.depot.depot", "exo_p2p.models.hub.fetch", "exo_p2p.models.depot.shard_fetch"}):
-        "exo_p2p/models/ regrouping (h-models)",
-}
-"""Circles known and owned, to be broken by their owner's regrouping (then removed from here)."""
-
-
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, source in files.items():
         path = root / name
@@ -31,13 +22,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(source)
 
 
-def test_no_import_circles_outside_the_allowed_ones() -> None:
+def test_no_import_circles() -> None:
     graph = import_graph.import_graph()
-    found = {frozenset(c): import_graph.one_cycle(graph, c) for c in import_graph.circles(graph)}
-    new = {" -> ".join(cycle) for members, cycle in found.items() if members not in ALLOWED}
-    assert not new, f"import circles: {sorted(new)}"
-    gone = [owner for members, owner in ALLOWED.items() if members not in found]
-    assert not gone, f"allowed circles no longer found (remove them from ALLOWED): {gone}"
+    found = sorted(" -> ".join(import_graph.one_cycle(graph, c)) for c in import_graph.circles(graph))
+    assert not found, f"import circles: {found}"
 
 
 def test_function_local_and_relative_imports_make_circles(tmp_path: Path) -> None:
