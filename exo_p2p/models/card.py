@@ -25,6 +25,7 @@ from exo_p2p.models.gguf_layout import model_plan
 from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
 from exo_p2p.types.common import ModelId
+from exo_p2p.types.kinds import model_tasks
 from exo_p2p.types.models import ModelCard
 
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -236,6 +237,7 @@ def card_from_config(
         float32_head_bytes=f32_head,
         float32_norm_bytes=f32_norm,
         quantization=quantization_of(config),
+        tasks=model_tasks(config),
     )
 
 

@@ -29,6 +29,12 @@ class ModelCard(msgspec.Struct, frozen=True):
     ``"4-bit, group 64"``, ``"bfloat16"``...; empty on cards from before it).
     ``capabilities``: what its chat template knows (``exo_p2p.models.capabilities``:
     ``completion``, ``tools``, ``thinking``; empty on cards from before it).
+    ``tasks``: the kinds of work the model can do (``exo_p2p.types.kinds.model_tasks``:
+    ``generate``, ``embed``, ``rerank``; empty on cards from before kinds: generation only,
+    ``exo_p2p.types.kinds.card_tasks``). An encoder's card has no KV heads of its own
+    (``num_key_value_heads`` = its attention heads), no output head (``head_bytes`` 0) and no
+    chat template (``capabilities`` empty); it is never split (``supports_tensor`` False,
+    one node: placement).
     """
 
     model_id: ModelId
@@ -56,6 +62,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     float32_norm_bytes: Bytes = 0
     quantization: str = ""
     capabilities: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
 
     @property
     def expandable(self) -> bool:
