@@ -121,6 +121,11 @@ class NodeBackend:
         fails."""
         return await self._node.tokens.count(model_id, params)
 
+    async def tokenize(self, model_id: str, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """``texts`` tokenized with this node's copy of ``model_id``'s tokenizer (embeddings'
+        inputs); raises ``KeyError`` when the model is not stored here."""
+        return await self._node.tokens.encode(model_id, texts)
+
     async def models_changed(self) -> None:
         """Re-list this node's models after a pull or a removal."""
         await self._node.models.load()

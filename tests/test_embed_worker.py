@@ -104,3 +104,35 @@ def test_decoder_equals_mlx_lm_hidden_state(tmp_path, family):
     for row, vec in zip(rows, ours):
         hidden = np.array(model.model(mx.array([row])).astype(mx.float32))[0]
         _close(vec[None], normalize(hidden[-1][None]))
+
+
+def test_embed_work_steps_a_request_in_bounded_batches(encoder):
+    from exo_p2p.types import Embedding, EmbeddingChunk, EmbeddingParams, FinishChunk, Rerank, RerankParams
+    from worker.embed.work import EmbedWork
+
+    _, embedder, tokenizer = encoder
+    rows = tuple(tuple(tokenizer.encode(t)) for t in TEXTS * 4)
+    work = EmbedWork(embedder, step_tokens=64)
+    work.submit(Embedding(task_id="e", instance_id="i", model_id="m", params=EmbeddingParams(inputs=rows), api_node_id="n"))
+    work.submit(Embedding(task_id="bad", instance_id="i", model_id="m",
+                          params=EmbeddingParams(inputs=((embedder.vocab,),)), api_node_id="n"))
+    work.submit(Rerank(task_id="r", instance_id="i", model_id="m",
+                       params=RerankParams(query=rows[2], documents=rows[:4]), api_node_id="n"))
+    work.submit(Embedding(task_id="gone", instance_id="i", model_id="m", params=EmbeddingParams(inputs=rows[:1]), api_node_id="n"))
+    work.cancel("gone")
+    chunks, steps = [], 0
+    while work.has_work() and steps < 50:
+        chunks += work.step()
+        steps += 1
+    assert steps > 3  # one request took several steps: decode steps can run between them
+    by_task = {}
+    for c in chunks:
+        by_task.setdefault(c.task_id, []).append(c)
+    vec = by_task["e"][0]
+    assert isinstance(vec, EmbeddingChunk) and isinstance(by_task["e"][1], FinishChunk)
+    got = np.frombuffer(vec.vectors, "<f4").reshape(vec.count, vec.dimensions)
+    np.testing.assert_allclose(got, embedder.embed(rows), atol=1e-6)
+    assert by_task["bad"][0].error.status == 400
+    assert by_task["gone"][0].finish_reason == "cancelled"
+    scores = np.frombuffer(by_task["r"][0].vectors, "<f4")
+    np.testing.assert_allclose(scores, embedder.rerank(rows[2], rows[:4]), atol=1e-6)

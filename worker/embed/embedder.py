@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from exo_p2p.embeddings.bounds import EmbedBoundError, batches, fit_lengths
+from exo_p2p.embeddings.bounds import BATCH_TOKENS, EmbedBoundError, batches, fit_lengths
 from exo_p2p.embeddings.pooling import PoolingMode, PoolingSpec
 from exo_p2p.embeddings.vectors import cosine, normalize, pool, truncate
 
@@ -46,39 +46,47 @@ class Embedder:
                 raise EmbedBoundError(f"input {i} has a token id outside the model's vocabulary of {self.vocab}")
         return fit_lengths([len(r) for r in rows], self.context, truncate=False)
 
-    def pooled(self, rows: Rows, mode: PoolingMode | None = None, normalise: bool | None = None) -> np.ndarray:
-        """``[len(rows), H]`` vectors pooled by ``mode`` (None: the model's) and normalised
-        when ``normalise`` (None: as the model says), forwarded in bounded batches."""
+    def plan(self, rows: Rows, budget: int = BATCH_TOKENS) -> list[list[int]]:
+        """The rows' indices in forward batches of alike lengths, each at most ``budget``
+        padded tokens (``check``'s errors first)."""
         lengths = self.check(rows)
-        mode = mode or self.spec.mode
-        normalise = self.spec.normalize if normalise is None else normalise
         order = sorted(range(len(rows)), key=lambda i: lengths[i])
+        return [[order[g] for g in group] for group in batches([lengths[i] for i in order], budget)]
+
+    def forward(self, rows: Rows, idx: list[int], mode: PoolingMode | None = None,
+                normalise: bool | None = None) -> np.ndarray:
+        """``[len(idx), H]`` vectors of rows ``idx`` in one forward, pooled by ``mode`` (None:
+        the model's) and normalised when ``normalise`` (None: as the model says)."""
+        lens = [len(rows[i]) for i in idx]
+        vecs = pool(self.hidden([list(rows[i]) for i in idx], lens), lens, mode or self.spec.mode)
+        return normalize(vecs) if (self.spec.normalize if normalise is None else normalise) else vecs
+
+    def pooled(self, rows: Rows, mode: PoolingMode | None = None, normalise: bool | None = None) -> np.ndarray:
+        """``[len(rows), H]`` vectors (``forward``) of all ``rows``, in ``plan``'s batches."""
         out: list[np.ndarray] = [np.empty(0)] * len(rows)
-        for group in batches([lengths[i] for i in order]):
-            idx = [order[g] for g in group]
-            lens = [lengths[i] for i in idx]
-            vecs = pool(self.hidden([list(rows[i]) for i in idx], lens), lens, mode)
-            vecs = normalize(vecs) if normalise else vecs
-            for j, i in enumerate(idx):
-                out[i] = vecs[j]
+        for idx in self.plan(rows):
+            for i, v in zip(idx, self.forward(rows, idx, mode, normalise)):
+                out[i] = v
         return np.stack(out)
+
+    def shorten(self, vecs: np.ndarray, dimensions: int | None, normalise: bool | None = None) -> np.ndarray:
+        """``vecs`` cut to ``dimensions`` (Matryoshka; normalised again when normalising).
+        Raises ``EmbedBoundError`` for ``dimensions`` other than the width on a model that
+        lists no ``matryoshka_dimensions``, or over its width."""
+        width = vecs.shape[1]
+        if dimensions is None or dimensions == width:
+            return vecs
+        if not self.spec.matryoshka:
+            raise EmbedBoundError(f"this model does not allow dimensions other than its width {width} "
+                                  "(it lists no matryoshka_dimensions)", "dimensions")
+        if dimensions > width:
+            raise EmbedBoundError(f"dimensions {dimensions} is over the model's width {width}", "dimensions")
+        return truncate(vecs, dimensions, renormalize=self.spec.normalize if normalise is None else normalise)
 
     def embed(self, rows: Rows, *, dimensions: int | None = None, mode: PoolingMode | None = None,
               normalise: bool | None = None) -> np.ndarray:
-        """``[len(rows), D]`` float32 embeddings (``pooled``), shortened to ``dimensions``
-        (Matryoshka, normalised again when normalising). Raises ``EmbedBoundError`` (a 400)
-        as ``check``, and for ``dimensions`` other than the width on a model that lists no
-        ``matryoshka_dimensions`` or over its width."""
-        vecs = self.pooled(rows, mode, normalise)
-        width = vecs.shape[1]
-        if dimensions is not None and dimensions != width:
-            if not self.spec.matryoshka:
-                raise EmbedBoundError(f"this model does not allow dimensions other than its width {width} "
-                                      "(it lists no matryoshka_dimensions)", "dimensions")
-            if dimensions > width:
-                raise EmbedBoundError(f"dimensions {dimensions} is over the model's width {width}", "dimensions")
-            vecs = truncate(vecs, dimensions, renormalize=self.spec.normalize if normalise is None else normalise)
-        return vecs
+        """``[len(rows), D]`` float32 embeddings: ``pooled`` then ``shorten`` (their errors)."""
+        return self.shorten(self.pooled(rows, mode, normalise), dimensions, normalise)
 
     def rerank(self, query: Sequence[int], documents: Rows) -> np.ndarray:
         """``[len(documents)]`` scores: the cosine of the query's embedding with each
