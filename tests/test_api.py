@@ -671,6 +671,7 @@ def test_models_state_and_nodes() -> None:
             "n_layers": 30,
             "storage_size": c.storage_size,
             "context_length": 8192,
+            "tasks": ["generate"],  # a card from before kinds
         }
         local = (await client.get("/models")).json()
         assert local == [
@@ -687,6 +688,7 @@ def test_models_state_and_nodes() -> None:
                 "quantization": "",
                 "shardings": ["pipeline", "tensor"],
                 "sharding_notes": {},
+                "tasks": ["generate"],
             }
         ]
         await client.post("/instances", json={"model": MODEL})

@@ -198,3 +198,13 @@ def test_answers():
     assert answers.scoring_of(("rerank",)) == "cross-encoder"
     with pytest.raises(ValueError):
         answers.rerank_answer("m", ["a"], [0.1, 0.2], top_n=None, return_documents=False, tokens=1, scoring="x")
+
+
+def test_cli_summary_lines():
+    from exo_p2p.cli.embed_cmd import summary_lines
+    from exo_p2p.cli.errors import CliError
+
+    answer = {"data": [{"index": 0, "embedding": [0.5, -0.25, 0.0]}], "usage": {"prompt_tokens": 4}}
+    assert summary_lines(answer, ["hello world"], shown=2) == ["[0] dim 3: +0.5000 -0.2500 …  (hello world)", "4 tokens"]
+    with pytest.raises(CliError):
+        summary_lines({"error": "x"}, [])
