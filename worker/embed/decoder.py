@@ -14,6 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from worker.engine.forward import generation_stream
+
 PAD_ID = 0
 """The id padding positions hold (never read: see the module's docstring)."""
 
@@ -36,6 +38,7 @@ class DecoderHidden:
         ids = np.full((len(rows), width), PAD_ID, dtype=np.int32)
         for i, (row, n) in enumerate(zip(rows, lengths)):
             ids[i, :n] = row[:n]
-        hidden = self._inner(mx.array(ids)).astype(mx.float32)
-        mx.eval(hidden)
+        with mx.stream(generation_stream):  # the stream the engine's forwards run on
+            hidden = self._inner(mx.array(ids)).astype(mx.float32)
+            mx.eval(hidden)
         return np.array(hidden, copy=False)

@@ -54,6 +54,13 @@ class EmbedWork:
         self._ended: list[Chunk] = []
         self.done = 0
         """Tasks answered (vectors or error), for stats."""
+        self.tokens = 0
+        """Tokens forwarded (``EngineStats.prefilled_tokens_total``)."""
+
+    @property
+    def queued(self) -> int:
+        """Tasks waiting (the running one not counted)."""
+        return len(self._tasks)
 
     def submit(self, task: Embedding | Rerank) -> None:
         """Queue ``task``."""
@@ -91,6 +98,7 @@ class EmbedWork:
             mode, norm = (p.pooling, p.normalize) if isinstance(run.task, Embedding) else (None, None)
             for i, v in zip(idx, self.embedder.forward(run.rows, idx, mode, norm)):
                 run.vectors[i] = v
+            self.tokens += sum(len(run.rows[i]) for i in idx)
             if run.groups:
                 return []
             self._running = None

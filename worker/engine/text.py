@@ -4,15 +4,18 @@
 runner needs of any engine: tasks as ``WorkTask``s, the agreement point (a step that accepts
 or prefills), the long-prefill pacing (``worker.runner.prefill_pace``: on one rank the pacer
 holds directly; on a multi-rank instance it proposes and the rounds agree), the tokens sampled
-for requests, and its ``EngineStats``. A task of a kind it does not do (an ``Embedding`` until
-the decoder's pooling path serves it) ends with a 400 ``ErrorChunk`` at the next step.
+for requests, and its ``EngineStats``. Embedding and rerank tasks go to its pooling branch,
+``embed`` (``worker.embed.work.EmbedWork``: prefill then pool, one bounded forward a step after
+the decode step, never in the decode batch); without one (a multi-rank instance) or for a kind
+it does not do, a task ends with a 400 ``ErrorChunk`` at the next step.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from exo_p2p.types import Chunk, ErrorChunk, ErrorInfo, TaskId, TextGeneration, TokenChunk, WorkTask
+from exo_p2p.types import Chunk, Embedding, ErrorChunk, ErrorInfo, Rerank, TaskId, TextGeneration, TokenChunk, WorkTask
 from exo_p2p.types.observe import EngineStats
 from worker.engine.scheduler import Engine
 from worker.runner.prefill_pace import PrefillPacer
@@ -26,8 +29,10 @@ class TextEngine:
     second at warm-up."""
 
     def __init__(self, engine: Engine, *, agreed: bool = False, kv_bytes_per_token: int = 0,
-                 warmup_rate: float = 0.0) -> None:
+                 warmup_rate: float = 0.0, embed: Any = None) -> None:
         self.engine = engine
+        self.embed = embed
+        """The pooling branch (``worker.embed.work.EmbedWork``), None where the model cannot embed here."""
         self.agreed = agreed
         self.kv_bytes_per_token = kv_bytes_per_token
         self.warmup_rate = warmup_rate
@@ -40,14 +45,21 @@ class TextEngine:
         if isinstance(task, TextGeneration):
             self.engine.submit(task.task_id, task.params)
             return
+        if isinstance(task, Embedding | Rerank) and self.embed is not None:
+            self.embed.submit(task)
+            return
         message = f"this runner's engine does text generation, not {task.task_kind!r} work"
+        if isinstance(task, Embedding | Rerank):
+            message = "embedding runs on an instance whose model is whole on one rank; this one is split"
         self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
 
     def cancel(self, task_id: TaskId) -> None:
         self.engine.cancel(task_id)
+        if self.embed is not None:
+            self.embed.cancel(task_id)
 
     def has_work(self) -> bool:
-        return bool(self._refused) or self.engine.has_work()
+        return bool(self._refused) or self.engine.has_work() or (self.embed is not None and self.embed.has_work())
 
     def must_agree(self) -> bool:
         return self.engine.in_prefill
@@ -60,6 +72,8 @@ class TextEngine:
 
     def step(self) -> list[Chunk]:
         refused, self._refused = self._refused, []
+        if self.embed is not None and self.embed.has_work():
+            refused += self.embed.step()
         if not self.engine.has_work():
             return refused
         if not self.agreed:

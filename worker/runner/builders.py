@@ -15,6 +15,7 @@ from exo_p2p.types.kinds import ModelKind, model_kind
 from worker.engine.base import Builder
 from worker.runner.faults import RunnerFaults
 from worker.runner.protocol import RunnerSetup
+from worker.embed.engine import EncoderBuilder
 from worker.runner.text_builder import TextBuilder
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -22,6 +23,7 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 BUILDERS: dict[ModelKind, Callable[[RunnerSetup, RunnerFaults], Builder]] = {
     "decoder": TextBuilder,
+    "encoder": EncoderBuilder,  # embeddings and rerank (worker.embed)
 }
 """The builder of each kind of model (a kind missing here cannot be run yet)."""
 

@@ -97,9 +97,24 @@ class TextBuilder:
                     rate = chunk.decode_tokens_per_second
             on_step(time.monotonic() - started)
         text = TextEngine(engine, agreed=self.multi, kv_bytes_per_token=model_kv_bytes_per_token(self.loaded.model),
-                          warmup_rate=rate)
+                          warmup_rate=rate, embed=self._embed_work())
         text.forget_warmup()
         return text
+
+    def _embed_work(self) -> Any:
+        """The pooling branch of a whole model on one rank (``worker.embed``), else None (a
+        split model does not embed yet; a model whose pooling files are unreadable does not
+        embed, said on stderr)."""
+        if self.multi:
+            return None
+        from worker.embed.build import decoder_embedder
+        from worker.embed.work import EmbedWork
+
+        try:
+            return EmbedWork(decoder_embedder(self.loaded))
+        except ValueError as exc:
+            print(f"runner: this model cannot embed: {exc}", file=sys.stderr, flush=True)
+            return None
 
     def _ring(self) -> Any:
         """This rank's ``Ring``; its all-gather is also the rounds'. A pipeline rank waits
