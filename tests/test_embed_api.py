@@ -139,3 +139,16 @@ def test_errors_in_each_family_shape(path: str, payload: dict[str, Any], status:
         assert not [c for c in backend.commands if isinstance(c, SubmitTask)]  # refused before the cluster
 
     run(body)
+
+
+def test_a_command_over_the_log_bound_is_refused(monkeypatch) -> None:
+    import exo_p2p.api.bounds as bounds
+
+    monkeypatch.setattr(bounds, "MAX_COMMAND_BYTES", 1000)  # token ids travel into every node's log
+
+    async def body(client, backend) -> None:  # type: ignore[no-untyped-def]
+        r = await client.post("/v1/embeddings", json={"model": ENCODER, "input": [[999] * 16] * 64})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large"
+        assert not [c for c in backend.commands if isinstance(c, SubmitTask)]
+
+    run(body)

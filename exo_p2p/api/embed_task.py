@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import trio
 
+from exo_p2p.api.bounds import check_command_size
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.generation_job import new_task_id
@@ -61,7 +62,11 @@ async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
     """Submit ``task`` and return its rows ``[count, dimensions]`` float32 and the prompt
     tokens the runner counted. Raises ``ApiError``: the master's refusal, the runner's error,
     504 when no answer comes within the generation chunk timeout, 429 when the API is at its
-    in-flight limit. A task left unanswered (timeout, client gone) is cancelled."""
+    in-flight limit, 400 ``request_too_large`` for a command over ``MAX_COMMAND_BYTES`` (its
+    token ids are replicated into every node's log). A task left unanswered (timeout, client
+    gone) is cancelled."""
+    submit = SubmitTask(new_id(), task)
+    check_command_size(submit)
     if not ctx.inflight.try_acquire():
         raise ApiError(429, f"too many requests in flight on this node (limit {ctx.inflight.limit}); retry",
                        code="too_many_requests")
@@ -69,7 +74,7 @@ async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
     chunks = backend.open_chunks(task.task_id)
     done = False
     try:
-        result = await backend.command(SubmitTask(new_id(), task), timeout=ctx.config.command_timeout)
+        result = await backend.command(submit, timeout=ctx.config.command_timeout)
         if result.error is not None:
             done = True
             raise ApiError(result.error.status, result.error.message, param=result.error.param, code=result.error.code)
