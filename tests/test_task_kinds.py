@@ -41,6 +41,7 @@ from exo_p2p.types.kinds import card_tasks, model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
 from master.commands import handle_command
 from master.in_flight import TOKEN_ID_BYTES, params_bytes
+from master.task_kinds import split_refusal
 from tests.strategies import CARD
 from tests.test_master import GIB, run
 from worker.engine.text import TextEngine
@@ -266,3 +267,12 @@ def test_the_outbox_reports_each_task_running_then_ended():
     assert ended == ["e1", "g1"]
     assert [type(m.chunk).__name__ for m in messages if type(m).__name__ == "ChunkMsg"] == [
         "TokenChunk", "EmbeddingChunk", "FinishChunk", "ErrorChunk"]
+
+
+def test_an_encoder_is_placed_on_one_node_only():
+    s = ready_cluster(ENCODER, DECODER)
+    one = next(i for i in s.instances.values() if i.model_id == ENCODER.model_id)
+    assert split_refusal(ENCODER, one) is None
+    two = msgspec.structs.replace(one, shards=(one.shards[0], msgspec.structs.replace(one.shards[0], rank=1)))
+    assert "runs on one node" in (split_refusal(ENCODER, two) or "")
+    assert split_refusal(DECODER, two) is None  # a decoder may be a pipeline
