@@ -36,7 +36,7 @@ from master.placement import PlacementError, place_instance
 from master.placement_context import resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
-from master.task_kinds import oversized_input, prefill_tokens, unsupported_task
+from master.task_kinds import oversized_input, prefill_tokens, split_refusal, unsupported_task
 from exo_p2p.prefixes import longest_match, prefix_chain
 
 
@@ -58,7 +58,8 @@ def handle_command(
     """Decide what ``command`` does on ``state``.
 
     - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
-      reason (numbers in GiB and bytes); else ``InstanceCreated``, the instance carrying
+      reason (numbers in GiB and bytes), or an encoder placed on more than one node
+      (``master.task_kinds.split_refusal``); else ``InstanceCreated``, the instance carrying
       ``rank_settings`` (the master's: what every rank must share, ``RankSettings``). A
       ``command_id`` already an instance of State (the instance id is the command id: the
       caller retried after a lost answer or across a failover) is answered with that
@@ -134,6 +135,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         )
     except PlacementError as exc:
         return _error(command, 400, str(exc), code="placement_failed")
+    if (split := split_refusal(card, instance)) is not None:
+        return _error(command, 400, split, code="placement_failed")
     from exo_p2p.types import InstanceCreated
 
     if rank_settings is not None:

@@ -2,6 +2,9 @@
 models may take a task, when its inputs surely exceed the model's context, and how many tokens
 its prefill holds at once (memory admission, ``master.admission``). Pure functions.
 
+A model that does not generate (an encoder) runs on one node: it is small, and its runner
+has no pipeline or tensor stages (``split_refusal``).
+
 A card lists the kinds its model can do (``ModelCard.tasks``, derived from the model's files:
 ``exo_p2p.types.kinds``); a card from before kinds lists none and generates only. A task for a
 kind its model cannot do is refused with a 400 ``unsupported_task`` naming the kinds it can.
@@ -9,7 +12,7 @@ kind its model cannot do is refused with a 400 ``unsupported_task`` naming the k
 
 from __future__ import annotations
 
-from exo_p2p.types import Embedding, ErrorInfo, ModelCard, Rerank, TextGeneration, WorkTask
+from exo_p2p.types import Embedding, ErrorInfo, Instance, ModelCard, Rerank, TextGeneration, WorkTask
 from exo_p2p.types.kinds import card_tasks
 from master.admission import MAX_BYTES_PER_TOKEN, oversized_prompt, prompt_bytes, prompt_token_bound
 
@@ -58,3 +61,13 @@ def prefill_tokens(card: ModelCard, task: WorkTask) -> int:
         return prompt_token_bound(task.params, card.context_length)
     lengths = [len(i) for i in task.params.inputs] if isinstance(task, Embedding) else _pairs(task)
     return min(max(lengths, default=0), card.context_length)
+
+
+def split_refusal(card: ModelCard, instance: Instance) -> str | None:
+    """Why ``instance`` (a placement of ``card``) may not be made: a model that does not
+    generate (an encoder) on more than one node. None otherwise."""
+    if "generate" in card_tasks(card) or len(instance.shards) <= 1:
+        return None
+    return (f"model {card.model_id!r} is an encoder ({', '.join(card_tasks(card))}): it runs on one node, and no "
+            f"single node could hold it (the placement needed {len(instance.shards)}); free memory on a node or "
+            "name one with nodes")

@@ -52,7 +52,7 @@ def test_refused_generation_requests_are_recorded() -> None:
             (404, "openai", "nope", "refused")]
         assert recs[0]["key_id"] is not None
         text = (await http.get("/metrics", headers=auth)).text
-        assert value(text, "exo_requests_total", family="openai", model=MODEL, status="400") == 1
+        assert value(text, "exo_requests_total", kind="generate", family="openai", model=MODEL, status="400") == 1
 
     _run(body, access=AccessPolicy.of([KEY]), observer=observer)
 

@@ -31,10 +31,11 @@ class ModelCard(msgspec.Struct, frozen=True):
     ``completion``, ``tools``, ``thinking``; empty on cards from before it).
     ``tasks``: the kinds of work the model can do (``exo_p2p.types.kinds.model_tasks``:
     ``generate``, ``embed``, ``rerank``; empty on cards from before kinds: generation only,
-    ``exo_p2p.types.kinds.card_tasks``). An encoder's card has no KV heads of its own
-    (``num_key_value_heads`` = its attention heads), no output head (``head_bytes`` 0) and no
-    chat template (``capabilities`` empty); it is never split (``supports_tensor`` False,
-    one node: placement).
+    ``exo_p2p.types.kinds.card_tasks``). The parts an encoder lacks are optional: no output
+    head (``head_bytes`` 0), no final norm outside its layers (``norm_bytes`` 0), nothing
+    tied (``tie_word_embeddings`` False); its ``num_key_value_heads`` is its attention heads
+    (no grouped KV), it has no chat template (``capabilities`` empty) and is not split
+    (``supports_tensor`` False; the master keeps it on one node: ``master.task_kinds.split_refusal``).
     """
 
     model_id: ModelId
@@ -47,9 +48,9 @@ class ModelCard(msgspec.Struct, frozen=True):
     storage_size: Bytes
     layer_bytes: tuple[int, ...]
     embedding_bytes: Bytes
-    head_bytes: Bytes
-    norm_bytes: Bytes
-    tie_word_embeddings: bool
+    head_bytes: Bytes = 0
+    norm_bytes: Bytes = 0
+    tie_word_embeddings: bool = False
     architecture: str = "llama"
     supports_tensor: bool = True
     head_dim: int | None = None
