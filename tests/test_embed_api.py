@@ -152,3 +152,30 @@ def test_a_command_over_the_log_bound_is_refused(monkeypatch) -> None:
         assert not [c for c in backend.commands if isinstance(c, SubmitTask)]
 
     run(body)
+
+
+def test_each_request_is_recorded_with_its_kind() -> None:
+    from exo_p2p.metrics.observer import Observer
+
+    records = []
+
+    class Recorder(Observer):
+        @property
+        def active(self) -> bool:
+            return True
+
+        def finished(self, record) -> None:  # type: ignore[no-untyped-def]
+            records.append(record)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            app = create_app(EmbedMaster(nursery), observer=Recorder())
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+                await client.post("/v1/embeddings", json={"model": ENCODER, "input": "a bb"})
+                await client.post("/v1/rerank", json={"model": ENCODER, "query": "q", "documents": ["a"]})
+                await client.post("/api/embed", json={"model": "nope", "input": "a"})
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert [(r.kind, r.family, r.status, r.prompt_tokens) for r in records] == [
+        ("embed", "openai", 200, 4), ("rerank", "openai", 200, 3 + 3), ("embed", "ollama", 404, 0)]

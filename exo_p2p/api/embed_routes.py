@@ -17,12 +17,14 @@ from exo_p2p.api import embed_task
 from exo_p2p.api.body import read_body
 from exo_p2p.api.client_key import client_key
 from exo_p2p.api.context import ApiContext
+from exo_p2p.api.errors import ApiError
 from exo_p2p.api.views import json_response
 from exo_p2p.embeddings import answers, requests
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.embeddings.requests import EmbedRequest
 from exo_p2p.embeddings.tokens import token_rows
-from exo_p2p.types import Embedding, EmbeddingParams, ModelId, Rerank, RerankParams
+from exo_p2p.types import Embedding, EmbeddingParams, ModelId, Rerank, RerankParams, new_id
+from exo_p2p.types.observe import RequestRecord
 from exo_p2p.types.kinds import card_tasks
 
 
@@ -67,35 +69,60 @@ async def rerank(ctx: ApiContext, request: Request, name: str, req: requests.Rer
     return scores[:, 0], tokens, answers.scoring_of(card_tasks(card))
 
 
+def _observed(ctx: ApiContext, family: str, kind: str, handler):  # type: ignore[no-untyped-def]
+    """``handler(request) -> (model, tokens, response)`` with its ``RequestRecord`` handed to
+    the observer at the end (metrics by kind, the request log; ``docs/operations.md``)."""
+    observer = ctx.config.observer
+
+    async def route(request: Request) -> Response:
+        started, wall = time.monotonic(), time.time()
+        status, outcome, model, tokens = 500, "error", "", 0
+        try:
+            model, tokens, response = await handler(request)
+            status, outcome = 200, "complete"
+            return response
+        except ApiError as exc:
+            status, outcome = exc.info.status, "refused" if exc.info.status < 500 else "error"
+            raise
+        finally:
+            if observer.active:
+                observer.finished(RequestRecord(request_id=new_id(), family=family, model=model[:200], status=status,
+                                                outcome=outcome, started=wall, duration=time.monotonic() - started,
+                                                prompt_tokens=tokens, kind=kind))
+
+    return route
+
+
 def routes(ctx: ApiContext) -> list[Route]:
     """The four routes, bound to ``ctx``."""
     limit = ctx.config.max_body_bytes
 
-    async def openai(request: Request) -> Response:
+    async def openai(request: Request):  # type: ignore[no-untyped-def]
         name, req, encoding = requests.openai_embed(await read_body(request, limit))
         vectors, tokens = await embed(ctx, request, name, req)
-        return json_response(answers.openai_answer(name, vectors, tokens, encoding))
+        return name, tokens, json_response(answers.openai_answer(name, vectors, tokens, encoding))
 
-    async def ollama(request: Request) -> Response:
+    async def ollama(request: Request):  # type: ignore[no-untyped-def]
         started = time.monotonic()
         name, req = requests.ollama_embed(await read_body(request, limit))
         vectors, tokens = await embed(ctx, request, name, req)
-        return json_response(answers.ollama_answer(name, vectors, tokens, time.monotonic() - started))
+        return name, tokens, json_response(answers.ollama_answer(name, vectors, tokens, time.monotonic() - started))
 
-    async def ollama_legacy(request: Request) -> Response:
+    async def ollama_legacy(request: Request):  # type: ignore[no-untyped-def]
         name, req = requests.ollama_legacy_embed(await read_body(request, limit))
-        vectors, _ = await embed(ctx, request, name, req)
-        return json_response(answers.ollama_legacy_answer(vectors))
+        vectors, tokens = await embed(ctx, request, name, req)
+        return name, tokens, json_response(answers.ollama_legacy_answer(vectors))
 
-    async def rerank_route(request: Request) -> Response:
+    async def rerank_route(request: Request):  # type: ignore[no-untyped-def]
         name, req, return_documents = requests.rerank(await read_body(request, limit))
         scores, tokens, scoring = await rerank(ctx, request, name, req)
-        return json_response(answers.rerank_answer(name, req.documents, scores.tolist(), top_n=req.top_n,
-                                                   return_documents=return_documents, tokens=tokens, scoring=scoring))
+        return name, tokens, json_response(answers.rerank_answer(
+            name, req.documents, scores.tolist(), top_n=req.top_n, return_documents=return_documents, tokens=tokens,
+            scoring=scoring))
 
     return [
-        Route("/v1/embeddings", openai, methods=["POST"]),
-        Route("/api/embed", ollama, methods=["POST"]),
-        Route("/api/embeddings", ollama_legacy, methods=["POST"]),
-        Route("/v1/rerank", rerank_route, methods=["POST"]),
+        Route("/v1/embeddings", _observed(ctx, "openai", "embed", openai), methods=["POST"]),
+        Route("/api/embed", _observed(ctx, "ollama", "embed", ollama), methods=["POST"]),
+        Route("/api/embeddings", _observed(ctx, "ollama", "embed", ollama_legacy), methods=["POST"]),
+        Route("/v1/rerank", _observed(ctx, "openai", "rerank", rerank_route), methods=["POST"]),
     ]
