@@ -24,6 +24,7 @@ from exo_p2p.models.families import quantization_of
 from exo_p2p.models.gguf_layout import model_plan
 from exo_p2p.models.gguf_reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
+from exo_p2p.models.tensor_parts import layer_pattern, tensor_parts
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.kinds import model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
@@ -34,13 +35,6 @@ DEFAULT_CONTEXT_LENGTH = 4096
 WEIGHT_GLOB = "model*.safetensors"
 """The weight files mlx-lm's ``load_model`` reads; the card counts the same files."""
 
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
-_HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
-_ENCODER_LAYER_RE = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-"""An encoder's layers: BERT's and XLM-RoBERTa's ``encoder.layer.{i}.``, ModernBERT's ``layers.{i}.``."""
-_ENCODER_EMBEDDING_RE = re.compile(r"(?:^|\.)(?:embeddings|embed_tokens)\.")
-"""An encoder's embedding tensors (BERT's ``embeddings.word_embeddings`` and its positions)."""
 
 
 def read_safetensors_sizes(path: Path) -> dict[str, int]:
@@ -167,28 +161,6 @@ def _group_size(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _parts(sizes: Mapping[str, int], n_layers: int, encoder: bool = False) -> tuple[list[int], int, int, int]:
-    """(bytes per layer, embedding, head, other) of tensor name -> bytes (see
-    :func:`card_from_config`; ``encoder``: an encoder's tensor names)."""
-    layer_bytes = [0] * n_layers
-    embedding = head = norm = 0
-    layer_re, embedding_re = (_ENCODER_LAYER_RE, _ENCODER_EMBEDDING_RE) if encoder else (_LAYER_RE, _EMBEDDING_RE)
-    for name, nbytes in sizes.items():
-        if m := layer_re.search(name):
-            index = int(m.group(1))
-            if index >= n_layers:
-                raise UnsupportedModelError(
-                    f"tensor {name} is beyond num_hidden_layers={n_layers}")
-            layer_bytes[index] += nbytes
-        elif embedding_re.search(name):
-            embedding += nbytes
-        elif _HEAD_RE.search(name):
-            head += nbytes
-        else:
-            norm += nbytes
-    return layer_bytes, embedding, head, norm
-
-
 def card_from_config(
     config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str,
     float32: Mapping[str, int] | None = None,
@@ -210,10 +182,10 @@ def card_from_config(
     """
     args = {**config.get("text_config", {}), **config}
     encoder = model_kind(config) == "encoder"  # embedding models: their own tensor names (exo_p2p.types.kinds)
-    layer_re = _ENCODER_LAYER_RE if encoder else _LAYER_RE
+    layer_re = layer_pattern(encoder)
     n_layers = check_layers(args["num_hidden_layers"], (int(m.group(1)) for n in sizes if (m := layer_re.search(n))))
-    layer_bytes, embedding, head, norm = _parts(sizes, n_layers, encoder)
-    f32_layers, f32_embedding, f32_head, f32_norm = _parts(float32, n_layers, encoder) if float32 else ([], 0, 0, 0)
+    layer_bytes, embedding, head, norm = tensor_parts(sizes, n_layers, encoder)
+    f32_layers, f32_embedding, f32_head, f32_norm = tensor_parts(float32, n_layers, encoder) if float32 else ([], 0, 0, 0)
     if empty := [i for i, b in enumerate(layer_bytes) if b == 0]:
         raise UnsupportedModelError(f"layers {empty[:5]} have no tensors")
     heads = args.get("num_attention_heads")
