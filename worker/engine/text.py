@@ -6,7 +6,8 @@ or prefills), the long-prefill pacing (``worker.runner.prefill_pace``: on one ra
 holds directly; on a multi-rank instance it proposes and the rounds agree), the tokens sampled
 for requests, and its ``EngineStats``. Embedding and rerank tasks go to its pooling branch,
 ``embed`` (``worker.embed.work.EmbedWork``: prefill then pool, one bounded forward a step after
-the decode step, never in the decode batch); without one (a multi-rank instance) or for a kind
+the decode step, never in the decode batch, paced to ``EMBED_SHARE`` of the time while rows
+decode, as long prefills are); without one (a multi-rank instance) or for a kind
 it does not do, a task ends with a 400 ``ErrorChunk`` at the next step.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 from exo_p2p.types import Chunk, Embedding, ErrorChunk, ErrorInfo, Rerank, TaskId, TextGeneration, TokenChunk, WorkTask
 from exo_p2p.types.observe import EngineStats
 from worker.engine.scheduler import Engine
+from worker.embed.work import EMBED_SHARE
 from worker.runner.prefill_pace import PrefillPacer
 from worker.runner.stats import engine_stats
 
@@ -33,6 +35,7 @@ class TextEngine:
         self.engine = engine
         self.embed = embed
         """The pooling branch (``worker.embed.work.EmbedWork``), None where the model cannot embed here."""
+        self.embed_pacer = PrefillPacer(EMBED_SHARE)  # embeddings' share of the time while rows decode
         self.agreed = agreed
         self.kv_bytes_per_token = kv_bytes_per_token
         self.warmup_rate = warmup_rate
@@ -73,7 +76,11 @@ class TextEngine:
     def step(self) -> list[Chunk]:
         refused, self._refused = self._refused, []
         if self.embed is not None and self.embed.has_work():
-            refused += self.embed.step()
+            decoding = bool(self.engine.batch.rows)
+            if not (decoding and self.embed_pacer.hold):
+                started = time.monotonic()
+                refused += self.embed.step()
+                self.embed_pacer.note(time.monotonic() - started, True, decoding)
         if not self.engine.has_work():
             return refused
         if not self.agreed:
@@ -81,6 +88,7 @@ class TextEngine:
         started = time.monotonic()
         chunks = self.engine.step()
         self.pacer.note(time.monotonic() - started, self.engine.slots.long_fed, bool(self.engine.batch.rows))
+        self.embed_pacer.note(time.monotonic() - started, False, bool(self.engine.batch.rows))
         self.generated += sum(1 for c in chunks if isinstance(c, TokenChunk) and c.token_id is not None)
         return refused + chunks
 
