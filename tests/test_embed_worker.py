@@ -136,3 +136,46 @@ def test_embed_work_steps_a_request_in_bounded_batches(encoder):
     assert by_task["gone"][0].finish_reason == "cancelled"
     scores = np.frombuffer(by_task["r"][0].vectors, "<f4")
     np.testing.assert_allclose(scores, embedder.rerank(rows[2], rows[:4]), atol=1e-6)
+
+
+def test_a_decoder_runner_paces_embeddings_while_rows_decode():
+    import time
+    from types import SimpleNamespace
+
+    from worker.embed.work import EMBED_SHARE
+    from worker.engine.text import TextEngine
+
+    class Decoding:  # a scheduler whose rows decode for 1 ms a step
+        batch = SimpleNamespace(rows=[object()])
+        slots = SimpleNamespace(hold_long=False, long_fed=False)
+
+        def has_work(self) -> bool:
+            return True
+
+        def step(self) -> list:
+            time.sleep(0.001)
+            return []
+
+    class Embedding:  # embedding batches of 10 ms each, always more
+        steps = 0
+
+        def has_work(self) -> bool:
+            return True
+
+        def step(self) -> list:
+            self.steps += 1
+            time.sleep(0.01)
+            return []
+
+    embed = Embedding()
+    engine = TextEngine(Decoding(), embed=embed)  # type: ignore[arg-type]
+    started = time.monotonic()
+    for _ in range(400):
+        engine.step()
+    spent = time.monotonic() - started
+    assert 0 < embed.steps * 0.01 / spent <= EMBED_SHARE + 0.1  # ~0.2 of the time, never all of it
+    Decoding.batch.rows = []  # nothing decodes: an embedding batch every step
+    before = embed.steps
+    for _ in range(10):
+        engine.step()
+    assert embed.steps - before == 10
