@@ -14,6 +14,10 @@ from worker.embed.encoder import EncoderHidden, load_encoder
 from worker.engine.loader import LoadedModel
 
 
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm_roberta"})
+"""Encoder families whose position ids start at ``padding_idx + 1`` (2)."""
+
+
 def _vocab(config: dict) -> int:
     text = config.get("text_config", config)
     return int(text.get("vocab_size") or config.get("vocab_size") or 0)
@@ -33,6 +37,8 @@ def encoder_embedder(model_dir: Path | str) -> tuple[Embedder, object]:
     model, tokenizer = load_encoder(model_dir)
     config = model.config
     context = int(getattr(config, "max_position_embeddings", 512))
+    if str(getattr(config, "model_type", "")).replace("-", "_") in POSITION_OFFSET_TYPES:
+        context -= 2  # their positions start after the padding index: 514 positions hold 512 tokens
     vocab = int(getattr(config, "vocab_size", 0))
     spec = pooling_spec(model_dir, causal=False)
     return Embedder(EncoderHidden(model), spec, context=context, vocab=vocab), tokenizer
