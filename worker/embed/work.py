@@ -23,12 +23,13 @@ from worker.embed.embedder import Embedder
 
 log = structlog.get_logger(__name__)
 
-EMBED_SHARE = 0.2
+EMBED_SHARE = 0.15
 """Share of a decoder runner's time embedding batches may take while chat rows decode (the
-streams keep ~0.8 of their rate): ``worker.engine.text`` paces them with a
-``worker.runner.prefill_pace.PrefillPacer`` of this share; with no row decoding they run every step."""
+streams keep ~0.85 of their rate; the API node's own work for the requests comes on top):
+``worker.engine.text`` paces them with a ``worker.runner.prefill_pace.PrefillPacer`` of this
+share; with no row decoding they run every step."""
 
-STEP_TOKENS = 512
+STEP_TOKENS = 1024
 """Padded tokens one step forwards at most (the prefill budget's counterpart: 256 tokens a
 row, ``worker.engine.fair_share``); an input longer than it is one step alone."""
 
