@@ -45,6 +45,7 @@ from master.task_kinds import split_refusal
 from tests.strategies import CARD
 from tests.test_master import GIB, run
 from worker.engine.text import TextEngine
+from worker.runner.main import RunnerProcess
 from worker.runner.outbox import Outbox
 from worker.runner.protocol import FrameReader, to_supervisor_decoder
 from worker.runner.rounds import Rounds
@@ -276,3 +277,8 @@ def test_an_encoder_is_placed_on_one_node_only():
     two = msgspec.structs.replace(one, shards=(one.shards[0], msgspec.structs.replace(one.shards[0], rank=1)))
     assert "runs on one node" in (split_refusal(ENCODER, two) or "")
     assert split_refusal(DECODER, two) is None  # a decoder may be a pipeline
+
+
+def test_the_runner_holds_its_io_pulse_status_and_what_it_runs_only():
+    runner = RunnerProcess(in_fd=0, out_fd=1)
+    assert sorted(vars(runner)) == ["builder", "engine", "faults", "in_fd", "out", "pulse", "rounds", "setup", "status", "tasks"]

@@ -3,29 +3,32 @@
 ``choose_builder`` reads the model's kind from its files (``exo_p2p.types.kinds.model_kind``:
 its ``config.json`` and file names) and returns that kind's ``Builder``
 (``worker.engine.base``). A new kind of model adds one entry to ``BUILDERS``.
+
+Builders are named, not imported, here: a builder's module imports its engine and MLX (seconds
+of CPU on a busy machine), which must not delay the runner's start (its heartbeat, its first
+status); the runner's preload imports them in the background (``worker.runner.startup``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from exo_p2p.types.kinds import ModelKind, model_kind
 from worker.engine.base import Builder
 from worker.runner.faults import RunnerFaults
 from worker.runner.protocol import RunnerSetup
-from worker.embed.engine import EncoderBuilder
-from worker.runner.text_builder import TextBuilder
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 """A model's ``config.json`` read to choose its builder is at most this long (bytes)."""
 
-BUILDERS: dict[ModelKind, Callable[[RunnerSetup, RunnerFaults], Builder]] = {
-    "decoder": TextBuilder,
-    "encoder": EncoderBuilder,  # embeddings and rerank (worker.embed)
+BUILDERS: dict[ModelKind, str] = {
+    "decoder": "worker.runner.text_builder:TextBuilder",
+    "encoder": "worker.embed.engine:EncoderBuilder",  # embeddings and rerank (worker.embed)
 }
-"""The builder of each kind of model (a kind missing here cannot be run yet)."""
+"""The builder of each kind of model, as ``module:class`` (a kind missing here cannot be run
+yet); the class is called with ``(setup, faults)``."""
 
 
 def kind_of_model(model_dir: str) -> ModelKind:
@@ -46,7 +49,9 @@ def choose_builder(setup: RunnerSetup, faults: RunnerFaults) -> Builder:
     """The builder of ``setup``'s model. Raises ``ValueError`` for a kind no builder runs
     (the runner then fails with the message)."""
     kind = kind_of_model(setup.model_dir)
-    make = BUILDERS.get(kind)
-    if make is None:
+    where = BUILDERS.get(kind)
+    if where is None:
         raise ValueError(f"no runner builder for {kind} models yet (model {setup.instance.model_id})")
-    return make(setup, faults)
+    module, _, name = where.partition(":")
+    builder: Builder = getattr(importlib.import_module(module), name)(setup, faults)
+    return builder
