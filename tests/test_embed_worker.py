@@ -179,3 +179,15 @@ def test_a_decoder_runner_paces_embeddings_while_rows_decode():
     for _ in range(10):
         engine.step()
     assert embed.steps - before == 10
+
+
+def test_a_cross_encoder_is_refused_by_name(tmp_path):
+    import json
+
+    from worker.embed.engine import cross_encoder
+
+    path = make_encoder(tmp_path / "ce")
+    assert cross_encoder(str(path)) is None
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
+    assert cross_encoder(str(path)) == "BertForSequenceClassification"

@@ -22,6 +22,19 @@ WARMUP_TEXT_TOKENS = (1, 2, 3, 4)
 """The token ids of the warm-up embedding (discarded), so the first request pays no first-use cost."""
 
 
+def cross_encoder(model_dir: str) -> str | None:
+    """The ``…ForSequenceClassification`` architecture of the model in ``model_dir``, or None
+    (also for a ``config.json`` that cannot be read: the load then says why)."""
+    import json
+    from pathlib import Path
+
+    try:
+        archs = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((str(a) for a in archs if str(a).endswith("ForSequenceClassification")), None)
+
+
 class EmbedEngine:
     """The ``Engine`` of an embedding model (see the module docstring)."""
 
@@ -86,6 +99,10 @@ class EncoderBuilder:
 
         self.faults.at(STAGE_LOADING)
         yield 0, 1
+        cross = cross_encoder(self.setup.model_dir)
+        if cross:
+            raise RuntimeError(f"{cross} is a cross-encoder (a relevance head); this runner reranks by the cosine of "
+                               "embeddings and does not run such heads yet (docs/api.md#embeddings-and-reranking)")
         self.embedder, _ = encoder_embedder(self.setup.model_dir)
         yield 1, 1
 
