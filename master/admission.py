@@ -173,10 +173,13 @@ def rank_needs(state: State, instance: Instance, card: ModelCard, prompt_tokens:
     return out
 
 
-def memory_refusal(state: State, instance: Instance, card: ModelCard, params: GenerationParams) -> str | None:
-    """None when every rank of ``instance`` has the memory for ``params``' prompt; else the
-    out-of-memory message for the first rank that has not (sizes in bytes and MiB)."""
-    tokens = prompt_token_bound(params, card.context_length)
+def memory_refusal(state: State, instance: Instance, card: ModelCard, params: GenerationParams | int) -> str | None:
+    """None when every rank of ``instance`` has the memory for ``params``' prompt (or for a
+    prefill of ``params`` tokens: ``master.task_kinds.prefill_tokens``); else the
+    out-of-memory message for the first rank that has not (sizes in bytes and MiB). An
+    embedding's or a rerank's prefill counts its KV cache too: a chunked prefill holds it
+    until the row is pooled."""
+    tokens = params if isinstance(params, int) else prompt_token_bound(params, card.context_length)
     chunk = instance.settings.prefill_chunk_size if instance.settings is not None else PREFILL_CHUNK_BOUND
     for need in rank_needs(state, instance, card, tokens, chunk):
         if not need.fits:

@@ -23,20 +23,21 @@ from exo_p2p.types import (
     PlaceInstance,
     RankSettings,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskCancelRequested,
     TaskCreated,
     TaskDeleted,
     TaskStatusUpdated,
     TextGeneration,
 )
-from master.admission import MAX_BYTES_PER_TOKEN, memory_refusal, oversized_prompt, prompt_bytes
+from master.admission import memory_refusal
 from master.in_flight import busy_refusal
 from master.placement.place import PlacementError, place_instance
 from master.placement.context import resolve_nodes
 from master.restore import draining
 from master.routing import Option, choose
 from exo_p2p.content.prefixes import longest_match, prefix_chain
+from master.task_kinds import oversized_input, prefill_tokens, split_refusal, unsupported_task
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -57,7 +58,8 @@ def handle_command(
     """Decide what ``command`` does on ``state``.
 
     - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
-      reason (numbers in GiB and bytes); else ``InstanceCreated``, the instance carrying
+      reason (numbers in GiB and bytes), or an encoder placed on more than one node
+      (``master.task_kinds.split_refusal``); else ``InstanceCreated``, the instance carrying
       ``rank_settings`` (the master's: what every rank must share, ``RankSettings``). A
       ``command_id`` already an instance of State (the instance id is the command id: the
       caller retried after a lost answer or across a failover) is answered with that
@@ -66,7 +68,8 @@ def handle_command(
       shards' runners holding memory for an instance that no longer lists them.
     - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
       each of its unfinished tasks (their clients get an error).
-    - ``SubmitGeneration``: unknown model → 404; no instance → 409 (how to place it); no
+    - ``SubmitTask`` (any kind of work, ``master.task_kinds``): unknown model → 404; a kind
+      the model cannot do (``ModelCard.tasks``) → 400 ``unsupported_task``; no instance → 409 (how to place it); no
       ready instance → 503 (``code="loading"`` while one loads, else the failure reason);
       no ready instance whose ranks have the free memory for the prompt → 503
       ``code="out_of_memory"`` (``master.admission``: memory admission); ``queue_limit`` unfinished
@@ -90,7 +93,7 @@ def handle_command(
         return _place(state, command, rank_settings)
     if isinstance(command, DeleteInstance):
         return _delete(state, command)
-    if isinstance(command, SubmitGeneration):
+    if isinstance(command, SubmitTask):
         return _submit(state, command, queue_limit, unreachable, routing)
     if isinstance(command, CancelGeneration):
         record = state.tasks.get(command.task_id)
@@ -132,6 +135,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         )
     except PlacementError as exc:
         return _error(command, 400, str(exc), code="placement_failed")
+    if (split := split_refusal(card, instance)) is not None:
+        return _error(command, 400, split, code="placement_failed")
     from exo_p2p.types import InstanceCreated
 
     if rank_settings is not None:
@@ -168,7 +173,7 @@ def _unfinished(state: State, instance_id: str) -> int:
     )
 
 
-def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
+def _submit(state: State, command: SubmitTask, queue_limit: int | None,
             unreachable: frozenset[str] = frozenset(), routing: str = "prefix") -> Decision:
     existing = state.tasks.get(command.task_id)
     if existing is not None:  # a retry of a submission already decided: the same answer
@@ -177,6 +182,8 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
     if model not in state.model_cards:
         known = ", ".join(sorted(state.model_cards)) or "none"
         return _error(command, 404, unknown_model_message(model, known), type_="not_found_error", param="model", code="model_not_found")
+    if (unsupported := unsupported_task(state.model_cards[model], command.task)) is not None:
+        return Decision((), CommandResult(command.command_id, error=unsupported))
     instances = [i for i in state.instances.values() if i.model_id == model]
     if not instances:
         return _error(
@@ -200,11 +207,10 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         reasons = "; ".join(v.reason or "failed" for v in views)
         return _error(command, 503, f"no healthy instance for model {model!r}: {reasons}", type_="server_error", code="instance_failed")
     card = state.model_cards[model]
-    if (too_long := oversized_prompt(command.params, card.context_length)) is not None:
-        info = ErrorInfo(400, too_long, param="messages", code="context_length_exceeded", context_tokens=card.context_length,
-                         prompt_tokens=-(-prompt_bytes(command.params) // MAX_BYTES_PER_TOKEN))  # at least this many tokens
-        return Decision((), CommandResult(command.command_id, error=info))
-    refusals = {i.instance_id: memory_refusal(state, i, card, command.params) for i in ready}
+    if (too_long := oversized_input(card, command.task)) is not None:
+        return Decision((), CommandResult(command.command_id, error=too_long))
+    tokens = prefill_tokens(card, command.task)
+    refusals = {i.instance_id: memory_refusal(state, i, card, tokens) for i in ready}
     fitting = [i for i in ready if refusals[i.instance_id] is None]
     if not fitting:
         first = min(refusals.items())[1]
@@ -215,23 +221,18 @@ def _submit(state: State, command: SubmitGeneration, queue_limit: int | None,
         return _error(
             command, 429, f"queue full: {queue_limit} requests are already queued for model {model!r}; retry later", type_="rate_limit_error", code="queue_full"
         )
-    if (busy := busy_refusal(state, command.params)) is not None:
+    if (busy := busy_refusal(state, command.task.params)) is not None:
         return _error(command, 429, busy, type_="rate_limit_error", code="cluster_busy")
-    task = TextGeneration(
-        task_id=command.task_id,
-        instance_id=chosen.instance_id,
-        model_id=model,
-        params=command.params,
-        api_node_id=command.api_node_id,
-    )
+    task = msgspec.structs.replace(command.task, instance_id=chosen.instance_id, created_idx=0)
     return Decision((TaskCreated(task),), CommandResult(command.command_id, instance_id=chosen.instance_id, route=route))
 
 
-def _route(state: State, pool: list[Instance], command: SubmitGeneration, routing: str) -> tuple[Instance, str]:
+def _route(state: State, pool: list[Instance], command: SubmitTask, routing: str) -> tuple[Instance, str]:
     """The instance of ``pool`` to serve ``command`` and why (``master.routing``)."""
     if len(pool) == 1:
         return pool[0], "only"
-    chain = prefix_chain(command.params) if routing == "prefix" else []
+    prefixed = routing == "prefix" and isinstance(command.task, TextGeneration)  # only generations reuse prefixes
+    chain = prefix_chain(command.task.params) if prefixed else []
     options = [Option(i.instance_id, instance_load(state, i), longest_match(chain, state.prefixes.get(i.instance_id, ())))
                for i in pool]
     chosen_id, reason = choose(options)

@@ -14,7 +14,7 @@ sum over every task at each submission, and within a small factor of the encoded
 
 from __future__ import annotations
 
-from exo_p2p.types import GenerationParams, State
+from exo_p2p.types import EmbeddingParams, GenerationParams, RerankParams, State
 from exo_p2p.types.tasks import FINISHED_TASK_STATUSES
 
 IN_FLIGHT_BYTES_LIMIT = 16 * 1024 * 1024
@@ -22,9 +22,28 @@ IN_FLIGHT_BYTES_LIMIT = 16 * 1024 * 1024
 of the cluster may hold in State at once: 128 requests of the largest size, a quarter of the
 frame a snapshot travels in."""
 
-def params_bytes(params: GenerationParams) -> int:
-    """UTF-8 bytes of the text ``params`` carries: the prompt, every message's content,
+TOKEN_ID_BYTES = 4
+"""Bytes one token id of an embedding or rerank input counts as in the in-flight bound
+(a msgpack int of a vocabulary id takes up to 5 bytes)."""
+
+
+def held_bytes(params: object) -> int | None:
+    """Bytes an embedding's or a rerank's inputs count as in flight (``TOKEN_ID_BYTES`` per
+    token id); None for other parameters (``params_bytes`` counts a
+    generation's text)."""
+    if isinstance(params, EmbeddingParams):
+        return TOKEN_ID_BYTES * sum(len(i) for i in params.inputs)
+    if isinstance(params, RerankParams):
+        return TOKEN_ID_BYTES * (len(params.query) + sum(len(d) for d in params.documents))
+    return None
+
+
+def params_bytes(params: GenerationParams | object) -> int:
+    """UTF-8 bytes of the text ``params`` carries (an embedding's or a rerank's token ids:
+    ``held_bytes``): the prompt, every message's content,
     reasoning and tool calls' arguments, the stop strings and the tools' JSON. Pure."""
+    if not isinstance(params, GenerationParams):
+        return held_bytes(params) or 0
     size = len((params.prompt or "").encode()) + len((params.tools or "").encode())
     size += sum(len(s.encode()) for s in params.stop)
     for m in params.messages:

@@ -47,7 +47,7 @@ from exo_p2p.types import (
     RunnerStatusUpdated,
     ShardMetadata,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskId,
     TokenChunk,
     new_id,
@@ -116,7 +116,7 @@ class FakeMaster:
         self.channels: dict[str, trio.MemorySendChannel[Chunk]] = {}
         self.cancelled: set[str] = set()
         self.cancel_seen = trio.Event()
-        self.script: Callable[[SubmitGeneration], Script] = lambda cmd: reply_script(cmd.task_id)
+        self.script: Callable[[SubmitTask], Script] = lambda cmd: reply_script(cmd.task_id)
         self.fail_state = False
         self.gate: trio.Event | None = None
         """When set, generations wait for it before their first chunk."""
@@ -143,7 +143,7 @@ class FakeMaster:
         self.log.append(f"command:{type(command).__name__}")
         await trio.sleep(0)
         cid = command.command_id
-        if isinstance(command, SubmitGeneration):
+        if isinstance(command, SubmitTask):
             error = self._model_error(command.model_id)
             if error is not None:
                 return CommandResult(cid, error=error)
@@ -229,7 +229,7 @@ class FakeMaster:
         self._apply(RunnerStatusUpdated(shard.runner_id, instance.instance_id, self.node_id, RunnerLoading(3, 30)))
         return CommandResult(cid, instance=instance, event_idx=self._state.last_event_idx)
 
-    async def _feed(self, command: SubmitGeneration) -> None:
+    async def _feed(self, command: SubmitTask) -> None:
         if self.gate is not None:
             await self.gate.wait()
         for item in self.script(command):
@@ -303,8 +303,8 @@ def all_keys(value: Any) -> set[str]:
     return set()
 
 
-def submits(backend: FakeMaster) -> list[SubmitGeneration]:
-    return [c for c in backend.commands if isinstance(c, SubmitGeneration)]
+def submits(backend: FakeMaster) -> list[SubmitTask]:
+    return [c for c in backend.commands if isinstance(c, SubmitTask)]
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -341,7 +341,7 @@ def test_stream_sse_format() -> None:
         assert finishing[0]["choices"][0]["finish_reason"] == "stop"
         contents = [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]]
         assert contents == [t for t in TOKENS if t]  # the empty token is skipped
-        assert backend.log == ["open", "command:SubmitGeneration", "close"]
+        assert backend.log == ["open", "command:SubmitTask", "close"]
         assert not backend.cancelled
 
     run_api(body)
@@ -368,7 +368,7 @@ def test_stream_include_usage_chunk_and_cancelled_maps_to_stop() -> None:
 def test_first_chunk_error_is_a_json_status_even_when_streaming() -> None:
     message = "prompt is 20000 tokens, longer than the context of 8192 tokens"
 
-    def script(cmd: SubmitGeneration) -> Script:
+    def script(cmd: SubmitTask) -> Script:
         return [ErrorChunk(task_id=cmd.task_id, error=ErrorInfo(400, message, param="messages", code="context_length_exceeded"))]
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
@@ -383,7 +383,7 @@ def test_first_chunk_error_is_a_json_status_even_when_streaming() -> None:
 
 
 def test_mid_stream_error_becomes_an_error_event_then_done() -> None:
-    def script(cmd: SubmitGeneration) -> Script:
+    def script(cmd: SubmitTask) -> Script:
         return [
             TokenChunk(task_id=cmd.task_id, text="Par", completion_tokens=1),
             ErrorChunk(task_id=cmd.task_id, error=ErrorInfo(503, "runner r1 failed", "server_error")),
@@ -451,7 +451,7 @@ def test_non_stream_shape_usage_and_parameter_mapping() -> None:
             ("assistant", ""),
         ]
         assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.seed) == (7, 0.0, 0.5, ("\n\n",), 42)
-        assert backend.log == ["open", "command:SubmitGeneration", "close"]
+        assert backend.log == ["open", "command:SubmitTask", "close"]
 
     run_api(body, model_aliases={"default": MODEL})
 
@@ -542,7 +542,7 @@ def test_command_errors_pass_through_with_their_status(model: str, status: int, 
             assert int(r.headers["retry-after"]) > 0
         else:
             assert "retry-after" not in r.headers
-        assert backend.log == ["open", "command:SubmitGeneration", "close"]
+        assert backend.log == ["open", "command:SubmitTask", "close"]
         assert not backend.cancelled and not backend.channels
         assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
 
@@ -671,6 +671,7 @@ def test_models_state_and_nodes() -> None:
             "n_layers": 30,
             "storage_size": c.storage_size,
             "context_length": 8192,
+            "tasks": ["generate"],  # a card from before kinds
         }
         local = (await client.get("/models")).json()
         assert local == [
@@ -687,6 +688,7 @@ def test_models_state_and_nodes() -> None:
                 "quantization": "",
                 "shardings": ["pipeline", "tensor"],
                 "sharding_notes": {},
+                "tasks": ["generate"],
             }
         ]
         await client.post("/instances", json={"model": MODEL})

@@ -314,7 +314,7 @@ def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
     (1/1), which the old fewest-tasks rule would have picked."""
     import msgspec
 
-    from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitGeneration,
+    from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitTask,
                                TaskCreated)
     from master.commands import handle_command, instance_load
     from tests.test_memory_admission import CARD8, GIB, _cluster, _params, _pipeline, _run
@@ -328,7 +328,7 @@ def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
 
     def submit(task_id: str):
         nonlocal state
-        d = handle_command(state, SubmitGeneration("c", task_id, "m", _params("hi"), "a"))
+        d = handle_command(state, SubmitTask.generation("c", task_id, "m", _params("hi"), "a"))
         assert d.result.error is None and isinstance(d.events[0], TaskCreated)
         state = _run(state, d.events)
         return d.events[0].task.instance_id

@@ -52,7 +52,7 @@ def test_refused_generation_requests_are_recorded() -> None:
             (404, "openai", "nope", "refused")]
         assert recs[0]["key_id"] is not None
         text = (await http.get("/metrics", headers=auth)).text
-        assert value(text, "exo_requests_total", family="openai", model=MODEL, status="400") == 1
+        assert value(text, "exo_requests_total", kind="generate", family="openai", model=MODEL, status="400") == 1
 
     _run(body, access=AccessPolicy.of([KEY]), observer=observer)
 
@@ -182,11 +182,11 @@ def test_place_min_nodes_of_a_placed_model_is_not_ignored(served) -> None:
 def test_place_and_chat_say_unknown_model_alike() -> None:
     """The master answers a placement and a request of a model it does not know in one
     wording (the CLI shows it as is, ``chat`` too)."""
-    from exo_p2p.types import GenerationParams, PlaceInstance, State, SubmitGeneration
+    from exo_p2p.types import GenerationParams, PlaceInstance, State, SubmitTask
     from master.commands import handle_command
 
     place = handle_command(State(), PlaceInstance(command_id="c1", model_id="smolm2"))
-    submit = handle_command(State(), SubmitGeneration(command_id="c2", task_id="t", model_id="smolm2",
+    submit = handle_command(State(), SubmitTask.generation(command_id="c2", task_id="t", model_id="smolm2",
                                                       params=GenerationParams(messages=()), api_node_id="n"))
     for decision in (place, submit):
         assert decision.result.error.status == 404

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.types import ChatMessage, GenerationParams, SubmitGeneration, TaskStatusUpdated, ToolCall
+from exo_p2p.types import ChatMessage, GenerationParams, SubmitTask, TaskStatusUpdated, ToolCall
 from master import in_flight
 from master.commands import handle_command
 from master.in_flight import busy_refusal, in_flight_bytes, params_bytes
@@ -22,8 +22,8 @@ def _params(text: str) -> GenerationParams:
     return GenerationParams((ChatMessage("user", text),), max_tokens=5)
 
 
-def _submit(i: int, text: str) -> SubmitGeneration:
-    return SubmitGeneration(f"c{i}", f"t{i}", CARD.model_id, _params(text), "node-a")  # type: ignore[arg-type]
+def _submit(i: int, text: str) -> SubmitTask:
+    return SubmitTask.generation(f"c{i}", f"t{i}", CARD.model_id, _params(text), "node-a")  # type: ignore[arg-type]
 
 
 @given(st.lists(st.text(max_size=50), max_size=5), st.text(max_size=50), st.lists(st.text(max_size=20), max_size=4))

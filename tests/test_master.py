@@ -24,7 +24,7 @@ from exo_p2p.types import (
     RunnerReady,
     RunnerStatusUpdated,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskCancelRequested,
     TaskCreated,
     TaskDeleted,
@@ -66,10 +66,10 @@ def test_place_then_submit_then_cancel():
     s = run(s, d.events)
     inst = d.result.instance
     # not ready yet → 503 loading
-    d = handle_command(s, SubmitGeneration("cmd-2", "t1", "m", params(), "node-a"))
+    d = handle_command(s, SubmitTask.generation("cmd-2", "t1", "m", params(), "node-a"))
     assert d.result.error.status == 503 and d.result.error.code == "loading"
     s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
-    d = handle_command(s, SubmitGeneration("cmd-3", "t1", "m", params(), "node-a"))
+    d = handle_command(s, SubmitTask.generation("cmd-3", "t1", "m", params(), "node-a"))
     assert d.result.error is None and isinstance(d.events[0], TaskCreated)
     s = run(s, d.events)
     d = handle_command(s, CancelGeneration("cmd-4", "t1"))
@@ -80,13 +80,13 @@ def test_place_then_submit_then_cancel():
 
 def test_status_codes_for_unknown_unplaced_and_failed():
     s = one_node()
-    assert handle_command(s, SubmitGeneration("c", "t", "zzz", params(), "node-a")).result.error.status == 404
-    err = handle_command(s, SubmitGeneration("c", "t", "m", params(), "node-a")).result.error
+    assert handle_command(s, SubmitTask.generation("c", "t", "zzz", params(), "node-a")).result.error.status == 404
+    err = handle_command(s, SubmitTask.generation("c", "t", "m", params(), "node-a")).result.error
     assert err.status == 409 and "exo-p2p place m" in err.message
     d = handle_command(s, PlaceInstance("cmd-1", "m"))
     s = run(s, d.events)
     s = run(s, [InstanceFailed(d.result.instance.instance_id, "runner died")])
-    err = handle_command(s, SubmitGeneration("c", "t", "m", params(), "node-a")).result.error
+    err = handle_command(s, SubmitTask.generation("c", "t", "m", params(), "node-a")).result.error
     assert err.status == 503 and "runner died" in err.message
     assert handle_command(s, PlaceInstance("c2", "nope")).result.error.status == 404
     assert handle_command(s, DeleteInstance("c3", "nope")).result.error.status == 404
@@ -126,9 +126,9 @@ def test_queue_limit_gives_429():
     inst = d.result.instance
     s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
     for k in range(2):
-        d = handle_command(s, SubmitGeneration(f"c{k}", f"t{k}", "m", params(), "node-a"), queue_limit=2)
+        d = handle_command(s, SubmitTask.generation(f"c{k}", f"t{k}", "m", params(), "node-a"), queue_limit=2)
         s = run(s, d.events)
-    d = handle_command(s, SubmitGeneration("c9", "t9", "m", params(), "node-a"), queue_limit=2)
+    d = handle_command(s, SubmitTask.generation("c9", "t9", "m", params(), "node-a"), queue_limit=2)
     assert d.result.error.status == 429
 
 
@@ -143,7 +143,7 @@ def test_a_gone_api_nodes_tasks_are_cancelled_and_its_instances_failed():
     inst = d.result.instance
     s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
     for tid, api in (("t-b1", "node-b"), ("t-b2", "node-b"), ("t-b3", "node-b"), ("t-a", "node-a")):
-        s = run(s, handle_command(s, SubmitGeneration(f"c-{tid}", tid, "m", params(), api)).events)
+        s = run(s, handle_command(s, SubmitTask.generation(f"c-{tid}", tid, "m", params(), api)).events)
     s = run(s, [TaskCancelRequested("t-b2"), TaskStatusUpdated("t-b3", "complete")])
     out = react(s, NodeTimedOut("node-b"))
     assert out == (TaskCancelRequested("t-b1"),)
@@ -161,11 +161,11 @@ def test_reactions_remove_finished_tasks_and_fail_instances():
     inst = d.result.instance
     rid = inst.shards[0].runner_id
     s = run(s, [RunnerStatusUpdated(rid, inst.instance_id, "node-a", RunnerReady())])
-    s = run(s, handle_command(s, SubmitGeneration("c", "t1", "m", params(), "node-a")).events)
+    s = run(s, handle_command(s, SubmitTask.generation("c", "t1", "m", params(), "node-a")).events)
     ev = TaskStatusUpdated("t1", "complete")
     s = run(s, [ev])
     assert react(s, ev) == (TaskDeleted("t1"),)
-    s = run(s, handle_command(s, SubmitGeneration("c", "t2", "m", params(), "node-a")).events)
+    s = run(s, handle_command(s, SubmitTask.generation("c", "t2", "m", params(), "node-a")).events)
     ev = RunnerStatusUpdated(rid, inst.instance_id, "node-a", RunnerFailed("oom"))
     s = run(s, [ev])
     out = react(s, ev)
@@ -294,10 +294,10 @@ def test_a_prompt_too_large_for_any_tokenization_is_refused_before_a_task_exists
     s = run(s, [RunnerStatusUpdated(inst.shards[0].runner_id, inst.instance_id, "node-a", RunnerReady())])
     limit = CARD.context_length * MAX_BYTES_PER_TOKEN
     huge = GenerationParams((ChatMessage("user", "x" * (limit + 1)),), max_tokens=5)
-    d = handle_command(s, SubmitGeneration("cmd-2", "t1", "m", huge, "node-a"))
+    d = handle_command(s, SubmitTask.generation("cmd-2", "t1", "m", huge, "node-a"))
     assert d.events == () and d.result.error.status == 400
     assert d.result.error.code == "context_length_exceeded" and str(limit + 1) in d.result.error.message
     assert d.result.error.context_tokens is not None and d.result.error.prompt_tokens > d.result.error.context_tokens  # a lower bound
     fits_bound = GenerationParams((ChatMessage("user", "x" * limit),), max_tokens=5)
-    d = handle_command(s, SubmitGeneration("cmd-3", "t2", "m", fits_bound, "node-a"))
+    d = handle_command(s, SubmitTask.generation("cmd-3", "t2", "m", fits_bound, "node-a"))
     assert d.result.error is None or d.result.error.code != "context_length_exceeded"

@@ -30,7 +30,7 @@ from exo_p2p.types import (
     RunnerStatusUpdated,
     ShardMetadata,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskCreated,
 )
 from master.admission import (
@@ -202,7 +202,7 @@ def test_submit_is_refused_503_iff_some_rank_lacks_the_memory(free_a, free_b, te
     params = _params(text)
     tokens = prompt_token_bound(params, CARD8.context_length)
     needs = rank_needs(state, inst, CARD8, tokens)
-    d = handle_command(state, SubmitGeneration("c", "t", "m", params, "a"))
+    d = handle_command(state, SubmitTask.generation("c", "t", "m", params, "a"))
     if all(n.fits for n in needs):
         assert d.result.error is None and isinstance(d.events[0], TaskCreated)
     else:
@@ -223,10 +223,10 @@ def test_submit_goes_to_the_instance_that_has_the_memory():
     state = _run(state, [InstanceCreated(roomy), RunnerStatusUpdated("r0", "z-inst", "b", RunnerReady())])
     long = _params("word " * 800)
     assert memory_refusal(state, small, CARD8, long) is not None and memory_refusal(state, roomy, CARD8, long) is None
-    d = handle_command(state, SubmitGeneration("c", "t", "m", long, "a"))
+    d = handle_command(state, SubmitTask.generation("c", "t", "m", long, "a"))
     assert d.result.error is None and d.events[0].task.instance_id == "z-inst"
     # a short prompt goes by load as before (ties: the smaller instance id)
-    d = handle_command(state, SubmitGeneration("c", "t", "m", _params("hi"), "a"))
+    d = handle_command(state, SubmitTask.generation("c", "t", "m", _params("hi"), "a"))
     assert d.events[0].task.instance_id == "inst"
 
 

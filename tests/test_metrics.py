@@ -62,8 +62,8 @@ def test_observe_counts_and_bounds_labels() -> None:
     metrics.observe(record())
     metrics.observe(record(model="made-up-by-a-client", family="evil", status=404, finish_reason=None))
     text = metrics.exposition().decode()
-    assert value(text, "exo_requests_total", family="openai", model="m", status="200") == 1
-    assert value(text, "exo_requests_total", family="other", model="other", status="404") == 1
+    assert value(text, "exo_requests_total", kind="generate", family="openai", model="m", status="200") == 1
+    assert value(text, "exo_requests_total", kind="generate", family="other", model="other", status="404") == 1
     assert value(text, "exo_prompt_tokens_total", model="m", instance="i1") == 7
     assert value(text, "exo_cached_prompt_tokens_total", model="m", instance="i1") == 3
     assert value(text, "exo_completion_tokens_total", model="m", instance="i1") == 5
@@ -169,8 +169,8 @@ def test_metrics_and_records_through_the_api() -> None:
         r = await http.post("/v1/chat/completions", json=chat_body(model="nope"), headers=auth)
         assert r.status_code == 404
         text = (await http.get("/metrics", headers=auth)).text
-        assert value(text, "exo_requests_total", family="openai", model=MODEL, status="200") == 1
-        assert value(text, "exo_requests_total", family="openai", model="other", status="404") == 1
+        assert value(text, "exo_requests_total", kind="generate", family="openai", model=MODEL, status="200") == 1
+        assert value(text, "exo_requests_total", kind="generate", family="openai", model="other", status="404") == 1
         got = sum(v for (n, _), v in samples(text).items() if n == "exo_completion_tokens_total")
         assert got == usage["completion_tokens"]
         recs = (await http.get("/requests", headers=auth)).json()
@@ -195,7 +195,7 @@ def test_metrics_or_records_off(metrics_on: bool, records_on: bool) -> None:
         assert (await http.post("/v1/chat/completions", json=chat_body())).status_code == 200
         metrics, records = await http.get("/metrics"), await http.get("/requests")
         if metrics_on:
-            assert value(metrics.text, "exo_requests_total", family="openai", model=MODEL, status="200") == 1
+            assert value(metrics.text, "exo_requests_total", kind="generate", family="openai", model=MODEL, status="200") == 1
         else:
             assert metrics.status_code == 404 and "--no-metrics" in metrics.json()["error"]["message"]
         if records_on:

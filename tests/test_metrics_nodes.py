@@ -109,14 +109,14 @@ def test_scrapes_match_the_workload(nodes) -> None:
     scraped = {name: n.get("/metrics", headers=AUTH).text for name, n in (("a", a), ("b", b))}
     for name, usages in sent.items():
         text = scraped[name]
-        ok = value(text, "exo_requests_total", family="openai", model=MODEL, status="200")
-        ok += value(text, "exo_requests_total", family="anthropic", model=MODEL, status="200")
+        ok = value(text, "exo_requests_total", kind="generate", family="openai", model=MODEL, status="200")
+        ok += value(text, "exo_requests_total", kind="generate", family="anthropic", model=MODEL, status="200")
         assert ok == len(usages), (name, text)
         assert total(text, "exo_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
         assert total(text, "exo_completion_tokens_total") == sum(u["completion_tokens"] for u in usages)
         assert value(text, "exo_time_to_first_token_seconds_count", model=MODEL) == len(usages)
         assert value(text, "exo_time_per_output_token_seconds_count", model=MODEL) >= 1
-    assert value(scraped["b"], "exo_requests_total", family="openai", model="other", status="404") == 1
+    assert value(scraped["b"], "exo_requests_total", kind="generate", family="openai", model="other", status="404") == 1
     assert total(scraped["a"], "exo_cached_prompt_tokens_total") > 0  # the second turn reused the first's KV
 
     runner = {"instance": iid, "model": MODEL, "rank": "0"}

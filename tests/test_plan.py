@@ -26,7 +26,7 @@ from exo_p2p.types import (
     TextGeneration,
     CancelTask,
 )
-from worker.plan import ForwardGeneration, LocalRunner, plan
+from worker.plan import ForwardTask, LocalRunner, plan
 
 NODE, BOOT = "node-a", "boot-1"
 
@@ -69,9 +69,9 @@ def test_create_then_load_then_warmup_then_tasks_in_master_order():
     t_late, t_early = gen_task("zzz", 10), gen_task("aaa", 20)
     s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t_late, t_early))
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
-    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t_late)  # created first, not smallest id
+    assert plan(NODE, BOOT, s, local) == ForwardTask("i1-r0", t_late)  # created first, not smallest id
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "zzz"}))}
-    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t_early)  # a Running runner still receives tasks (they queue)
+    assert plan(NODE, BOOT, s, local) == ForwardTask("i1-r0", t_early)  # a Running runner still receives tasks (they queue)
 
 
 def test_never_resends_and_is_idempotent():
@@ -80,7 +80,7 @@ def test_never_resends_and_is_idempotent():
     s = state_with(inst, {"i1-r0": RunnerReady()}, tasks=(t,))
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"load", "warmup"}))}
     first = plan(NODE, BOOT, s, local)
-    assert first == plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
+    assert first == plan(NODE, BOOT, s, local) == ForwardTask("i1-r0", t)
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerRunning(), frozenset({"load", "warmup", "t1"}))}
     assert plan(NODE, BOOT, s, local) is None
 
@@ -97,7 +97,7 @@ def test_cancel_is_sent_once_to_runners_that_have_the_task():
     # a task cancelled before it reached the runner is sent, then cancelled: the runner ends
     # it (as cancelled); nothing else would ever remove it from State
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset())}
-    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
+    assert plan(NODE, BOOT, s, local) == ForwardTask("i1-r0", t)
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"t1"}))}
     assert plan(NODE, BOOT, s, local) == CancelTask(runner_id="i1-r0", task_id="t1")
 
@@ -130,7 +130,7 @@ def test_generation_waits_for_every_rank_to_be_ready():
     local = {"i1-r0": LocalRunner("i1-r0", "i1", RunnerReady(), frozenset({"connect", "load", "warmup"}))}
     assert plan(NODE, BOOT, s, local) is None
     s = state_with(inst, {"i1-r0": RunnerReady(), "i1-r1": RunnerRunning()}, tasks=(t,))
-    assert plan(NODE, BOOT, s, local) == ForwardGeneration("i1-r0", t)
+    assert plan(NODE, BOOT, s, local) == ForwardTask("i1-r0", t)
 
 
 @given(st.lists(st.sampled_from(["idle", "loaded", "ready", "running"]), min_size=1, max_size=3), st.integers(0, 3))

@@ -25,7 +25,7 @@ from exo_p2p.api.bounds import (
 from exo_p2p.api.schemas import MAX_NAME_CHARS
 from exo_p2p.cluster.sequencing import first_batch
 from exo_p2p.net.config import GossipParams, NetConfig
-from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, PlaceInstance, SubmitGeneration, TaskCreated, TextGeneration
+from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, PlaceInstance, SubmitTask, TaskCreated, TextGeneration
 
 try:
     from tests.test_api import MODEL, FakeMaster, run_api, submits
@@ -103,7 +103,7 @@ def test_stop_strings_past_their_count_or_bytes_are_a_400_and_nothing_is_submitt
 
 @pytest.mark.parametrize("path", list(GENERATIONS))
 def test_a_generation_whose_command_exceeds_the_bound_is_a_400_in_its_family_shape(path: str) -> None:
-    """The prompt has no bound of its own: the encoded ``SubmitGeneration`` has."""
+    """The prompt has no bound of its own: the encoded ``SubmitTask`` has."""
     make = GENERATIONS[path][0]
 
     async def body(client: httpx.AsyncClient, backend: FakeMaster) -> None:
@@ -127,7 +127,7 @@ def test_the_command_bound_keeps_the_largest_task_well_below_the_gossip_and_fram
     envelope, and is 1/512 of a request frame."""
     gossip, frame = GossipParams().max_payload_bytes, NetConfig.__dataclass_fields__["max_frame_bytes"].default
     assert MAX_COMMAND_BYTES * 4 <= gossip and MAX_COMMAND_BYTES * 512 <= frame
-    submit = SubmitGeneration(command_id="c" * 36, task_id="t" * 36, model_id=MODEL, api_node_id="n" * 52,  # type: ignore[arg-type]
+    submit = SubmitTask.generation(command_id="c" * 36, task_id="t" * 36, model_id=MODEL, api_node_id="n" * 52,  # type: ignore[arg-type]
                               params=GenerationParams(messages=(ChatMessage("user", "x" * (MAX_COMMAND_BYTES - 1024)),)))
     assert len(msgspec.msgpack.encode(submit)) <= MAX_COMMAND_BYTES
     task = TextGeneration(task_id=submit.task_id, instance_id="i" * 36, model_id=submit.model_id,  # type: ignore[arg-type]

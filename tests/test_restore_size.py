@@ -34,7 +34,7 @@ from exo_p2p.types import (
     RunnerRecord,
     RunnerStatusUpdated,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskRecord,
     TextGeneration,
     TopologyEdgeCreated,
@@ -162,7 +162,7 @@ def test_the_shrunk_instance_serves_until_the_new_one_is_ready_then_goes_once_id
 def test_new_requests_go_to_the_full_size_instance_once_it_is_ready():
     state, shrunk, new = _restoring()
     ready = _ready(state, new)
-    cmd = SubmitGeneration(command_id="c", task_id="t", model_id="m", api_node_id="n0",
+    cmd = SubmitTask.generation(command_id="c", task_id="t", model_id="m", api_node_id="n0",
                            params=GenerationParams((ChatMessage("user", "hi"),)))
     for _ in range(3):
         decision = handle_command(ready, cmd)

@@ -30,7 +30,7 @@ from exo_p2p.types import (
     FinishChunk,
     PrefillProgressChunk,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TokenChunk,
 )
 from tests.test_api import MODEL, FakeMaster, chat_body, run_api, sse_events, submits
@@ -98,9 +98,9 @@ def failing_script(fail_after: dict[int, int], refusals: list[ErrorInfo] | None 
     """A script for FakeMaster: the k-th submitted task sends tokens (``token_id`` = position)
     from where its ``resume_tokens`` end, and fails with ``FAILED`` after ``fail_after[k]``
     of them; each continuation checks that it resumes exactly from the tokens sent."""
-    calls: list[SubmitGeneration] = []
+    calls: list[SubmitTask] = []
 
-    def script(cmd: SubmitGeneration) -> list:
+    def script(cmd: SubmitTask) -> list:
         k = len(calls)
         calls.append(cmd)
         start = len(cmd.params.resume_tokens)
@@ -124,7 +124,7 @@ class RefusingMaster(FakeMaster):
     refusals: list[ErrorInfo] = []
 
     async def command(self, command: Any, timeout: float = 30.0) -> CommandResult:
-        if isinstance(command, SubmitGeneration) and submits(self) and self.refusals:
+        if isinstance(command, SubmitTask) and submits(self) and self.refusals:
             self.commands.append(command)
             return CommandResult(command.command_id, error=self.refusals.pop(0))
         return await super().command(command, timeout)
@@ -329,7 +329,7 @@ RUNNER_500 = ErrorInfo(500, "generation failed: RuntimeError('[ring] connection 
 def _runner_error_script(fail_after: int):
     inner, calls = failing_script({0: fail_after})
 
-    def script(cmd: SubmitGeneration) -> list:
+    def script(cmd: SubmitTask) -> list:
         out = inner(cmd)
         if len(calls) == 1:  # the first task ends with the runner's own 500 instead
             out[-1] = ErrorChunk(task_id=cmd.task_id, error=RUNNER_500)

@@ -21,7 +21,7 @@ from exo_p2p.types import (
     RankSettings,
     RunnerReady,
     RunnerStatusUpdated,
-    SubmitGeneration,
+    SubmitTask,
     TaskCreated,
 )
 from master.commands import handle_command
@@ -119,7 +119,7 @@ def two_ready(max_batch: int = 4):
 
 
 def submit(s, task_id: str, params: GenerationParams, routing: str = "prefix"):
-    return handle_command(s, SubmitGeneration(f"c-{task_id}", task_id, "m", params, "node-a"), routing=routing)
+    return handle_command(s, SubmitTask.generation(f"c-{task_id}", task_id, "m", params, "node-a"), routing=routing)
 
 
 def test_the_master_routes_a_second_turn_to_the_holder_unless_it_is_much_busier() -> None:

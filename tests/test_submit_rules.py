@@ -1,7 +1,7 @@
 """How the master admits a generation across a failover (master.commands ``_submit``; found
 by scripts/chaos.py).
 
-The run showed an API retry of ``SubmitGeneration`` across a master kill: the former master
+The run showed an API retry of ``SubmitTask`` across a master kill: the former master
 had created the task on instance A (on a live node, whose runner started it); the new master
 decided the retry again and created the same task id on instance B, on the dead master's own
 node (not timed out yet). The task's record moved to B, so the runner on A's node had its
@@ -22,7 +22,7 @@ from exo_p2p.types import (
     RunnerReady,
     RunnerStatusUpdated,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskCreated,
 )
 from master.commands import handle_command
@@ -52,8 +52,8 @@ def two_ready_instances():  # type: ignore[no-untyped-def]
     return s, ids
 
 
-def submit(task_id: str = "t1", command_id: str = "c1") -> SubmitGeneration:
-    return SubmitGeneration(command_id, task_id, CARD.model_id, GenerationParams((ChatMessage("user", "hi"),), max_tokens=5), "node-a")  # type: ignore[arg-type]
+def submit(task_id: str = "t1", command_id: str = "c1") -> SubmitTask:
+    return SubmitTask.generation(command_id, task_id, CARD.model_id, GenerationParams((ChatMessage("user", "hi"),), max_tokens=5), "node-a")  # type: ignore[arg-type]
 
 
 def test_a_retried_submission_keeps_its_task_where_it_was_created():

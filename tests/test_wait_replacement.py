@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.api.app import create_app
 from exo_p2p.api.resume import replacement_coming, waits_for_replacement
-from exo_p2p.types import CommandResult, ErrorInfo, State, SubmitGeneration
+from exo_p2p.types import CommandResult, ErrorInfo, State, SubmitTask
 from tests.strategies import _instance
 from tests.test_api import MODEL, FakeMaster, TOKENS, chat_body, sse_events
 
@@ -51,13 +51,13 @@ class Replacing(FakeMaster):
     def __init__(self, nursery: trio.Nursery, *, replaces: str | None) -> None:
         super().__init__(nursery)
         self._state = msgspec.structs.replace(self._state, instances={"i2": _with("i2", replaces=replaces)})
-        self.submits: list[SubmitGeneration] = []
+        self.submits: list[SubmitTask] = []
 
     async def command(self, command, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-        if isinstance(command, SubmitGeneration):
+        if isinstance(command, SubmitTask):
             self.submits.append(command)
             if len(self.submits) <= self.refusals:
-                self.log.append("command:SubmitGeneration")
+                self.log.append("command:SubmitTask")
                 return CommandResult(command.command_id, error=LOADING_503)
         return await super().command(command, timeout)
 

@@ -30,7 +30,7 @@ from exo_p2p.types import (
     StartWarmup,
     State,
     Task,
-    TextGeneration,
+    WorkTask,
 )
 
 LIFECYCLE_KEYS = frozenset({"connect", "load", "warmup", "shutdown"})
@@ -51,14 +51,16 @@ class LocalRunner(msgspec.Struct, frozen=True):
     sent: frozenset[str] = frozenset()
 
 
-class ForwardGeneration(msgspec.Struct, frozen=True):
-    """Forward the master's generation ``task`` to this node's runner ``runner_id``."""
+class ForwardTask(msgspec.Struct, frozen=True):
+    """Forward the master's work ``task`` (any kind: ``WorkTask``) to this node's runner
+    ``runner_id``; the runner's engine does the kinds its model does (the master routed it
+    only to an instance whose card lists the kind)."""
 
     runner_id: str
-    task: TextGeneration
+    task: WorkTask
 
 
-PlannedTask = Task | ForwardGeneration
+PlannedTask = Task | ForwardTask
 
 
 def _tag(status: RunnerStatus | None) -> str:
@@ -84,7 +86,7 @@ def plan(node_id: NodeId, boot_id: str, state: State, local: dict[str, LocalRunn
        or ``LoadModel`` (single rank); Connected → ``LoadModel`` once every rank is
        connected; Loaded → ``StartWarmup`` once every rank has loaded;
     4. ``CancelTask`` for a task sent to this runner whose cancellation was requested;
-    5. ``ForwardGeneration`` of each pending task of the instance, in the master's
+    5. ``ForwardTask`` of each pending task of the instance, in the master's
        ``TaskCreated`` order, to a runner that is Ready or Running, once every runner of the
        instance is Ready or Running — a task whose cancellation was requested before it
        reached the runner too, so that the runner (its ranks in agreement) ends it as
@@ -162,7 +164,7 @@ def _generation(state: State, instance: Instance, runner: LocalRunner) -> Planne
         tid = record.task.task_id
         if tid in runner.sent or record.status not in ("pending", "running"):
             continue
-        return ForwardGeneration(runner.runner_id, record.task)
+        return ForwardTask(runner.runner_id, record.task)
     return None
 
 

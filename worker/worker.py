@@ -15,7 +15,7 @@ from exo_p2p.types.observe import EngineStats
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.types.engine import EngineSettings
 from worker.liveness import LivenessBounds
-from worker.plan import ForwardGeneration, LocalRunner, PlannedTask, plan
+from worker.plan import ForwardTask, LocalRunner, PlannedTask, plan
 from worker.supervisor import RunnerSupervisor
 
 log = structlog.get_logger(__name__)
@@ -212,7 +212,7 @@ class Worker:
             await sup.send(task, "warmup")
         elif isinstance(task, CancelTask):
             await sup.send(task, f"cancel:{task.task_id}")
-        elif isinstance(task, ForwardGeneration):
+        elif isinstance(task, ForwardTask):
             await sup.send(task.task, task.task.task_id)
 
     async def _create(self, task: CreateRunner) -> None:

@@ -90,6 +90,8 @@ class ApiBackend(Protocol):
     - ``count_tokens(model_id, params)``: the prompt tokens of ``params`` with the model's
       tokenizer and chat template; raises ``KeyError`` when this node holds no copy of the
       model, ``ValueError`` when the template fails.
+    - ``tokenize(model_id, texts)``: each text's token ids with the model's tokenizer (special
+      tokens added, no template: embeddings); raises ``KeyError`` as ``count_tokens``.
     """
 
     @property
@@ -116,3 +118,5 @@ class ApiBackend(Protocol):
     def event_times(self, since: int) -> Any: ...
 
     async def count_tokens(self, model_id: ModelId, params: GenerationParams) -> int: ...
+
+    async def tokenize(self, model_id: ModelId, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]: ...

@@ -1,7 +1,7 @@
 """The bounds of what one API request may carry into the cluster or cost its node, each named
 with its unit and why (README "Security", docs/api.md "Bounds").
 
-A generation request travels to the master as a ``SubmitGeneration`` command and, as its
+A generation request travels to the master as a ``SubmitTask`` command and, as its
 ``TaskCreated`` event, into the replicated log of every node: gossiped, persisted, served to
 every follower that catches up, and held in State until the task ends. So every request
 field that reaches them is bounded in count and bytes (a 400 naming the field beyond it), and

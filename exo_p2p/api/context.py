@@ -26,7 +26,7 @@ from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlig
 from exo_p2p.api.resume import MoveCounters
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.models.names import canonical_model_name
-from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitGeneration, new_id
+from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitTask, new_id
 
 T = TypeVar("T")
 
@@ -118,9 +118,9 @@ class ApiContext:
 
     def generate(self, job: GenerationJob) -> GenerationResponse:
         """The ASGI app answering ``job`` through the shared path. Raises ``ApiError(400)``
-        when its ``SubmitGeneration`` would exceed ``exo_p2p.api.bounds.MAX_COMMAND_BYTES``
+        when its ``SubmitTask`` would exceed ``exo_p2p.api.bounds.MAX_COMMAND_BYTES``
         (before anything is sent or counted)."""
-        check_command_size(SubmitGeneration(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
+        check_command_size(SubmitTask.generation(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
                                             params=job.params, api_node_id=NodeId(self.backend.node_id)))
         return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves,
                                   observer=self.config.observer)

@@ -5,7 +5,7 @@ model id, our ``GenerationParams``, whether to stream, and a ``StreamEncoder`` t
 chunks into the family's bytes. ``GenerationResponse`` is the ASGI app that answers a job,
 written once for all families. Its contract:
 
-- ``open_chunks`` is called before ``SubmitGeneration``, ``close_chunks`` always at the end.
+- ``open_chunks`` is called before ``SubmitTask``, ``close_chunks`` always at the end.
 - A command error is answered with its status in the family's error shape (
   404/409/503..., with ``Retry-After`` / ``x-should-retry`` per ``exo_p2p.api.errors``).
 - The response status is committed when the first chunk arrives: an ``ErrorChunk`` first

@@ -28,7 +28,7 @@ class GenerationSettings:
 
     ``chunk_timeout``: longest wait for the next chunk (queued requests wait here too, so it
     is generous; the node itself guarantees an ``ErrorChunk`` when a runner dies);
-    ``command_timeout``: the wait for the master's answer to ``SubmitGeneration``;
+    ``command_timeout``: the wait for the master's answer to ``SubmitTask``;
     ``cancel_timeout``: the wait for ``CancelGeneration`` after a disconnect;
     ``keepalive_interval``: the longest a stream stays silent (must be < 10);
     ``max_moves``: times a request may move to another instance after a failure (0: never);

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.context import ApiConfig, ApiContext
+from exo_p2p.api import embed_routes
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
 from exo_p2p.api.instance_routes import instance_routes
@@ -38,6 +39,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         *openai_responses.routes(ctx),
         *anthropic.routes(ctx),
         *ollama.routes(ctx),
+        *embed_routes.routes(ctx),  # embeddings and rerank (docs/api.md#embeddings-and-reranking)
         *cluster_routes(ctx),
         *instance_routes(ctx),
         *debug_routes(backend),

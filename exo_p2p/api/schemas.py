@@ -201,6 +201,8 @@ class ModelEntry(msgspec.Struct, frozen=True):
     n_layers: int
     storage_size: int
     context_length: int
+    tasks: list[str] = []
+    """The kinds of work it can do (``generate``, ``embed``, ``rerank``)."""
 
 
 class ModelList(msgspec.Struct, frozen=True):
@@ -228,6 +230,8 @@ class LocalModel(msgspec.Struct, frozen=True):
     quantization: str = ""
     shardings: list[str] = []
     sharding_notes: dict[str, str] = {}
+    tasks: list[str] = []
+    """The kinds of work it can do (``generate``, ``embed``, ``rerank``: ``exo_p2p.types.kinds``)."""
 
 
 class ShardView(msgspec.Struct, frozen=True):

@@ -41,7 +41,7 @@ from exo_p2p.types import (
     ErrorInfo,
     FinishChunk,
     NodeId,
-    SubmitGeneration,
+    SubmitTask,
     TokenChunk,
     new_id,
 )
@@ -102,10 +102,10 @@ class ServingTask:
                 log.exception("api.cancel_failed", task_id=self.task_id)
 
     async def submit(self) -> CommandResult:
-        """Submit the job's ``SubmitGeneration``; when refused because its model is being
+        """Submit the job's ``SubmitTask``; when refused because its model is being
         re-placed, again until accepted or the rules give up. Returns the last answer (its
         error set: the task ended, refused)."""
-        submit = SubmitGeneration(
+        submit = SubmitTask.generation(
             command_id=new_id(),
             task_id=self.task_id,
             model_id=self._job.model_id,
@@ -173,7 +173,7 @@ class ServingTask:
             # the continuation is the current task from its submission on: a disconnect
             # while the master answers cancels it
             self.task_id, self._chunks, self.ended = task_id, self._backend.open_chunks(task_id), False
-            submit = SubmitGeneration(command_id=new_id(), task_id=task_id, model_id=job.model_id, params=params,
+            submit = SubmitTask.generation(command_id=new_id(), task_id=task_id, model_id=job.model_id, params=params,
                                       api_node_id=NodeId(self._backend.node_id))
             # bounded by the keep-alive interval, so a stream is never silent for long
             timeout = min(settings.command_timeout, settings.keepalive_interval)
@@ -206,7 +206,7 @@ class ServingTask:
         log.info("api.request_moved", task_id=task_id, origin=self._job.task_id, instance_id=result.instance_id,
                  resumed_tokens=resumed_tokens, moves=self._moves, reason=failure.message)
 
-    async def _wait_for_replacement(self, submit: SubmitGeneration, result: CommandResult) -> CommandResult:
+    async def _wait_for_replacement(self, submit: SubmitTask, result: CommandResult) -> CommandResult:
         """A new request refused because its model's instances failed and are being
         re-placed: submitted again (same task id) every ``RETRY_INTERVAL`` s, keep-alives
         meanwhile, until accepted or the rules give up (``on_refusal``: the bound, a model

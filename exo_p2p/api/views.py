@@ -14,6 +14,7 @@ from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, 
 from exo_p2p.models.card.families import shardings_of
 from exo_p2p.state import InstanceView, state_hash
 from exo_p2p.types import ModelCard, State
+from exo_p2p.types.kinds import card_tasks
 
 OWNED_BY = "exo-p2p"
 _json = msgspec.json.Encoder()
@@ -74,6 +75,7 @@ def model_entry(card: ModelCard, created: int) -> ModelEntry:
         n_layers=card.n_layers,
         storage_size=card.storage_size,
         context_length=card.context_length,
+        tasks=list(card_tasks(card)),
     )
 
 
@@ -101,6 +103,7 @@ def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
         quantization=card.quantization,
         shardings=shardings,
         sharding_notes=notes,
+        tasks=list(card_tasks(card)),
     )
 
 

@@ -26,7 +26,7 @@ from exo_p2p.cli import cluster_cmds, listing_cmds, placement_cmds  # noqa: F401
 app.command("ps", help="Same as `instances`.")(listing_cmds.instances)
 app.command("ls", help="Same as `models`.")(listing_cmds.models)
 
-from exo_p2p.cli import doctor_cmd, chat_cmds, observe_cmds, top_cmd, transfer_cmds  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli import doctor_cmd, chat_cmds, embed_cmd, observe_cmds, top_cmd, transfer_cmds  # noqa: E402,F401,I001  (register, in help order)
 from exo_p2p.cli.common import reflow_help  # noqa: E402
 
 reflow_help(app)

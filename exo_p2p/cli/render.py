@@ -124,7 +124,8 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
 def models_table(models: list[dict]) -> Table:
     """model (never cut: it is copied into commands), family, quantization (compact: ``4-bit,
     group 32, some modules 8-bit`` → ``4-bit g32 +8-bit``), layers, size on disk, the shardings
-    it allows over several nodes (an untested one marked ``?``), where the node found it. The
+    it allows over several nodes (an untested one marked ``?``), the kinds of work it does
+    (``generate``, ``embed``, ``rerank``), where the node found it. The
     context length is in ``--json``; text columns fold rather than cut."""
     table = Table(title="models on this node", title_justify="left")
     table.add_column("model", no_wrap=True)
@@ -133,6 +134,7 @@ def models_table(models: list[dict]) -> Table:
     table.add_column("layers", justify="right")
     table.add_column("size", justify="right", no_wrap=True)
     table.add_column("split by", overflow="fold")
+    table.add_column("tasks", overflow="fold")
     table.add_column("source", overflow="fold")
     for m in models:
         notes = m.get("sharding_notes") or {}
@@ -144,6 +146,7 @@ def models_table(models: list[dict]) -> Table:
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
             ", ".join(split) or "one node only",
+            ", ".join(m.get("tasks") or ["generate"]),  # a node from before kinds: generation only
             str(m.get("source") or "-"),
         )
     return table

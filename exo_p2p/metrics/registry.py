@@ -27,6 +27,8 @@ TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Seconds from a request's arrival to its end."""
 FAMILIES = frozenset({"openai", "anthropic", "ollama"})
+KINDS = frozenset({"generate", "embed", "rerank"})
+"""Label values of a request's kind of work (``RequestRecord.kind``)."""
 OTHER = "other"
 
 
@@ -40,8 +42,9 @@ class NodeMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self._known_model = known_model
         r = self.registry
-        self.requests = Counter("exo_requests", "Requests answered by this node's API, by family, model and HTTP "
-                                "status (499: the client went away)", ["family", "model", "status"], registry=r)
+        self.requests = Counter("exo_requests", "Requests answered by this node's API, by family, kind of work, model "
+                                "and HTTP status (499: the client went away)", ["family", "kind", "model", "status"],
+                                registry=r)
         self.prompt_tokens = Counter("exo_prompt_tokens", "Prompt tokens of finished requests",
                                      ["model", "instance"], registry=r)
         self.cached_tokens = Counter("exo_cached_prompt_tokens", "Prompt tokens reused from a prompt cache",
@@ -68,7 +71,8 @@ class NodeMetrics:
         model = self.model_label(record.model)
         family = record.family if record.family in FAMILIES else OTHER
         status = str(record.status) if 100 <= record.status <= 599 else OTHER
-        self.requests.labels(family, model, status).inc()
+        kind = record.kind if record.kind in KINDS else OTHER
+        self.requests.labels(family, kind, model, status).inc()
         self.duration.labels(model).observe(max(0.0, record.duration))
         if record.route:
             self.routes.labels(model, record.route.split(":", 1)[0]).inc()

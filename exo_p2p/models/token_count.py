@@ -160,6 +160,12 @@ class TokenCounter:
 
         return await trio.to_thread.run_sync(count)
 
+    async def encode(self, model_id: str, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """``texts`` tokenized for ``model_id`` (special tokens added, no chat template: an
+        embedding's inputs), in a thread. Raises ``KeyError`` when this node does not store the model."""
+        tokenizer = await self.tokenizer(model_id)
+        return await trio.to_thread.run_sync(lambda: tuple(tuple(tokenizer.encode(t)) for t in texts))
+
     async def run(self, get_state: Callable[[], State], node_id: str, boot_id: str) -> None:
         """Preload the tokenizers of the models placed on ``node_id`` in its boot ``boot_id``
         (``models_to_preload``), each once while it stays placed, in the background; runs

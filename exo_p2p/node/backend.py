@@ -146,6 +146,11 @@ class NodeBackend:
         fails."""
         return await self._parts.tokens.count(model_id, params)
 
+    async def tokenize(self, model_id: str, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """``texts`` tokenized with this node's copy of ``model_id``'s tokenizer (embeddings'
+        inputs); raises ``KeyError`` when the model is not stored here."""
+        return await self._parts.tokens.encode(model_id, texts)
+
     async def models_changed(self) -> None:
         """Re-list this node's models after a pull or a removal."""
         await self._parts.models.load()

@@ -1,6 +1,6 @@
 """All wire and state types of exo-p2p: msgspec Structs, no I/O (docs/architecture.md#layers)."""
 
-from exo_p2p.types.chunks import Chunk, ErrorChunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
+from exo_p2p.types.chunks import Chunk, EmbeddingChunk, ErrorChunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
 from exo_p2p.types.commands import (
     CancelGeneration,
     Command,
@@ -9,7 +9,7 @@ from exo_p2p.types.commands import (
     DeleteInstance,
     FinishGeneration,
     PlaceInstance,
-    SubmitGeneration,
+    SubmitTask,
 )
 from exo_p2p.types.common import (
     PROTOCOL_VERSION,
@@ -72,18 +72,26 @@ from exo_p2p.types.tasks import (
     FINISHED_TASK_STATUSES,
     CancelTask,
     ChatMessage,
+    TASK_KINDS,
+    WORK_TASKS,
     ConnectToGroup,
     CreateRunner,
+    Embedding,
+    EmbeddingParams,
     GenerationParams,
     LoadModel,
     OutputFormat,
+    Rerank,
+    RerankParams,
     Shutdown,
     StartWarmup,
     Task,
     TaskRecord,
+    TaskKind,
     TaskStatus,
     TextGeneration,
     ToolCall,
+    WorkTask,
 )
 from exo_p2p.types.topology import InterfaceType, LinkFigures, NetworkAddress, NodeProfile, TopologyEdge
 

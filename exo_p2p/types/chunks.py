@@ -63,4 +63,26 @@ class ErrorChunk(_Chunk, tag="error"):
     error: ErrorInfo
 
 
-Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk
+class EmbeddingChunk(_Chunk, tag="embedding"):
+    """The vectors of an ``Embedding`` task (one per input, in the inputs' order) or the
+    scores of a ``Rerank`` task (one per document, ``dimensions`` 1): ``count`` rows of
+    ``dimensions`` float32 values, little-endian, row after row, in ``vectors`` (so
+    ``len(vectors) == count * dimensions * 4``); ``prompt_tokens``: the tokens the inputs
+    held (usage). A ``FinishChunk`` follows it. ``rows()`` reads them back."""
+
+    vectors: bytes
+    count: int
+    dimensions: int
+    prompt_tokens: int = 0
+
+    def rows(self) -> list[list[float]]:
+        """The vectors as lists of floats. Raises ``ValueError`` when ``vectors`` does not
+        hold ``count × dimensions`` float32 values."""
+        import numpy as np
+
+        if self.count < 0 or self.dimensions < 0 or len(self.vectors) != self.count * self.dimensions * 4:
+            raise ValueError(f"embedding chunk of {len(self.vectors)} bytes is not {self.count} x {self.dimensions} float32")
+        return np.frombuffer(self.vectors, dtype="<f4").reshape(self.count, self.dimensions).tolist()
+
+
+Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk | EmbeddingChunk

@@ -7,7 +7,7 @@ import msgspec
 
 from exo_p2p.types.common import PROTOCOL_VERSION, CommandId, ErrorInfo, InstanceId, ModelId, NodeId, TaskId
 from exo_p2p.types.instances import Instance, Sharding
-from exo_p2p.types.tasks import GenerationParams
+from exo_p2p.types.tasks import GenerationParams, TextGeneration, WorkTask
 
 
 class _Command(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
@@ -28,11 +28,37 @@ class DeleteInstance(_Command, tag="delete_instance"):
     instance_id: InstanceId
 
 
-class SubmitGeneration(_Command, tag="submit_generation"):
-    task_id: TaskId
-    model_id: ModelId
-    params: GenerationParams
-    api_node_id: NodeId
+class SubmitTask(_Command, tag="submit_task"):
+    """Run ``task`` (any kind of work: its tag says which) on an instance of its model; its
+    ``instance_id`` is empty, the master chooses it (``master.commands``). The wire tag is new
+    with task kinds: commands are never stored (only events are), and every node of a cluster
+    runs the same version."""
+
+    task: WorkTask
+
+    @property
+    def task_id(self) -> TaskId:
+        return self.task.task_id
+
+    @property
+    def model_id(self) -> ModelId:
+        return self.task.model_id
+
+    @property
+    def api_node_id(self) -> NodeId:
+        return self.task.api_node_id
+
+    @property
+    def params(self) -> object:
+        """The task's parameters (``GenerationParams``, ``EmbeddingParams``, ...)."""
+        return self.task.params
+
+    @classmethod
+    def generation(cls, command_id: CommandId, task_id: TaskId, model_id: ModelId, params: GenerationParams,
+                   api_node_id: NodeId) -> SubmitTask:
+        """The command for a text generation (its instance chosen by the master)."""
+        return cls(command_id, TextGeneration(task_id=task_id, instance_id=InstanceId(""), model_id=model_id,
+                                              params=params, api_node_id=api_node_id))
 
 
 class CancelGeneration(_Command, tag="cancel_generation"):
@@ -46,7 +72,7 @@ class FinishGeneration(_Command, tag="finish_generation"):
     status: str = "complete"
 
 
-Command = PlaceInstance | DeleteInstance | SubmitGeneration | CancelGeneration | FinishGeneration
+Command = PlaceInstance | DeleteInstance | SubmitTask | CancelGeneration | FinishGeneration
 
 
 class CommandEnvelope(msgspec.Struct, frozen=True):

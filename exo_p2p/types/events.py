@@ -8,7 +8,7 @@ from exo_p2p.types.common import PROTOCOL_VERSION, InstanceId, NodeId, RunnerId,
 from exo_p2p.types.instances import Instance
 from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
-from exo_p2p.types.tasks import TaskStatus, TextGeneration
+from exo_p2p.types.tasks import TaskStatus, WorkTask
 from exo_p2p.types.topology import LinkFigures, NodeProfile, TopologyEdge
 
 
@@ -118,7 +118,9 @@ class RunnerDeleted(_Event, tag="runner_deleted"):
 
 
 class TaskCreated(_Event, tag="task_created"):
-    task: TextGeneration
+    """The master gave ``task`` (any kind of work, ``WorkTask``) to its instance."""
+
+    task: WorkTask
 
 
 class TaskStatusUpdated(_Event, tag="task_status_updated"):

@@ -29,6 +29,13 @@ class ModelCard(msgspec.Struct, frozen=True):
     ``"4-bit, group 64"``, ``"bfloat16"``...; empty on cards from before it).
     ``capabilities``: what its chat template knows (``exo_p2p.models.card.capabilities``:
     ``completion``, ``tools``, ``thinking``; empty on cards from before it).
+    ``tasks``: the kinds of work the model can do (``exo_p2p.types.kinds.model_tasks``:
+    ``generate``, ``embed``, ``rerank``; empty on cards from before kinds: generation only,
+    ``exo_p2p.types.kinds.card_tasks``). The parts an encoder lacks are optional: no output
+    head (``head_bytes`` 0), no final norm outside its layers (``norm_bytes`` 0), nothing
+    tied (``tie_word_embeddings`` False); its ``num_key_value_heads`` is its attention heads
+    (no grouped KV), it has no chat template (``capabilities`` empty) and is not split
+    (``supports_tensor`` False; the master keeps it on one node: ``master.task_kinds.split_refusal``).
     """
 
     model_id: ModelId
@@ -41,9 +48,9 @@ class ModelCard(msgspec.Struct, frozen=True):
     storage_size: Bytes
     layer_bytes: tuple[int, ...]
     embedding_bytes: Bytes
-    head_bytes: Bytes
-    norm_bytes: Bytes
-    tie_word_embeddings: bool
+    head_bytes: Bytes = 0
+    norm_bytes: Bytes = 0
+    tie_word_embeddings: bool = False
     architecture: str = "llama"
     supports_tensor: bool = True
     head_dim: int | None = None
@@ -56,6 +63,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     float32_norm_bytes: Bytes = 0
     quantization: str = ""
     capabilities: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
 
     @property
     def expandable(self) -> bool:

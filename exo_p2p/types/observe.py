@@ -50,7 +50,8 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     after the first; ``moves``: times it moved after a failure; ``key_id``: a short digest
     of the API key it presented (never the key; None without keys); ``route``: why the
     master chose its instance; ``prompt``/``output``: only when the node logs them
-    (``--log-request-text``).
+    (``--log-request-text``); ``kind``: the kind of work asked (``exo_p2p.types.TaskKind``:
+    ``generate``, ``embed``, ``rerank``; records from before kinds are generations).
 
     What the TTFT is made of (docs/operations.md): ``routed``, from the request's arrival to
     the master's answer naming its instance (the command's round trip and the log's commit);
@@ -84,3 +85,4 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     runner_queued: float | None = None
     prompt: str | None = None
     output: str | None = None
+    kind: str = "generate"

@@ -1,13 +1,14 @@
 """Tasks: units of work a worker gives its runner (docs/architecture.md#vocabulary "task").
 
 Runner lifecycle tasks (CreateRunner … Shutdown) are planned locally by each worker from the
-replicated State; generation tasks are created by the master (``TaskCreated``) and live in
-``State.tasks`` until they end.
+replicated State; work tasks (``WorkTask``: one struct per kind of work, its msgspec tag the
+kind on the wire) are created by the master (``TaskCreated``) and live in ``State.tasks``
+until they end (docs/architecture.md#how-to-add-a-kind-of-work).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import msgspec
 
@@ -64,7 +65,7 @@ class OutputFormat(msgspec.Struct, frozen=True):
 class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """Validated sampling parameters of one generation (every API family maps to these).
     Encoded without the fields left at their defaults (``omit_defaults``, as ``ChatMessage``):
-    a plain request's ``SubmitGeneration`` / ``TaskCreated`` carry ~50 bytes of parameters in
+    a plain request's ``SubmitTask`` / ``TaskCreated`` carry ~50 bytes of parameters in
     every node's log, not ~440.
 
     ``messages`` are rendered with the model's chat template; when ``prompt`` is set it is
@@ -120,6 +121,37 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     client: str | None = None
 
 
+class EmbeddingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One embedding request's inputs and options (every API family maps to these).
+
+    ``inputs``: one tuple of token ids per input (the API node tokenizes with the model's
+    tokenizer; each input non-empty and within the model's context). ``pooling``: how the
+    final hidden states become one vector — None: as the model's files say (sentence-
+    transformers' ``1_Pooling/config.json``, else the family's default), or ``mean``,
+    ``cls``, ``last``. ``normalize``: L2-normalise each vector (None: as the model says).
+    ``dimensions``: keep the first N values (Matryoshka truncation, then normalised again when
+    normalising; None: the model's width). ``client``: as ``GenerationParams.client``.
+    """
+
+    inputs: tuple[tuple[int, ...], ...]
+    pooling: Literal["mean", "cls", "last"] | None = None
+    normalize: bool | None = None
+    dimensions: int | None = None
+    client: str | None = None
+
+
+class RerankParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One rerank request: the ``query``'s and each of the ``documents``' token ids (the API
+    node tokenizes; the runner joins query and document as its model's pairs need). The
+    runner answers one relevance score per document, in the documents' order
+    (``EmbeddingChunk`` of width 1); ordering and ``top_n`` are the API's. ``client``: as
+    ``GenerationParams.client``."""
+
+    query: tuple[int, ...]
+    documents: tuple[tuple[int, ...], ...]
+    client: str | None = None
+
+
 class _Task(msgspec.Struct, frozen=True, tag=True, tag_field="kind"):
     pass
 
@@ -141,17 +173,57 @@ class StartWarmup(_Task, tag="start_warmup"):
     runner_id: RunnerId
 
 
+TaskKind = Literal["generate", "embed", "rerank"]
+"""The kinds of work (``WorkTask``); a ``ModelCard.tasks`` lists those its model can do."""
+TASK_KINDS: tuple[TaskKind, ...] = ("generate", "embed", "rerank")
+
+
 class TextGeneration(_Task, tag="text_generation"):
     """A chat completion for ``model_id`` on ``instance_id``; ``api_node_id`` owns the client
     connection and receives the chunks; ``created_idx`` is the master's index of its
-    ``TaskCreated`` event (agreed tasks run in that order)."""
+    ``TaskCreated`` event (agreed tasks run in that order). In a ``SubmitTask`` command
+    ``instance_id`` is empty: the master chooses it."""
 
+    task_kind: ClassVar[TaskKind] = "generate"
     task_id: TaskId
     instance_id: InstanceId
     model_id: ModelId
     params: GenerationParams
     api_node_id: NodeId
     created_idx: int = 0
+
+
+class Embedding(_Task, tag="embedding"):
+    """Embed ``params.inputs`` with ``model_id`` on ``instance_id``: one ``EmbeddingChunk``
+    (a vector per input), then a ``FinishChunk``. Fields otherwise as ``TextGeneration``."""
+
+    task_kind: ClassVar[TaskKind] = "embed"
+    task_id: TaskId
+    instance_id: InstanceId
+    model_id: ModelId
+    params: EmbeddingParams
+    api_node_id: NodeId
+    created_idx: int = 0
+
+
+class Rerank(_Task, tag="rerank"):
+    """Score ``params.documents`` against ``params.query`` with ``model_id`` on
+    ``instance_id``: one ``EmbeddingChunk`` of width 1 (a score per document), then a
+    ``FinishChunk``. Fields otherwise as ``TextGeneration``."""
+
+    task_kind: ClassVar[TaskKind] = "rerank"
+    task_id: TaskId
+    instance_id: InstanceId
+    model_id: ModelId
+    params: RerankParams
+    api_node_id: NodeId
+    created_idx: int = 0
+
+
+WorkTask = TextGeneration | Embedding | Rerank
+"""A task of one kind of work; its tag names the kind on the wire and in the event log (a log
+written before embeddings holds only ``text_generation`` tags, which decode unchanged)."""
+WORK_TASKS: tuple[type, ...] = (TextGeneration, Embedding, Rerank)
 
 
 class CancelTask(_Task, tag="cancel_task"):
@@ -163,12 +235,12 @@ class Shutdown(_Task, tag="shutdown"):
     runner_id: RunnerId
 
 
-Task = CreateRunner | ConnectToGroup | LoadModel | StartWarmup | TextGeneration | CancelTask | Shutdown
+Task = CreateRunner | ConnectToGroup | LoadModel | StartWarmup | TextGeneration | Embedding | Rerank | CancelTask | Shutdown
 
 
 class TaskRecord(msgspec.Struct, frozen=True):
-    """A generation task as State holds it: the task and its status."""
+    """A work task as State holds it: the task and its status."""
 
-    task: TextGeneration
+    task: WorkTask
     status: TaskStatus = "pending"
     cancel_requested: bool = False

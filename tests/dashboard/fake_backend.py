@@ -3,7 +3,7 @@ the real API app on a real port in a background thread, for page tests that need
 
 Commands: ``PlaceInstance`` of ``REFUSED_MODEL`` is refused with ``REFUSAL`` (400); other
 models are placed on the first node and enter State loading; ``DeleteInstance`` removes the
-instance; ``SubmitGeneration`` streams ``TOKENS`` one every ``token_delay`` seconds.
+instance; ``SubmitTask`` streams ``TOKENS`` one every ``token_delay`` seconds.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from exo_p2p.types import (
     RunnerRecord,
     ShardMetadata,
     State,
-    SubmitGeneration,
+    SubmitTask,
     TaskId,
     TokenChunk,
     new_id,
@@ -171,7 +171,7 @@ class FakeCluster:
                 return CommandResult(cid, error=ErrorInfo(404, f"no instance {command.instance_id}", "not_found_error"))
             self._apply(InstanceDeleted(instance_id=command.instance_id))
             return CommandResult(cid)
-        if isinstance(command, SubmitGeneration):
+        if isinstance(command, SubmitTask):
             assert self.nursery is not None
             self.nursery.start_soon(self._feed, command.task_id)
             return CommandResult(cid, instance_id=next(iter(self._state.instances)))

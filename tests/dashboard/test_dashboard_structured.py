@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from exo_p2p.content.output_format import close_objects
-from exo_p2p.types import SubmitGeneration
+from exo_p2p.types import SubmitTask
 from tests.dashboard.fake_backend import TOKENS, FakeCluster, ServedBackend, synthetic_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -45,7 +45,7 @@ class RecordingCluster(FakeCluster):
         self.submitted: list = []
 
     async def command(self, command, timeout: float = 30.0):
-        if isinstance(command, SubmitGeneration):
+        if isinstance(command, SubmitTask):
             self.submitted.append(command)
         return await super().command(command, timeout)
 

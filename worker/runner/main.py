@@ -7,11 +7,13 @@ Loading(layers) → Loaded → WarmingUp → Ready ⇄ Running → ShuttingDown 
 Failed(error) from anywhere. It exits by itself when its node dies: end of file on ``in-fd``
 (the node's end closed) or its parent gone (``worker.runner.startup``).
 
-Its parts: the lifecycle tasks (``worker.runner.lifecycle``: join the ring, load only this
-rank's share, warm up), the engine (``worker.engine``), and on a multi-rank instance the
-agreement rounds (``worker.runner.rounds``, paced by ``worker.runner.pace``): once Ready,
-generation tasks, cancels and Shutdown are decided in rounds every rank runs at the same
-points. Every rank reports task status; rank 0 alone emits the chunks (every rank holds the
+Its parts, over the seam of ``worker.engine.base``: the ``Builder`` chosen by the model's
+kind (``worker.runner.builders``), driven by the lifecycle tasks (``worker.runner.lifecycle``:
+join the ring, load only this rank's share, build and warm up), the ``Engine`` it built, and on
+a multi-rank instance the agreement rounds (``worker.runner.rounds``, paced by
+``worker.runner.pace``): once Ready, work tasks, cancels and Shutdown are decided in rounds
+every rank runs at the same points. What it sends goes through its ``Outbox``
+(``worker.runner.outbox``). Every rank reports task status; rank 0 alone emits the chunks (every rank holds the
 same tokens and tokenizer, so rank 0's text is the instance's text). Heartbeats come from a
 thread of their own (``worker.runner.pulse``), however long a step computes, and say which
 unit of work the main thread is in and for how long: a rank blocked in a collective because a
@@ -24,6 +26,7 @@ and that socket never works again) fails the runner at once
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import queue
 import signal
@@ -34,73 +37,51 @@ import traceback
 
 import msgspec
 
-from exo_p2p.types import (CancelTask, ConnectToGroup, CreateRunner, ErrorChunk, FinishChunk, LoadModel,
-                          RunnerFailed, RunnerReady, RunnerRunning, RunnerShutdown, RunnerShuttingDown,
-                          RunnerStatus, Shutdown, StartWarmup, TextGeneration, TokenChunk)
+from exo_p2p.types import (WORK_TASKS, CancelTask, ConnectToGroup, CreateRunner, ErrorChunk, FinishChunk, LoadModel,
+                          RunnerFailed, RunnerReady, RunnerRunning, RunnerShutdown, RunnerShuttingDown, RunnerStatus,
+                          Shutdown, StartWarmup, WorkTask)
+from worker.engine.base import Builder, Engine
 from worker.runner import lifecycle
+from worker.runner.builders import choose_builder
 from worker.runner.faults import NO_FAULTS, RunnerFaults
-from worker.runner.protocol import (INPUT_CLOSED, ChunkMsg, PrefixesMsg, RunnerSetup, StatusMsg, TaskStatusMsg,
-                                    frame, read_frame, to_runner_decoder, write_all)
-from worker.runner.prefill_pace import PrefillPacer
+from worker.runner.outbox import Outbox
+from worker.runner.pace import IDLE_ROUND_INTERVAL
 from worker.runner.priority import lower_this_thread
+from worker.runner.protocol import INPUT_CLOSED, RunnerSetup, StatusMsg, read_frame, to_runner_decoder
 from worker.runner.pulse import Pulse, start_heartbeat
-from worker.runner.rounds import serve_round
+from worker.runner.rounds import Rounds
 from worker.runner.startup import preload, watch_parent
-from worker.runner.stats import PrefixPublisher, StatsClock, engine_stats
 
 
 class RunnerProcess:
-    """The runner's main loop. ``tasks`` is fed by a reader thread from ``in_fd``."""
+    """The runner's main loop over the seam (``worker.engine.base``): its I/O (``in_fd``, the
+    ``tasks`` queue fed by a reader thread, the ``out`` box), ``pulse`` and ``status``, and
+    what it runs: the ``builder`` chosen by the model's kind, the ``engine`` it built, and on
+    a multi-rank instance the agreement ``rounds``. No other module sets its fields."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         self.in_fd = in_fd
-        self.out_fd = out_fd
         self.tasks: queue.Queue[object] = queue.Queue()
-        self._write_lock = threading.Lock()
-        self.setup: RunnerSetup | None = None
-        self.status: RunnerStatus | None = None
-        self.loaded = None
-        self.engine = None  # built once at warm-up (worker.engine.builder)
-        self.running_tasks: set[str] = set()
-        self.group = None
-        self.agreement = None
-        self.all_gather = None
-        self.check_every = 1
-        self.steps_since_round = 0
-        self.decode_steps = 0
-        self.decode_seconds = 0.0
+        self.out = Outbox(out_fd)
         self.pulse = Pulse()
-        self.pacer = PrefillPacer()  # long prompts' share of the time while rows decode
+        self.status: RunnerStatus | None = None
         self.faults = NO_FAULTS
-        self.stats_clock = StatsClock()
-        self.prefixes = PrefixPublisher()
-        self.generated = 0
-        """Tokens sampled for requests (``EngineStats.generated_tokens_total``)."""
-        self.kv_bytes_per_token = 0
-
-    @property
-    def multi(self) -> bool:
-        return self.setup is not None and self.setup.shard.world_size > 1
-
-    @property
-    def emits_chunks(self) -> bool:
-        """Rank 0 alone sends the chunks of a multi-rank instance."""
-        return self.setup is None or self.setup.shard.rank == 0
+        self.setup: RunnerSetup | None = None
+        self.builder: Builder | None = None
+        self.engine: Engine | None = None
+        self.rounds: Rounds | None = None
 
     # --- output -------------------------------------------------------------------------
-    def send(self, message: object) -> None:
-        with self._write_lock:
-            write_all(self.out_fd, frame(message))
-
     def set_status(self, status: RunnerStatus) -> None:
         self.status = status
-        self.send(StatusMsg(status))
+        self.out.send(StatusMsg(status))
 
     def shut_down(self) -> None:
         """Let go of the engine and the weights, reporting ShuttingDown then Shutdown."""
         self.set_status(RunnerShuttingDown())
-        self.engine = None
-        self.loaded = None
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.builder = None
         self.set_status(RunnerShutdown())
 
     # --- input --------------------------------------------------------------------------
@@ -126,36 +107,69 @@ class RunnerProcess:
             return 2
         self.setup = first
         self.faults = RunnerFaults.from_hooks(first.fault_hooks) if first.fault_hooks else NO_FAULTS
-        interval = first.heartbeat_interval
-        start_heartbeat(self.pulse, self.send, interval)
+        self.out.of_rank(first.shard.rank)
+        start_heartbeat(self.pulse, self.out.send, first.heartbeat_interval)
         lower_this_thread()  # the compute below the node; the heartbeat thread keeps its priority
         while True:
-            if self.multi and isinstance(self.status, (RunnerReady, RunnerRunning)):
+            if self.rounds is None:
+                code = self.turn(first.heartbeat_interval)
+            else:
                 try:
-                    code = serve_round(self)
+                    code = self.serve_round()
                 except Exception as exc:  # a collective failed (StageFailed, a round's all-gather)
                     traceback.print_exc()
                     self.set_status(RunnerFailed(f"a collective failed, the ranks cannot go on in step: {exc}"))
                     return 1
-                if code is not None:
-                    return code
-                continue
-            busy = self.engine is not None and self.engine.has_work()
+            if code is not None:
+                return code
+
+    def turn(self, interval: float) -> int | None:
+        """One turn of a runner without rounds: one message handled, or one engine step, or
+        an idle wait of ``interval`` seconds. Returns an exit code, or None to go on."""
+        busy = self.engine is not None and self.engine.has_work()
+        try:
+            item = self.tasks.get_nowait() if busy else self.tasks.get(timeout=interval)
+        except queue.Empty:
+            item = None
+        if item is INPUT_CLOSED:
+            return 0  # our node is gone: exit, no orphans
+        if item is not None:
+            return self.handle_item(item)
+        if busy:
+            self.step()
+        elif self.engine is not None:
+            self.out.note_stats(self.engine, self.pulse)  # digests kept back by the gap
+        return None
+
+    def serve_round(self) -> int | None:
+        """One turn of a serving multi-rank runner: take input, run an agreement round when
+        this is an agreement point (identical on every rank), do one step."""
+        assert self.engine is not None and self.rounds is not None
+        deadline = time.monotonic() + (0.0 if self.engine.has_work() else IDLE_ROUND_INTERVAL)
+        while True:
+            wait = deadline - time.monotonic()
             try:
-                item = self.tasks.get_nowait() if busy else self.tasks.get(timeout=interval)
+                item = self.tasks.get(timeout=wait) if wait > 0 else self.tasks.get_nowait()
             except queue.Empty:
-                item = None
+                break
             if item is INPUT_CLOSED:
-                return 0  # our node is gone: exit, no orphans
-            if item is not None:
-                code = self.handle_item(item)
-                if code is not None:
-                    return code
-                continue
-            if busy:
-                self.step_generation()
-            else:
-                self.note_stats()  # digests kept back by the gap
+                return 0
+            if (code := self.handle_item(item)) is not None:
+                return code
+        if self.rounds.due(self.engine):
+            with self.pulse.unit("round"):
+                outcome = self.rounds.round(self.engine)
+            for task_id in outcome.dropped:
+                self.out.cancelled(task_id)
+            if outcome.shutdown:
+                self.shut_down()
+                return 0
+        if self.engine.has_work():
+            decoding = not self.engine.must_agree()
+            started = time.monotonic()
+            self.step()
+            self.rounds.stepped(time.monotonic() - started, decoding)
+        return None
 
     def handle_item(self, item: object) -> int | None:
         """Handle one message from the node as one unit of work (``worker.runner.pulse``);
@@ -173,91 +187,53 @@ class RunnerProcess:
 
     def handle(self, task: object) -> str | None:
         assert self.setup is not None
-        faults = self.faults
-        if isinstance(task, ConnectToGroup):
-            if self.multi:
-                lifecycle.connect(self, faults)
-            return None
-        if isinstance(task, LoadModel):
-            lifecycle.load(self, faults)
-            return None
-        if isinstance(task, StartWarmup):
-            lifecycle.warmup(self, faults)
-            return None
-        if isinstance(task, TextGeneration):
-            self.submit(task)
-            return None
-        if isinstance(task, CancelTask):
-            if self.agreement is not None:
-                self.agreement.want_cancel(task.task_id)
+        if isinstance(task, ConnectToGroup) and self.setup.shard.world_size > 1:
+            self.builder = choose_builder(self.setup, self.faults)
+            lifecycle.connect(self.builder, self.set_status, self.out.out_fd)
+        elif isinstance(task, LoadModel):
+            self.builder = self.builder or choose_builder(self.setup, self.faults)
+            lifecycle.load(self.builder, self.set_status, self.pulse, self.setup)
+        elif isinstance(task, StartWarmup):
+            if self.builder is None:
+                raise RuntimeError("warm-up before the model was loaded")
+            built = functools.partial(self.out.note_stats, pulse=self.pulse, force=True)
+            self.engine, self.rounds = lifecycle.warmup(self.builder, self.set_status, self.pulse, self.setup, built)
+        elif isinstance(task, WORK_TASKS):
+            self.submit(task)  # type: ignore[arg-type]
+        elif isinstance(task, CancelTask):
+            if self.rounds is not None:
+                self.rounds.want_cancel(task.task_id)
             elif self.engine is not None:
                 self.engine.cancel(task.task_id)
-            return None
-        if isinstance(task, Shutdown) and self.agreement is not None:
-            self.agreement.want_shutdown()  # every rank shuts down after the next round
-            return None
-        if isinstance(task, Shutdown):
+        elif isinstance(task, Shutdown) and self.rounds is not None:
+            self.rounds.want_shutdown()  # every rank shuts down after the next round
+        elif isinstance(task, Shutdown):
             self.shut_down()
             return "exit"
-        if isinstance(task, CreateRunner):
-            return None
-        raise TypeError(f"unexpected task {type(task).__name__}")
+        elif not isinstance(task, (CreateRunner, ConnectToGroup)):
+            raise TypeError(f"unexpected task {type(task).__name__}")
+        return None
 
-    def submit(self, task: TextGeneration) -> None:
-        assert self.engine is not None
-        if self.agreement is None:
-            self.engine.submit(task.task_id, task.params)
-        elif not self.agreement.add(task.task_id, task.created_idx, task) and self.agreement.was_cancelled(task.task_id):
-            self.end_cancelled(task.task_id)
-
-    def end_cancelled(self, task_id: str) -> None:
-        """End a task cancelled by agreement before it started here."""
-        if self.emits_chunks:
-            self.send(ChunkMsg(FinishChunk(task_id=task_id, finish_reason="cancelled", prompt_tokens=0, completion_tokens=0)))
-        self.send(TaskStatusMsg(task_id, "cancelled"))
-
-    def note_stats(self, force: bool = False) -> None:
-        """The engine's figures for the next heartbeat (``worker.runner.stats``), when due;
-        rank 0's prefix digests when they changed (sent before the step's chunks, so the
-        master knows them before the request's client does)."""
+    def submit(self, task: WorkTask) -> None:
         if self.engine is None:
-            return
-        if self.stats_clock.due(force):
-            self.pulse.stats = engine_stats(self.engine, self.kv_bytes_per_token, self.generated)
-        if self.emits_chunks and self.engine.prompt_cache.enabled:
-            digests = self.prefixes.offer(self.engine.prompt_cache.digests()) if force else self.prefixes.flush()
-            if digests is not None:
-                self.send(PrefixesMsg(digests))
+            raise RuntimeError(f"task {task.task_id} before the runner was ready")
+        if self.rounds is None:
+            self.engine.submit(task)
+        elif not self.rounds.add(task):
+            self.out.cancelled(task.task_id)
 
-    def step_generation(self) -> None:
-        """One engine step (a prefill chunk or a decode step of the batch) as one ``step`` unit
-        of work, its chunks and task statuses sent."""
+    def step(self) -> None:
+        """One engine step as one ``step`` unit of work, its chunks and task statuses sent."""
         assert self.engine is not None
         if not isinstance(self.status, RunnerRunning):
             self.set_status(RunnerRunning())
         with self.pulse.unit("step"):
             self.faults.before_step()
-            if not self.multi:  # a multi-rank runner's ranks agree it in their rounds (rounds.py)
-                self.engine.slots.hold_long = self.pacer.hold
-            started = time.monotonic()
             chunks = self.engine.step()
-        self.pacer.note(time.monotonic() - started, self.engine.slots.long_fed, bool(self.engine.batch.rows))
-        self.generated += sum(1 for c in chunks if isinstance(c, TokenChunk) and c.token_id is not None)
-        self.note_stats(force=any(isinstance(c, (FinishChunk, ErrorChunk)) for c in chunks))
-        for chunk in chunks:
-            if chunk.task_id not in self.running_tasks and not isinstance(chunk, (FinishChunk, ErrorChunk)):
-                self.running_tasks.add(chunk.task_id)
-                self.send(TaskStatusMsg(chunk.task_id, "running"))
-            if self.emits_chunks:
-                self.send(ChunkMsg(chunk))
-            if isinstance(chunk, (FinishChunk, ErrorChunk)) and self.agreement is not None:
-                self.agreement.finished(chunk.task_id)
-            if isinstance(chunk, FinishChunk):
-                self.running_tasks.discard(chunk.task_id)
-                self.send(TaskStatusMsg(chunk.task_id, "cancelled" if chunk.finish_reason == "cancelled" else "complete"))
-            elif isinstance(chunk, ErrorChunk):
-                self.running_tasks.discard(chunk.task_id)
-                self.send(TaskStatusMsg(chunk.task_id, "failed"))
+        self.out.note_stats(self.engine, self.pulse, force=any(isinstance(c, (FinishChunk, ErrorChunk)) for c in chunks))
+        for task_id in self.out.chunks(chunks):
+            if self.rounds is not None:
+                self.rounds.finished(task_id)
         if not self.engine.has_work():
             self.set_status(RunnerReady())
 
@@ -289,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         code = runner.run()
     except BrokenPipeError:
         code = 0  # the node is gone
-    if runner.group is not None:
+    if runner.builder is not None and runner.builder.connected:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # do not wait on the ring's sockets (a peer may be gone)

@@ -44,6 +44,11 @@ class Pulse:
         self.stats: EngineStats | None = None
         """The engine's last figures (set by the main thread, sent with each heartbeat)."""
 
+    def report(self, stats: EngineStats) -> None:
+        """The engine's figures now (the main thread's; sent with the next heartbeat)."""
+        with self._lock:
+            self.stats = stats
+
     def begin(self, kind: str) -> None:
         """The main thread starts a unit of work of ``kind`` (module docstring)."""
         with self._lock:

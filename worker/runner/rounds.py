@@ -1,84 +1,96 @@
-"""A serving multi-rank runner's turn and its agreement rounds (docs/architecture.md#rules).
+"""A serving multi-rank runner's agreement rounds (docs/architecture.md#rules).
 
-Once Ready, generation tasks, cancels and Shutdown are held by the runner's ``TaskAgreement``
-and decided in rounds every rank runs at the same points: before each step that accepts or
-prefills, every ``check_every`` decode steps, every ``IDLE_ROUND_INTERVAL`` seconds when idle
+Once Ready, work tasks, cancels and Shutdown are held by ``Rounds`` (its ``TaskAgreement``)
+and decided in rounds every rank runs at the same points: before each step at the engine's
+agreement point (``Engine.must_agree``: it would start or prefill work), every
+``check_every`` decode steps, every ``IDLE_ROUND_INTERVAL`` seconds when idle
 (``worker.runner.pace``). A round is one all-gather; a collective that fails raises out of
-``serve_round`` and fails the runner.
+``round`` and fails the runner. ``Rounds`` knows the engine only through the seam
+(``worker.engine.base.Engine``) and the runner not at all: the runner asks it.
 """
 
 from __future__ import annotations
 
-import queue
-import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from worker.runner.pace import IDLE_ROUND_INTERVAL, check_every_for, round_seconds
-from worker.runner.protocol import INPUT_CLOSED
+import numpy as np
 
-if TYPE_CHECKING:
-    from worker.runner.main import RunnerProcess
+from exo_p2p.types import TaskId, WorkTask
+from worker.engine.agreement import TaskAgreement
+from worker.engine.base import Engine, Gather
+from worker.runner.pace import check_every_for, round_seconds
 
 
-def serve_round(runner: RunnerProcess) -> int | None:
-    """One turn of a serving multi-rank runner: take input, run an agreement round when
-    this is an agreement point (identical on every rank), do one generation step.
-    Returns an exit code, or None to go on."""
-    assert runner.engine is not None and runner.agreement is not None and runner.all_gather is not None
-    busy = runner.engine.has_work()
-    deadline = time.monotonic() + (0.0 if busy else IDLE_ROUND_INTERVAL)
-    while True:
-        wait = deadline - time.monotonic()
-        try:
-            item = runner.tasks.get(timeout=wait) if wait > 0 else runner.tasks.get_nowait()
-        except queue.Empty:
-            break
-        if item is INPUT_CLOSED:
-            return 0
-        code = runner.handle_item(item)
-        if code is not None:
-            return code
-    if not busy or runner.engine.in_prefill or runner.steps_since_round >= runner.check_every:
-        with runner.pulse.unit("round"):
-            code = agreement_round(runner)
-        if code is not None:
-            return code
-    if runner.engine.has_work():
-        decoding = not runner.engine.in_prefill
-        started = time.monotonic()
-        runner.step_generation()
+@dataclass
+class RoundOutcome:
+    """What a round decided that the runner must report: tasks ended Cancelled before they
+    started (``dropped``), and whether the ranks agreed to shut down."""
+
+    dropped: list[TaskId] = field(default_factory=list)
+    shutdown: bool = False
+
+
+class Rounds:
+    """One rank's rounds: the agreement, the pace (``check_every`` decode steps between
+    rounds, agreed) and the decode steps timed since the last round. ``max_batch``: the
+    batch limit the pace is computed for (``worker.runner.pace.round_seconds``)."""
+
+    def __init__(self, all_gather: Gather, max_batch: int, check_every: int = 1) -> None:
+        self.all_gather, self.max_batch = all_gather, max_batch
+        self.agreement: TaskAgreement[WorkTask] = TaskAgreement()
+        self.check_every = check_every
+        self.steps_since_round = 0
+        self._decode_steps, self._decode_seconds = 0, 0.0
+
+    @classmethod
+    def agreed(cls, all_gather: Gather, max_batch: int, rate: float) -> Rounds:
+        """The rounds of a rank whose engine warmed up at ``rate`` decode steps per second:
+        the pace is the slowest rank's (a collective: every rank calls it once, after warm-up)."""
+        proposal = np.array([check_every_for(rate, round_seconds(max_batch))], dtype=np.int64)
+        return cls(all_gather, max_batch, int(all_gather(proposal).min()))
+
+    def add(self, task: WorkTask) -> bool:
+        """Hold ``task`` until the ranks agree it. False when a round already cancelled it
+        (the runner ends it Cancelled at once)."""
+        added = self.agreement.add(task.task_id, task.created_idx, task)
+        return added or not self.agreement.was_cancelled(task.task_id)
+
+    def want_cancel(self, task_id: TaskId) -> None:
+        self.agreement.want_cancel(task_id)
+
+    def want_shutdown(self) -> None:
+        self.agreement.want_shutdown()
+
+    def finished(self, task_id: TaskId) -> None:
+        self.agreement.finished(task_id)
+
+    def due(self, engine: Engine) -> bool:
+        """Whether a round comes before the next step (identical on every rank)."""
+        return not engine.has_work() or engine.must_agree() or self.steps_since_round >= self.check_every
+
+    def round(self, engine: Engine) -> RoundOutcome:
+        """One round (a collective): start, cancel and drop what every rank agreed."""
+        result = self.agreement.round(self.all_gather, self._proposal(), hold=engine.hold_proposal())
+        self.steps_since_round, self._decode_steps, self._decode_seconds = 0, 0, 0.0
+        engine.agreed_hold(result.hold)  # the same on every rank (worker.runner.prefill_pace)
+        if result.check_every > 0:
+            self.check_every = result.check_every
+        for task in result.start:
+            engine.submit(task)
+        for task_id in result.cancel:
+            engine.cancel(task_id)
+        return RoundOutcome([t.task_id for t in result.dropped], result.shutdown)
+
+    def stepped(self, seconds: float, decoding: bool) -> None:
+        """A step took ``seconds``; ``decoding``: it only decoded (it is timed for the pace)."""
         if decoding:
-            runner.decode_steps += 1
-            runner.decode_seconds += time.monotonic() - started
-        runner.steps_since_round += 1
-    return None
+            self._decode_steps += 1
+            self._decode_seconds += seconds
+        self.steps_since_round += 1
 
-
-def agreement_round(runner: RunnerProcess) -> int | None:
-    """One agreement round (a collective): start, cancel and drop what every rank agreed;
-    0 when the ranks agreed to shut down."""
-    assert runner.engine is not None and runner.agreement is not None and runner.all_gather is not None
-    result = runner.agreement.round(runner.all_gather, pace_proposal(runner), hold=runner.pacer.hold)
-    runner.steps_since_round, runner.decode_steps, runner.decode_seconds = 0, 0, 0.0
-    runner.engine.slots.hold_long = result.hold  # the same on every rank (worker.runner.prefill_pace)
-    if result.check_every > 0:
-        runner.check_every = result.check_every
-    for task in result.start:
-        runner.engine.submit(task.task_id, task.params)
-    for task_id in result.cancel:
-        runner.engine.cancel(task_id)
-    for task in result.dropped:
-        runner.end_cancelled(task.task_id)
-    if result.shutdown:
-        runner.shut_down()
-        return 0
-    return None
-
-
-def pace_proposal(runner: RunnerProcess) -> int:
-    """Decode steps this rank proposes until the next round, from the decode steps it
-    timed since the last round (0: none timed, no proposal)."""
-    if runner.decode_steps == 0 or runner.decode_seconds <= 0:
-        return 0
-    assert runner.setup is not None
-    return check_every_for(runner.decode_steps / runner.decode_seconds, round_seconds(runner.setup.engine.max_batch))
+    def _proposal(self) -> int:
+        """Decode steps this rank proposes until the next round, from the decode steps it
+        timed since the last round (0: none timed, no proposal)."""
+        if self._decode_steps == 0 or self._decode_seconds <= 0:
+            return 0
+        return check_every_for(self._decode_steps / self._decode_seconds, round_seconds(self.max_batch))

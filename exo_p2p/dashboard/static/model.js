@@ -208,6 +208,7 @@ export function modelRows(state) {
       n_layers: card.n_layers,
       storage_size: card.storage_size,
       context_length: card.context_length,
+      tasks: (card.tasks && card.tasks.length) ? card.tasks : ["generate"], // a card from before kinds generates only
       holders,
       instances,
     });

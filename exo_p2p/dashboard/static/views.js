@@ -147,13 +147,14 @@ export function modelTable(state, onPlace) {
   if (!rows.length) return h("p", { class: "muted" }, "No model known to the cluster (start a node with --models-dir).");
   // the "wide" columns give way on a narrow screen (style.css), so that Place… stays in the card
   return h("div", { class: "table-wrap" }, h("table", { class: "models" },
-    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", {}, "size"), h("th", { class: "wide" }, "layers"), h("th", { class: "wide" }, "context"), h("th", { class: "wide" }, "on nodes"), h("th", {}, "instances"), h("th", {}))),
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", {}, "size"), h("th", { class: "wide" }, "layers"), h("th", { class: "wide" }, "context"), h("th", { class: "wide" }, "tasks"), h("th", { class: "wide" }, "on nodes"), h("th", {}, "instances"), h("th", {}))),
     h("tbody", {}, rows.map((r) =>
       h("tr", { dataset: { model: r.id } },
         h("td", { class: "model-id" }, r.id),
         h("td", {}, formatBytes(r.storage_size)),
         h("td", { class: "wide" }, r.n_layers),
         h("td", { class: "wide" }, r.context_length.toLocaleString("en")),
+        h("td", { class: "wide" }, r.tasks.join(", ")),
         h("td", { class: "wide" }, r.holders.length ? r.holders.map((id) => labels[id]).join(", ") : h("span", { class: "muted" }, "none")),
         h("td", {}, r.instances),
         h("td", {}, h("button", { class: "place", onclick: () => onPlace(r.id) }, "Place…")),

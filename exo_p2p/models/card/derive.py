@@ -26,7 +26,9 @@ from exo_p2p.models.gguf.layout import model_plan
 from exo_p2p.models.gguf.reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
 from exo_p2p.models.model_json import model_json
+from exo_p2p.models.card.derive.tensor_parts import layer_pattern, tensor_parts
 from exo_p2p.types.common import ModelId
+from exo_p2p.types.kinds import model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
 
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -35,9 +37,6 @@ DEFAULT_CONTEXT_LENGTH = 4096
 WEIGHT_GLOB = "model*.safetensors"
 """The weight files mlx-lm's ``load_model`` reads; the card counts the same files."""
 
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_EMBEDDING_RE = re.compile(r"(?:^|\.)embed_tokens\.")
-_HEAD_RE = re.compile(r"(?:^|\.)lm_head\.")
 
 
 def read_safetensors_sizes(path: Path) -> dict[str, int]:
@@ -130,6 +129,8 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
         sizes.update(read_safetensors_sizes(path))
         shapes.update(read_safetensors_shapes(path))
     card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
+    if "generate" not in card.tasks:  # an embedding model has no chat template to speak of
+        return card
     return msgspec.structs.replace(card, capabilities=template_capabilities(model_dir_template(model_dir)))
 
 
@@ -162,27 +163,6 @@ def _group_size(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _parts(sizes: Mapping[str, int], n_layers: int) -> tuple[list[int], int, int, int]:
-    """(bytes per layer, embedding, head, other) of tensor name -> bytes (see
-    :func:`card_from_config`)."""
-    layer_bytes = [0] * n_layers
-    embedding = head = norm = 0
-    for name, nbytes in sizes.items():
-        if m := _LAYER_RE.search(name):
-            index = int(m.group(1))
-            if index >= n_layers:
-                raise UnsupportedModelError(
-                    f"tensor {name} is beyond num_hidden_layers={n_layers}")
-            layer_bytes[index] += nbytes
-        elif _EMBEDDING_RE.search(name):
-            embedding += nbytes
-        elif _HEAD_RE.search(name):
-            head += nbytes
-        else:
-            norm += nbytes
-    return layer_bytes, embedding, head, norm
-
-
 def card_from_config(
     config: Mapping[str, Any], sizes: Mapping[str, int], model_id: str,
     float32: Mapping[str, int] | None = None,
@@ -203,9 +183,11 @@ def card_from_config(
             outside it, or a layer with no tensors.
     """
     args = {**config.get("text_config", {}), **config}
-    n_layers = check_layers(args["num_hidden_layers"], (int(m.group(1)) for n in sizes if (m := _LAYER_RE.search(n))))
-    layer_bytes, embedding, head, norm = _parts(sizes, n_layers)
-    f32_layers, f32_embedding, f32_head, f32_norm = _parts(float32, n_layers) if float32 else ([], 0, 0, 0)
+    encoder = model_kind(config) == "encoder"  # embedding models: their own tensor names (exo_p2p.types.kinds)
+    layer_re = layer_pattern(encoder)
+    n_layers = check_layers(args["num_hidden_layers"], (int(m.group(1)) for n in sizes if (m := layer_re.search(n))))
+    layer_bytes, embedding, head, norm = tensor_parts(sizes, n_layers, encoder)
+    f32_layers, f32_embedding, f32_head, f32_norm = tensor_parts(float32, n_layers, encoder) if float32 else ([], 0, 0, 0)
     if empty := [i for i, b in enumerate(layer_bytes) if b == 0]:
         raise UnsupportedModelError(f"layers {empty[:5]} have no tensors")
     heads = args.get("num_attention_heads")
@@ -228,7 +210,7 @@ def card_from_config(
         norm_bytes=norm,
         tie_word_embeddings=bool(args.get("tie_word_embeddings", head == 0)),
         architecture=model_type,
-        supports_tensor=bool(heads) and bool(kv_heads) and has_shard_method(model_type),
+        supports_tensor=not encoder and bool(heads) and bool(kv_heads) and has_shard_method(model_type),
         head_dim=int(head_dim) if head_dim else None,
         activation_dtype_bytes=dtype_bytes,
         intermediate_size=int(args["intermediate_size"]) if args.get("intermediate_size") else None,
@@ -238,6 +220,7 @@ def card_from_config(
         float32_head_bytes=f32_head,
         float32_norm_bytes=f32_norm,
         quantization=quantization_of(config),
+        tasks=model_tasks(config),
     )
 
 

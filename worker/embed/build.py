@@ -1,0 +1,44 @@
+"""An ``Embedder`` for a loaded model: a decoder from the engine's ``LoadedModel`` (mlx-lm),
+an encoder from its directory (``mlx_embeddings``); pooling from the model's files
+(``exo_p2p.embeddings.pooling``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exo_p2p.embeddings.pooling import pooling_spec
+from worker.embed.decoder import DecoderHidden
+from worker.embed.embedder import Embedder
+from worker.embed.encoder import EncoderHidden, load_encoder
+from worker.engine.loader import LoadedModel
+
+
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm_roberta"})
+"""Encoder families whose position ids start at ``padding_idx + 1`` (2)."""
+
+
+def _vocab(config: dict) -> int:
+    text = config.get("text_config", config)
+    return int(text.get("vocab_size") or config.get("vocab_size") or 0)
+
+
+def decoder_embedder(loaded: LoadedModel) -> Embedder:
+    """The ``Embedder`` of a whole decoder loaded by the engine's loader. Raises
+    ``ValueError`` for a pipeline rank's share and ``PoolingConfigError`` for bad pooling files."""
+    spec = pooling_spec(loaded.model_dir, causal=True)
+    return Embedder(DecoderHidden(loaded.model), spec, context=loaded.context_length, vocab=_vocab(loaded.config))
+
+
+def encoder_embedder(model_dir: Path | str) -> tuple[Embedder, object]:
+    """``(embedder, tokenizer)`` of the encoder in ``model_dir`` (context: its
+    ``max_position_embeddings``). Raises ``EncoderUnavailable`` without mlx-embeddings, the
+    library's errors for a model it cannot read, ``PoolingConfigError`` for bad pooling files."""
+    model, tokenizer = load_encoder(model_dir)
+    config = model.config
+    context = int(getattr(config, "max_position_embeddings", 512))
+    if str(getattr(config, "model_type", "")).replace("-", "_") in POSITION_OFFSET_TYPES:
+        context -= 2  # their positions start after the padding index: 514 positions hold 512 tokens
+    vocab = int(getattr(config, "vocab_size", 0))
+    spec = pooling_spec(model_dir, causal=False)
+    return Embedder(EncoderHidden(model), spec, context=context, vocab=vocab), tokenizer
