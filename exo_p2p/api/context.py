@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
 import trio
 
 from starlette.requests import Request
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
 from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, check_count_tokens_size
+from exo_p2p.api.client_key import CLIENT_KEY_MAX
 from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation import GenerationResponse
 from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlight
@@ -119,8 +121,10 @@ class ApiContext:
     def generate(self, job: GenerationJob) -> GenerationResponse:
         """The ASGI app answering ``job`` through the shared path. Raises ``ApiError(400)``
         when its ``SubmitTask`` would exceed ``exo_p2p.api.bounds.MAX_COMMAND_BYTES``
-        (before anything is sent or counted)."""
+        (before anything is sent or counted). The client's key is set later, from the HTTP
+        scope (``exo_p2p.api.client_key``), so the check counts the longest one it can be."""
+        widest = msgspec.structs.replace(job.params, client="k" * CLIENT_KEY_MAX)
         check_command_size(SubmitTask.generation(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
-                                            params=job.params, api_node_id=NodeId(self.backend.node_id)))
+                                                 params=widest, api_node_id=NodeId(self.backend.node_id)))
         return GenerationResponse(self.backend, job, self.inflight, self.config.generation, self.moves,
                                   observer=self.config.observer)
