@@ -26,7 +26,7 @@ from exo_p2p.models.gguf.layout import model_plan
 from exo_p2p.models.gguf.reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
 from exo_p2p.models.model_json import model_json
-from exo_p2p.models.card.derive.tensor_parts import layer_pattern, tensor_parts
+from exo_p2p.models.card.tensor_parts import layer_pattern, tensor_parts
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.kinds import model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
