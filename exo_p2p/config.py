@@ -115,7 +115,7 @@ class NodeConfig(msgspec.Struct):
     friendly_name: str | None = None
     queue_limit: int | None = 64
     max_moves: int = 2
-    """Times a request may move to another instance after a failure (``exo_p2p.api.resume``)."""
+    """Times a request may move to another instance after a failure (``exo_p2p.api.generation.resume``)."""
     engine: EngineSettings = msgspec.field(default_factory=lambda: EngineSettings(prompt_cache_bytes=defaults.NODE_PROMPT_CACHE_BYTES))
     """The runners' engine settings (``--prefill-chunk-size``, ``--max-batch``,
     ``--prompt-cache-bytes``, ``--kv-cache-bytes``; ``exo_p2p.types.engine``), handed to the

@@ -146,7 +146,7 @@ def oversized_prompt(params: GenerationParams, context_length: int) -> str | Non
 def prompt_token_bound(params: GenerationParams, context_length: int) -> int:
     """An upper bound of the prompt's tokens (see the module docstring): UTF-8 bytes of every
     message's role and content, ``TOKENS_PER_MESSAGE`` per message and ``TEMPLATE_TOKENS``
-    (plus a resumed request's ``resume_tokens``: they are prefilled too, ``exo_p2p.api.resume``), capped at
+    (plus a resumed request's ``resume_tokens``: they are prefilled too, ``exo_p2p.api.generation.resume``), capped at
     ``context_length``."""
     total = TEMPLATE_TOKENS + len(params.resume_tokens)
     if params.prompt is not None:

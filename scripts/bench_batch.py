@@ -45,7 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until  # noqa: E402
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 TOPICS = ["a robot who learns to paint", "the sea at night", "a city of glass", "an old clock",

@@ -32,7 +32,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", str(blas.offered_cores()))
 PRELOADED = blas.preload_in_process(blas.find_optimised_blas())
 
 from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
-from tests.cluster import NodeProcess  # noqa: E402
+from tests.support.cluster import NodeProcess  # noqa: E402
 from tests.synthetic_encoder import WORDS, make_encoder  # noqa: E402
 
 ENCODER, DECODER = "bench-encoder", "bench-decoder"

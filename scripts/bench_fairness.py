@@ -3,7 +3,7 @@
 Starts one ``exo-p2p node`` (``--max-batch 16``, the default ``--prefill-chunk-size``) with a
 tiny synthetic model of a long context (``make_synthetic_model``, 64k positions), and
 measures, in one run, with each client named by its own ``User-Agent``
-(``exo_p2p.api.client_key``):
+(``exo_p2p.api.generation.client_key``):
 
 1. *idle*: TTFT of short requests (``--short-tokens``, default 600) one at a time, nothing
    else running: their own prefill time;
@@ -39,8 +39,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE  # noqa: E402
 from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
-from tests.cluster import NodeProcess, nodes_cleanup, wait_until  # noqa: E402
-from tests.fair_load import Background, DecodeStream, filler, timed_request  # noqa: E402
+from tests.support.cluster import NodeProcess, nodes_cleanup, wait_until  # noqa: E402
+from tests.support.fair_load import Background, DecodeStream, filler, timed_request  # noqa: E402
 
 MODEL = "long-ctx"
 

@@ -1,4 +1,4 @@
-"""Models from a hub, measured against the local stand-in hub (``tests/hub_server.py``).
+"""Models from a hub, measured against the local stand-in hub (``tests/support/hub_server.py``).
 
 One run, on this machine, with an MLX-format copy of the embedded model served as
 ``org/smol`` (``--model synthetic`` serves a tiny synthetic model instead):
@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import NodeProcess, converged, self_id, wait_until  # noqa: E402
-from tests.hub_server import HubServer  # noqa: E402
+from tests.support.cluster import NodeProcess, converged, self_id, wait_until  # noqa: E402
+from tests.support.hub_server import HubServer  # noqa: E402
 
 NAME = "org/smol"
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_batch import MODEL, aggregate, concurrent, cpu_seconds, steady  # noqa: E402
-from tests.cluster import NodeProcess, nodes_cleanup  # noqa: E402
+from tests.support.cluster import NodeProcess, nodes_cleanup  # noqa: E402
 
 OFF = ["--no-metrics", "--no-request-records"]
 

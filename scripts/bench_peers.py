@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.cluster import NodeProcess, free_port  # noqa: E402
+from tests.support.cluster import NodeProcess, free_port  # noqa: E402
 
 MODEL_NAME = "smollm2-135m-f32"
 TOPICS = ["a robot who learns to paint", "the sea at night", "a city of glass", "an old clock",

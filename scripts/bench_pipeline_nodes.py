@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_peers import Server, _tree_cpu, float32_weights, one_round  # noqa: E402
-from tests.cluster import NodeProcess, converged, wait_until  # noqa: E402
+from tests.support.cluster import NodeProcess, converged, wait_until  # noqa: E402
 
 
 def _node(path: Path, weights: Path, args: argparse.Namespace, threads: int, extra: list[str],

@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.cluster import NodeProcess  # noqa: E402
+from tests.support.cluster import NodeProcess  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Write a short story about a robot who learns to paint."

@@ -32,7 +32,7 @@ Printed at the end:
   from 1 (a hole is a lost event);
 - the worst time from a fault to the error of a request that was open when it happened;
 - requests moved to another instance after a failure and requests that failed after one
-  (``exo_p2p.api.resume``), summed from every node's ``/state`` counters (sampled after each round, so a
+  (``exo_p2p.api.generation.resume``), summed from every node's ``/state`` counters (sampled after each round, so a
   node killed before it was sampled loses its last few counts).
 
 Usage: ``python scripts/chaos.py [--rounds N] [--seed S] [--clients C] [--down SECONDS]
@@ -63,10 +63,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exo_p2p.api.resume import MOVE_BOUND  # noqa: E402
+from exo_p2p.api.generation.resume import MOVE_BOUND  # noqa: E402
 from exo_p2p.eventlog import EventLog  # noqa: E402
 from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
-from tests.cluster import (  # noqa: E402
+from tests.support.cluster import (  # noqa: E402
     NodeProcess,
     agreement,
     full_mesh,

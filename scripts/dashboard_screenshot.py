@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until  # noqa: E402
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until  # noqa: E402
 from tests.dashboard.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

@@ -1,6 +1,6 @@
 """How late two nodes' trio loops run while the embedded model is placed on both, and why.
 
-Starts a 2-node cluster on 127.0.0.1 (``tests/cluster.py``), then ``--rounds`` times: places
+Starts a 2-node cluster on 127.0.0.1 (``tests/support/cluster.py``), then ``--rounds`` times: places
 the embedded model with ``min_nodes 2``, waits for it to be ready (at most 300 s), deletes
 it. Each node's ``exo_p2p.node.loop_watch`` measures its loop: printed per node are the worst lag
 (``loop_lag_worst_ms``: how late a 50 ms sleep woke, the longest any heartbeat due meanwhile
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.cluster import Cluster, wait_until  # noqa: E402
+from tests.support.cluster import Cluster, wait_until  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 

@@ -107,7 +107,7 @@ def models_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def embedded_node(tmp_path_factory):  # type: ignore[no-untyped-def]
     """One node process with the embedded model placed and ready (stopped at the end)."""
-    from tests.cluster import NodeProcess
+    from tests.support.cluster import NodeProcess
 
     node = NodeProcess(tmp_path_factory.mktemp("node"))
     try:
@@ -179,8 +179,8 @@ def no_leftover_processes():  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def nodes():  # type: ignore[no-untyped-def]
     """A list a test appends the nodes it starts to; every one is stopped at the end
-    (``tests.cluster.nodes_cleanup``)."""
-    from tests.cluster import nodes_cleanup
+    (``tests.support.cluster.nodes_cleanup``)."""
+    from tests.support.cluster import nodes_cleanup
 
     with nodes_cleanup([]) as listed:
         yield listed

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from exo_p2p.listen.admission import WaitingRoom, per_source_cap, victim
 from exo_p2p.listen.rules import LISTENERS
 from exo_p2p.net.inbound import per_source_handler
-from tests.test_limits import serve_script
+from tests.support.serve_script import serve_script
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parent.parent

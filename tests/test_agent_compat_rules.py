@@ -10,10 +10,11 @@ from jinja2 import Environment
 from jinja2.exceptions import TemplateError
 
 from exo_p2p.api.errors import ApiError, anthropic_error_body, error_body, ollama_error_body, overflow_message
-from exo_p2p.api.families import anthropic, openai_responses
-from exo_p2p.api.families.anthropic_tools import anthropic_usage, tool_use_id
-from exo_p2p.api.families.responses_include import join_reasoning, wants_encrypted_reasoning
-from exo_p2p.api.sealed_reasoning import MAX_REASONING_BYTES, SealError, derive_key, node_key, reasoning_key, seal, unseal
+from exo_p2p.api.families.anthropic import messages as anthropic
+from exo_p2p.api.families.openai import responses as openai_responses
+from exo_p2p.api.families.anthropic.tools import anthropic_usage, tool_use_id
+from exo_p2p.api.families.openai.responses_include import join_reasoning, wants_encrypted_reasoning
+from exo_p2p.api.families.openai.sealed_reasoning import MAX_REASONING_BYTES, SealError, derive_key, node_key, reasoning_key, seal, unseal
 from tests.support.synthetic_agent import AGENT_TEMPLATE
 from exo_p2p.models.card.capabilities import template_capabilities, template_of
 from tests.support.synthetic_models import CHATML_TEMPLATE

@@ -24,7 +24,7 @@ import ollama
 import openai
 import pytest
 
-from tests.tools_node import AGENT_MODEL, agent_node
+from tests.support.tools_node import AGENT_MODEL, agent_node
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).parent / "data" / "agents"

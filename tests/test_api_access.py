@@ -22,8 +22,8 @@ from exo_p2p.api.access import (
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.node_cmd import build_node_config
 from exo_p2p.types import DeleteInstance, PlaceInstance
-from tests.cluster import NodeProcess, wait_until
-from tests.test_api import MODEL, UNPLACED, FakeMaster, chat_body, run_api
+from tests.support.cluster import NodeProcess, wait_until
+from tests.support.fake_master import MODEL, UNPLACED, FakeMaster, chat_body, run_api
 
 KEY = "sk-test-0123456789"
 KEYED = AccessPolicy.of([KEY, "second-key"])
@@ -148,7 +148,7 @@ def test_cli_client_sends_the_key_from_the_environment(monkeypatch: pytest.Monke
     from exo_p2p.cli.client import NodeClient
     from exo_p2p.cli.errors import ApiError as CliApiError
     from exo_p2p.cli.messages import API_KEY_ENV
-    from tests.test_api import run_served
+    from tests.support.fake_master import run_served
 
     def use(url: str) -> tuple[Any, Any]:
         monkeypatch.delenv(API_KEY_ENV, raising=False)

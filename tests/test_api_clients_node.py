@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess
+from tests.support.cluster import NodeProcess
 
 pytestmark = pytest.mark.integration
 anthropic = pytest.importorskip("anthropic")

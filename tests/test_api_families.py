@@ -15,9 +15,9 @@ import pytest
 import trio
 
 from exo_p2p.api.access import AccessPolicy
-from exo_p2p.api.generation_job import GenerationSettings
+from exo_p2p.api.generation.job import GenerationSettings
 from exo_p2p.types import ErrorChunk, ErrorInfo, FinishChunk, PrefillProgressChunk, TokenChunk
-from tests.test_api import MODEL, TOKENS, UNPLACED, FakeMaster, reply_script, run_api, run_served, submits
+from tests.support.fake_master import MODEL, TOKENS, UNPLACED, FakeMaster, reply_script, run_api, run_served, submits
 
 anthropic = pytest.importorskip("anthropic")
 ollama = pytest.importorskip("ollama")

@@ -11,7 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from exo_p2p.api.families.anthropic import messages as anthropic
+from exo_p2p.api.families.ollama import generations as ollama
+from exo_p2p.api.families.openai import chat as openai_chat
+from exo_p2p.api.families.openai import completions as openai_completions
+from exo_p2p.api.families.openai import responses as openai_responses
 from exo_p2p.types import ChatMessage
 
 

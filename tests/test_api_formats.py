@@ -19,8 +19,8 @@ from exo_p2p.api import formats
 from exo_p2p.api.errors import ApiError
 from exo_p2p.content.output_format import MAX_FORMAT_BYTES, schema_text
 from exo_p2p.types import OutputFormat
-from tests.test_api import MODEL, FakeMaster, run_api, submits
-from tests.test_resume import WORDS, failing_script
+from tests.support.fake_master import MODEL, FakeMaster, run_api, submits
+from tests.support.resume_scripts import WORDS, failing_script
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 TEXT = schema_text(SCHEMA)

@@ -20,7 +20,7 @@ from exo_p2p.api import create_app
 from exo_p2p.api.errors import family_of
 
 try:
-    from tests.test_api import MODEL, FakeMaster, chat_body
+    from tests.support.fake_master import MODEL, FakeMaster, chat_body
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from test_api import MODEL, FakeMaster, chat_body  # type: ignore[no-redef]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.api.access import AccessGuard, AccessPolicy, origin_allowed
 from exo_p2p.api.hosts import bind_names, host_allowed, host_of, parse_names, refusal_message
-from tests.test_api import MODEL, FakeMaster, chat_body, run_api
+from tests.support.fake_master import MODEL, FakeMaster, chat_body, run_api
 
 
 @pytest.mark.parametrize(

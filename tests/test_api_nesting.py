@@ -1,5 +1,5 @@
 """Input a client shapes to exhaust the API's recursion or slip past a list of allowed values,
-in process (exo_p2p/api/tools.py, families/openai_tools.py, responses_tools.py): deeply
+in process (exo_p2p/api/families/tool_calls.py, families/openai/chat_tools.py, responses_tools.py): deeply
 nested tool-call arguments and tool schemas are a 400 naming the field in every family that
 parses them (never a 500 from a ``RecursionError``), and a reasoning effort outside the
 allowed values is a 400 naming them, in the family's error shape."""
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.api.families.openai_tools import REASONING_EFFORTS
-from exo_p2p.api.tools import MAX_JSON_DEPTH, json_depth
-from tests.test_api import MODEL, FakeMaster, run_api, submits
+from exo_p2p.api.families.openai.chat_tools import REASONING_EFFORTS
+from exo_p2p.api.families.tool_calls import MAX_JSON_DEPTH, json_depth
+from tests.support.fake_master import MODEL, FakeMaster, run_api, submits
 
 pytestmark = pytest.mark.unit
 DEEP = 100_000

@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 from exo_p2p.api import create_app
 from exo_p2p.api.bounds import MAX_COMMAND_BYTES, MAX_STOP_BYTES, MAX_STOP_STRINGS
-from exo_p2p.api.families.anthropic import CountTokensRequest, MessagesRequest
-from exo_p2p.api.families.ollama import ChatRequest, GenerateRequest, ShowRequest
-from exo_p2p.api.families.openai_completions import CompletionRequest
-from exo_p2p.api.families.openai_responses import ResponsesRequest
+from exo_p2p.api.families.anthropic.messages import CountTokensRequest, MessagesRequest
+from exo_p2p.api.families.ollama.generations import ChatRequest, GenerateRequest, ShowRequest
+from exo_p2p.api.families.openai.completions import CompletionRequest
+from exo_p2p.api.families.openai.responses import ResponsesRequest
 from exo_p2p.api.schemas import ChatCompletionRequest
 
 try:
-    from tests.test_api import MODEL, UNPLACED, FakeMaster, submits
+    from tests.support.fake_master import MODEL, UNPLACED, FakeMaster, submits
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from test_api import MODEL, UNPLACED, FakeMaster, submits  # type: ignore[no-redef]
 

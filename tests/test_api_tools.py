@@ -1,4 +1,4 @@
-"""Tools and reasoning through the API families, in process (exo_p2p/api/tools.py, turn.py,
+"""Tools and reasoning through the API families, in process (exo_p2p/api/families/tool_calls.py, turn.py,
 families/*_tools.py): what a request with tools, earlier calls and results becomes; bad tools
 refused naming the field; a scripted answer with reasoning, text and calls in each family's
 shapes, streamed and not."""
@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from exo_p2p.api.tools import MAX_TOOLS
+from exo_p2p.api.families.tool_calls import MAX_TOOLS
 from exo_p2p.types import ChatMessage, FinishChunk, PrefillProgressChunk, TokenChunk, ToolCall
-from tests.test_api import MODEL, FakeMaster, run_api, sse_events, submits
+from tests.support.fake_master import MODEL, FakeMaster, run_api, sse_events, submits
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": WEATHER}},

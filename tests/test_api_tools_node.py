@@ -1,5 +1,5 @@
 """Tool calling and reasoning through real node processes and the official clients, on the
-agent synthetic model (tests/tools_node.py). Its random weights say nothing useful, so the
+agent synthetic model (tests/support/tools_node.py). Its random weights say nothing useful, so the
 answers are forced: ``tool_choice`` required or named (the runner's grammar), a logit bias on
 the end-of-turn token (+100: one call then the end, as the grammar allows the end only after
 a complete call; -100: call after call — parallel calls) and on the think-end token (a
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.tools_node import AGENT_MODEL, OPENAI_TOOLS, agent_node, check_call, no_eos
+from tests.support.tools_node import AGENT_MODEL, OPENAI_TOOLS, agent_node, check_call, no_eos
 
 pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")

@@ -21,44 +21,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
-from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat  # noqa: E402
+from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.pipeline import LocalStage  # noqa: E402
-
-MAX_STEPS = 20_000
-CHUNK = 16
-PROMPTS = [
-    "hello",
-    "What is the capital of France?",
-    "and the cat sat on the mat, " * 10,  # several prefill chunks of 16
-    "héllo wörld 日本語 🙂",
-]
-
-
-Request = tuple[str, GenerationParams]
-
-
-def user(text: str) -> tuple[ChatMessage, ...]:
-    return (ChatMessage("user", text),)
-
-
-def requests(n: int = 12) -> list[Request]:
-    """``n`` requests (task id, parameters) with different prompt lengths, max_tokens, stop
-    strings, seeds and temperatures (every third one sampled with its seed, the rest greedy);
-    every fifth, from the third, constrained to a regex (structured output's split step)."""
-    return [
-        (f"t{i}", GenerationParams(
-            messages=user(PROMPTS[i % len(PROMPTS)] + f" {i}"),
-            max_tokens=8 + 5 * i,
-            temperature=0.8 if i % 3 == 0 else 0.0,
-            seed=100 + i,
-            stop=("e",) if i % 4 == 1 else (),
-            output_format=OutputFormat("regex", "[a-z ]{1,60}") if i % 5 == 2 else None,
-        ))
-        for i in range(n)
-    ]
+from tests.support.batch_drive import CHUNK, PROMPTS, Request, drive, requests, user
 
 
 def engine(loaded: LoadedModel, max_batch: int, **kw) -> Engine:
@@ -68,35 +36,6 @@ def engine(loaded: LoadedModel, max_batch: int, **kw) -> Engine:
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("batch") / "synthetic", n_layers=4))
-
-
-def drive(gen: Engine, *, cancel_after: dict[str, int] | None = None,
-          ids: dict[str, list[int]] | None = None) -> dict[str, Any]:
-    """Step ``gen`` until idle: token ids, text and finish per task, and the largest batch
-    seen. ``cancel_after``: task id → cancel it once it has that many tokens; ``ids``: the
-    token ids sampled before (``watch_tokens``), added to."""
-    ids = ids if ids is not None else {}
-    gen.on_token = lambda t, tok: ids.setdefault(t, []).append(tok)
-    texts: dict[str, str] = {}
-    finish: dict[str, Any] = {}
-    largest = 0
-    for _ in range(MAX_STEPS):
-        if not gen.has_work():
-            break
-        for chunk in gen.step():
-            if isinstance(chunk, TokenChunk):
-                texts[chunk.task_id] = texts.get(chunk.task_id, "") + chunk.text
-            elif isinstance(chunk, FinishChunk):
-                finish[chunk.task_id] = (chunk.finish_reason, chunk.completion_tokens)
-            elif isinstance(chunk, ErrorChunk):
-                finish[chunk.task_id] = ("error", chunk.error.message)
-        largest = max(largest, gen.batch_size)
-        for task_id, n in (cancel_after or {}).items():
-            if len(ids.get(task_id, ())) >= n:
-                gen.cancel(task_id)
-    else:
-        raise AssertionError(f"generator still busy after {MAX_STEPS} steps")
-    return {"ids": ids, "texts": texts, "finish": finish, "largest": largest}
 
 
 def watch_tokens(gen: Engine) -> dict[str, list[int]]:
@@ -252,8 +191,8 @@ def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict
 def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import ConnectToGroup
-    from tests.cluster import free_ports
-    from tests.test_pipeline import RunnerProc
+    from tests.support.cluster import free_ports
+    from tests.support.runners import RunnerProc
     from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
 
@@ -276,9 +215,9 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
     batch split in 2 micro-batches, ``worker/engine/micro.py``): 12 concurrent tasks delivered in
     different orders; one cancelled on rank 1 only once it streams. Every other task's text
     equals its solo text; the cancelled one ends Cancelled on both ranks within 5 s (more if this
-    run decodes slowly: ``tests.test_pipeline.cancel_bound``)."""
+    run decodes slowly: ``tests.support.runners.cancel_bound``)."""
     from exo_p2p.types.tasks import CancelTask
-    from tests.test_pipeline import bring_up, cancel_bound, shut_down_cleanly, start_runners, task_for_request, wait_for
+    from tests.support.runners import bring_up, cancel_bound, shut_down_cleanly, start_runners, task_for_request, wait_for
 
     tasks = [task_for_request(i, r) for i, r in enumerate(requests())]
     if sharding == "tensor":
@@ -317,7 +256,7 @@ def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
     from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitTask,
                                TaskCreated)
     from master.commands import handle_command, instance_load
-    from tests.test_memory_admission import CARD8, GIB, _cluster, _params, _pipeline, _run
+    from tests.support.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
 
     batched = msgspec.structs.replace(_pipeline(CARD8, [], ["a"]), instance_id="b-batched",
                                       settings=RankSettings(prefill_chunk_size=32, max_batch=16))

@@ -114,7 +114,7 @@ def test_capacity_tokens() -> None:
 
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from tests.test_batch import CHUNK, drive, requests  # noqa: E402
+from tests.support.batch_drive import CHUNK, drive, requests  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.pipeline import LocalStage  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
@@ -264,7 +264,7 @@ def test_pipeline_ranks_agree_on_the_smallest_capacity(loaded) -> None:
     503 ``out_of_memory`` on both, though rank 0 alone would have taken it."""
     from exo_p2p.types.tasks import ConnectToGroup
     from exo_p2p.types.chunks import ErrorChunk, TokenChunk
-    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, task_for_request, wait_for
+    from tests.support.runners import RunnerProc, bring_up, make_instance, shut_down_cleanly, task_for_request, wait_for
     from worker.runner.protocol import RunnerSetup
 
     reqs = requests(6)

@@ -15,14 +15,11 @@ import httpx
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, states, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, states, wait_until
+from tests.support.cancel_bounds import cancel_bound
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-CANCEL_BOUND = 5.0
-"""Seconds from closing a stream until its task left State on every node, at this machine's quiet
-speed (the next agreement round, then the master's event gossiped); a slower run gets more:
-``cancel_bound``."""
 WORDS = "one two three four five six seven eight nine ten eleven twelve "
 
 
@@ -71,14 +68,6 @@ def stream_then_close(node: NodeProcess, n_tokens: int) -> tuple[str, float, flo
     assert task_id is not None and n_tokens > 1
     closed = time.monotonic()
     return task_id, closed, (closed - first) / (n_tokens - 1)
-
-
-def cancel_bound(per_token: float, quiet: float = CANCEL_BOUND) -> float:
-    """``quiet``, or, on a run that decodes slowly, twice the ``MAX_CHECK_EVERY`` + 1 decode
-    steps the next agreement round can be away at the measured seconds per token."""
-    from worker.runner.pace import MAX_CHECK_EVERY
-
-    return max(quiet, 2 * (MAX_CHECK_EVERY + 1) * per_token)
 
 
 def concurrent_with_a_cancel(nodes: list[NodeProcess], alone: list[tuple[str, str]]) -> float:

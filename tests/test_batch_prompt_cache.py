@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from exo_p2p.types.chunks import PrefillProgressChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from tests.test_batch import CHUNK, PROMPTS, drive  # noqa: E402
+from tests.support.batch_drive import CHUNK, PROMPTS, drive  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def test_second_turn_on_a_two_rank_pipeline_prefills_only_new_tokens(loaded, cac
     text equals the no-cache run's; with the cache on rank 0 only, no rank reuses anything
     (a rank without the prefix cannot reuse it) and the answer is the same."""
     from exo_p2p.types.tasks import ConnectToGroup, TextGeneration
-    from tests.test_pipeline import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
+    from tests.support.runners import RunnerProc, bring_up, make_instance, shut_down_cleanly, wait_for
     from worker.runner.protocol import RunnerSetup
 
     def params(messages) -> GenerationParams:

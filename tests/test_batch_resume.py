@@ -1,4 +1,4 @@
-"""Resuming on the batch path (``exo_p2p.api.resume`` with continuous batching): a request moved to a batched instance
+"""Resuming on the batch path (``exo_p2p.api.generation.resume`` with continuous batching): a request moved to a batched instance
 (``resume_tokens``: the tokens its earlier task sent) continues exactly like the
 uninterrupted run — same tokens, text pieces, usage and finish — while other sequences share
 its batch."""
@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from tests.test_batch import CHUNK, requests  # noqa: E402
+from tests.support.batch_drive import CHUNK, requests  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
 

@@ -8,9 +8,9 @@ import msgspec
 import pytest
 
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families.anthropic import MessagesRequest
+from exo_p2p.api.families.anthropic.messages import MessagesRequest
 from exo_p2p.api.families.common import logit_bias_pairs
-from exo_p2p.api.families.ollama import options_fields
+from exo_p2p.api.families.ollama.generations import options_fields
 from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, TOKEN_ID_LIMIT, ChatCompletionRequest
 
 

@@ -8,7 +8,7 @@ import pytest
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.tasks import OutputFormat
-from tests.test_structured_engine import params, serve
+from tests.support.structured_engine import params, serve
 from worker.engine.loader import LoadedModel, load_all
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, nodes_cleanup
+from tests.support.cluster import NodeProcess, nodes_cleanup
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-break"

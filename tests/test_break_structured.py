@@ -12,12 +12,12 @@ import httpx
 import pytest
 import trio
 
-from exo_p2p.api import tools as tools_mod
+from exo_p2p.api.families import tool_calls as tools_mod
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families.anthropic_tools import anthropic_tools
-from exo_p2p.api.families.openai_tools import openai_tools
-from exo_p2p.api.families.responses_tools import responses_tools
-from tests.test_api import MODEL, FakeMaster, run_api, submits
+from exo_p2p.api.families.anthropic.tools import anthropic_tools
+from exo_p2p.api.families.openai.chat_tools import openai_tools
+from exo_p2p.api.families.openai.responses_tools import responses_tools
+from tests.support.fake_master import MODEL, FakeMaster, run_api, submits
 
 WIDE = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(2000)}}
 """A 50 KB schema that takes llguidance a few hundred ms to compile."""

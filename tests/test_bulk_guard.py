@@ -5,7 +5,6 @@ cluster listens, and a fetch whose bulk path fails finishes over the libp2p stre
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -29,7 +28,8 @@ from exo_p2p.models.copies.partial import PartialModel
 from exo_p2p.models.transfer.protocols import LocalModel
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
-from tests.cluster import NodeProcess, converged, make_secret, nodes_cleanup, self_id, wait_until
+from tests.support.cluster import NodeProcess, converged, make_secret, nodes_cleanup, self_id, wait_until
+from tests.support.probes import _probe_port
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-bulk"
@@ -227,15 +227,6 @@ def _libp2p_ips_and_ports(node: NodeProcess) -> tuple[set[str], set[int]]:
         ips.add(parts[2])
         ports.add(int(parts[4]))
     return ips, ports
-
-
-def _probe_port(node: NodeProcess) -> int | None:
-    """The port of the node's link probe listener (``exo_p2p.links.probe_server``: it logs it
-    once at start), None before it listens."""
-    for line in node.log_path.read_text(errors="replace").splitlines():
-        if '"link probe listener"' in line:
-            return int(json.loads(line)["port"])
-    return None
 
 
 def _bulk_listener(node: NodeProcess) -> tuple[int, set[str]]:

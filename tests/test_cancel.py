@@ -23,8 +23,8 @@ import time
 import httpx
 import pytest
 
-from tests.cluster import Cluster, states, wait_until
-from tests.test_batch_nodes import cancel_bound
+from tests.support.cluster import Cluster, states, wait_until
+from tests.support.cancel_bounds import cancel_bound
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

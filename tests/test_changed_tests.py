@@ -32,10 +32,10 @@ GRAPH = {
     "exo_p2p.types": set(),
     "exo_p2p.state": {"exo_p2p.types"},
     "master.placement": {"exo_p2p.state"},
-    "tests.cluster": set(),
+    "tests.support.cluster": set(),
     "tests.test_placement": {"master.placement"},
     "tests.test_types": {"exo_p2p.types"},
-    "tests.test_nodes": {"tests.cluster"},
+    "tests.test_nodes": {"tests.support.cluster"},
 }
 
 
@@ -46,7 +46,7 @@ def _select(changed: set[str]) -> list[str]:
 def test_a_change_selects_the_tests_that_reach_it_through_imports() -> None:
     assert _select({"exo_p2p/types/__init__.py"}) == ["tests/test_placement.py", "tests/test_types.py"]
     assert _select({"master/placement.py"}) == ["tests/test_placement.py"]
-    assert _select({"tests/cluster.py"}) == ["tests/test_nodes.py"]
+    assert _select({"tests/support/cluster.py"}) == ["tests/test_nodes.py"]
     assert _select({"docs/architecture.md"}) == []
 
 

@@ -17,7 +17,7 @@ from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.cluster.faults import FaultyChunkSender, GossipFaults, chunk_faults_from_hooks
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types import ErrorChunk, ErrorInfo, FinishChunk, TokenChunk
-from tests.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
 
 
 def _stream(task: str, n: int) -> list:
@@ -215,7 +215,7 @@ def test_loss_duplication_and_reordering_on_the_chunk_stream(tmp_path, models_di
     only); C serves ``tiny2`` and also drops chunks. The answer through A must equal the one
     B or C gives its own API (local chunks, no faults) — exactly, for B; for C exactly, or
     a prefix of it ended by an error (never wrong text) — and nothing hangs."""
-    # moves off (exo_p2p.api.resume): this test checks the gap's error path; a moved request would
+    # moves off (exo_p2p.api.generation.resume): this test checks the gap's error path; a moved request would
     # hide it (tests/test_resume*.py cover moves)
     a = NodeProcess(tmp_path / "a", extra_args=["--max-moves", "0"])
     nodes = [a]

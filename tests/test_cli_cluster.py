@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_models_dir
-from tests.cluster import REPO, NodeProcess, converged, free_port, wait_until
+from tests.support.cluster import REPO, NodeProcess, converged, free_port, wait_until
+from tests.support.cli_env import clean_env
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
@@ -46,14 +47,6 @@ def json_records(path: Path) -> list[dict]:
         except ValueError:
             pytest.fail(f"{path.name} line {number} is not JSON: {line!r}")
     return records
-
-
-def clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EXO_P2P_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["HF_HUB_OFFLINE"] = "1"
-    env.update(extra)
-    return env
 
 
 def test_readme_two_node_recipe_works_pasted_as_a_block(tmp_path, models_dir):

@@ -12,8 +12,8 @@ from exo_p2p.cli.observe_cmds import COLUMNS, header_line, record_line, route_te
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
 from exo_p2p.metrics.request_log import RequestLog
-from tests.test_api import MODEL, chat_body
-from tests.test_metrics import KEY, _run, value
+from tests.support.fake_master import MODEL, chat_body
+from tests.support.metrics_scrape import KEY, _run, value
 
 
 def test_logs_requests_has_a_heading_and_no_dangling_units() -> None:
@@ -144,7 +144,7 @@ def test_fit_narrows_the_widest_column_first() -> None:
 
 @pytest.fixture
 def served():
-    from tests.test_cli import Served
+    from tests.support.fake_node import Served
 
     s = Served()
     yield s
@@ -154,7 +154,7 @@ def served():
 @pytest.mark.integration
 def test_place_min_nodes_says_it_waits_and_how_to_add_a_node(served, monkeypatch) -> None:
     from exo_p2p.cli import placement_cmds
-    from tests.test_cli import error_lines, invoke
+    from tests.support.fake_node import error_lines, invoke
 
     monkeypatch.setattr(placement_cmds, "NODES_WAIT", 0.6)  # the fake cluster has 2 nodes, never 3
     result = invoke(["place", "smollm2-135m-instruct", "--min-nodes", "3", "--api", served.url])
@@ -168,7 +168,7 @@ def test_place_min_nodes_says_it_waits_and_how_to_add_a_node(served, monkeypatch
 
 @pytest.mark.integration
 def test_place_min_nodes_of_a_placed_model_is_not_ignored(served) -> None:
-    from tests.test_cli import invoke
+    from tests.support.fake_node import invoke
 
     assert invoke(["place", "smollm2-135m-instruct", "--no-wait", "--api", served.url]).exit_code == 0
     result = invoke(["place", "smollm2-135m-instruct", "--min-nodes", "2", "--api", served.url])
@@ -204,7 +204,7 @@ def test_unknown_model_message_suggests_the_close_name() -> None:
 
 @pytest.mark.integration
 def test_stop_and_place_of_a_misspelt_model(served) -> None:
-    from tests.test_cli import error_lines, invoke
+    from tests.support.fake_node import error_lines, invoke
 
     result = invoke(["stop", "smolm2-135m-instruct", "--api", served.url])
     assert result.exit_code == 1
@@ -233,7 +233,7 @@ def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
     every flag the settings table has (but hidden ones)."""
     from exo_p2p.cli.node_flags import ALL_ONLY, HELP_PANELS
     from exo_p2p.settings.table import SETTINGS
-    from tests.test_cli import invoke
+    from tests.support.fake_node import invoke
 
     short = invoke(["node", "--help"], env={"COLUMNS": "80"})
     assert short.exit_code == 0
@@ -250,7 +250,7 @@ def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
 
 
 def test_the_model_of_a_refused_body_is_read_safely() -> None:
-    from exo_p2p.api.rejected import asked_model
+    from exo_p2p.api.generation.rejected import asked_model
 
     assert asked_model(b'{"model": "m", "messages": 3}') == "m"
     assert asked_model(b"[" * 100_000) == "" and asked_model(b"{not json") == "" and asked_model(None) == ""

@@ -87,7 +87,7 @@ def test_help_of_every_command_loads_no_node_library() -> None:
 
 def test_client_commands_against_a_node_load_no_node_library() -> None:
     """Commands that reach an API (the CLI tests' fake node) and print what it answered."""
-    from tests.test_cli import Served
+    from tests.support.fake_node import Served
 
     served = Served()
     try:

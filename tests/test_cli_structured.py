@@ -19,8 +19,8 @@ from exo_p2p.cli.chat import request_body
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.structured import MAX_SCHEMA_BYTES, read_schema, response_format, schema_name
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess
-from tests.test_cli import Served, error_lines, invoke
+from tests.support.cluster import NodeProcess
+from tests.support.fake_node import Served, error_lines, invoke
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 10},

@@ -1,10 +1,10 @@
-"""Who a request comes from (``exo_p2p.api.client_key``), as the runners' fair share of
+"""Who a request comes from (``exo_p2p.api.generation.client_key``), as the runners' fair share of
 prefill counts clients: the API key's id when keys are on, else the caller's address and
 user agent; bounded in length whatever the headers carry."""
 
 from __future__ import annotations
 
-from exo_p2p.api.client_key import CLIENT_KEY_MAX, client_key
+from exo_p2p.api.generation.client_key import CLIENT_KEY_MAX, client_key
 
 
 def scope(host: str = "127.0.0.1", agent: bytes | None = b"aider/0.80", key_id: str | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""``exo_p2p.api.client_stream.ClientStream``: when a stream begins and when a keep-alive is
+"""``exo_p2p.api.generation.client_stream.ClientStream``: when a stream begins and when a keep-alive is
 due (a stub encoder and ``send``; trio's clock, no server)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from exo_p2p.api.client_stream import ClientStream
+from exo_p2p.api.generation.client_stream import ClientStream
 
 
 class _Encoder:

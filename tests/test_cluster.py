@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.conftest import NEW_MASTER, T_GONE, tiny_models_dir
-from tests.cluster import Cluster, NodeProcess, converged, states, wait_until
+from tests.support.cluster import Cluster, NodeProcess, converged, states, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import NEW_MASTER, tiny_models_dir
-from tests.cluster import (
+from tests.support.cluster import (
     Cluster,
     NodeProcess,
     agreement,

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.cluster import REPO, NodeProcess, agreement, make_secret, nodes_cleanup, self_id, wait_until
+from tests.support.cluster import REPO, NodeProcess, agreement, make_secret, nodes_cleanup, self_id, wait_until
 
 pytestmark = pytest.mark.integration
 

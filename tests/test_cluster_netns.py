@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import tiny_models_dir
-from tests.cluster import NetnsLan, NetnsNodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until
+from tests.support.cluster import NetnsLan, NetnsNodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until
 
 pytestmark = [
     pytest.mark.e2e,

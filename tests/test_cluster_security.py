@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.cluster import NodeProcess, agreement, make_secret, nodes_cleanup, self_id, state_of, wait_until
+from tests.support.cluster import NodeProcess, agreement, make_secret, nodes_cleanup, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 

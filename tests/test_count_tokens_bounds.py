@@ -13,8 +13,8 @@ from exo_p2p.api import create_app
 from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, MAX_COUNT_TOKENS_TEXT_BYTES
 
 try:
-    from tests.test_api import MODEL, FakeMaster, run_api
-    from tests.test_request_bounds import family_error
+    from tests.support.fake_master import MODEL, FakeMaster, run_api
+    from tests.support.family_errors import family_error
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from test_api import MODEL, FakeMaster, run_api  # type: ignore[no-redef]
     from test_request_bounds import family_error  # type: ignore[no-redef]

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
 from worker import blas
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from exo_p2p.types import IndexedEvent, LocalEvent, State, TaskDeleted
 from master.role import MasterRole
 from master.sequencer import OriginSeqs
 from tests.conftest import tiny_models_dir
-from tests.cluster import NodeProcess, nodes_cleanup, self_id, state_of, wait_until
+from tests.support.cluster import NodeProcess, nodes_cleanup, self_id, state_of, wait_until
 
 _NOOP = TaskDeleted("gone")  # applies as a no-op: only the origin fields matter here
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from exo_p2p.defaults import DIRECT_HEARTBEAT_TIMEOUT, HEARTBEAT_INTERVAL
-from tests.cluster import NodeProcess, agreement, nodes_cleanup, self_id, state_of, wait_until
+from tests.support.cluster import NodeProcess, agreement, nodes_cleanup, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"

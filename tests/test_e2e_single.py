@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"

@@ -11,7 +11,7 @@ import pytest
 
 from exo_p2p.models.stores.embedded import find_embedded_gguf
 from exo_p2p.models.gguf.importer import import_gguf
-from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-only-on-a"

@@ -16,7 +16,7 @@ import trio
 from exo_p2p.api import create_app
 from exo_p2p.embeddings.bounds import MAX_INPUTS
 from exo_p2p.types import Embedding, EmbeddingChunk, FinishChunk, ModelId, Rerank, SubmitTask
-from tests.test_api import MODEL, FakeMaster
+from tests.support.fake_master import MODEL, FakeMaster
 
 ENCODER = "tiny-encoder"
 CONTEXT = 16

@@ -21,7 +21,7 @@ import pytest
 
 from exo_p2p.embeddings.vectors import cosine, normalize
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess
+from tests.support.cluster import NodeProcess
 from tests.synthetic_encoder import make_encoder
 
 pytestmark = pytest.mark.integration

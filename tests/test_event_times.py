@@ -24,7 +24,7 @@ from exo_p2p.cluster.messages import IndexedEventBatch, decode_global, encode
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.replica import Replica
 from exo_p2p.types import PROTOCOL_VERSION, IndexedEvent, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted
-from tests.cluster import Cluster, agreement, self_id, state_of, wait_until
+from tests.support.cluster import Cluster, agreement, self_id, state_of, wait_until
 
 MODEL = "tiny"
 LIVENESS_S = 5.0

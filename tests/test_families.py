@@ -22,7 +22,7 @@ from exo_p2p.models.card.families import (
 )
 from tests.support.synthetic_families import FAMILIES
 from master.placement.place import PlacementError, place_instance, placement_previews
-from tests.test_placement import GIB, card, cluster
+from tests.support.placement_cluster import GIB, card, cluster
 
 
 def test_the_matrix_covers_every_synthetic_family() -> None:

@@ -31,8 +31,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.support.synthetic_families import FAMILIES  # noqa: E402
-from tests.cluster import free_ports  # noqa: E402
-from tests.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
+from tests.support.cluster import free_ports  # noqa: E402
+from tests.support.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +153,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
         mx.clear_cache()
         print(f"[rank {rank} +{time.monotonic() - started:.1f} s] {spec['family']} done", file=sys.stderr, flush=True)
-    if group is not None:  # no rank exits under a neighbour's collective (tests/ranks.py)
+    if group is not None:  # no rank exits under a neighbour's collective (tests/support/ranks.py)
         ring_barrier(group)
     return {"rank": rank, "families": out, "seconds": time.monotonic() - started}
 

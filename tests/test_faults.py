@@ -9,10 +9,10 @@ import psutil
 import pytest
 
 from tests.conftest import T_FAIL
-from tests.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
+from tests.support.cluster import Cluster, NodeProcess, states, stream_in_background, wait_until
 
 pytestmark = pytest.mark.integration
-NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.generation.resume) are tested in test_resume*
 MODEL = "tiny"
 SLACK = 3.0
 

@@ -224,7 +224,7 @@ def test_placing_on_one_node_skips_connecting_and_loads_the_tokenizer(tmp_path_f
     import httpx
 
     from tests.support.synthetic_models import make_synthetic_model
-    from tests.cluster import NodeProcess, wait_until
+    from tests.support.cluster import NodeProcess, wait_until
 
     models = tmp_path_factory.mktemp("models")
     make_synthetic_model(models / MODEL, n_layers=2, hidden_size=64, intermediate_size=128, seed=3)

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import resource
 import sys
 import time
@@ -24,12 +23,12 @@ import pytest
 from exo_p2p.api.server import KEEP_ALIVE_TIMEOUT, SEND_TIMEOUT
 from exo_p2p.api.slow_clients import BODY_TIMEOUT
 from exo_p2p.models.transfer.bulk import DEFER_ACCEPT, TICKET_WAIT
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
 from tests.conftest import TINY_MODEL
-from tests.flood import Wave, probe_failures, quick_share, run_flood
+from tests.support.flood import Wave, probe_failures, quick_share, run_flood
+from tests.support.fd_counts import HEALTH_BOUND, IDLE_FDS_SLACK, SLACK, fd_count, listening_ports
 
 pytestmark = pytest.mark.integration
-
 
 
 def _deferred(seconds: float) -> float:
@@ -44,11 +43,6 @@ def _deferred(seconds: float) -> float:
 BULK_SILENT = (_deferred(DEFER_ACCEPT) if sys.platform == "linux" else 0.0) + TICKET_WAIT
 """Seconds a silent bulk connection may stay open: the kernel holds it (``TCP_DEFER_ACCEPT``),
 then the node waits ``TICKET_WAIT`` for its token (``exo_p2p.models.transfer.bulk``): 17 s here."""
-SLACK = 4.0
-"""Seconds beyond a bound the node may take to close a connection on a loaded machine."""
-HEALTH_BOUND = 1.0
-"""Seconds within which ``/health`` answers during the flood (on a quiet machine every probe
-does: measured max 0.2-0.8 s)."""
 QUICK_SHARE = 0.9
 """Share of the probes held to ``HEALTH_BOUND``; every probe must get its 200 (none refused,
 reset or answered otherwise: ``flood.probe_failures``), and one that took over
@@ -56,9 +50,6 @@ reset or answered otherwise: ``flood.probe_failures``), and one that took over
 load average above 10 on its 2 cores any process, the node included, misses a turn of a second
 or two now and then (measured: one probe of 66 took 1.9 s, at load 13; in a whole-suite run at
 load ~7, one probe of 67 timed out while the rest had a median of 0.013 s)."""
-IDLE_FDS_SLACK = 20
-"""Descriptors beyond the idle count the node may hold after the flood (log rotation, a
-runner's pipes, a peer's stream)."""
 _EXEC_WITH_LIMITS = (
     "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])));"
     " os.execv(sys.argv[3], sys.argv[3:])"
@@ -83,29 +74,6 @@ def nofile_of(pid: int) -> tuple[int, int]:
             soft, hard = line.split()[3:5]
             return int(soft), int(hard)
     raise LookupError(pid)
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports process ``pid`` listens on (its socket inodes in ``/proc/net/tcp``)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def test_nofile_limits_are_raised_at_start_and_kept_after_placing(tmp_path, models_dir):

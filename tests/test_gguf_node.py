@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.cluster import NodeProcess, nodes_cleanup
+from tests.support.cluster import NodeProcess, nodes_cleanup
 from tests.gguf_files import family_metadata, write_family_gguf
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from exo_p2p.cluster.faults import FaultyReceiver, GossipFaults, gossip_faults_f
 from exo_p2p.cluster.messages import GLOBAL_EVENTS_TOPIC, LOCAL_EVENTS_TOPIC
 from exo_p2p.eventlog import EventLog
 from exo_p2p.types import MasterElected
-from tests.cluster import Cluster, agreement, self_id, state_of, wait_until
+from tests.support.cluster import Cluster, agreement, self_id, state_of, wait_until
 
 MODEL = "tiny"
 

@@ -1,4 +1,4 @@
-"""The test harness's own rules (``tests/cluster.py``): the ports it picks for listeners
+"""The test harness's own rules (``tests/support/cluster.py``): the ports it picks for listeners
 started later, and a node start that lost its API port to another socket (a port from
 the ephemeral range can become some connection's local port before the node binds it)."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from master.placement.ring import RING_BASE_PORT
-from tests.cluster import NodeProcess, _ephemeral_range, free_ports
+from tests.support.cluster import NodeProcess, _ephemeral_range, free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import trio
@@ -26,7 +25,8 @@ from exo_p2p.cluster.messages import LogResponse
 from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.replica import Replica
 from exo_p2p.types import State
-from tests.test_election import SETTINGS, TIMEOUT, Sim, SimNode, claim, hb
+from tests.support.election_sim import SETTINGS, TIMEOUT, Sim, SimNode, claim, hb
+from tests.support.heal_stubs import _noop, _stub_replica
 
 # --- the side that kept the cluster going wins a heal ----------------------------------------------
 
@@ -166,10 +166,6 @@ class _NoLogNet:
         raise ConnectionError("no such protocol")
 
 
-async def _noop(*_a):  # type: ignore[no-untyped-def]
-    return None
-
-
 def test_master_alone_ignores_a_forged_claim_with_a_huge_term(tmp_path: Path):
     """B, master alone at term 1, hears a rogue peer's heartbeats claiming term 10⁶ with a
     huge log: the rogue cannot answer for its log, so B stays master at its term and counts
@@ -216,13 +212,6 @@ def test_no_node_times_out_before_a_full_timeout_of_mastership(heard, since, dt)
     assert "me" not in gone
     if dt < TIMEOUT:
         assert gone == []
-
-
-def _stub_replica(nodes: list[str]):  # type: ignore[no-untyped-def]
-    state = SimpleNamespace(term=0, nodes={n: None for n in nodes})
-    return SimpleNamespace(
-        state=state, listeners=[], snapshot_listeners=[], last_idx=0, last_term=0, defer_sync=False, chain_at=lambda i: None
-    )
 
 
 @pytest.mark.parametrize("heard_at", [None, 1.0])

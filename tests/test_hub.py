@@ -14,38 +14,15 @@ import trio
 from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.transfer.chunk_sets import all_chunks
 from exo_p2p.models.transfer.fetch import NOT_HELD, fetch_chunks
-from exo_p2p.models.hub.client import HubFile, hub_offline, is_repo_id, parse_repo
+from exo_p2p.models.hub.client import hub_offline, is_repo_id, parse_repo
 from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.hub.manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
 from exo_p2p.models.manifest import build_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel
 from tests.support.synthetic_models import make_synthetic_model
+from tests.support.local_repo import LocalRepo
 
 pytestmark = pytest.mark.unit
-
-
-class LocalRepo:
-    """A ``HubClient`` look-alike reading a directory (no network): what the code under test
-    calls, and the bytes it asked for."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.repo_id, self.asked = root, "org/tiny", 0
-        self.files = {p.name: HubFile(p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()
-                                      if p.suffix == ".safetensors" else "") for p in root.iterdir()}
-
-    def info(self, stop=None):
-        return "a" * 40, sorted(self.files.values(), key=lambda f: f.path)
-
-    def get_range(self, path: str, start: int, end: int, stop=None) -> bytes:
-        self.asked += end - start
-        with open(self.root / path, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
-
-    def stream_range(self, path: str, start: int, end: int, sink, stop=None) -> None:
-        data = self.get_range(path, start, end)
-        for at in range(0, len(data), 5000):  # blocks that do not line up with chunks
-            sink(data[at:at + 5000])
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.hub.manifest import hub_error_status, resolve_hub_model
 from exo_p2p.models.model_json import MAX_MODEL_JSON_DEPTH, model_json
 from tests.support.synthetic_models import make_synthetic_model
-from tests.hub_server import HubServer
-from tests.test_hub import LocalRepo
+from tests.support.hub_server import HubServer
+from tests.support.local_repo import LocalRepo
 
 DEEP = 100_000
 
@@ -69,7 +69,7 @@ def test_a_deep_safetensors_header_is_unsupported(base: Path, tmp_path: Path) ->
 def test_a_hub_repo_with_a_deep_config_is_a_400_naming_it(base: Path, tmp_path: Path, nodes) -> None:
     """A node asked for a hub repo whose config.json nests 100,000 deep answers 400 naming
     config.json (it answered 404), and keeps serving."""
-    from tests.cluster import NodeProcess
+    from tests.support.cluster import NodeProcess
 
     model = shutil.copytree(base, tmp_path / "deep")
     _deep_config(model, DEEP)

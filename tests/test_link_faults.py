@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from tests.conftest import T_FAIL, T_GONE, T_LINK, T_WEDGE
-from tests.cluster import (
+from tests.support.cluster import (
     REPO,
     Cluster,
     NetnsLan,
@@ -44,14 +44,14 @@ from tests.cluster import (
 )
 
 pytestmark = pytest.mark.integration
-NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # these tests check the bounded error path; moves (exo_p2p.api.generation.resume) are tested in test_resume*
 MODEL = "tiny"
 RUNNER_SILENT = 10.0  # exo_p2p.config.RUNNER_SILENT_GENERATING: runner killed when nothing came from it this long
 SLACK = 4.0  # 2 shared cores, several helpers
 
 
 def _stream(node, max_tokens: int = 4000) -> tuple[threading.Thread, dict]:
-    """A long greedy streaming chat in a thread (tests.cluster.stream_in_background): sampled,
+    """A long greedy streaming chat in a thread (tests.support.cluster.stream_in_background): sampled,
     the random tiny model ends by its end token now and then, before the fault."""
     return stream_in_background(node, MODEL, max_tokens, temperature=0)
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
-from tests.test_cli_cluster import clean_env
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
+from tests.support.cli_env import clean_env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.conftest import tiny_models_dir
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

@@ -33,7 +33,7 @@ from exo_p2p import defaults
 from exo_p2p.api.bounds import MAX_COMMAND_BYTES, MAX_STOP_BYTES, MAX_STOP_STRINGS
 from exo_p2p.eventlog import encode_frame, scan_frames
 from exo_p2p.types import TaskCreated
-from tests.cluster import Cluster, make_secret, nodes_cleanup, state_of, wait_until
+from tests.support.cluster import Cluster, make_secret, nodes_cleanup, state_of, wait_until
 from tests.conftest import tiny_models_dir
 
 pytestmark = pytest.mark.integration

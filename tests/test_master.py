@@ -4,55 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from exo_p2p.state import apply
-from exo_p2p.types import (
-    CancelGeneration,
-    ChatMessage,
-    DeleteInstance,
-    GenerationParams,
-    IndexedEvent,
-    InstanceCreated,
-    InstanceFailed,
-    LocalEvent,
-    MasterElected,
-    NodeModelsUpdated,
-    NodeProfile,
-    NodeProfileUpdated,
-    NodeTimedOut,
-    PlaceInstance,
-    RunnerFailed,
-    RunnerReady,
-    RunnerStatusUpdated,
-    State,
-    SubmitTask,
-    TaskCancelRequested,
-    TaskCreated,
-    TaskDeleted,
-    TaskStatusUpdated,
-)
+from exo_p2p.types import CancelGeneration, ChatMessage, DeleteInstance, GenerationParams, IndexedEvent, InstanceCreated, InstanceFailed, LocalEvent, MasterElected, NodeModelsUpdated, NodeProfile, NodeProfileUpdated, NodeTimedOut, PlaceInstance, RunnerFailed, RunnerReady, RunnerStatusUpdated, SubmitTask, TaskCancelRequested, TaskCreated, TaskDeleted, TaskStatusUpdated
 from master.commands import handle_command
 from master.reactions import react
 from master.sequencer import OriginSeqs
-from tests.strategies import CARD
-
-GIB = 1024**3
-
-
-def run(state: State, events) -> State:
-    for e in events:
-        state = apply(state, IndexedEvent(term=1, idx=state.last_event_idx + 1, event=e))
-    return state
-
-
-def one_node(total=16 * GIB, available=16 * GIB) -> State:
-    return run(
-        State(),
-        [
-            MasterElected("node-a", 1),
-            NodeProfileUpdated(NodeProfile("node-a", "boot-1", "a", memory_total=total, memory_available=available)),
-            NodeModelsUpdated("node-a", (CARD,)),
-        ],
-    )
+from tests.support.strategies import CARD
+from tests.support.master_run import GIB, one_node, run
 
 
 def params():

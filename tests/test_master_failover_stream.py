@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import NEW_MASTER, T_GONE as PEER_GONE, tiny_models_dir
-from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
+from tests.support.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

@@ -25,8 +25,8 @@ from master.placement.memory import placed_bytes, usable_memory
 from master.placement.place import PlacementError, place_instance, placement_previews
 from master.placement.context import required_bytes
 from tests.conftest import tiny_models_dir
-from tests.cluster import NodeProcess, wait_until
-from tests.test_placement import card, cluster
+from tests.support.cluster import NodeProcess, wait_until
+from tests.support.placement_cluster import card, cluster
 
 MIB = 1 << 20
 

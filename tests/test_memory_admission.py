@@ -14,25 +14,7 @@ from hypothesis import strategies as st
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE
 from exo_p2p.models.card.derive import card_from_model_dir
 from tests.support.synthetic_models import make_synthetic_model
-from exo_p2p.state import apply
-from exo_p2p.types import (
-    ChatMessage,
-    GenerationParams,
-    IndexedEvent,
-    Instance,
-    InstanceCreated,
-    MasterElected,
-    ModelCard,
-    NodeModelsUpdated,
-    NodeProfile,
-    NodeProfileUpdated,
-    RunnerReady,
-    RunnerStatusUpdated,
-    ShardMetadata,
-    State,
-    SubmitTask,
-    TaskCreated,
-)
+from exo_p2p.types import ChatMessage, GenerationParams, Instance, InstanceCreated, ModelCard, RunnerReady, RunnerStatusUpdated, ShardMetadata, State, SubmitTask, TaskCreated
 from master.admission import (
     activation_bytes,
     kv_bytes_per_token,
@@ -41,10 +23,10 @@ from master.admission import (
     rank_needs,
 )
 from master.commands import handle_command
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
+from tests.support.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
 
 MODEL = "tiny"
-GIB = 1024**3
 
 cards = st.builds(
     lambda layers, kv, group, hd, dt, hidden, vocab: ModelCard(
@@ -55,20 +37,6 @@ cards = st.builds(
     st.integers(1, 96), st.integers(1, 16), st.integers(1, 8), st.one_of(st.none(), st.sampled_from([32, 64, 128, 256])),
     st.one_of(st.none(), st.sampled_from([1, 2, 4])), st.sampled_from([64, 576, 4096]), st.integers(1, 200_000),
 )
-
-
-def _pipeline(card: ModelCard, cuts: list[int], nodes: list[str]) -> Instance:
-    """A pipeline instance of ``card`` with layer boundaries ``cuts`` (sorted, inside)."""
-    bounds = [0, *cuts, card.n_layers]
-    shards = tuple(
-        ShardMetadata(nodes[r], f"r{r}", r, len(bounds) - 1, bounds[r], bounds[r + 1], card.n_layers, 1, "boot-1")
-        for r in range(len(bounds) - 1)
-    )
-    return Instance("inst", card.model_id, "pipeline", shards)
-
-
-def _params(text: str, role: str = "user") -> GenerationParams:
-    return GenerationParams((ChatMessage(role, text),), max_tokens=16)  # type: ignore[arg-type]
 
 
 # --- the per-token KV estimate ---------------------------------------------------------------
@@ -169,25 +137,6 @@ def test_token_bound_is_never_below_the_real_prompt(tokenizer, messages):
 
 
 # --- the master's decision -------------------------------------------------------------------
-
-
-def _run(state: State, events) -> State:
-    for e in events:
-        state = apply(state, IndexedEvent(term=1, idx=state.last_event_idx + 1, event=e))
-    return state
-
-
-def _cluster(card: ModelCard, free: dict[str, int | None], inst: Instance) -> State:
-    events: list = [MasterElected("a", 1)]
-    for node, avail in free.items():
-        events.append(NodeProfileUpdated(NodeProfile(node, "boot-1", node, memory_total=16 * GIB, memory_available=avail)))
-        events.append(NodeModelsUpdated(node, (card,)))
-    events.append(InstanceCreated(inst))
-    events += [RunnerStatusUpdated(s.runner_id, inst.instance_id, s.node_id, RunnerReady()) for s in inst.shards]
-    return _run(State(), events)
-
-
-CARD8 = ModelCard("m", 8, 256, 8, 2, 1000, 4096, 800, (100,) * 8, 0, 0, 0, True)
 
 
 @given(

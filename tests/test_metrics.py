@@ -1,5 +1,5 @@
 """Metrics and request records without processes: ``exo_p2p.metrics`` (the registry, the
-scrape-time collector, the request log) and ``exo_p2p.api.request_trace``, and ``GET
+scrape-time collector, the request log) and ``exo_p2p.api.generation.request_trace``, and ``GET
 /metrics``/``GET /requests`` with their access rules on the fake backend of ``tests.test_api``.
 The same against real nodes: ``tests/test_metrics_nodes.py``."""
 
@@ -11,12 +11,9 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-import trio
-from prometheus_client.parser import text_string_to_metric_families
 
 from exo_p2p.api.access import AccessPolicy, key_id
-from exo_p2p.api.app import create_app
-from exo_p2p.api.request_trace import RequestTrace, outcome_word
+from exo_p2p.api.generation.request_trace import RequestTrace, outcome_word
 from exo_p2p.metrics.collect import MetricSources, NodeCounts, RunnerFigures, count_event
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
@@ -32,22 +29,8 @@ from exo_p2p.types import (
     TokenChunk,
 )
 from exo_p2p.types.observe import EngineStats, RequestRecord
-from tests.test_api import MODEL, FakeMaster, chat_body
-
-KEY = "sk-metrics-0123"
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus text exposition, by (name, sorted labels)."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.support.fake_master import MODEL, chat_body
+from tests.support.metrics_scrape import KEY, _run, samples, value
 
 
 def record(**kw: Any) -> RequestRecord:
@@ -141,21 +124,6 @@ def test_request_log_gives_up_an_unwritable_file(tmp_path: Path) -> None:
     rlog = RequestLog(tmp_path / "missing-dir" / "requests.jsonl")
     rlog.write(record())
     assert rlog.path is None and rlog.since(0)[1] == 1
-
-
-def _run(body, *, access: AccessPolicy | None = None, client: tuple[str, int] = ("127.0.0.1", 5000),
-         observer: Observer | None = None) -> None:
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            backend = FakeMaster(nursery)
-            app = create_app(backend, access=access, observer=observer)
-            transport = httpx.ASGITransport(app=app, client=client)
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
-                with trio.fail_after(10):
-                    await body(http)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
 
 
 def test_metrics_and_records_through_the_api() -> None:

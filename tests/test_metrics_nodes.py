@@ -20,8 +20,8 @@ import pytest
 
 from exo_p2p.cli.readable import NODE_ID_CHARS, short_ids
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
-from tests.test_metrics import samples, value
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.metrics_scrape import samples, value
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-metrics"

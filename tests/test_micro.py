@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
-from tests.test_batch import CHUNK, drive, requests  # noqa: E402
+from tests.support.batch_drive import CHUNK, drive, requests  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.micro import (MAX_MICRO_BATCHES, MicroBatches, auto_micro_batches,  # noqa: E402
                                  decode_batch, resolve_micro_batches)
@@ -156,7 +156,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
-    from tests.ranks import ring_barrier, ring_wait_for
+    from tests.support.ranks import ring_barrier, ring_wait_for
 
     group = init_ring(cfg["addresses"], cfg["rank"], cfg["world_size"], timeout=30.0)
     loaded = load_all(cfg["model_dir"], start_layer=cfg["start"], end_layer=cfg["end"])
@@ -170,7 +170,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     for task_id, params in requests():
         gen.submit(task_id, params)
     out, least = drive_watching(gen) if cfg["micro"] > 1 else (drive(gen), 0)
-    ring_barrier(group)  # no rank exits under a neighbour's collective (tests/ranks.py)
+    ring_barrier(group)  # no rank exits under a neighbour's collective (tests/support/ranks.py)
     finish = {t: list(f) for t, f in out["finish"].items()}
     return {"rank": cfg["rank"], "ids": out["ids"], "finish": finish, "least": least, "timeouts": stage.wait.timeouts}
 
@@ -182,9 +182,9 @@ def test_pipeline_micro_batches_equal_solo(loaded: LoadedModel, solo: dict[str, 
     """``micro`` 1: one batch of up to 12 rows, its ranks waiting asleep (``ring_wait``), no
     wait running out of patience: as the batch shrinks from 12 rows to 1, every all-sum of the
     tokens wakes the rank it should (on 3 ranks, 4 rows left one ring segment empty)."""
-    from tests.cluster import free_ports
-    from tests.ranks import run_rank_processes
-    from tests.test_pipeline import layer_split
+    from tests.support.cluster import free_ports
+    from tests.support.ranks import run_rank_processes
+    from tests.support.runners import layer_split
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
     cfgs = [{"model_dir": str(loaded.model_dir), "rank": r, "world_size": world, "start": s, "end": e,
@@ -199,6 +199,6 @@ def test_pipeline_micro_batches_equal_solo(loaded: LoadedModel, solo: dict[str, 
 
 
 if __name__ == "__main__":
-    from tests.ranks import child_main
+    from tests.support.ranks import child_main
 
     child_main(rank_main)

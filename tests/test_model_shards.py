@@ -16,7 +16,7 @@ from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, missing_chunks, s
 from exo_p2p.models.manifest import build_manifest
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
-from tests.cluster import NodeProcess, converged, self_id, wait_until
+from tests.support.cluster import NodeProcess, converged, self_id, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-shards"

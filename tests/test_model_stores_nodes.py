@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
 from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_run_answers_with_an_ollama_model_of_the_machine(tmp_path) -> None:
 
     import psutil
 
-    from tests.cluster import free_port
+    from tests.support.cluster import free_port
 
     ollama = tmp_path / "ollama"
     ollama_model(ollama, tiny_gguf(tmp_path / "tiny.gguf", seed=3), "tiny", "latest")

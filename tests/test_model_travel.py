@@ -13,7 +13,7 @@ import pytest
 
 from exo_p2p.models.manifest import build_manifest
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, self_id, wait_until
+from tests.support.cluster import NodeProcess, converged, self_id, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-travel"

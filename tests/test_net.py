@@ -40,32 +40,10 @@ from exo_p2p.net import (
 )
 from exo_p2p.net import libdrops
 from exo_p2p.net.discovery import next_backoff, should_dial
+from tests.support.net_run import config, run, wait_connected
 
 REPO = Path(__file__).resolve().parent.parent
-PEER_SCRIPT = Path(__file__).resolve().parent / "net_peer.py"
-
-
-def run(fn, *args, limit: float = 60.0):  # type: ignore[no-untyped-def]
-    """Run an async test body under trio with a hard time bound."""
-
-    async def bounded():  # type: ignore[no-untyped-def]
-        with trio.fail_after(limit):
-            return await fn(*args)
-
-    return trio.run(bounded)
-
-
-def config(tmp: Path, name: str, **kw) -> NetConfig:  # type: ignore[no-untyped-def]
-    return NetConfig(identity=load_or_create_identity(tmp / name), **kw)
-
-
-async def wait_connected(net, peer: str, limit: float = 10.0) -> float:  # type: ignore[no-untyped-def]
-    """Seconds until ``peer`` is connected to ``net``."""
-    start = time.monotonic()
-    with trio.fail_after(limit):
-        while peer not in net.connected_peers():
-            await trio.sleep(0.005)
-    return time.monotonic() - start
+PEER_SCRIPT = Path(__file__).resolve().parent / "support" / "net_peer.py"
 
 
 @asynccontextmanager
@@ -306,7 +284,7 @@ def test_flat_out_publish_is_paced_and_unpaced_drops_are_counted(tmp_path: Path)
 
 @pytest.mark.integration
 def test_bootstrap_peer_started_later_is_redialled(tmp_path: Path) -> None:
-    from tests.cluster import free_port
+    from tests.support.cluster import free_port
 
     async def body() -> None:
         port = free_port()  # b listens there 2.5 s later: not from the ephemeral range
@@ -433,7 +411,7 @@ def test_silent_stream_is_dropped_and_host_keeps_serving(tmp_path: Path) -> None
 
 
 class PeerProcess:
-    """tests/net_peer.py in a subprocess, killed by PID on exit."""
+    """tests/support/net_peer.py in a subprocess, killed by PID on exit."""
 
     def __init__(self, args: list[str], prefix: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")

@@ -19,8 +19,8 @@ from exo_p2p.links.figures import RTT_EVERY
 from exo_p2p.links.measure import measure
 from exo_p2p.links.probe_server import PER_SOURCE_WAITING, ProbeServer
 from exo_p2p.links.prober import TICK
-from tests.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
-from tests.test_bulk_guard import _probe_port
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
+from tests.support.probes import _probe_port
 
 pytestmark = pytest.mark.integration
 CROWD = 64

@@ -15,8 +15,8 @@ from master.admission import PREFILL_CHUNK_BOUND, activation_bytes, memory_refus
 from master.commands import handle_command
 from master.replace import replacement
 from tests.conftest import tiny_models_dir
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
-from tests.test_placement import card, cluster
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.placement_cluster import card, cluster
 
 GIB = 1 << 30
 

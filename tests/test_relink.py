@@ -29,31 +29,13 @@ from master.relink import (
     worth_moving,
 )
 from master.restore import draining, handled_by_restore, restore_step
-from tests.test_placement import GIB, card, cluster
-from tests.test_restore_size import _ready, _task, _with
+from tests.support.placement_cluster import GIB, cluster
+from tests.support.restore_size import _ready, _task, _with
+from tests.support.relink_figures import FAST, MODEL, SLOW, _figures, _state
 
 pytestmark = pytest.mark.unit
 
-MODEL = card(8, 8 * GIB)
 BOTH = frozenset({"n0", "n1"})
-FAST = {"n0": "10.1.0.1", "n1": "10.1.0.2"}
-SLOW = {"n0": "10.2.0.1", "n1": "10.2.0.2"}
-
-
-def _figures(fast: tuple[int, int] | None, slow: tuple[int, int] | None = (21_000, 2_400_000)) -> dict:
-    """State.links of n0 <-> n1: per direction the sink's fast and slow address with (RTT µs,
-    bytes/s), or without the address when None."""
-    links: dict = {}
-    for a, b in (("n0", "n1"), ("n1", "n0")):
-        for ips, figs in ((FAST, fast), (SLOW, slow)):
-            if figs is not None:
-                links.setdefault(a, {}).setdefault(b, {})[ips[b]] = LinkFigures(ips[b], figs[0], figs[1], "ethernet")
-    return links
-
-
-def _state(links: dict) -> State:
-    base = cluster([(64 * GIB, 64 * GIB), (64 * GIB, 64 * GIB)])
-    return msgspec.structs.replace(base, model_cards={"m": MODEL}, links=links)
 
 
 def _placed_on_slow() -> tuple[State, str]:

@@ -1,16 +1,16 @@
 """A request waits longer for a re-placement that visibly progresses (pure rules:
-exo_p2p/api/replacement_progress.py and ``on_refusal``'s ``progress_age``)."""
+exo_p2p/api/generation/replacement_progress.py and ``on_refusal``'s ``progress_age``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.api.replacement_progress import PROGRESS_BOUND, PROGRESS_FRESH, ProgressAge, progress_mark
-from exo_p2p.api.resume import MOVE_BOUND, GiveUp, Retry, on_refusal
+from exo_p2p.api.generation.replacement_progress import PROGRESS_BOUND, PROGRESS_FRESH, ProgressAge, progress_mark
+from exo_p2p.api.generation.resume import MOVE_BOUND, GiveUp, Retry, on_refusal
 from exo_p2p.types import ErrorInfo, Instance, RunnerFailed, RunnerLoading, RunnerReady, State
 from exo_p2p.types.state import RunnerRecord
-from tests.test_resume import FAILED, LOADING
+from tests.support.resume_scripts import FAILED, LOADING
 
 MODEL = "m"
 

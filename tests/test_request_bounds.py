@@ -26,9 +26,10 @@ from exo_p2p.api.schemas import MAX_NAME_CHARS
 from exo_p2p.cluster.sequencing import first_batch
 from exo_p2p.net.config import GossipParams, NetConfig
 from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, PlaceInstance, SubmitTask, TaskCreated, TextGeneration
+from tests.support.family_errors import family_error
 
 try:
-    from tests.test_api import MODEL, FakeMaster, run_api, submits
+    from tests.support.fake_master import MODEL, FakeMaster, run_api, submits
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from test_api import MODEL, FakeMaster, run_api, submits  # type: ignore[no-redef]
 
@@ -61,23 +62,6 @@ GENERATIONS = {
 }
 """Every generation endpoint: its body for a text and stop strings, and its stop field."""
 STOPPABLE = [path for path, (_, field) in GENERATIONS.items() if field]
-
-
-def family_error(response: httpx.Response, status: int) -> tuple[str, str | None]:
-    """The message and (OpenAI) param of an error answer, after checking its status and its
-    family's shape: OpenAI ``{"error": {message, type, param, code}}``, Anthropic ``{"type":
-    "error", "error": {type, message}}``, Ollama ``{"error": "…"}``."""
-    assert response.status_code == status, response.text[:500]
-    doc = response.json()
-    path = response.request.url.path
-    if path.startswith("/api/"):
-        assert set(doc) == {"error"} and isinstance(doc["error"], str)
-        return doc["error"], None
-    if path.startswith("/v1/messages"):
-        assert doc["type"] == "error" and set(doc["error"]) == {"type", "message"}
-        return doc["error"]["message"], doc["error"]["type"]
-    assert set(doc["error"]) == {"message", "type", "param", "code"}
-    return doc["error"]["message"], doc["error"]["param"]
 
 
 @pytest.mark.parametrize("path", STOPPABLE)

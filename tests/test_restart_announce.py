@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.integration

@@ -19,31 +19,13 @@ from hypothesis import strategies as st
 
 from exo_p2p.cli.placed_view import shrunk_text, with_placed
 from exo_p2p.cli.render import instances_table
-from exo_p2p.types import (
-    ChatMessage,
-    GenerationParams,
-    Instance,
-    InstanceCreated,
-    InstanceDeleted,
-    MasterElected,
-    NodeModelsUpdated,
-    NodeProfileUpdated,
-    PlacedNode,
-    RunnerLoading,
-    RunnerReady,
-    RunnerRecord,
-    RunnerStatusUpdated,
-    State,
-    SubmitTask,
-    TaskRecord,
-    TextGeneration,
-    TopologyEdgeCreated,
-)
+from exo_p2p.types import ChatMessage, GenerationParams, Instance, InstanceCreated, InstanceDeleted, MasterElected, NodeModelsUpdated, NodeProfileUpdated, PlacedNode, RunnerLoading, RunnerReady, RunnerStatusUpdated, State, SubmitTask, TopologyEdgeCreated
 from master.commands import handle_command
 from master.placement.place import place_instance
 from master.replace import replacement
 from master.restore import RECHECK_INTERVAL, RESTORE_INTERVAL, draining, handled_by_restore, restore_step
-from tests.test_placement import GIB, card, cluster
+from tests.support.placement_cluster import GIB, card, cluster
+from tests.support.restore_size import _ready, _task, _with
 
 MODEL = card(8, 8 * GIB)
 BOTH = frozenset({"n0", "n1"})
@@ -51,22 +33,6 @@ BOTH = frozenset({"n0", "n1"})
 
 def _two_nodes() -> State:
     return msgspec.structs.replace(cluster([(64 * GIB, 64 * GIB), (64 * GIB, 64 * GIB)]), model_cards={"m": MODEL})
-
-
-def _ready(state: State, inst: Instance, status=None) -> State:  # type: ignore[no-untyped-def]
-    runners = dict(state.runners)
-    for s in inst.shards:
-        runners[s.runner_id] = RunnerRecord(s.runner_id, inst.instance_id, s.node_id, status or RunnerReady())
-    return msgspec.structs.replace(state, runners=runners)
-
-
-def _with(state: State, *instances: Instance) -> State:
-    return msgspec.structs.replace(state, instances={**state.instances, **{i.instance_id: i for i in instances}})
-
-
-def _task(state: State, task_id: str, instance_id: str, status: str = "running") -> State:
-    task = TextGeneration(task_id, instance_id, "m", GenerationParams((ChatMessage("user", "hi"),)), "n0")  # type: ignore[arg-type]
-    return msgspec.structs.replace(state, tasks={**state.tasks, task_id: TaskRecord(task, status)})  # type: ignore[arg-type]
 
 
 def _shrunk() -> tuple[State, Instance]:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cluster import NodeProcess, nodes_cleanup, self_id, state_of, wait_until
+from tests.support.cluster import NodeProcess, nodes_cleanup, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

@@ -1,5 +1,5 @@
-"""Requests move after a failure: the pure rules of ``exo_p2p.api.resume`` and the
-shared generation path (``exo_p2p.api.generation``) moving a request on a fake backend:
+"""Requests move after a failure: the pure rules of ``exo_p2p.api.generation.resume`` and the
+shared generation path (``exo_p2p.api.generation.path``) moving a request on a fake backend:
 resumed from the tokens sent, one uninterrupted stream, bounded waits, limits, cancel."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.api.generation_job import GenerationSettings
-from exo_p2p.api.resume import (
+from exo_p2p.api.generation.job import GenerationSettings
+from exo_p2p.api.generation.resume import (
     MOVABLE_CODE,
     GiveUp,
     Move,
@@ -23,20 +23,10 @@ from exo_p2p.api.resume import (
     on_failure,
     on_refusal,
 )
-from exo_p2p.types import (
-    CommandResult,
-    ErrorChunk,
-    ErrorInfo,
-    FinishChunk,
-    PrefillProgressChunk,
-    State,
-    SubmitTask,
-    TokenChunk,
-)
-from tests.test_api import MODEL, FakeMaster, chat_body, run_api, sse_events, submits
+from exo_p2p.types import CommandResult, ErrorChunk, ErrorInfo, State, SubmitTask
+from tests.support.fake_master import MODEL, FakeMaster, chat_body, run_api, sse_events, submits
+from tests.support.resume_scripts import FAILED, LOADING, WORDS, failing_script
 
-FAILED = ErrorInfo(503, "generation failed: node n2 is gone", "server_error", code=MOVABLE_CODE)
-LOADING = ErrorInfo(503, "model is loading (1/4 layers); retry shortly", "server_error", code="loading")
 
 # --------------------------------------------------------------------------- pure rules
 
@@ -75,7 +65,7 @@ def test_movable_is_the_routers_failure_only() -> None:
 
 
 def test_model_given_up_needs_every_instance_given_up() -> None:
-    from tests.test_api import card
+    from tests.support.fake_master import card
     from exo_p2p.types import Instance
 
     def inst(i: str, gave_up: bool) -> Instance:
@@ -90,31 +80,6 @@ def test_model_given_up_needs_every_instance_given_up() -> None:
 
 
 # --------------------------------------------------------------------------- the loop
-
-WORDS = ["Paris", " is", " the", " capital", " of", " France", "."]
-
-
-def failing_script(fail_after: dict[int, int], refusals: list[ErrorInfo] | None = None):
-    """A script for FakeMaster: the k-th submitted task sends tokens (``token_id`` = position)
-    from where its ``resume_tokens`` end, and fails with ``FAILED`` after ``fail_after[k]``
-    of them; each continuation checks that it resumes exactly from the tokens sent."""
-    calls: list[SubmitTask] = []
-
-    def script(cmd: SubmitTask) -> list:
-        k = len(calls)
-        calls.append(cmd)
-        start = len(cmd.params.resume_tokens)
-        assert cmd.params.resume_tokens == tuple(range(start))
-        if k:
-            assert cmd.params.origin_task_id == calls[0].task_id
-        out: list = [PrefillProgressChunk(task_id=cmd.task_id, processed=0, total=12)]
-        for i in range(start, len(WORDS)):
-            if k in fail_after and i - start >= fail_after[k]:
-                return out + [0.01, ErrorChunk(task_id=cmd.task_id, error=FAILED)]
-            out += [0.001, TokenChunk(task_id=cmd.task_id, text=WORDS[i], completion_tokens=i + 1, token_id=i)]
-        return out + [FinishChunk(task_id=cmd.task_id, finish_reason="stop", prompt_tokens=12, completion_tokens=len(WORDS))]
-
-    return script, calls
 
 
 class RefusingMaster(FakeMaster):
@@ -131,7 +96,7 @@ class RefusingMaster(FakeMaster):
 
 
 def run_refusing(body: Any, refusals: list[ErrorInfo], *, timeout: float = 20.0, **app_kwargs: Any) -> None:
-    """``tests.test_api.run_api`` with a ``RefusingMaster`` refusing ``refusals`` first."""
+    """``tests.support.fake_master.run_api`` with a ``RefusingMaster`` refusing ``refusals`` first."""
     from exo_p2p.api import create_app
 
     async def main() -> None:
@@ -245,7 +210,7 @@ def test_a_disconnect_during_a_move_cancels_the_continuation() -> None:
 
     from exo_p2p.api import create_app
     from exo_p2p.types import CancelGeneration
-    from tests.test_api import drive_asgi
+    from tests.support.fake_master import drive_asgi
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

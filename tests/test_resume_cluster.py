@@ -1,4 +1,4 @@
-"""No request lost to a failure (``exo_p2p.api.resume``), with real node processes.
+"""No request lost to a failure (``exo_p2p.api.generation.resume``), with real node processes.
 
 One cluster shared by the module (node 0 is master and serves every client; the others host
 instances), the tests in order:
@@ -25,9 +25,9 @@ import time
 import httpx
 import pytest
 
-from exo_p2p.api.resume import MOVE_BOUND
+from exo_p2p.api.generation.resume import MOVE_BOUND
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
+from tests.support.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

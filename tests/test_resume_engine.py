@@ -1,4 +1,4 @@
-"""Resuming a generation from the tokens already sent (``exo_p2p.api.resume``), on the engine alone.
+"""Resuming a generation from the tokens already sent (``exo_p2p.api.generation.resume``), on the engine alone.
 
 A request cut after k tokens and resumed with ``resume_tokens`` = those k tokens (a new task
 id, the first one as ``origin_task_id``) must continue exactly like the uninterrupted run:
@@ -18,7 +18,7 @@ from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler, step_key_seed  # noqa: E402
-from tests.test_engine import generate  # noqa: E402
+from tests.support.engine_run import generate  # noqa: E402
 
 PROMPT = "and the cat sat on the mat, the cat sat on the mat"
 

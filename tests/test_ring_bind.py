@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from exo_p2p.cluster.mesh import ip_of
-from tests.cluster import REPO, free_port
+from tests.support.cluster import REPO, free_port
 from worker.engine.distributed import hostfile_entries
 
 

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.cluster import free_ports  # noqa: E402
-from tests.ranks import child_main, ring_barrier, ring_wait_for, run_rank_processes  # noqa: E402
+from tests.support.cluster import free_ports  # noqa: E402
+from tests.support.ranks import child_main, ring_barrier, ring_wait_for, run_rank_processes  # noqa: E402
 from worker.engine.ring_wait import NO_WAIT, RingWait, all_sum_length, ring_sockets  # noqa: E402
 
 DELAY = 1.5

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-routing"

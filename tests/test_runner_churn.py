@@ -49,11 +49,11 @@ from exo_p2p.types import (
     State,
 )
 from tests.conftest import T_FAIL
-from tests.cluster import Cluster, NodeProcess, wait_until
+from tests.support.cluster import Cluster, NodeProcess, wait_until
 from worker.plan import LocalRunner, plan
 
 MODEL = "tiny"
-NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (exo_p2p.api.resume) are tested in test_resume*
+NO_MOVES = ["--max-moves", "0"]  # this test checks the bounded error path; moves (exo_p2p.api.generation.resume) are tested in test_resume*
 SILENT_LOADING = 60.0  # exo_p2p.config.RUNNER_UNIT_BOUND: runner killed as stuck when warm-up makes no progress this long
 SLACK = 10.0  # 2 shared, loaded cores: process start-up and MLX imports take seconds
 KILLS = 3

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import T_FAIL, tiny_models_dir
-from tests.cluster import NodeProcess, wait_until
+from tests.support.cluster import NodeProcess, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from exo_p2p.config import RUNNER_STEP_FLOOR
-from tests.cluster import NodeProcess, state_of
+from tests.support.cluster import NodeProcess, state_of
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

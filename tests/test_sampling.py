@@ -19,8 +19,8 @@ from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler  # noqa: E402
-from tests.test_engine import finish_of, msgs, text_of  # noqa: E402
-from tests.test_engine import generate as generate_alone  # noqa: E402
+from tests.support.engine_run import finish_of, msgs, text_of  # noqa: E402
+from tests.support.engine_run import generate as generate_alone  # noqa: E402
 
 PROMPT = "and the cat sat on the mat, the cat sat on the mat"
 
@@ -30,7 +30,7 @@ def chat(text: str) -> tuple[ChatMessage, ...]:
 
 
 def generate(loaded: LoadedModel, task_id: str, params: GenerationParams) -> tuple[list, list[int]]:
-    """``tests.test_engine.generate`` of one request with the old engine's defaults (one
+    """``tests.support.engine_run.generate`` of one request with the old engine's defaults (one
     request at a time, prefill chunks of 256)."""
     return generate_alone(loaded, (task_id, params), max_batch=1, prefill_chunk_size=256)
 

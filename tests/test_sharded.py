@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster import Cluster, states, wait_until
+from tests.support.cluster import Cluster, states, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

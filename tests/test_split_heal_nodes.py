@@ -16,7 +16,7 @@ import time
 import pytest
 
 from exo_p2p import defaults
-from tests.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.conftest import tiny_models_dir
 
 pytestmark = pytest.mark.integration

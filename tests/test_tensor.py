@@ -27,10 +27,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
+from tests.support.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
 
-from tests.cluster import free_ports  # noqa: E402
-from tests.test_pipeline import RunnerProc, bring_up, gen_task, wait_for  # noqa: E402
+from tests.support.cluster import free_ports  # noqa: E402
+from tests.support.runners import RunnerProc, bring_up, gen_task, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -134,7 +134,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
                     tps.append(chunk.decode_tokens_per_second)
             elif isinstance(chunk, ErrorChunk):
                 finish[chunk.task_id] = ["error", chunk.error.message]
-    if group is not None:  # no rank exits under a neighbour's collective (tests/ranks.py)
+    if group is not None:  # no rank exits under a neighbour's collective (tests/support/ranks.py)
         ring_barrier(group)
         progress("barrier passed")
     if rank == 0 and cfg.get("logits_path"):
@@ -388,7 +388,7 @@ def test_embedded_three_rank_tensor_matches_single_node(embedded_dir: Path, tmp_
     """In float32, as a CPU node's runners hold it (the stored 4-bit tensor path is covered by
     the synthetic q4 tests): each rank shards the stored tensors, then expands its part. The
     3-rank run is bounded by the 1-rank run's measured time (``E2E_RING_FACTOR``); its ranks
-    end with a barrier (tests/ranks.py: without it rank 0 could hang after its last prompt)."""
+    end with a barrier (tests/support/ranks.py: without it rank 0 could hang after its last prompt)."""
     from exo_p2p.models.card.derive import card_from_model_dir
 
     started = time.monotonic()

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from exo_p2p.api.tools import schema_problem
+from exo_p2p.api.families.tool_calls import schema_problem
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types.chunks import FinishChunk, TokenChunk

@@ -9,7 +9,7 @@ import json
 
 import msgspec
 
-from exo_p2p.api.families.openai_chat import chat_params
+from exo_p2p.api.families.openai.chat import chat_params
 from exo_p2p.api.schemas import ChatCompletionRequest
 from tests.support.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import FinishChunk, TokenChunk

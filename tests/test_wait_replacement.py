@@ -1,5 +1,5 @@
 """A new request whose model is being re-placed after a failure waits for it
-(``exo_p2p.api.resume``: requests not yet started wait for the re-placement, bounded), instead of a 503.
+(``exo_p2p.api.generation.resume``: requests not yet started wait for the re-placement, bounded), instead of a 503.
 
 Found by scripts/chaos.py (one 2-node instance): after each kill, every request that arrived
 while the re-placement loaded was answered "503 model is loading" at once — most of the
@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exo_p2p.api.app import create_app
-from exo_p2p.api.resume import replacement_coming, waits_for_replacement
+from exo_p2p.api.generation.resume import replacement_coming, waits_for_replacement
 from exo_p2p.types import CommandResult, ErrorInfo, State, SubmitTask
-from tests.strategies import _instance
-from tests.test_api import MODEL, FakeMaster, TOKENS, chat_body, sse_events
+from tests.support.strategies import _instance
+from tests.support.fake_master import MODEL, FakeMaster, TOKENS, chat_body, sse_events
 
 LOADING_503 = ErrorInfo(503, f"model '{MODEL}' is loading (0/30 layers); retry shortly", "server_error", code="loading")
 

@@ -22,12 +22,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from exo_p2p.api.access import AccessGuard, AccessPolicy
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES
-from exo_p2p.api.client_stream import INSTANCE_HEADER
+from exo_p2p.api.generation.client_stream import INSTANCE_HEADER
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
-from exo_p2p.api.generation_job import GenerationSettings, send_error
+from exo_p2p.api.generation.job import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
 from exo_p2p.api.observe_routes import observe_routes
-from exo_p2p.api.rejected import rejected_record
+from exo_p2p.api.generation.rejected import rejected_record
 from exo_p2p.api.routes import api_routes
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
@@ -58,10 +58,10 @@ def create_app(
     place/delete (seconds); ``access`` the API keys and CORS origins
     (``exo_p2p.api.access``; default: no key, no cross-origin browser access);
     ``extra_routes`` are served too (e.g. a page route named ``dashboard``, which ``GET /``
-    serves to browsers; see ``exo_p2p.api.families.ollama``); ``observer`` receives every
+    serves to browsers; see ``exo_p2p.api.families.ollama.generations``); ``observer`` receives every
     finished request's record and serves ``/metrics`` and ``/requests`` (default: metrics of
     this API alone, no request file); ``reasoning_key`` (32 bytes) seals reasoning carried
-    across Responses turns (``exo_p2p.api.sealed_reasoning``; default: random).
+    across Responses turns (``exo_p2p.api.families.openai.sealed_reasoning``; default: random).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -102,7 +102,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 def _api_error_handler(observer: Observer) -> Callable[[Request, Exception], Awaitable[Response]]:
     """``_api_error``, and a generation request refused so is recorded too
-    (``exo_p2p.api.rejected``); a failure to record is logged, never the answer's."""
+    (``exo_p2p.api.generation.rejected``); a failure to record is logged, never the answer's."""
 
     async def handle(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

@@ -12,7 +12,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest request body accepted (bytes); larger ones get a 413."""
 BODY_KEY = "exo_body"
 """Where ``read_body`` leaves the body it read in ``request.state``: the record of a request
-refused afterwards names the model it asked for (``exo_p2p.api.rejected``)."""
+refused afterwards names the model it asked for (``exo_p2p.api.generation.rejected``)."""
 
 
 async def read_body(request: Request, limit: int = DEFAULT_MAX_BODY_BYTES) -> bytes:

@@ -21,11 +21,11 @@ from starlette.requests import Request
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
 from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, check_count_tokens_size
-from exo_p2p.api.client_key import CLIENT_KEY_MAX
+from exo_p2p.api.generation.client_key import CLIENT_KEY_MAX
 from exo_p2p.api.errors import ApiError, decode_json
-from exo_p2p.api.generation import GenerationResponse
-from exo_p2p.api.generation_job import GenerationJob, GenerationSettings, InFlight
-from exo_p2p.api.resume import MoveCounters
+from exo_p2p.api.generation.path import GenerationResponse
+from exo_p2p.api.generation.job import GenerationJob, GenerationSettings, InFlight
+from exo_p2p.api.generation.resume import MoveCounters
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.models.names import canonical_model_name
 from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitTask, new_id
@@ -50,7 +50,7 @@ class ApiConfig:
     observer: Observer = field(default_factory=Observer)
     """Where finished requests' records go (metrics, the request log)."""
     reasoning_key: bytes = field(default_factory=lambda: os.urandom(32))
-    """The key sealing reasoning carried across Responses turns (``exo_p2p.api.sealed_reasoning``;
+    """The key sealing reasoning carried across Responses turns (``exo_p2p.api.families.openai.sealed_reasoning``;
     a node's is derived from its cluster secret, default: random for this API alone)."""
 
 
@@ -122,7 +122,7 @@ class ApiContext:
         """The ASGI app answering ``job`` through the shared path. Raises ``ApiError(400)``
         when its ``SubmitTask`` would exceed ``exo_p2p.api.bounds.MAX_COMMAND_BYTES``
         (before anything is sent or counted). The client's key is set later, from the HTTP
-        scope (``exo_p2p.api.client_key``), so the check counts the longest one it can be."""
+        scope (``exo_p2p.api.generation.client_key``), so the check counts the longest one it can be."""
         widest = msgspec.structs.replace(job.params, client="k" * CLIENT_KEY_MAX)
         check_command_size(SubmitTask.generation(command_id=new_id(), task_id=job.task_id, model_id=ModelId(job.model_id),
                                                  params=widest, api_node_id=NodeId(self.backend.node_id)))

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from exo_p2p.api import embed_task
 from exo_p2p.api.body import read_body
-from exo_p2p.api.client_key import client_key
+from exo_p2p.api.generation.client_key import client_key
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.views import json_response

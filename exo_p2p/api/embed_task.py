@@ -12,7 +12,7 @@ import trio
 from exo_p2p.api.bounds import check_command_size
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.generation_job import new_task_id
+from exo_p2p.api.generation.job import new_task_id
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.types import (
     CancelGeneration,

@@ -2,7 +2,7 @@
 
 Generations: the routes of each family in ``exo_p2p.api.families`` (OpenAI chat,
 completions and responses, Anthropic messages, Ollama), all answered through
-``exo_p2p.api.generation``; ``GET /v1/models/{id}``. Cluster:
+``exo_p2p.api.generation.path``; ``GET /v1/models/{id}``. Cluster:
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET /health`` (no key
 needed); instances: ``exo_p2p.api.instance_routes``; models travelling between nodes:
 ``exo_p2p.api.model_routes``. Debug: ``GET /debug/event-times`` (``ApiBackend.event_times``).
@@ -21,7 +21,11 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api import embed_routes
 from exo_p2p.api.errors import ApiError
-from exo_p2p.api.families import anthropic, ollama, openai_chat, openai_completions, openai_responses
+from exo_p2p.api.families.anthropic import messages as anthropic
+from exo_p2p.api.families.ollama import generations as ollama
+from exo_p2p.api.families.openai import chat as openai_chat
+from exo_p2p.api.families.openai import completions as openai_completions
+from exo_p2p.api.families.openai import responses as openai_responses
 from exo_p2p.api.instance_routes import instance_routes
 from exo_p2p.api.model_routes import model_routes
 from exo_p2p.api.views import json_response, local_model, model_entry, model_list, state_document

@@ -1,7 +1,7 @@
 """HTTP request and response bodies as msgspec Structs: the type is the schema.
 
 Requests follow the OpenAI chat-completions schema (unknown fields are ignored; known
-parameters we do not support are decoded so that ``exo_p2p.api.families.openai_chat`` can
+parameters we do not support are decoded so that ``exo_p2p.api.families.openai.chat`` can
 refuse them by name). Responses are encoded with ``msgspec.json``. Stream chunks omit what
 they do not carry (``tool_calls``, ``function_call``, ``name``, ``logprobs``, ``refusal``
 never appear there); a non-streamed ``chat.completion`` carries the fields the spec
@@ -88,7 +88,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     response_format: Any = None
     regex: str | None = None
     grammar: str | None = None
-    # Tools and reasoning (exo_p2p.api.families.openai_tools)
+    # Tools and reasoning (exo_p2p.api.families.openai.chat_tools)
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
     enable_thinking: bool | None = None

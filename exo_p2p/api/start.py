@@ -12,8 +12,8 @@ import trio
 
 from exo_p2p.api.access import AccessPolicy, is_loopback_host
 from exo_p2p.api.backend import ApiBackend
-from exo_p2p.api.generation_job import GenerationSettings
-from exo_p2p.api.sealed_reasoning import reasoning_key
+from exo_p2p.api.generation.job import GenerationSettings
+from exo_p2p.api.families.openai.sealed_reasoning import reasoning_key
 from exo_p2p.config import NodeConfig
 
 log = structlog.get_logger("exo_p2p.node")
@@ -33,7 +33,7 @@ async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig,
     and ``observer`` (``exo_p2p.metrics.observer.Observer``); returns the port it bound.
     Warns, in the log and on stderr, when anyone on the network can use it. Its reasoning
     sealing key comes from the cluster secret, else the data dir's ``reasoning.key``
-    (``exo_p2p.api.sealed_reasoning``). Raises ``OSError`` when the port cannot be bound or
+    (``exo_p2p.api.families.openai.sealed_reasoning``). Raises ``OSError`` when the port cannot be bound or
     the key cannot be written."""
     from exo_p2p.api.app import create_app
     from exo_p2p.api.server import serve

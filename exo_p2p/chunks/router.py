@@ -20,7 +20,7 @@ replaced by the one of the master that won a heal or a failover, a task that onl
 side's log held (its ``TaskCreated`` was accepted, and acknowledged, by a master whose
 divergent tail was then dropped) is simply not in the new State, and no runner will ever
 run it. ``watch`` sweeps the open requests every ``SWEEP_INTERVAL`` seconds and ends each
-one whose task is lost (``task_lost``) with a 503 the API may move (``exo_p2p.api.resume``; scripts/chaos.py provokes it).
+one whose task is lost (``task_lost``) with a 503 the API may move (``exo_p2p.api.generation.resume``; scripts/chaos.py provokes it).
 """
 
 from __future__ import annotations

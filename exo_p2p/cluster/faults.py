@@ -9,7 +9,7 @@ iterator of ``(sender, data)``), so the cluster member reads it exactly as the c
 It is switched on by ``--fault-hook`` keys only (``gossip_faults_from_hooks``); a node started
 without them reads its channels directly (no wrapper, no cost). Use it to test that the
 event log recovers from loss, duplication and reordering; it is not a network simulator
-(latency, partitions: use network namespaces, tests/cluster.py ``NetnsLan``).
+(latency, partitions: use network namespaces, tests/support/cluster.py ``NetnsLan``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Python's JSON decoder, encoder and most code walking a document recurse once per level, so a
 document nested tens of thousands of levels deep raises ``RecursionError`` wherever it goes.
 The places that take JSON from a client or a model source bound the depth with
-:func:`json_depth` (``exo_p2p.api.tools.MAX_JSON_DEPTH``,
+:func:`json_depth` (``exo_p2p.api.families.tool_calls.MAX_JSON_DEPTH``,
 ``exo_p2p.models.model_json.MAX_MODEL_JSON_DEPTH``; docs/security.md).
 """
 

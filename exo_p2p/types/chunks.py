@@ -29,7 +29,7 @@ class TokenChunk(_Chunk, tag="token"):
     """New text (may be empty while a possible stop string is held back) and how many
     completion tokens have been generated so far. ``token_id``: the generated token whose
     text this is (None for the text flushed at the end), so the requesting node can resume
-    the request elsewhere from exactly the tokens it has sent (``exo_p2p.api.resume``)."""
+    the request elsewhere from exactly the tokens it has sent (``exo_p2p.api.generation.resume``)."""
 
     text: str
     completion_tokens: int

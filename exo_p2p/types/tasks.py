@@ -78,7 +78,7 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ``((token_id, bias), …)`` added to the log-probabilities (-100 bans a token). ``stop``
     strings end generation wherever they appear in the new text and are never emitted.
 
-    A resumed request (``exo_p2p.api.resume``): ``resume_tokens`` are the token ids
+    A resumed request (``exo_p2p.api.generation.resume``): ``resume_tokens`` are the token ids
     already generated (and sent to the client) by an earlier task of the same request; the
     runner prefills prompt + them, replays them through detokenizer and stop matcher without
     emitting their text, counts them as completion tokens, and continues. ``origin_task_id``
@@ -94,8 +94,8 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     reaches the chat template as ``enable_thinking`` (None: the template's default).
 
     ``client``: who asked, as the runner's fairness rule shares prefill between clients
-    (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.client_key``, at most
-    ``exo_p2p.api.client_key.CLIENT_KEY_MAX`` characters); None: the unnamed client.
+    (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.generation.client_key``, at most
+    ``exo_p2p.api.generation.client_key.CLIENT_KEY_MAX`` characters); None: the unnamed client.
     """
 
     messages: tuple[ChatMessage, ...]

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tests.support.synthetic_models import make_synthetic_model
-from tests.cluster import NodeProcess, converged, nodes_cleanup, wait_until
-from tests.test_batch_nodes import CANCEL_BOUND, cancel_bound
+from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
+from tests.support.cancel_bounds import CANCEL_BOUND, cancel_bound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 MODEL = "tiny"

@@ -12,7 +12,7 @@ When more prompts want prefill than there are slots, this rule picks which, ever
 - **Within a client**, its candidates in submission order.
 
 A client is what ``GenerationParams.client`` names (the API key's id, else the caller's
-address and user agent: ``exo_p2p.api.client_key``); requests without one are one client.
+address and user agent: ``exo_p2p.api.generation.client_key``); requests without one are one client.
 Candidates are the rows prefilling, the rows paused (taken out of the group by this rule
 earlier, their KV kept) and the queued requests.
 

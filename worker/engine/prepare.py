@@ -12,7 +12,7 @@ Context rule (documented choice): a prompt of N tokens needs N < context; otherw
 context, max_tokens is clamped to context − N and generation ends with finish_reason
 "length" there; no max_tokens (None) means until the model stops or the context is full.
 
-Resuming (``exo_p2p.api.resume``): ``resume_tokens`` (what an earlier task of the request
+Resuming (``exo_p2p.api.generation.resume``): ``resume_tokens`` (what an earlier task of the request
 generated and sent) are appended to the prompt (they count against the context like the
 prompt), replayed through the detokenizer and the stop matcher without output, and count as
 completion tokens; the sampler starts at their position, so the continuation equals the

@@ -18,7 +18,7 @@ key is derived from (seed, position) alone (``step_key_seed``: the position of t
 the whole sequence, prompt included), never from a running state. So one seed always gives
 the same tokens whatever else the process samples, pipeline ranks that share the seed draw
 the same token, and a request resumed elsewhere with prompt + the tokens already generated
-as its new prompt draws the same next tokens as the uninterrupted run (``exo_p2p.api.resume``).
+as its new prompt draws the same next tokens as the uninterrupted run (``exo_p2p.api.generation.resume``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ counted. ``ttft`` is seconds from submission to the first token (queueing includ
 ``decode_tokens_per_second`` is ``(new − 1) / (t_last − t_first)`` over the tokens this task
 decoded (``new``: completion tokens minus resumed ones).
 
-Resuming (``exo_p2p.api.resume``): a sequence made with ``resume_tokens`` holds prompt +
+Resuming (``exo_p2p.api.generation.resume``): a sequence made with ``resume_tokens`` holds prompt +
 those tokens as its prompt (``resumed`` of them), starts ``completion_tokens`` at their count
 and its sampler at their position, and ``prompt_tokens`` is the original prompt's.
 """

@@ -1,7 +1,7 @@
 """The API families a node serves, each a small module with one job: turn its requests into
 our ``GenerationParams`` (a ``GenerationJob``) and our chunks into its bytes (a
 ``StreamEncoder``); the shared path (admission, task, chunks, cancel on disconnect,
-keep-alives) is ``exo_p2p.api.generation``.
+keep-alives) is ``exo_p2p.api.generation.path``.
 
 - ``openai_chat``: ``POST /v1/chat/completions``
 - ``openai_completions``: ``POST /v1/completions``

@@ -1,0 +1,1 @@
+"""Anthropic Messages: requests, answers and streams (``messages``), tools and thinking (``tools``)."""
