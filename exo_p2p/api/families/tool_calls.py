@@ -1,4 +1,9 @@
-"""Function tools of a request, checked once for every API family (docs/api.md#tools-and-reasoning).
+"""Function tools and tool calls of a request, the one module every API family shares for
+them (docs/api.md#tools-and-reasoning): the checks, and the readers of the shapes several
+families have in common — flat tool objects (``flat_tools``: Responses, Anthropic), an
+OpenAI-style ``tool_choice`` (``function_choice``: chat completions, Responses) and an earlier
+turn's OpenAI-shaped ``tool_calls`` (``function_calls``: chat completions, Ollama). A family's
+own module (``openai/chat_tools``, ``anthropic/tools``…) keeps only what is its own.
 
 Each family turns its own tool shape into OpenAI's — ``{"type": "function", "function":
 {"name", "description", "parameters"}}`` — and calls ``tools_text``, which checks the list and
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from exo_p2p.api.errors import ApiError
@@ -166,3 +172,59 @@ def earlier_call(call_id: Any, name: Any, arguments: Any, where: str, *, id_fiel
     if not isinstance(name, str) or not name:
         raise bad(f"{where}.name", "a tool call needs the tool's name")
     return ToolCall(call_id, name, arguments_text(arguments, f"{where}.{arguments_field}"))
+
+
+def flat_tools(tools: list[Any] | None, kind: str, fields: tuple[str, str, str], where: str, *,
+               default_kind: str | None = None) -> str | None:
+    """``GenerationParams.tools`` of a family whose tools are flat objects (Responses:
+    ``{"type": "function", "name", "description", "parameters"}``; Anthropic: ``type`` ``custom``
+    by default, ``input_schema``): those of type ``kind`` (``default_kind`` when absent) are
+    offered, others (the vendor's server or built-in tools) are skipped. ``fields`` name the
+    three fields, ``where`` the i-th tool (a format string: ``tools[{}]``, ``tools.{}``).
+    Raises ``ApiError(400)`` for a tool that is not an object and as ``function_tool`` and
+    ``tools_text``."""
+    out, schemas = [], []
+    for i, tool in enumerate(tools or ()):
+        at = where.format(i)
+        if not isinstance(tool, dict):
+            raise bad(at, "a tool must be an object")
+        if tool.get("type", default_kind) != kind:
+            continue  # a server or built-in tool (web search, code execution…): not offered to the model
+        out.append(function_tool(tool.get(fields[0]), tool.get(fields[1]), tool.get(fields[2]), at, fields))
+        schemas.append(f"{at}.{fields[2]}")
+    return tools_text(out, "tools", schemas)
+
+
+def function_choice(choice: Any, tools: str | None, name_of: Callable[[dict[str, Any]], Any], shape: str,
+                    param: str = "tool_choice") -> str:
+    """Our ``tool_choice`` of an OpenAI-style one (chat completions, Responses): None is
+    ``auto``; ``auto``, ``none``, ``required`` as they are; an object of type ``function`` names
+    its tool by ``name_of(choice)``. Raises ``ApiError(400)`` for another shape (the message
+    shows the family's ``shape`` of the object) or a choice the request's tools cannot meet."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str) and choice in ("auto", "none", "required"):
+        return checked_choice(choice, tools, param)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = name_of(choice)
+        if isinstance(name, str):
+            return checked_choice(f"function:{name}", tools, param)
+    raise bad(param, f"must be 'auto', 'none', 'required' or {shape}")
+
+
+def function_calls(tool_calls: list[Any] | None, where: str, *, fields_at: str = "",
+                   default_id: Callable[[int], str] | None = None) -> tuple[ToolCall, ...]:
+    """An earlier assistant turn's OpenAI-shaped ``tool_calls`` (``{"id", "function": {"name",
+    "arguments"}}``; chat completions, Ollama) as ``ToolCall``s. Call j is ``where.tool_calls[j]``,
+    its name and arguments are named under it plus ``fields_at`` (Ollama: ``.function``); a
+    call without an id gets ``default_id(j)`` when given. Raises ``ApiError(400)`` for a call
+    without a function object and as ``earlier_call``."""
+    out = []
+    for j, call in enumerate(tool_calls or ()):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise bad(at, "a tool call needs a function object")
+        call_id = call.get("id") or (default_id(j) if default_id else call.get("id"))
+        out.append(earlier_call(call_id, fn.get("name"), fn.get("arguments", "{}"), at + fields_at))
+    return tuple(out)

@@ -25,7 +25,7 @@ import msgspec
 
 from exo_p2p.api.errors import anthropic_error_body
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, sse
-from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, function_tool, tools_text
+from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, flat_tools
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
 
@@ -43,16 +43,7 @@ def system_text(text: str) -> str:
 
 def anthropic_tools(tools: list[Any] | None) -> str | None:
     """``GenerationParams.tools`` of Anthropic ``tools`` (400 naming ``tools.i…``)."""
-    out, schemas = [], []
-    for i, tool in enumerate(tools or ()):
-        where = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise bad(where, "a tool must be an object")
-        if tool.get("type", "custom") != "custom":
-            continue  # a server tool (web search, code execution…): not offered to the model
-        out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), where, _FIELDS))
-        schemas.append(f"{where}.input_schema")
-    return tools_text(out, "tools", schemas)
+    return flat_tools(tools, "custom", _FIELDS, "tools.{}", default_kind="custom")
 
 
 def anthropic_choice(choice: Any, tools: str | None) -> tuple[str, int | None]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.openai.chat_tools import openai_tools
-from exo_p2p.api.families.tool_calls import bad, earlier_call
+from exo_p2p.api.families.tool_calls import bad, function_calls
 from exo_p2p.types import ChatMessage, ToolCall
 
 
@@ -43,14 +43,8 @@ def ollama_message(i: int, role: str, content: str, tool_calls: list[Any] | None
         return ChatMessage("tool", content, name=tool_name)
     if role != "assistant":
         raise bad(f"messages[{i}].tool_calls", "only assistant messages carry tool calls")
-    calls = []
-    for j, call in enumerate(tool_calls or ()):
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict):
-            raise bad(f"messages[{i}].tool_calls[{j}]", "a tool call needs a function object")
-        call_id = call.get("id") or f"call_{i}_{j}"
-        calls.append(earlier_call(call_id, fn.get("name"), fn.get("arguments", {}), f"messages[{i}].tool_calls[{j}].function"))
-    return ChatMessage("assistant", content, tool_calls=tuple(calls))
+    calls = function_calls(tool_calls, f"messages[{i}]", fields_at=".function", default_id=lambda j: f"call_{i}_{j}")
+    return ChatMessage("assistant", content, tool_calls=calls)
 
 
 def calls_doc(calls: tuple[ToolCall, ...] | list[ToolCall], first: int = 0) -> list[dict[str, Any]]:

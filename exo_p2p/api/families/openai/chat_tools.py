@@ -22,7 +22,7 @@ from typing import Any
 
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.common import sse
-from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, function_tool, tools_text
+from exo_p2p.api.families.tool_calls import bad, function_calls, function_choice, function_tool, tools_text
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ChatMessage, FinishChunk, ToolCall
 
@@ -59,16 +59,13 @@ def openai_tools(tools: list[Any] | None, param: str = "tools") -> str | None:
 def openai_choice(choice: Any, tools: str | None, param: str = "tool_choice") -> str:
     """Our ``tool_choice`` of OpenAI's (None: ``auto``); 400 for another shape, or a choice the
     request's tools cannot meet."""
-    if choice is None:
-        return "auto"
-    if isinstance(choice, str) and choice in ("auto", "none", "required"):
-        return checked_choice(choice, tools, param)
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        fn = choice.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
-        if isinstance(name, str):
-            return checked_choice(f"function:{name}", tools, param)
-    raise bad(param, "must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    return function_choice(choice, tools, _choice_name, '{"type": "function", "function": {"name": ...}}', param)
+
+
+def _choice_name(choice: dict[str, Any]) -> Any:
+    """The tool a chat ``tool_choice`` object names: ``function.name`` (or a flat ``name``)."""
+    fn = choice.get("function")
+    return fn.get("name") if isinstance(fn, dict) else choice.get("name")
 
 
 def thinking_of(effort: str | None, enable: bool | None, template_kwargs: dict[str, Any] | None) -> bool | None:
@@ -95,14 +92,7 @@ def tool_result(where: str, content: str, tool_call_id: str | None, name: str | 
 
 def assistant_calls(where: str, tool_calls: list[Any]) -> tuple[ToolCall, ...]:
     """An assistant message's ``tool_calls`` as ``ToolCall``s (400 naming a bad one)."""
-    out = []
-    for j, call in enumerate(tool_calls):
-        at = f"{where}.tool_calls[{j}]"
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict):
-            raise bad(at, "a tool call needs a function object")
-        out.append(earlier_call(call.get("id"), fn.get("name"), fn.get("arguments", "{}"), at))
-    return tuple(out)
+    return function_calls(tool_calls, where)
 
 
 def call_item(call: ToolCall, index: int | None = None, *, arguments: bool = True) -> dict[str, Any]:

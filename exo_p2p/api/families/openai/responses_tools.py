@@ -23,7 +23,7 @@ import msgspec
 from exo_p2p.api.families.openai.chat_tools import checked_effort
 from exo_p2p.api.errors import ApiError, overflow_message
 from exo_p2p.api.families.openai.sealed_reasoning import seal
-from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, function_tool, tools_text
+from exo_p2p.api.families.tool_calls import bad, earlier_call, flat_tools, function_choice
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
 
@@ -33,27 +33,12 @@ _FIELDS = ("name", "description", "parameters")
 
 def responses_tools(tools: list[Any] | None) -> str | None:
     """``GenerationParams.tools`` of Responses ``tools`` (400 naming ``tools[i]…``)."""
-    out, schemas = [], []
-    for i, tool in enumerate(tools or ()):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise bad(where, "a tool must be an object")
-        if tool.get("type") != "function":
-            continue  # a built-in tool (web search, file search…): not offered to the model
-        out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), where, _FIELDS))
-        schemas.append(f"{where}.parameters")
-    return tools_text(out, "tools", schemas)
+    return flat_tools(tools, "function", _FIELDS, "tools[{}]")
 
 
 def responses_choice(choice: Any, tools: str | None) -> str:
     """Our ``tool_choice`` of a Responses one (None: ``auto``); 400 for another shape."""
-    if choice is None:
-        return "auto"
-    if isinstance(choice, str) and choice in ("auto", "none", "required"):
-        return checked_choice(choice, tools)
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return checked_choice(f"function:{choice['name']}", tools)
-    raise bad("tool_choice", "must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}")
+    return function_choice(choice, tools, lambda c: c.get("name"), '{"type": "function", "name": ...}')
 
 
 def responses_thinking(reasoning: Any) -> bool | None:
