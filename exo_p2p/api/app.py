@@ -26,7 +26,6 @@ from exo_p2p.api.generation.client_stream import INSTANCE_HEADER
 from exo_p2p.api.errors import ApiError, error_info, family_error_response, family_of
 from exo_p2p.api.generation.job import GenerationSettings, send_error
 from exo_p2p.api.context import ApiConfig
-from exo_p2p.api.observe_routes import observe_routes
 from exo_p2p.api.generation.rejected import rejected_record
 from exo_p2p.api.routes import api_routes
 from exo_p2p.metrics.observer import Observer
@@ -77,7 +76,7 @@ def create_app(
     if reasoning_key is not None:
         config.reasoning_key = reasoning_key
     return Starlette(
-        routes=[*api_routes(backend, config), *observe_routes(config.observer), *dashboard_routes(), *extra_routes],
+        routes=[*api_routes(backend, config), *dashboard_routes(), *extra_routes],
         middleware=[
             Middleware(CatchAll),
             Middleware(

@@ -1,4 +1,5 @@
-"""The endpoints of the HTTP API, as starlette routes bound to one ``ApiBackend``.
+"""The endpoints of the HTTP API, as starlette routes bound to one ``ApiBackend``:
+``api_routes`` is the one list of them (a new endpoint is registered there).
 
 Generations: the routes of each family in ``exo_p2p.api.families`` (OpenAI chat,
 completions and responses, Anthropic messages, Ollama), all answered through
@@ -6,6 +7,7 @@ completions and responses, Anthropic messages, Ollama), all answered through
 ``GET /v1/models``, ``GET /models``, ``GET /state``, ``GET /nodes``, ``GET /health`` (no key
 needed); instances: ``exo_p2p.api.instance_routes``; models travelling between nodes:
 ``exo_p2p.api.model_routes``. Debug: ``GET /debug/event-times`` (``ApiBackend.event_times``).
+Operator: ``GET /metrics``, ``GET /requests`` (``exo_p2p.api.observe_routes``).
 Errors are raised as ``ApiError`` and answered in the route's family error shape by the
 app's handler.
 """
@@ -28,6 +30,7 @@ from exo_p2p.api.families.openai import completions as openai_completions
 from exo_p2p.api.families.openai import responses as openai_responses
 from exo_p2p.api.instance_routes import instance_routes
 from exo_p2p.api.model_routes import model_routes
+from exo_p2p.api.observe_routes import observe_routes
 from exo_p2p.api.views import json_response, local_model, model_entry, model_list, state_document
 
 __all__ = ["ApiConfig", "api_routes"]
@@ -48,6 +51,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         *instance_routes(ctx),
         *debug_routes(backend),
         *model_routes(backend, config.max_body_bytes),  # models travel between nodes (docs/models.md)
+        *observe_routes(config.observer),
     ]
 
 
