@@ -150,4 +150,4 @@ def test_errors_and_cli(node, oracle) -> None:
     assert out.returncode == 0 and out.stdout.startswith("[0] dim 64: ")
     models = subprocess.run([str(exe), "models", "--api", node.url, "--json"], capture_output=True, text=True, timeout=120)
     tasks = {m["model"]: m["tasks"] for m in json.loads(models.stdout)}
-    assert tasks[ENCODER] == ["embed", "rerank"] and tasks[DECODER] == ["generate", "embed"]
+    assert tasks[ENCODER] == ["embed", "rerank"] and tasks[DECODER] == ["generate", "embed", "rerank"]

@@ -59,9 +59,9 @@ ENCODER = msgspec.structs.replace(CARD, model_id="enc", tasks=("embed", "rerank"
 # --- which kinds a model does ------------------------------------------------------------
 
 @pytest.mark.parametrize(("config", "files", "kind", "tasks"), [
-    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, (), "decoder", ("generate", "embed")),
-    ({"model_type": "qwen2"}, (), "decoder", ("generate", "embed")),  # no architectures: mlx-lm's default
-    ({"architectures": ["Qwen3ForCausalLM"]}, ("modules.json",), "decoder", ("generate", "embed")),  # an embedding decoder
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, (), "decoder", ("generate", "embed", "rerank")),
+    ({"model_type": "qwen2"}, (), "decoder", ("generate", "embed", "rerank")),  # no architectures: mlx-lm's default
+    ({"architectures": ["Qwen3ForCausalLM"]}, ("modules.json",), "decoder", ("generate", "embed", "rerank")),  # an embedding decoder
     ({"architectures": ["BertModel"], "model_type": "bert"}, ("modules.json",), "encoder", ("embed", "rerank")),
     ({"model_type": "xlm-roberta"}, (), "encoder", ("embed", "rerank")),
     ({"architectures": ["XLMRobertaForSequenceClassification"]}, (), "encoder", ("rerank",)),  # a cross-encoder

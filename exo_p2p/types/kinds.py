@@ -48,7 +48,7 @@ def model_kind(config: Mapping[str, Any], files: Collection[str] = ()) -> ModelK
 def model_tasks(config: Mapping[str, Any], files: Collection[str] = ()) -> tuple[TaskKind, ...]:
     """The kinds of work a model can do (``ModelCard.tasks``), in ``TASK_KINDS`` order."""
     if model_kind(config, files) == "decoder":
-        return ("generate", "embed")
+        return ("generate", "embed", "rerank")  # rerank: the cosine of embeddings (docs/api.md)
     archs = [str(a) for a in config.get("architectures") or ()]
     if any(a.endswith("ForSequenceClassification") for a in archs):
         return ("rerank",)

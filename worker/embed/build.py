@@ -1,5 +1,5 @@
-"""An ``Embedder`` for a loaded model: a decoder from the engine's ``LoadedModel`` (mlx-lm),
-an encoder from its directory (``mlx_embeddings``); pooling from the model's files
+"""An ``Embedder`` for a loaded model: a decoder from the engine's ``LoadedModel`` (mlx-lm;
+whole, or a rank's share of a split one, ``worker.embed.ring``), an encoder from its directory (``mlx_embeddings``); pooling from the model's files
 (``exo_p2p.embeddings.pooling``).
 """
 
@@ -9,9 +9,12 @@ from pathlib import Path
 
 from exo_p2p.embeddings.pooling import pooling_spec
 from worker.embed.decoder import DecoderHidden
-from worker.embed.embedder import Embedder
+from worker.embed.embedder import Embedder, Hidden
 from worker.embed.encoder import EncoderHidden, load_encoder
+from worker.embed.ring import PipelineHidden, RankedHidden
+from worker.engine.layer_span import span_of
 from worker.engine.loader import LoadedModel
+from worker.engine.pipeline import LocalStage, PipelineStage
 
 
 POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm_roberta"})
@@ -23,11 +26,24 @@ def _vocab(config: dict) -> int:
     return int(text.get("vocab_size") or config.get("vocab_size") or 0)
 
 
-def decoder_embedder(loaded: LoadedModel) -> Embedder:
-    """The ``Embedder`` of a whole decoder loaded by the engine's loader. Raises
-    ``ValueError`` for a pipeline rank's share and ``PoolingConfigError`` for bad pooling files."""
+def decoder_hidden(loaded: LoadedModel, stage: object = None) -> Hidden:
+    """The forward of a decoder loaded by the engine's loader on a rank whose generation
+    ``stage`` is given (None or a ``LocalStage``: the whole model; a ``PipelineStage``: its
+    layer span, ``worker.embed.ring``; any other, a tensor rank: its sharded model). Raises
+    ``ValueError`` for a pipeline rank's share without a ``PipelineStage``."""
+    span = span_of(loaded.model)
+    if span is not None and isinstance(stage, PipelineStage):
+        return PipelineHidden(span, stage)
+    hidden = DecoderHidden(loaded.model)
+    return hidden if stage is None or isinstance(stage, LocalStage) else RankedHidden(hidden)
+
+
+def decoder_embedder(loaded: LoadedModel, stage: object = None) -> Embedder:
+    """The ``Embedder`` of a decoder loaded by the engine's loader (``decoder_hidden``'s
+    forward; its errors, and ``PoolingConfigError`` for bad pooling files)."""
     spec = pooling_spec(loaded.model_dir, causal=True)
-    return Embedder(DecoderHidden(loaded.model), spec, context=loaded.context_length, vocab=_vocab(loaded.config))
+    hidden = decoder_hidden(loaded, stage)
+    return Embedder(hidden, spec, context=loaded.context_length, vocab=_vocab(loaded.config))
 
 
 def encoder_embedder(model_dir: Path | str) -> tuple[Embedder, object]:

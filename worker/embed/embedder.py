@@ -28,6 +28,11 @@ class Hidden(Protocol):
 
     def __call__(self, rows: list[list[int]], lengths: list[int]) -> np.ndarray: ...
 
+    def share(self, vecs: np.ndarray) -> np.ndarray:
+        """The pooled ``vecs [B, H]`` as the rank that answers holds them (one rank: ``vecs``;
+        a pipeline: the last rank's, ``worker.embed.ring``)."""
+        ...
+
 
 class Embedder:
     """Vectors of one model: ``hidden`` its forward, ``spec`` its pooling, ``context`` its
@@ -58,7 +63,7 @@ class Embedder:
         """``[len(idx), H]`` vectors of rows ``idx`` in one forward, pooled by ``mode`` (None:
         the model's) and normalised when ``normalise`` (None: as the model says)."""
         lens = [len(rows[i]) for i in idx]
-        vecs = pool(self.hidden([list(rows[i]) for i in idx], lens), lens, mode or self.spec.mode)
+        vecs = self.hidden.share(pool(self.hidden([list(rows[i]) for i in idx], lens), lens, mode or self.spec.mode))
         return normalize(vecs) if (self.spec.normalize if normalise is None else normalise) else vecs
 
     def pooled(self, rows: Rows, mode: PoolingMode | None = None, normalise: bool | None = None) -> np.ndarray:

@@ -5,7 +5,8 @@ most ``step_tokens`` padded tokens per ``step``: a request of 64 inputs is a few
 engine that also decodes (a decoder's ``TextEngine``) keeps decoding between them, and an
 embedding never joins the decode batch nor holds KV. A task's answer is one
 ``EmbeddingChunk`` (its vectors; a rerank's scores, width 1) and a ``FinishChunk``; a bad
-input is a 400 ``ErrorChunk``, a failed forward a 500 one (the engine goes on).
+input is a 400 ``ErrorChunk``, a failed forward a 500 one (the engine goes on; on a split
+model a ``StageFailed`` raises on and fails the runner).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.embeddings.vectors import cosine
 from exo_p2p.types import Chunk, Embedding, EmbeddingChunk, ErrorChunk, ErrorInfo, FinishChunk, Rerank, TaskId
 from worker.embed.embedder import Embedder
+from worker.engine.pipeline import StageFailed
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +114,8 @@ class EmbedWork:
         except EmbedBoundError as exc:
             self._running = None
             return [self._error(run.task, 400, str(exc), exc.param)]
+        except StageFailed:
+            raise  # the ranks are out of step: the runner fails (worker.embed.ring)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails its request, the engine goes on
             log.exception("embedding failed", task_id=run.task.task_id)
             self._running = None

@@ -167,6 +167,21 @@ class LayerSpan:
         finally:
             self.inbox.h = None
 
+    def final_hidden(self, tokens: mx.array, received: mx.array | None) -> mx.array:
+        """As ``run`` without a cache (an embedding's forward, docs/api.md#embeddings-and-reranking):
+        the family's inner model, so the last rank returns the hidden states after the final
+        norm and before the head ``[B, L, hidden]``; any other rank its output (lazy). Raises
+        ``ValueError`` when ``received`` is missing on a later rank."""
+        if received is None and not self.is_first:
+            raise ValueError(f"layers [{self.start}, {self.end}) need the previous rank's hidden states")
+        self.inbox.h = received
+        try:
+            return self.view.model(tokens)
+        except _RankEnd as end:
+            return end.h
+        finally:
+            self.inbox.h = None
+
 
 def layer_facts(model: nn.Module) -> tuple[tuple[Any, ...], list[dict[str, Any]]]:
     """What ``make_span`` needs from the *full* model before its layers are dropped: every

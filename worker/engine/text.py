@@ -7,8 +7,9 @@ holds directly; on a multi-rank instance it proposes and the rounds agree), the 
 for requests, and its ``EngineStats``. Embedding and rerank tasks go to its pooling branch,
 ``embed`` (``worker.embed.work.EmbedWork``: prefill then pool, one bounded forward a step after
 the decode step, never in the decode batch, paced to ``EMBED_SHARE`` of the time while rows
-decode, as long prefills are); without one (a multi-rank instance) or for a kind
-it does not do, a task ends with a 400 ``ErrorChunk`` at the next step.
+decode, as long prefills are; on a multi-rank instance, whose ranks must step alike, by the
+agreed hold, which any rank's long-prompt or embedding pacer may ask for). Without a pooling
+branch or for a kind it does not do, a task ends with a 400 ``ErrorChunk`` at the next step.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class TextEngine:
             return
         message = f"this runner's engine does text generation, not {task.task_kind!r} work"
         if isinstance(task, Embedding | Rerank):
-            message = "embedding runs on an instance whose model is whole on one rank; this one is split"
+            message = "this model cannot embed (its pooling files could not be read: see the runner's log)"
         self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
 
     def cancel(self, task_id: TaskId) -> None:
@@ -68,7 +69,7 @@ class TextEngine:
         return self.engine.in_prefill
 
     def hold_proposal(self) -> bool:
-        return self.pacer.hold
+        return self.pacer.hold or (self.embed is not None and self.embed_pacer.hold)
 
     def agreed_hold(self, hold: bool) -> None:
         self.engine.slots.hold_long = hold
@@ -77,7 +78,8 @@ class TextEngine:
         refused, self._refused = self._refused, []
         if self.embed is not None and self.embed.has_work():
             decoding = bool(self.engine.batch.rows)
-            if not (decoding and self.embed_pacer.hold):
+            hold = self.engine.slots.hold_long if self.agreed else self.embed_pacer.hold
+            if not (decoding and hold):
                 started = time.monotonic()
                 refused += self.embed.step()
                 self.embed_pacer.note(time.monotonic() - started, True, decoding)

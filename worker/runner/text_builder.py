@@ -97,21 +97,19 @@ class TextBuilder:
                     rate = chunk.decode_tokens_per_second
             on_step(time.monotonic() - started)
         text = TextEngine(engine, agreed=self.multi, kv_bytes_per_token=model_kv_bytes_per_token(self.loaded.model),
-                          warmup_rate=rate, embed=self._embed_work())
+                          warmup_rate=rate, embed=self._embed_work(engine.stage))
         text.forget_warmup()
         return text
 
-    def _embed_work(self) -> Any:
-        """The pooling branch of a whole model on one rank (``worker.embed``), else None (a
-        split model does not embed yet; a model whose pooling files are unreadable does not
-        embed, said on stderr)."""
-        if self.multi:
-            return None
+    def _embed_work(self, stage: Any) -> Any:
+        """The pooling branch of the model, whole or this rank's share over ``stage``
+        (``worker.embed``), else None (a model whose pooling files are unreadable does not
+        embed, said on stderr, the same on every rank)."""
         from worker.embed.build import decoder_embedder
         from worker.embed.work import EmbedWork
 
         try:
-            return EmbedWork(decoder_embedder(self.loaded))
+            return EmbedWork(decoder_embedder(self.loaded, stage))
         except ValueError as exc:
             print(f"runner: this model cannot embed: {exc}", file=sys.stderr, flush=True)
             return None
