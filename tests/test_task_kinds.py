@@ -37,7 +37,7 @@ from exo_p2p.types import (
     TextGeneration,
     TokenChunk,
 )
-from exo_p2p.types.kinds import card_tasks, model_kind, model_tasks
+from exo_p2p.types.kinds import card_tasks, context_tokens, model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
 from master.commands import handle_command
 from master.in_flight import TOKEN_ID_BYTES, params_bytes
@@ -52,7 +52,7 @@ from worker.runner.rounds import Rounds
 
 pytestmark = pytest.mark.unit
 
-DECODER = msgspec.structs.replace(CARD, tasks=("generate", "embed"))
+DECODER = msgspec.structs.replace(CARD, tasks=("generate", "embed", "rerank"))
 ENCODER = msgspec.structs.replace(CARD, model_id="enc", tasks=("embed", "rerank"))
 
 
@@ -70,6 +70,17 @@ ENCODER = msgspec.structs.replace(CARD, model_id="enc", tasks=("embed", "rerank"
 def test_kinds_come_from_the_model_files(config, files, kind, tasks):  # type: ignore[no-untyped-def]
     assert model_kind(config, files) == kind
     assert model_tasks(config, files) == tasks
+
+
+@pytest.mark.parametrize(("config", "tokens"), [
+    ({"model_type": "xlm-roberta", "max_position_embeddings": 514}, 512),  # positions start at 2
+    ({"model_type": "roberta", "max_position_embeddings": 514}, 512),
+    ({"model_type": "bert", "max_position_embeddings": 512}, 512),
+    ({"model_type": "llama", "max_position_embeddings": 2048}, 2048),
+    ({"model_type": "xlm-roberta"}, 4096),  # none given: the default
+])
+def test_context_is_the_positions_less_the_roberta_families_offset(config, tokens):  # type: ignore[no-untyped-def]
+    assert context_tokens(config, 4096) == tokens
 
 
 def test_a_card_from_before_kinds_generates_only_and_decodes_unchanged():
@@ -146,7 +157,7 @@ def test_each_kind_reaches_an_instance_whose_card_does_it():
 
 @pytest.mark.parametrize(("card", "command", "can"), [
     (ENCODER, generate, "embed, rerank"),
-    (DECODER, rerank, "generate, embed"),
+    (msgspec.structs.replace(CARD, model_id="ce", tasks=("rerank",)), embed, "rerank"),  # a cross-encoder
     (CARD, embed, "generate"),  # a card from before kinds: generation only
 ])
 def test_a_kind_the_model_does_not_do_is_a_400_naming_what_it_does(card, command, can):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ it (``master.task_kinds``), the runner chooses its builder by ``model_kind``.
 
 - a causal language model (an ``architectures`` entry ending in ``ForCausalLM`` or
   ``ForConditionalGeneration``, or no ``architectures`` at all: mlx-lm's default) generates
-  and embeds (pooling its final hidden state);
+  embeds (pooling its final hidden state) and reranks by the cosine of embeddings;
 - an encoder (a BERT-like ``model_type``, ``…ForMaskedLM``, sentence-transformers' ``modules.json``)
   embeds only; with a sequence-classification head (``…ForSequenceClassification``: a
   cross-encoder) it reranks; an encoder embedding model also reranks by the cosine of
@@ -59,3 +59,18 @@ def card_tasks(card: ModelCard) -> tuple[TaskKind, ...]:
     """What ``card``'s model can do: its ``tasks``, or generation alone on a card from before
     kinds (an event log written then holds cards without ``tasks``)."""
     return card.tasks or ("generate",)  # type: ignore[return-value]
+
+
+POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm_roberta"})
+"""Encoder families whose position ids start after the padding index (``padding_idx + 1`` = 2)."""
+
+
+def context_tokens(config: Mapping[str, Any], default: int) -> int:
+    """The tokens one input of a model with ``config`` may hold: ``max_position_embeddings``
+    (``default`` without one), less the two positions the RoBERTa families keep before the
+    first token (XLM-RoBERTa's 514 positions hold 512 tokens)."""
+    positions = config.get("max_position_embeddings")
+    if not positions:
+        return default
+    offset = 2 if str(config.get("model_type", "")).replace("-", "_") in POSITION_OFFSET_TYPES else 0
+    return int(positions) - offset

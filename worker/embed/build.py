@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exo_p2p.embeddings.pooling import pooling_spec
+from exo_p2p.types.kinds import context_tokens
 from worker.embed.decoder import DecoderHidden
 from worker.embed.embedder import Embedder, Hidden
 from worker.embed.encoder import EncoderHidden, load_encoder
@@ -15,10 +16,6 @@ from worker.embed.ring import PipelineHidden, RankedHidden
 from worker.engine.layer_span import span_of
 from worker.engine.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, PipelineStage
-
-
-POSITION_OFFSET_TYPES = frozenset({"roberta", "xlm_roberta"})
-"""Encoder families whose position ids start at ``padding_idx + 1`` (2)."""
 
 
 def _vocab(config: dict) -> int:
@@ -52,9 +49,8 @@ def encoder_embedder(model_dir: Path | str) -> tuple[Embedder, object]:
     library's errors for a model it cannot read, ``PoolingConfigError`` for bad pooling files."""
     model, tokenizer = load_encoder(model_dir)
     config = model.config
-    context = int(getattr(config, "max_position_embeddings", 512))
-    if str(getattr(config, "model_type", "")).replace("-", "_") in POSITION_OFFSET_TYPES:
-        context -= 2  # their positions start after the padding index: 514 positions hold 512 tokens
+    context = context_tokens({"model_type": getattr(config, "model_type", ""),
+                              "max_position_embeddings": getattr(config, "max_position_embeddings", 0)}, 512)
     vocab = int(getattr(config, "vocab_size", 0))
     spec = pooling_spec(model_dir, causal=False)
     return Embedder(EncoderHidden(model), spec, context=context, vocab=vocab), tokenizer

@@ -28,7 +28,7 @@ from exo_p2p.models.hub_limits import check_layers
 from exo_p2p.models.model_json import model_json
 from exo_p2p.models.card.tensor_parts import layer_pattern, tensor_parts
 from exo_p2p.types.common import ModelId
-from exo_p2p.types.kinds import model_kind, model_tasks
+from exo_p2p.types.kinds import context_tokens, model_kind, model_tasks
 from exo_p2p.types.models import ModelCard
 
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -109,7 +109,8 @@ def float32_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...
 def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     """The card of an MLX-format model directory (``config.json`` + ``model*.safetensors``).
 
-    ``context_length`` is ``max_position_embeddings``, or :data:`DEFAULT_CONTEXT_LENGTH`
+    ``context_length`` is ``max_position_embeddings`` (less the two positions of the RoBERTa
+    families, ``exo_p2p.types.kinds.context_tokens``), or :data:`DEFAULT_CONTEXT_LENGTH`
     (4096 tokens) when the config has none.
 
     Raises:
@@ -202,7 +203,7 @@ def card_from_config(
         num_attention_heads=int(heads or 0),
         num_key_value_heads=int(kv_heads or 0),
         vocab_size=int(args["vocab_size"]),
-        context_length=int(args.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH),
+        context_length=context_tokens(args, DEFAULT_CONTEXT_LENGTH),
         storage_size=sum(sizes.values()),
         layer_bytes=tuple(layer_bytes),
         embedding_bytes=embedding,
