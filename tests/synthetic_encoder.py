@@ -89,3 +89,49 @@ def make_encoder(out_dir: Path, *, hidden_size: int = 64, n_layers: int = 2, con
             "word_embedding_dimension": hidden_size, "pooling_mode_cls_token": pooling == "cls",
             "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "lasttoken"}, indent=2))
     return out_dir
+
+
+def make_cross_encoder(out_dir: Path, *, hidden_size: int = 64, n_layers: int = 2, context: int = 128,
+                       seed: int = 1, labels: int = 1) -> Path:
+    """A tiny random BERT cross-encoder in transformers' ``BertForSequenceClassification``
+    layout: ``config.json`` (``architectures: [BertForSequenceClassification]``, ``labels``
+    entries in ``id2label``), ``model.safetensors`` with the encoder and pooler under ``bert.``
+    and the ``classifier`` head ``[labels, hidden]``, and the WordPiece tokenizer (its pair
+    template ``[CLS] A [SEP] B [SEP]``, token types 0 then 1). Byte-identical for the same
+    arguments."""
+    out_dir = make_encoder(out_dir, hidden_size=hidden_size, n_layers=n_layers, context=context, seed=seed)
+    config = json.loads((out_dir / "config.json").read_text())
+    config.update(architectures=["BertForSequenceClassification"],
+                  id2label={str(i): f"LABEL_{i}" for i in range(labels)}, label2id={f"LABEL_{i}": i for i in range(labels)})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    rng = np.random.default_rng(seed + 1000)
+    weights = {f"bert.{k}": v for k, v in mx.load(str(out_dir / "model.safetensors")).items()}
+    weights["classifier.weight"] = mx.array(rng.normal(0.0, 0.3, (labels, hidden_size)).astype(np.float32))
+    weights["classifier.bias"] = mx.array(rng.normal(0.0, 0.1, (labels,)).astype(np.float32))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
+    return out_dir
+
+
+def cross_encoder_oracle(model_dir: Path, query: str, documents: list[str]) -> np.ndarray:
+    """``[len(documents)]`` relevance scores of a one-label BERT cross-encoder computed as
+    transformers' ``BertForSequenceClassification`` does, independently of the runner: each
+    pair encoded by the ``tokenizers`` library (its pair template and type ids), the library's
+    BERT (``mlx_embeddings``) and its ``pooler_output``, then the classifier and a sigmoid in
+    numpy from the safetensors file."""
+    from mlx_embeddings.models import bert
+    from tokenizers import Tokenizer
+
+    config = json.loads((model_dir / "config.json").read_text())
+    weights = mx.load(str(model_dir / "model.safetensors"))
+    w, b = np.array(weights.pop("classifier.weight")), np.array(weights.pop("classifier.bias"))
+    model = bert.Model(bert.ModelArgs.from_dict(config))
+    model.load_weights([(k.removeprefix("bert."), v) for k, v in weights.items()])
+    model.eval()  # no dropout
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    scores = []
+    for doc in documents:
+        enc = tok.encode(query, doc)
+        out = model(mx.array([enc.ids]), token_type_ids=mx.array([enc.type_ids]))
+        logit = float((np.array(out.pooler_output) @ w.T + b)[0, 0])
+        scores.append(1.0 / (1.0 + np.exp(-logit)))
+    return np.array(scores, dtype=np.float32)

@@ -1,7 +1,8 @@
 """Embeddings and rerank against one real node serving the tiny synthetic encoder and the tiny
 synthetic decoder (docs/api.md#embeddings-and-reranking): the ``openai`` client (single, a
 batch of 64, base64), ``ollama.embed``, LangChain's ``OpenAIEmbeddings``, ``/v1/rerank`` and
-``exo-p2p embed`` give the in-process oracle's vectors (``mlx_embeddings`` for the encoder,
+``exo-p2p embed`` give the in-process oracle's vectors (a BERT cross-encoder: its scores, as
+transformers' head computes them) (``mlx_embeddings`` for the encoder,
 mlx-lm's final hidden state for the decoder); an input's vector is the same alone, in a batch
 and beside 8 running chat streams.
 """
@@ -22,14 +23,14 @@ import pytest
 from exo_p2p.embeddings.vectors import cosine, normalize
 from tests.support.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess
-from tests.synthetic_encoder import make_encoder
+from tests.synthetic_encoder import cross_encoder_oracle, make_cross_encoder, make_encoder
 
 pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
 mlx_embeddings = pytest.importorskip("mlx_embeddings", reason="the embeddings extra (scripts/install.sh --test)")
 
-ENCODER, DECODER = "tiny-encoder", "tiny-decoder"
+ENCODER, DECODER, CROSS = "tiny-encoder", "tiny-decoder", "tiny-cross-encoder"
 TEXTS = ["hello world", "the cat sat on the mat", "what is the capital of france", "fish swim in the sea"]
 MAX_COSINE_DISTANCE = 1e-5
 
@@ -38,12 +39,14 @@ MAX_COSINE_DISTANCE = 1e-5
 def node(tmp_path_factory):
     models = tmp_path_factory.mktemp("models")
     make_encoder(models / ENCODER)
+    make_cross_encoder(models / CROSS)
     make_synthetic_model(models / DECODER, n_layers=2, hidden_size=64, intermediate_size=128, seed=3)
     n = NodeProcess(tmp_path_factory.mktemp("node"), extra_args=["--models-dir", str(models)])
     try:
         n.start()
         n.place_and_wait(ENCODER, timeout=120)
         n.place_and_wait(DECODER, timeout=120)
+        n.place_and_wait(CROSS, timeout=120)
         n.models_dir = models  # type: ignore[attr-defined]
         yield n
     finally:
@@ -136,6 +139,19 @@ def test_rerank_orders_as_the_oracle(node, oracle) -> None:
     assert r.json()["meta"] == {"scoring": "embedding-cosine"}
 
 
+def test_a_cross_encoder_reranks_as_its_oracle_and_does_not_embed(node) -> None:
+    query, docs = "what is the capital of france", ["fish swim", "paris is the capital of france", "hello world", "a cat"]
+    r = httpx.post(f"{node.url}/v1/rerank", json={"model": CROSS, "query": query, "documents": docs}, timeout=60)
+    assert r.status_code == 200, r.text
+    oracle = cross_encoder_oracle(node.models_dir / CROSS, query, docs)
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == np.argsort(-oracle, kind="stable").tolist()
+    np.testing.assert_allclose([x["relevance_score"] for x in results], np.sort(oracle)[::-1], atol=1e-5)
+    assert r.json()["meta"] == {"scoring": "cross-encoder"}
+    r = httpx.post(f"{node.url}/v1/embeddings", json={"model": CROSS, "input": "x"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_task"
+
+
 def test_errors_and_cli(node, oracle) -> None:
     r = httpx.post(f"{node.url}/v1/embeddings", json={"model": ENCODER, "input": "x", "dimensions": 8}, timeout=60)
     assert r.status_code == 400 and "matryoshka" in r.json()["error"]["message"]
@@ -151,3 +167,4 @@ def test_errors_and_cli(node, oracle) -> None:
     models = subprocess.run([str(exe), "models", "--api", node.url, "--json"], capture_output=True, text=True, timeout=120)
     tasks = {m["model"]: m["tasks"] for m in json.loads(models.stdout)}
     assert tasks[ENCODER] == ["embed", "rerank"] and tasks[DECODER] == ["generate", "embed", "rerank"]
+    assert tasks[CROSS] == ["rerank"]

@@ -181,7 +181,7 @@ def test_a_decoder_runner_paces_embeddings_while_rows_decode():
     assert embed.steps - before == 10
 
 
-def test_a_cross_encoder_is_refused_by_name(tmp_path):
+def test_a_cross_encoder_is_found_by_its_architecture(tmp_path):
     import json
 
     from worker.embed.engine import cross_encoder

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exo_p2p.embeddings.pooling import pooling_spec
+from exo_p2p.embeddings.pooling import PoolingSpec, pooling_spec
 from exo_p2p.types.kinds import context_tokens
+from worker.embed.cross import CrossEncoderError, PairHidden, load_cross_encoder
 from worker.embed.decoder import DecoderHidden
 from worker.embed.embedder import Embedder, Hidden
 from worker.embed.encoder import EncoderHidden, load_encoder
@@ -54,3 +55,18 @@ def encoder_embedder(model_dir: Path | str) -> tuple[Embedder, object]:
     vocab = int(getattr(config, "vocab_size", 0))
     spec = pooling_spec(model_dir, causal=False)
     return Embedder(EncoderHidden(model), spec, context=context, vocab=vocab), tokenizer
+
+
+def cross_embedder(model_dir: Path | str, arch: str) -> Embedder:
+    """The ``Embedder`` of the ``arch`` cross-encoder in ``model_dir`` (``worker.embed.cross``):
+    its pairs' ``[CLS]`` states through its relevance head (context as the card's,
+    ``context_tokens``). Raises ``load_cross_encoder``'s errors, and ``CrossEncoderError`` for a
+    tokenizer without a ``[SEP]`` token."""
+    from transformers import AutoTokenizer
+
+    model, head, config = load_cross_encoder(model_dir, arch)
+    sep = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True).sep_token_id
+    if sep is None:
+        raise CrossEncoderError(f"{arch}: its tokenizer has no [SEP] token to pair a query with a document")
+    return Embedder(PairHidden(model, int(sep)), PoolingSpec("cls", normalize=False),
+                    context=context_tokens(config, 512), vocab=int(config.get("vocab_size", 0)), head=head)

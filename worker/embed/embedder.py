@@ -9,7 +9,7 @@ row's vector equals its vector alone (right padding, see ``decoder`` and ``encod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -17,6 +17,8 @@ import numpy as np
 from exo_p2p.embeddings.bounds import BATCH_TOKENS, EmbedBoundError, batches, fit_lengths
 from exo_p2p.embeddings.pooling import PoolingMode, PoolingSpec
 from exo_p2p.embeddings.vectors import cosine, normalize, pool, truncate
+from exo_p2p.types import Embedding, Rerank
+from worker.embed.cross import pair_row
 
 Rows = Sequence[Sequence[int]]
 
@@ -36,11 +38,35 @@ class Hidden(Protocol):
 
 class Embedder:
     """Vectors of one model: ``hidden`` its forward, ``spec`` its pooling, ``context`` its
-    context in tokens, ``vocab`` its vocabulary size."""
+    context in tokens, ``vocab`` its vocabulary size. ``head``: a cross-encoder's relevance
+    head (``[B, H]`` pooled pairs → ``[B]`` scores, ``worker.embed.cross``); with one the
+    model scores (query, document) pairs and does not embed."""
 
-    def __init__(self, hidden: Hidden, spec: PoolingSpec, *, context: int, vocab: int) -> None:
+    def __init__(self, hidden: Hidden, spec: PoolingSpec, *, context: int, vocab: int,
+                 head: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.hidden, self.spec = hidden, spec
         self.context, self.vocab = context, vocab
+        self.head = head
+
+    def task_rows(self, task: Embedding | Rerank) -> list[tuple[int, ...]]:
+        """The token rows ``task`` forwards: an embedding's inputs; a rerank's query and
+        documents, or with a ``head`` its (query, document) pairs (``cross.pair_row``).
+        Raises ``EmbedBoundError`` for an embedding on a model with a ``head``."""
+        if isinstance(task, Embedding):
+            if self.head is not None:
+                raise EmbedBoundError("this model is a cross-encoder: it scores (query, document) pairs and does "
+                                      "not embed", "model")
+            return list(task.params.inputs)
+        p = task.params
+        if self.head is None:
+            return [p.query, *p.documents]
+        return [tuple(pair_row(p.query, d)) for d in p.documents]
+
+    def scores(self, vecs: np.ndarray) -> np.ndarray:
+        """``[documents]`` relevance scores of a rerank's pooled rows (``task_rows``): the
+        ``head``'s, else the cosine of the query's vector (row 0) with each document's (the
+        fallback, ``embedding-cosine``)."""
+        return self.head(vecs) if self.head is not None else cosine(vecs[0], vecs[1:])
 
     def check(self, rows: Rows) -> list[int]:
         """The rows' lengths. Raises ``EmbedBoundError`` for an empty row, a row over the
@@ -94,7 +120,7 @@ class Embedder:
         return self.shorten(self.pooled(rows, mode, normalise), dimensions, normalise)
 
     def rerank(self, query: Sequence[int], documents: Rows) -> np.ndarray:
-        """``[len(documents)]`` scores: the cosine of the query's embedding with each
-        document's (the fallback for a model without a relevance head, ``embedding-cosine``)."""
-        vecs = self.pooled([query, *documents])
-        return cosine(vecs[0], vecs[1:])
+        """``[len(documents)]`` scores (``scores`` of the pooled ``task_rows``)."""
+        if self.head is None:
+            return self.scores(self.pooled([query, *documents]))
+        return self.scores(self.pooled([pair_row(tuple(query), tuple(d)) for d in documents]))

@@ -4,7 +4,8 @@
 An encoder is small and runs whole on one node (placement never splits it: its card has no
 tensor sharding and one layer group), so ``EncoderBuilder.connect`` refuses a ring and the
 engine never needs an agreement round. Its engine is ``EmbedWork`` (one forward batch a step)
-with the ``Engine`` protocol's other faces; generation tasks get a 400 ``ErrorChunk``.
+with the ``Engine`` protocol's other faces; generation tasks get a 400 ``ErrorChunk``. A cross-encoder
+(``…ForSequenceClassification``) loads with its relevance head (``worker.embed.cross``) and reranks only.
 """
 
 from __future__ import annotations
@@ -95,15 +96,15 @@ class EncoderBuilder:
         raise RuntimeError("an encoder runs whole on one node; it is never split into ranks")
 
     def load(self) -> Iterator[tuple[int, int]]:
-        from worker.embed.build import encoder_embedder
+        from worker.embed.build import cross_embedder, encoder_embedder
 
         self.faults.at(STAGE_LOADING)
         yield 0, 1
         cross = cross_encoder(self.setup.model_dir)
         if cross:
-            raise RuntimeError(f"{cross} is a cross-encoder (a relevance head); this runner reranks by the cosine of "
-                               "embeddings and does not run such heads yet (docs/api.md#embeddings-and-reranking)")
-        self.embedder, _ = encoder_embedder(self.setup.model_dir)
+            self.embedder = cross_embedder(self.setup.model_dir, cross)  # a relevance head: reranks only
+        else:
+            self.embedder, _ = encoder_embedder(self.setup.model_dir)
         yield 1, 1
 
     def peak_memory_bytes(self) -> int:
@@ -118,6 +119,6 @@ class EncoderBuilder:
             raise RuntimeError("build before load")
         self.faults.at(STAGE_WARMUP)
         started = time.monotonic()
-        self.embedder.embed([WARMUP_TEXT_TOKENS])
+        self.embedder.pooled([WARMUP_TEXT_TOKENS])  # a cross-encoder's too (no head: nothing to rank)
         on_step(time.monotonic() - started)
         return EmbedEngine(EmbedWork(self.embedder))

@@ -18,7 +18,6 @@ import numpy as np
 import structlog
 
 from exo_p2p.embeddings.bounds import EmbedBoundError
-from exo_p2p.embeddings.vectors import cosine
 from exo_p2p.types import Chunk, Embedding, EmbeddingChunk, ErrorChunk, ErrorInfo, FinishChunk, Rerank, TaskId
 from worker.embed.embedder import Embedder
 from worker.engine.pipeline import StageFailed
@@ -42,12 +41,6 @@ class _Running:
     rows: list[tuple[int, ...]]
     groups: list[list[int]]
     vectors: dict[int, np.ndarray] = field(default_factory=dict)
-
-
-def _rows(task: Embedding | Rerank) -> list[tuple[int, ...]]:
-    if isinstance(task, Embedding):
-        return list(task.params.inputs)
-    return [task.params.query, *task.params.documents]
 
 
 class EmbedWork:
@@ -91,7 +84,7 @@ class EmbedWork:
         if self._running is None and self._tasks:
             _, task = self._tasks.popitem(last=False)
             try:
-                rows = _rows(task)
+                rows = self.embedder.task_rows(task)
                 self._running = _Running(task, rows, self.embedder.plan(rows, self.step_tokens))
             except EmbedBoundError as exc:
                 return [*out, self._error(task, 400, str(exc), exc.param)]
@@ -125,7 +118,7 @@ class EmbedWork:
         vecs = np.stack([run.vectors[i] for i in range(len(run.rows))])
         tokens = sum(len(r) for r in run.rows)
         if isinstance(run.task, Rerank):
-            vecs = cosine(vecs[0], vecs[1:])[:, None]
+            vecs = self.embedder.scores(vecs)[:, None]
         else:
             vecs = self.embedder.shorten(vecs, run.task.params.dimensions, run.task.params.normalize)
         self.done += 1
