@@ -25,6 +25,23 @@ class PrefillProgressChunk(_Chunk, tag="prefill_progress"):
     total: int
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One token's log-probability (natural log) under the model: its id, its text (the
+    tokenizer's decoding of the id alone) and the value."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """The generated token's ``TokenLogprob`` and the ``top`` most likely ones (most likely
+    first; as many as the request asked for, at most ``MAX_TOP_LOGPROBS``)."""
+
+    chosen: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
 class TokenChunk(_Chunk, tag="token"):
     """New text (may be empty while a possible stop string is held back) and how many
     completion tokens have been generated so far. ``token_id``: the generated token whose
@@ -38,6 +55,8 @@ class TokenChunk(_Chunk, tag="token"):
     """Reasoning text of this token (a thinking model's think block), apart from ``text``."""
     calls: tuple[ToolCall, ...] = ()
     """Tool calls this token completed (parsed out of the output: never in ``text``)."""
+    logprobs: TokenLogprobs | None = None
+    """The token's log-probabilities when the request asked for them (``GenerationParams.logprobs``)."""
 
 
 class FinishChunk(_Chunk, tag="finish"):

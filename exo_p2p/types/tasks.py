@@ -62,6 +62,11 @@ class OutputFormat(msgspec.Struct, frozen=True):
     name: str | None = None
 
 
+MAX_TOP_LOGPROBS = 20
+"""Alternatives a request may ask for per generated token (OpenAI's own bound on
+``top_logprobs``); it bounds what the sampling rank computes and every chunk carries."""
+
+
 class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """Validated sampling parameters of one generation (every API family maps to these).
     Encoded without the fields left at their defaults (``omit_defaults``, as ``ChatMessage``):
@@ -92,6 +97,12 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     the model's chat template (or the generic tool format for a model without one);
     ``tool_choice`` is ``auto``, ``none``, ``required`` or ``function:NAME``. ``thinking``
     reaches the chat template as ``enable_thinking`` (None: the template's default).
+    ``thinking_budget``: reasoning tokens at most (None: unbounded); when a row's think block
+    reaches it the runner forces the end-of-reasoning marker (``worker.engine.think_budget``).
+
+    ``logprobs``: None, or N in 0..``MAX_TOP_LOGPROBS``: every generated token's
+    log-probability and the N most likely tokens' come with it (``TokenChunk.logprobs``;
+    ``worker.engine.token_logprobs`` says which distribution).
 
     ``client``: who asked, as the runner's fairness rule shares prefill between clients
     (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.generation.client_key``, at most
@@ -119,6 +130,8 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_choice: str = "auto"
     thinking: bool | None = None
     client: str | None = None
+    thinking_budget: int | None = None
+    logprobs: int | None = None
 
 
 class EmbeddingParams(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -38,6 +38,7 @@ from worker.engine.forward import Forward, forward
 from worker.engine.layer_span import LayerSpan, span_of
 from worker.engine.ring_wait import NO_WAIT, RingWait, all_sum_length
 from worker.engine.sampling import Sampler
+from worker.engine.token_logprobs import pack, unpack, width
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
@@ -208,6 +209,8 @@ class PipelineStage:
         return logprobs_of(h) if self.is_last else h
 
     def sample(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        if any(s.top_logprobs is not None for s in samplers):
+            return self._sample_with_logprobs(pending, samplers)
         rows = pending.shape[0]
         padding = all_sum_length(rows, self.world_size) - rows  # every ring segment holds bytes
         if self.is_last:
@@ -221,6 +224,35 @@ class PipelineStage:
         token = mx.depends(mx.zeros((rows + padding,), dtype=mx.int32), pending)
         self._summed = mx.distributed.all_sum(token, group=self.group)
         return self._summed[:rows]
+
+
+    def _sample_with_logprobs(self, pending: mx.array, samplers: Sequence[Sampler]) -> mx.array:
+        """``sample`` when some row asked for logprobs: the last rank's tokens and their
+        records (``token_logprobs.pack``) in one float32 all-sum; every other rank appends
+        the records it receives to its samplers' ``pending``, as the last rank's draws did."""
+        rows = pending.shape[0]
+        ks = [s.top_logprobs for s in samplers]
+        size = rows * width(max((k for k in ks if k is not None), default=0))
+        padding = all_sum_length(size, self.world_size) - size
+        if self.is_last:
+            tokens = sample_rows(samplers, pending).astype(mx.int32)
+            records = [s.pending[-1] if s.top_logprobs is not None else None for s in samplers]
+            flat = pack(tokens, records, max(k for k in ks if k is not None)).reshape(-1)
+        else:
+            if self.wait.active:
+                mx.eval(pending, *([] if self._summed is None else [self._summed]))
+                self.wait.from_either()
+            flat = mx.depends(mx.zeros((size,), dtype=mx.float32), pending)
+        if padding:
+            flat = mx.concatenate([flat, mx.zeros((padding,), dtype=mx.float32)])
+        summed = mx.distributed.all_sum(flat, group=self.group)
+        tokens, records = unpack(summed, rows, ks)
+        if not self.is_last:
+            self._summed = summed
+            for sampler, rec in zip(samplers, records, strict=True):
+                if rec is not None:
+                    sampler.pending.append(rec)
+        return tokens
 
 
 def probe_hidden_dtype(model: nn.Module, group: mx.distributed.Group, hidden_size: int) -> mx.Dtype:

@@ -33,12 +33,13 @@ from exo_p2p.content.output_format import FormatError
 from exo_p2p.content.system_turns import messages_for_template
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
-from exo_p2p.types.tasks import GenerationParams
+from exo_p2p.types.tasks import MAX_TOP_LOGPROBS, GenerationParams
 from worker.engine.constraint import ConstraintError, Grammars, inside_think
 from worker.engine.loader import LoadedModel
 from worker.engine.sampling import Sampler, seed_for
 from worker.engine.sequence import Sequence
 from worker.engine.stop import StopMatcher
+from worker.engine.think_budget import ThinkBudget, end_marker_ids
 from worker.engine.tools import output_parser, render_kwargs, tool_grammar
 
 
@@ -109,6 +110,12 @@ def check(task_id: TaskId, params: GenerationParams, ids: list[int], loaded: Loa
         chunk = error_chunk(task_id, 400, problem, param="messages", code="context_length_exceeded")
         sizes = msgspec.structs.replace(chunk.error, prompt_tokens=len(ids), context_tokens=loaded.context_length)
         return msgspec.structs.replace(chunk, error=sizes)
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        return error_chunk(task_id, 400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, not {params.logprobs}",
+                           param="top_logprobs")
+    if params.thinking_budget is not None and params.thinking_budget < 1:
+        return error_chunk(task_id, 400, f"a thinking budget must be at least 1 token, not {params.thinking_budget}",
+                           param="thinking.budget_tokens")
     if params.temperature < 0:
         return error_chunk(task_id, 400, f"temperature must be >= 0, not {params.temperature}", param="temperature")
     vocab = vocab_size(loaded) if params.logit_bias else 0
@@ -191,9 +198,27 @@ def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, m
             return error_chunk(task_id, 400, f"invalid output format: {e}", param="response_format",
                                code="invalid_format")
     seq.parser = output_parser(params, loaded.tokenizer, thinking=inside_think(ids, think_markers(loaded)))
+    attach_extras(seq, params, loaded)
     try:
         seq.replay(resumed)
     except ConstraintError as e:
         return error_chunk(task_id, 400, f"cannot resume: the tokens already sent do not fit the output format ({e})",
                            param="resume_tokens")
+    if seq.budget is not None:
+        seq.budget.start(seq.sampler, seq.parser is not None and seq.parser.state == "reasoning")
     return seq
+
+
+def attach_extras(seq: Sequence, params: GenerationParams, loaded: LoadedModel) -> None:
+    """Give ``seq`` what its logprobs and thinking budget need: a token's text and the
+    alternatives clamped to the vocabulary (``token_logprobs``); the budget when the model
+    has a think block to end (``think_budget``; a model without one ignores it)."""
+    tok = loaded.tokenizer
+    if params.logprobs is not None:
+        seq.sampler.top_logprobs = min(params.logprobs, vocab_size(loaded))
+        seq.token_text = lambda i: tok.decode([i])
+    if params.thinking_budget is not None and seq.parser is not None and seq.parser.markers.think_end:
+        markers = think_markers(loaded)
+        end = end_marker_ids(tok, seq.parser.markers.think_end, None if markers is None else markers[1])
+        if end:
+            seq.budget = ThinkBudget(params.thinking_budget, end)

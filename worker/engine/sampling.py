@@ -24,12 +24,14 @@ as its new prompt draws the same next tokens as the uninterrupted run (``exo_p2p
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from exo_p2p.types.tasks import GenerationParams
+from worker.engine.token_logprobs import record
 
 
 def seed_for(task_id: str, seed: int | None) -> int:
@@ -71,7 +73,17 @@ class Sampler:
     log-probability is −∞ before anything else (``worker/engine/constraint.py``), then the
     row is renormalized. ``mask`` None draws unmasked (a row inside a think block). Not thread-safe:
     one per request. Raises ``ValueError`` for a negative temperature or penalty context.
+
+    ``top_logprobs`` (None: off; from ``params.logprobs``, the engine may clamp it to the
+    vocabulary): each draw appends its lazy record (``token_logprobs.record``, of the
+    log-probabilities the call was given) to ``pending``, which the sequence reads in draw
+    order (at most ``PENDING_MAX`` kept). ``forced`` maps a draw index (0: this sampler's
+    first draw; ``draws`` counts them) to the token that draw returns whatever the
+    distribution (a forced end of reasoning, ``think_budget``).
     """
+
+    PENDING_MAX = 8
+    """Draws whose records wait to be read: the engine reads each within two steps."""
 
     def __init__(self, params: GenerationParams, seed: int, *, prompt: Sequence[int] | mx.array = (),
                  position: int | None = None) -> None:
@@ -96,6 +108,10 @@ class Sampler:
             frequency_context_size=penalty_context,
         )
         self._context = penalty_context
+        self.top_logprobs: int | None = params.logprobs
+        self.pending: deque[mx.array] = deque(maxlen=self.PENDING_MAX)
+        self.forced: dict[int, int] = {}
+        self.draws = 0
         self.constrained = params.output_format is not None
         self.mask: mx.array | None = None
         self._history: mx.array | None = None
@@ -111,9 +127,27 @@ class Sampler:
     def plain_greedy(self) -> bool:
         """Greedy with no logits processors: the draw is ``argmax`` of the row alone and
         keeps no state, so a batch may draw all such rows with one ``argmax``."""
-        return self.temperature == 0 and not self._processors and not self.constrained
+        return (self.temperature == 0 and not self._processors and not self.constrained
+                and self.top_logprobs is None and not self.forced)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        raw = logprobs
+        forced = self.forced.pop(self.draws, None)
+        self.draws += 1
+        if forced is not None:
+            token = mx.array([forced], dtype=mx.uint32)
+            if self.temperature != 0:
+                self._position += 1  # the draw's key position is used up as a drawn one's
+        else:
+            token = self._sample(logprobs)
+        if self._processors:
+            assert self._history is not None
+            self._history = mx.concatenate([self._history, token.reshape(-1).astype(mx.int32)])[-self._context :]
+        if self.top_logprobs is not None:
+            self.pending.append(record(raw, token, self.top_logprobs))
+        return token
+
+    def _sample(self, logprobs: mx.array) -> mx.array:
         if self.mask is not None:
             logprobs = mx.where(self.mask, logprobs, -mx.inf)
             if not self._processors and self.temperature != 0:
@@ -123,11 +157,7 @@ class Sampler:
             for process in self._processors:
                 logprobs = process(self._history, logprobs)
             logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-        token = self._draw(logprobs)
-        if self._processors:
-            assert self._history is not None
-            self._history = mx.concatenate([self._history, token.reshape(-1).astype(mx.int32)])[-self._context :]
-        return token
+        return self._draw(logprobs)
 
     def _draw(self, logprobs: mx.array) -> mx.array:
         if self.temperature == 0:

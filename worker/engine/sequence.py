@@ -25,12 +25,14 @@ and its sampler at their position, and ``prompt_tokens`` is the original prompt'
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import msgspec
 
-from exo_p2p.types.chunks import Chunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk
+from exo_p2p.types.chunks import Chunk, FinishChunk, FinishReason, PrefillProgressChunk, TokenChunk, TokenLogprobs
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.tasks import GenerationParams, ToolCall
 from worker.engine.batch_memory import RowKV
@@ -40,6 +42,8 @@ from worker.engine.forward import generation_stream
 from worker.engine.pipeline import Stage
 from worker.engine.sampling import Sampler
 from worker.engine.stop import StopMatcher
+from worker.engine.think_budget import ThinkBudget
+from worker.engine.token_logprobs import read
 
 CLEAR_CACHE_EVERY = 256
 """Completion tokens between two ``mx.clear_cache()`` calls of a sequence (MLX's buffer
@@ -86,6 +90,10 @@ class Sequence:
     parser: OutputParser | None = None
     """Splits reasoning and tool calls out of the text (``output_parser``), when there may be any."""
     calls_made: int = 0
+    budget: ThinkBudget | None = None
+    """The row's thinking budget (``think_budget``), when it has one and the model thinks."""
+    token_text: Callable[[int], str] | None = None
+    """A token id's text, when the request asked for logprobs (``token_logprobs``)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -150,16 +158,45 @@ class Sequence:
         """Feed already-sent ``tokens`` through the detokenizer and the stop matcher without
         output (a resumed request's state when it moved)."""
         for token in tokens:
+            before = self._state
             self.detokenizer.add_token(token)
             text, _ = self.stops.feed(self.detokenizer.last_segment)
             self._pieces(text)
+            if self.budget is not None:
+                self.budget.replayed(before, self._state)
         if self.constraint is not None:
             self.constraint.replay(tokens)
             self.constraint.check()
 
+    @property
+    def _state(self) -> str:
+        return "content" if self.parser is None else self.parser.state
+
     def consume(self, token: int, now: float) -> tuple[list[Chunk], bool]:
         """The chunks for sampled ``token`` (read at ``now``, seconds) and whether the
-        sequence ended with it (its ``FinishChunk`` is then the last chunk)."""
+        sequence ended with it (its ``FinishChunk`` is then the last chunk). The token's
+        chunk carries its log-probabilities when asked for; the thinking budget counts it."""
+        before = self._state
+        logprobs = self._logprobs(int(token))
+        out, done = self._consume(token, now)
+        if self.budget is not None:
+            self.budget.consumed(self.sampler, before, self._state)
+        if logprobs is not None:
+            out = [msgspec.structs.replace(c, logprobs=logprobs) if isinstance(c, TokenChunk) and c.token_id == token
+                   else c for c in out]
+        return out, done
+
+    def _logprobs(self, token: int) -> TokenLogprobs | None:
+        """The record of the draw that gave ``token`` (the oldest pending ones before it
+        were drawn and never read: dropped), or None (none asked for, or none on this rank)."""
+        k = self.sampler.top_logprobs
+        while k is not None and self.token_text is not None and self.sampler.pending:
+            values = self.sampler.pending.popleft().tolist()
+            if int(values[0]) == token:
+                return read(values, k, self.token_text)
+        return None
+
+    def _consume(self, token: int, now: float) -> tuple[list[Chunk], bool]:
         if self.constraint is not None:
             self.constraint.check()
         out: list[Chunk] = []
