@@ -109,7 +109,8 @@ def test_anthropic_tool_ids_and_cache_usage() -> None:
 def test_include_values_one_by_one() -> None:
     assert wants_encrypted_reasoning(["reasoning.encrypted_content", "web_search_call.results"]) is True
     assert wants_encrypted_reasoning(None) is False and wants_encrypted_reasoning(["file_search_call.results"]) is False
-    for value, words in (("message.output_text.logprobs", "log probabilities"), ("nope", "unknown value")):
+    assert wants_encrypted_reasoning(["message.output_text.logprobs"]) is False  # honoured: logprobs are computed
+    for value, words in (("nope", "unknown value"), (3, "values are strings")):
         with pytest.raises(ApiError) as info:
             wants_encrypted_reasoning([value])
         assert info.value.info.param == "include" and words in info.value.info.message

@@ -99,7 +99,8 @@ def test_responses_input_forms_and_refusals() -> None:
         ({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"conversation": "c"}, "conversation"), ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"), ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
-        ({"include": ["message.output_text.logprobs"]}, "include"), ({"include": ["reasoning.bogus"]}, "include"),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"), ({"include": ["reasoning.bogus"]}, "include"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"input": [{"type": "function_call_output"}]}, "input[0].call_id"), ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
         ({"input": [], "instructions": "x"}, "input"),
@@ -113,7 +114,8 @@ def test_completions_prompt_forms_and_refusals() -> None:
 
     assert openai_completions.completion_params(req(prompt=["once"])).prompt == "once"
     for fields, param in [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"), ({"echo": True}, "echo"),
-                          ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of"), ({"n": 2}, "n"), ({"logprobs": 1}, "logprobs")]:
+                          ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of"), ({"n": 2}, "n"), ({"logprobs": 21}, "logprobs"),
+                          ({"logprobs": -1}, "logprobs")]:
         assert refused(openai_completions.completion_params, req(**fields)).info.param == param
 
 

@@ -14,20 +14,28 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from exo_p2p.types import FinishChunk, TokenChunk, ToolCall
+from exo_p2p.types.chunks import TokenLogprobs
 
 
 class Turn:
     """The answer so far: ``texts``, ``reasonings`` (pieces as they came), ``calls`` and
-    ``reasoning_tokens`` (tokens whose text was reasoning)."""
+    ``reasoning_tokens`` (tokens whose text was reasoning), ``logprobs`` (each generated
+    token's, when the request asked for them) and ``offset`` (characters of text and
+    reasoning so far: where the next token's text starts)."""
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.reasonings: list[str] = []
         self.calls: list[ToolCall] = []
         self.reasoning_tokens = 0
+        self.logprobs: list[TokenLogprobs] = []
+        self.offset = 0
 
     def add(self, chunk: TokenChunk) -> None:
         """Take one token's pieces."""
+        if chunk.logprobs is not None:
+            self.logprobs.append(chunk.logprobs)
+        self.offset += len(chunk.text) + len(chunk.reasoning)
         if chunk.text:
             self.texts.append(chunk.text)
         if chunk.reasoning:
@@ -61,11 +69,15 @@ class TurnEncoder(Protocol):
 
 def token_bytes(encoder: Any, chunk: TokenChunk, turn: Turn) -> bytes:
     """The stream bytes of one token (reasoning, then text, then calls) and ``turn`` updated;
-    empty bytes when the token carries nothing to send."""
+    empty bytes when the token carries nothing to send. A token with log-probabilities goes
+    to the encoder's ``text_with_logprobs(text, logprobs, offset)`` when it has one (an event
+    even for a token whose text is empty or reasoning: every generated token has its entry)."""
     out = b""
     if chunk.reasoning and hasattr(encoder, "reasoning"):
         out += encoder.reasoning(chunk.reasoning)
-    if chunk.text:
+    if chunk.logprobs is not None and hasattr(encoder, "text_with_logprobs"):
+        out += encoder.text_with_logprobs(chunk.text, chunk.logprobs, turn.offset)
+    elif chunk.text:
         out += encoder.text(chunk.text)
     if chunk.calls and hasattr(encoder, "calls"):
         out += encoder.calls(chunk.calls, len(turn.calls))

@@ -71,6 +71,18 @@ def thinking_of(thinking: Any) -> bool | None:
     return kind != "disabled"
 
 
+def thinking_budget_of(thinking: Any) -> int | None:
+    """``thinking.budget_tokens`` of an ``enabled`` block (reasoning tokens at most:
+    ``worker.engine.think_budget``), None otherwise; 400 unless it is a positive integer.
+    Anthropic's own minimum (1024) is not enforced: small local models think in less."""
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled" or thinking.get("budget_tokens") is None:
+        return None
+    budget = thinking["budget_tokens"]
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise bad("thinking.budget_tokens", "must be a positive integer")
+    return budget
+
+
 def _text_of(where: str, content: Any) -> str:
     """A tool result's content (a string or text blocks) as text."""
     if isinstance(content, str):

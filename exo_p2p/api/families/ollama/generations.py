@@ -42,11 +42,13 @@ from exo_p2p.api.families.ollama.params import (  # noqa: F401 - the request typ
     OPTION_INT_LIMIT, RUNTIME_OPTIONS, ChatRequest, GenerateRequest, OllamaMessage, ShowRequest, chat_params, generate_params,
     options_fields)
 from exo_p2p.api.families.ollama.models import known, meant, model_routes, timestamp
+from exo_p2p.api.families.logprob_shapes import ollama_entry
 from exo_p2p.api.families.ollama.tools import calls_doc, ollama_thinking, with_parts
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ErrorInfo, FinishChunk, ToolCall
+from exo_p2p.types.chunks import TokenLogprobs
 
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
 ROOT_TEXT = "Ollama is running"
@@ -63,11 +65,13 @@ class OllamaEncoder:
     family = "ollama"
     media_type = NDJSON_MEDIA_TYPE
 
-    def __init__(self, model: str, kind: str, think: bool = False) -> None:
+    def __init__(self, model: str, kind: str, think: bool = False, logprobs: bool = False) -> None:
         self.model = model
         self.kind = kind
         self.think = think
         """Whether reasoning is answered (``think`` asked for it)."""
+        self.logprobs = logprobs
+        """Whether the answer carries ``logprobs`` (``logprobs: true`` asked for them)."""
         self.t0 = time.monotonic()
 
     def _object(self, text: str, done: bool, **extra: Any) -> dict[str, Any]:
@@ -102,6 +106,10 @@ class OllamaEncoder:
     def text(self, delta: str) -> bytes:
         return self._line(self._object(delta, False))
 
+    def text_with_logprobs(self, delta: str, logprobs: TokenLogprobs, offset: int) -> bytes:
+        """A token's object with its ``logprobs`` entry (``logprob_shapes.ollama_entry``)."""
+        return self._line(self._object(delta, False, logprobs=[ollama_entry(logprobs)]))
+
     def finish(self, chunk: FinishChunk) -> bytes:
         return self._line(self._object("", True, **self.stats(chunk)))
 
@@ -123,6 +131,8 @@ class OllamaEncoder:
     def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
         """A whole answer with its thinking (when asked for) and tool calls (``ollama_tools``)."""
         doc = self._object(turn.text, True, **self.stats(chunk))
+        if self.logprobs:
+            doc["logprobs"] = [ollama_entry(lp) for lp in turn.logprobs]
         return _json.encode(with_parts(doc, thinking=turn.reasoning if self.think else "", calls=calls_doc(turn.calls)))
 
     def load_answer(self) -> Response:
@@ -164,7 +174,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         r = await ctx.read_json(request, request_type)
         params = await ctx.job(to_params, r)
         wanted = meant(ctx, r.model)
-        encoder = OllamaEncoder(wanted, kind, think=bool(ollama_thinking(r.think)))
+        encoder = OllamaEncoder(wanted, kind, think=bool(ollama_thinking(r.think)), logprobs=bool(r.logprobs))
         if params is None:
             known(ctx, r.model)
             return encoder.load_answer()

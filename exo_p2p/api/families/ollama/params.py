@@ -14,7 +14,8 @@ import msgspec
 from exo_p2p.api.bounds import check_stop
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.common import check_range, refuse_set
-from exo_p2p.api.families.ollama.tools import ollama_message, ollama_thinking, ollama_tool_fields
+from exo_p2p.api.families.logprob_shapes import requested
+from exo_p2p.api.families.ollama.tools import ollama_message, ollama_tool_fields, think_fields
 from exo_p2p.api.formats import extensions, ollama_format, output_format
 from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, NonEmptyStr
 from exo_p2p.types import ChatMessage, GenerationParams
@@ -51,6 +52,8 @@ class ChatRequest(msgspec.Struct, frozen=True):
     think: Any = None
     regex: str | None = None
     grammar: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True):
@@ -71,6 +74,8 @@ class GenerateRequest(msgspec.Struct, frozen=True):
     think: Any = None
     regex: str | None = None
     grammar: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class ShowRequest(msgspec.Struct, frozen=True):
@@ -151,9 +156,14 @@ def _format_field(r: ChatRequest | GenerateRequest) -> dict[str, Any]:
     return {"output_format": output_format(ollama_format(r.format), *extensions(r.regex, r.grammar))}
 
 
+def _logprobs_field(r: ChatRequest | GenerateRequest) -> dict[str, Any]:
+    """``logprobs`` / ``top_logprobs`` (0..20) as ``GenerationParams.logprobs``."""
+    return {"logprobs": requested(r.logprobs, r.top_logprobs)}
+
+
 def chat_params(r: ChatRequest) -> GenerationParams | None:
     """``GenerationParams`` of ``/api/chat``; None for a load request (no messages)."""
-    fields = options_fields(r.options) | ollama_tool_fields(r.tools, r.think) | _format_field(r)
+    fields = options_fields(r.options) | ollama_tool_fields(r.tools, r.think) | _format_field(r) | _logprobs_field(r)
     if not r.messages:
         return None
     messages = []
@@ -177,7 +187,7 @@ def generate_params(r: GenerateRequest) -> GenerationParams | None:
         ("context", bool(r.context), "the token context of an earlier answer is not supported; use /api/chat"),
         ("images", bool(r.images), "the models served take text only"),
     ])
-    fields = options_fields(r.options) | {"thinking": ollama_thinking(r.think)} | _format_field(r)
+    fields = options_fields(r.options) | think_fields(r.think) | _format_field(r) | _logprobs_field(r)
     if not r.prompt:
         return None
     if r.raw:

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from exo_p2p.api.errors import ApiError
+from exo_p2p.api.families.think_budgets import effort_budget
 from exo_p2p.api.families.openai.chat_tools import openai_tools
 from exo_p2p.api.families.tool_calls import bad, function_calls
 from exo_p2p.types import ChatMessage, ToolCall
@@ -34,7 +35,13 @@ def ollama_thinking(think: Any) -> bool | None:
 
 def ollama_tool_fields(tools: list[Any] | None, think: Any) -> dict[str, Any]:
     """The ``GenerationParams`` fields of a chat's ``tools`` and ``think``."""
-    return {"tools": openai_tools(tools), "thinking": ollama_thinking(think)}
+    return {"tools": openai_tools(tools), **think_fields(think)}
+
+
+def think_fields(think: Any) -> dict[str, Any]:
+    """The ``GenerationParams`` fields of ``think``: ``thinking``, and a level's
+    ``thinking_budget`` (``think_budgets.EFFORT_BUDGETS``: low, medium, high)."""
+    return {"thinking": ollama_thinking(think), "thinking_budget": effort_budget(think)}
 
 
 def ollama_message(i: int, role: str, content: str, tool_calls: list[Any] | None, tool_name: str | None) -> ChatMessage:

@@ -31,6 +31,7 @@ from exo_p2p.api.families.openai.chat_tools import (
     tool_result,
     usage_of,
 )
+from exo_p2p.api.families.logprob_shapes import openai_entry, requested
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
@@ -47,6 +48,7 @@ from exo_p2p.api.schemas import (
 )
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ToolCall
+from exo_p2p.types.chunks import TokenLogprobs
 
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "developer": "system"}
 """Accepted roles and the role they are served as (``developer`` is OpenAI's newer ``system``)."""
@@ -66,8 +68,8 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     Raises ``ApiError(400, param=...)`` for: empty ``messages``; a ``function`` or unknown
     role; a content part other than text; bad tools, tool calls or tool messages
     (``openai_tools``); a known unsupported parameter at a non-default value (``n`` > 1,
-    ``functions``, ``function_call``, ``logprobs``, ``top_logprobs``, ``audio``,
-    ``modalities`` other than text); a bad ``logit_bias``; a bad or second output format
+    ``functions``, ``function_call``, ``audio``, ``modalities`` other than text); ``top_logprobs``
+    outside 0..20 or without ``logprobs`` (``logprob_shapes.requested``); a bad ``logit_bias``; a bad or second output format
     (``response_format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``). Empty stop
     strings are dropped.
     """
@@ -93,6 +95,7 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     fields["output_format"] = output_format(openai_response_format(request.response_format),
                                             *extensions(request.regex, request.grammar))
     fields.update(chat_tool_fields(request))
+    fields["logprobs"] = requested(request.logprobs, request.top_logprobs)
     return GenerationParams(**fields)  # type: ignore[arg-type]
 
 
@@ -103,7 +106,8 @@ def chat_job(request: ChatCompletionRequest, ctx: ApiContext) -> GenerationJob:
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     task_id = new_task_id()
     encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage,
-                          call_limit=1 if request.parallel_tool_calls is False else None)
+                          call_limit=1 if request.parallel_tool_calls is False else None,
+                          logprobs=params.logprobs is not None)
     return GenerationJob(model_id=model_id, params=params, stream=bool(request.stream), encoder=encoder, task_id=task_id)
 
 
@@ -156,8 +160,6 @@ def _refuse_unsupported(r: ChatCompletionRequest) -> None:
         ("n", r.n is not None and r.n > 1, "only n=1 is supported"),
         ("functions", bool(r.functions), "function calling is not supported"),
         ("function_call", r.function_call not in _NO_TOOLS, "function calling is not supported"),
-        ("logprobs", bool(r.logprobs), "logprobs are not supported"),
-        ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("audio", r.audio is not None, "audio output is not supported"),
         ("modalities", any(m != "text" for m in r.modalities or ()), "only the 'text' modality is supported"),
     ])
@@ -173,6 +175,8 @@ class ChatEncoder(msgspec.Struct, frozen=True):
     include_usage: bool = False
     call_limit: int | None = None
     """Calls of an answer returned at most (1 for ``parallel_tool_calls: false``)."""
+    logprobs: bool = False
+    """The request asked for log-probabilities (``choices[].logprobs.content``)."""
     family: str = "openai"
     media_type: str = SSE_MEDIA_TYPE
 
@@ -186,6 +190,13 @@ class ChatEncoder(msgspec.Struct, frozen=True):
 
     def text(self, delta: str) -> bytes:
         return self._chunk(Delta(content=delta), None)
+
+    def text_with_logprobs(self, delta: str, logprobs: TokenLogprobs, offset: int) -> bytes:
+        """A token's event with its ``logprobs.content`` entry (an empty delta when its text
+        is reasoning or held back)."""
+        choice = {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": {"content": [openai_entry(logprobs)]},
+                  "finish_reason": None}
+        return sse({**self._head(), "choices": [choice]})
 
     def finish(self, chunk: FinishChunk) -> bytes:
         """The one event with a non-null ``finish_reason`` (empty delta), [usage], [DONE]."""
@@ -219,7 +230,7 @@ class ChatEncoder(msgspec.Struct, frozen=True):
     def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
         """A whole ``chat.completion`` with the text, reasoning and calls (``openai_tools``)."""
         choice = {"index": 0, "message": answer_message(turn, self.call_limit), "finish_reason": openai_finish_reason(chunk.finish_reason),
-                  "logprobs": None}
+                  "logprobs": {"content": [openai_entry(lp) for lp in turn.logprobs]} if self.logprobs else None}
         return _json.encode({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                              "choices": [choice], "usage": usage_of(chunk, turn.reasoning_tokens)})
 

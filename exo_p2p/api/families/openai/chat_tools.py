@@ -22,6 +22,7 @@ from typing import Any
 
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.common import sse
+from exo_p2p.api.families.think_budgets import effort_budget
 from exo_p2p.api.families.tool_calls import bad, function_calls, function_choice, function_tool, tools_text
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.types import ChatMessage, FinishChunk, ToolCall
@@ -144,8 +145,10 @@ def usage_of(chunk: FinishChunk, reasoning_tokens: int) -> dict[str, Any]:
 
 def chat_tool_fields(request: Any) -> dict[str, Any]:
     """The ``GenerationParams`` fields of a chat request's tools and thinking (``tools``,
-    ``tool_choice``, ``thinking``); 400 as ``openai_tools`` and ``openai_choice``."""
+    ``tool_choice``, ``thinking``, ``reasoning_effort``'s ``thinking_budget``:
+    ``think_budgets.EFFORT_BUDGETS``); 400 as ``openai_tools`` and ``openai_choice``."""
     tools = openai_tools(request.tools)
     fields: dict[str, Any] = {"tools": tools, "tool_choice": openai_choice(request.tool_choice, tools)}
     fields["thinking"] = thinking_of(request.reasoning_effort, request.enable_thinking, request.chat_template_kwargs)
+    fields["thinking_budget"] = effort_budget(request.reasoning_effort)
     return fields

@@ -3,8 +3,9 @@
 The prompt is one string (or a list of exactly one string); ``response_format`` (as in chat,
 an extension here, as in vLLM), ``regex`` and ``grammar`` constrain the output
 (``exo_p2p.api.formats``); ``echo``, ``suffix``,
-``best_of`` > 1, ``n`` > 1 and ``logprobs`` are refused by name. Bodies are
-``text_completion`` objects (``choices[].logprobs`` is null, as the spec requires); a stream is
+``best_of`` > 1 and ``n`` > 1 are refused by name; ``logprobs: N`` (0..20) gives the legacy
+``logprobs`` object (``logprob_shapes.legacy``). Bodies are ``text_completion`` objects
+(``choices[].logprobs`` null unless asked for); a stream is
 ``text_completion`` events, the last with a ``finish_reason``, [a usage event], then
 ``data: [DONE]``.
 """
@@ -22,7 +23,9 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, error_body
 from exo_p2p.api.families.common import SSE_KEEPALIVE, SSE_MEDIA_TYPE, logit_bias_pairs, refuse_set, sse, stop_strings
 from exo_p2p.api.families.openai.chat import DONE, openai_finish_reason
+from exo_p2p.api.families.logprob_shapes import legacy, requested
 from exo_p2p.api.formats import extensions, openai_response_format, output_format
+from exo_p2p.api.generation.turn import Turn
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
@@ -41,6 +44,7 @@ from exo_p2p.api.schemas import (
     Usage,
 )
 from exo_p2p.types import ErrorInfo, FinishChunk, GenerationParams
+from exo_p2p.types.chunks import TokenLogprobs
 
 _json = msgspec.json.Encoder()
 
@@ -77,7 +81,7 @@ class CompletionChoice(msgspec.Struct, frozen=True):
     text: str
     index: int
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class TextCompletion(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -98,7 +102,6 @@ def completion_params(r: CompletionRequest) -> GenerationParams:
         ("best_of", r.best_of is not None and r.best_of > 1, "only best_of=1 is supported"),
         ("echo", bool(r.echo), "echoing the prompt is not supported"),
         ("suffix", bool(r.suffix), "insertion (suffix) is not supported"),
-        ("logprobs", r.logprobs is not None, "logprobs are not supported"),
     ])
     prompt = r.prompt
     if isinstance(prompt, list):
@@ -114,6 +117,7 @@ def completion_params(r: CompletionRequest) -> GenerationParams:
     }
     fields: dict[str, object] = {k: v for k, v in optional.items() if v is not None}
     fields["output_format"] = output_format(openai_response_format(r.response_format), *extensions(r.regex, r.grammar))
+    fields["logprobs"] = requested(r.logprobs is not None, r.logprobs, top_param="logprobs")
     return GenerationParams(messages=(), prompt=prompt, stop=stop_strings(r.stop), logit_bias=logit_bias_pairs(r.logit_bias), **fields)  # type: ignore[arg-type]
 
 
@@ -124,11 +128,14 @@ class CompletionEncoder(msgspec.Struct, frozen=True):
     created: int
     model: str
     include_usage: bool = False
+    logprobs: bool = False
+    """The request asked for log-probabilities (the legacy ``logprobs`` object)."""
     family: str = "openai"
     media_type: str = SSE_MEDIA_TYPE
 
-    def _event(self, text: str, finish_reason: str | None, usage: Usage | None = None, choices: bool = True) -> bytes:
-        listed = [CompletionChoice(text=text, index=0, finish_reason=finish_reason)] if choices else []
+    def _event(self, text: str, finish_reason: str | None, usage: Usage | None = None, choices: bool = True,
+               logprobs: dict[str, Any] | None = None) -> bytes:
+        listed = [CompletionChoice(text=text, index=0, finish_reason=finish_reason, logprobs=logprobs)] if choices else []
         return sse(TextCompletion(self.id, "text_completion", self.created, self.model, listed, usage))
 
     def start(self, prompt_tokens: int | None) -> bytes:
@@ -136,6 +143,16 @@ class CompletionEncoder(msgspec.Struct, frozen=True):
 
     def text(self, delta: str) -> bytes:
         return self._event(delta, None)
+
+    def text_with_logprobs(self, delta: str, logprobs: TokenLogprobs, offset: int) -> bytes:
+        """A token's event with its legacy ``logprobs`` (``text_offset`` from ``offset``)."""
+        return self._event(delta, None, logprobs=legacy([logprobs], offset))
+
+    def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
+        """The whole ``text_completion``, with the legacy ``logprobs`` when asked for."""
+        choice = CompletionChoice(text=turn.text, index=0, finish_reason=openai_finish_reason(chunk.finish_reason),
+                                  logprobs=legacy(turn.logprobs) if self.logprobs else None)
+        return _json.encode(TextCompletion(self.id, "text_completion", self.created, self.model, [choice], _usage(chunk)))
 
     def finish(self, chunk: FinishChunk) -> bytes:
         tail = self._event("", openai_finish_reason(chunk.finish_reason))
@@ -163,7 +180,8 @@ def completion_job(r: CompletionRequest, ctx: ApiContext) -> GenerationJob:
     model_id = ctx.model_id(r.model)
     task_id = new_task_id()
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
-    encoder = CompletionEncoder(id=f"cmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage)
+    encoder = CompletionEncoder(id=f"cmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage,
+                                logprobs=params.logprobs is not None)
     return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=encoder, task_id=task_id)
 
 

@@ -31,13 +31,17 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, overflow_message
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, refuse_set, sse
 from exo_p2p.api.families.openai.chat import ROLE_ALIASES
-from exo_p2p.api.families.openai.responses_include import join_reasoning, reasoning_message, wants_encrypted_reasoning
+from exo_p2p.api.families.logprob_shapes import openai_entry, requested
+from exo_p2p.api.families.openai.responses_include import join_reasoning, reasoning_message, wants_encrypted_reasoning, wants_logprobs
+from exo_p2p.api.families.think_budgets import effort_budget
 from exo_p2p.api.families.openai.responses_tools import ItemsEncoder, responses_choice, responses_thinking, responses_tools, tool_item
 from exo_p2p.api.formats import extensions, output_format, responses_text_format
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
+from exo_p2p.api.generation.turn import Turn
 from exo_p2p.api.schemas import ContentPart, NonEmptyStr, PositiveTokens, Temperature, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
+from exo_p2p.types.chunks import TokenLogprobs
 
 _json = msgspec.json.Encoder()
 
@@ -98,7 +102,6 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
          "responses are not stored by this server, so none can be continued; send the whole conversation in input"),
         ("conversation", r.conversation is not None, "conversations are not stored by this server"),
         ("background", bool(r.background), "background responses are not supported"),
-        ("top_logprobs", bool(r.top_logprobs), "logprobs are not supported"),
         ("prompt", r.prompt is not None, "stored prompt templates are not supported"),
     ])
     wants_encrypted_reasoning(r.include)
@@ -122,7 +125,9 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
     optional = {"max_tokens": r.max_output_tokens, "temperature": r.temperature, "top_p": r.top_p}
     fmt = output_format(responses_text_format(r.text and r.text.format), *extensions(r.regex, r.grammar))
     tools = responses_tools(r.tools)
-    fields = {"tools": tools, "tool_choice": responses_choice(r.tool_choice, tools), "thinking": responses_thinking(r.reasoning)}
+    fields = {"tools": tools, "tool_choice": responses_choice(r.tool_choice, tools), "thinking": responses_thinking(r.reasoning),
+              "thinking_budget": effort_budget(r.reasoning.get("effort") if isinstance(r.reasoning, dict) else None),
+              "logprobs": requested(wants_logprobs(r.include), r.top_logprobs, enabled_param="include")}
     return GenerationParams(messages=tuple(messages), output_format=fmt, **fields,  # type: ignore[arg-type]
                             **{k: v for k, v in optional.items() if v is not None})
 
@@ -160,6 +165,7 @@ class ResponsesEncoder:
         self.request = request
         self._seq = 0
         self._texts: list[str] = []
+        self._logprobs: list[dict[str, Any]] = []  # the output text's tokens' (include message.output_text.logprobs)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -167,7 +173,7 @@ class ResponsesEncoder:
         return sse(payload, event=kind)
 
     def _message(self, status: str, text: str | None) -> dict[str, Any]:
-        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": self._logprobs}]
         return {"id": self.item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
     def response(self, status: str, *, text: str | None = None, chunk: FinishChunk | None = None,
@@ -224,12 +230,21 @@ class ResponsesEncoder:
         self._texts.append(delta)
         return self._event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=delta, logprobs=[])
 
+    def text_with_logprobs(self, delta: str, logprobs: TokenLogprobs, offset: int) -> bytes:
+        """A token's delta event with its ``logprobs`` entry (kept for the done events)."""
+        entry = openai_entry(logprobs)
+        self._logprobs.append(entry)
+        self._texts.append(delta)
+        return self._event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=delta,
+                           logprobs=[entry])
+
     def finish(self, chunk: FinishChunk) -> bytes:
         text = "".join(self._texts)
         status = "incomplete" if chunk.finish_reason == "length" else "completed"
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self._logprobs}
         return (
-            self._event("response.output_text.done", item_id=self.item_id, output_index=0, content_index=0, text=text, logprobs=[])
+            self._event("response.output_text.done", item_id=self.item_id, output_index=0, content_index=0, text=text,
+                        logprobs=self._logprobs)
             + self._event("response.content_part.done", item_id=self.item_id, output_index=0, content_index=0, part=part)
             + self._event("response.output_item.done", output_index=0, item=self._message("completed" if status == "completed" else "incomplete", text))
             + self._event(f"response.{status}", response=self.response(status, text=text, chunk=chunk))
@@ -249,6 +264,11 @@ class ResponsesEncoder:
         status = "incomplete" if chunk.finish_reason == "length" else "completed"
         return _json.encode(self.response(status, text=text, chunk=chunk))
 
+    def answer(self, turn: Turn, chunk: FinishChunk) -> bytes:
+        """``body`` of the turn's text, with its tokens' ``logprobs`` when asked for."""
+        self._logprobs = [openai_entry(lp) for lp in turn.logprobs]
+        return self.body(turn.text, chunk)
+
 
 def responses_job(r: ResponsesRequest, ctx: ApiContext) -> GenerationJob:
     key = ctx.config.reasoning_key
@@ -257,6 +277,9 @@ def responses_job(r: ResponsesRequest, ctx: ApiContext) -> GenerationJob:
     task_id = new_task_id()
     encoder: ResponsesEncoder | ItemsEncoder = ResponsesEncoder(task_id, model_id, r)
     if params.tools or params.thinking:
+        if params.logprobs is not None:
+            raise ApiError(400, "include 'message.output_text.logprobs' is not supported with tools or reasoning on "
+                           "/v1/responses (use /v1/chat/completions)", param="include", code="unsupported_parameter")
         encoder = ItemsEncoder(encoder, limit=1 if r.parallel_tool_calls is False else None, tools=r.tools or [], choice=r.tool_choice,
                                seal_key=key if wants_encrypted_reasoning(r.include) else None)
     return GenerationJob(model_id=model_id, params=params, stream=bool(r.stream), encoder=encoder, task_id=task_id)

@@ -3,8 +3,9 @@
 ``include`` values are honoured or refused one by one (``INCLUDE``): ``reasoning.encrypted_content``
 adds each reasoning item's sealed text (``exo_p2p.api.families.openai.sealed_reasoning``); the values about
 built-in tools' outputs and input images are honoured trivially (those tools are never run
-here and images are refused, so no such output exists); ``message.output_text.logprobs`` is
-refused (no log probabilities are computed), as is any value the API does not define.
+here and images are refused, so no such output exists); ``message.output_text.logprobs``
+adds each output text's ``logprobs`` (``top_logprobs`` alternatives, ``wants_logprobs``); any
+value the API does not define is refused.
 
 A later turn's ``reasoning`` input item with ``encrypted_content`` is opened (400 naming
 ``input[i].encrypted_content`` when it does not open) and its text rendered as the
@@ -24,10 +25,11 @@ from exo_p2p.api.families.openai.sealed_reasoning import SealError, unseal
 from exo_p2p.types import ChatMessage
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 _NEVER_RUN = "honoured: this server runs no built-in tools, so no such output exists"
 INCLUDE: dict[str, str | None] = {
     ENCRYPTED_REASONING: None,
-    "message.output_text.logprobs": "log probabilities are not computed by this server",
+    OUTPUT_LOGPROBS: None,
     "web_search_call.results": _NEVER_RUN,
     "web_search_call.action.sources": _NEVER_RUN,
     "file_search_call.results": _NEVER_RUN,
@@ -52,6 +54,12 @@ def wants_encrypted_reasoning(include: list[str] | None) -> bool:
         if reason is not None and not reason.startswith("honoured"):
             raise refuse("include", f"{str(value)[:64]!r}: {reason}")
     return ENCRYPTED_REASONING in include
+
+
+def wants_logprobs(include: list[str] | None) -> bool:
+    """Whether ``include`` asks for the output text's log-probabilities (checked by
+    ``wants_encrypted_reasoning`` first)."""
+    return bool(include) and OUTPUT_LOGPROBS in include  # type: ignore[operator]
 
 
 def reasoning_message(i: int, item: Any, key: bytes) -> ChatMessage | None:
