@@ -72,22 +72,27 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
                        on_token=lambda t, tok: tokens.setdefault(t, []).append(tok))
     texts: dict[str, str] = {}
     finish: dict[str, list] = {}
-    for i, prompt in enumerate(cfg["prompts"]):
-        gen.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),),
-                                             max_tokens=cfg["max_tokens"], temperature=0.0))
+    logprobs: dict[str, list] = {}
+    for i, prompt in enumerate(cfg["prompts"]):  # odd prompts ask for logprobs (the last rank's travel to rank 0)
+        gen.submit(f"p{i}", GenerationParams(messages=(ChatMessage("user", prompt),), max_tokens=cfg["max_tokens"],
+                                             temperature=0.0, logprobs=3 if i % 2 else None))
     for _ in range(100_000):
         if not gen.has_work():
             break
         for chunk in gen.step():
             if isinstance(chunk, TokenChunk):
                 texts[chunk.task_id] = texts.get(chunk.task_id, "") + chunk.text
+                if chunk.logprobs is not None:
+                    lp = chunk.logprobs
+                    logprobs.setdefault(chunk.task_id, []).append(
+                        [lp.chosen.token_id, lp.chosen.logprob, *[[t.token_id, t.logprob] for t in lp.top]])
             elif isinstance(chunk, FinishChunk):
                 finish[chunk.task_id] = [chunk.finish_reason, chunk.completion_tokens]
             elif isinstance(chunk, ErrorChunk):
                 finish[chunk.task_id] = ["error", chunk.error.message]
     if group is not None:  # no rank exits under a neighbour's collective (tests/support/ranks.py)
         ring_barrier(group)
-    return {"rank": rank, "tokens": tokens, "texts": texts, "finish": finish,
+    return {"rank": rank, "tokens": tokens, "texts": texts, "finish": finish, "logprobs": logprobs,
             "peak_memory_bytes": loaded.peak_memory_bytes, "active_memory": int(mx.get_active_memory())}
 
 
@@ -129,6 +134,10 @@ def test_pipeline_greedy_equals_single_rank(model_dir: Path, single: dict[str, A
             assert r["tokens"][f"p{i}"] == want, (world, r["rank"], i)
             assert r["finish"][f"p{i}"] == single["finish"][f"p{i}"]
         assert results[0]["texts"].get(f"p{i}", "") == single["texts"].get(f"p{i}", "")
+        got, expected = results[0]["logprobs"].get(f"p{i}"), single["logprobs"].get(f"p{i}")
+        assert (got is None) == (expected is None) == (i % 2 == 0), i  # rank 0 emits the last rank's values
+        for g, w in zip(got or [], expected or [], strict=True):
+            assert g[0] == w[0] and abs(g[1] - w[1]) <= 1e-4 and [t[0] for t in g[2:]] == [t[0] for t in w[2:]]
 
 
 # --- per-rank memory ----------------------------------------------------------------------
