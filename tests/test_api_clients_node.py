@@ -117,3 +117,38 @@ def test_count_tokens_matches_the_prompt_tokens_of_a_generation(node) -> None:
     assert counted.input_tokens == used.input_tokens + used.cache_read_input_tokens > 5
     with pytest.raises(anthropic.NotFoundError):
         ac.messages.count_tokens(model="no-such-model", messages=msgs)
+
+
+def test_logprobs_through_the_clients_equal_mlx_lm(node) -> None:
+    """Greedy logprobs through the OpenAI SDK (chat, streamed and not; completions) and
+    Ollama's ``/api/chat`` equal mlx-lm's ``generate_step`` on the same model in this process."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tok = load(str(node.models_dir / MODEL))
+    raw = f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    steps = zip(generate_step(mx.array(tok.encode(raw)), model, max_tokens=MAX, sampler=lambda x: mx.argmax(x, axis=-1)),
+                range(MAX), strict=False)
+    oracle = [(tok.decode([int(t)]), lp.reshape(-1)) for (t, lp), _ in steps]
+    oc = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": PROMPT}]
+    common = {"model": MODEL, "messages": msgs, "temperature": 0, "max_tokens": MAX, "logprobs": True, "top_logprobs": 2}
+    chat = oc.chat.completions.create(**common).choices[0].logprobs.content
+    streamed = [e for c in oc.chat.completions.create(**common, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    legacy = oc.completions.create(model=MODEL, prompt=raw, temperature=0, max_tokens=MAX, logprobs=2).choices[0].logprobs
+    olla = httpx.post(f"{node.url}/api/chat", json={"model": MODEL, "messages": msgs, "stream": False, "logprobs": True,
+                                                    "top_logprobs": 2, "options": {"temperature": 0, "num_predict": MAX}},
+                      timeout=60).json()["logprobs"]
+    worst = 0.0
+    for entries in ([(e.token, e.logprob) for e in chat], [(e.token, e.logprob) for e in streamed],
+                    list(zip(legacy.tokens, legacy.token_logprobs, strict=True)),
+                    [(e["token"], e["logprob"]) for e in olla]):
+        assert len(entries) >= 2
+        for (token, logprob), (want_token, row) in zip(entries, oracle, strict=False):
+            assert token == want_token
+            worst = max(worst, abs(logprob - float(mx.max(row).item())))
+    assert len(chat[0].top_logprobs) == 2 and chat[0].top_logprobs[0].logprob >= chat[0].top_logprobs[1].logprob
+    print(f"max |logprob difference| through the clients = {worst:.3g}")
+    assert worst <= 1e-4
