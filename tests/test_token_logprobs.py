@@ -77,3 +77,30 @@ def test_records_cross_a_pipeline_all_sum_intact() -> None:
     lp = read(records[0].tolist(), 3, str)
     assert lp.chosen.token_id == 1 and [t.token_id for t in lp.top] == [4, 1, 3]
     assert abs(lp.top[0].logprob - float(row[0, 4].item())) < 1e-6
+
+
+def test_batched_rows_keep_their_own_logprobs(loaded: LoadedModel) -> None:  # noqa: F811
+    """Three requests decoding in one batch (one asks for none, one samples): each row's
+    values equal the same request's served alone."""
+    from tests.support.engine_run import run
+    from exo_p2p.types.engine import EngineSettings
+    from worker.engine.builder import build_engine
+
+    requests = [("a", GenerationParams(messages=(), prompt="one two", max_tokens=10, temperature=0.0, logprobs=2)),
+                ("b", GenerationParams(messages=(), prompt="three", max_tokens=10, temperature=0.0)),
+                ("c", GenerationParams(messages=(), prompt="four five six", max_tokens=10, temperature=0.8, seed=1, logprobs=4))]
+    gen = build_engine(loaded, EngineSettings(max_batch=4))
+    for request in requests:
+        gen.submit(*request)
+    batched = run(gen)
+    for task_id, params in requests:
+        alone, _ = generate(loaded, (task_id, params))
+        got = [c.logprobs for c in batched if isinstance(c, TokenChunk) and c.task_id == task_id and c.token_id is not None]
+        want = [c.logprobs for c in alone if isinstance(c, TokenChunk) and c.token_id is not None]
+        assert len(got) == len(want) > 1
+        for g, w in zip(got, want, strict=True):
+            if w is None:
+                assert g is None
+                continue
+            assert g.chosen.token_id == w.chosen.token_id and [t.token_id for t in g.top] == [t.token_id for t in w.top]
+            assert abs(g.chosen.logprob - w.chosen.logprob) <= TOLERANCE
