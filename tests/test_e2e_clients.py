@@ -66,3 +66,25 @@ def test_openai_responses_completions_and_model(node, reference) -> None:
     completion = client.completions.create(model=MODEL, prompt="The capital of France is the city of", temperature=0, max_tokens=4)
     assert completion.choices[0].text.strip() and completion.usage.completion_tokens <= 4
     assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_openai_logprobs_on_the_embedded_model(node, reference) -> None:
+    """Greedy logprobs of the embedded model through the OpenAI SDK: each token is its own
+    top alternative, the values are log-probabilities (≤ 0, the top 20's mass ≤ 1), the text
+    is the reference answer, and a streamed run gives the same values (within 1e-4)."""
+    import math
+
+    client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    common = {"model": MODEL, "messages": MSGS, "temperature": 0, "max_tokens": MAX, "logprobs": True, "top_logprobs": 20}
+    out = client.chat.completions.create(**common).choices[0]
+    assert out.message.content == reference
+    content = out.logprobs.content
+    assert "".join(e.token for e in content).strip() == reference.strip()
+    for e in content:
+        assert len(e.top_logprobs) == 20 and e.top_logprobs[0].token == e.token
+        assert abs(e.top_logprobs[0].logprob - e.logprob) <= 1e-6 and e.logprob <= 0
+        assert sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1 + 1e-4
+    streamed = [e for c in client.chat.completions.create(**common, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content, strict=True)) <= 1e-4
