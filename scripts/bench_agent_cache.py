@@ -65,7 +65,7 @@ def main() -> None:
     from exo_p2p.types import ChatMessage, GenerationParams
     from exo_p2p.types.engine import EngineSettings
     from worker.engine.builder import build_engine
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     model_dir = args.model_dir or default_model_dir()
     engine = build_engine(load_all(model_dir), EngineSettings(prompt_cache_bytes=args.prompt_cache_bytes))

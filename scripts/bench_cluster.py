@@ -42,7 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.replica import Replica  # noqa: E402
 from exo_p2p.types import IndexedEvent, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted  # noqa: E402
 from tests.support.cluster import NodeProcess, agreement, nodes_cleanup, self_id, start_all, state_of, wait_until  # noqa: E402

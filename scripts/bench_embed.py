@@ -4,7 +4,7 @@ prints a table (docs/api.md#embeddings-and-reranking has the figures of a run).
 - throughput: inputs/s and tokens/s of ``POST /v1/embeddings`` (the ``openai`` client, which
   asks for base64 unless told otherwise, and decodes it) for
   batches of 1, 16 and 64 short texts on a synthetic BERT-shaped encoder (MiniLM's size:
-  hidden 384, 6 layers; ``tests/synthetic_encoder``), and of ``mlx_embeddings.generate`` on
+  hidden 384, 6 layers; ``tests/support/models/synthetic_encoder``), and of ``mlx_embeddings.generate`` on
   the same model in this process; "ours ÷ library" per batch (the target: ≥ 0.8 at 64).
 - decode beside embeddings: 8 chat streams on a synthetic decoder (``--decoder-layers``),
   completion tokens/s over ``--seconds`` alone, then with one client embedding 16 texts at a
@@ -31,9 +31,9 @@ from worker import blas  # noqa: E402
 os.environ.setdefault("OPENBLAS_NUM_THREADS", str(blas.offered_cores()))
 PRELOADED = blas.preload_in_process(blas.find_optimised_blas())
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from tests.support.cluster import NodeProcess  # noqa: E402
-from tests.synthetic_encoder import WORDS, make_encoder  # noqa: E402
+from tests.support.models.synthetic_encoder import WORDS, make_encoder  # noqa: E402
 
 ENCODER, DECODER = "bench-encoder", "bench-decoder"
 BATCHES = (1, 16, 64)

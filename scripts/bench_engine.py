@@ -71,7 +71,7 @@ def _timed(first_and_times: list[float], t0: float, prompt_tokens: int) -> dict:
 def run_today(model_dir: Path, max_tokens: int, chunk: int) -> Iterator[dict]:
     from mlx_lm.generate import stream_generate
 
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     loaded = load_all(model_dir)  # stored weights, MLX's own BLAS: the engine without the CPU-weights path
     tok = copy.copy(loaded.tokenizer)
@@ -90,7 +90,7 @@ def run_ours(model_dir: Path, max_tokens: int, chunk: int, weights: str) -> Iter
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     loaded = load_all(model_dir, weights_dtype=weights)
     prompt_tokens = len(loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE  # noqa: E402
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from tests.support.cluster import NodeProcess, nodes_cleanup, wait_until  # noqa: E402
 from tests.support.fair_load import Background, DecodeStream, filler, timed_request  # noqa: E402
 

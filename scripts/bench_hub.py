@@ -1,4 +1,4 @@
-"""Models from a hub, measured against the local stand-in hub (``tests/support/hub_server.py``).
+"""Models from a hub, measured against the local stand-in hub (``tests/support/models/hub_server.py``).
 
 One run, on this machine, with an MLX-format copy of the embedded model served as
 ``org/smol`` (``--model synthetic`` serves a tiny synthetic model instead):
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.cluster import NodeProcess, converged, self_id, wait_until  # noqa: E402
-from tests.support.hub_server import HubServer  # noqa: E402
+from tests.support.models.hub_server import HubServer  # noqa: E402
 
 NAME = "org/smol"
 
@@ -41,7 +41,7 @@ def model_dir(kind: str, tmp: Path) -> Path:
     """The directory the stand-in serves: the embedded model imported into MLX format, or a
     tiny synthetic one."""
     if kind == "synthetic":
-        from tests.support.synthetic_models import make_synthetic_model
+        from tests.support.models.synthetic_models import make_synthetic_model
 
         return make_synthetic_model(tmp / "synthetic", n_layers=8, hidden_size=256, intermediate_size=512, seed=1)
     from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID

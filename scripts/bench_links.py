@@ -1,7 +1,7 @@
 """Decode speed of a 2-node pipeline with the ring over a fast link vs a shaped one, and what
 placement chose (docs/links.md, docs/benchmarks.md). Root only (network namespaces).
 
-Two nodes in namespaces joined by two links (``tests/support/link_lab.py``): a veth pair (fast) and a
+Two nodes in namespaces joined by two links (``tests/support/net/link_lab.py``): a veth pair (fast) and a
 path through a router namespace shaped with ``tbf`` (``--rate``) and a relay adding
 ``--delay`` s each way. Waits until both nodes measured both links, places the tiny synthetic
 model over the two nodes, prints the ring addresses placement chose, the preview's estimated
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.support.cluster import nodes_cleanup, wait_until  # noqa: E402
-from tests.support.link_lab import LinkLab  # noqa: E402
-from tests.support.netns_links import decode_rate, figures, ordered_dirs, place, preview_cost, served_on_two, start_lab_nodes, wait_measured  # noqa: E402
+from tests.support.net.link_lab import LinkLab  # noqa: E402
+from tests.support.net.netns_links import decode_rate, figures, ordered_dirs, place, preview_cost, served_on_two, start_lab_nodes, wait_measured  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp) / "models"

@@ -108,7 +108,7 @@ def rank_main(cfg: dict) -> dict:
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
     from worker.engine.ring_wait import NO_WAIT, ring_wait
 
@@ -240,7 +240,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
-            from tests.support.synthetic_models import make_synthetic_model
+            from tests.support.models.synthetic_models import make_synthetic_model
 
             model_dir = make_synthetic_model(Path(tmp) / "synthetic", n_layers=args.layers, hidden_size=args.hidden,
                                              num_attention_heads=8, num_key_value_heads=4,

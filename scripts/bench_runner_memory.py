@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from tests.support.cluster import NodeProcess, nodes_cleanup  # noqa: E402
 
 SAMPLES = (1, 20, 50, 100, 200, 300, 400, 500, 1000)

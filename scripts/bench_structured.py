@@ -71,10 +71,10 @@ def pct(values: list[float], q: float) -> float:
 
 def load(synthetic: bool, tmp: Path) -> Any:
     """The bench model: the embedded SmolLM2 (float32) or the tiny synthetic one."""
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     if synthetic:
-        from tests.support.synthetic_models import make_synthetic_model
+        from tests.support.models.synthetic_models import make_synthetic_model
 
         return load_all(make_synthetic_model(tmp / "synthetic"))
     from exo_p2p.models.stores.embedded import find_embedded_gguf

@@ -8,7 +8,7 @@ change) plus untracked files it does not ignore. A test module is selected when
 - it is itself changed, or
 - it imports, directly or through the project's own modules, a module that changed
   (imports are read from the source with ``ast``, also those inside functions), or
-- a shared test file it imports changed (``tests/support/cluster.py``, ``tests/support/strategies.py``...).
+- a shared test file it imports changed (``tests/support/cluster.py``, ``tests/support/rules/strategies.py``...).
 
 A change to ``tests/conftest.py``, ``tests/tiers.py`` or ``pyproject.toml`` selects every
 test module. Integration tests that start nodes as processes run product code they do not

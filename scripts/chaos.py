@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exo_p2p.api.generation.resume import MOVE_BOUND  # noqa: E402
 from exo_p2p.eventlog import EventLog  # noqa: E402
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     NodeProcess,
     agreement,

@@ -45,7 +45,7 @@ def main() -> None:
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
     from worker.engine.pipeline import LocalStage, logprobs_of, sample_rows
 
     class LastBatchStep(LocalStage):

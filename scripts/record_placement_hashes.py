@@ -1,8 +1,8 @@
 """Record the placement equivalence data: hashes of every placement and preview of random clusters.
 
-Draws ``--count`` clusters from ``tests.placement_clusters.clusters(count, seed)`` and writes,
+Draws ``--count`` clusters from ``tests.support.rules.placement_clusters.clusters(count, seed)`` and writes,
 per cluster, the hash of every ``place_instance`` result and of its ``placement_previews``
-(``tests.placement_clusters.outcome_hashes``) to ``tests/data/placement_hashes.json``.
+(``tests.support.rules.placement_clusters.outcome_hashes``) to ``tests/data/placement_hashes.json``.
 ``tests/test_placement_equivalence.py`` recomputes them and fails on any difference, so a
 change that only reorganises placement can show it places exactly as before. Re-record only
 when placement's behaviour changes on purpose (and say so in the commit).
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from master.placement.place import PlacementError, place_instance, placement_previews  # noqa: E402
-from tests.placement_clusters import clusters, outcome_hashes  # noqa: E402
+from tests.support.rules.placement_clusters import clusters, outcome_hashes  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "placement_hashes.json"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from tests.support.cluster import NodeProcess, full_mesh, nodes_cleanup, self_id, state_of, wait_until  # noqa: E402
 
 MODEL = "tiny"

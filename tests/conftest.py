@@ -89,8 +89,8 @@ STREAMING_MODEL = {"n_layers": 6, "hidden_size": 128, "intermediate_size": 256, 
 
 def tiny_models_dir(tmp_path_factory, model: str = TINY_MODEL, **params) -> Path:  # type: ignore[no-untyped-def]
     """A fresh models dir holding one synthetic model ``model`` made with ``params``
-    (``tests.support.synthetic_models.make_synthetic_model``)."""
-    from tests.support.synthetic_models import make_synthetic_model
+    (``tests.support.models.synthetic_models.make_synthetic_model``)."""
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     directory = tmp_path_factory.mktemp("models")
     make_synthetic_model(directory / model, **params)

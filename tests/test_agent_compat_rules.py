@@ -15,9 +15,9 @@ from exo_p2p.api.families.openai import responses as openai_responses
 from exo_p2p.api.families.anthropic.tools import anthropic_usage, tool_use_id
 from exo_p2p.api.families.openai.responses_include import join_reasoning, wants_encrypted_reasoning
 from exo_p2p.api.families.openai.sealed_reasoning import MAX_REASONING_BYTES, SealError, derive_key, node_key, reasoning_key, seal, unseal
-from tests.support.synthetic_agent import AGENT_TEMPLATE
+from tests.support.models.synthetic_agent import AGENT_TEMPLATE
 from exo_p2p.models.card.capabilities import template_capabilities, template_of
-from tests.support.synthetic_models import CHATML_TEMPLATE
+from tests.support.models.synthetic_models import CHATML_TEMPLATE
 from exo_p2p.content.system_turns import fold_late_system, late_system_indexes, messages_for_template
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk
 

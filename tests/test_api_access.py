@@ -20,7 +20,7 @@ from exo_p2p.api.access import (
     read_api_key_file,
 )
 from exo_p2p.cli.errors import CliError
-from exo_p2p.cli.node_cmd import build_node_config
+from exo_p2p.cli.cluster.node_config import build_node_config
 from exo_p2p.types import DeleteInstance, PlaceInstance
 from tests.support.cluster import NodeProcess, wait_until
 from tests.support.fake_master import MODEL, UNPLACED, FakeMaster, chat_body, run_api
@@ -145,7 +145,7 @@ def test_keys_every_route_but_health_in_the_family_error_shape() -> None:
 
 @pytest.mark.integration
 def test_cli_client_sends_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exo_p2p.cli.client import NodeClient
+    from exo_p2p.cli.node_api.client import NodeClient
     from exo_p2p.cli.errors import ApiError as CliApiError
     from exo_p2p.cli.messages import API_KEY_ENV
     from tests.support.fake_master import run_served

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.pipeline import LocalStage  # noqa: E402
 from tests.support.batch_drive import CHUNK, PROMPTS, Request, drive, requests, user
 
@@ -256,7 +256,7 @@ def test_master_picks_the_least_loaded_instance_by_batch_limit() -> None:
     from exo_p2p.types import (InstanceCreated, RankSettings, RunnerReady, RunnerStatusUpdated, SubmitTask,
                                TaskCreated)
     from master.commands import handle_command, instance_load
-    from tests.support.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
+    from tests.support.rules.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
 
     batched = msgspec.structs.replace(_pipeline(CARD8, [], ["a"]), instance_id="b-batched",
                                       settings=RankSettings(prefill_chunk_size=32, max_batch=16))

@@ -131,8 +131,8 @@ def huge_request(max_tokens: int) -> tuple[str, GenerationParams]:
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from tests.support.synthetic_models import make_synthetic_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
 
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("batchmem") / "synthetic", n_layers=4))
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, states, wait_until
 from tests.support.cancel_bounds import cancel_bound
 
@@ -135,7 +135,7 @@ def test_kv_cache_bytes_refuses_what_never_fits_and_serves_the_rest(tmp_path, mo
     and max_tokens can never fit gets the 503 ``out_of_memory`` at once (``x-should-retry:
     false``), while requests that fit are answered, also concurrently (they wait for room)."""
     from worker.engine.batch_memory import model_kv_bytes_per_token
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     per_token = model_kv_bytes_per_token(load_all(models_dir / MODEL).model)
     a = NodeProcess(tmp_path / "a", extra_args=["--models-dir", str(models_dir), "--kv-cache-bytes", str(600 * per_token)])

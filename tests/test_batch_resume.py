@@ -25,8 +25,8 @@ PROMPT = "and the cat sat on the mat, the cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from tests.support.synthetic_models import make_synthetic_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
 
     return load_all(make_synthetic_model(tmp_path_factory.mktemp("bresume") / "synthetic", n_layers=4))
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from exo_p2p.cli.endpoint import normalize_api_url
+from exo_p2p.cli.node_api.endpoint import normalize_api_url
 from exo_p2p.cli.errors import CliError
 
 BAD_URLS = ["http://[::1", "http://127.0.0.1:99999", "http://256.1.1.1:5", "http://x:abc", "http://:5"]

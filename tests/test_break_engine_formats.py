@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.tasks import OutputFormat
 from tests.support.structured_engine import params, serve
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.loading.loader import LoadedModel, load_all
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, nodes_cleanup
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from exo_p2p.models.copies.partial import PartialModel
 from exo_p2p.models.transfer.protocols import fetch_manifest
 from exo_p2p.models.depot.pulls import PullManager, PullStatus, check_disk
 from exo_p2p.models.stores.store import ModelStore
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.node.process import first_leaf
 from exo_p2p.types import IndexedEvent, MasterElected, NodeProfile, State
 from exo_p2p.types.manifest import Chunk, HeldModel, ManifestFile, ModelManifest, TensorRange

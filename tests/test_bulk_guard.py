@@ -26,10 +26,10 @@ from exo_p2p.models.transfer.fetch import fetch_chunks
 from exo_p2p.models.manifest import build_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel
 from exo_p2p.models.transfer.protocols import LocalModel
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.support.cluster import NodeProcess, converged, make_secret, nodes_cleanup, self_id, wait_until
-from tests.support.probes import _probe_port
+from tests.support.net.probes import _probe_port
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-bulk"

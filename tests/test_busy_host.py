@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from exo_p2p.cluster.liveness import Liveness, Stalls, silence, stalled_between
 from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.node.loop_watch import LoopWatch
-from tests.support.election_sim import hb
+from tests.support.rules.election_sim import hb
 
 pytestmark = pytest.mark.unit
 T = 5.0

@@ -14,7 +14,7 @@ from exo_p2p.cluster.messages import LogRequest
 from exo_p2p.replica import Replica
 from exo_p2p.state.chain import chain_base, chain_step
 from exo_p2p.types import IndexedEvent, NodeTimedOut, State
-from tests.support.strategies import events, index
+from tests.support.rules.strategies import events, index
 
 
 def _as_term(evs: list, term: int, start: int = 1) -> list[IndexedEvent]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from exo_p2p.chunks.order import GAP_BOUND, ChunkNumbering, ChunkOrder
 from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.cluster.faults import FaultyChunkSender, GossipFaults, chunk_faults_from_hooks
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types import ErrorChunk, ErrorInfo, FinishChunk, TokenChunk
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
 

@@ -20,7 +20,7 @@ from exo_p2p.types import (
     TaskStatusUpdated,
     TextGeneration,
 )
-from tests.support.strategies import _instance
+from tests.support.rules.strategies import _instance
 
 
 def _state(instance_failed: bool) -> State:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from exo_p2p.chunks.router import ChunkRouter
 from exo_p2p.chunks.routes import ChunkRoutes, admission, trim_oldest
 from exo_p2p.types import ChatMessage, GenerationParams, IndexedEvent, State, TaskCreated, TextGeneration, TokenChunk
-from tests.support.strategies import _instance
+from tests.support.rules.strategies import _instance
 
 
 def test_admission_refuses_a_chunk_not_from_rank0_and_an_unnumbered_one():

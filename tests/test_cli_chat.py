@@ -78,7 +78,7 @@ _line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_chara
 
 @given(st.lists(st.lists(_line_text, min_size=1, max_size=3), max_size=6))
 def test_sse_data_round_trips(events):
-    from exo_p2p.cli.chat_stream import iter_sse_data
+    from exo_p2p.cli.node_api.sse import iter_sse_data
 
     lines: list[str] = [": keep-alive comment", ""]
     for event in events:
@@ -88,7 +88,7 @@ def test_sse_data_round_trips(events):
 
 @given(st.lists(st.text(min_size=1, max_size=8), max_size=10))
 def test_chat_deltas_concatenate_and_stop_at_done(pieces):
-    from exo_p2p.cli.chat_stream import chat_deltas
+    from exo_p2p.cli.node_api.sse import chat_deltas
 
     payloads = [json.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}) for p in pieces]
     payloads += ["[DONE]", json.dumps({"choices": [{"delta": {"content": "after done"}}]})]
@@ -121,8 +121,8 @@ def test_empty_prompt_is_refused(served, prompt):
 
 @pytest.mark.integration
 def test_repl_leaves_a_newline_on_ctrl_c(served):
-    from exo_p2p.cli.chat import repl
-    from exo_p2p.cli.client import NodeClient
+    from exo_p2p.cli.chat.session import repl
+    from exo_p2p.cli.node_api.client import NodeClient
 
     notes = []
 

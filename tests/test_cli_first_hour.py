@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from exo_p2p.api.access import AccessPolicy
-from exo_p2p.cli.observe_cmds import COLUMNS, header_line, record_line, route_text
+from exo_p2p.cli.queries.requests_log import COLUMNS, header_line, record_line, route_text
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
 from exo_p2p.metrics.request_log import RequestLog
@@ -63,7 +63,7 @@ def test_top_tells_nodes_apart_and_shows_the_last_speed() -> None:
     speed of its last request, marked ``last``."""
     from rich.console import Console
 
-    from exo_p2p.cli.top_cmd import frame, last_rates, rate_text
+    from exo_p2p.cli.queries.top import frame, last_rates, rate_text
 
     one, two = "12D3KooWAbCdEfGh1111", "12D3KooWXyZaBcDe2222"
     state = {"master": one, "node_id": one, "nodes": {one: {"friendly_name": ""}, two: {"friendly_name": ""}},
@@ -81,7 +81,7 @@ def test_top_tells_nodes_apart_and_shows_the_last_speed() -> None:
 
 
 def _words(table) -> list[str]:
-    from exo_p2p.cli.fit import cell_text
+    from exo_p2p.cli.output.fit import cell_text
 
     return [w for c in table.columns for cell in [c.header, *c.cells] for w in cell_text(cell).split()]
 
@@ -95,7 +95,7 @@ def _rendered(renderable, width: int = 80) -> str:
 
 
 def _tables() -> list:
-    from exo_p2p.cli import render
+    from exo_p2p.cli.output import render
 
     self_id, peer_id = "12D3KooWSelfSelfSelfSelf", "12D3KooWPeerPeerPeerPeer"
     shards = [{"node_id": self_id, "rank": 0, "start_layer": 0, "end_layer": 15, "share_bytes": 59_000_000,
@@ -122,7 +122,7 @@ def _tables() -> list:
 def test_tables_at_80_columns_cut_nothing_and_split_no_word() -> None:
     """Each table rendered 80 columns wide (a pipe, a narrow terminal): no line is wider, and
     every word of every cell is there whole (as a table with narrower columns, or as a list)."""
-    from exo_p2p.cli.fit import fit
+    from exo_p2p.cli.output.fit import fit
 
     for table in _tables():
         words = _words(table)
@@ -135,7 +135,7 @@ def test_tables_at_80_columns_cut_nothing_and_split_no_word() -> None:
 
 
 def test_fit_narrows_the_widest_column_first() -> None:
-    from exo_p2p.cli.fit import column_widths
+    from exo_p2p.cli.output.fit import column_widths
 
     assert column_widths([10, 40, 5], [8, 12, 5], 60) == [10, 40, 5]
     assert column_widths([10, 40, 5], [8, 12, 5], 30) == [9, 16, 5] or column_widths([10, 40, 5], [8, 12, 5], 30) == [10, 15, 5]
@@ -153,7 +153,7 @@ def served():
 
 @pytest.mark.integration
 def test_place_min_nodes_says_it_waits_and_how_to_add_a_node(served, monkeypatch) -> None:
-    from exo_p2p.cli import placement_cmds
+    from exo_p2p.cli.placement import commands as placement_cmds
     from tests.support.fake_node import error_lines, invoke
 
     monkeypatch.setattr(placement_cmds, "NODES_WAIT", 0.6)  # the fake cluster has 2 nodes, never 3
@@ -218,7 +218,7 @@ def test_stop_and_place_of_a_misspelt_model(served) -> None:
 
 
 def test_doctor_on_a_no_mdns_node_says_mdns_is_off() -> None:
-    from exo_p2p.cli.doctor import Findings, diagnose
+    from exo_p2p.cli.queries.doctor_checks import Findings, diagnose
 
     me = {"node_id": "12D3KooWMe", "is_self": True, "friendly_name": "me", "addrs": ["/ip4/10.0.0.2/tcp/52514/p2p/x"]}
     off = "\n".join(diagnose(Findings(api_url="http://x", state={"mdns": False}, nodes=[me], mdns_types=[])))
@@ -231,7 +231,7 @@ def test_doctor_on_a_no_mdns_node_says_mdns_is_off() -> None:
 def test_node_help_fits_a_screen_and_help_all_lists_every_flag() -> None:
     """``node --help`` at 80 columns: the common groups only, no default cut; ``--help-all``
     every flag the settings table has (but hidden ones)."""
-    from exo_p2p.cli.node_flags import ALL_ONLY, HELP_PANELS
+    from exo_p2p.cli.cluster.node_flags import ALL_ONLY, HELP_PANELS
     from exo_p2p.settings.table import SETTINGS
     from tests.support.fake_node import invoke
 

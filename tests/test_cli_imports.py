@@ -23,7 +23,7 @@ FORBIDDEN = ("libp2p", "multiaddr", "mlx", "mlx_lm", "transformers", "tokenizers
 """Top-level packages (and exo-p2p modules) a client command must not import. trio, anyio
 and httpcore too: httpx's own transport imports httpcore, which imports trio and anyio
 whenever they are installed (~0.2 s of CPU); the CLI sends through
-``exo_p2p.cli.http_transport`` instead. structlog: only a node (or ``run`` starting one)
+``exo_p2p.cli.node_api.http_transport`` instead. structlog: only a node (or ``run`` starting one)
 logs through it."""
 
 PROBE = r"""
@@ -97,7 +97,7 @@ def test_client_commands_against_a_node_load_no_node_library() -> None:
         modules = loaded_modules(argvs)
     finally:
         served.close()
-    assert "exo_p2p.cli.http_transport" in modules and forbidden_in(modules) == []
+    assert "exo_p2p.cli.node_api.http_transport" in modules and forbidden_in(modules) == []
 
 
 def test_client_commands_without_a_node_load_no_node_library() -> None:

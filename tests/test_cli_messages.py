@@ -4,7 +4,7 @@ name nodes by their names (whole ids only in ``--json``); ``chat`` ends with one
 figures on stderr (``--quiet`` drops it).
 
 The commands run in-process against a fake node API behind an ``httpx.MockTransport``
-(``exo_p2p.cli.client.set_transport``): no socket, no process.
+(``exo_p2p.cli.node_api.client.set_transport``): no socket, no process.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from exo_p2p.cli import client as client_module
+from exo_p2p.cli.node_api import client as client_module
 from exo_p2p.cli.messages import (
     AnswerStats,
     api_key_message,

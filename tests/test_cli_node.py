@@ -20,7 +20,7 @@ from tests.support.fake_node import fast_polls  # noqa: F401  (autouse)
 
 
 def test_bad_memory_limit_exits_2_with_one_line(monkeypatch):
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     started = []
     monkeypatch.setattr(cluster_cmds, "run_node", started.append)
@@ -32,7 +32,7 @@ def test_bad_memory_limit_exits_2_with_one_line(monkeypatch):
 
 
 def test_node_flags_build_the_config(monkeypatch, tmp_path):
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     started = []
     monkeypatch.setattr(cluster_cmds, "run_node", started.append)
@@ -64,7 +64,7 @@ def test_node_flags_build_the_config(monkeypatch, tmp_path):
 
 def test_node_defaults_come_from_config(monkeypatch, tmp_path):
     from exo_p2p import config as cfg
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     started = []
     monkeypatch.setattr(cluster_cmds, "run_node", started.append)
@@ -84,7 +84,7 @@ def test_node_defaults_come_from_config(monkeypatch, tmp_path):
 
 def test_node_engine_flags_make_one_record(tmp_path):
     from exo_p2p.cli.errors import CliError
-    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.cli.cluster.node_config import build_node_config
     from exo_p2p.defaults import PREFILL_CHUNK_SIZE
     from exo_p2p.types.engine import EngineSettings
 
@@ -112,7 +112,7 @@ def test_node_setting_flags_are_checked_in_order_and_kept_normalized():
 
 
 def test_node_exit_code_is_passed_on(monkeypatch, tmp_path):
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     monkeypatch.setattr(cluster_cmds, "run_node", lambda config: 1)
     assert invoke(["node", "--data-dir", str(tmp_path)]).exit_code == 1
@@ -127,7 +127,7 @@ def test_node_without_a_node_runtime_is_one_line(monkeypatch, tmp_path):
 
 
 def test_missing_cluster_secret_file_exits_2(monkeypatch, tmp_path):
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     monkeypatch.setattr(cluster_cmds, "run_node", lambda config: pytest.fail("must not start"))
     result = invoke(["node", "--cluster-secret", str(tmp_path / "nope")])
@@ -182,7 +182,7 @@ def test_help_shows_no_python_types_and_lists_the_env_vars():
 
 
 def test_node_flags_from_env_and_config_file(monkeypatch, tmp_path):
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     started = []
     monkeypatch.setattr(cluster_cmds, "run_node", started.append)

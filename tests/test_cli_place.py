@@ -76,7 +76,7 @@ def test_delete_by_id_and_unique_prefix(served):
 
 @pytest.mark.integration
 def test_place_bar_shows_phases_and_keeps_its_clock(served):
-    from exo_p2p.cli.waiting import instance_phase
+    from exo_p2p.cli.placement.waiting import instance_phase
 
     served.node.warmup_polls = 3
     result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
@@ -94,7 +94,7 @@ def test_place_bar_shows_phases_and_keeps_its_clock(served):
 def test_bar_clock_runs_when_the_bar_is_full():
     from rich.progress import Progress
 
-    from exo_p2p.cli.waiting import _Clock
+    from exo_p2p.cli.placement.waiting import _Clock
 
     now = [0.0]
     progress = Progress(get_time=lambda: now[0])

@@ -230,7 +230,7 @@ ids = st.text(alphabet="0123456789abcdef-", min_size=1, max_size=40)
 
 @given(st.lists(ids, min_size=1, max_size=30, unique=True))
 def test_short_ids_are_unique_prefixes(values):
-    from exo_p2p.cli.readable import SHORT_ID, short_ids
+    from exo_p2p.cli.output.readable import SHORT_ID, short_ids
 
     short = short_ids(values)
     for ident, prefix in short.items():
@@ -272,7 +272,7 @@ def test_previews_of_an_unknown_model_lists_the_known_ones(served):
 
 
 def test_sizes_under_a_gib_are_in_mib():
-    from exo_p2p.cli.readable import gib
+    from exo_p2p.cli.output.readable import gib
 
     assert gib(98_000_000) == "93.5 MiB" and gib(49_000_000) == "46.7 MiB"
     assert gib(16 * GIB) == "16.0 GiB" and gib(None) == "unknown"

@@ -21,7 +21,7 @@ from tests.support.fake_node import fast_polls  # noqa: F401  (autouse)
 
 
 def _fake_node_command(monkeypatch):
-    from exo_p2p.cli import local_node
+    from exo_p2p.cli.chat import local_node
 
     def command(api_port: int, data_dir: Path, private: bool = True) -> list[str]:
         # a private node's state dir is DATA_DIR/private-runs/run-XXXX (removed after the
@@ -44,7 +44,7 @@ def _gone(pid: int) -> bool:
 
 def _no_default_node(monkeypatch) -> str:
     """Point the default API URL at a closed port (tests never use the real default)."""
-    from exo_p2p.cli import endpoint
+    from exo_p2p.cli.node_api import endpoint
 
     url = f"http://127.0.0.1:{closed_port()}"
     monkeypatch.setattr(endpoint, "DEFAULT_API", url)
@@ -62,7 +62,7 @@ def test_run_starts_a_node_places_answers_and_stops_it(monkeypatch, tmp_path):
     assert "starting one for this command" in result.stderr and "30/30" in result.stderr
     pid = int((tmp_path / "fake-node.pid").read_text())
     assert _gone(pid)
-    # its state was a fresh dir of its own (exo_p2p.cli.private_state), removed after
+    # its state was a fresh dir of its own (exo_p2p.cli.chat.private_state), removed after
     state_dir = Path((tmp_path / "state-dir").read_text())
     assert state_dir.parent == tmp_path / "private-runs" and not state_dir.exists()
     log = (tmp_path / "run-node.log").read_text()
@@ -80,7 +80,7 @@ def test_run_uses_an_answering_node_and_an_existing_instance(served, tmp_path):
 
 @pytest.mark.integration
 def test_run_reports_a_node_that_does_not_start(monkeypatch, tmp_path):
-    from exo_p2p.cli import local_node
+    from exo_p2p.cli.chat import local_node
 
     code = "import sys; print('loading things'); print('error: API port 1 on 127.0.0.1 is not available'); sys.exit(3)"
     monkeypatch.setattr(local_node, "node_command", lambda port, data_dir, private=True: [sys.executable, "-c", code])
@@ -118,7 +118,7 @@ def test_run_with_an_explicit_api_that_answers_nothing_is_an_error(monkeypatch, 
 @pytest.mark.integration
 def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
     """The node `run` starts is private (own cluster, no mDNS, loopback)."""
-    from exo_p2p.cli.local_node import node_command
+    from exo_p2p.cli.chat.local_node import node_command
 
     argv = node_command(5000, tmp_path)
     assert "--no-mdns" in argv and argv[argv.index("--listen-host") + 1] == "127.0.0.1"
@@ -141,7 +141,7 @@ def test_run_starts_a_private_node_unless_lan(monkeypatch, tmp_path):
 def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_path):
     from rich.console import Console
 
-    from exo_p2p.cli.local_node import running_node
+    from exo_p2p.cli.chat.local_node import running_node
 
     _fake_node_command(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
@@ -153,7 +153,7 @@ def test_running_node_is_stopped_when_the_block_is_interrupted(monkeypatch, tmp_
 
 @pytest.mark.integration
 def test_stop_process_kills_a_node_that_ignores_sigterm():
-    from exo_p2p.cli.local_node import stop_process
+    from exo_p2p.cli.chat.local_node import stop_process
 
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -226,7 +226,7 @@ def test_run_with_a_real_node_answers_and_leaves_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "EXO_P2P_API"}
     env["HF_HUB_OFFLINE"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from exo_p2p.cli import endpoint, main; "
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import main; from exo_p2p.cli.node_api import endpoint; "
          f"endpoint.DEFAULT_API = 'http://127.0.0.1:{closed_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
          "run", "smollm2-135m-instruct", "What is the capital of France?",
          "--temperature", "0", "--max-tokens", "24", "--data-dir", str(tmp_path)],

@@ -15,10 +15,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from exo_p2p.cli.chat import request_body
+from exo_p2p.cli.chat.session import request_body
 from exo_p2p.cli.errors import CliError
-from exo_p2p.cli.structured import MAX_SCHEMA_BYTES, read_schema, response_format, schema_name
-from tests.support.synthetic_models import make_synthetic_model
+from exo_p2p.cli.chat.structured import MAX_SCHEMA_BYTES, read_schema, response_format, schema_name
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess
 from tests.support.fake_node import Served, error_lines, invoke
 

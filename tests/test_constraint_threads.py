@@ -1,4 +1,4 @@
-"""``worker/engine/constraint.py`` may be imported by one thread and used by another: a
+"""``worker/engine/answer/constraint.py`` may be imported by one thread and used by another: a
 runner imports the engine's modules in a background thread (``worker/runner/startup.py``'s
 preload) and steps the engine in its main thread. MLX streams belong to a thread, so a lazy
 array the module made at import (on the importing thread's stream) cannot be evaluated by
@@ -14,7 +14,7 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-import worker.engine.constraint as constraint
+import worker.engine.answer.constraint as constraint
 
 
 def test_masks_unpack_in_another_thread_than_the_import() -> None:

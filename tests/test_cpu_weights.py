@@ -194,7 +194,7 @@ def test_float32_greedy_output_equals_stored_weights(tmp_path: Path) -> None:
     from exo_p2p.types.engine import EngineSettings
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     model_dir = import_gguf(find_embedded_gguf(), tmp_path / "smollm2")
     tokens: dict[str, dict[str, list[int]]] = {}

@@ -1,6 +1,6 @@
 """A model repository cannot fill a node's disk, and a full data dir never keeps a node from
 starting (``exo_p2p.models.copies.disk_room``, docs/security.md): real node processes whose data dir
-is a 48 MB tmpfs the test mounts (root only), the local stand-in hub (``tests/support/hub_server.py``)
+is a 48 MB tmpfs the test mounts (root only), the local stand-in hub (``tests/support/models/hub_server.py``)
 serving a repo whose small files do not fit.
 
 - a placement whose small files do not fit gets 507 naming the free bytes, and the CLI says so
@@ -27,10 +27,10 @@ import psutil
 import pytest
 
 from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import Chunk, ManifestFile, ModelManifest
 from tests.support.cluster import REPO, NodeProcess, wait_until
-from tests.support.hub_server import HubServer, _git_blob_id
+from tests.support.models.hub_server import HubServer, _git_blob_id
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="mounts a 48 MB tmpfs as the data dir: needs root")]

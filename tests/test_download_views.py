@@ -8,9 +8,9 @@ import io
 
 from rich.console import Console
 
-from exo_p2p.cli.readable import download_text
-from exo_p2p.cli.render import instance_progress, previews_table, shard_line
-from exo_p2p.cli.waiting import download_figures, instance_phase, wait_until_ready
+from exo_p2p.cli.output.readable import download_text
+from exo_p2p.cli.output.render import instance_progress, previews_table, shard_line
+from exo_p2p.cli.placement.waiting import download_figures, instance_phase, wait_until_ready
 
 MIB = 1 << 20
 
@@ -44,7 +44,7 @@ def test_a_download_says_how_much_came_from_peers_and_from_the_hub() -> None:
     assert instance_progress(inst).endswith("(2.0 MiB from the hub)")
     from types import SimpleNamespace
 
-    from exo_p2p.cli.waiting import _Amount
+    from exo_p2p.cli.placement.waiting import _Amount
 
     task = SimpleNamespace(completed=3 * MIB, total=8 * MIB,  # the place bar's task while shards download
                            fields={"unit": "bytes", "speed": 2.0 * MIB, "from_peers": 0, "from_hub": 2 * MIB})

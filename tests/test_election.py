@@ -47,8 +47,8 @@ from exo_p2p.cluster.messages import Heartbeat, encode
 from exo_p2p.replica import Replica
 from exo_p2p.state import apply, state_hash
 from exo_p2p.types import Event, IndexedEvent, State
-from tests.support.strategies import events, index
-from tests.support.election_sim import Link, SETTINGS, Sim, SimNode, TIMEOUT, claim, hb
+from tests.support.rules.strategies import events, index
+from tests.support.rules.election_sim import Link, SETTINGS, Sim, SimNode, TIMEOUT, claim, hb
 
 STATE_DIR = Path(__file__).resolve().parents[1] / "exo_p2p" / "state"
 

@@ -1,6 +1,6 @@
 """A BERT cross-encoder (``BertForSequenceClassification``) reranks in-process as transformers'
 head computes it (docs/api.md#embeddings-and-reranking): the runner's scores equal the
-oracle's (``tests.synthetic_encoder.cross_encoder_oracle``: the tokenizer's own pairs, the
+oracle's (``tests.support.models.synthetic_encoder.cross_encoder_oracle``: the tokenizer's own pairs, the
 library's pooler, the classifier in numpy) within 1e-5 and order the documents alike; two
 labels score by the last label's softmax, an ``Identity`` activation by the raw logit; other
 families, a mismatched head and embedding requests are refused by name."""
@@ -14,7 +14,7 @@ import pytest
 
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.types import Embedding, EmbeddingParams
-from tests.synthetic_encoder import cross_encoder_oracle, make_cross_encoder
+from tests.support.models.synthetic_encoder import cross_encoder_oracle, make_cross_encoder
 from worker.embed.build import cross_embedder
 from worker.embed.cross import CrossEncoderError, pair_row
 

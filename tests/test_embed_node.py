@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from exo_p2p.embeddings.vectors import cosine, normalize
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess
-from tests.synthetic_encoder import cross_encoder_oracle, make_cross_encoder, make_encoder
+from tests.support.models.synthetic_encoder import cross_encoder_oracle, make_cross_encoder, make_encoder
 
 pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")

@@ -16,7 +16,7 @@ import pytest
 
 from exo_p2p.embeddings.vectors import cosine, normalize
 from tests.support.cluster import Cluster, NodeProcess, wait_until
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.integration
 

@@ -204,7 +204,7 @@ def test_answers():
 
 
 def test_cli_summary_lines():
-    from exo_p2p.cli.embed_cmd import summary_lines
+    from exo_p2p.cli.chat.embed import summary_lines
     from exo_p2p.cli.errors import CliError
 
     answer = {"data": [{"index": 0, "embedding": [0.5, -0.25, 0.0]}], "usage": {"prompt_tokens": 4}}

@@ -10,10 +10,10 @@ import pytest
 
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.embeddings.vectors import cosine, normalize
-from tests.support.synthetic_families import FAMILIES, make_family_model
-from tests.synthetic_encoder import make_encoder
+from tests.support.models.synthetic_families import FAMILIES, make_family_model
+from tests.support.models.synthetic_encoder import make_encoder
 from worker.embed.build import decoder_embedder, encoder_embedder
-from worker.engine.loader import load_all
+from worker.engine.loading.loader import load_all
 
 mlx_embeddings = pytest.importorskip("mlx_embeddings", reason="the embeddings extra (scripts/install.sh --test installs it)")
 

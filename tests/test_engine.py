@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
 from mlx_lm.utils import load as mlx_lm_load  # noqa: E402
 
-from tests.support.synthetic_models import CHATML_TEMPLATE, make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import CHATML_TEMPLATE, make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import (  # noqa: E402
     ErrorChunk,
     FinishChunk,
@@ -34,7 +34,7 @@ from worker.engine.builder import build_engine  # noqa: E402
 from worker.engine.prepare import validate_prompt  # noqa: E402
 from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.pipeline import LocalStage, StageFailed  # noqa: E402
-from worker.engine.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, LoadProgress, load_all, load_model  # noqa: E402
 from tests.support.engine_run import MAX_STEPS, Request, finish_of, generate, loaded, model_dir, msgs, run, text_of
 
 PROMPTS = [

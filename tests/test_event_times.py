@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.cluster.event_times import EventTimes
 from exo_p2p.cluster.messages import IndexedEventBatch, decode_global, encode
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.replica import Replica
 from exo_p2p.types import PROTOCOL_VERSION, IndexedEvent, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted
 from tests.support.cluster import Cluster, agreement, self_id, state_of, wait_until

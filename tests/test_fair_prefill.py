@@ -20,12 +20,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.chunks import FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
 from worker.engine.builder import build_engine  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 
 CHUNK = 64  # group limit 256 // 64 = 4 rows
 MAX_STEPS = 2_000

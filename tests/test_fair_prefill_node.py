@@ -17,7 +17,7 @@ import time
 import pytest
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.support.fair_load import Background, filler, timed_request
 

@@ -20,9 +20,9 @@ from exo_p2p.models.card.families import (
     sharding_problem,
     shardings_of,
 )
-from tests.support.synthetic_families import FAMILIES
+from tests.support.models.synthetic_families import FAMILIES
 from master.placement.place import PlacementError, place_instance, placement_previews
-from tests.support.placement_cluster import GIB, card, cluster
+from tests.support.rules.placement_cluster import GIB, card, cluster
 
 
 def test_the_matrix_covers_every_synthetic_family() -> None:
@@ -112,8 +112,8 @@ def test_a_synthetic_family_model_loads_as_its_family(tmp_path, family: str) -> 
     """mlx-lm builds the family's own class from the written files (strict: every parameter
     present, none extra), and the card knows the family and its storage."""
     from exo_p2p.models.card.derive import card_from_model_dir
-    from tests.support.synthetic_families import make_family_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_families import make_family_model
+    from worker.engine.loading.loader import load_all
 
     model_dir = make_family_model(tmp_path / family, family, n_layers=2 if family != "gpt_oss" else 2)
     loaded = load_all(model_dir)
@@ -125,7 +125,7 @@ def test_a_synthetic_family_model_loads_as_its_family(tmp_path, family: str) -> 
 
 
 def test_unknown_family_is_refused_by_the_maker(tmp_path) -> None:
-    from tests.support.synthetic_families import make_family_model
+    from tests.support.models.synthetic_families import make_family_model
 
     with pytest.raises(KeyError, match="unknown family"):
         make_family_model(tmp_path / "x", "nope")
@@ -141,11 +141,11 @@ def test_the_listing_shows_family_quantization_and_shardings(tmp_path) -> None:
     from rich.console import Console
 
     from exo_p2p.api.views import local_model
-    from exo_p2p.cli.json_shapes import MODEL_FIELDS, models_json
-    from exo_p2p.cli.render import models_table
+    from exo_p2p.cli.output.json_shapes import MODEL_FIELDS, models_json
+    from exo_p2p.cli.output.render import models_table
     from exo_p2p.models.card.derive import card_from_model_dir
-    from tests.support.synthetic_models import make_synthetic_model
-    from tests.support.synthetic_families import make_family_model
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_families import make_family_model
 
     phi = msgspec.to_builtins(local_model(card_from_model_dir(make_family_model(tmp_path / "p", "phi3"), "p")))
     assert (phi["family"], phi["quantization"], phi["shardings"]) == ("phi3", "float32", ["pipeline"])

@@ -1,5 +1,5 @@
 """The family matrix (docs/models.md#families): every family of
-``tests.support.synthetic_families`` on 1 rank, as a 2-rank pipeline and, where
+``tests.support.models.synthetic_families`` on 1 rank, as a 2-rank pipeline and, where
 ``exo_p2p.models.card.families`` allows it, 2-rank tensor parallel, in real rank processes over
 the MLX ring on 127.0.0.1, each building its engine as the runner does
 (``builder.build_engine`` with a ``Ring``; ``ring_stage`` picks the stage).
@@ -30,7 +30,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support.synthetic_families import FAMILIES  # noqa: E402
+from tests.support.models.synthetic_families import FAMILIES  # noqa: E402
 from tests.support.cluster import free_ports  # noqa: E402
 from tests.support.ranks import child_main, ring_barrier, run_rank_processes  # noqa: E402
 
@@ -112,7 +112,7 @@ def _one_family(spec: dict[str, Any], group: Any, sharding: str) -> dict[str, An
     from worker.engine.builder import Ring, ring_stage
     from worker.engine.distributed import ring_all_gather
     from worker.engine.forward import generation_stream
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
     from worker.engine.pipeline import LocalStage
 
     if sharding == "tensor":
@@ -179,7 +179,7 @@ def share_bytes(model_dir: Path, start: int, end: int, n_layers: int, world: int
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.support.synthetic_families import make_family_model
+    from tests.support.models.synthetic_families import make_family_model
 
     root = tmp_path_factory.mktemp("families")
     return {f: make_family_model(root / f, f, hidden_size=128, intermediate_size=256) for f in FAMILIES}

@@ -1,5 +1,5 @@
 """The first minute of a placed instance as a user sees it: the phases ``place`` shows (a
-single-rank instance never says "connecting ranks": ``exo_p2p.cli.waiting``), and the first
+single-rank instance never says "connecting ranks": ``exo_p2p.cli.placement.waiting``), and the first
 token count after placement as fast as the next (the tokenizer is loaded while the instance
 loads: ``exo_p2p.models.token_count``). Rules and the counter with fake loaders (unit), then
 one real node with a tiny synthetic model and the official ``anthropic`` client
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from exo_p2p.cli.waiting import PHASES, instance_phase
+from exo_p2p.cli.placement.waiting import PHASES, instance_phase
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.models.token_count import TokenCounter, models_to_preload
 from exo_p2p.types import ChatMessage, GenerationParams, Instance, ShardMetadata, State
@@ -223,7 +223,7 @@ def test_placing_on_one_node_skips_connecting_and_loads_the_tokenizer(tmp_path_f
     anthropic = pytest.importorskip("anthropic")
     import httpx
 
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
     from tests.support.cluster import NodeProcess, wait_until
 
     models = tmp_path_factory.mktemp("models")

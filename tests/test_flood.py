@@ -25,8 +25,8 @@ from exo_p2p.api.slow_clients import BODY_TIMEOUT
 from exo_p2p.models.transfer.bulk import DEFER_ACCEPT, TICKET_WAIT
 from tests.support.cluster import NodeProcess, wait_until
 from tests.conftest import TINY_MODEL
-from tests.support.flood import Wave, probe_failures, quick_share, run_flood
-from tests.support.fd_counts import HEALTH_BOUND, IDLE_FDS_SLACK, SLACK, fd_count, listening_ports
+from tests.support.net.flood import Wave, probe_failures, quick_share, run_flood
+from tests.support.net.fd_counts import HEALTH_BOUND, IDLE_FDS_SLACK, SLACK, fd_count, listening_ports
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ keeps serving.
 
 The node runs under the machine's own NOFILE limits (it raises its soft limit to the hard
 one, ``exo_p2p.limits``). 5,000 connections are opened within ~10 s and held (see
-``tests/support/flood.py``): 4,555 to the API (2,900 idle, 800 slowloris heads, 800 slowloris bodies,
+``tests/support/net/flood.py``): 4,555 to the API (2,900 idle, 800 slowloris heads, 800 slowloris bodies,
 50 silent HTTP/2, 5 that ask and never read), 345 idle ones to libp2p and 100 to the bulk
 port. Meanwhile one client after another streams a chat from the placed model with the
 official ``openai`` client. Asserted: the node stays up; every stream begun during the flood
@@ -24,8 +24,8 @@ import pytest
 
 from tests.support.cluster import NodeProcess, wait_until
 from tests.conftest import TINY_MODEL
-from tests.support.flood import Wave, probe_failures, quick_share, run_flood
-from tests.support.fd_counts import HEALTH_BOUND, IDLE_FDS_SLACK, SLACK, fd_count, listening_ports
+from tests.support.net.flood import Wave, probe_failures, quick_share, run_flood
+from tests.support.net.fd_counts import HEALTH_BOUND, IDLE_FDS_SLACK, SLACK, fd_count, listening_ports
 
 pytestmark = pytest.mark.integration
 

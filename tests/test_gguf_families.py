@@ -1,5 +1,5 @@
 """Each GGUF architecture the importer reads, round-tripped: a tiny GGUF written with the
-``gguf`` package's writer (tests/gguf_files.py), imported, loaded with ``mlx_lm.load`` and
+``gguf`` package's writer (tests/support/models/gguf_files.py), imported, loaded with ``mlx_lm.load`` and
 expanded to float32 as a CPU node does, gives the logits of mlx-lm's own class holding the
 weights the GGUF stands for.
 
@@ -22,7 +22,7 @@ import pytest
 from exo_p2p.models.card.derive import card_from_gguf, card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.importer import import_gguf
-from tests.gguf_files import family_metadata, llama3_rope_freqs, reference_model, write_family_gguf
+from tests.support.models.gguf_files import family_metadata, llama3_rope_freqs, reference_model, write_family_gguf
 
 
 TOKENS = [[0, 1, 40, 77, 263, 150, 2, 9, 200, 33, 120, 7]]
@@ -84,7 +84,7 @@ def _logits(model) -> np.ndarray:  # type: ignore[no-untyped-def]
 def _import_and_compare(tmp_path: Path, case: str) -> tuple[float, Path]:
     from mlx_lm import load
 
-    from worker.engine.dequantize import expand_to_float32
+    from worker.engine.loading.dequantize import expand_to_float32
 
     family, config, types, _ = CASES[case]
     metadata = family_metadata(family, config)
@@ -185,7 +185,7 @@ def test_unsupported_tensor_type_is_named_at_listing(tmp_path: Path) -> None:
     config = _base("qwen3", head_dim=64)
     path = tmp_path / "iq.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen3")
-    from tests.gguf_files import _add
+    from tests.support.models.gguf_files import _add
 
     for key, value in family_metadata("qwen3", config).items():
         _add(writer, key, value)

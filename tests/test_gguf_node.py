@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import NodeProcess, nodes_cleanup
-from tests.gguf_files import family_metadata, write_family_gguf
+from tests.support.models.gguf_files import family_metadata, write_family_gguf
 
 pytestmark = pytest.mark.integration
 

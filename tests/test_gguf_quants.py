@@ -17,7 +17,7 @@ from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.quants import GGML_TYPES, affine_blocks, dequantize, pack_mlx
 from exo_p2p.models.gguf.reader import GgufTensorInfo
 from exo_p2p.models.gguf.tensors import plan_tensor, write_tensor
-from tests.gguf_files import random_blocks
+from tests.support.models.gguf_files import random_blocks
 
 import gguf  # noqa: E402  (the test extra)
 pytestmark = pytest.mark.unit

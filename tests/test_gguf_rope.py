@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.rope import llama3_scaling, rope_scaling_from_metadata
-from tests.gguf_files import llama3_rope_freqs
+from tests.support.models.gguf_files import llama3_rope_freqs
 
 
 def _mlx_lm_periods(scaling: dict, base: float, dims: int) -> np.ndarray:

@@ -95,7 +95,7 @@ def test_sentencepiece_streams_with_mlx_lm(tmp_path, pair) -> None:  # type: ign
 
 
 def test_qwen2_pretokenizer_splits_digits() -> None:
-    from tests.gguf_files import byte_level_vocab
+    from tests.support.models.gguf_files import byte_level_vocab
 
     tokens, types, merges = byte_level_vocab()
     metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,

@@ -1,6 +1,6 @@
 """Bad input on gossip topics and request/response streams (docs/architecture.md#wire-and-storage).
 
-A rogue peer (``tests/support/rogue_peer.py``: its own libp2p identity, so it can only sign as
+A rogue peer (``tests/support/net/rogue_peer.py``: its own libp2p identity, so it can only sign as
 itself) joins a real cluster of node processes and sends hostile traffic on every topic and
 protocol. Expected: every bad message is dropped and counted (``GET /state`` "counters"),
 never applied; no node crashes; all nodes keep one State (same ``state_hash``); the cluster
@@ -54,7 +54,7 @@ from exo_p2p.types import (
 )
 from tests.conftest import tiny_models_dir
 from tests.support.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
-from tests.support.rogue_peer import RogueProcess
+from tests.support.net.rogue_peer import RogueProcess
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"

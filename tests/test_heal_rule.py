@@ -25,8 +25,8 @@ from exo_p2p.cluster.messages import LogResponse
 from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.replica import Replica
 from exo_p2p.types import State
-from tests.support.election_sim import SETTINGS, TIMEOUT, Sim, SimNode, claim, hb
-from tests.support.heal_stubs import _noop, _stub_replica
+from tests.support.rules.election_sim import SETTINGS, TIMEOUT, Sim, SimNode, claim, hb
+from tests.support.rules.heal_stubs import _noop, _stub_replica
 
 # --- the side that kept the cluster going wins a heal ----------------------------------------------
 

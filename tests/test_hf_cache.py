@@ -11,7 +11,7 @@ from pathlib import Path
 from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.models.stores.store import ModelStore, hf_cache_models
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 
 
 def _no_embedded() -> Path:

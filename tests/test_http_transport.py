@@ -1,4 +1,4 @@
-"""``exo_p2p.cli.http_transport.StdlibTransport`` against small servers on 127.0.0.1: one
+"""``exo_p2p.cli.node_api.http_transport.StdlibTransport`` against small servers on 127.0.0.1: one
 kept-alive connection for several calls, a streamed body read as it arrives, and the
 standard library's failures raised as httpx's (what ``NodeClient`` catches)."""
 
@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from exo_p2p.cli.http_transport import StdlibTransport
+from exo_p2p.cli.node_api.http_transport import StdlibTransport
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ from exo_p2p.models.transfer.fetch_queue import HUB
 from exo_p2p.models.hub.manifest import UNKNOWN, check_complete_files, resolve_hub_model, store_known
 from exo_p2p.models.manifest import build_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel
-from tests.support.synthetic_models import make_synthetic_model
-from tests.support.local_repo import LocalRepo
+from tests.support.models.synthetic_models import make_synthetic_model
+from tests.support.models.local_repo import LocalRepo
 
 pytestmark = pytest.mark.unit
 

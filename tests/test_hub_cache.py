@@ -14,7 +14,7 @@ import pytest
 
 from exo_p2p.models.hub.cache import cache_dir, git_blob_id, land, storage_dir
 from exo_p2p.models.stores.store import hf_cache_models, is_mlx_model_dir
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.unit
 REPO = "org/tiny"

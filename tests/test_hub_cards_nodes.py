@@ -1,6 +1,6 @@
 """State stays bounded however many models clients read from a hub (``exo_p2p.state.hub_cards``,
 ``master.hub_forget``, ``exo_p2p.state.budget``; docs/security.md), with real node processes and
-the local stand-in hub (``tests/support/hub_server.py``) serving one tiny model under many names:
+the local stand-in hub (``tests/support/models/hub_server.py``) serving one tiny model under many names:
 
 - past ``MAX_HUB_MODELS`` reads State names at most that many, stays under its budget
   (``exo_state_bytes`` on ``GET /metrics``), every node holds the same State, and a node that
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.state.budget import STATE_BUDGET_BYTES
 from exo_p2p.state.hub_cards import MAX_HUB_MODELS
 from tests.support.cluster import NodeProcess, agreement, state_of, wait_until
-from tests.support.hub_server import HubServer
+from tests.support.models.hub_server import HubServer
 
 pytestmark = pytest.mark.integration
 EXTRA = 12

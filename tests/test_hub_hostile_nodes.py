@@ -1,5 +1,5 @@
 """Untrusted model sources cannot hurt a node (docs/security.md, "A model hub is untrusted"):
-a real node on loopback asked about hostile repos on the stand-in hub (``tests/support/hub_hostile.py``)
+a real node on loopback asked about hostile repos on the stand-in hub (``tests/support/models/hub_hostile.py``)
 refuses each with a 400 naming the field and the limit, within a bound, while its memory stays
 within ``RSS_BOUND`` of where it started and ``/health`` answers within ``HEALTH_BOUND`` (plus
 the worst the idle node showed first: this machine's noise) throughout; a preview adds nothing to State; a trickling hub neither holds a good placement
@@ -27,9 +27,9 @@ import pytest
 from exo_p2p.models.hub_limits import (MAX_CONFIG_BYTES, MAX_HEADERS_BYTES, MAX_LISTING_BYTES, MAX_REPO_FILES,
                                        MAX_WEIGHT_FILE_BYTES, RESOLVE_DEADLINE)
 from exo_p2p.models.hub.manifest import MAX_HEADER_BYTES
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, wait_until
-from tests.support.hub_hostile import Hostile, HostileHub
+from tests.support.models.hub_hostile import Hostile, HostileHub
 
 pytestmark = pytest.mark.integration
 RSS_BOUND = 200 * 1024 * 1024

@@ -1,5 +1,5 @@
 """Models no node holds, read from a model hub (docs/models.md#models-from-a-hub), with real
-node processes and the local stand-in hub (``tests/support/hub_server.py``) serving a tiny synthetic
+node processes and the local stand-in hub (``tests/support/models/hub_server.py``) serving a tiny synthetic
 model as ``org/tiny``: each rank downloads only its shard from the hub, a node placed later
 takes every byte from its peers, faults of the hub are retried or detected, and a restart
 resumes a download."""
@@ -16,10 +16,10 @@ import pytest
 from exo_p2p.models.transfer.chunk_sets import shard_chunks
 from exo_p2p.models.hub.client import HubClient
 from exo_p2p.models.hub.manifest import UNKNOWN, resolve_hub_model
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.support.cluster import NodeProcess, converged, self_id, wait_until
-from tests.support.hub_server import HubServer
+from tests.support.models.hub_server import HubServer
 
 pytestmark = pytest.mark.integration
 MODEL = "org/tiny"

@@ -15,9 +15,9 @@ from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.hub.manifest import hub_error_status, resolve_hub_model
 from exo_p2p.models.model_json import MAX_MODEL_JSON_DEPTH, model_json
-from tests.support.synthetic_models import make_synthetic_model
-from tests.support.hub_server import HubServer
-from tests.support.local_repo import LocalRepo
+from tests.support.models.synthetic_models import make_synthetic_model
+from tests.support.models.hub_server import HubServer
+from tests.support.models.local_repo import LocalRepo
 
 DEEP = 100_000
 

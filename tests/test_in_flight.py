@@ -11,9 +11,9 @@ from exo_p2p.types import ChatMessage, GenerationParams, SubmitTask, TaskStatusU
 from master import in_flight
 from master.commands import handle_command
 from master.in_flight import busy_refusal, in_flight_bytes, params_bytes
-from tests.support.strategies import CARD
-from tests.support.master_run import run
-from tests.support.submit_instances import two_ready_instances
+from tests.support.rules.strategies import CARD
+from tests.support.rules.master_run import run
+from tests.support.rules.submit_instances import two_ready_instances
 
 KIB = 1024
 

@@ -1,5 +1,5 @@
 """A pipeline rank's layers run by the family's own forward (worker/engine/layer_span.py), in
-process: for every family of ``tests.support.synthetic_families``, the ranks of a 2- and a
+process: for every family of ``tests.support.models.synthetic_families``, the ranks of a 2- and a
 3-rank split, chained by hand (rank r's output is rank r + 1's input, as the ring carries
 it), give the whole model's logits at every step — a prompt longer than the sliding window
 in two chunks, then greedy decode steps — alone and as a left-padded batch of two rows.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.synthetic_families import FAMILIES, SLIDING_WINDOW
+from tests.support.models.synthetic_families import FAMILIES, SLIDING_WINDOW
 from worker.engine.layer_span import stand_in_indices
 
 ATOL = 1e-4
@@ -51,7 +51,7 @@ def test_stand_ins_refuse_a_range_outside_the_model() -> None:
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from tests.support.synthetic_families import make_family_model
+    from tests.support.models.synthetic_families import make_family_model
 
     root = tmp_path_factory.mktemp("families")
     return {f: make_family_model(root / f, f) for f in FAMILIES}
@@ -92,7 +92,7 @@ def test_chained_ranks_give_the_whole_models_logits(family_dirs: dict[str, Path]
     import numpy as np
 
     from worker.engine.forward import new_cache
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     whole = load_all(family_dirs[family])
     want = _steps(lambda t, c: whole.model(t, cache=c[0]), lambda: [new_cache(whole.model)], [PROMPT])
@@ -114,7 +114,7 @@ def test_a_left_padded_batch_row_equals_the_row_alone(family_dirs: dict[str, Pat
     from mlx_lm.models.cache import BatchKVCache
 
     from worker.engine.forward import new_cache
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     whole = load_all(family_dirs[family])
     ranks = [load_all(family_dirs[family], start_layer=s, end_layer=e) for s, e in SPLITS[2]]
@@ -161,7 +161,7 @@ def test_a_sliding_window_family_answers_alone_as_in_a_batch(family_dirs: dict[s
     import mlx.core as mx
 
     from worker.engine.forward import new_cache
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
 
     loaded = load_all(family_dirs[family])
     prompts = ["hello", "and the cat sat on the mat, " * 3]
@@ -182,8 +182,8 @@ def test_the_view_runs_the_modules_a_float32_rank_holds(tmp_path: Path) -> None:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from tests.support.synthetic_models import make_synthetic_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
 
     q4 = make_synthetic_model(tmp_path / "q4", n_layers=4, quantize=True)
     for start, end in SPLITS[2]:

@@ -16,8 +16,8 @@ from exo_p2p.links.figures import RTT_EVERY
 from exo_p2p.types import InstanceFailed, LinkFigures, LinkLost, TaskDeleted, TaskStatusUpdated
 from master.placement.place import place_instance
 from master.reactions import react, ring_over
-from tests.support.relink_figures import FAST, MODEL, SLOW, _figures, _state
-from tests.support.restore_size import _ready, _task, _with
+from tests.support.rules.relink_figures import FAST, MODEL, SLOW, _figures, _state
+from tests.support.rules.restore_size import _ready, _task, _with
 
 pytestmark = pytest.mark.unit
 

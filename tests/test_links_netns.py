@@ -1,6 +1,6 @@
 """Links measured and used, on namespaces joined by links of chosen speed (root; docs/links.md).
 
-Real node processes in namespaces the test builds (``tests/support/link_lab.py``): fast links are
+Real node processes in namespaces the test builds (``tests/support/net/link_lab.py``): fast links are
 veth pairs, slow ones cross a router namespace with ``tbf`` (bandwidth) and a delaying relay
 (latency; the kernel has no ``netem``). The tiny synthetic model, placed across two or three
 nodes so that the ring crosses the links.
@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.support.cluster import NetnsNodeProcess, nodes_cleanup, wait_until
-from tests.support.link_lab import LinkLab
-from tests.support.netns_links import decode_rate, figures, models_dir, ordered_dirs, place, preview_cost, served_on_two, start_lab_nodes, wait_measured
+from tests.support.net.link_lab import LinkLab
+from tests.support.net.netns_links import decode_rate, figures, models_dir, ordered_dirs, place, preview_cost, served_on_two, start_lab_nodes, wait_measured
 
 pytestmark = [
     pytest.mark.e2e,

@@ -8,8 +8,8 @@ from exo_p2p.types import CancelGeneration, ChatMessage, DeleteInstance, Generat
 from master.commands import handle_command
 from master.reactions import react
 from master.sequencer import OriginSeqs
-from tests.support.strategies import CARD
-from tests.support.master_run import GIB, one_node, run
+from tests.support.rules.strategies import CARD
+from tests.support.rules.master_run import GIB, one_node, run
 
 
 def params():

@@ -1,5 +1,5 @@
 """Join tokens and the cluster secret kept in the data dir (docs/cluster.md), pure: no
-processes. ``exo_p2p.net.join_token`` and ``exo_p2p.cli.membership``."""
+processes. ``exo_p2p.net.join_token`` and ``exo_p2p.cli.cluster.membership``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p.cli.errors import CliError
-from exo_p2p.cli.membership import NAME_FILE, SECRET_FILE, MembershipError, make_invite, resolve_membership
-from exo_p2p.cli.node_cmd import build_node_config
+from exo_p2p.cli.cluster.membership import NAME_FILE, SECRET_FILE, MembershipError, make_invite, resolve_membership
+from exo_p2p.cli.cluster.node_config import build_node_config
 from exo_p2p.net.join_token import TOKEN_PREFIX, JoinToken, TokenError, decode_token, encode_token
 
 ADDR = "/ip4/10.0.0.2/tcp/52514/p2p/12D3KooWLwP5qJYukzwqfMwpJQ96At89hanNvGA9QnCgTzvRVCXA"

@@ -26,7 +26,7 @@ from master.placement.place import PlacementError, place_instance, placement_pre
 from master.placement.context import required_bytes
 from tests.conftest import tiny_models_dir
 from tests.support.cluster import NodeProcess, wait_until
-from tests.support.placement_cluster import card, cluster
+from tests.support.rules.placement_cluster import card, cluster
 
 MIB = 1 << 20
 

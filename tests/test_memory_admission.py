@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.defaults import PREFILL_CHUNK_SIZE
 from exo_p2p.models.card.derive import card_from_model_dir
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types import ChatMessage, GenerationParams, Instance, InstanceCreated, ModelCard, RunnerReady, RunnerStatusUpdated, ShardMetadata, State, SubmitTask, TaskCreated
 from master.admission import (
     activation_bytes,
@@ -24,7 +24,7 @@ from master.admission import (
 )
 from master.commands import handle_command
 from tests.support.cluster import NodeProcess, wait_until
-from tests.support.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
+from tests.support.rules.memory_pipeline import CARD8, GIB, _cluster, _params, _pipeline, _run
 
 MODEL = "tiny"
 

@@ -192,7 +192,7 @@ def test_metrics_key_rule(open_flag: bool, client: tuple[str, int], status: int)
 def test_top_frame_and_rates() -> None:
     from rich.console import Console
 
-    from exo_p2p.cli.top_cmd import Rates, frame, parse_metrics, tokens_by_instance
+    from exo_p2p.cli.queries.top import Rates, frame, parse_metrics, tokens_by_instance
 
     text = ('exo_runner_generated_tokens_total{instance="inst-1",model="m",rank="0"} 100\n'
             'exo_completion_tokens_total{instance="inst-2",model="m"} 40\nexo_requests_in_flight 2\n')

@@ -18,8 +18,8 @@ import sys
 import httpx
 import pytest
 
-from exo_p2p.cli.readable import NODE_ID_CHARS, short_ids
-from tests.support.synthetic_models import make_synthetic_model
+from exo_p2p.cli.output.readable import NODE_ID_CHARS, short_ids
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.support.metrics_scrape import samples, value
 

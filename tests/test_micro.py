@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.engine import EngineSettings  # noqa: E402
 from tests.support.batch_drive import CHUNK, drive, requests  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.micro import (MAX_MICRO_BATCHES, MicroBatches, auto_micro_batches,  # noqa: E402
                                  decode_batch, resolve_micro_batches)
 from worker.engine.scheduler import Engine  # noqa: E402

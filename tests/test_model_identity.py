@@ -8,7 +8,7 @@ import pytest
 from exo_p2p.types.manifest import HeldModel
 from master.model_identity import chosen_digest, mismatched_nodes
 from master.placement.place import PlacementError, place_instance
-from tests.support.placement_cluster import GIB, card, cluster
+from tests.support.rules.placement_cluster import GIB, card, cluster
 
 
 def _holding(state, held: dict[str, tuple[HeldModel, ...]]):

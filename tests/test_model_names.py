@@ -13,7 +13,7 @@ from exo_p2p.models.depot.depot import ModelDepot
 from exo_p2p.models.errors import ModelNotFoundError
 from exo_p2p.models.depot.held import held_models
 from exo_p2p.models.stores.store import ModelStore
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types import Instance, NodeId, ShardMetadata, State
 from exo_p2p.types.manifest import HeldModel
 from exo_p2p.types.topology import NodeProfile

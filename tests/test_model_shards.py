@@ -14,7 +14,7 @@ import pytest
 
 from exo_p2p.models.transfer.chunk_sets import chunk_bytes_of, missing_chunks, shard_chunks
 from exo_p2p.models.manifest import build_manifest
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 from tests.support.cluster import NodeProcess, converged, self_id, wait_until
 

@@ -19,8 +19,8 @@ from exo_p2p.models.names import canonical_model_name, check_relative_path
 from exo_p2p.models.stores.ollama import (ADAPTER_MEDIA, MODEL_MEDIA, Layer, default_root, manifest_files, model_layer,
                                          ollama_name, read_layers, scan_ollama)
 from exo_p2p.models.stores.store import ModelStore, import_dir_name
-from tests.support.synthetic_models import make_synthetic_model
-from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
+from tests.support.models.synthetic_models import make_synthetic_model
+from tests.support.models.store_layouts import ollama_model, tiny_gguf, tree_snapshot
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -306,7 +306,7 @@ def msgspec_replace(card, model_id):  # type: ignore[no-untyped-def]
 
 
 def test_store_roots_follow_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.cli.cluster.node_config import build_node_config
     from exo_p2p.config import NodeConfig
     from exo_p2p.models.stores.store import store_roots
 

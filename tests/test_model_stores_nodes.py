@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, self_id, wait_until
-from tests.store_layouts import ollama_model, tiny_gguf, tree_snapshot
+from tests.support.models.store_layouts import ollama_model, tiny_gguf, tree_snapshot
 
 pytestmark = pytest.mark.integration
 OLLAMA = "ollama:tiny:latest"
@@ -124,7 +124,7 @@ def test_run_answers_with_an_ollama_model_of_the_machine(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXO_P2P_")}
     env.update(HF_HUB_OFFLINE="1", OLLAMA_MODELS=str(ollama), EXO_P2P_LMSTUDIO_MODELS=str(tmp_path / "no-lmstudio"))
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from exo_p2p.cli import endpoint, main; "
+        [sys.executable, "-c", "import sys; from exo_p2p.cli import main; from exo_p2p.cli.node_api import endpoint; "
          f"endpoint.DEFAULT_API = 'http://127.0.0.1:{free_port()}'; sys.argv[0] = 'exo-p2p'; main.main()",
          "run", "ollama:tiny", PROMPT, "--temperature", "0", "--max-tokens", "8", "--data-dir", str(tmp_path / "data")],
         capture_output=True, text=True, timeout=360, env=env,

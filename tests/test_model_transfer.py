@@ -15,7 +15,7 @@ from exo_p2p.models.transfer.fetch import FetchLimits, fetch_chunks
 from exo_p2p.models.errors import FetchError
 from exo_p2p.models.manifest import ChunkVerificationError, build_manifest, cached_manifest, chunk_span
 from exo_p2p.models.copies.partial import PartialModel
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.manifest import ModelManifest
 
 

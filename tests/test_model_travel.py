@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from exo_p2p.models.manifest import build_manifest
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, self_id, wait_until
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import mlx.core as mx
 import pytest
 import structlog
 
-from tests.gguf_files import bytes_to_unicode
+from tests.support.models.gguf_files import bytes_to_unicode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open

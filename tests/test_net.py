@@ -40,10 +40,10 @@ from exo_p2p.net import (
 )
 from exo_p2p.net import libdrops
 from exo_p2p.net.discovery import next_backoff, should_dial
-from tests.support.net_run import config, run, wait_connected
+from tests.support.net.net_run import config, run, wait_connected
 
 REPO = Path(__file__).resolve().parent.parent
-PEER_SCRIPT = Path(__file__).resolve().parent / "support" / "net_peer.py"
+PEER_SCRIPT = Path(__file__).resolve().parent / "support" / "net" / "net_peer.py"
 
 
 @asynccontextmanager
@@ -411,7 +411,7 @@ def test_silent_stream_is_dropped_and_host_keeps_serving(tmp_path: Path) -> None
 
 
 class PeerProcess:
-    """tests/support/net_peer.py in a subprocess, killed by PID on exit."""
+    """tests/support/net/net_peer.py in a subprocess, killed by PID on exit."""
 
     def __init__(self, args: list[str], prefix: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")

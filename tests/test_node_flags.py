@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.main import app  # at collection: its libraries' imports run ldconfig (a process)
-from exo_p2p.cli.node_cmd import build_node_config
-from exo_p2p.cli.node_flags import HELP_PANELS, NodeCommand, node_config, node_flag_values, node_flags
+from exo_p2p.cli.cluster.node_config import build_node_config
+from exo_p2p.cli.cluster.node_flags import HELP_PANELS, NodeCommand, node_config, node_flag_values, node_flags
 from exo_p2p.settings.apply import SettingError, checked, field_values
 from exo_p2p.settings.setting import Setting
 from exo_p2p.settings.table import PANELS, SERVING, SETTINGS
@@ -31,7 +31,7 @@ def run(args: list[str], env: dict | None = None, command: typer.Typer = app):
 @pytest.fixture
 def started(monkeypatch) -> list:
     """The configs ``exo-p2p node`` would have started a node with (the node never starts)."""
-    from exo_p2p.cli import cluster_cmds
+    from exo_p2p.cli.cluster import commands as cluster_cmds
 
     configs: list = []
     monkeypatch.setattr(cluster_cmds, "run_node", configs.append)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from exo_p2p.node.status import health_counters, health_warnings, joined
 from exo_p2p.types import NodeProfile, State
-from tests.support.strategies import CARD
+from tests.support.rules.strategies import CARD
 
 
 def test_warnings_name_a_duplicate_identity_no_master_and_each_unreachable_bootstrap_peer():

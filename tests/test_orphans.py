@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.node.orphans import CANCELS_PER_SWEEP, ORPHAN_GRACE, OrphanSweeper, orphans
 from exo_p2p.types import CommandResult, State, TaskRecord
-from tests.support.plan_state import gen_task
+from tests.support.rules.plan_state import gen_task
 
 ME = "node-a"
 

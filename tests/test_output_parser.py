@@ -1,4 +1,4 @@
-"""The runner's output parser (worker/engine/output_parser.py): reasoning and tool calls out
+"""The runner's output parser (worker/engine/answer/parser.py): reasoning and tool calls out
 of recorded outputs, whatever the token boundaries; calls that do not parse come back as text
 with a warning; nothing of a call leaks into the content."""
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 
-from worker.engine.output_parser import Markers, OutputParser, ParsedCall, Piece, calls_of
+from worker.engine.answer.parser import Markers, OutputParser, ParsedCall, Piece, calls_of
 
 QWEN = Markers("<think>", "</think>", "<tool_call>", "</tool_call>")
 

@@ -14,7 +14,7 @@ import pytest
 import exo_p2p.models.copies.partial as partial_mod
 from exo_p2p.models.manifest import build_manifest
 from exo_p2p.models.copies.partial import PartialModel
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.unit
 WAIT = 10.0

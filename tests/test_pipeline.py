@@ -49,7 +49,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
     from worker.engine.pipeline import PipelineStage, probe_hidden_dtype
 
     world, rank = cfg["world_size"], cfg["rank"]
@@ -162,7 +162,7 @@ def share_bytes(model_dir: Path, start: int, end: int, n_layers: int) -> int:
 
 @pytest.mark.integration
 def test_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     big = make_synthetic_model(tmp_path / "big", n_layers=6, hidden_size=256, num_attention_heads=8,
                                num_key_value_heads=4, intermediate_size=1024)
@@ -290,7 +290,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def half_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4-bit synthetic model with float16 scales: stored ranks compute in float16."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     return make_synthetic_model(tmp_path_factory.mktemp("half") / "synthetic", n_layers=4, quantize=True, dtype="float16")
 

@@ -1,10 +1,10 @@
-"""``place``'s replica check (``exo_p2p.cli.place_check``): an instance being re-placed counts
+"""``place``'s replica check (``exo_p2p.cli.placement.replica_check``): an instance being re-placed counts
 as existing, so a cluster restarted with its data dirs is not given a second instance
 beside the one it re-places. Pure rules over the API's JSON, no process."""
 
 from __future__ import annotations
 
-from exo_p2p.cli.place_check import counted_instances, replica_notice, replacing
+from exo_p2p.cli.placement.replica_check import counted_instances, replica_notice, replacing
 
 LISTED = [
     {"instance_id": "inst-ready", "model": "tiny", "status": "ready"},

@@ -20,7 +20,7 @@ from master.placement.context import required_bytes, resolve_nodes
 from master.placement.ring import RING_BASE_PORT, RING_PORT_SPAN, first_port
 from master.placement.memory import usable_memory
 from master.placement.split import pipeline_shares, split_layers, tensor_shares
-from tests.support.placement_cluster import GIB, card, cluster, layers
+from tests.support.rules.placement_cluster import GIB, card, cluster, layers
 
 RANK = {"thunderbolt": 3, "ethernet": 2, "wifi": 1}
 

@@ -1,12 +1,12 @@
 """``place``'s line once placed and ``delete``'s resolution of an instance id prefix
-(``exo_p2p.cli.placement_cmds``): pure, no node."""
+(``exo_p2p.cli.placement.commands``): pure, no node."""
 
 from __future__ import annotations
 
 import pytest
 
 from exo_p2p.cli.errors import ApiError, CliError
-from exo_p2p.cli.placement_cmds import full_instance_id, placed_line
+from exo_p2p.cli.placement.commands import full_instance_id, placed_line
 
 LISTED = [
     {"instance_id": "abc123", "model": "smollm2-135m-instruct"},

@@ -1,5 +1,5 @@
 """Placement places exactly as recorded: the hashes of every placement and preview of 600
-random clusters (``tests.placement_clusters``) match ``tests/data/placement_hashes.json``,
+random clusters (``tests.support.rules.placement_clusters``) match ``tests/data/placement_hashes.json``,
 written by ``scripts/record_placement_hashes.py``. A reorganisation of placement keeps them;
 a change of placement's behaviour re-records them on purpose (docs/architecture.md#rules)."""
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from master.placement.place import PlacementError, place_instance, placement_previews
-from tests.placement_clusters import clusters, outcome_hashes
+from tests.support.rules.placement_clusters import clusters, outcome_hashes
 
 DATA = Path(__file__).parent / "data" / "placement_hashes.json"
 

@@ -11,7 +11,7 @@ from exo_p2p.types import HubSource
 from exo_p2p.types.manifest import HeldModel
 from master.placement.place import PlacementError, place_instance, placement_previews
 from master.placement.fetch import disk_needed, fetch_split, shard_fetch_bytes
-from tests.support.placement_cluster import GIB, card, cluster
+from tests.support.rules.placement_cluster import GIB, card, cluster
 
 
 def _only_n0_holds(state, *, disk: dict[str, int | None], digest: str = "d1", complete: bool = True):

@@ -14,7 +14,7 @@ import pytest
 from master.placement import place, search
 from master.placement.context import placement_context
 from master.placement.place import place_instance, placement_previews
-from tests.placement_clusters import clusters
+from tests.support.rules.placement_clusters import clusters
 
 ROOT = Path(__file__).resolve().parent.parent
 

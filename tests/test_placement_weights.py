@@ -148,8 +148,8 @@ def test_card_float32_sizes_match_what_the_float32_load_holds(tmp_path) -> None:
     from mlx.utils import tree_flatten
 
     from exo_p2p.models.card.derive import card_from_model_dir
-    from tests.support.synthetic_models import make_synthetic_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
 
     model_dir = make_synthetic_model(tmp_path / "q", n_layers=3, hidden_size=64, intermediate_size=128,
                                      quantize=True, dtype="float16")
@@ -163,7 +163,7 @@ def test_card_float32_sizes_match_what_the_float32_load_holds(tmp_path) -> None:
 
 def test_cpu_weights_setting_and_what_the_profile_publishes() -> None:
     from exo_p2p.cli.errors import CliError
-    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.cli.cluster.node_config import build_node_config
     from worker.profile import compute_backend, published_cpu_weights
 
     assert build_node_config().cpu_weights == "auto"

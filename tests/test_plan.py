@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from exo_p2p.types import CreateRunner, LoadModel, RunnerIdle, RunnerLoaded, RunnerReady, RunnerRecord, RunnerRunning, RunnerShutdown, Shutdown, StartWarmup, State, TaskRecord, CancelTask
 from worker.plan import ForwardTask, LocalRunner, plan
-from tests.support.plan_state import BOOT, NODE, gen_task, instance, state_with
+from tests.support.rules.plan_state import BOOT, NODE, gen_task, instance, state_with
 
 
 def test_create_then_load_then_warmup_then_tasks_in_master_order():

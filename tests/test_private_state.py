@@ -1,5 +1,5 @@
 """The private node of ``exo-p2p run`` starts from a fresh state dir that shares the data
-dir's models and config (exo_p2p/cli/private_state.py): it never adopts the event log of
+dir's models and config (exo_p2p/cli/chat/private_state.py): it never adopts the event log of
 another cluster that used the same data dir (a node of the README's two-node tour, whose
 State named a peer that was gone: ``run`` failed on an instance of it)."""
 
@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from exo_p2p.cli.private_state import RUNS_DIR, STALE_AFTER, private_state, remove_stale, unused
+from exo_p2p.cli.chat.private_state import RUNS_DIR, STALE_AFTER, private_state, remove_stale, unused
 
 
 def data_dir_of_a_tour_node(tmp_path: Path) -> Path:

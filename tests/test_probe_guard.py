@@ -20,7 +20,7 @@ from exo_p2p.links.measure import measure
 from exo_p2p.links.probe_server import PER_SOURCE_WAITING, ProbeServer
 from exo_p2p.links.prober import TICK
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, state_of, wait_until
-from tests.support.probes import _probe_port
+from tests.support.net.probes import _probe_port
 
 pytestmark = pytest.mark.integration
 CROWD = 64

@@ -16,7 +16,7 @@ from master.commands import handle_command
 from master.replace import replacement
 from tests.conftest import tiny_models_dir
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
-from tests.support.placement_cluster import card, cluster
+from tests.support.rules.placement_cluster import card, cluster
 
 GIB = 1 << 30
 

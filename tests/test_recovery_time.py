@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from exo_p2p.cluster.member import ClusterMember, MasterHooks
 from exo_p2p.cluster.peer_timeouts import timed_out
-from tests.support.election_sim import TIMEOUT, claim
-from tests.support.heal_stubs import _noop, _stub_replica
+from tests.support.rules.election_sim import TIMEOUT, claim
+from tests.support.rules.heal_stubs import _noop, _stub_replica
 
 
 @settings(max_examples=200, deadline=None)
@@ -99,7 +99,7 @@ def test_a_served_instance_is_re_placed_at_once_a_crash_loop_still_backs_off():
     from master.replace import backoff, replace_delay
     from master.role import MasterRole
     from exo_p2p.types import PlaceInstance
-    from tests.support.master_run import one_node
+    from tests.support.rules.master_run import one_node
 
     import tempfile
     from pathlib import Path
@@ -256,7 +256,7 @@ def test_a_re_placement_that_raises_does_not_take_the_master_down(monkeypatch):
     from exo_p2p.types import InstanceCreated, InstanceFailed, PlaceInstance
     from master.commands import handle_command
     from master.role import MasterRole
-    from tests.support.master_run import one_node
+    from tests.support.rules.master_run import one_node
 
     real = master.replace.replacement
     created: list[str] = []

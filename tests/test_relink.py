@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.cli.placed_view import restoring_text
+from exo_p2p.cli.output.placed_view import restoring_text
 from exo_p2p.types import InstanceCreated, InstanceDeleted, LinkFigures, RunnerLoading, State
 from master.placement.place import place_instance
 from master.relink import (
@@ -29,9 +29,9 @@ from master.relink import (
     worth_moving,
 )
 from master.restore import draining, handled_by_restore, restore_step
-from tests.support.placement_cluster import GIB, cluster
-from tests.support.restore_size import _ready, _task, _with
-from tests.support.relink_figures import FAST, MODEL, SLOW, _figures, _state
+from tests.support.rules.placement_cluster import GIB, cluster
+from tests.support.rules.restore_size import _ready, _task, _with
+from tests.support.rules.relink_figures import FAST, MODEL, SLOW, _figures, _state
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """An idle instance moves onto a faster ring when its link comes back (``master.relink``; root;
 docs/links.md#when-a-link-changes).
 
-Two nodes joined by a fast link and a slow one (``tests/support/link_lab.py``: tbf 20 Mbit/s and +20 ms
+Two nodes joined by a fast link and a slow one (``tests/support/net/link_lab.py``: tbf 20 Mbit/s and +20 ms
 RTT through the delaying relay). The 2-node instance is placed while the fast link is down, so
 its ring runs over the slow one; then the fast link comes back while a long request streams:
 the instance does not move while the request is in flight; once it has ended it moves onto the
@@ -22,8 +22,8 @@ import pytest
 
 from master.relink import RELINK_CHECK_EVERY, RELINK_SETTLE
 from tests.support.cluster import NetnsNodeProcess, nodes_cleanup, state_of, wait_until
-from tests.support.link_lab import LinkLab
-from tests.support.netns_links import MODEL, figures, models_dir, ordered_dirs, place, ring_ips, start_lab_nodes, wait_measured
+from tests.support.net.link_lab import LinkLab
+from tests.support.net.netns_links import MODEL, figures, models_dir, ordered_dirs, place, ring_ips, start_lab_nodes, wait_measured
 
 __all__ = ["models_dir"]  # the module's fixture, shared
 

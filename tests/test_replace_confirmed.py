@@ -24,7 +24,7 @@ from exo_p2p.types import (InstanceCreated, MasterElected, NodeModelsUpdated, No
                            RunnerStatusUpdated, TopologyEdgeCreated)
 from master.placement.place import place_instance
 from master.replace import CONFIRM_WAIT, unconfirmed
-from tests.support.placement_cluster import GIB, card, cluster
+from tests.support.rules.placement_cluster import GIB, card, cluster
 
 DIES_AT = 1.0
 """When C is killed (mock seconds)."""

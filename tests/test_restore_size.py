@@ -17,15 +17,15 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_p2p.cli.placed_view import shrunk_text, with_placed
-from exo_p2p.cli.render import instances_table
+from exo_p2p.cli.output.placed_view import shrunk_text, with_placed
+from exo_p2p.cli.output.render import instances_table
 from exo_p2p.types import ChatMessage, GenerationParams, Instance, InstanceCreated, InstanceDeleted, MasterElected, NodeModelsUpdated, NodeProfileUpdated, PlacedNode, RunnerLoading, RunnerReady, RunnerStatusUpdated, State, SubmitTask, TopologyEdgeCreated
 from master.commands import handle_command
 from master.placement.place import place_instance
 from master.replace import replacement
 from master.restore import RECHECK_INTERVAL, RESTORE_INTERVAL, draining, handled_by_restore, restore_step
-from tests.support.placement_cluster import GIB, card, cluster
-from tests.support.restore_size import _ready, _task, _with
+from tests.support.rules.placement_cluster import GIB, card, cluster
+from tests.support.rules.restore_size import _ready, _task, _with
 
 MODEL = card(8, 8 * GIB)
 BOTH = frozenset({"n0", "n1"})
@@ -237,7 +237,7 @@ def test_the_master_restores_then_deletes_the_shrunk_instance_unless_turned_off(
 
 
 def test_the_node_setting_turns_it_off(tmp_path):
-    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.cli.cluster.node_config import build_node_config
 
     assert build_node_config(data_dir=tmp_path).restore_size is True
     assert build_node_config(data_dir=tmp_path, restore_size=False).restore_size is False

@@ -280,7 +280,7 @@ def test_max_moves_is_a_node_setting() -> None:
     from typer.testing import CliRunner
 
     from exo_p2p.cli.main import app
-    from exo_p2p.cli.node_cmd import build_node_config
+    from exo_p2p.cli.cluster.node_config import build_node_config
 
     assert build_node_config().max_moves == 2
     assert build_node_config(max_moves=0).max_moves == 0

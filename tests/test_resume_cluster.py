@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from exo_p2p.api.generation.resume import MOVE_BOUND
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import Cluster, NodeProcess, agreement, self_id, state_of, wait_until
 
 pytestmark = pytest.mark.integration

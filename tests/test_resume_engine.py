@@ -13,10 +13,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types import ErrorChunk, FinishChunk, TokenChunk  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler, step_key_seed  # noqa: E402
 from tests.support.engine_run import generate  # noqa: E402
 

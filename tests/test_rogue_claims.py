@@ -1,5 +1,5 @@
 """A rogue libp2p peer against a cluster (docs/cluster.md), real node processes on 127.0.0.1
-and ``tests/support/rogue_peer.py`` (a host with its own identity that speaks the wire protocols).
+and ``tests/support/net/rogue_peer.py`` (a host with its own identity that speaks the wire protocols).
 
 - Open cluster (no secret): the rogue connects. Its forged master claim (term 10⁶, a huge
   log) is refused — it cannot answer for a log that extends the members' (``cluster.claims``)
@@ -27,7 +27,7 @@ from exo_p2p.cluster.messages import (
 )
 from exo_p2p.types import CommandEnvelope, CommandResult, DeleteInstance, IndexedEvent, NodeTimedOut
 from tests.support.cluster import NodeProcess, agreement, make_secret, nodes_cleanup, self_id, state_of, wait_until
-from tests.support.rogue_peer import RogueProcess
+from tests.support.net.rogue_peer import RogueProcess
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from exo_p2p.types import (
 from master.commands import handle_command
 from master.local_rules import refuse_local
 from master.routing import Option, choose
-from tests.support.master_run import one_node, run
+from tests.support.rules.master_run import one_node, run
 from worker.engine.prompt_cache import PromptCache
 from worker.runner.stats import PrefixPublisher
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,7 @@ import psutil
 import pytest
 
 from exo_p2p.models.card.derive import card_from_model_dir
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types import (
     CreateRunner,
     Instance,

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exo_p2p.types import RunnerReady, RunnerRunning
-from tests.support.plan_state import BOOT, NODE, gen_task, instance, state_with
+from tests.support.rules.plan_state import BOOT, NODE, gen_task, instance, state_with
 from worker.plan import LIFECYCLE_KEYS, LocalRunner, plan
 from worker.supervisor import RunnerSupervisor
 from worker.worker import Worker

@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.sample_utils import make_logits_processors  # noqa: E402
 
-from tests.support.synthetic_models import make_synthetic_model  # noqa: E402
+from tests.support.models.synthetic_models import make_synthetic_model  # noqa: E402
 from exo_p2p.types.tasks import ChatMessage, GenerationParams  # noqa: E402
-from worker.engine.loader import LoadedModel, load_all  # noqa: E402
+from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.sampling import Sampler  # noqa: E402
 from tests.support.engine_run import finish_of, msgs, text_of  # noqa: E402
 from tests.support.engine_run import generate as generate_alone  # noqa: E402

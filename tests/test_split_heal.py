@@ -1,6 +1,6 @@
 """A split always heals: two or more live, mutually reachable nodes end with one master within a
 bound, whatever their terms and logs (``exo_p2p.cluster.election`` rule 4 beside the claim
-admission of ``exo_p2p.cluster.claims``). Pure: the model of tests/support/split_model.py drives the
+admission of ``exo_p2p.cluster.claims``). Pure: the model of tests/support/rules/split_model.py drives the
 real rule functions; no process, no socket.
 
 The field case: a 2-node cluster stayed split for 12 minutes, A master at term 7 (log 795),
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from exo_p2p import defaults
 from exo_p2p.cluster.election import Seat, election_step
-from tests.support.split_model import DT, Fault, Model, ModelNode
-from tests.support.election_sim import claim, hb
+from tests.support.rules.split_model import DT, Fault, Model, ModelNode
+from tests.support.rules.election_sim import claim, hb
 
 YIELD_BOUND = defaults.CLAIM_PROBE_TIMEOUT + defaults.RIVAL_YIELD_AFTER + 1.0
 """Seconds two live masters that meet take to become one at most: the slower side's probe

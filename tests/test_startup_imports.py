@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_listing_a_nodes_models_does_not_import_mlx_lm(tmp_path):
     """A store holding a synthetic llama model and the embedded GGUF (a llama too) is carded
     in a fresh process without mlx-lm (nor transformers) being imported."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     models = tmp_path / "models"
     make_synthetic_model(models / "tiny", n_layers=2, hidden_size=32, intermediate_size=64, seed=1)

@@ -12,7 +12,7 @@ from exo_p2p.eventlog import EventLog
 from exo_p2p.replica import Replica
 from exo_p2p.state import EventOrderError, apply, canonical_bytes, state_hash
 from exo_p2p.types import IndexedEvent, State
-from tests.support.strategies import events, index
+from tests.support.rules.strategies import events, index
 
 
 def replay(evs: list[IndexedEvent]) -> State:
@@ -123,7 +123,7 @@ def test_state_hash_ignores_dict_insertion_order():
 
 
 def test_state_roundtrips_through_msgpack():
-    from tests.support.strategies import CARD
+    from tests.support.rules.strategies import CARD
     from exo_p2p.types import NodeModelsUpdated
 
     s = replay(index([NodeModelsUpdated("node-a", (CARD,))]))

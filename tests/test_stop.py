@@ -1,11 +1,11 @@
-"""Stop-string matching (worker/engine/stop.py): a stop string may span tokens and end anywhere in a delta."""
+"""Stop-string matching (worker/engine/answer/stop.py): a stop string may span tokens and end anywhere in a delta."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.stop import StopMatcher
+from worker.engine.answer.stop import StopMatcher
 
 
 def run(stops, deltas: list[str]) -> tuple[list[str], bool, str]:

@@ -23,7 +23,7 @@ from multiaddr import Multiaddr
 from exo_p2p import defaults
 from exo_p2p.net import open_host
 from exo_p2p.net.reqresp import stream_died_at_once
-from tests.support.net_run import config, run, wait_connected
+from tests.support.net.net_run import config, run, wait_connected
 
 
 class ResetNextInbound(INotifee):

@@ -1,4 +1,4 @@
-"""Constrained decoding in the engine (worker/engine/constraint.py), in process, on a tiny
+"""Constrained decoding in the engine (worker/engine/answer/constraint.py), in process, on a tiny
 synthetic model: every finished output matches its format, free rows in a mixed batch keep
 their solo output, masks are computed only for constrained batches, a resumed request keeps
 its grammar state, bad formats end with a 400, and the bit unpacking is exact."""
@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.content.output_format import format_problem
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import GenerationParams, OutputFormat
 from worker.engine.builder import build_engine
-from worker.engine.constraint import unpack_bits
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.answer.constraint import unpack_bits
+from worker.engine.loading.loader import LoadedModel, load_all
 from tests.support.structured_engine import loaded, params, result, run, serve
 
 

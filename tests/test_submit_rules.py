@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from exo_p2p.types import ChatMessage, GenerationParams, SubmitTask, TaskCreated
 from master.commands import handle_command
-from tests.support.strategies import CARD
-from tests.support.master_run import run
-from tests.support.submit_instances import two_ready_instances
+from tests.support.rules.strategies import CARD
+from tests.support.rules.master_run import run
+from tests.support.rules.submit_instances import two_ready_instances
 
 
 def submit(task_id: str = "t1", command_id: str = "c1") -> SubmitTask:

@@ -42,8 +42,8 @@ from exo_p2p.types.models import ModelCard
 from master.commands import handle_command
 from master.in_flight import TOKEN_ID_BYTES, params_bytes
 from master.task_kinds import split_refusal
-from tests.support.strategies import CARD
-from tests.support.master_run import GIB, run
+from tests.support.rules.strategies import CARD
+from tests.support.rules.master_run import GIB, run
 from worker.engine.text import TextEngine
 from worker.runner.main import RunnerProcess
 from worker.runner.outbox import Outbox

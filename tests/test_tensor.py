@@ -90,7 +90,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     from exo_p2p.types.tasks import ChatMessage, GenerationParams
     from worker.engine.builder import build_engine
     from worker.engine.distributed import init_ring
-    from worker.engine.loader import load_all
+    from worker.engine.loading.loader import load_all
     from worker.engine.pipeline import LocalStage
     from worker.engine.tensor import TensorStage
 
@@ -106,7 +106,7 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
     loaded = load_all(cfg["model_dir"], tensor_group=group, weights_dtype=weights[rank])
     progress("loaded")
     if group is not None and "float32" in weights:  # as the runner: one dtype between ranks
-        from worker.engine.dequantize import float32_wire
+        from worker.engine.loading.dequantize import float32_wire
 
         float32_wire(loaded.model)
     capture = FirstStepLogits()
@@ -185,7 +185,7 @@ def report(name: str, single: dict, ranks: list[dict], diff: float | None) -> No
 @pytest.mark.integration
 @pytest.mark.parametrize("quantize", [False, True], ids=["float", "q4"])
 def test_two_rank_tensor_equals_single_rank(tmp_path: Path, quantize: bool) -> None:
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     model_dir = make_synthetic_model(tmp_path / "m", n_layers=4, num_attention_heads=4,
                                      num_key_value_heads=2, quantize=quantize)
@@ -213,7 +213,7 @@ def test_tensor_ranks_with_different_weights(tmp_path: Path) -> None:
     the ranks exchange one dtype; they end every step with the same token, the first-step
     logits are within 0.15 of one float32 rank's (rank 1's half of every sum is rounded to
     float16: measured 0.076, logits up to ~10), and the first 8 greedy tokens equal its."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     model_dir = make_synthetic_model(tmp_path / "m", n_layers=4, num_attention_heads=4,
                                      num_key_value_heads=2, quantize=True, dtype="float16")
@@ -234,7 +234,7 @@ def test_tensor_rank_peak_memory_is_its_share(tmp_path: Path) -> None:
     """Each of 2 ranks loads about half the layers plus the non-layer tensors: its load peak is
     at least its share, at most its share plus one full layer tensor read before slicing (and
     15%), and clearly below the whole model."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     big = make_synthetic_model(tmp_path / "big", n_layers=8, hidden_size=256, num_attention_heads=8,
                                num_key_value_heads=4, intermediate_size=1024)
@@ -258,7 +258,7 @@ def _lazy_model(model_dir: Path):
 
 
 def test_shard_problem_names_what_does_not_divide(tmp_path: Path) -> None:
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
     from worker.engine.tensor import shard_problem
 
     plain = _lazy_model(make_synthetic_model(tmp_path / "p", num_attention_heads=4, num_key_value_heads=2))
@@ -276,8 +276,8 @@ def test_shard_problem_names_what_does_not_divide(tmp_path: Path) -> None:
 
 
 def test_loader_refuses_a_tensor_rank_of_a_layer_range(tmp_path: Path) -> None:
-    from tests.support.synthetic_models import make_synthetic_model
-    from worker.engine.loader import load_all
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
 
     class FakeGroup:  # only size() is asked before the refusal
         def size(self) -> int:
@@ -296,7 +296,7 @@ def test_tensor_runners_generate_agree_and_cancel(tmp_path: Path) -> None:
     model; a task reaching the ranks in different orders runs once with one rank's text; a
     cancel reaching rank 1 only ends the task Cancelled on both within 5 s; Shutdown to one
     rank stops both."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
     from exo_p2p.types.chunks import FinishChunk, TokenChunk
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import CancelTask, ConnectToGroup, Shutdown

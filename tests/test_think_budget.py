@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.engine_run import generate
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import TokenChunk
 from exo_p2p.types.tasks import GenerationParams
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.loading.loader import LoadedModel, load_all
 from worker.engine.sampling import Sampler
 from worker.engine.think_budget import ThinkBudget
 

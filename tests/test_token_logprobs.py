@@ -13,7 +13,7 @@ from mlx_lm.generate import generate_step
 from tests.support.engine_run import generate, loaded, model_dir  # noqa: F401 - fixtures
 from exo_p2p.types.chunks import TokenChunk
 from exo_p2p.types.tasks import GenerationParams
-from worker.engine.loader import LoadedModel
+from worker.engine.loading.loader import LoadedModel
 from worker.engine.token_logprobs import pack, read, record, unpack
 
 pytestmark = pytest.mark.unit

@@ -10,13 +10,13 @@ import jsonschema
 import pytest
 
 from exo_p2p.api.families.tool_calls import schema_problem
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.content.schema_refs import rebase_refs
 from exo_p2p.types.chunks import FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import ChatMessage, GenerationParams
 from worker.engine.builder import build_engine
-from worker.engine.loader import load_all
+from worker.engine.loading.loader import load_all
 
 PARAMS = {"type": "object", "$defs": {"Unit": {"enum": ["C", "F"]}},
           "properties": {"unit": {"$ref": "#/$defs/Unit"}, "city": {"type": "string", "maxLength": 8}},

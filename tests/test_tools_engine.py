@@ -1,4 +1,4 @@
-"""Tool calling and reasoning in the engine, in process (worker/engine/tools.py,
+"""Tool calling and reasoning in the engine, in process (worker/engine/answer/tools.py,
 output_parser.py): the generic format on a model without tool markers and the native format
 of the synthetic agent model (Qwen-like, mlx-lm's json_tools parser); tool_choice required,
 named, none and auto; calls never in the content; reasoning apart; a resumed call not
@@ -12,12 +12,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, ToolCall
 from worker.engine.builder import build_engine
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.loading.loader import LoadedModel, load_all
 from worker.engine.prepare import prepare, prompt_ids
 
 MAX_STEPS = 2_000

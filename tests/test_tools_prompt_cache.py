@@ -11,11 +11,11 @@ import msgspec
 
 from exo_p2p.api.families.openai.chat import chat_params
 from exo_p2p.api.schemas import ChatCompletionRequest
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from worker.engine.builder import build_engine
-from worker.engine.loader import load_all
+from worker.engine.loading.loader import load_all
 from worker.engine.prepare import prompt_ids
 
 TURNS = 6

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from exo_p2p.api.app import create_app
 from exo_p2p.api.generation.resume import replacement_coming, waits_for_replacement
 from exo_p2p.types import CommandResult, ErrorInfo, State, SubmitTask
-from tests.support.strategies import _instance
+from tests.support.rules.strategies import _instance
 from tests.support.fake_master import MODEL, FakeMaster, TOKENS, chat_body, sse_events
 
 LOADING_503 = ErrorInfo(503, f"model '{MODEL}' is loading (0/30 layers); retry shortly", "server_error", code="loading")

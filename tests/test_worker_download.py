@@ -118,7 +118,7 @@ def test_a_task_planned_while_the_fetched_runner_starts_waits_for_its_process(tm
     its process is still being started: the task waits for the process and its setup, and
     the runner loads (it used to fail the runner: "internal error executing a task",
     AssertionError on the missing pipe, under load)."""
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
     from exo_p2p.types import RunnerLoaded
     from worker.supervisor import RunnerSupervisor
 

@@ -19,9 +19,9 @@ import click
 import typer
 from rich.console import Console
 
-from exo_p2p.cli import client as client_module
-from exo_p2p.cli.client import NodeClient
-from exo_p2p.cli.endpoint import API_ENV, DEFAULT_API, resolve_api_url
+from exo_p2p.cli.node_api import client as client_module
+from exo_p2p.cli.node_api.client import NodeClient
+from exo_p2p.cli.node_api.endpoint import API_ENV, DEFAULT_API, resolve_api_url
 from exo_p2p.cli.errors import CliError
 from exo_p2p.cli.messages import API_KEY_ENV
 

@@ -20,13 +20,20 @@ import os
 import sys
 
 from exo_p2p.cli.common import app
-from exo_p2p.cli import cluster_cmds, listing_cmds, placement_cmds  # noqa: F401,I001  (register, in help order)
+from exo_p2p.cli.cluster import commands as cluster_cmds  # noqa: F401,I001  (register, in help order)
+from exo_p2p.cli.queries import listing as listing_cmds  # noqa: F401,I001  (register, in help order)
+from exo_p2p.cli.placement import commands as placement_cmds  # noqa: F401,I001  (register, in help order)
 
 # the habits of ollama/docker users: `ps` and `ls` (never `rm`, which deletes files in ollama)
 app.command("ps", help="Same as `instances`.")(listing_cmds.instances)
 app.command("ls", help="Same as `models`.")(listing_cmds.models)
 
-from exo_p2p.cli import doctor_cmd, chat_cmds, embed_cmd, observe_cmds, top_cmd, transfer_cmds  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.queries import doctor as doctor_cmd  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.chat import commands as chat_cmds  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.chat import embed as embed_cmd  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.queries import requests_log as observe_cmds  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.queries import top as top_cmd  # noqa: E402,F401,I001  (register, in help order)
+from exo_p2p.cli.placement import transfer as transfer_cmds  # noqa: E402,F401,I001  (register, in help order)
 from exo_p2p.cli.common import reflow_help  # noqa: E402
 
 reflow_help(app)

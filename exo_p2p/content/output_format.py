@@ -14,7 +14,7 @@ lexer fuel bounds the regex work of compiling — about 20 ms at its speed — a
 mask work; the grammar size bounds the rules), so a schema that would take long to compile
 fails with llguidance's message instead. ``format_problem`` checks a format without a
 tokenizer (the API node's 400); the runner builds the matcher with the model's tokenizer
-(``worker/engine/constraint.py``) under the same limits.
+(``worker/engine/answer/constraint.py``) under the same limits.
 """
 
 from __future__ import annotations

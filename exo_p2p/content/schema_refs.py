@@ -3,7 +3,7 @@ inside the schema of a call): a local ``$ref`` (``#/$defs/X``) points from the d
 root, so once the schema sits at ``#/properties/arguments`` it must point there instead.
 
 Pure; used by the API's tool check (``exo_p2p.api.families.tool_calls``) and the runner's tool grammar
-(``worker/engine/tools.py``), which must compile the same schema.
+(``worker/engine/answer/tools.py``), which must compile the same schema.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def field_values(given: dict[str, Any]) -> dict[str, Any]:
             continue
         value = value if setting.switch else checked(setting, value)
         if setting.field is None:
-            continue  # read by a rule of its own (exo_p2p.cli.node_cmd)
+            continue  # read by a rule of its own (exo_p2p.cli.cluster.node_config)
         if isinstance(value, list) and isinstance(fields.get(setting.field), list):
             value = list(dict.fromkeys([*fields[setting.field], *value]))
         fields[setting.field] = value

@@ -13,7 +13,7 @@ from exo_p2p.settings.setting import default_text
 from exo_p2p.settings.table import ENVIRONMENT, SETTINGS
 
 CONFIG_FILE = "config.toml"
-"""The file of node settings in the data dir (``exo_p2p.cli.node_cmd.NODE_CONFIG_FILE``)."""
+"""The file of node settings in the data dir (``exo_p2p.cli.cluster.node_config.NODE_CONFIG_FILE``)."""
 GENERATE_COMMAND = ".venv/bin/python scripts/gen_config_docs.py"
 """The command that writes docs/configuration.md."""
 

@@ -1,7 +1,7 @@
 """What one setting of ``exo-p2p node`` is (``Setting``), and its default in words.
 
 A ``Setting`` is the whole declaration of one flag: everything the ``node`` command's option
-(``exo_p2p.cli.node_flags``), the value's checks (``exo_p2p.settings.apply``) and
+(``exo_p2p.cli.cluster.node_flags``), the value's checks (``exo_p2p.settings.apply``) and
 docs/configuration.md (``exo_p2p.settings.docs``) need. Defaults are never written on a setting:
 ``default_of`` reads them from ``NodeConfig`` (``exo_p2p.config``), and a flag without a field
 has no default beyond "not given".
@@ -34,7 +34,7 @@ class Setting:
     the reason; ``panel``: its group in ``node --help`` (None only for a hidden flag).
     ``field``: the ``NodeConfig`` field it fills, a dotted path for a field of a record in it
     (``engine.max_batch``: ``NodeConfig.engine.max_batch``; None: it fills none, a rule of
-    ``exo_p2p.cli.node_cmd`` reads it); two settings may fill one list field (both add to it);
+    ``exo_p2p.cli.cluster.node_config`` reads it); two settings may fill one list field (both add to it);
     ``inverted``: the flag sets the field to False (``--no-mdns`` → ``mdns``);
     ``when_unset``: what the node does when a None default is left, in words;
     ``env``, ``key``, ``param`` and ``keyword`` are derived from the flag unless given;
@@ -86,7 +86,7 @@ class Setting:
 
     @property
     def keyword(self) -> str:
-        """The keyword of ``build_node_config`` (``exo_p2p.cli.node_cmd``): the field's last
+        """The keyword of ``build_node_config`` (``exo_p2p.cli.cluster.node_config``): the field's last
         name (``engine.max_batch``: ``max_batch``), else the parameter's."""
         if self.keyword_name:
             return self.keyword_name

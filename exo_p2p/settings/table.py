@@ -6,7 +6,7 @@ other environment variables the code reads. Defaults are never written here: the
 ``NodeConfig`` fields' (``exo_p2p.config``).
 
 Who reads it: the ``node`` command's options are generated from ``SETTINGS``
-(``exo_p2p.cli.node_flags``); the values given are applied into ``NodeConfig`` by
+(``exo_p2p.cli.cluster.node_flags``); the values given are applied into ``NodeConfig`` by
 ``exo_p2p.settings.apply``; ``exo_p2p.settings.docs`` renders docs/configuration.md from it
 (``scripts/gen_config_docs.py``); tests/test_configuration_docs.py checks the page, the
 command's options and the defaults against this table. Adding a flag: docs/architecture.md

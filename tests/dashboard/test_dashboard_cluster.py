@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess, converged, nodes_cleanup, wait_until
 from tests.support.cancel_bounds import CANCEL_BOUND, cancel_bound
 

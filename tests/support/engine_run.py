@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo_p2p.types.tasks import GenerationParams
 from exo_p2p.types.engine import EngineSettings
 from worker.engine.builder import build_engine
 from worker.engine.scheduler import Engine
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.loading.loader import LoadedModel, load_all
 
 
 MAX_STEPS = 5_000

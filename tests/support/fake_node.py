@@ -291,7 +291,7 @@ def served():
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch):
-    from exo_p2p.cli import waiting
+    from exo_p2p.cli.placement import waiting
 
     monkeypatch.setattr(waiting, "POLL_INTERVAL", 0.01)
 

@@ -35,7 +35,7 @@ def layer_split(n_layers: int, world: int) -> list[tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support.synthetic_models import make_synthetic_model
+    from tests.support.models.synthetic_models import make_synthetic_model
 
     return make_synthetic_model(tmp_path_factory.mktemp("pipe") / "synthetic", n_layers=4)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_models import make_synthetic_model
 from exo_p2p.types.chunks import ErrorChunk, FinishChunk, TokenChunk
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import ChatMessage, GenerationParams, OutputFormat
 from worker.engine.builder import build_engine
-from worker.engine.loader import LoadedModel, load_all
+from worker.engine.loading.loader import LoadedModel, load_all
 from worker.engine.scheduler import Engine
 
 

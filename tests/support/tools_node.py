@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jsonschema
 
-from tests.support.synthetic_agent import AGENT_TEMPLATE
-from tests.support.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_agent import AGENT_TEMPLATE
+from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.cluster import NodeProcess
 
 AGENT_MODEL = "tiny-agent"

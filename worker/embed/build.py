@@ -15,7 +15,7 @@ from worker.embed.embedder import Embedder, Hidden
 from worker.embed.encoder import EncoderHidden, load_encoder
 from worker.embed.ring import PipelineHidden, RankedHidden
 from worker.engine.layer_span import span_of
-from worker.engine.loader import LoadedModel
+from worker.engine.loading.loader import LoadedModel
 from worker.engine.pipeline import LocalStage, PipelineStage
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.engine import EngineSettings
 from worker.engine.batch_memory import capacity_tokens, model_kv_bytes_per_token
-from worker.engine.loader import LoadedModel
+from worker.engine.loading.loader import LoadedModel
 from worker.engine.micro import auto_micro_batches, resolve_micro_batches
 from worker.engine.pipeline import LocalStage, Stage
 from worker.engine.prompt_cache import Gather, PromptCache
@@ -61,7 +61,7 @@ def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
 
     if ring.sharding == "tensor":
         if ring.float32:
-            from worker.engine.dequantize import float32_wire
+            from worker.engine.loading.dequantize import float32_wire
 
             float32_wire(loaded.model)
         return TensorStage(ring.group)

@@ -18,7 +18,7 @@ prompt), replayed through the detokenizer and the stop matcher without output, a
 completion tokens; the sampler starts at their position, so the continuation equals the
 uninterrupted run.
 
-Structured output (``worker/engine/constraint.py``): a request with an ``output_format`` gets
+Structured output (``worker/engine/answer/constraint.py``): a request with an ``output_format`` gets
 its row's grammar from the runner's ``Grammars``; a format that cannot be built is a 400
 naming ``response_format`` with llguidance's message; a resumed request's tokens are replayed
 into it (a resume that does not fit its format is a 400 too).
@@ -34,13 +34,13 @@ from exo_p2p.content.system_turns import messages_for_template
 from exo_p2p.types.chunks import ErrorChunk
 from exo_p2p.types.common import ErrorInfo, TaskId
 from exo_p2p.types.tasks import MAX_TOP_LOGPROBS, GenerationParams
-from worker.engine.constraint import ConstraintError, Grammars, inside_think
-from worker.engine.loader import LoadedModel
+from worker.engine.answer.constraint import ConstraintError, Grammars, inside_think
+from worker.engine.loading.loader import LoadedModel
 from worker.engine.sampling import Sampler, seed_for
 from worker.engine.sequence import Sequence
-from worker.engine.stop import StopMatcher
+from worker.engine.answer.stop import StopMatcher
 from worker.engine.think_budget import ThinkBudget, end_marker_ids
-from worker.engine.tools import output_parser, render_kwargs, tool_grammar
+from worker.engine.answer.tools import output_parser, render_kwargs, tool_grammar
 
 
 def error_chunk(task_id: TaskId, status: int, message: str, *, param: str | None = None,

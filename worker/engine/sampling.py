@@ -70,7 +70,7 @@ class Sampler:
 
     A constrained request (``constrained``: it has an output format) has ``mask``, set by the
     engine before each draw: ``[1, vocab]`` bool, the tokens its grammar allows; every other
-    log-probability is −∞ before anything else (``worker/engine/constraint.py``), then the
+    log-probability is −∞ before anything else (``worker/engine/answer/constraint.py``), then the
     row is renormalized. ``mask`` None draws unmasked (a row inside a think block). Not thread-safe:
     one per request. Raises ``ValueError`` for a negative temperature or penalty context.
 

@@ -34,7 +34,7 @@ from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.tasks import GenerationParams
 from worker.engine.batch_memory import Verdict, join_verdict
 from worker.engine.decode_step import consume_tokens
-from worker.engine.loader import LoadedModel
+from worker.engine.loading.loader import LoadedModel
 from worker.engine.micro import decode_batch
 from worker.engine.pipeline import LocalStage, Stage, request_error
 from worker.engine.prefill import PrefillGroup, out_of_memory, start_kv

@@ -36,12 +36,12 @@ from exo_p2p.types.chunks import Chunk, FinishChunk, FinishReason, PrefillProgre
 from exo_p2p.types.common import TaskId
 from exo_p2p.types.tasks import GenerationParams, ToolCall
 from worker.engine.batch_memory import RowKV
-from worker.engine.constraint import RowConstraint
-from worker.engine.output_parser import OutputParser, Piece
+from worker.engine.answer.constraint import RowConstraint
+from worker.engine.answer.parser import OutputParser, Piece
 from worker.engine.forward import generation_stream
 from worker.engine.pipeline import Stage
 from worker.engine.sampling import Sampler
-from worker.engine.stop import StopMatcher
+from worker.engine.answer.stop import StopMatcher
 from worker.engine.think_budget import ThinkBudget
 from worker.engine.token_logprobs import read
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-PRELOAD_MODULES = ("mlx.core", "worker.engine.loader", "worker.engine.builder", "worker.runner.text_builder")
+PRELOAD_MODULES = ("mlx.core", "worker.engine.loading.loader", "worker.engine.builder", "worker.runner.text_builder")
 """What a runner imports in the background from its start: MLX, mlx-lm and transformers
 take ~1 s of CPU to import (over 10 s on a loaded machine), time that would otherwise come
 after the lifecycle barriers (every rank created, every rank connected) instead of during

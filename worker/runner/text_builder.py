@@ -53,7 +53,7 @@ class TextBuilder:
     def load(self) -> Iterator[tuple[int, int]]:
         import mlx.core as mx
 
-        from worker.engine.loader import LoadProgress, load_model
+        from worker.engine.loading.loader import LoadProgress, load_model
 
         shard = self.setup.shard
         self.faults.at(STAGE_LOADING)

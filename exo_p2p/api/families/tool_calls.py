@@ -8,7 +8,7 @@ own module (``openai/chat_tools``, ``anthropic/tools``…) keeps only what is it
 Each family turns its own tool shape into OpenAI's — ``{"type": "function", "function":
 {"name", "description", "parameters"}}`` — and calls ``tools_text``, which checks the list and
 returns the JSON text ``GenerationParams.tools`` carries. A tool call's arguments are
-grammar-constrained to its ``parameters`` schema in the runner (``worker/engine/tools.py``),
+grammar-constrained to its ``parameters`` schema in the runner (``worker/engine/answer/tools.py``),
 so a schema llguidance cannot compile is refused here, with a 400 naming the tool's field,
 before anything is sent.
 

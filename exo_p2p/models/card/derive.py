@@ -85,7 +85,7 @@ def _quant_bits(config: Mapping[str, Any], module: str) -> int | None:
 
 def float32_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
     """Tensor name -> bytes once the model is expanded to float32 at load (a CPU node's
-    float32 weights, ``worker.engine.dequantize``): a quantized ``X.weight`` (it has an
+    float32 weights, ``worker.engine.loading.dequantize``): a quantized ``X.weight`` (it has an
     ``X.scales``) holds ``rows × packed_columns × 32 / bits`` elements of 4 bytes and its
     ``X.scales`` / ``X.biases`` disappear (0 bytes); every other tensor holds its elements
     in 4 bytes each. Pure: shapes from the safetensors header or the GGUF's MLX layout."""
