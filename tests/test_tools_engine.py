@@ -188,3 +188,17 @@ def test_auto_tools_with_a_format_answer_in_the_format_or_call(plain: LoadedMode
     text = "".join(t.text for t in tokens)
     assert calls_of(tokens) or json.loads(text) == {"ok": True} or json.loads(text) == {"ok": False}, (text, end)
     assert isinstance(got["g"][1], ErrorChunk) and got["g"][1].error.status == 400
+
+
+@pytest.mark.parametrize("model", ["plain", "agent"])
+def test_one_call_ends_a_forced_answer_after_its_call(model: str, request: pytest.FixtureRequest) -> None:
+    """``parallel_tool_calls: false`` with a forced tool: the tiny model, which never chooses to
+    stop, makes one call and its turn ends there (``tool_calls``), well before ``max_tokens``;
+    without it the forced grammar lets it repeat calls up to the cap."""
+    loaded = request.getfixturevalue(model)
+    got = serve(loaded, {"one": ask(tools=TOOLS, tool_choice="function:get_time", one_call=True, max_tokens=400),
+                         "many": ask(tools=TOOLS, tool_choice="function:get_time", max_tokens=400)})
+    tokens, end = got["one"]
+    assert isinstance(end, FinishChunk) and end.finish_reason == "tool_calls", end
+    assert len(calls_of(tokens)) == 1 and "".join(t.text for t in tokens).strip() == ""
+    assert len(calls_of(got["many"][0])) >= 1

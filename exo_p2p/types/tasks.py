@@ -104,6 +104,10 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     log-probability and the N most likely tokens' come with it (``TokenChunk.logprobs``;
     ``worker.engine.token_logprobs`` says which distribution).
 
+    ``one_call``: at most one call (OpenAI ``parallel_tool_calls: false``, Anthropic
+    ``disable_parallel_tool_use``): the call grammar ends the answer after its first call, so a
+    forced call finishes as a call instead of repeating calls until ``max_tokens``.
+
     ``client``: who asked, as the runner's fairness rule shares prefill between clients
     (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.generation.client_key``, at most
     ``exo_p2p.api.generation.client_key.CLIENT_KEY_MAX`` characters); None: the unnamed client.
@@ -129,6 +133,7 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     tools: str | None = None
     tool_choice: str = "auto"
     thinking: bool | None = None
+    one_call: bool = False
     client: str | None = None
     thinking_budget: int | None = None
     logprobs: int | None = None

@@ -12,7 +12,9 @@ assistant's turn and results as a user turn ``<tool_response>…</tool_response>
 is grammar-constrained (``tool_grammar``) to a text reply or calls whose arguments match
 each tool's ``parameters`` schema. ``tool_choice``: ``none`` renders no tools and parses no
 calls; ``required`` forces one or more calls; ``function:NAME`` forces calls of that tool;
-``auto`` lets the model choose (constrained to text or calls in the generic format). A
+``auto`` lets the model choose (constrained to text or calls in the generic format);
+``one_call`` (``parallel_tool_calls: false``) holds the calls to one, after which the answer
+ends (a model that never chose to stop would otherwise repeat calls until its cap). A
 native model whose calls use the same JSON-in-markers syntax (``<tool_call>`` with mlx-lm's
 ``json_tools`` parser, as Qwen and Hermes) is forced the same way for ``required`` and
 named choices.
@@ -135,7 +137,8 @@ def tool_grammar(params: GenerationParams, tokenizer: Any) -> OutputFormat | Non
     schema = {"anyOf": [_call_schema(t, f"#/anyOf/{i}") for i, t in enumerate(tools)], "x-guidance": JSON_OPTIONS}
     call = f"call: {_marker(tokenizer, CALL_START)} %json {json.dumps(schema)} {_marker(tokenizer, CALL_END)}"
     start = "start: calls" if forced else "start: answer | calls"
-    return OutputFormat("lark", "\n".join([start, "calls: call+", call, _answer_rule(params.output_format)]))
+    calls = "calls: call" if params.one_call else "calls: call+"
+    return OutputFormat("lark", "\n".join([start, calls, call, _answer_rule(params.output_format)]))
 
 
 def _answer_rule(fmt: OutputFormat | None) -> str:

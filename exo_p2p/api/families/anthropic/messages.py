@@ -141,7 +141,8 @@ def messages_params(r: MessagesRequest) -> GenerationParams:
     fields.update({k: v for k, v in optional.items() if v is not None})
     fields["output_format"] = output_format(anthropic_output_format(r.output_config, r.output_format), *extensions(r.regex, r.grammar))
     tools = anthropic_tools(r.tools)
-    fields.update(tools=tools, tool_choice=anthropic_choice(r.tool_choice, tools)[0], thinking=thinking_of(r.thinking),
+    choice, limit = anthropic_choice(r.tool_choice, tools)
+    fields.update(tools=tools, tool_choice=choice, thinking=thinking_of(r.thinking), one_call=limit == 1,
                   thinking_budget=thinking_budget_of(r.thinking))
     return GenerationParams(messages=anthropic_messages(r.messages, r.system), **fields)  # type: ignore[arg-type]
 

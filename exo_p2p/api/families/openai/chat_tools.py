@@ -146,9 +146,10 @@ def usage_of(chunk: FinishChunk, reasoning_tokens: int) -> dict[str, Any]:
 def chat_tool_fields(request: Any) -> dict[str, Any]:
     """The ``GenerationParams`` fields of a chat request's tools and thinking (``tools``,
     ``tool_choice``, ``thinking``, ``reasoning_effort``'s ``thinking_budget``:
-    ``think_budgets.EFFORT_BUDGETS``); 400 as ``openai_tools`` and ``openai_choice``."""
+    ``think_budgets.EFFORT_BUDGETS``, ``one_call``); 400 as ``openai_tools`` and ``openai_choice``."""
     tools = openai_tools(request.tools)
     fields: dict[str, Any] = {"tools": tools, "tool_choice": openai_choice(request.tool_choice, tools)}
     fields["thinking"] = thinking_of(request.reasoning_effort, request.enable_thinking, request.chat_template_kwargs)
     fields["thinking_budget"] = effort_budget(request.reasoning_effort)
+    fields["one_call"] = request.parallel_tool_calls is False
     return fields

@@ -127,7 +127,8 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
     tools = responses_tools(r.tools)
     fields = {"tools": tools, "tool_choice": responses_choice(r.tool_choice, tools), "thinking": responses_thinking(r.reasoning),
               "thinking_budget": effort_budget(r.reasoning.get("effort") if isinstance(r.reasoning, dict) else None),
-              "logprobs": requested(wants_logprobs(r.include), r.top_logprobs, enabled_param="include")}
+              "logprobs": requested(wants_logprobs(r.include), r.top_logprobs, enabled_param="include"),
+              "one_call": r.parallel_tool_calls is False}
     return GenerationParams(messages=tuple(messages), output_format=fmt, **fields,  # type: ignore[arg-type]
                             **{k: v for k, v in optional.items() if v is not None})
 
