@@ -3,7 +3,7 @@ model (a 64k context, a Qwen-like tool template): Claude Code (``claude -p``, An
 Messages), Codex (``codex exec``, Responses), opencode (``opencode run``, chat completions) and
 aider (``aider --message``, chat completions through litellm). Each exits 0 with an answer;
 the three that use tools also make a tool-call round trip: the model is forced to call the
-CLI's file-reading tool on a file the test wrote (``tests/agent_proxy.py`` sets
+CLI's file-reading tool on a file the test wrote (``tests/support/net/agent_proxy.py`` sets
 ``tool_choice`` and narrows that tool's arguments, as a random-weight model cannot choose), the
 CLI runs it and sends the file's content back, and the model answers.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_proxy import AgentProxy
+from tests.support.net.agent_proxy import AgentProxy
 from tests.tools_node import AGENT_MODEL, agent_node
 
 ROOT = Path(__file__).resolve().parent.parent
