@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.net.agent_proxy import AgentProxy
-from tests.tools_node import AGENT_MODEL, agent_node
+from tests.support.tools_node import AGENT_MODEL, agent_node
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / ".agents"
