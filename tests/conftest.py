@@ -34,7 +34,10 @@ from tests.tiers import (  # noqa: F401  (the tier markers and their check: test
     pytest_runtest_setup,
     pytest_runtest_teardown,
 )
+from tests.support import ast_retry
 from worker import blas
+
+ast_retry.install()  # the source-reading tests' parses survive CPython 3.11's converter race
 
 # --- hypothesis profiles (docs/testing.md) ----------------------------------------------------------
 # ``ci`` (CI=true, or HYPOTHESIS_PROFILE=ci) runs each property 100 times, ``dev`` 20 times;

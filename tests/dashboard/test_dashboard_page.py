@@ -242,7 +242,7 @@ def test_model_functions_in_the_browser(page, served):
     assert links[("n1", "n2")]["both"] and not links[("n1", "n3")]["both"]
     assert links[("n1", "n2")]["addresses"] == ["10.0.0.2", "10.0.0.1"] and links[("n1", "n2")]["kinds"] == ["ethernet"]
     assert out["inflight"] == {"i1": 1}
-    assert out["models"] == [{"id": "a", "n_layers": 4, "storage_size": 350, "context_length": 100, "holders": ["n1"], "instances": 1}]
+    assert out["models"] == [{"id": "a", "n_layers": 4, "storage_size": 350, "context_length": 100, "tasks": ["generate"], "holders": ["n1"], "instances": 1}]
     assert out["order"][0] == "n1"
     assert out["sse"] == {"events": ['{"a":1}', "[DONE]"], "rest": 'data: {"b"'}
     assert out["stats"] == {"ttft": 0.5, "tokensPerSecond": 10.0, "tokens": 21}
