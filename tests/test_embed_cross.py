@@ -75,3 +75,25 @@ def test_pairs_and_refusals(tmp_path):
     (path / "config.json").write_text(json.dumps({**config, "id2label": {"0": "a", "1": "b", "2": "c"}}))
     with pytest.raises(CrossEncoderError, match="does not match 3 labels"):
         cross_embedder(path, ARCH)
+
+
+def test_a_config_that_lies_is_refused_before_it_is_parsed(tmp_path):
+    """The cross-encoder's ``config.json`` is read through the bounded, depth-checked model JSON
+    reader (docs/security.md#model-sources): too large, too deep or not an object is an error
+    naming the file, never a runner exhausting memory or recursion; ``cross_encoder`` (which
+    builder runs the model) answers None for it, and the load then says why."""
+    from exo_p2p.models.errors import UnsupportedModelError
+    from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES
+    from worker.embed.engine import cross_encoder
+
+    path = make_cross_encoder(tmp_path / "ce")
+    config = (path / "config.json").read_text()
+    for lie, why in ((" " * MAX_CONFIG_BYTES + config, "larger than"), ("[" * 200_000, "deeper than")):
+        (path / "config.json").write_text(lie)
+        with pytest.raises(UnsupportedModelError, match=why):
+            cross_embedder(path, ARCH)
+        assert cross_encoder(str(path)) is None
+    (path / "config.json").write_text("[1, 2]")
+    with pytest.raises(CrossEncoderError, match="not an object"):
+        cross_embedder(path, ARCH)
+    assert cross_encoder(str(path)) is None

@@ -66,6 +66,24 @@ def test_pooling_folder_outside_the_model_is_refused(tmp_path):
         pooling_spec(tmp_path, causal=False)
 
 
+@pytest.mark.parametrize(("name", "lie", "why"), [
+    ("modules.json", "[" * 100 + "]" * 100, "deeper than"),
+    ("modules.json", "[" * 100_000, "deeper than"),
+    ("1_Pooling/config.json", '{"a": "' + "x" * (1 << 20) + '"}', "larger than"),
+    ("1_Pooling/config.json", b"\xff\xfe{}", "not UTF-8"),
+    ("config.json", "{", "not JSON"),
+])
+def test_pooling_files_that_lie_are_refused(tmp_path, name, lie, why):
+    """A model repository's pooling files are untrusted: too deep (even deep enough to exhaust
+    Python's recursion), too large, not UTF-8 or not JSON is a ``PoolingConfigError`` naming the
+    file, read with a bounded number of bytes (``exo_p2p.models.model_json.model_json_file``)."""
+    _st_model(tmp_path, {"pooling_mode_mean_tokens": True})
+    target = tmp_path / name
+    target.write_bytes(lie if isinstance(lie, bytes) else lie.encode())
+    with pytest.raises(PoolingConfigError, match=why):
+        pooling_spec(tmp_path, causal=False)
+
+
 @settings(max_examples=50, deadline=None)
 @given(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 8)), elements=floats),
        st.data())

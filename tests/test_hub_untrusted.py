@@ -13,6 +13,7 @@ import pytest
 
 from exo_p2p.models.card.derive import card_from_model_dir
 from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.hub_limits import MAX_CONFIG_BYTES
 from exo_p2p.models.hub.manifest import hub_error_status, resolve_hub_model
 from exo_p2p.models.model_json import MAX_MODEL_JSON_DEPTH, model_json
 from tests.support.models.synthetic_models import make_synthetic_model
@@ -44,6 +45,20 @@ def test_a_deep_config_is_unsupported_naming_config_json(base: Path, tmp_path: P
         resolve_hub_model(LocalRepo(model), "org/tiny")
     assert hub_error_status(hub.value) == 400
     with pytest.raises(UnsupportedModelError, match="config.json nests"):
+        card_from_model_dir(model, "tiny")
+
+
+@pytest.mark.unit
+def test_a_local_config_larger_than_the_bound_is_refused_unread(base: Path, tmp_path: Path) -> None:
+    """A model directory's ``config.json`` is read with at most ``MAX_CONFIG_BYTES`` + 1 bytes
+    (``model_json_file``), as a hub's is: a 4 MiB-plus file is refused naming it."""
+    model = shutil.copytree(base, tmp_path / "m")
+    config = (model / "config.json").read_text()
+    (model / "config.json").write_text(" " * MAX_CONFIG_BYTES + config)
+    with pytest.raises(UnsupportedModelError, match="config.json is larger than"):
+        card_from_model_dir(model, "tiny")
+    (model / "config.json").write_bytes(b"\xff" + config.encode())
+    with pytest.raises(UnsupportedModelError, match="config.json is not UTF-8"):
         card_from_model_dir(model, "tiny")
 
 

@@ -15,11 +15,13 @@ Where each rule comes from:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
+from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.model_json import model_json_file
 
 PoolingMode = Literal["mean", "cls", "last"]
 
@@ -44,12 +46,10 @@ class PoolingConfigError(ValueError):
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise PoolingConfigError(f"{path.name} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        return json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PoolingConfigError(f"{path.name} is not JSON: {exc}") from None
+        return model_json_file(path, path.name, MAX_CONFIG_BYTES)
+    except (UnsupportedModelError, OSError) as exc:
+        raise PoolingConfigError(str(exc)) from None
 
 
 def mode_of_pooling_config(cfg: dict) -> PoolingMode:

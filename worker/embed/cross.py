@@ -18,13 +18,13 @@ node tokenized them (``pair_row``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from exo_p2p.models.model_json import model_json_file
 from worker.embed.encoder import library
 
 CROSS_TYPES = frozenset({"bert"})
@@ -91,7 +91,9 @@ def load_cross_encoder(model_dir: Path | str, arch: str) -> tuple[Any, Relevance
     from mlx_embeddings.models import bert
 
     path = Path(model_dir)
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = model_json_file(path / "config.json", f"{path.name}: config.json")
+    if not isinstance(config, dict):
+        raise CrossEncoderError(f"{arch}: config.json is not an object")
     model_type = str(config.get("model_type", ""))
     if model_type not in CROSS_TYPES or "quantization" in config:
         raise CrossEncoderError(f"{arch} ({model_type}{', quantized' if 'quantization' in config else ''}): only "

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from exo_p2p.models.errors import UnsupportedModelError
+from exo_p2p.models.model_json import model_json_file
 from exo_p2p.types import Chunk, Embedding, ErrorChunk, ErrorInfo, Rerank, TaskId, WorkTask
 from exo_p2p.types.observe import EngineStats
 from worker.embed.work import EmbedWork
@@ -26,12 +28,13 @@ WARMUP_TEXT_TOKENS = (1, 2, 3, 4)
 def cross_encoder(model_dir: str) -> str | None:
     """The ``…ForSequenceClassification`` architecture of the model in ``model_dir``, or None
     (also for a ``config.json`` that cannot be read: the load then says why)."""
-    import json
     from pathlib import Path
 
     try:
-        archs = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
+        archs = model_json_file(Path(model_dir) / "config.json", "config.json").get("architectures") or []
+    except (OSError, UnsupportedModelError, AttributeError):
+        return None
+    if not isinstance(archs, list):
         return None
     return next((str(a) for a in archs if str(a).endswith("ForSequenceClassification")), None)
 

@@ -25,7 +25,7 @@ from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.layout import model_plan
 from exo_p2p.models.gguf.reader import read_float_tensor, read_gguf_header
 from exo_p2p.models.hub_limits import check_layers
-from exo_p2p.models.model_json import model_json
+from exo_p2p.models.model_json import model_json, model_json_file
 from exo_p2p.models.card.tensor_parts import layer_pattern, tensor_parts
 from exo_p2p.types.common import ModelId
 from exo_p2p.types.kinds import context_tokens, model_kind, model_tasks
@@ -120,7 +120,7 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise UnsupportedModelError(f"{model_dir}: no config.json")
-    config = model_json(config_path.read_text(encoding="utf-8"), f"{model_dir}: config.json")
+    config = model_json_file(config_path, f"{model_dir}: config.json")
     weight_files = sorted(model_dir.glob(WEIGHT_GLOB))
     if not weight_files:
         raise UnsupportedModelError(f"{model_dir}: no {WEIGHT_GLOB} files")
