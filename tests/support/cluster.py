@@ -250,9 +250,11 @@ class NodeProcess:
             time.sleep(0.3)
         raise TimeoutError(f"instance not ready within {timeout} s:\n{self.log_tail()}")
 
-    def chat(self, content: str, model: str, **params) -> httpx.Response:
+    def chat(self, content: str, model: str, timeout: float = 300, **params) -> httpx.Response:
+        """POST one user message to ``/v1/chat/completions``; ``params`` go into the body,
+        ``timeout`` (seconds) is the client's, not the request's."""
         body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
-        return self.post("/v1/chat/completions", json=body, timeout=params.pop("timeout", 300) if "timeout" in params else 300)
+        return self.post("/v1/chat/completions", json=body, timeout=timeout)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
