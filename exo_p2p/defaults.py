@@ -150,6 +150,10 @@ COMMAND_APPLY_WAIT = 5.0
 # --- chunks ------------------------------------------------------------------------------------
 CHUNK_BATCH_MAX = 256
 """Chunks per direct request at most."""
+CHUNK_BATCH_BYTES = 16 * 1024 * 1024
+"""Bytes of chunk payload (``exo_p2p.cluster.chunks.chunk_bytes``) per direct request at
+most, a quarter of the request frame bound (``NetConfig.max_frame_bytes``, 64 MiB); a chunk
+larger on its own travels alone (an ``EmbeddingChunk`` is at most ``EMBEDDING_CHUNK_BYTES``)."""
 CHUNK_ATTEMPTS = 3
 """Tries of one chunk batch before it is counted lost (``chunks_lost``)."""
 CHUNK_REQUEST_TIMEOUT = 5.0

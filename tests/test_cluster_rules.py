@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exo_p2p import defaults
-from exo_p2p.cluster.chunks import take_batch
+from exo_p2p.cluster.chunks import chunk_bytes, take_batch
 from exo_p2p.cluster.commands import retry_pause
 from exo_p2p.cluster.command_access import NOT_MEMBER
 from exo_p2p.cluster.common import Counters, Role
@@ -27,7 +27,7 @@ from exo_p2p.cluster.role import start_settle
 from exo_p2p.cluster.sequencing import committed, first_batch, own_events
 from exo_p2p.cluster.settings import ClusterSettings
 from exo_p2p.types import (
-    CommandResult, ErrorInfo, IndexedEvent, LocalEvent, NodeTimedOut, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted,
+    CommandResult, EmbeddingChunk, ErrorInfo, IndexedEvent, LocalEvent, NodeTimedOut, TokenChunk, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted,
 )
 
 PROJECT_DIRS = [Path(__file__).resolve().parents[1] / name for name in ("exo_p2p", "master", "worker")]
@@ -394,12 +394,32 @@ def test_retry_pause():
     assert retry_pause(_result("no_capacity"), 10.0) is None
 
 
+def _token(i: int) -> tuple[TokenChunk, int]:
+    return TokenChunk(task_id="t", token_id=i, text="x", completion_tokens=i), i
+
+
 def test_take_batch_takes_what_is_queued_up_to_the_limit():
     send, receive = trio.open_memory_channel(100)
     for i in range(5):
-        send.send_nowait(i)
-    assert take_batch(-1, receive, 4) == [-1, 0, 1, 2]  # type: ignore[arg-type]
-    assert take_batch(-2, receive, 4) == [-2, 3, 4]  # type: ignore[arg-type]
+        send.send_nowait(_token(i))
+    assert take_batch(_token(-1), receive, 4) == ([_token(-1), _token(0), _token(1), _token(2)], None)
+    assert take_batch(_token(-2), receive, 4) == ([_token(-2), _token(3), _token(4)], None)
+
+
+def test_take_batch_keeps_a_batch_under_its_byte_bound():
+    """Vectors travel in batches under ``max_bytes``; the chunk that would pass it is carried
+    to the next batch, and a chunk over the bound alone still travels (alone)."""
+    def vectors(i: int, n: int) -> tuple[EmbeddingChunk, int]:
+        return EmbeddingChunk(task_id="t", vectors=bytes(n), count=1, dimensions=n // 4), i
+
+    send, receive = trio.open_memory_channel(100)
+    for item in (vectors(1, 4096), vectors(2, 4096), vectors(3, 40_000), vectors(4, 4096)):
+        send.send_nowait(item)
+    batch, carry = take_batch(vectors(0, 4096), receive, 256, max_bytes=3 * (1024 + 4096))
+    assert [s for _, s in batch] == [0, 1, 2] and carry is not None and carry[1] == 3
+    batch, carry = take_batch(carry, receive, 256, max_bytes=3 * (1024 + 4096))
+    assert [s for _, s in batch] == [3] and carry is not None and carry[1] == 4
+    assert chunk_bytes(vectors(0, 4096)[0]) == 1024 + 4096
 
 
 def test_counters():

@@ -90,6 +90,32 @@ def test_openai_float_base64_and_token_inputs() -> None:
     run(body)
 
 
+def test_rows_in_parts_are_joined_in_order_and_a_width_change_is_a_502() -> None:
+    """A runner sends a large answer's rows in several ``EmbeddingChunk`` parts
+    (``EMBEDDING_CHUNK_BYTES``): the API joins them in order; parts of different widths are the
+    runner's fault, a 502."""
+    texts = [" ".join(["w"] * (i + 1)) for i in range(5)]
+
+    def parts(cmd: SubmitTask, widths: tuple[int, ...] = (4, 4, 4)) -> list:
+        task = cmd.task
+        vecs = _vectors(task.params.inputs)
+        out: list = [EmbeddingChunk(task_id=task.task_id, vectors=vecs[i:i + 2, :w].astype("<f4").tobytes(),
+                                    count=len(vecs[i:i + 2]), dimensions=w, prompt_tokens=1)
+                     for i, w in zip(range(0, len(vecs), 2), widths)]
+        return [*out, FinishChunk(task_id=task.task_id, finish_reason="stop", prompt_tokens=1, completion_tokens=0)]
+
+    async def body(client, backend) -> None:  # type: ignore[no-untyped-def]
+        backend.script = parts
+        r = await client.post("/v1/embeddings", json={"model": ENCODER, "input": texts})
+        assert r.status_code == 200, r.text
+        assert [d["embedding"][0] for d in r.json()["data"]] == [3.0, 4.0, 5.0, 6.0, 7.0]
+        backend.script = lambda cmd: parts(cmd, (4, 3, 4))
+        r = await client.post("/v1/embeddings", json={"model": ENCODER, "input": texts})
+        assert r.status_code == 502 and "changed width" in r.text
+
+    run(body)
+
+
 def test_ollama_embed_legacy_and_truncate() -> None:
     async def body(client, backend) -> None:  # type: ignore[no-untyped-def]
         long = " ".join(["w"] * 40)

@@ -138,6 +138,30 @@ def test_embed_work_steps_a_request_in_bounded_batches(encoder):
     np.testing.assert_allclose(scores, embedder.rerank(rows[2], rows[:4]), atol=1e-6)
 
 
+def test_vectors_over_a_chunk_s_bytes_come_in_parts_in_order(encoder, monkeypatch):
+    """A task's rows travel in ``EmbeddingChunk`` parts of at most ``EMBEDDING_CHUNK_BYTES``
+    (here 3 rows' worth), in order, then one ``FinishChunk``; joined they are the rows."""
+    from exo_p2p.types import Embedding, EmbeddingChunk, EmbeddingParams, FinishChunk
+    from worker.embed import work as work_module
+
+    _, embedder, tokenizer = encoder
+    rows = tuple(tuple(tokenizer.encode(t)) for t in TEXTS * 2)
+    width = embedder.embed(rows[:1]).shape[1]
+    monkeypatch.setattr(work_module, "EMBEDDING_CHUNK_BYTES", 3 * 4 * width + 5)
+    work = work_module.EmbedWork(embedder)
+    work.submit(Embedding(task_id="e", instance_id="i", model_id="m", params=EmbeddingParams(inputs=rows), api_node_id="n"))
+    chunks: list = []
+    for _ in range(50):
+        if not work.has_work():
+            break
+        chunks += work.step()
+    parts, finish = chunks[:-1], chunks[-1]
+    assert isinstance(finish, FinishChunk) and all(isinstance(c, EmbeddingChunk) for c in parts)
+    assert [c.count for c in parts] == [3] * (len(rows) // 3) + ([len(rows) % 3] if len(rows) % 3 else [])
+    got = np.concatenate([np.frombuffer(c.vectors, "<f4").reshape(c.count, c.dimensions) for c in parts])
+    np.testing.assert_allclose(got, embedder.embed(rows), atol=1e-6)
+
+
 def test_a_decoder_runner_paces_embeddings_while_rows_decode():
     import time
     from types import SimpleNamespace

@@ -78,21 +78,23 @@ async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
         if result.error is not None:
             done = True
             raise ApiError(result.error.status, result.error.message, param=result.error.param, code=result.error.code)
-        rows: np.ndarray | None = None
+        parts: list[np.ndarray] = []
+        tokens = 0
         with trio.move_on_after(settings.chunk_timeout):
             async for chunk in chunks:
                 if isinstance(chunk, EmbeddingChunk):
-                    rows, tokens = _rows(chunk), chunk.prompt_tokens
+                    parts.append(_rows(chunk, parts))
+                    tokens = chunk.prompt_tokens
                 elif isinstance(chunk, ErrorChunk):
                     done = True
                     raise ApiError(chunk.error.status, chunk.error.message, param=chunk.error.param, code=chunk.error.code)
                 elif isinstance(chunk, FinishChunk):
                     done = True
                     break
-        if rows is None:
+        if not parts or not done:
             raise ApiError(504 if not done else 502, "the runner sent no vectors" if done else
                            f"no answer from the model within {settings.chunk_timeout:g} s", code="timeout")
-        return rows, tokens
+        return np.concatenate(parts), tokens
     finally:
         if not done:
             with trio.CancelScope(shield=True), trio.move_on_after(settings.cancel_timeout):
@@ -102,10 +104,14 @@ async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
         ctx.inflight.release()
 
 
-def _rows(chunk: EmbeddingChunk) -> np.ndarray:
+def _rows(chunk: EmbeddingChunk, before: list[np.ndarray]) -> np.ndarray:
+    """One part of a task's rows, ``[count, dimensions]`` float32. Raises ``ApiError`` 502 when
+    its bytes do not hold them, or its width is not the earlier parts' ``before``."""
     if chunk.count < 1 or chunk.dimensions < 1 or len(chunk.vectors) != chunk.count * chunk.dimensions * 4:
         raise ApiError(502, f"the runner's answer of {len(chunk.vectors)} bytes is not {chunk.count} x "
                        f"{chunk.dimensions} float32 values")
+    if before and before[0].shape[1] != chunk.dimensions:
+        raise ApiError(502, f"the runner's answer changed width from {before[0].shape[1]} to {chunk.dimensions}")
     return np.frombuffer(chunk.vectors, dtype="<f4").reshape(chunk.count, chunk.dimensions).astype(np.float32)
 
 

@@ -1,7 +1,8 @@
 """The chunk sender: generated chunks travel to the API node that holds the request over a
 direct stream, one queue and one sending task per destination, in order, batched.
 
-Rule (``take_batch``): a batch holds the chunks queued now, ``CHUNK_BATCH_MAX`` at most; it is
+Rule (``take_batch``): a batch holds the chunks queued now, ``CHUNK_BATCH_MAX`` at most and
+``CHUNK_BATCH_BYTES`` of payload at most (the chunk that would pass it starts the next); it is
 tried ``CHUNK_ATTEMPTS`` times, then its chunks are counted lost (``chunks_lost``; the API
 node's chunk router notices the gap by the stream positions, ``exo_p2p.chunks.order``).
 """
@@ -25,15 +26,28 @@ Positioned = tuple[Chunk, int]
 """A chunk and its position in its task's stream."""
 
 
-def take_batch(first: Positioned, receive: trio.MemoryReceiveChannel[Positioned], limit: int) -> list[Positioned]:
-    """``first`` and what else is queued now, ``limit`` at most."""
-    batch = [first]
+def chunk_bytes(chunk: Chunk) -> int:
+    """The payload bytes ``chunk`` adds to a batch, for ``take_batch``'s byte bound: its
+    vectors (an ``EmbeddingChunk``), text and tokens, plus 1 KiB for the rest."""
+    return 1024 + len(getattr(chunk, "vectors", b"")) + 4 * len(getattr(chunk, "text", "") or "")
+
+
+def take_batch(first: Positioned, receive: trio.MemoryReceiveChannel[Positioned], limit: int,
+               max_bytes: int = defaults.CHUNK_BATCH_BYTES) -> tuple[list[Positioned], Positioned | None]:
+    """``(batch, carry)``: ``first`` and what else is queued now, ``limit`` chunks and
+    ``max_bytes`` of ``chunk_bytes`` at most (``first`` always, however large); ``carry`` is the
+    chunk taken that would have passed ``max_bytes`` (the next batch's first), else None."""
+    batch, size = [first], chunk_bytes(first[0])
     while len(batch) < limit:
         try:
-            batch.append(receive.receive_nowait())
+            item = receive.receive_nowait()
         except trio.WouldBlock:
             break
-    return batch
+        size += chunk_bytes(item[0])
+        if size > max_bytes:
+            return batch, item
+        batch.append(item)
+    return batch, None
 
 
 class ChunkSender:
@@ -73,8 +87,9 @@ class ChunkSender:
         return False
 
     async def _sender(self, destination: str, receive: trio.MemoryReceiveChannel[Positioned]) -> None:
+        carry: Positioned | None = None
         while True:
-            batch = take_batch(await receive.receive(), receive, defaults.CHUNK_BATCH_MAX)
+            batch, carry = take_batch(carry or await receive.receive(), receive, defaults.CHUNK_BATCH_MAX)
             if not await self._deliver(destination, batch):
                 self.counters.add("chunks_lost", len(batch))
 

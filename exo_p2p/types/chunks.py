@@ -82,12 +82,20 @@ class ErrorChunk(_Chunk, tag="error"):
     error: ErrorInfo
 
 
+EMBEDDING_CHUNK_BYTES = 4 * 1024 * 1024
+"""Bytes of vectors one ``EmbeddingChunk`` carries at most (2,048 inputs of 4,096 dimensions
+are 32 MiB: eight parts); a row wider than it travels alone. Chunks travel in batches
+under ``exo_p2p.defaults.CHUNK_BATCH_BYTES``."""
+
+
 class EmbeddingChunk(_Chunk, tag="embedding"):
     """The vectors of an ``Embedding`` task (one per input, in the inputs' order) or the
     scores of a ``Rerank`` task (one per document, ``dimensions`` 1): ``count`` rows of
     ``dimensions`` float32 values, little-endian, row after row, in ``vectors`` (so
     ``len(vectors) == count * dimensions * 4``); ``prompt_tokens``: the tokens the inputs
-    held (usage). A ``FinishChunk`` follows it. ``rows()`` reads them back."""
+    held (usage). A task's rows come in parts of at most ``EMBEDDING_CHUNK_BYTES`` each, in
+    order (the API node joins them); a ``FinishChunk`` follows the last. ``rows()`` reads a
+    part back."""
 
     vectors: bytes
     count: int

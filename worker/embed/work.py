@@ -19,6 +19,7 @@ import structlog
 
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.types import Chunk, Embedding, EmbeddingChunk, ErrorChunk, ErrorInfo, FinishChunk, Rerank, TaskId
+from exo_p2p.types.chunks import EMBEDDING_CHUNK_BYTES
 from worker.embed.embedder import Embedder
 from worker.engine.pipeline import StageFailed
 
@@ -123,8 +124,11 @@ class EmbedWork:
             vecs = self.embedder.shorten(vecs, run.task.params.dimensions, run.task.params.normalize)
         self.done += 1
         data = np.ascontiguousarray(vecs, dtype="<f4")
-        return [EmbeddingChunk(task_id=run.task.task_id, vectors=data.tobytes(), count=data.shape[0],
-                               dimensions=data.shape[1], prompt_tokens=tokens),
+        step = max(1, EMBEDDING_CHUNK_BYTES // (4 * data.shape[1]))
+        parts: list[Chunk] = [EmbeddingChunk(task_id=run.task.task_id, vectors=data[i:i + step].tobytes(),
+                                             count=len(data[i:i + step]), dimensions=data.shape[1],
+                                             prompt_tokens=tokens) for i in range(0, data.shape[0], step)]
+        return [*parts,
                 FinishChunk(task_id=run.task.task_id, finish_reason="stop", prompt_tokens=tokens, completion_tokens=0)]
 
     def _error(self, task: Embedding | Rerank, status: int, message: str, param: str | None) -> ErrorChunk:
