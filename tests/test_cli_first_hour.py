@@ -162,8 +162,13 @@ def test_place_min_nodes_says_it_waits_and_how_to_add_a_node(served, monkeypatch
     assert "the cluster has 2 nodes; waiting up to 1 s for 1 more (--min-nodes 3)" in result.stderr
     (error,) = [line for line in error_lines(result) if line.startswith("error:")]
     assert "--min-nodes 3 needs 3 nodes, but the cluster has 2" in error and "`exo-p2p node`" in error
-    assert "--bootstrap" in error and "min_nodes=" not in error
+    assert "--bootstrap" in error and "min_nodes=" not in error and "mDNS finds it" in error
     assert "POST" not in [m for m, *_ in served.node.requests]
+    served.node.mdns = False  # a --no-mdns node: mDNS finds no other node, only --bootstrap adds one
+    result = invoke(["place", "smollm2-135m-instruct", "--min-nodes", "3", "--api", served.url])
+    (error,) = [line for line in error_lines(result) if line.startswith("error:")]
+    assert result.exit_code == 1 and "mDNS is off on this node (--no-mdns)" in error and "mDNS finds it" not in error
+    assert "--bootstrap and an address `exo-p2p nodes` lists here" in error
 
 
 @pytest.mark.integration

@@ -42,6 +42,7 @@ class FakeNode:
         self.finish_reason = "stop"
         self.warmup_polls = 0  # polls a fully loaded instance stays "warming_up" before ready
         self.unsupported: list[dict] = []  # GET /models/unsupported
+        self.mdns: bool | None = None  # GET /state's "mdns" (None: left out, as a node from before it)
 
     # -- routes -------------------------------------------------------------------------
 
@@ -52,6 +53,7 @@ class FakeNode:
             "warnings": list(self.warnings),
             "state_hash": "ab" * 32,
             "last_event_idx": 7,
+            **({} if self.mdns is None else {"mdns": self.mdns}),
         }
 
     def nodes(self) -> list[dict]:

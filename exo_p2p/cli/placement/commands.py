@@ -166,11 +166,15 @@ def too_few_nodes(model: str, existing: list, short: dict[str, str], min_nodes: 
             "or add --replica for another instance")
 
 
-def nodes_missing_message(wanted: int, count: int, waited: float) -> str:
+def nodes_missing_message(wanted: int, count: int, waited: float, mdns: bool = True) -> str:
     """What ``place --min-nodes`` says when the cluster still has fewer than ``wanted`` nodes
-    after ``waited`` seconds, and how to add one."""
-    return (f"--min-nodes {wanted} needs {wanted} nodes, but the cluster has {count} after waiting {waited:.0f} s: "
-            "start `exo-p2p node` on another machine of this network (mDNS finds it), or there pass "
+    after ``waited`` seconds, and how to add one: through mDNS, or (``mdns`` False: this node
+    runs ``--no-mdns``, so it finds no node that way) only through ``--bootstrap``."""
+    head = f"--min-nodes {wanted} needs {wanted} nodes, but the cluster has {count} after waiting {waited:.0f} s: "
+    if not mdns:
+        return (head + "mDNS is off on this node (--no-mdns), so start `exo-p2p node` on another machine with "
+                "--bootstrap and an address `exo-p2p nodes` lists here")
+    return (head + "start `exo-p2p node` on another machine of this network (mDNS finds it), or there pass "
             "--bootstrap with an address `exo-p2p nodes` lists here")
 
 
@@ -189,7 +193,11 @@ def _wait_for_nodes(client: NodeClient, wanted: int, console: Console) -> None:
             time.sleep(0.5)
             count = len(client.nodes())
     if count < wanted:
-        raise CliError(nodes_missing_message(wanted, count, NODES_WAIT))
+        try:
+            mdns = client.state().get("mdns") is not False  # a node from before the field: on
+        except CliError:
+            mdns = True
+        raise CliError(nodes_missing_message(wanted, count, NODES_WAIT, mdns))
 
 
 @app.command()
