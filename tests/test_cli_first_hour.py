@@ -260,3 +260,52 @@ def test_the_model_of_a_refused_body_is_read_safely() -> None:
     assert asked_model(b'{"model": "m", "messages": 3}') == "m"
     assert asked_model(b"[" * 100_000) == "" and asked_model(b"{not json") == "" and asked_model(None) == ""
     assert asked_model(b'{"model": 5}') == "" and len(asked_model(b'{"model": "' + b"x" * 5000 + b'"}')) == 200
+
+
+RECORDS = [{"started": 1.0, "status": 200, "family": "anthropic", "model": MODEL, "instance": "inst-12345678",
+            "prompt_tokens": 1234, "cached_tokens": 1024, "completion_tokens": 300, "ttft": 12.41234, "decode_tps": 125.31,
+            "finish_reason": "length", "request_id": "0123456789abcdef", "route": "load:busy", "moves": 2},
+           {"started": 2.0, "status": 400, "family": "openai", "model": MODEL, "outcome": "refused",
+            "request_id": "fedcba9876543210"}]
+
+
+def test_logs_requests_rows_fit_80_columns_whole() -> None:
+    """At 80 columns every row (heading included) fits, each value shown is whole and under
+    its heading; route, request and family go first, and a wide terminal has every column."""
+    from exo_p2p.cli.queries.requests_log import shown_columns
+
+    head, *rows = [header_line(80), *(record_line(r, 80) for r in RECORDS)]
+    assert max(len(line) for line in (head, *rows)) <= 80
+    assert shown_columns(80) == ("time", "code", "model", "out", "ttft s", "tok/s", "end")
+    assert "route" not in head and "family" not in head and "request" not in head
+    assert "12.412" in rows[0] and "125.3" in rows[0] and "300" in rows[0] and MODEL in rows[0] and "length" in rows[0]
+    assert rows[0].index("12.412") + len("12.412") == head.index("ttft s") + len("ttft s")
+    assert " 400 " in rows[1] and "refused" in rows[1]
+    wide = record_line(RECORDS[0], 200)
+    assert "least loaded (prefix holder busy), moved 2x" in wide and "anthropic" in wide and "01234567" in wide
+    assert shown_columns(100) == ("time", "code", "model", "instance", "in", "out", "ttft s", "tok/s", "end")
+
+
+def test_logs_requests_command_uses_the_terminal_width(monkeypatch) -> None:
+    """``exo-p2p logs requests`` in an 80-column terminal (COLUMNS) prints rows of at most 80
+    characters; COLUMNS=200 every column (the node's API behind an ``httpx.MockTransport``)."""
+    from typer.testing import CliRunner
+
+    from exo_p2p.cli.main import app
+    from exo_p2p.cli.node_api import client as client_module
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/requests"
+        return httpx.Response(200, json={"records": RECORDS, "last": 2})
+
+    monkeypatch.setattr(client_module, "answered_by", None)
+    client_module.set_transport(httpx.MockTransport(handle))
+    try:
+        narrow = CliRunner().invoke(app, ["logs", "requests", "--api", "http://node.test:52515"], env={"COLUMNS": "80"})
+        wide = CliRunner().invoke(app, ["logs", "requests", "--api", "http://node.test:52515"], env={"COLUMNS": "200"})
+    finally:
+        client_module.set_transport(None)
+    assert narrow.exit_code == 0 and wide.exit_code == 0, (narrow.output, wide.output)
+    lines = narrow.stdout.splitlines()
+    assert len(lines) == 3 and max(len(line) for line in lines) <= 80 and "ttft s" in lines[0], narrow.stdout
+    assert "route" in wide.stdout.splitlines()[0] and "least loaded (prefix holder busy)" in wide.stdout
