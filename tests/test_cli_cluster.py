@@ -110,8 +110,8 @@ def _pids_with(text: str) -> list[int]:
 def _doctor(node: NodeProcess, *extra: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "exo_p2p", "doctor", "--api", node.url, *extra],
-        capture_output=True, text=True, env=clean_env(), timeout=60,
-    )  # fmt: skip
+        capture_output=True, text=True, env={**clean_env(), "COLUMNS": "400"}, timeout=60,
+    )  # fmt: skip  (400 columns: one line per finding; folding is test_cli_first_hour's)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

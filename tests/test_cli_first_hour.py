@@ -309,3 +309,21 @@ def test_logs_requests_command_uses_the_terminal_width(monkeypatch) -> None:
     lines = narrow.stdout.splitlines()
     assert len(lines) == 3 and max(len(line) for line in lines) <= 80 and "ttft s" in lines[0], narrow.stdout
     assert "route" in wide.stdout.splitlines()[0] and "least loaded (prefix holder busy)" in wide.stdout
+
+
+def test_doctor_report_folds_at_80_columns_between_words() -> None:
+    """The report's prose folds at 80 columns between words, under its ``hint:`` label; an
+    address line stays whole (it is copied into --bootstrap)."""
+    from exo_p2p.cli.output.readable import wrapped_lines
+    from exo_p2p.cli.queries.doctor_checks import Findings, diagnose
+
+    address = "/ip4/10.0.0.2/tcp/52514/p2p/12D3KooWKgXx4XFvd9svGjJUJbDCwjwcNjFf6fphCn7uB5DEW3te"
+    me = {"node_id": "12D3KooWMe", "is_self": True, "friendly_name": "me", "addrs": [address]}
+    lines = diagnose(Findings(api_url="http://x", state={"mdns": False}, nodes=[me], mdns_types=[]))
+    assert max(map(len, lines)) > 80  # what a narrow terminal used to split mid-word
+    out = wrapped_lines(lines, 80)
+    assert " ".join(" ".join(out).split()) == " ".join(" ".join(lines).split())  # every word, whole, in order
+    assert [line for line in out if address in line] == [f"  address: {address}"]
+    assert all(len(line) <= 80 for line in out if address not in line), out
+    hint = next(i for i, line in enumerate(out) if line.startswith("hint: mDNS is off"))
+    assert out[hint + 1].startswith(" " * len("hint: ")) and not out[hint + 1].startswith(" " * 7)

@@ -115,3 +115,22 @@ def download_text(done: int, total: int, speed: float, width: int = 10, from_pee
     filled = int(round(frac * width))
     return (f"downloading [{'#' * filled}{'-' * (width - filled)}] {frac * 100:.0f}% "
             f"{size_text(done)}/{size_text(total)} at {size_text(speed)}/s{source_split(from_peers, from_hub)}")
+
+
+def wrapped_lines(lines: list[str], width: int) -> list[str]:
+    """Report lines folded at ``width`` columns between words, never inside one: a folded
+    line's next lines are indented under its text (past its own indent and a ``word:``
+    label such as ``hint:``). A line holding a word too long to fit beside its label (an
+    address to copy) is left whole, however wide."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        label, _, rest = line.lstrip(" ").partition(": ")
+        hang = indent + " " * (len(label) + 2) if rest and " " not in label else indent + "  "
+        if len(line) <= width or max(map(len, line.split()), default=0) > width - len(hang):
+            out.append(line)
+            continue
+        out.extend(textwrap.wrap(line, width, subsequent_indent=hang, break_long_words=False, break_on_hyphens=False))
+    return out

@@ -3,6 +3,7 @@ mDNS, then prints the report (``exo_p2p.cli.queries.doctor_checks``: the probes 
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated
 
 import click
@@ -11,6 +12,7 @@ import typer
 from exo_p2p.cli.queries import doctor_checks as checks
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, JsonOpt, app, client_for, handled, stderr_console
 from exo_p2p.cli.output.json_shapes import dumps
+from exo_p2p.cli.output.readable import wrapped_lines
 
 
 @app.command()
@@ -47,4 +49,4 @@ def doctor(
             "report": lines,
         }))
     else:
-        click.echo("\n".join(lines))
+        click.echo("\n".join(wrapped_lines(lines, shutil.get_terminal_size().columns)))
