@@ -327,3 +327,29 @@ def test_doctor_report_folds_at_80_columns_between_words() -> None:
     assert all(len(line) <= 80 for line in out if address not in line), out
     hint = next(i for i, line in enumerate(out) if line.startswith("hint: mDNS is off"))
     assert out[hint + 1].startswith(" " * len("hint: ")) and not out[hint + 1].startswith(" " * 7)
+
+
+def test_a_nodes_unknown_model_error_gets_the_clis_one_wording() -> None:
+    """Whatever route answered (the master's list, a bare 404, the Anthropic family's
+    ``model:`` prefix), every command says ``unknown model NAME — did you mean …`` alike."""
+    from exo_p2p.cli.messages import reworded_unknown_model
+
+    hint = "unknown model smolm2 — did you mean smollm2? (`exo-p2p models` lists them)"
+    assert reworded_unknown_model("unknown model smolm2; models in the cluster: smollm2, qwen") == hint
+    assert reworded_unknown_model("model: unknown model smolm2", ["qwen", "smollm2"]) == hint
+    assert reworded_unknown_model("unknown model zzz; models in the cluster: none") == (
+        "unknown model zzz; models in the cluster: none (`exo-p2p models` lists them)")
+    assert reworded_unknown_model("unknown model zzz") == "unknown model zzz (`exo-p2p models` lists them)"
+    assert reworded_unknown_model("no instance abc") is None and reworded_unknown_model("unknown model a b") is None
+
+
+@pytest.mark.integration
+def test_chat_and_embed_of_a_misspelt_model_say_did_you_mean(served) -> None:
+    from tests.support.fake_node import error_lines, invoke
+
+    served.node.strict_models = True
+    expected = ["error: unknown model smolm2-135m-instruct — did you mean smollm2-135m-instruct? "
+                "(`exo-p2p models` lists them)"]
+    for args in (["chat", "hi", "-m", "smolm2-135m-instruct"], ["embed", "smolm2-135m-instruct", "hi"]):
+        result = invoke([*args, "--api", served.url])
+        assert result.exit_code == 1 and error_lines(result) == expected, (args, result.stderr)

@@ -268,7 +268,9 @@ def test_previews_of_an_unknown_model_lists_the_known_ones(served):
     result = invoke(["previews", "gpt-5", "--api", served.url])
     assert result.exit_code == 1
     (line,) = error_lines(result)
-    assert line == "error: unknown model gpt-5; known models: smollm2-135m-instruct (see `exo-p2p models`)"
+    assert line == "error: unknown model gpt-5; models in the cluster: smollm2-135m-instruct (`exo-p2p models` lists them)"
+    (line,) = error_lines(invoke(["previews", "smollm2-135m-instrct", "--api", served.url]))  # the one wording
+    assert line == "error: unknown model smollm2-135m-instrct — did you mean smollm2-135m-instruct? (`exo-p2p models` lists them)"
 
 
 def test_sizes_under_a_gib_are_in_mib():

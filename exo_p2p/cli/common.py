@@ -22,8 +22,8 @@ from rich.console import Console
 from exo_p2p.cli.node_api import client as client_module
 from exo_p2p.cli.node_api.client import NodeClient
 from exo_p2p.cli.node_api.endpoint import API_ENV, DEFAULT_API, resolve_api_url
-from exo_p2p.cli.errors import CliError
-from exo_p2p.cli.messages import API_KEY_ENV
+from exo_p2p.cli.errors import ApiError, CliError
+from exo_p2p.cli.messages import API_KEY_ENV, reworded_unknown_model
 
 
 def _help_type(self: Any, ctx: click.Context) -> str | None:
@@ -128,7 +128,10 @@ def handled(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except CliError as e:
-            click.echo(f"error: {client_module.name_nodes_in(e.message)}", err=True)
+            message = e.message
+            if isinstance(e, ApiError) and e.status == 404:  # one wording of an unknown model in every command
+                message = reworded_unknown_model(message) or message
+            click.echo(f"error: {client_module.name_nodes_in(message)}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None

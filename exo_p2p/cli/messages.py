@@ -127,3 +127,24 @@ def unknown_model_message(model: str, known: list[str]) -> str:
     else:
         hint = f"; models in the cluster: {', '.join(sorted(known)) or 'none'}"
     return f"unknown model {model}{hint} (`exo-p2p models` lists them)"
+
+
+UNKNOWN_MODEL = re.compile(r"(?:model: )?unknown model (?P<model>\S+)(?:; models in the cluster: (?P<known>.*))?")
+"""A node's 404 for a model it does not know: the master's ``unknown model NAME; models in
+the cluster: A, B`` (``master.commands.unknown_model_message``; ``none`` when empty), or a
+route's bare ``unknown model NAME`` (the Anthropic family's prefixed ``model: ``)."""
+
+
+def reworded_unknown_model(message: str, known: list[str] | None = None) -> str | None:
+    """The CLI's wording (``unknown_model_message``) of a node's unknown-model ``message``
+    (``UNKNOWN_MODEL``), with the known models the message lists, else ``known``; None when
+    ``message`` is not one. Without a list from either it only adds where to list them."""
+    match = UNKNOWN_MODEL.fullmatch(message.strip())
+    if match is None:
+        return None
+    listed = match["known"]
+    if listed is not None:
+        known = [] if listed == "none" else [m for m in listed.split(", ") if m]
+    if known is None:
+        return f"unknown model {match['model']} (`exo-p2p models` lists them)"
+    return unknown_model_message(match["model"], known)

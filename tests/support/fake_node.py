@@ -42,6 +42,7 @@ class FakeNode:
         self.finish_reason = "stop"
         self.warmup_polls = 0  # polls a fully loaded instance stays "warming_up" before ready
         self.unsupported: list[dict] = []  # GET /models/unsupported
+        self.strict_models = False  # chat and embeddings of a model not in models(): 404 as a real node's
         self.mdns: bool | None = None  # GET /state's "mdns" (None: left out, as a node from before it)
 
     # -- routes -------------------------------------------------------------------------
@@ -238,6 +239,10 @@ def make_handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
                     return self._send(*node.place(body))
                 if method == "DELETE" and path.startswith("/instances/"):
                     return self._send(*node.delete(path.removeprefix("/instances/")))
+                known = sorted(m["model"] for m in node.models())
+                if node.strict_models and path in ("/v1/chat/completions", "/v1/embeddings") and body.get("model") not in known:
+                    return self._send(404, _error(f"unknown model {body.get('model')}" + (
+                        f"; models in the cluster: {', '.join(known)}" if "chat" in path else "")))  # the master's, a route's
                 if method == "POST" and path == "/v1/chat/completions":
                     events = node.sse_events(body)
                 else:

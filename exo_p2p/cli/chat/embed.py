@@ -11,7 +11,9 @@ import click
 import typer
 
 from exo_p2p.cli.common import ApiKeyOpt, ApiOpt, JsonOpt, app, client_for, handled, model_name
-from exo_p2p.cli.errors import CliError
+from exo_p2p.cli.errors import ApiError, CliError
+from exo_p2p.cli.messages import reworded_unknown_model
+from exo_p2p.cli.placement.commands import cluster_models
 
 SHOWN_VALUES = 6
 """Values of each vector printed without ``--json``."""
@@ -55,7 +57,12 @@ def embed(
     if truncate:
         body["truncate"] = True
     with client_for(ctx, api, api_key) as client:
-        answer = client.request("POST", "/v1/embeddings", json=body)
+        try:
+            answer = client.request("POST", "/v1/embeddings", json=body)
+        except ApiError as e:  # the route names no known model: the cluster's list does
+            if e.status != 404 or (known := cluster_models(client)) is None:
+                raise
+            raise CliError(reworded_unknown_model(e.message, sorted(known)) or e.message) from None
     if json:
         import json as json_module
 

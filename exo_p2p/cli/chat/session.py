@@ -10,7 +10,7 @@ from typing import IO, Any
 
 from exo_p2p.cli.node_api.client import NodeClient, name_nodes_in
 from exo_p2p.cli.errors import ApiError, CliError
-from exo_p2p.cli.messages import AnswerStats, stats_line
+from exo_p2p.cli.messages import AnswerStats, reworded_unknown_model, stats_line
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """The model every node can serve without downloads (docs/architecture.md#wire-and-storage)."""
@@ -190,7 +190,7 @@ def repl(
             continue
         except ApiError as e:
             messages.pop()
-            note(f"error: {name_nodes_in(e.message)}")
+            note(f"error: {name_nodes_in(reworded_unknown_model(e.message) or e.message if e.status == 404 else e.message)}")
             continue
         messages.append({"role": "assistant", "content": answer})
         answers += 1

@@ -32,7 +32,7 @@ from exo_p2p.cli.common import (
 )
 from exo_p2p.cli.errors import ApiError, CliError
 from exo_p2p.cli.output.fit import show
-from exo_p2p.cli.messages import name_node_ids, named_reasons
+from exo_p2p.cli.messages import name_node_ids, named_reasons, unknown_model_message
 
 
 def _state_or_none(client: NodeClient) -> dict | None:
@@ -131,7 +131,7 @@ def previews(
             known = sorted(str(m.get("model")) for m in client.models() if m.get("model"))
             if model in known:
                 raise
-            raise CliError(f"{e.message}; known models: {', '.join(known) or 'none'} (see `exo-p2p models`)") from None
+            raise CliError(unknown_model_message(model, known)) from None
         names = {} if json else node_names(client)
     if json:
         click.echo(json_shapes.dumps(listed))
