@@ -9,6 +9,7 @@ has no default beyond "not given".
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -128,15 +129,23 @@ def field_default(path: str) -> Any:
     none): a field's name, or a dotted path into a record field's default
     (``engine.max_batch``: the ``max_batch`` of ``NodeConfig.engine``'s default)."""
     name, *rest = path.split(".")
-    for f in msgspec.structs.fields(NodeConfig):
-        if f.name == name:
-            value = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
-            for part in rest:
-                if value is msgspec.NODEFAULT or not hasattr(value, part):
-                    raise KeyError(f"NodeConfig has no field {path!r}")
-                value = getattr(value, part)
-            return value
-    raise KeyError(f"NodeConfig has no field {path!r}")
+    f = _node_config_fields().get(name)
+    if f is None:
+        raise KeyError(f"NodeConfig has no field {path!r}")
+    value = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
+    for part in rest:
+        if value is msgspec.NODEFAULT or not hasattr(value, part):
+            raise KeyError(f"NodeConfig has no field {path!r}")
+        value = getattr(value, part)
+    return value
+
+
+@functools.cache
+def _node_config_fields() -> dict[str, msgspec.structs.FieldInfo]:
+    """``NodeConfig``'s fields by name, read once: ``msgspec.structs.fields`` resolves the
+    type hints on every call (~0.3 ms each, 14 ms of CPU for ``node``'s 46 flags, which every
+    client command builds when the CLI starts)."""
+    return {f.name: f for f in msgspec.structs.fields(NodeConfig)}
 
 
 def default_of(setting: Setting) -> Any:
