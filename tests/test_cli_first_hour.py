@@ -353,3 +353,12 @@ def test_chat_and_embed_of_a_misspelt_model_say_did_you_mean(served) -> None:
     for args in (["chat", "hi", "-m", "smolm2-135m-instruct"], ["embed", "smolm2-135m-instruct", "hi"]):
         result = invoke([*args, "--api", served.url])
         assert result.exit_code == 1 and error_lines(result) == expected, (args, result.stderr)
+
+
+def test_nodes_addresses_start_in_one_column() -> None:
+    from exo_p2p.cli.output.render import address_lines
+
+    lines = address_lines([{"node_id": "12D3KooWA", "friendly_name": "beta", "addrs": ["/ip4/127.0.0.1/tcp/1/p2p/A"]},
+                           {"node_id": "12D3KooWB", "friendly_name": "alpha-workstation", "addrs": ["/ip4/10.0.0.2/tcp/2/p2p/B"]}])
+    assert [line.index("/ip4/") for line in lines] == [len("  alpha-workstation  ")] * 2, lines
+    assert lines[0].split() == ["beta", "/ip4/127.0.0.1/tcp/1/p2p/A"] and address_lines([]) == []

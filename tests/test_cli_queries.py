@@ -127,7 +127,7 @@ def test_nodes_table_shows_gib_master_and_warning(served):
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert SELF_ID[:16] + "…" in out
-    assert f"  beta  /ip4/127.0.0.2/tcp/52514/p2p/{PEER_ID}\n" in out  # whole, for --bootstrap
+    assert f"  beta   /ip4/127.0.0.2/tcp/52514/p2p/{PEER_ID}\n" in out  # whole, for --bootstrap
     assert "6.0 GiB / 16.0 GiB" in out and "unknown / 8.0 GiB" in out
     assert "alpha (this node)" in out and "2 s ago" in out and "now" in out
     assert "*" in out

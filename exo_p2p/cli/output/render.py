@@ -41,13 +41,12 @@ def nodes_table(nodes: list[dict]) -> Table:
 
 def address_lines(nodes: list[dict]) -> list[str]:
     """``"<name or id prefix>  <multiaddr>"`` per address of each node, unwrapped, so that
-    each can be copied into ``--bootstrap``."""
-    lines = []
-    for n in nodes:
-        label = n.get("friendly_name") or id_prefix(str(n.get("node_id", "")))
-        for addr in n.get("addrs") or []:
-            lines.append(f"  {label}  {addr}")
-    return lines
+    each can be copied into ``--bootstrap``; the names padded to one width, so the addresses
+    start in one column."""
+    labelled = [(n.get("friendly_name") or id_prefix(str(n.get("node_id", ""))), addr)
+                for n in nodes for addr in n.get("addrs") or []]
+    width = max((len(label) for label, _ in labelled), default=0)
+    return [f"  {label:<{width}}  {addr}" for label, addr in labelled]
 
 
 def link_lines(nodes: list[dict]) -> list[str]:
