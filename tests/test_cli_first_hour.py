@@ -362,3 +362,22 @@ def test_nodes_addresses_start_in_one_column() -> None:
                            {"node_id": "12D3KooWB", "friendly_name": "alpha-workstation", "addrs": ["/ip4/10.0.0.2/tcp/2/p2p/B"]}])
     assert [line.index("/ip4/") for line in lines] == [len("  alpha-workstation  ")] * 2, lines
     assert lines[0].split() == ["beta", "/ip4/127.0.0.1/tcp/1/p2p/A"] and address_lines([]) == []
+
+
+def test_the_models_commands_other_tables_fit_80_columns_whole() -> None:
+    """``models``' tables of what this node cannot serve and of the cluster's copies, with
+    long names and reasons, at 80 columns: no line wider, every word whole."""
+    from exo_p2p.cli.output import render
+    from exo_p2p.cli.output.fit import fit
+
+    unsupported = [{"model": "lmstudio:some-publisher/Very-Long-Model-Name-Instruct-GGUF@q4_k_m", "source": "lmstudio",
+                    "reason": "its architecture DeepseekV3ForCausalLM has no implementation in mlx-lm 0.29 on this node"}]
+    cluster = [{"model": "ollama:llama3.2:3b-instruct-q4_K_M", "manifests": [
+        {"digest": "9eacc2e78167aa00ff", "complete": ["12D3KooWSelfSelfSelfSelf", "12D3KooWPeerPeerPeerPeer"],
+         "partial": ["12D3KooWOtherOtherOther"]}]}]
+    names = {"12D3KooWSelfSelfSelfSelf": "alpha-workstation", "12D3KooWPeerPeerPeerPeer": "beta-laptop"}
+    for table in (render.unsupported_table(unsupported), render.cluster_models_table(cluster, names)):
+        words = _words(table)
+        out = _rendered(fit(table, 80))
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        assert not [w for w in words if w not in out], out
