@@ -381,3 +381,36 @@ def test_the_models_commands_other_tables_fit_80_columns_whole() -> None:
         out = _rendered(fit(table, 80))
         assert max(len(line) for line in out.splitlines()) <= 80, out
         assert not [w for w in words if w not in out], out
+
+
+@pytest.mark.integration
+def test_place_goes_on_with_a_placement_the_cluster_confirmed_late(served, monkeypatch) -> None:
+    """A busy master answers 503 "did not confirm the change within 10 s; retry" though the
+    instance is then placed: ``place`` finds it and waits for it (exit 0) rather than telling
+    the user to retry; when none appears it says nothing was placed."""
+    from exo_p2p.cli.placement import unconfirmed
+    from tests.support.fake_node import error_lines, invoke
+
+    served.node.place_unconfirmed = True
+    result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert "did not confirm the placement within 10 s" in result.stderr
+    assert "placed smollm2-135m-instruct as instance inst0001" in result.stdout and "is ready" in result.stdout
+    served.node.instances.clear()
+    served.node.place_error = (503, "the cluster did not confirm the change within 10 s; retry")  # and nothing placed
+    monkeypatch.setattr(unconfirmed, "LATE_WAIT", 0.5)
+    result = invoke(["place", "smollm2-135m-instruct", "--api", served.url])
+    assert result.exit_code == 1
+    assert error_lines(result)[-1] == ("error: the cluster did not confirm the change within 10 s; retry: no instance of "
+                                       "smollm2-135m-instruct appeared within 0.5 s after it, so nothing was placed; run "
+                                       "`exo-p2p place smollm2-135m-instruct` again")
+
+
+@pytest.mark.integration
+def test_run_goes_on_with_a_placement_the_cluster_confirmed_late(served) -> None:
+    from tests.support.fake_node import invoke
+
+    served.node.place_unconfirmed = True
+    result = invoke(["run", "smollm2-135m-instruct", "hi", "--api", served.url])
+    assert result.exit_code == 0, result.output
+    assert "The capital of France is Paris." in result.stdout

@@ -42,6 +42,7 @@ class FakeNode:
         self.finish_reason = "stop"
         self.warmup_polls = 0  # polls a fully loaded instance stays "warming_up" before ready
         self.unsupported: list[dict] = []  # GET /models/unsupported
+        self.place_unconfirmed = False  # POST /instances places, but answers the master's 503 "not confirmed"
         self.strict_models = False  # chat and embeddings of a model not in models(): 404 as a real node's
         self.mdns: bool | None = None  # GET /state's "mdns" (None: left out, as a node from before it)
 
@@ -141,6 +142,8 @@ class FakeNode:
             ],
         }
         self.instances[instance_id] = inst
+        if self.place_unconfirmed:  # placed, but the master's answer came before the cluster confirmed it
+            return 503, _error("the cluster did not confirm the change within 10 s; retry")
         return 201, inst
 
     def poll(self, instance_id: str) -> tuple[int, object]:

@@ -16,7 +16,8 @@ from exo_p2p.cli.node_api.client import NodeClient
 from exo_p2p.cli.common import (PLACE_TIMEOUT, ApiKeyOpt, ApiOpt, app, client_for, given_api, handled, model_name,
                                 stderr_console)
 from exo_p2p.cli.node_api.endpoint import resolve_api_url
-from exo_p2p.cli.errors import CliError, NodeUnreachable
+from exo_p2p.cli.errors import ApiError, CliError, NodeUnreachable
+from exo_p2p.cli.placement import unconfirmed
 from exo_p2p.cli.chat.local_node import running_node
 from exo_p2p.cli.chat.structured import JsonAnswerOpt, SchemaOpt, response_format
 from exo_p2p.config import default_data_dir
@@ -88,16 +89,20 @@ def ensure_ready_instance(
     else a new placement waited for (``on_placed(instance_id)`` is called as soon as it is
     placed, so the caller can undo it however the wait ends). Raises ``CliError`` as
     ``place`` does."""
-    existing = [
-        i for i in client.instances() if i.get("model") == model and i.get("status") != "failed"
-    ]
+    listed = client.instances()
+    existing = [i for i in listed if i.get("model") == model and i.get("status") != "failed"]
     for inst in existing:
         if inst.get("status") == "ready":
             return inst
     if existing:
         from exo_p2p.cli.placement.waiting import wait_until_ready  # rich.progress: only when waiting
         return wait_until_ready(client, existing[0], timeout=timeout, console=console)
-    inst = client.place(model)
+    try:
+        inst = client.place(model)
+    except ApiError as e:  # placed, but confirmed after the master's answer: go on with it
+        if not unconfirmed.is_unconfirmed(e):
+            raise
+        inst = unconfirmed.late_instance(client, model, {str(i.get("instance_id")) for i in listed}, e)
     if on_placed is not None:
         on_placed(inst["instance_id"])
     console.print(f"placed {model} as instance {inst['instance_id']}")

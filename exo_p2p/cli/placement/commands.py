@@ -31,6 +31,7 @@ from exo_p2p.cli.common import (
 )
 from exo_p2p.cli.errors import ApiError, CliError
 from exo_p2p.cli.messages import unknown_model_message
+from exo_p2p.cli.placement import unconfirmed
 from exo_p2p.cli.placement.replica_check import counted_instances, replica_notice
 from exo_p2p.cli.output.readable import short_ids
 
@@ -74,7 +75,8 @@ def place(
         # State first, then the list: a failed instance re-placed between the two reads is then
         # listed as its successor, and counts; the other order missed both (and doubled it)
         in_state = client.state().get("instances") or {}  # failed ones being re-placed count
-        existing = counted_instances(model, client.instances(), in_state)
+        listed = client.instances()
+        existing = counted_instances(model, listed, in_state)
         if existing and not replica:
             short = short_ids([str(i["instance_id"]) for i in existing])
             if (smaller := too_few_nodes(model, existing, short, min_nodes)) is not None:
@@ -84,21 +86,32 @@ def place(
             return
         if min_nodes and min_nodes > 1:
             _wait_for_nodes(client, min_nodes, console)
-        try:
-            inst = client.place(
-                model, min_nodes=min_nodes, sharding=sharding.value if sharding else None, nodes=split_nodes(nodes)
-            )
-        except ApiError as e:  # a node left meanwhile: the API's words name its field
-            if min_nodes and e.message.startswith(f"min_nodes={min_nodes} but the cluster has"):
-                raise CliError(nodes_missing_message(min_nodes, len(client.nodes()), NODES_WAIT)) from None
-            if e.status == 404 and e.message.startswith("unknown model"):
-                raise CliError(unknown_model_message(model, sorted(cluster_models(client) or ()))) from None
-            raise
+        before = {str(i.get("instance_id")) for i in listed}
+        inst = _placed(client, model, before, min_nodes, sharding.value if sharding else None, split_nodes(nodes), console)
         click.echo(placed_line(model, inst))
         if no_wait:
             return
         _wait_for_placed(client, inst, timeout, console)
     click.echo(f"instance {inst['instance_id']} is ready")
+
+
+def _placed(client: NodeClient, model: str, before: set[str], min_nodes: int | None, sharding: str | None,
+            nodes: list[str] | None, console: Console) -> dict:
+    """``POST /instances``: the new instance, also when the cluster confirmed it late
+    (``exo_p2p.cli.placement.unconfirmed``: one not among the ids ``before``); the API's
+    errors in the CLI's words."""
+    try:
+        return client.place(model, min_nodes=min_nodes, sharding=sharding, nodes=nodes)
+    except ApiError as e:  # a node left meanwhile: the API's words name its field
+        if min_nodes and e.message.startswith(f"min_nodes={min_nodes} but the cluster has"):
+            raise CliError(nodes_missing_message(min_nodes, len(client.nodes()), NODES_WAIT)) from None
+        if e.status == 404 and e.message.startswith("unknown model"):
+            raise CliError(unknown_model_message(model, sorted(cluster_models(client) or ()))) from None
+        if not unconfirmed.is_unconfirmed(e):
+            raise
+        console.print(f"the cluster did not confirm the placement within 10 s (a busy host?); looking for it for "
+                      f"up to {unconfirmed.LATE_WAIT:g} s…", highlight=False)
+        return unconfirmed.late_instance(client, model, before, e)
 
 
 def placed_line(model: str, inst: dict) -> str:
