@@ -130,6 +130,10 @@ class NodeConfig(msgspec.Struct):
     lmstudio_models: Path | None = None
     """LM Studio's models dir (``--lmstudio-models``); None: ``~/.lmstudio/models``, else
     ``~/.cache/lm-studio/models`` when only that one exists."""
+    allow_image_urls: bool = False
+    """Fetch http(s) image URLs in requests (``--allow-image-urls``; ``exo_p2p.vision.fetch``)."""
+    allow_private_image_urls: bool = False
+    """Also from private and loopback addresses (``--allow-private-image-urls``)."""
     offline: bool = False
     """Never ask a model hub (``--offline``; ``HF_HUB_OFFLINE=1`` does the same):
     models come only from this node's dirs and its peers (``exo_p2p.models.hub.fetch``)."""

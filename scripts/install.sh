@@ -7,7 +7,7 @@
 # installed.
 #
 #   bash scripts/install.sh          the node: OpenBLAS for the runners on Linux (worker/blas.py)
-#   bash scripts/install.sh --test   also the test and embeddings extras and what the tests use: iproute2 and
+#   bash scripts/install.sh --test   also the test, embeddings and vision extras and what the tests use: iproute2 and
 #                                    iptables (network-fault tests), chromium (dashboard tests), and the coding
 #                                    agents' CLIs into ./.agents (scripts/install_agents.sh; needs npm)
 set -euo pipefail
@@ -100,7 +100,8 @@ if .venv/bin/python -c 'import importlib.metadata as m; m.distribution("llm-smol
 fi
 # --test adds the embeddings extra (mlx-embeddings: encoder embedding models; it pulls mlx-vlm
 # and ~800 MB of dependencies, so the node's own install leaves it out: docs/models.md#embedding-models)
-if [ "$TEST" = 1 ]; then extra='[test,embeddings]'; else extra=''; fi
+# and the vision extra (mlx-vlm pinned, for vision-language models: docs/models.md#vision-models)
+if [ "$TEST" = 1 ]; then extra='[test,embeddings,vision]'; else extra=''; fi
 say "installing exo-p2p$extra and its dependencies into .venv with pip (quiet; a few minutes on a fresh machine)"
 started=$SECONDS
 .venv/bin/python -m pip install -q --upgrade pip

@@ -31,6 +31,7 @@ from exo_p2p.api.routes import api_routes
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.metrics.registry import NodeMetrics
 from exo_p2p.dashboard import dashboard_routes
+from exo_p2p.vision.fetch import ImageUrlPolicy
 
 log = structlog.get_logger("exo_p2p.api")
 
@@ -47,6 +48,7 @@ def create_app(
     extra_routes: Sequence[BaseRoute] = (),
     observer: Observer | None = None,
     reasoning_key: bytes | None = None,
+    image_urls: ImageUrlPolicy | None = None,
 ) -> ASGIApp:
     """The API of one node, serving ``backend``.
 
@@ -60,7 +62,8 @@ def create_app(
     serves to browsers; see ``exo_p2p.api.families.ollama.generations``); ``observer`` receives every
     finished request's record and serves ``/metrics`` and ``/requests`` (default: metrics of
     this API alone, no request file); ``reasoning_key`` (32 bytes) seals reasoning carried
-    across Responses turns (``exo_p2p.api.families.openai.sealed_reasoning``; default: random).
+    across Responses turns (``exo_p2p.api.families.openai.sealed_reasoning``; default: random);
+    ``image_urls`` whether image URLs are fetched (``exo_p2p.vision.fetch``; default: never).
     """
     if queue_limit is not None and queue_limit < 1:
         raise ValueError(f"queue_limit must be >= 1 or None, got {queue_limit}")
@@ -75,6 +78,8 @@ def create_app(
     )
     if reasoning_key is not None:
         config.reasoning_key = reasoning_key
+    if image_urls is not None:
+        config.image_urls = image_urls
     return Starlette(
         routes=[*api_routes(backend, config), *dashboard_routes(), *extra_routes],
         middleware=[

@@ -29,6 +29,7 @@ from exo_p2p.api.generation.resume import MoveCounters
 from exo_p2p.metrics.observer import Observer
 from exo_p2p.models.names import canonical_model_name
 from exo_p2p.types import GenerationParams, ModelCard, ModelId, NodeId, SubmitTask, new_id
+from exo_p2p.vision.fetch import ImageUrlPolicy
 
 T = TypeVar("T")
 
@@ -49,6 +50,8 @@ class ApiConfig:
     command_timeout: float = 30.0
     observer: Observer = field(default_factory=Observer)
     """Where finished requests' records go (metrics, the request log)."""
+    image_urls: ImageUrlPolicy = ImageUrlPolicy()
+    """Whether image URLs in requests are fetched (``--allow-image-urls``; ``exo_p2p.vision.fetch``)."""
     reasoning_key: bytes = field(default_factory=lambda: os.urandom(32))
     """The key sealing reasoning carried across Responses turns (``exo_p2p.api.families.openai.sealed_reasoning``;
     a node's is derived from its cluster secret, default: random for this API alone)."""

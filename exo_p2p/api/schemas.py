@@ -41,10 +41,14 @@ NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHAR
 
 
 class ContentPart(msgspec.Struct, frozen=True):
-    """One part of a message's content list; only ``{"type": "text", "text": ...}`` is served."""
+    """One part of a message's content list: ``{"type": "text", "text": ...}``, or an image:
+    chat's ``{"type": "image_url", "image_url": {"url": ...}}``, Responses' ``{"type":
+    "input_image", "image_url": ...}`` (``exo_p2p.api.vision.parts``)."""
 
     type: str
     text: str | None = None
+    image_url: Any = None
+    file_id: str | None = None
 
 
 class MessageIn(msgspec.Struct, frozen=True):
@@ -203,6 +207,8 @@ class ModelEntry(msgspec.Struct, frozen=True):
     context_length: int
     tasks: list[str] = []
     """The kinds of work it can do (``generate``, ``embed``, ``rerank``)."""
+    capabilities: list[str] = []
+    """What it knows beyond text: ``vision`` when it takes images (``exo_p2p.models.card.capabilities``)."""
 
 
 class ModelList(msgspec.Struct, frozen=True):
@@ -232,6 +238,8 @@ class LocalModel(msgspec.Struct, frozen=True):
     sharding_notes: dict[str, str] = {}
     tasks: list[str] = []
     """The kinds of work it can do (``generate``, ``embed``, ``rerank``: ``exo_p2p.types.kinds``)."""
+    capabilities: list[str] = []
+    """Its card's capabilities (``completion``, ``tools``, ``thinking``, ``vision``)."""
 
 
 class ShardView(msgspec.Struct, frozen=True):

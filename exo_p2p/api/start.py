@@ -37,6 +37,7 @@ async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig,
     the key cannot be written."""
     from exo_p2p.api.app import create_app
     from exo_p2p.api.server import serve
+    from exo_p2p.vision.fetch import ImageUrlPolicy
 
     access = access_policy(cfg)
     if not access.api_keys and not is_loopback_host(cfg.api_host):
@@ -49,5 +50,6 @@ async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig,
     secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
     key = await trio.to_thread.run_sync(reasoning_key, secret, Path(cfg.data_dir))
     app = create_app(backend, queue_limit=cfg.queue_limit, access=access,
-                     generation=GenerationSettings(max_moves=cfg.max_moves), observer=observer, reasoning_key=key)
+                     generation=GenerationSettings(max_moves=cfg.max_moves), observer=observer, reasoning_key=key,
+                     image_urls=ImageUrlPolicy(allow=cfg.allow_image_urls, allow_private=cfg.allow_private_image_urls))
     return await nursery.start(serve, app, cfg.api_host, cfg.api_port)

@@ -76,6 +76,7 @@ def model_entry(card: ModelCard, created: int) -> ModelEntry:
         storage_size=card.storage_size,
         context_length=card.context_length,
         tasks=list(card_tasks(card)),
+        capabilities=list(card.capabilities),
     )
 
 
@@ -104,6 +105,7 @@ def local_model(card: ModelCard, source: str | None = None) -> LocalModel:
         shardings=shardings,
         sharding_notes=notes,
         tasks=list(card_tasks(card)),
+        capabilities=list(card.capabilities),
     )
 
 

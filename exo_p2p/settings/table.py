@@ -141,6 +141,14 @@ _SETTINGS = (
             "localhost (e.g. macbook.local), comma-separated or repeated; others get 403 (DNS-rebinding "
             "protection); * = any", "allowed_hosts", "NAMES", repeatable=True,
             check=checks.host_names, panel=ACCESS),
+    Setting("--allow-image-urls", "flag", "Fetch http(s) image URLs that requests send (at most 10 MiB and 10 s "
+            "each, no redirects, never private or loopback addresses; docs/security.md#image-urls); without it only "
+            "images sent as data are read", "allow_image_urls",
+            type=bool, panel=ACCESS),
+    Setting("--allow-private-image-urls", "flag", "With --allow-image-urls, also fetch image URLs on private, "
+            "loopback and link-local addresses (a LAN's own image server; lets API clients reach this node's network)",
+            "allow_private_image_urls",
+            type=bool, panel=ACCESS),
     Setting("--routing", "prefix | load", "While master, how a request picks among a model's ready instances: "
             "prefix (the one whose prompt cache holds the longest prefix of it, unless it is much busier) or load "
             "(the least loaded)", "routing", "prefix|load",

@@ -72,6 +72,7 @@ from exo_p2p.types.tasks import (
     FINISHED_TASK_STATUSES,
     CancelTask,
     ChatMessage,
+    ImageRef,
     TASK_KINDS,
     WORK_TASKS,
     ConnectToGroup,

@@ -28,6 +28,19 @@ class ToolCall(msgspec.Struct, frozen=True):
     arguments: str
 
 
+class ImageRef(msgspec.Struct, frozen=True):
+    """An image of a chat message as the log carries it: its ``digest`` (sha256 of the bytes
+    sent, hex), ``media_type``, ``width``/``height`` (pixels) and ``size`` (bytes). The bytes
+    themselves never enter a command or the log (``exo_p2p.api.bounds.MAX_COMMAND_BYTES``);
+    docs/api.md "Images"."""
+
+    digest: str
+    media_type: str
+    width: int
+    height: int
+    size: int
+
+
 class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """One chat message with its text content (content parts already joined).
 
@@ -41,6 +54,8 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_call_id: str | None = None
     name: str | None = None
     reasoning: str | None = None
+    images: tuple[ImageRef, ...] = ()
+    """The message's images in the order sent, shown before its text (docs/api.md "Images")."""
 
 
 FormatKind = Literal["json_object", "json_schema", "regex", "lark"]

@@ -12,7 +12,7 @@ from typing import Any
 NODE_FIELDS = ("node_id", "is_self", "is_master", "memory_total", "memory_available", "addrs")
 INSTANCE_FIELDS = ("instance_id", "model", "status", "shards")
 SHARD_FIELDS = ("node_id", "rank", "start_layer", "end_layer")
-MODEL_FIELDS = ("model", "n_layers", "storage_size", "family", "quantization", "shardings", "tasks")
+MODEL_FIELDS = ("model", "n_layers", "storage_size", "family", "quantization", "shardings", "tasks", "capabilities")
 
 
 def _with_fields(item: dict, fields: tuple[str, ...]) -> dict:

@@ -124,7 +124,7 @@ def models_table(models: list[dict]) -> Table:
     """model (never cut: it is copied into commands), family, quantization (compact: ``4-bit,
     group 32, some modules 8-bit`` → ``4-bit g32 +8-bit``), layers, size on disk, the shardings
     it allows over several nodes (an untested one marked ``?``), the kinds of work it does
-    (``generate``, ``embed``, ``rerank``), where the node found it. The
+    (``generate``, ``embed``, ``rerank``; ``+ vision`` when it takes images), where the node found it. The
     context length is in ``--json``; text columns fold rather than cut."""
     table = Table(title="models on this node", title_justify="left")
     table.add_column("model", no_wrap=True)
@@ -145,7 +145,8 @@ def models_table(models: list[dict]) -> Table:
             str(m.get("n_layers", "?")),
             gib(m.get("storage_size")),
             ", ".join(split) or "one node only",
-            ", ".join(m.get("tasks") or ["generate"]),  # a node from before kinds: generation only
+            ", ".join(m.get("tasks") or ["generate"])  # a node from before kinds: generation only
+            + (" + vision" if "vision" in (m.get("capabilities") or ()) else ""),
             str(m.get("source") or "-"),
         )
     return table

@@ -3,7 +3,9 @@
 ``completion`` always; ``tools`` when the template renders a ``tools`` list (the template
 knows tool calls natively, so clients that offer tools only to such models, as VS Code
 Copilot's agent mode does, list it); ``thinking`` when the template knows reasoning
-(``enable_thinking``, ``reasoning_content`` or a ``<think>`` marker). Pure but for
+(``enable_thinking``, ``reasoning_content`` or a ``<think>`` marker); ``vision`` when the
+model's config has a ``vision_config`` (Qwen2/2.5/3-VL, Gemma 3, Llama 4, Mistral 3: a vision
+tower beside the language model, docs/models.md "Vision models"). Pure but for
 ``model_dir_template``, which reads a model directory's files.
 """
 
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 _TOOLS = re.compile(r"\btools\b")
 _THINKING = ("enable_thinking", "reasoning_content", "<think>")
@@ -28,6 +32,13 @@ def template_capabilities(template: str | None) -> tuple[str, ...]:
     if template and any(marker in template for marker in _THINKING):
         caps.append("thinking")
     return tuple(caps)
+
+
+def model_capabilities(template: str | None, config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``template_capabilities(template)``, then ``vision`` when ``config`` (config.json) has a
+    ``vision_config`` object."""
+    vision = ("vision",) if isinstance(config.get("vision_config"), Mapping) else ()
+    return template_capabilities(template) + vision
 
 
 def template_of(jinja: bytes | None, tokenizer_config: bytes | None) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import msgspec
 
-from exo_p2p.models.card.capabilities import model_dir_template, template_capabilities
+from exo_p2p.models.card.capabilities import model_capabilities, model_dir_template, template_capabilities
 from exo_p2p.models.card.families import quantization_of
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.gguf.layout import model_plan
@@ -132,7 +132,7 @@ def card_from_model_dir(model_dir: Path, model_id: str) -> ModelCard:
     card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
     if "generate" not in card.tasks:  # an embedding model has no chat template to speak of
         return card
-    return msgspec.structs.replace(card, capabilities=template_capabilities(model_dir_template(model_dir)))
+    return msgspec.structs.replace(card, capabilities=model_capabilities(model_dir_template(model_dir), config))
 
 
 def card_from_gguf(gguf_path: Path, model_id: str) -> ModelCard:

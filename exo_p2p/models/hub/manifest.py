@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from exo_p2p.models.card.capabilities import template_capabilities, template_of
+from exo_p2p.models.card.capabilities import model_capabilities, template_of
 from exo_p2p.models.card.derive import card_from_config, float32_sizes
 from exo_p2p.models.copies.disk_room import DiskFullError, is_disk_full
 from exo_p2p.models.copies.partial import PartialModel
@@ -156,7 +156,7 @@ def resolve_hub_model(client: HubClient, model_id: str, stop: Stop | None = None
         shapes = {n: tuple(int(d) for d in i["shape"]) for _, h in read for n, i in h.items() if n != "__metadata__"}
         card = card_from_config(config, sizes, model_id, float32=float32_sizes(config, shapes))
         template = template_of(known.get("chat_template.jinja"), known.get("tokenizer_config.json"))
-        card = msgspec.structs.replace(card, capabilities=template_capabilities(template))
+        card = msgspec.structs.replace(card, capabilities=model_capabilities(template, config))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise UnsupportedModelError(f"model {model_id}: unusable config.json ({e})") from e
     manifest = ModelManifest(model_id, chunk_bytes, tuple(sorted(entries, key=lambda e: e.path)))

@@ -7,7 +7,7 @@ the prompt cache is automatic); ``max_tokens`` is required;
 ``stop_sequences``, ``temperature`` (0..1), ``top_p``, ``top_k`` map to ours; tools, tool
 blocks and thinking as ``anthropic_tools`` says; ``output_config.format`` (the beta's
 ``output_format``; the extensions ``regex``, ``grammar``) constrains the output
-(``exo_p2p.api.formats``). Images and documents are refused by name; ``output_config.effort``
+(``exo_p2p.api.formats``). Image blocks are read (``exo_p2p.api.vision``); documents are refused by name; ``output_config.effort``
 is a hint and is ignored. Errors have Anthropic's shape (``{"type": "error", "error": {"type",
 "message"}}``, ``exo_p2p.api.errors``); the key may be sent as ``x-api-key``
 (``exo_p2p.api.access``).
@@ -46,7 +46,10 @@ from exo_p2p.api.formats import anthropic_output_format, extensions, output_form
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import NonEmptyStr, PositiveTokens, StopList, TopK, TopP
+from exo_p2p.api.vision.admit import check_count, check_images
+from exo_p2p.api.vision.parts import NO_URLS
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
+from exo_p2p.vision.fetch import ImageUrlPolicy
 
 _json = msgspec.json.Encoder()
 UnitTemperature = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -65,6 +68,8 @@ class Block(msgspec.Struct, frozen=True):
     is_error: bool | None = None
     thinking: str | None = None
     signature: str | None = None
+    source: Any = None
+    """An ``image`` block's source (``exo_p2p.api.vision.parts.image_from_source``)."""
 
 
 class MessageParam(msgspec.Struct, frozen=True):
@@ -115,13 +120,16 @@ def _text(where: str, content: str | list[Block]) -> str:
     return "".join(texts)
 
 
-def anthropic_messages(messages: list[MessageParam], system: str | list[Block] | None) -> tuple[ChatMessage, ...]:
-    """Our messages from Anthropic's ``system`` and ``messages`` (400 naming a bad one)."""
+def anthropic_messages(messages: list[MessageParam], system: str | list[Block] | None,
+                       policy: ImageUrlPolicy = NO_URLS) -> tuple[ChatMessage, ...]:
+    """Our messages from Anthropic's ``system`` and ``messages`` (400 naming a bad one; image
+    blocks read under ``policy``)."""
     out: list[ChatMessage] = []
     if system:
         out.append(ChatMessage("system", system_text(_text("system", system))))
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
+    check_count(sum(isinstance(m.content, list) and sum(b.type == "image" for b in m.content) for m in messages), "messages")
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant", "system"):
             raise ApiError(400, f"messages.{i}.role must be 'user', 'assistant' or 'system', got {m.role[:64]!r}", param=f"messages.{i}.role")
@@ -130,12 +138,13 @@ def anthropic_messages(messages: list[MessageParam], system: str | list[Block] |
         elif isinstance(m.content, str):
             out.append(ChatMessage(m.role, m.content))
         else:
-            out += turn_messages(i, m.role, m.content)
+            out += turn_messages(i, m.role, m.content, policy)
     return tuple(out)
 
 
-def messages_params(r: MessagesRequest) -> GenerationParams:
-    """``GenerationParams`` of a Messages request; 400 naming what cannot be honoured."""
+def messages_params(r: MessagesRequest, images: ImageUrlPolicy = NO_URLS) -> GenerationParams:
+    """``GenerationParams`` of a Messages request; 400 naming what cannot be honoured (image
+    blocks read under ``images``)."""
     fields: dict[str, object] = {"max_tokens": r.max_tokens, "stop": stop_strings(r.stop_sequences, "stop_sequences")}
     optional = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
     fields.update({k: v for k, v in optional.items() if v is not None})
@@ -144,7 +153,7 @@ def messages_params(r: MessagesRequest) -> GenerationParams:
     choice, limit = anthropic_choice(r.tool_choice, tools)
     fields.update(tools=tools, tool_choice=choice, thinking=thinking_of(r.thinking), one_call=limit == 1,
                   thinking_budget=thinking_budget_of(r.thinking))
-    return GenerationParams(messages=anthropic_messages(r.messages, r.system), **fields)  # type: ignore[arg-type]
+    return GenerationParams(messages=anthropic_messages(r.messages, r.system, images), **fields)  # type: ignore[arg-type]
 
 
 def stop_reason(chunk: FinishChunk) -> str:
@@ -210,8 +219,9 @@ class MessagesEncoder:
 
 
 def messages_job(r: MessagesRequest, ctx: ApiContext) -> GenerationJob:
-    params = messages_params(r)
+    params = messages_params(r, ctx.config.image_urls)
     model_id = ctx.model_id(r.model)
+    check_images(ctx.card(r.model), model_id, params.messages)
     task_id = new_task_id()
     encoder: MessagesEncoder | BlocksEncoder = MessagesEncoder(task_id, model_id)
     if params.tools or params.thinking:

@@ -27,6 +27,8 @@ from exo_p2p.api.errors import anthropic_error_body
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, sse
 from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, flat_tools
 from exo_p2p.api.generation.turn import Turn
+from exo_p2p.api.vision.parts import NO_URLS, image_from_source
+from exo_p2p.vision.fetch import ImageUrlPolicy
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
 
 _json = msgspec.json.Encoder()
@@ -96,11 +98,12 @@ def _text_of(where: str, content: Any) -> str:
     return "".join(texts)
 
 
-def turn_messages(i: int, role: str, blocks: list[Any]) -> list[ChatMessage]:
+def turn_messages(i: int, role: str, blocks: list[Any], policy: ImageUrlPolicy = NO_URLS) -> list[ChatMessage]:
     """One Anthropic message's blocks as our messages: a user's ``tool_result`` blocks as tool
-    messages, then its text; an assistant's text, ``tool_use`` calls and ``thinking``. 400
-    naming ``messages.i.content[j]`` for a block we cannot serve."""
-    texts, calls, thoughts, results = [], [], [], []
+    messages, then its text and ``image`` blocks (read under ``policy``:
+    ``exo_p2p.api.vision.parts.image_from_source``); an assistant's text, ``tool_use`` calls and
+    ``thinking``. 400 naming ``messages.i.content[j]`` for a block we cannot serve."""
+    texts, calls, thoughts, results, images = [], [], [], [], []
     for j, block in enumerate(blocks):
         where = f"messages.{i}.content[{j}]"
         if block.type == "text" and block.text is not None:
@@ -108,6 +111,8 @@ def turn_messages(i: int, role: str, blocks: list[Any]) -> list[ChatMessage]:
         elif block.type == "tool_use" and role == "assistant":
             calls.append(earlier_call(block.id, block.name, block.input if block.input is not None else {}, where,
                                       arguments_field="input"))
+        elif block.type == "image" and role == "user":
+            images.append(image_from_source(where, block.source, policy))
         elif block.type in ("thinking", "redacted_thinking") and role == "assistant":
             thoughts.append(block.thinking or "")
         elif block.type == "tool_result" and role == "user":
@@ -118,7 +123,7 @@ def turn_messages(i: int, role: str, blocks: list[Any]) -> list[ChatMessage]:
             raise bad(f"{where}.type", f"a {block.type[:64]!r} block is not supported in a {role} message")
     if role == "assistant":
         return [ChatMessage("assistant", "".join(texts), tool_calls=tuple(calls), reasoning="".join(thoughts) or None)]
-    return results + ([ChatMessage("user", "".join(texts))] if texts or not results else [])
+    return results + ([ChatMessage("user", "".join(texts), images=tuple(images))] if texts or images or not results else [])
 
 
 def tool_use_id(call_id: str) -> str:

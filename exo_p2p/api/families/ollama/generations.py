@@ -44,6 +44,7 @@ from exo_p2p.api.families.ollama.params import (  # noqa: F401 - the request typ
 from exo_p2p.api.families.ollama.models import known, meant, model_routes, timestamp
 from exo_p2p.api.families.logprob_shapes import ollama_entry
 from exo_p2p.api.families.ollama.tools import calls_doc, ollama_thinking, with_parts
+from exo_p2p.api.vision.admit import check_images
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.generation.turn import Turn
@@ -178,6 +179,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         if params is None:
             known(ctx, r.model)
             return encoder.load_answer()
+        check_images(ctx.card(wanted), wanted, params.messages, param="messages" if kind == "chat" else "images")
         return ctx.generate(GenerationJob(model_id=wanted, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
 
     async def chat(request: Request) -> Response | GenerationResponse:

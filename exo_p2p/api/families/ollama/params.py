@@ -18,7 +18,9 @@ from exo_p2p.api.families.logprob_shapes import requested
 from exo_p2p.api.families.ollama.tools import ollama_message, ollama_tool_fields, think_fields
 from exo_p2p.api.formats import extensions, ollama_format, output_format
 from exo_p2p.api.schemas import MAX_TOKENS_LIMIT, NonEmptyStr
-from exo_p2p.types import ChatMessage, GenerationParams
+from exo_p2p.api.vision.admit import check_count
+from exo_p2p.api.vision.parts import image_from_base64
+from exo_p2p.types import ChatMessage, GenerationParams, ImageRef
 
 RUNTIME_OPTIONS = frozenset({
     "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
@@ -166,17 +168,24 @@ def chat_params(r: ChatRequest) -> GenerationParams | None:
     fields = options_fields(r.options) | ollama_tool_fields(r.tools, r.think) | _format_field(r) | _logprobs_field(r)
     if not r.messages:
         return None
+    check_count(sum(len(m.images or ()) for m in r.messages), "messages")
     messages = []
     for i, m in enumerate(r.messages):
         if m.role not in _ROLES:
             raise ApiError(400, f"messages[{i}].role must be system, user, assistant or tool, got {m.role[:64]!r}", param=f"messages[{i}].role")
-        if m.images:
-            raise ApiError(400, f"unsupported parameter 'messages[{i}].images': the models served take text only", param=f"messages[{i}].images")
+        if m.images and m.role != "user":
+            raise ApiError(400, f"messages[{i}].images: only user messages carry images", param=f"messages[{i}].images")
         if m.tool_calls or m.role == "tool":
             messages.append(ollama_message(i, m.role, m.content, m.tool_calls, m.tool_name))
         else:
-            messages.append(ChatMessage(m.role, m.content))
+            messages.append(ChatMessage(m.role, m.content, images=ollama_images(f"messages[{i}].images", m.images)))
     return GenerationParams(messages=tuple(messages), **fields)
+
+
+def ollama_images(where: str, images: list[Any] | None) -> tuple[ImageRef, ...]:
+    """Ollama's ``images``: a list of base64 strings (``exo_p2p.api.vision.parts.image_from_base64``;
+    the count over the whole request is checked before any is decoded)."""
+    return tuple(image_from_base64(f"{where}[{j}]", data) for j, data in enumerate(images or ()))
 
 
 def generate_params(r: GenerateRequest) -> GenerationParams | None:
@@ -185,12 +194,14 @@ def generate_params(r: GenerateRequest) -> GenerationParams | None:
         ("suffix", bool(r.suffix), "insertion (suffix) is not supported"),
         ("template", bool(r.template), "custom prompt templates are not supported (use raw: true with a formatted prompt)"),
         ("context", bool(r.context), "the token context of an earlier answer is not supported; use /api/chat"),
-        ("images", bool(r.images), "the models served take text only"),
+        ("images", bool(r.images) and r.raw, "images cannot be placed in a raw prompt; send raw: false"),
     ])
     fields = options_fields(r.options) | think_fields(r.think) | _format_field(r) | _logprobs_field(r)
     if not r.prompt:
         return None
     if r.raw:
         return GenerationParams(messages=(), prompt=r.prompt, **fields)
-    messages = ([ChatMessage("system", r.system)] if r.system else []) + [ChatMessage("user", r.prompt)]
+    check_count(len(r.images or ()), "images")
+    user = ChatMessage("user", r.prompt, images=ollama_images("images", r.images))
+    messages = ([ChatMessage("system", r.system)] if r.system else []) + [user]
     return GenerationParams(messages=tuple(messages), **fields)

@@ -37,6 +37,7 @@ from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.schemas import (
     AssistantMessage,
     CachedTokens,
+    ContentPart,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -47,7 +48,10 @@ from exo_p2p.api.schemas import (
     Usage,
 )
 from exo_p2p.api.generation.turn import Turn
-from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ToolCall
+from exo_p2p.api.vision.admit import check_count, check_images
+from exo_p2p.api.vision.parts import NO_URLS, image_from_url
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams, ImageRef, ToolCall
+from exo_p2p.vision.fetch import ImageUrlPolicy
 from exo_p2p.types.chunks import TokenLogprobs
 
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "developer": "system"}
@@ -62,7 +66,7 @@ def openai_finish_reason(reason: str) -> str:
     return "stop" if reason == "cancelled" else reason
 
 
-def chat_params(request: ChatCompletionRequest) -> GenerationParams:
+def chat_params(request: ChatCompletionRequest, images: ImageUrlPolicy = NO_URLS) -> GenerationParams:
     """Validate ``request`` and map it to ``GenerationParams``.
 
     Raises ``ApiError(400, param=...)`` for: empty ``messages``; a ``function`` or unknown
@@ -71,12 +75,14 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
     ``functions``, ``function_call``, ``audio``, ``modalities`` other than text); ``top_logprobs``
     outside 0..20 or without ``logprobs`` (``logprob_shapes.requested``); a bad ``logit_bias``; a bad or second output format
     (``response_format``, ``regex``, ``grammar``: ``exo_p2p.api.formats``). Empty stop
-    strings are dropped.
+    strings are dropped. Image parts are read under ``images`` (``exo_p2p.api.vision.parts``: 400
+    for a bad image, or a URL the policy does not fetch).
     """
     _refuse_unsupported(request)
     if not request.messages:
         raise ApiError(400, "messages must contain at least one message", param="messages")
-    messages = tuple(message_of(i, m) for i, m in enumerate(request.messages))
+    check_count(sum(isinstance(m.content, list) and sum(p.type in IMAGE_PARTS for p in m.content) for m in request.messages), "messages")
+    messages = tuple(message_of(i, m, images=images) for i, m in enumerate(request.messages))
     fields: dict[str, object] = {"messages": messages, "stop": stop_strings(request.stop)}
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     optional = {
@@ -100,9 +106,11 @@ def chat_params(request: ChatCompletionRequest) -> GenerationParams:
 
 
 def chat_job(request: ChatCompletionRequest, ctx: ApiContext) -> GenerationJob:
-    """The ``GenerationJob`` of a chat completion (see ``chat_params``)."""
-    params = chat_params(request)
+    """The ``GenerationJob`` of a chat completion (see ``chat_params``; images checked against
+    the model by ``exo_p2p.api.vision.admit.check_images``)."""
+    params = chat_params(request, ctx.config.image_urls)
     model_id = ctx.model_id(request.model)
+    check_images(ctx.card(request.model), model_id, params.messages)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     task_id = new_task_id()
     encoder = ChatEncoder(id=f"chatcmpl-{task_id}", created=int(time.time()), model=model_id, include_usage=include_usage,
@@ -111,9 +119,10 @@ def chat_job(request: ChatCompletionRequest, ctx: ApiContext) -> GenerationJob:
     return GenerationJob(model_id=model_id, params=params, stream=bool(request.stream), encoder=encoder, task_id=task_id)
 
 
-def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -> ChatMessage:
-    """One OpenAI message as a ``ChatMessage`` (text parts joined); 400 naming
-    ``messages[i]…`` for a role, content or tool call we cannot serve."""
+def message_of(index: int, message: MessageIn, where_prefix: str = "messages", images: ImageUrlPolicy = NO_URLS) -> ChatMessage:
+    """One OpenAI message as a ``ChatMessage`` (text parts joined, image parts read under
+    ``images`` into ``ChatMessage.images``); 400 naming ``messages[i]…`` for a role, content,
+    image or tool call we cannot serve."""
     where = f"{where_prefix}[{index}]"
     if message.role == "tool":
         return tool_result(where, _text_of(where, message.content or ""), message.tool_call_id, message.name)
@@ -134,15 +143,39 @@ def message_of(index: int, message: MessageIn, where_prefix: str = "messages") -
     if message.content is None and role != "assistant":
         raise ApiError(400, f"{where}.content is required for role '{message.role}'", param=f"{where}.content")
     reasoning = (message.reasoning_content or message.reasoning) if role == "assistant" else None
-    return ChatMessage(role=role, content=_text_of(where, message.content or ""), tool_calls=calls, reasoning=reasoning)
+    text, pictures = user_content(where, message.content or "", role, images)
+    return ChatMessage(role=role, content=text, tool_calls=calls, reasoning=reasoning, images=pictures)
 
 
-def _text_of(where: str, content: str | list) -> str:
-    """A message's content as text (text parts joined; 400 naming another part)."""
+def user_content(where: str, content: str | list, role: str, policy: ImageUrlPolicy) -> tuple[str, tuple[ImageRef, ...]]:
+    """A message's text (text parts joined) and, in a user message, its images (image parts
+    read under ``policy``, in order); 400 naming ``where.content[j]`` for a part we cannot serve."""
+    parts = content if isinstance(content, list) and role == "user" else []
+    pictures = tuple(_image_of(f"{where}.content[{j}]", p, policy) for j, p in enumerate(parts) if p.type in IMAGE_PARTS)
+    return _text_of(where, content, skip=IMAGE_PARTS if parts else ()), pictures
+
+
+IMAGE_PARTS = ("image_url", "input_image")
+"""Part types holding an image (chat's and Responses'); only user messages carry them."""
+
+
+def _image_of(where: str, part: ContentPart, policy: ImageUrlPolicy) -> ImageRef:
+    """An image part's image: chat's ``image_url.url`` or Responses' ``image_url`` string."""
+    if part.file_id is not None:
+        raise ApiError(400, f"{where}.file_id: files are not stored here; send the image as a data URL", param=f"{where}.file_id")
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    return image_from_url(f"{where}.image_url", url, policy)
+
+
+def _text_of(where: str, content: str | list, skip: tuple[str, ...] = ()) -> str:
+    """A message's content as text (text parts joined, parts of a type in ``skip`` left out;
+    400 naming another part)."""
     if isinstance(content, str):
         return content
     texts: list[str] = []
     for j, part in enumerate(content):
+        if part.type in skip:
+            continue
         if part.type not in ("text", "input_text", "output_text"):
             raise ApiError(
                 400,

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.errors import ApiError, overflow_message
 from exo_p2p.api.families.common import SSE_MEDIA_TYPE, refuse_set, sse
-from exo_p2p.api.families.openai.chat import ROLE_ALIASES
+from exo_p2p.api.families.openai.chat import IMAGE_PARTS, ROLE_ALIASES, user_content
 from exo_p2p.api.families.logprob_shapes import openai_entry, requested
 from exo_p2p.api.families.openai.responses_include import join_reasoning, reasoning_message, wants_encrypted_reasoning, wants_logprobs
 from exo_p2p.api.families.think_budgets import effort_budget
@@ -39,9 +39,12 @@ from exo_p2p.api.formats import extensions, output_format, responses_text_format
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, new_task_id
 from exo_p2p.api.generation.turn import Turn
+from exo_p2p.api.vision.admit import check_count, check_images
+from exo_p2p.api.vision.parts import NO_URLS
 from exo_p2p.api.schemas import ContentPart, NonEmptyStr, PositiveTokens, Temperature, TopP
 from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, GenerationParams
 from exo_p2p.types.chunks import TokenLogprobs
+from exo_p2p.vision.fetch import ImageUrlPolicy
 
 _json = msgspec.json.Encoder()
 
@@ -92,10 +95,10 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     grammar: str | None = None
 
 
-def responses_params(r: ResponsesRequest, key: bytes | None = None) -> GenerationParams:
+def responses_params(r: ResponsesRequest, key: bytes | None = None, images: ImageUrlPolicy = NO_URLS) -> GenerationParams:
     """``GenerationParams`` of a stateless response; 400 naming what cannot be honoured.
     ``key`` opens reasoning items' ``encrypted_content`` (``responses_include``; None: such
-    items are not rendered)."""
+    items are not rendered); ``input_image`` parts are read under ``images``."""
     refuse_set([
         ("store", bool(r.store), "responses are not stored by this server; send store: false (or omit it)"),
         ("previous_response_id", r.previous_response_id is not None,
@@ -111,6 +114,7 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
     if isinstance(r.input, str):
         messages.append(ChatMessage("user", r.input))
     else:
+        check_count(sum(isinstance(it.content, list) and sum(p.type in IMAGE_PARTS for p in it.content) for it in r.input), "input")
         for i, item in enumerate(r.input):
             if item.type == "reasoning":
                 if key is not None and (thought := reasoning_message(i, item, key)) is not None:
@@ -118,7 +122,7 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
             elif item.type in ("function_call", "function_call_output"):
                 tool_item(i, item, messages)
             else:
-                messages.append(_item_message(i, item))
+                messages.append(_item_message(i, item, images))
         messages = join_reasoning(messages)
     if not messages or all(m.role == "system" for m in messages):
         raise ApiError(400, "input must contain at least one message", param="input")
@@ -133,7 +137,7 @@ def responses_params(r: ResponsesRequest, key: bytes | None = None) -> Generatio
                             **{k: v for k, v in optional.items() if v is not None})
 
 
-def _item_message(index: int, item: InputItem) -> ChatMessage:
+def _item_message(index: int, item: InputItem, policy: ImageUrlPolicy) -> ChatMessage:
     where = f"input[{index}]"
     if item.type not in (None, "message"):
         raise ApiError(400, f"{where}.type '{item.type[:64]}' is not supported: only message items are served", param=f"{where}.type")
@@ -142,14 +146,8 @@ def _item_message(index: int, item: InputItem) -> ChatMessage:
         raise ApiError(400, f"{where}.role must be user, assistant, system or developer, got {item.role!r:.64}", param=f"{where}.role")
     if item.content is None:
         raise ApiError(400, f"{where}.content is required", param=f"{where}.content")
-    if isinstance(item.content, str):
-        return ChatMessage(role, item.content)
-    texts = []
-    for j, part in enumerate(item.content):
-        if part.type not in ("input_text", "output_text", "text") or part.text is None:
-            raise ApiError(400, f"{where}.content[{j}] has type '{part.type[:64]}': only text parts are supported", param=f"{where}.content[{j}].type")
-        texts.append(part.text)
-    return ChatMessage(role, "".join(texts))
+    text, images = user_content(where, item.content, role, policy)  # images: input_image parts of user items
+    return ChatMessage(role, text, images=images)
 
 
 class ResponsesEncoder:
@@ -273,8 +271,9 @@ class ResponsesEncoder:
 
 def responses_job(r: ResponsesRequest, ctx: ApiContext) -> GenerationJob:
     key = ctx.config.reasoning_key
-    params = responses_params(r, key)
+    params = responses_params(r, key, ctx.config.image_urls)
     model_id = ctx.model_id(r.model)
+    check_images(ctx.card(r.model), model_id, params.messages, param="input")
     task_id = new_task_id()
     encoder: ResponsesEncoder | ItemsEncoder = ResponsesEncoder(task_id, model_id, r)
     if params.tools or params.thinking:
