@@ -44,7 +44,7 @@ def test_anthropic_mapping_and_refusals() -> None:
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "tool_choice": {"type": "tool", "name": "web_search"}},
          "tool_choice"),
         ({"thinking": {"type": "sometimes"}}, "thinking.type"),
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].source.type"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         ({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content[0].type"),
         ({"messages": []}, "messages"),
@@ -74,7 +74,7 @@ def test_ollama_options() -> None:
 
 def test_ollama_chat_and_generate_requests() -> None:
     chat = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, ollama.ChatRequest)
-    assert refused(ollama.chat_params, chat).info.param == "messages[0].images"
+    assert refused(ollama.chat_params, chat).info.param == "messages[0].images[0]"  # "hi" is no image
     assert ollama.chat_params(msgspec.convert({"model": "m"}, ollama.ChatRequest)) is None  # a load request
     tools = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, ollama.ChatRequest)
     assert refused(ollama.chat_params, tools).info.param == "tools[0].type"
@@ -102,7 +102,7 @@ def test_responses_input_forms_and_refusals() -> None:
         ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"), ({"include": ["reasoning.bogus"]}, "include"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"input": [{"type": "function_call_output"}]}, "input[0].call_id"), ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].image_url"),
         ({"input": [], "instructions": "x"}, "input"),
     ]:
         assert refused(openai_responses.responses_params, req(**fields)).info.param == param
