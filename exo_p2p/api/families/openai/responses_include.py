@@ -3,7 +3,7 @@
 ``include`` values are honoured or refused one by one (``INCLUDE``): ``reasoning.encrypted_content``
 adds each reasoning item's sealed text (``exo_p2p.api.families.openai.sealed_reasoning``); the values about
 built-in tools' outputs and input images are honoured trivially (those tools are never run
-here and images are refused, so no such output exists); ``message.output_text.logprobs``
+here and input items are never echoed, so no such output exists); ``message.output_text.logprobs``
 adds each output text's ``logprobs`` (``top_logprobs`` alternatives, ``wants_logprobs``); any
 value the API does not define is refused.
 
@@ -35,7 +35,7 @@ INCLUDE: dict[str, str | None] = {
     "file_search_call.results": _NEVER_RUN,
     "code_interpreter_call.outputs": _NEVER_RUN,
     "computer_call_output.output.image_url": _NEVER_RUN,
-    "message.input_image.image_url": "honoured: input images are refused, so none is echoed",
+    "message.input_image.image_url": "honoured: input items are never echoed, so no image URL is",
 }
 """Each ``include`` value the Responses API defines: None or "honoured: …" when it is
 honoured, else why it is refused."""
