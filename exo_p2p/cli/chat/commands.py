@@ -19,6 +19,7 @@ from exo_p2p.cli.node_api.endpoint import resolve_api_url
 from exo_p2p.cli.errors import ApiError, CliError, NodeUnreachable
 from exo_p2p.cli.placement import unconfirmed
 from exo_p2p.cli.chat.local_node import running_node
+from exo_p2p.cli.chat.images import ImageOpt, image_parts
 from exo_p2p.cli.chat.structured import JsonAnswerOpt, SchemaOpt, response_format
 from exo_p2p.config import default_data_dir
 
@@ -65,17 +66,19 @@ def chat(
     quiet: QuietOpt = False,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
+    image: ImageOpt = None,
 ) -> None:
-    """Chat with a placed model; the answer streams as it is generated, then one line on
+    """Chat with a placed model (--image FILE: about an image, sent with the first question); the answer streams as it is generated, then one line on
     stderr gives the time to the first token, tokens/s and the finish reason (--quiet: not).
     --json or --schema FILE: the answer is JSON (a JSON object, or one that validates against
     the schema), enforced by the node while it decodes."""
     _refuse_empty(prompt)
     fmt = response_format(json_object, schema)
+    images = image_parts(image)
     with client_for(ctx, api, api_key) as client:
         chosen = choose_model(client, model)
         params = dict(system=system, max_tokens=max_tokens, temperature=temperature, quiet=quiet,
-                      response_format=fmt)
+                      response_format=fmt, images=images)
         if prompt is not None:
             chat_once(client, chosen, prompt, **params)
         else:

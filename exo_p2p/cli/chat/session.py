@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from exo_p2p.cli.chat.images import user_content
 from exo_p2p.cli.node_api.client import NodeClient, name_nodes_in
 from exo_p2p.cli.errors import ApiError, CliError
 from exo_p2p.cli.messages import AnswerStats, reworded_unknown_model, stats_line
@@ -116,13 +117,15 @@ def chat_once(
     temperature: float | None = None,
     quiet: bool = False,
     response_format: dict[str, Any] | None = None,
+    images: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Answer one prompt, streamed to stdout; returns the answer; the figures line on
+    """Answer one prompt (with ``images``, ``image_url`` parts: ``exo_p2p.cli.chat.images``),
+    streamed to stdout; returns the answer; the figures line on
     stderr unless ``quiet``. Raises ``CliError``: exit 2 for an empty or blank prompt (a
     model asked nothing rambles for minutes)."""
     if not prompt.strip():
         raise CliError("the prompt is empty; give a question, or no PROMPT at all to chat interactively", 2)
-    messages = start_messages(system) + [{"role": "user", "content": prompt}]
+    messages = start_messages(system) + [{"role": "user", "content": user_content(prompt, images or [])}]
     body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature,
                         response_format=response_format)
     answer = stream_answer(client, body, quiet=quiet)
@@ -154,6 +157,7 @@ def repl(
     response_format: dict[str, Any] | None = None,
     read: Callable[[str], str] = input,
     note: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+    images: list[dict[str, Any]] | None = None,
 ) -> int:
     """Chat until ``/bye``, ``/exit`` or end of input, keeping the conversation; returns the
     number of answers given (each followed by the figures line unless ``quiet``). Ctrl-C during an answer stops that answer (the question is
@@ -179,7 +183,8 @@ def repl(
             messages = start_messages(system)
             note("conversation cleared")
             continue
-        messages.append({"role": "user", "content": line})
+        first = not any(m["role"] == "user" for m in messages)  # images go with the first question
+        messages.append({"role": "user", "content": user_content(line, images or []) if first else line})
         body = request_body(model, messages, max_tokens=max_tokens, temperature=temperature,
                             response_format=response_format)
         try:
