@@ -122,3 +122,19 @@ def test_vision_capability_comes_from_the_config_and_shows_in_model_entries() ->
     assert model_capabilities(None, {"model_type": "llama"}) == ("completion",)
     vision = msgspec.structs.replace(card("tiny-vl"), capabilities=("completion", "vision"))
     assert model_entry(vision, 0).capabilities == ["completion", "vision"]
+
+
+def test_anthropic_tool_results_carry_their_images_and_count_toward_the_bound() -> None:
+    def request(result_blocks: list) -> MessagesRequest:
+        return decoded(MessagesRequest, {"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Take a screenshot"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result_blocks}]}]})
+
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
+    tool = messages_params(request([{"type": "text", "text": "here"}, image])).messages[-1]
+    assert (tool.role, tool.content, tool.images[0].digest) == ("tool", "here", PNG_DIGEST)
+    with pytest.raises(ApiError, match="17 images"):
+        messages_params(request([{"type": "image", "source": {}}] * 17))
+    with pytest.raises(ApiError, match="text and image blocks"):
+        messages_params(request([{"type": "document"}]))

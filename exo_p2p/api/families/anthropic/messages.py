@@ -120,6 +120,13 @@ def _text(where: str, content: str | list[Block]) -> str:
     return "".join(texts)
 
 
+def _images_in(block: Block) -> int:
+    """Image blocks in ``block``: itself, or those of a ``tool_result``'s content."""
+    if block.type == "tool_result" and isinstance(block.content, list):
+        return sum(isinstance(b, dict) and b.get("type") == "image" for b in block.content)
+    return int(block.type == "image")
+
+
 def anthropic_messages(messages: list[MessageParam], system: str | list[Block] | None,
                        policy: ImageUrlPolicy = NO_URLS) -> tuple[ChatMessage, ...]:
     """Our messages from Anthropic's ``system`` and ``messages`` (400 naming a bad one; image
@@ -129,7 +136,7 @@ def anthropic_messages(messages: list[MessageParam], system: str | list[Block] |
         out.append(ChatMessage("system", system_text(_text("system", system))))
     if not messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
-    check_count(sum(isinstance(m.content, list) and sum(b.type == "image" for b in m.content) for m in messages), "messages")
+    check_count(sum(isinstance(m.content, list) and sum(_images_in(b) for b in m.content) for m in messages), "messages")
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant", "system"):
             raise ApiError(400, f"messages.{i}.role must be 'user', 'assistant' or 'system', got {m.role[:64]!r}", param=f"messages.{i}.role")

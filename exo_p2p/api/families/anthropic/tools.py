@@ -29,7 +29,7 @@ from exo_p2p.api.families.tool_calls import bad, checked_choice, earlier_call, f
 from exo_p2p.api.generation.turn import Turn
 from exo_p2p.api.vision.parts import NO_URLS, image_from_source
 from exo_p2p.vision.fetch import ImageUrlPolicy
-from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ToolCall
+from exo_p2p.types import ChatMessage, ErrorInfo, FinishChunk, ImageRef, ToolCall
 
 _json = msgspec.json.Encoder()
 _FIELDS = ("name", "description", "input_schema")
@@ -85,17 +85,20 @@ def thinking_budget_of(thinking: Any) -> int | None:
     return budget
 
 
-def _text_of(where: str, content: Any) -> str:
-    """A tool result's content (a string or text blocks) as text."""
+def _result_of(where: str, content: Any, policy: ImageUrlPolicy) -> tuple[str, tuple[ImageRef, ...]]:
+    """A tool result's content (a string, or text and ``image`` blocks) as text and images."""
     if isinstance(content, str):
-        return content
-    texts = []
+        return content, ()
+    texts, images = [], []
     for j, block in enumerate(content or ()):
+        if isinstance(block, dict) and block.get("type") == "image":
+            images.append(image_from_source(f"{where}[{j}]", block.get("source"), policy))
+            continue
         text = block.get("text") if isinstance(block, dict) and block.get("type") == "text" else None
         if not isinstance(text, str):
-            raise bad(f"{where}[{j}].type", "a tool result's content may only hold text blocks")
+            raise bad(f"{where}[{j}].type", "a tool result's content may only hold text and image blocks")
         texts.append(text)
-    return "".join(texts)
+    return "".join(texts), tuple(images)
 
 
 def turn_messages(i: int, role: str, blocks: list[Any], policy: ImageUrlPolicy = NO_URLS) -> list[ChatMessage]:
@@ -118,7 +121,8 @@ def turn_messages(i: int, role: str, blocks: list[Any], policy: ImageUrlPolicy =
         elif block.type == "tool_result" and role == "user":
             if not block.tool_use_id:
                 raise bad(f"{where}.tool_use_id", "a tool result needs the id of its tool_use block")
-            results.append(ChatMessage("tool", _text_of(f"{where}.content", block.content), tool_call_id=block.tool_use_id))
+            text, pictures = _result_of(f"{where}.content", block.content, policy)
+            results.append(ChatMessage("tool", text, tool_call_id=block.tool_use_id, images=pictures))
         else:
             raise bad(f"{where}.type", f"a {block.type[:64]!r} block is not supported in a {role} message")
     if role == "assistant":
