@@ -159,3 +159,16 @@ def test_image_urls_are_fetched_only_when_allowed_and_bounded(allow_private: boo
             assert "HTTP 302" in seen["/moved.png"][1] and f"limit of {MAX_IMAGE_BYTES}" in seen["/big.png"][1], seen
 
         run_served(body, image_urls=ImageUrlPolicy(allow=True, allow_private=allow_private))
+
+
+def test_anthropic_count_tokens_refuses_images_as_a_generation_would() -> None:
+    def count(url: str) -> Any:
+        content = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}},
+                   {"type": "text", "text": "What is this?"}]
+        return _anthropic(url).messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": content}])
+
+    async def body(url: str, backend: FakeMaster) -> None:
+        status, message = await trio.to_thread.run_sync(_error, lambda: count(url))
+        assert status == 400 and f"model '{MODEL}' takes text only" in message, message
+
+    run_served(body)

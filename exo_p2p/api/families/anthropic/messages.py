@@ -244,10 +244,11 @@ def routes(ctx: ApiContext) -> list[Route]:
 
     async def count_tokens(request: Request) -> Response:
         r = await ctx.read_json(request, CountTokensRequest)
-        params = GenerationParams(messages=counted_messages(anthropic_messages(r.messages, r.system), await ctx.job(anthropic_tools, r.tools)))
+        params = GenerationParams(messages=counted_messages(await ctx.job(anthropic_messages, r.messages, r.system), await ctx.job(anthropic_tools, r.tools)))
         model_id = ctx.model_id(r.model)
         if ctx.card(r.model) is None:
             raise ApiError(404, f"model: unknown model {r.model[:200]}", param="model", code="model_not_found")
+        check_images(ctx.card(r.model), model_id, params.messages)  # images are not counted: refused as a generation would be
         count = await ctx.count_tokens(model_id, params)
         return Response(_json.encode({"input_tokens": count}), media_type="application/json")
 
