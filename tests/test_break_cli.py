@@ -40,8 +40,9 @@ def test_a_malformed_api_url_prints_one_line() -> None:
 @pytest.fixture()
 def json_service():
     """Some other HTTP service answering every request with 200 and JSON ``"hello"``."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.net.http_stub import serving
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
@@ -58,15 +59,8 @@ def json_service():
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.mark.integration

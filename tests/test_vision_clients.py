@@ -8,9 +8,6 @@ reaches the cluster and the node answers text right after. Then URL fetching und
 from __future__ import annotations
 
 import http.server
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,6 +17,7 @@ from exo_p2p.types import PlaceInstance
 from exo_p2p.vision.fetch import ImageUrlPolicy
 from exo_p2p.vision.image import MAX_IMAGE_BYTES
 from tests.support.fake_master import MODEL, TOKENS, FakeMaster, run_served, submits
+from tests.support.net.http_stub import serving
 from tests.support.images.samples import b64, data_url, gif_bomb, huge_png_header, image_bytes, truncated_png
 
 anthropic = pytest.importorskip("anthropic")
@@ -132,22 +130,9 @@ class _Images(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@contextmanager
-def _image_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 @pytest.mark.parametrize("allow_private", [True, False])
 def test_image_urls_are_fetched_only_when_allowed_and_bounded(allow_private: bool) -> None:
-    with _image_server() as images:
+    with serving(_Images) as images:
         async def body(url: str, backend: FakeMaster) -> None:
             await _placed(backend)
             seen = {path: await trio.to_thread.run_sync(_error, lambda: _chat_image(url, f"{images}{path}"))
