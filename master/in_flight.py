@@ -14,7 +14,7 @@ sum over every task at each submission, and within a small factor of the encoded
 
 from __future__ import annotations
 
-from exo_p2p.types import EmbeddingParams, GenerationParams, RerankParams, State
+from exo_p2p.types import EmbeddingParams, GenerationParams, ImageParams, RerankParams, State
 from exo_p2p.types.tasks import FINISHED_TASK_STATUSES
 
 IN_FLIGHT_BYTES_LIMIT = 16 * 1024 * 1024
@@ -35,6 +35,8 @@ def held_bytes(params: object) -> int | None:
         return TOKEN_ID_BYTES * sum(len(i) for i in params.inputs)
     if isinstance(params, RerankParams):
         return TOKEN_ID_BYTES * (len(params.query) + sum(len(d) for d in params.documents))
+    if isinstance(params, ImageParams):  # its prompt, and an edit's input image
+        return len(params.prompt.encode()) + len(params.image or b"")
     return None
 
 

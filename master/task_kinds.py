@@ -12,7 +12,7 @@ kind its model cannot do is refused with a 400 ``unsupported_task`` naming the k
 
 from __future__ import annotations
 
-from exo_p2p.types import Embedding, ErrorInfo, Instance, ModelCard, Rerank, TextGeneration, WorkTask
+from exo_p2p.types import Embedding, ErrorInfo, ImageGeneration, Instance, ModelCard, Rerank, TextGeneration, WorkTask
 from exo_p2p.types.kinds import card_tasks
 from master.admission import MAX_BYTES_PER_TOKEN, oversized_prompt, prompt_bytes, prompt_token_bound
 
@@ -36,6 +36,8 @@ def oversized_input(card: ModelCard, task: WorkTask) -> ErrorInfo | None:
     an embedding's inputs and a rerank's query + document pairs are token ids, counted
     exactly (the runner still checks what its model's special tokens add)."""
     context = card.context_length
+    if isinstance(task, ImageGeneration):  # and ImageEdits: the prompt is cut at the encoder's tokens
+        return None
     if isinstance(task, TextGeneration):
         too_long = oversized_prompt(task.params, context)
         if too_long is None:
@@ -59,6 +61,8 @@ def prefill_tokens(card: ModelCard, task: WorkTask) -> int:
     row each, and hold no KV cache once pooled)."""
     if isinstance(task, TextGeneration):
         return prompt_token_bound(task.params, card.context_length)
+    if isinstance(task, ImageGeneration):  # the prompt the text encoder reads, at most its tokens
+        return min(len(task.params.prompt.encode()), card.context_length)
     lengths = [len(i) for i in task.params.inputs] if isinstance(task, Embedding) else _pairs(task)
     return min(max(lengths, default=0), card.context_length)
 
@@ -68,6 +72,7 @@ def split_refusal(card: ModelCard, instance: Instance) -> str | None:
     generate (an encoder) on more than one node. None otherwise."""
     if "generate" in card_tasks(card) or len(instance.shards) <= 1:
         return None
-    return (f"model {card.model_id!r} is an encoder ({', '.join(card_tasks(card))}): it runs on one node, and no "
+    what = "an image model" if "image" in card_tasks(card) else "an encoder"  # images: docs/images.md#across-nodes
+    return (f"model {card.model_id!r} is {what} ({', '.join(card_tasks(card))}): it runs on one node, and no "
             f"single node could hold it (the placement needed {len(instance.shards)}); free memory on a node or "
             "name one with nodes")

@@ -112,4 +112,20 @@ class EmbeddingChunk(_Chunk, tag="embedding"):
         return np.frombuffer(self.vectors, dtype="<f4").reshape(self.count, self.dimensions).tolist()
 
 
-Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk | EmbeddingChunk
+class ImageChunk(_Chunk, tag="image"):
+    """An image of an image task, PNG bytes in ``image`` (``width`` × ``height`` pixels):
+    a partial one (``partial``: the latents after ``step`` of ``steps``, its ``index`` 0, 1…)
+    or the final one (``partial`` False, ``step == steps``); ``seconds``: from the task's start
+    on its engine. A ``FinishChunk`` follows the final one."""
+
+    image: bytes
+    width: int
+    height: int
+    step: int
+    steps: int
+    partial: bool = False
+    index: int = 0
+    seconds: float = 0.0
+
+
+Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk | EmbeddingChunk | ImageChunk

@@ -11,6 +11,9 @@ it (``master.task_kinds``), the runner chooses its builder by ``model_kind``.
   embeds only; with a sequence-classification head (``…ForSequenceClassification``: a
   cross-encoder) it reranks; an encoder embedding model also reranks by the cosine of
   embeddings (the documented fallback, docs/api.md).
+- an image pipeline (a diffusers-layout ``model_index.json`` whose ``_class_name`` is in
+  ``IMAGE_PIPELINES``: FLUX.2-klein, run by mflux) makes images and edits them
+  (docs/images.md#models); its files hold no root ``config.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Literal
 from exo_p2p.types.models import ModelCard
 from exo_p2p.types.tasks import TaskKind
 
-ModelKind = Literal["decoder", "encoder"]
+ModelKind = Literal["decoder", "encoder", "image"]
 """How a model is built and run: its runner's builder (``worker.runner.builders``)."""
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
@@ -32,9 +35,23 @@ ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "modernbert", "dist
 """``model_type`` values of encoders (read as such even without ``architectures``)."""
 
 
+IMAGE_PIPELINES: dict[str, tuple[TaskKind, ...]] = {"Flux2KleinPipeline": ("image", "image_edit")}
+"""``model_index.json`` ``_class_name`` → what that image pipeline does (the ones the image runner
+builds, ``worker.image.load``)."""
+
+
+def image_tasks(model_index: Mapping[str, Any]) -> tuple[TaskKind, ...]:
+    """What the image pipeline of ``model_index`` (its ``model_index.json``) does: empty for a
+    pipeline class the image runner does not build."""
+    return IMAGE_PIPELINES.get(str(model_index.get("_class_name", "")), ())
+
+
 def model_kind(config: Mapping[str, Any], files: Collection[str] = ()) -> ModelKind:
-    """``"decoder"`` or ``"encoder"`` for a model with ``config`` (its ``config.json``) and
-    ``files`` (names relative to its directory). See the module docstring."""
+    """``"decoder"``, ``"encoder"`` or ``"image"`` for a model with ``config`` (its
+    ``config.json``, or for an image pipeline its ``model_index.json``) and ``files`` (names
+    relative to its directory). See the module docstring."""
+    if "model_index.json" in files:
+        return "image"
     archs = [str(a) for a in config.get("architectures") or ()]
     if any(a.endswith(CAUSAL_SUFFIXES) for a in archs):
         return "decoder"
@@ -47,6 +64,8 @@ def model_kind(config: Mapping[str, Any], files: Collection[str] = ()) -> ModelK
 
 def model_tasks(config: Mapping[str, Any], files: Collection[str] = ()) -> tuple[TaskKind, ...]:
     """The kinds of work a model can do (``ModelCard.tasks``), in ``TASK_KINDS`` order."""
+    if model_kind(config, files) == "image":
+        return image_tasks(config)
     if model_kind(config, files) == "decoder":
         return ("generate", "embed", "rerank")  # rerank: the cosine of embeddings (docs/api.md)
     archs = [str(a) for a in config.get("architectures") or ()]

@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from exo_p2p.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_p2p.types.images import ImageParams
 from exo_p2p.types.instances import Instance, ShardMetadata
 
 TaskStatus = Literal["pending", "running", "complete", "failed", "cancelled"]
@@ -206,9 +207,9 @@ class StartWarmup(_Task, tag="start_warmup"):
     runner_id: RunnerId
 
 
-TaskKind = Literal["generate", "embed", "rerank"]
+TaskKind = Literal["generate", "embed", "rerank", "image", "image_edit"]
 """The kinds of work (``WorkTask``); a ``ModelCard.tasks`` lists those its model can do."""
-TASK_KINDS: tuple[TaskKind, ...] = ("generate", "embed", "rerank")
+TASK_KINDS: tuple[TaskKind, ...] = ("generate", "embed", "rerank", "image", "image_edit")
 
 
 class TextGeneration(_Task, tag="text_generation"):
@@ -253,10 +254,29 @@ class Rerank(_Task, tag="rerank"):
     created_idx: int = 0
 
 
-WorkTask = TextGeneration | Embedding | Rerank
+class ImageGeneration(_Task, tag="image_generation"):
+    """Make one image of ``params`` with ``model_id`` on ``instance_id``: ``ImageChunk``s
+    (partials, then the final), then a ``FinishChunk``. Fields otherwise as ``TextGeneration``."""
+
+    task_kind: ClassVar[TaskKind] = "image"
+    task_id: TaskId
+    instance_id: InstanceId
+    model_id: ModelId
+    params: ImageParams
+    api_node_id: NodeId
+    created_idx: int = 0
+
+
+class ImageEdits(ImageGeneration, tag="image_edits"):
+    """As ``ImageGeneration``, repainting ``params.image`` (docs/images.md#edits)."""
+
+    task_kind: ClassVar[TaskKind] = "image_edit"
+
+
+WorkTask = TextGeneration | Embedding | Rerank | ImageGeneration | ImageEdits
 """A task of one kind of work; its tag names the kind on the wire and in the event log (a log
 written before embeddings holds only ``text_generation`` tags, which decode unchanged)."""
-WORK_TASKS: tuple[type, ...] = (TextGeneration, Embedding, Rerank)
+WORK_TASKS: tuple[type, ...] = (TextGeneration, Embedding, Rerank, ImageGeneration, ImageEdits)
 
 
 class CancelTask(_Task, tag="cancel_task"):
@@ -268,7 +288,8 @@ class Shutdown(_Task, tag="shutdown"):
     runner_id: RunnerId
 
 
-Task = CreateRunner | ConnectToGroup | LoadModel | StartWarmup | TextGeneration | Embedding | Rerank | CancelTask | Shutdown
+Task = (CreateRunner | ConnectToGroup | LoadModel | StartWarmup | TextGeneration | Embedding | Rerank | ImageGeneration
+        | ImageEdits | CancelTask | Shutdown)
 
 
 class TaskRecord(msgspec.Struct, frozen=True):

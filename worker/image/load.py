@@ -11,6 +11,7 @@ the same way. mflux is imported here only: the node never needs it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,13 @@ def empty_pipeline() -> Any:
     return model
 
 
-def load_pipeline(model_dir: Path | str) -> Any:
-    """The mflux ``Flux2Klein`` of the checkpoint in ``model_dir`` (mflux's saved layout or
-    diffusers', with component ``config.json`` files), in its stored precision, unquantized
-    further. Raises ``ImageModelError`` and mflux's errors for files it cannot read."""
+LOAD_PHASES = 4
+"""The load's phases (``load_progress``): the configs, the weights, the tokenizer, the modules."""
+
+
+def load_progress(model_dir: Path | str, out: list[Any]) -> Iterator[tuple[int, int]]:
+    """Load the checkpoint in ``model_dir`` (as ``load_pipeline``), yielding ``(done,
+    LOAD_PHASES)`` after each phase; the pipeline is appended to ``out`` at the end."""
     from mflux.models.common.compute_precision import ComputePrecision
     from mflux.models.flux2.flux2_initializer import Flux2Initializer
 
@@ -112,10 +116,24 @@ def load_pipeline(model_dir: Path | str) -> Any:
     model = empty_pipeline()
     Flux2Initializer._init_config(model, model_config(sizes, path))
     model.small_text_encoder = model.small_decoder = False
+    yield 1, LOAD_PHASES
     weights = Flux2Initializer._load_weights(path)
+    yield 2, LOAD_PHASES
     Flux2Initializer._init_tokenizers(model, path)
+    yield 3, LOAD_PHASES
     build_components(model, sizes)
     Flux2Initializer._apply_weights(model, weights, None)
     model.lora_paths, model.lora_scales = [], []
     model.compute_precision = ComputePrecision(None)
-    return model
+    out.append(model)
+    yield 4, LOAD_PHASES
+
+
+def load_pipeline(model_dir: Path | str) -> Any:
+    """The mflux ``Flux2Klein`` of the checkpoint in ``model_dir`` (mflux's saved layout or
+    diffusers', with component ``config.json`` files), in its stored precision, unquantized
+    further. Raises ``ImageModelError`` and mflux's errors for files it cannot read."""
+    out: list[Any] = []
+    for _ in load_progress(model_dir, out):
+        pass
+    return out[0]

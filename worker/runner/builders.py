@@ -26,6 +26,7 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024
 BUILDERS: dict[ModelKind, str] = {
     "decoder": "worker.runner.text_builder:TextBuilder",
     "encoder": "worker.embed.engine:EncoderBuilder",  # embeddings and rerank (worker.embed)
+    "image": "worker.image.engine:ImageBuilder",  # image pipelines run by mflux (worker.image)
 }
 """The builder of each kind of model, as ``module:class`` (a kind missing here cannot be run
 yet); the class is called with ``(setup, faults)``."""
@@ -33,15 +34,16 @@ yet); the class is called with ``(setup, faults)``."""
 
 def kind_of_model(model_dir: str) -> ModelKind:
     """The kind of the model in ``model_dir`` (``exo_p2p.types.kinds.model_kind``). Raises
-    ``ValueError`` for a ``config.json`` missing, over ``MAX_CONFIG_BYTES`` or not a JSON
+    ``ValueError`` for a ``config.json`` (an image pipeline's ``model_index.json``) missing, over ``MAX_CONFIG_BYTES`` or not a JSON
     object."""
-    path = Path(model_dir) / "config.json"
+    image = Path(model_dir) / "model_index.json"  # an image pipeline's (exo_p2p.types.kinds)
+    path = image if image.is_file() else Path(model_dir) / "config.json"
     if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
         raise ValueError(f"{model_dir}: no config.json of at most {MAX_CONFIG_BYTES} bytes")
     config = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         raise ValueError(f"{path}: not a JSON object")
-    files = [name for name in ("modules.json",) if (Path(model_dir) / name).is_file()]
+    files = [name for name in ("modules.json", "model_index.json") if (Path(model_dir) / name).is_file()]
     return model_kind(config, files)
 
 

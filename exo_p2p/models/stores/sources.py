@@ -54,6 +54,9 @@ def mlx_dir_problem(path: Path) -> str | None:
     ``model*.safetensors``, a tokenizer file), in words; None when nothing does."""
     if not path.is_dir():
         return "not a directory"
+    if (path / "model_index.json").is_file():  # an image pipeline's components (exo_p2p.images.card)
+        gone = [c for c in ("transformer", "text_encoder", "vae", "tokenizer") if not (path / c).is_dir()]
+        return f"no {', no '.join(gone)} folder" if gone else None
     missing = []
     if not (path / "config.json").is_file():
         missing.append("config.json")

@@ -34,6 +34,7 @@ import structlog
 
 from exo_p2p.config import NodeConfig
 from exo_p2p.models.card.derive import WEIGHT_GLOB, card_from_gguf, card_from_model_dir
+from exo_p2p.images.card import image_card
 from exo_p2p.models.errors import ModelNotFoundError, UnsupportedModelError
 from exo_p2p.models.gguf.importer import IMPORT_MARKER, import_gguf, source_stamp
 from exo_p2p.models.stores.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
@@ -234,6 +235,8 @@ class ModelStore:
     def _card(self, source: ModelSource) -> ModelCard:
         files = [source.path] if source.kind == "gguf" else [
             source.path / "config.json", *sorted(source.path.glob(WEIGHT_GLOB))]
+        if source.kind != "gguf" and (source.path / "model_index.json").is_file():  # an image pipeline
+            files = [source.path / "model_index.json", *sorted(source.path.glob("*/*.safetensors"))]
         key = (source.model_id, tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size)
                                       for f in files))
         with self._mutex:
@@ -241,6 +244,8 @@ class ModelStore:
                 return card
         if source.kind == "gguf":
             card = card_from_gguf(source.path, source.model_id)
+        elif (source.path / "model_index.json").is_file():  # an image pipeline (docs/images.md#models)
+            card = image_card(source.path, source.model_id)
         else:
             card = card_from_model_dir(source.path, source.model_id)
         with self._mutex:

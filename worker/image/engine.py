@@ -1,0 +1,122 @@
+"""The engine and builder of an image model behind the runner's seam (``worker.engine.base``;
+docs/architecture.md#how-to-add-a-kind-of-work, docs/images.md).
+
+One rank holds the whole pipeline (placement keeps an image model on one node:
+``master.task_kinds.split_refusal``), so ``ImageBuilder.connect`` refuses a ring and the engine
+never needs an agreement round. A step is one denoising step of the running image
+(``worker.image.work``), so cancellation and the runner's liveness work at that grain; text
+tasks get a 400 ``ErrorChunk``, as do edits until the model's edit path runs here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from exo_p2p.types import Chunk, ErrorChunk, ErrorInfo, ImageEdits, ImageGeneration, TaskId, WorkTask
+from exo_p2p.types.observe import EngineStats
+from worker.image.work import ImageWork
+from worker.runner.faults import STAGE_LOADING, STAGE_WARMUP, RunnerFaults
+from worker.runner.protocol import RunnerSetup
+
+WARMUP = {"prompt": "warm-up", "seed": 0, "steps": 1, "width": 64, "height": 64}
+"""The warm-up image (discarded): compiles the transformer call so the first request pays no first-use cost."""
+
+
+class ImageEngine:
+    """The ``Engine`` of an image model (module docstring); ``make_run(task)`` makes a task's run."""
+
+    warmup_rate = 0.0
+
+    def __init__(self, make_run: Callable[[ImageGeneration], Any]) -> None:
+        self.work = ImageWork(make_run)
+        self._refused: list[Chunk] = []
+
+    def submit(self, task: WorkTask) -> None:
+        if isinstance(task, ImageGeneration) and not isinstance(task, ImageEdits):
+            self.work.submit(task)
+            return
+        message = f"this runner's model makes images; it does not do {task.task_kind!r} work here"
+        self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
+
+    def cancel(self, task_id: TaskId) -> None:
+        self.work.cancel(task_id)
+
+    def has_work(self) -> bool:
+        return bool(self._refused) or self.work.has_work()
+
+    def must_agree(self) -> bool:
+        return False  # one rank: nothing to agree
+
+    def hold_proposal(self) -> bool:
+        return False
+
+    def agreed_hold(self, hold: bool) -> None:
+        pass
+
+    def step(self) -> list[Chunk]:
+        refused, self._refused = self._refused, []
+        return refused + self.work.step()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(queued=self.work.queued, batch_rows=int(self.work.running() is not None))
+
+    def prefixes(self) -> tuple[int, ...] | None:
+        return None
+
+    def close(self) -> None:
+        self.work = None  # type: ignore[assignment]  # the weights go with the last reference
+
+
+def run_maker(pipeline: Any) -> Callable[[ImageGeneration], Any]:
+    """``task -> ImageRun`` of ``pipeline`` (``worker.image.denoise``)."""
+    from worker.image.denoise import ImageRun
+
+    def make(task: ImageGeneration) -> Any:
+        p = task.params
+        return ImageRun(pipeline, prompt=p.prompt, seed=p.seed, steps=p.steps, width=p.width, height=p.height)
+
+    return make
+
+
+class ImageBuilder:
+    """Load an image pipeline with mflux (``worker.image.load``) and build its ``ImageEngine`` (one rank)."""
+
+    all_gather = None
+    connected = False
+
+    def __init__(self, setup: RunnerSetup, faults: RunnerFaults) -> None:
+        self.setup, self.faults = setup, faults
+        self.pipeline: Any = None
+
+    def connect(self, on_timeout: Callable[[str], tuple[int, bytes]]) -> None:
+        raise RuntimeError("an image model runs whole on one node here; it is never split into ranks")
+
+    def load(self) -> Iterator[tuple[int, int]]:
+        from worker.image.load import LOAD_PHASES, load_progress
+
+        self.faults.at(STAGE_LOADING)
+        yield 0, LOAD_PHASES
+        out: list[Any] = []
+        yield from load_progress(self.setup.model_dir, out)
+        self.pipeline = out[0]
+
+    def peak_memory_bytes(self) -> int:
+        import mlx.core as mx
+
+        return int(mx.get_peak_memory())
+
+    def build(self, on_step: Callable[[float], None]) -> ImageEngine:
+        from worker.image.denoise import ImageRun
+
+        if self.pipeline is None:
+            raise RuntimeError("build before load")
+        self.faults.at(STAGE_WARMUP)
+        run = ImageRun(self.pipeline, **WARMUP)
+        while not run.finished:
+            started = time.monotonic()
+            run.step()
+            on_step(time.monotonic() - started)
+        run.image()
+        return ImageEngine(run_maker(self.pipeline))
