@@ -22,6 +22,7 @@ from starlette.routing import Route
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api import embed_routes
+from exo_p2p.api.images.routes import routes as image_routes
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.anthropic import messages as anthropic
 from exo_p2p.api.families.ollama import generations as ollama
@@ -47,6 +48,7 @@ def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
         *anthropic.routes(ctx),
         *ollama.routes(ctx),
         *embed_routes.routes(ctx),  # embeddings and rerank (docs/api.md#embeddings-and-reranking)
+        *image_routes(ctx),  # OpenAI's images API (docs/images.md#api)
         *cluster_routes(ctx),
         *instance_routes(ctx),
         *debug_routes(backend),

@@ -95,9 +95,13 @@ class ImageBuilder:
 
     def load(self) -> Iterator[tuple[int, int]]:
         from worker.image.load import LOAD_PHASES, load_progress
+        from worker.runner.startup import preload
 
         self.faults.at(STAGE_LOADING)
         yield 0, LOAD_PHASES
+        # the runner's background preload imports transformers (worker.runner.startup); mflux's
+        # imports of its lazy names raced it (ImportError), so wait for those imports first
+        preload()
         out: list[Any] = []
         yield from load_progress(self.setup.model_dir, out)
         self.pipeline = out[0]

@@ -1,0 +1,87 @@
+"""Image generation against one real node serving the tiny FLUX.2-klein checkpoint
+(docs/images.md): the ``openai`` client's ``images.generate`` (b64_json, url, a stream with 2
+partial images, jpeg) gives the pixels of mflux's own pipeline run in process on the same
+checkpoint, seed and size; bad input is a 400 in OpenAI's error shape; a text model refuses
+image work."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+
+from tests.support.cluster import NodeProcess
+from tests.support.images import oracle_png, pixels, tiny_checkpoint
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # a node, a runner compiling mflux's transformer
+openai = pytest.importorskip("openai")
+
+MODEL, PROMPT = "tiny-flux2", "a red fox in the snow"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    import shutil
+
+    models = tmp_path_factory.mktemp("models")
+    shutil.copytree(tiny_checkpoint(tmp_path_factory), models / MODEL)
+    n = NodeProcess(tmp_path_factory.mktemp("node"), extra_args=["--models-dir", str(models)])
+    try:
+        n.start()
+        n.place_and_wait(MODEL, timeout=240)
+        n.models_dir = models  # type: ignore[attr-defined]
+        yield n
+    finally:
+        n.stop()
+
+
+def _client(node):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=240)
+
+
+def test_b64_and_url_images_equal_mflux(node) -> None:
+    want = pixels(oracle_png(node.models_dir / MODEL, prompt=PROMPT, seed=11, steps=2, width=64, height=48))
+    got = _client(node).images.generate(model=MODEL, prompt=PROMPT, size="64x48", quality="low",
+                                        extra_body={"seed": 11})
+    assert got.output_format == "png" and got.size == "64x48" and got.usage is not None
+    assert pixels(base64.b64decode(got.data[0].b64_json)) == want
+    two = _client(node).images.generate(model=MODEL, prompt=PROMPT, size="64x48", quality="low", n=2,
+                                        response_format="url", extra_body={"seed": 11})
+    files = [httpx.get(d.url, timeout=30) for d in two.data]
+    assert [f.status_code for f in files] == [200, 200] and files[0].headers["content-type"] == "image/png"
+    assert pixels(files[0].content) == want and pixels(files[1].content) != want  # image 1: seed 12
+
+
+def test_stream_sends_two_partials_then_the_image(node) -> None:
+    want = pixels(oracle_png(node.models_dir / MODEL, prompt=PROMPT, seed=5, steps=4, width=32, height=32))
+    events = list(_client(node).images.generate(model=MODEL, prompt=PROMPT, size="32x32", quality="medium",
+                                                stream=True, partial_images=2, extra_body={"seed": 5}))
+    assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    assert pixels(base64.b64decode(events[-1].b64_json)) == want and events[-1].usage.total_tokens >= 1
+    jpeg = _client(node).images.generate(model=MODEL, prompt=PROMPT, size="32x32", quality="low",
+                                         output_format="jpeg", output_compression=90, extra_body={"seed": 5})
+    assert base64.b64decode(jpeg.data[0].b64_json)[:3] == b"\xff\xd8\xff" and jpeg.output_format == "jpeg"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"size": "4096x4096"}, "size"), ({"size": "50x64"}, "size"), ({"n": 9}, "n"), ({"quality": "ultra"}, "quality"),
+    ({"steps": 500}, "steps"), ({"partial_images": 2}, "partial_images"), ({"prompt": ""}, "prompt"),
+    ({"output_compression": 101}, "output_compression"), ({"output_format": "gif"}, "output_format"),
+])
+def test_bad_input_is_a_400_in_openais_shape(node, body, param) -> None:
+    r = httpx.post(f"{node.url}/v1/images/generations", json={"model": MODEL, "prompt": PROMPT, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
+    kwargs = {"prompt": PROMPT, **body}
+    extra = {"steps": kwargs.pop("steps")} if "steps" in kwargs else None  # not an OpenAI parameter
+    with pytest.raises(openai.BadRequestError):
+        _client(node).images.generate(model=MODEL, extra_body=extra, **kwargs)
+
+
+def test_unknown_model_and_missing_file(node) -> None:
+    with pytest.raises(openai.NotFoundError):
+        _client(node).images.generate(model="no-such-model", prompt=PROMPT)
+    assert httpx.get(f"{node.url}/v1/images/files/nothing.png", timeout=30).status_code == 404
