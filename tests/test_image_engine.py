@@ -15,7 +15,7 @@ from exo_p2p.types import (
     ImageGeneration,
     ImageParams,
 )
-from tests.support.images import oracle_png, pixels, tiny_checkpoint
+from tests.support.images import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(240)  # mflux compiles the transformer call on first use
 
@@ -59,6 +59,15 @@ def test_final_image_equals_mflux_and_partials_come_between(engine, ckpt) -> Non
     assert chunks[-1].completion_tokens == 4 and images[-1].seconds > 0
 
 
+def test_an_edit_equals_mflux_edit_pipeline(engine, ckpt, tmp_path) -> None:
+    ref = reference_png()
+    want = oracle_edit_png(ckpt, ref, prompt="make it blue", seed=3, steps=2, width=64, height=48, tmp=tmp_path)
+    engine.submit(_task("e1", kind=ImageEdits, image=ref, prompt="make it blue", seed=3, steps=2))
+    engine.submit(_task("g1", prompt="make it blue", seed=3, steps=2))
+    finals = {c.task_id: c.image for c in _drain(engine) if isinstance(c, ImageChunk)}
+    assert pixels(finals["e1"]) == pixels(want) and pixels(finals["g1"]) != pixels(want)
+
+
 def test_cancel_stops_the_running_image_within_one_step(engine) -> None:
     engine.submit(_task("t2", steps=6))
     engine.submit(_task("t3", steps=2))
@@ -74,12 +83,11 @@ def test_cancel_stops_the_running_image_within_one_step(engine) -> None:
 def test_bad_input_and_other_kinds_are_error_chunks(engine) -> None:
     engine.submit(_task("big", width=4096))
     engine.submit(_task("odd", width=50))
-    engine.submit(_task("edit", kind=ImageEdits, image=b"png"))
     engine.submit(Embedding(task_id="emb", instance_id="i", model_id="tiny", params=EmbeddingParams(inputs=((1,),)),
                             api_node_id="n"))
     chunks = _drain(engine)
     assert {c.task_id: (c.error.status, c.error.param or c.error.code) for c in chunks if isinstance(c, ErrorChunk)} == {
-        "big": (400, "size"), "odd": (400, "size"), "edit": (400, "unsupported_task"), "emb": (400, "unsupported_task")}
+        "big": (400, "size"), "odd": (400, "size"), "emb": (400, "unsupported_task")}
 
 
 class _Broken:

@@ -1,8 +1,8 @@
 """Image generation against one real node serving the tiny FLUX.2-klein checkpoint
 (docs/images.md): the ``openai`` client's ``images.generate`` (b64_json, url, a stream with 2
-partial images, jpeg) gives the pixels of mflux's own pipeline run in process on the same
-checkpoint, seed and size; bad input is a 400 in OpenAI's error shape; a text model refuses
-image work."""
+partial images, jpeg) and ``images.edit`` (one and streamed) give the pixels of mflux's own
+pipelines run in process on the same checkpoint, seed and size; bad input (sizes, bombs, a
+mask, a model that cannot edit) is a 400 in OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import httpx
 import pytest
 
 from tests.support.cluster import NodeProcess
-from tests.support.images import oracle_png, pixels, tiny_checkpoint
+from tests.support.images import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
+from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # a node, a runner compiling mflux's transformer
 openai = pytest.importorskip("openai")
 
-MODEL, PROMPT = "tiny-flux2", "a red fox in the snow"
+MODEL, PROMPT, TEXT_MODEL = "tiny-flux2", "a red fox in the snow", "tiny-text"
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,7 @@ def node(tmp_path_factory):
 
     models = tmp_path_factory.mktemp("models")
     shutil.copytree(tiny_checkpoint(tmp_path_factory), models / MODEL)
+    make_synthetic_model(models / TEXT_MODEL, n_layers=1, hidden_size=32, intermediate_size=64, seed=1)  # never placed
     n = NodeProcess(tmp_path_factory.mktemp("node"), extra_args=["--models-dir", str(models)])
     try:
         n.start()
@@ -85,3 +87,50 @@ def test_unknown_model_and_missing_file(node) -> None:
     with pytest.raises(openai.NotFoundError):
         _client(node).images.generate(model="no-such-model", prompt=PROMPT)
     assert httpx.get(f"{node.url}/v1/images/files/nothing.png", timeout=30).status_code == 404
+
+
+def test_edit_equals_mflux_edit_and_streams(node, tmp_path) -> None:
+    ref = reference_png(64, 48)
+    want = pixels(oracle_edit_png(node.models_dir / MODEL, ref, prompt="make it blue", seed=3, steps=4, width=64,
+                                  height=48, tmp=tmp_path))
+    got = _client(node).images.edit(model=MODEL, image=("ref.png", ref, "image/png"), prompt="make it blue",
+                                    extra_body={"seed": 3, "steps": 4})  # size auto: the image's own 64x48
+    assert got.size == "64x48" and pixels(base64.b64decode(got.data[0].b64_json)) == want
+    events = list(_client(node).images.edit(model=MODEL, image=("ref.png", ref, "image/png"), prompt="make it blue",
+                                            stream=True, partial_images=2, extra_body={"seed": 3, "steps": 4}))
+    assert [e.type for e in events] == ["image_edit.partial_image"] * 2 + ["image_edit.completed"]
+    assert pixels(base64.b64decode(events[-1].b64_json)) == want
+
+
+def _bomb() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(out, format="PNG")  # 400 megapixels in a few kB
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("files,data,param", [
+    ({"image": ("bomb.png", "BOMB", "image/png")}, {}, "image"),
+    ({"image": ("x.png", b"not an image", "image/png")}, {}, "image"),
+    ({"image": ("x.gif", "GIF", "image/gif")}, {}, "image"),
+    ({"image": ("x.png", "REF", "image/png"), "mask": ("m.png", "REF", "image/png")}, {}, "mask"),
+    ({"image": ("x.png", "REF", "image/png")}, {"size": "4096x4096"}, "size"),
+    ({"image": ("x.png", "REF", "image/png")}, {"model": TEXT_MODEL}, "model"),
+    ({}, {}, "image"),
+])
+def test_bad_edits_are_400s(node, files, data, param) -> None:
+    import io
+
+    from PIL import Image
+
+    gif = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(gif, format="GIF")
+    real = {"BOMB": _bomb(), "GIF": gif.getvalue(), "REF": reference_png(32, 32)}
+    files = {k: (n, real.get(b, b) if isinstance(b, str) else b, t) for k, (n, b, t) in files.items()}
+    r = httpx.post(f"{node.url}/v1/images/edits", files=files or {"x": ("x", b"", "text/plain")},
+                   data={"model": MODEL, "prompt": "edit", **data}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

@@ -70,5 +70,3 @@ def check_params(params: ImageParams) -> None:
         raise ImageBoundError(f"the prompt must be non-empty text of at most {MAX_PROMPT_BYTES} bytes", "prompt")
     if not 0 <= params.seed < 2**63:
         raise ImageBoundError("seed must be in 0..2**63-1", "seed")
-    if not 0.0 <= params.strength <= 1.0:
-        raise ImageBoundError("strength must be in 0..1", "strength")

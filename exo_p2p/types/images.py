@@ -16,8 +16,8 @@ class ImageParams(msgspec.Struct, frozen=True, omit_defaults=True):
     within the model's bounds: ``exo_p2p.images.bounds``), ``steps`` denoising steps, ``seed``
     (the same seed, prompt, size and steps give the same pixels), ``partial_images``: how many
     previews to send while denoising (0–``MAX_PARTIAL_IMAGES``, evenly spaced over the steps).
-    An edit's ``image`` is its input picture as PNG bytes (decoded and bounded by the API
-    node, ``exo_p2p.images.inputs``), ``strength`` how much of it is repainted (0–1).
+    An edit's ``image`` is its input picture as PNG bytes (decoded, bounded and re-encoded by
+    the API node, ``exo_p2p.images.inputs``): the reference the model edits.
     ``client``: as ``GenerationParams.client``."""
 
     prompt: str
@@ -27,7 +27,6 @@ class ImageParams(msgspec.Struct, frozen=True, omit_defaults=True):
     seed: int
     partial_images: int = 0
     image: bytes | None = None
-    strength: float = 0.8
     client: str | None = None
 
 

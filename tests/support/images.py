@@ -31,6 +31,29 @@ def oracle_png(model_dir: Path, *, prompt: str, seed: int, steps: int, width: in
     return png_bytes(image.image)
 
 
+def oracle_edit_png(model_dir: Path, reference: bytes, *, prompt: str, seed: int, steps: int, width: int,
+                    height: int, tmp: Path) -> bytes:
+    """The PNG bytes of mflux's ``Flux2KleinEdit.generate_image`` on ``model_dir`` editing
+    ``reference`` (image bytes, written to ``tmp``)."""
+    from worker.image.load import load_pipeline
+
+    path = tmp / "reference.img"
+    path.write_bytes(reference)
+    image = load_pipeline(model_dir, edit=True).generate_image(
+        seed=seed, prompt=prompt, num_inference_steps=steps, height=height, width=width, image_paths=[str(path)])
+    return png_bytes(image.image)
+
+
+def reference_png(width: int = 64, height: int = 48) -> bytes:
+    """A deterministic RGB test picture as PNG bytes (a gradient)."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // max(1, width - 1), y * 255 // max(1, height - 1), (x + y) % 256], -1).astype("uint8")
+    return png_bytes(Image.fromarray(rgb))
+
+
 def png_bytes(image: object) -> bytes:
     """``image`` (PIL) as PNG bytes without metadata."""
     buf = io.BytesIO()

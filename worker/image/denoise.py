@@ -6,6 +6,10 @@ decode, in the same order, so its pixels equal mflux's for the same checkpoint, 
 split so the runner's engine can step it: ``step()`` runs one denoising step, ``preview()``
 decodes the latents so far (a partial image) and ``image()`` decodes the final one. Guidance is
 1.0 (the distilled klein models' default; no negative prompt pass).
+
+With a ``reference`` image (an edit) it does what mflux's ``Flux2KleinEdit.generate_image``
+does instead: the reference encoded by the VAE and its tokens joined to the latents at every
+step (mflux's reference conditioning; ``worker.image.load.edit_view`` shares the weights).
 """
 
 from __future__ import annotations
@@ -17,23 +21,35 @@ GUIDANCE = 1.0
 
 
 class ImageRun:
-    """A text-to-image run of ``pipeline`` (``worker.image.load.load_pipeline``'s): ``prompt``
-    (str), ``seed`` (int), ``steps`` (≥ 1), ``width`` × ``height`` (pixels, multiples of 16).
-    Encodes the prompt and makes the seeded latents when made (its cost is the first step's)."""
+    """A run of ``pipeline`` (``worker.image.load.load_pipeline``'s; with ``reference``, a path
+    to the image to edit, its ``edit_view``): ``prompt`` (str), ``seed`` (int), ``steps``
+    (≥ 1), ``width`` × ``height`` (pixels, multiples of 16). Encodes the prompt (and the
+    reference) and makes the seeded latents when made (its cost is the first step's)."""
 
-    def __init__(self, pipeline: Any, *, prompt: str, seed: int, steps: int, width: int, height: int) -> None:
+    def __init__(self, pipeline: Any, *, prompt: str, seed: int, steps: int, width: int, height: int,
+                 reference: str | None = None) -> None:
         from mflux.models.common.config.config import Config
+        from mflux.models.flux2.latent_creator.flux2_latent_creator import Flux2LatentCreator
 
         self.pipeline, self.seed, self.prompt = pipeline, seed, prompt
         self.config = Config(model_config=pipeline.model_config, num_inference_steps=steps, height=height,
-                             width=width, guidance=GUIDANCE, image_path=None, image_strength=None,
+                             width=width, guidance=GUIDANCE, image_path=reference, image_strength=None,
                              scheduler="flow_match_euler_discrete")
         embeds, text_ids, neg, neg_ids = pipeline._encode_prompt_pair(prompt=prompt, negative_prompt=" ",
                                                                       guidance=GUIDANCE)
         self._inputs = {"prompt_embeds": embeds, "text_ids": text_ids, "negative_prompt_embeds": neg,
                         "negative_text_ids": neg_ids, "guidance": GUIDANCE}
-        self.latents, self.latent_ids, self.lat_h, self.lat_w = pipeline._prepare_generation_latents(
-            seed=seed, config=self.config)
+        if reference is None:
+            self.latents, self.latent_ids, self.lat_h, self.lat_w = pipeline._prepare_generation_latents(
+                seed=seed, config=self.config)
+        else:
+            from mflux.models.flux2.variants.edit.flux2_klein_edit_helpers import _Flux2KleinEditHelpers as Edit
+
+            self.latents, self.latent_ids, self.lat_h, self.lat_w = Flux2LatentCreator.prepare_packed_latents(
+                seed=seed, height=height, width=width, batch_size=1)
+            image_latents, image_ids = Edit.prepare_reference_image_conditioning(
+                vae=pipeline.vae, tiling_config=pipeline.tiling_config, image_paths=[reference], batch_size=1)
+            self._inputs.update(image_latents=image_latents, image_latent_ids=image_ids)
         self._predict = pipeline._predict(pipeline.transformer)
         self._t = self.config.init_time_step
         self.steps = steps

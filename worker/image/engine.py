@@ -4,8 +4,9 @@ docs/architecture.md#how-to-add-a-kind-of-work, docs/images.md).
 One rank holds the whole pipeline (placement keeps an image model on one node:
 ``master.task_kinds.split_refusal``), so ``ImageBuilder.connect`` refuses a ring and the engine
 never needs an agreement round. A step is one denoising step of the running image
-(``worker.image.work``), so cancellation and the runner's liveness work at that grain; text
-tasks get a 400 ``ErrorChunk``, as do edits until the model's edit path runs here.
+(``worker.image.work``), so cancellation and the runner's liveness work at that grain; an edit
+runs mflux's edit path over the same weights (``worker.image.load.edit_view``); text tasks get
+a 400 ``ErrorChunk``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class ImageEngine:
         self._refused: list[Chunk] = []
 
     def submit(self, task: WorkTask) -> None:
-        if isinstance(task, ImageGeneration) and not isinstance(task, ImageEdits):
+        if isinstance(task, ImageGeneration):  # and ImageEdits
             self.work.submit(task)
             return
         message = f"this runner's model makes images; it does not do {task.task_kind!r} work here"
@@ -70,12 +71,28 @@ class ImageEngine:
 
 
 def run_maker(pipeline: Any) -> Callable[[ImageGeneration], Any]:
-    """``task -> ImageRun`` of ``pipeline`` (``worker.image.denoise``)."""
+    """``task -> ImageRun`` of ``pipeline`` (``worker.image.denoise``); an edit's reference
+    bytes go through a temporary file (mflux reads references from paths), removed once the
+    run has encoded it. Raises ``ValueError`` for an edit without an image."""
+    import tempfile
+
     from worker.image.denoise import ImageRun
+    from worker.image.load import edit_view
+
+    editor: list[Any] = []
 
     def make(task: ImageGeneration) -> Any:
         p = task.params
-        return ImageRun(pipeline, prompt=p.prompt, seed=p.seed, steps=p.steps, width=p.width, height=p.height)
+        size = {"prompt": p.prompt, "seed": p.seed, "steps": p.steps, "width": p.width, "height": p.height}
+        if not isinstance(task, ImageEdits):
+            return ImageRun(pipeline, **size)
+        if not p.image:
+            raise ValueError("an edit needs its image")
+        editor[:] = editor or [edit_view(pipeline)]
+        with tempfile.NamedTemporaryFile(prefix="exo-p2p-edit-", suffix=".img") as f:
+            f.write(p.image)
+            f.flush()
+            return ImageRun(editor[0], reference=f.name, **size)
 
     return make
 

@@ -91,21 +91,44 @@ def model_config(sizes: Flux2Sizes, name: str) -> Any:
     return config
 
 
-def empty_pipeline() -> Any:
-    """A ``Flux2Klein`` whose constructor has not run (``load_pipeline`` fills it)."""
-    from mlx import nn
+def _pipeline_class(edit: bool) -> type:
+    from mflux.models.flux2.variants.edit.flux2_klein_edit import Flux2KleinEdit
     from mflux.models.flux2.variants.txt2img.flux2_klein import Flux2Klein
 
-    model = Flux2Klein.__new__(Flux2Klein)
+    return Flux2KleinEdit if edit else Flux2Klein
+
+
+def empty_pipeline(edit: bool = False) -> Any:
+    """A ``Flux2Klein`` (``edit``: a ``Flux2KleinEdit``) whose constructor has not run
+    (``load_pipeline`` fills it)."""
+    from mlx import nn
+
+    cls = _pipeline_class(edit)
+    model = cls.__new__(cls)
     nn.Module.__init__(model)
     return model
+
+
+SHARED = ("vae", "transformer", "text_encoder", "tokenizers", "model_config", "callbacks", "tiling_config",
+          "prompt_cache", "bits", "lora_paths", "lora_scales", "compute_precision", "small_text_encoder",
+          "small_decoder")
+"""What an edit view shares with its text-to-image pipeline (everything ``load_progress`` sets)."""
+
+
+def edit_view(pipeline: Any) -> Any:
+    """A ``Flux2KleinEdit`` over ``pipeline``'s loaded modules and tokenizer (no second copy
+    of the weights): mflux's edit path (reference-image conditioning) on the same model."""
+    view = empty_pipeline(edit=True)
+    for name in SHARED:
+        setattr(view, name, getattr(pipeline, name))
+    return view
 
 
 LOAD_PHASES = 4
 """The load's phases (``load_progress``): the configs, the weights, the tokenizer, the modules."""
 
 
-def load_progress(model_dir: Path | str, out: list[Any]) -> Iterator[tuple[int, int]]:
+def load_progress(model_dir: Path | str, out: list[Any], edit: bool = False) -> Iterator[tuple[int, int]]:
     """Load the checkpoint in ``model_dir`` (as ``load_pipeline``), yielding ``(done,
     LOAD_PHASES)`` after each phase; the pipeline is appended to ``out`` at the end."""
     from mflux.models.common.compute_precision import ComputePrecision
@@ -113,7 +136,7 @@ def load_progress(model_dir: Path | str, out: list[Any]) -> Iterator[tuple[int, 
 
     path = str(model_dir)
     sizes = read_sizes(model_dir)
-    model = empty_pipeline()
+    model = empty_pipeline(edit)
     Flux2Initializer._init_config(model, model_config(sizes, path))
     model.small_text_encoder = model.small_decoder = False
     yield 1, LOAD_PHASES
@@ -129,11 +152,12 @@ def load_progress(model_dir: Path | str, out: list[Any]) -> Iterator[tuple[int, 
     yield 4, LOAD_PHASES
 
 
-def load_pipeline(model_dir: Path | str) -> Any:
+def load_pipeline(model_dir: Path | str, edit: bool = False) -> Any:
     """The mflux ``Flux2Klein`` of the checkpoint in ``model_dir`` (mflux's saved layout or
     diffusers', with component ``config.json`` files), in its stored precision, unquantized
-    further. Raises ``ImageModelError`` and mflux's errors for files it cannot read."""
+    further (``edit``: a ``Flux2KleinEdit``). Raises ``ImageModelError`` and mflux's errors
+    for files it cannot read."""
     out: list[Any] = []
-    for _ in load_progress(model_dir, out):
+    for _ in load_progress(model_dir, out, edit):
         pass
     return out[0]

@@ -83,13 +83,19 @@ def _check(body: GenerationBody) -> None:
 def parse_generation(raw: bytes) -> ImageRequest:
     """The checked request of a JSON body. Raises ``ApiError(400)`` naming the field for
     anything malformed or over a bound (``exo_p2p.images.bounds``)."""
-    body = decode_json(raw, GenerationBody)
+    return checked(decode_json(raw, GenerationBody))
+
+
+def checked(body: GenerationBody, reference: bytes | None = None,
+            auto: tuple[int, int] | None = None) -> ImageRequest:
+    """The checked request of ``body`` (an edit's: its ``reference`` bytes, ``auto`` the size
+    ``size: auto`` means). Raises ``ApiError(400)`` as ``parse_generation``."""
     _check(body)
     try:
-        width, height = parse_size(body.size)
+        width, height = auto if auto and body.size in (None, "", "auto") else parse_size(body.size)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         params = ImageParams(prompt=body.prompt, width=width, height=height, steps=_steps(body), seed=seed,
-                             partial_images=body.partial_images or 0)
+                             partial_images=body.partial_images or 0, image=reference)
         check_params(params)
     except ImageBoundError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None

@@ -1,11 +1,13 @@
-"""The images routes (docs/images.md#api): OpenAI ``POST /v1/images/generations`` and
-``GET /v1/images/files/{name}`` (the files of ``response_format: url``).
+"""The images routes (docs/images.md#api): OpenAI ``POST /v1/images/generations``,
+``POST /v1/images/edits`` (``exo_p2p.api.images.edits``) and ``GET /v1/images/files/{name}``
+(the files of ``response_format: url``).
 
 Image ``i`` of a request with ``n`` images is its own task with seed ``seed + i``, run one
 after the other (so a request's images come in order and a cancelled request leaves no work
 behind). A request that streams gets ``image_generation.partial_image`` events as the runner's
-partial images come and one ``image_generation.completed`` event per image; an error after the
-stream began is an ``error`` event, as OpenAI's streams send it.
+partial images come and one ``image_generation.completed`` event per image (an edit's:
+``image_edit.``); an error after the stream began is an ``error`` event, as OpenAI's streams
+send it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from exo_p2p.api.images.files import ImageFiles
 from exo_p2p.api.images.request import ImageRequest, parse_generation
 from exo_p2p.api.images.run import image_chunks
 from exo_p2p.api.views import json_response
-from exo_p2p.types import ImageChunk, ImageGeneration, ModelCard
+from exo_p2p.api.images.edits import parse_edit
+from exo_p2p.types import ImageChunk, ImageEdits, ImageGeneration, ModelCard
 
 
 def _tasks(ctx: ApiContext, request: Request, card: ModelCard, req: ImageRequest) -> list[ImageGeneration]:
@@ -41,7 +44,8 @@ def _tasks(ctx: ApiContext, request: Request, card: ModelCard, req: ImageRequest
     for i in range(req.n):
         task_id, api_node = embed_task.new_ids(ctx)
         params = msgspec.structs.replace(req.params, seed=req.params.seed + i, client=client_key(request.scope))
-        out.append(ImageGeneration(task_id=task_id, instance_id="", model_id=card.model_id, params=params,
+        kind = ImageGeneration if params.image is None else ImageEdits
+        out.append(kind(task_id=task_id, instance_id="", model_id=card.model_id, params=params,
                                    api_node_id=api_node))
     return out
 
@@ -53,8 +57,12 @@ async def _file(req: ImageRequest, chunk: ImageChunk) -> bytes:
         raise ApiError(502, f"the runner's image could not be read: {exc}") from None
 
 
+def _kind(req: ImageRequest) -> str:
+    return "image" if req.params.image is None else "image_edit"
+
+
 async def _generate(ctx: ApiContext, files: ImageFiles, request: Request, req: ImageRequest) -> Response:
-    card = embed_task.card_for(ctx, req.model, "image")
+    card = embed_task.card_for(ctx, req.model, _kind(req))
     created, data = int(time.time()), []
     for task in _tasks(ctx, request, card, req):
         async for chunk in image_chunks(ctx, task):
@@ -71,17 +79,17 @@ async def _generate(ctx: ApiContext, files: ImageFiles, request: Request, req: I
 
 
 async def _events(ctx: ApiContext, request: Request, card: ModelCard, req: ImageRequest) -> AsyncIterator[bytes]:
-    created = int(time.time())
+    created, prefix = int(time.time()), "image_generation" if req.params.image is None else "image_edit"
     shape = {"output_format": req.output_format, "quality": req.quality, "size": req.size}
     try:
         for task in _tasks(ctx, request, card, req):
             async for chunk in image_chunks(ctx, task):
                 image = await _file(req, chunk)
                 if chunk.partial:
-                    kind = "image_generation.partial_image"
+                    kind = f"{prefix}.partial_image"
                     yield sse(encode.event(kind, created, image, index=chunk.index, **shape), kind)
                 else:
-                    kind = "image_generation.completed"
+                    kind = f"{prefix}.completed"
                     yield sse(encode.event(kind, created, image, usage_=encode.usage(0, 1), **shape), kind)
     except ApiError as exc:
         info = exc.info
@@ -94,12 +102,18 @@ def routes(ctx: ApiContext) -> list[Route]:
     """The images routes, bound to ``ctx`` (one ``ImageFiles`` store for their life)."""
     files = ImageFiles()
 
-    async def generations(request: Request):  # type: ignore[no-untyped-def]
-        req = parse_generation(await read_body(request, ctx.config.max_body_bytes))
+    async def answer(request: Request, req: ImageRequest):  # type: ignore[no-untyped-def]
         if not req.stream:
             return req.model, 0, await _generate(ctx, files, request, req)
-        card = embed_task.card_for(ctx, req.model, "image")  # refused before the stream begins
+        card = embed_task.card_for(ctx, req.model, _kind(req))  # refused before the stream begins
         return req.model, 0, StreamingResponse(_events(ctx, request, card, req), media_type=SSE_MEDIA_TYPE)
+
+    async def generations(request: Request):  # type: ignore[no-untyped-def]
+        return await answer(request, parse_generation(await read_body(request, ctx.config.max_body_bytes)))
+
+    async def edits(request: Request):  # type: ignore[no-untyped-def]
+        raw = await read_body(request, ctx.config.max_body_bytes)
+        return await answer(request, await parse_edit(raw, request.scope))
 
     async def file(request: Request) -> Response:
         found = files.get(str(request.path_params["name"]))
@@ -109,5 +123,6 @@ def routes(ctx: ApiContext) -> list[Route]:
 
     return [
         Route("/v1/images/generations", _observed(ctx, "openai", "image", generations), methods=["POST"]),
+        Route("/v1/images/edits", _observed(ctx, "openai", "image_edit", edits), methods=["POST"]),
         Route("/v1/images/files/{name}", file, methods=["GET"]),
     ]
