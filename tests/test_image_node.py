@@ -134,3 +134,36 @@ def test_bad_edits_are_400s(node, files, data, param) -> None:
                    data={"model": MODEL, "prompt": "edit", **data}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_cli_writes_the_image_and_edits(node, tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("exo-p2p")
+    want = pixels(oracle_png(node.models_dir / MODEL, prompt=PROMPT, seed=11, steps=2, width=64, height=48))
+    out = tmp_path / "fox.png"
+    run = subprocess.run([str(exe), "image", MODEL, PROMPT, "-o", str(out), "--size", "64x48", "--steps", "2",
+                          "--seed", "11", "--api", node.url], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(f"wrote {out} (64x48, png") and pixels(out.read_bytes()) == want
+    ref = tmp_path / "ref.png"
+    ref.write_bytes(reference_png(64, 48))
+    edit_want = pixels(oracle_edit_png(node.models_dir / MODEL, ref.read_bytes(), prompt="blue", seed=3, steps=2,
+                                       width=64, height=48, tmp=tmp_path))
+    edited = tmp_path / "edited.png"
+    run = subprocess.run([str(exe), "image", MODEL, "blue", "-o", str(edited), "--edit", str(ref), "--steps", "2",
+                          "--seed", "3", "--api", node.url, "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert pixels(edited.read_bytes()) == edit_want and '"file": ' in run.stdout
+    webp = tmp_path / "fox.webp"
+    run = subprocess.run([str(exe), "image", MODEL, PROMPT, "-o", str(webp), "--size", "32x32", "--steps", "1",
+                          "--api", node.url], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and webp.read_bytes()[8:12] == b"WEBP"
+    bad = subprocess.run([str(exe), "image", MODEL, PROMPT, "-o", str(tmp_path / "x.gif"), "--api", node.url],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and ".png" in bad.stderr
+    refused = subprocess.run([str(exe), "image", TEXT_MODEL, PROMPT, "-o", str(out), "--api", node.url],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "image" in refused.stderr
