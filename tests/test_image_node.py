@@ -167,3 +167,24 @@ def test_cli_writes_the_image_and_edits(node, tmp_path) -> None:
     refused = subprocess.run([str(exe), "image", TEXT_MODEL, PROMPT, "-o", str(out), "--api", node.url],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "image" in refused.stderr
+
+
+def test_a_cancelled_stream_stops_its_runner_within_a_step(node) -> None:
+    """A client that leaves a 50-step stream after its first partial image (step 12): the
+    runner drops the image at its next step, so a one-step image asked next finishes in less
+    time than the first partial took, not after the 38 steps left (checked to fail when the
+    engine ignores cancels)."""
+    import time
+
+    body = {"model": MODEL, "prompt": PROMPT, "size": "128x128", "steps": 50, "seed": 1, "stream": True,
+            "partial_images": 3}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{node.url}/v1/images/generations", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: image_generation.partial_image"):
+                break
+    first_partial = time.monotonic() - started
+    started = time.monotonic()
+    one = _client(node).images.generate(model=MODEL, prompt=PROMPT, size="32x32", extra_body={"steps": 1, "seed": 2})
+    assert one.data[0].b64_json
+    assert time.monotonic() - started < first_partial, (time.monotonic() - started, first_partial)
