@@ -6,6 +6,9 @@ moves: a failed task is the request's error (the client may retry; embeddings ar
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import numpy as np
 import trio
 
@@ -16,6 +19,7 @@ from exo_p2p.api.generation.job import new_task_id
 from exo_p2p.embeddings.bounds import EmbedBoundError
 from exo_p2p.types import (
     CancelGeneration,
+    Chunk,
     EmbeddingChunk,
     ErrorChunk,
     FinishChunk,
@@ -58,26 +62,54 @@ def bound_error(exc: EmbedBoundError) -> ApiError:
     return ApiError(400, str(exc), param=exc.param, code="context_length_exceeded" if "context" in str(exc) else None)
 
 
-async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
-    """Submit ``task`` and return its rows ``[count, dimensions]`` float32 and the prompt
-    tokens the runner counted. Raises ``ApiError``: the master's refusal, the runner's error,
-    504 when no answer comes within the generation chunk timeout, 429 when the API is at its
-    in-flight limit, 400 ``request_too_large`` for a command over ``MAX_COMMAND_BYTES`` (its
-    token ids are replicated into every node's log). A task left unanswered (timeout, client
-    gone) is cancelled."""
+class Ended:
+    """Whether a submitted task has ended (its error or finish came, or the master refused it):
+    ``submitted`` cancels a task that has not when the request leaves."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+@asynccontextmanager
+async def submitted(ctx: ApiContext, task: WorkTask) -> AsyncIterator[tuple[AsyncIterator[Chunk], Ended]]:
+    """Submit ``task`` and give its chunks and its ``Ended`` for the block. Raises
+    ``ApiError``: 400 ``request_too_large`` for a command over ``MAX_COMMAND_BYTES`` (it is
+    replicated into every node's log), 429 when the API is at its in-flight limit, the master's
+    refusal. A task not ended when the block leaves (timeout, client gone) is cancelled."""
     submit = SubmitTask(new_id(), task)
     check_command_size(submit)
     if not ctx.inflight.try_acquire():
         raise ApiError(429, f"too many requests in flight on this node (limit {ctx.inflight.limit}); retry",
                        code="too_many_requests")
-    backend, settings = ctx.backend, ctx.config.generation
+    backend, settings, ended = ctx.backend, ctx.config.generation, Ended()
     chunks = backend.open_chunks(task.task_id)
-    done = False
     try:
         result = await backend.command(submit, timeout=ctx.config.command_timeout)
         if result.error is not None:
-            done = True
+            ended.done = True
             raise ApiError(result.error.status, result.error.message, param=result.error.param, code=result.error.code)
+        yield chunks, ended
+    finally:
+        if not ended.done:
+            with trio.CancelScope(shield=True), trio.move_on_after(settings.cancel_timeout):
+                await backend.command(CancelGeneration(command_id=new_id(), task_id=task.task_id),
+                                      timeout=settings.cancel_timeout)
+        backend.close_chunks(task.task_id)
+        ctx.inflight.release()
+
+
+def chunk_error(chunk: ErrorChunk) -> ApiError:
+    """The runner's error as the request's."""
+    return ApiError(chunk.error.status, chunk.error.message, param=chunk.error.param, code=chunk.error.code)
+
+
+async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
+    """Submit ``task`` and return its rows ``[count, dimensions]`` float32 (joined from the
+    runner's parts, ``EMBEDDING_CHUNK_BYTES`` each at most) and the prompt tokens the runner
+    counted. Raises ``ApiError``: ``submitted``'s, the runner's error, 502 for parts that do not
+    fit together, 504 when no answer comes within the generation chunk timeout."""
+    settings = ctx.config.generation
+    async with submitted(ctx, task) as (chunks, ended):
         parts: list[np.ndarray] = []
         tokens = 0
         with trio.move_on_after(settings.chunk_timeout):
@@ -86,22 +118,15 @@ async def run(ctx: ApiContext, task: WorkTask) -> tuple[np.ndarray, int]:
                     parts.append(_rows(chunk, parts))
                     tokens = chunk.prompt_tokens
                 elif isinstance(chunk, ErrorChunk):
-                    done = True
-                    raise ApiError(chunk.error.status, chunk.error.message, param=chunk.error.param, code=chunk.error.code)
+                    ended.done = True
+                    raise chunk_error(chunk)
                 elif isinstance(chunk, FinishChunk):
-                    done = True
+                    ended.done = True
                     break
-        if not parts or not done:
-            raise ApiError(504 if not done else 502, "the runner sent no vectors" if done else
+        if not parts or not ended.done:
+            raise ApiError(504 if not ended.done else 502, "the runner sent no vectors" if ended.done else
                            f"no answer from the model within {settings.chunk_timeout:g} s", code="timeout")
         return np.concatenate(parts), tokens
-    finally:
-        if not done:
-            with trio.CancelScope(shield=True), trio.move_on_after(settings.cancel_timeout):
-                await backend.command(CancelGeneration(command_id=new_id(), task_id=task.task_id),
-                                      timeout=settings.cancel_timeout)
-        backend.close_chunks(task.task_id)
-        ctx.inflight.release()
 
 
 def _rows(chunk: EmbeddingChunk, before: list[np.ndarray]) -> np.ndarray:

@@ -15,8 +15,9 @@ from typing import Any
 
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.model_json import model_json_file
-from exo_p2p.types import Chunk, Embedding, ErrorChunk, ErrorInfo, Rerank, TaskId, WorkTask
+from exo_p2p.types import Embedding, Rerank, WorkTask
 from exo_p2p.types.observe import EngineStats
+from worker.engine.base import OneRankFaces
 from worker.embed.work import EmbedWork
 from worker.runner.faults import STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.protocol import RunnerSetup
@@ -39,50 +40,20 @@ def cross_encoder(model_dir: str) -> str | None:
     return next((str(a) for a in archs if str(a).endswith("ForSequenceClassification")), None)
 
 
-class EmbedEngine:
+class EmbedEngine(OneRankFaces):
     """The ``Engine`` of an embedding model (see the module docstring)."""
 
-    warmup_rate = 0.0
+    does = "embeds"
 
     def __init__(self, work: EmbedWork) -> None:
-        self.work = work
-        self._refused: list[Chunk] = []
+        super().__init__(work)
 
-    def submit(self, task: WorkTask) -> None:
-        if isinstance(task, Embedding | Rerank):
-            self.work.submit(task)
-            return
-        message = f"this runner's model embeds; it does not do {task.task_kind!r} work"
-        self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
-
-    def cancel(self, task_id: TaskId) -> None:
-        self.work.cancel(task_id)
-
-    def has_work(self) -> bool:
-        return bool(self._refused) or self.work.has_work()
-
-    def must_agree(self) -> bool:
-        return False  # one rank: nothing to agree
-
-    def hold_proposal(self) -> bool:
-        return False
-
-    def agreed_hold(self, hold: bool) -> None:
-        pass
-
-    def step(self) -> list[Chunk]:
-        refused, self._refused = self._refused, []
-        return refused + self.work.step()
+    def takes(self, task: WorkTask) -> bool:
+        return isinstance(task, Embedding | Rerank)
 
     def stats(self) -> EngineStats:
         return EngineStats(queued=self.work.queued, batch_rows=int(self.work.has_work()),
                            prefilled_tokens_total=self.work.tokens)
-
-    def prefixes(self) -> tuple[int, ...] | None:
-        return None
-
-    def close(self) -> None:
-        self.work = None  # type: ignore[assignment]  # the weights go with the last reference
 
 
 class EncoderBuilder:

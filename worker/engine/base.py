@@ -14,7 +14,7 @@ Both are ``typing.Protocol``s: an implementation subclasses nothing. The text on
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -88,3 +88,55 @@ class Builder(Protocol):
 
     def peak_memory_bytes(self) -> int:
         """Bytes the loaded share holds at its peak (0: unknown)."""
+
+
+class OneRankFaces:
+    """The ``Engine`` faces of an engine that runs whole on one rank (the embedding and image
+    engines): nothing to agree, no hold, no prompt cache. A subclass sets ``work`` (``queued``,
+    ``submit``, ``cancel``, ``has_work``, ``step``) and says which tasks it takes (``takes``);
+    the others end with a 400 ``unsupported_task`` ``ErrorChunk`` at the next step."""
+
+    warmup_rate = 0.0
+    does = "work"
+    """What the engine's model does, for the refusal's message."""
+
+    def __init__(self, work: object) -> None:
+        self.work: Any = work
+        self._refused: list[Chunk] = []
+
+    def takes(self, task: WorkTask) -> bool:
+        raise NotImplementedError
+
+    def submit(self, task: WorkTask) -> None:
+        if self.takes(task):
+            self.work.submit(task)
+            return
+        from exo_p2p.types import ErrorChunk, ErrorInfo
+
+        message = f"this runner's model {self.does}; it does not do {task.task_kind!r} work"
+        self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
+
+    def cancel(self, task_id: TaskId) -> None:
+        self.work.cancel(task_id)
+
+    def has_work(self) -> bool:
+        return bool(self._refused) or bool(self.work.has_work())
+
+    def must_agree(self) -> bool:
+        return False  # one rank: nothing to agree
+
+    def hold_proposal(self) -> bool:
+        return False
+
+    def agreed_hold(self, hold: bool) -> None:
+        pass
+
+    def step(self) -> list[Chunk]:
+        refused, self._refused = self._refused, []
+        return refused + list(self.work.step())
+
+    def prefixes(self) -> tuple[int, ...] | None:
+        return None
+
+    def close(self) -> None:
+        self.work = None  # the weights go with the last reference

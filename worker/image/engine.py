@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from exo_p2p.types import Chunk, ErrorChunk, ErrorInfo, ImageEdits, ImageGeneration, TaskId, WorkTask
+from exo_p2p.types import ImageEdits, ImageGeneration, WorkTask
 from exo_p2p.types.observe import EngineStats
+from worker.engine.base import OneRankFaces
 from worker.image.work import ImageWork
 from worker.runner.faults import STAGE_LOADING, STAGE_WARMUP, RunnerFaults
 from worker.runner.protocol import RunnerSetup
@@ -25,49 +26,19 @@ WARMUP = {"prompt": "warm-up", "seed": 0, "steps": 1, "width": 64, "height": 64}
 """The warm-up image (discarded): compiles the transformer call so the first request pays no first-use cost."""
 
 
-class ImageEngine:
+class ImageEngine(OneRankFaces):
     """The ``Engine`` of an image model (module docstring); ``make_run(task)`` makes a task's run."""
 
-    warmup_rate = 0.0
+    does = "makes images"
 
     def __init__(self, make_run: Callable[[ImageGeneration], Any]) -> None:
-        self.work = ImageWork(make_run)
-        self._refused: list[Chunk] = []
+        super().__init__(ImageWork(make_run))
 
-    def submit(self, task: WorkTask) -> None:
-        if isinstance(task, ImageGeneration):  # and ImageEdits
-            self.work.submit(task)
-            return
-        message = f"this runner's model makes images; it does not do {task.task_kind!r} work here"
-        self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(400, message, code="unsupported_task")))
-
-    def cancel(self, task_id: TaskId) -> None:
-        self.work.cancel(task_id)
-
-    def has_work(self) -> bool:
-        return bool(self._refused) or self.work.has_work()
-
-    def must_agree(self) -> bool:
-        return False  # one rank: nothing to agree
-
-    def hold_proposal(self) -> bool:
-        return False
-
-    def agreed_hold(self, hold: bool) -> None:
-        pass
-
-    def step(self) -> list[Chunk]:
-        refused, self._refused = self._refused, []
-        return refused + self.work.step()
+    def takes(self, task: WorkTask) -> bool:
+        return isinstance(task, ImageGeneration)  # and ImageEdits
 
     def stats(self) -> EngineStats:
         return EngineStats(queued=self.work.queued, batch_rows=int(self.work.running() is not None))
-
-    def prefixes(self) -> tuple[int, ...] | None:
-        return None
-
-    def close(self) -> None:
-        self.work = None  # type: ignore[assignment]  # the weights go with the last reference
 
 
 def run_maker(pipeline: Any) -> Callable[[ImageGeneration], Any]:
