@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.images import oracle_png, pixels, png_bytes, tiny_checkpoint
+from tests.support.image_oracle import oracle_png, pixels, png_bytes, tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(240)  # mflux compiles the transformer call on first use (~10 s idle, more under load)
 

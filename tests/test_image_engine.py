@@ -15,7 +15,7 @@ from exo_p2p.types import (
     ImageGeneration,
     ImageParams,
 )
-from tests.support.images import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
+from tests.support.image_oracle import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(240)  # mflux compiles the transformer call on first use
 

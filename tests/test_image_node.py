@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import NodeProcess
-from tests.support.images import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
+from tests.support.image_oracle import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
 from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # a node, a runner compiling mflux's transformer

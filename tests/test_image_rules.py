@@ -12,7 +12,7 @@ from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.types import ImageGeneration, ImageParams, TextGeneration
 from exo_p2p.types.images import partial_steps
 from exo_p2p.types.kinds import image_tasks, model_kind, model_tasks
-from tests.support.images import tiny_checkpoint
+from tests.support.image_oracle import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
