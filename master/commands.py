@@ -19,7 +19,6 @@ from exo_p2p.types import (
     Event,
     FinishGeneration,
     Instance,
-    InstanceDeleted,
     PlaceInstance,
     RankSettings,
     State,
@@ -31,6 +30,7 @@ from exo_p2p.types import (
     TextGeneration,
 )
 from master.admission import memory_refusal
+from master.idle import on_demand_existing, placement_usage, unload_events, use_events
 from master.in_flight import busy_refusal
 from master.placement.place import PlacementError, place_instance
 from master.placement.context import resolve_nodes
@@ -53,7 +53,7 @@ def _error(command: Command, status: int, message: str, *, type_: str = "invalid
 
 def handle_command(
     state: State, command: Command, *, queue_limit: int | None = None, rank_settings: RankSettings | None = None,
-    unreachable: frozenset[str] = frozenset(), routing: str = "prefix",
+    unreachable: frozenset[str] = frozenset(), routing: str = "prefix", now: float = 0.0,
 ) -> Decision:
     """Decide what ``command`` does on ``state``.
 
@@ -65,7 +65,10 @@ def handle_command(
       caller retried after a lost answer or across a failover) is answered with that
       instance and no event: a second placement would count the first one's memory against
       itself (a false "does not fit") or overwrite the instance's shards, leaving the first
-      shards' runners holding memory for an instance that no longer lists them.
+      shards' runners holding memory for an instance that no longer lists them. With a
+      ``keep_alive``, ``pin`` or ``on_demand``, an ``InstanceUsed`` at ``now`` (unix s) records
+      its keep-alive (``master.idle``); ``on_demand`` with an instance of the model already
+      there (not failed) answers that one, no event: concurrent first requests, one placement.
     - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
       each of its unfinished tasks (their clients get an error).
     - ``SubmitTask`` (any kind of work, ``master.task_kinds``): unknown model → 404; a kind
@@ -84,31 +87,38 @@ def handle_command(
       ``task_id`` already in State (the caller retried across a failover after the former
       master had decided it) is answered with that task's instance and no event: a second
       ``TaskCreated`` would move the running task's record to another instance, and its
-      runner's status reports would then be refused.
+      runner's status reports would then be refused. An instance with a keep-alive also gets
+      an ``InstanceUsed`` at ``now`` (with the request's ``keep_alive``; ``master.idle``).
     - ``CancelGeneration``: ``TaskCancelRequested`` for a known unfinished task; an unknown
       task is tolerated (it may have just finished): success, no event.
-    - ``FinishGeneration``: marks a known task finished and removes it; unknown → success.
+    - ``FinishGeneration``: marks a known task finished and removes it (and its instance's
+      keep-alive counts from ``now``); unknown → success.
     """
     if isinstance(command, PlaceInstance):
-        return _place(state, command, rank_settings)
+        return _place(state, command, rank_settings, now)
     if isinstance(command, DeleteInstance):
         return _delete(state, command)
     if isinstance(command, SubmitTask):
-        return _submit(state, command, queue_limit, unreachable, routing)
+        return _submit(state, command, queue_limit, unreachable, routing, now)
     if isinstance(command, CancelGeneration):
         record = state.tasks.get(command.task_id)
         if record is None or record.status in ("complete", "failed", "cancelled") or record.cancel_requested:
             return Decision((), CommandResult(command.command_id))
         return Decision((TaskCancelRequested(command.task_id),), CommandResult(command.command_id))
     if isinstance(command, FinishGeneration):
-        if command.task_id not in state.tasks:
-            return Decision((), CommandResult(command.command_id))
-        status = command.status if command.status in ("complete", "failed", "cancelled") else "complete"
-        return Decision(
-            (TaskStatusUpdated(command.task_id, status), TaskDeleted(command.task_id)),  # type: ignore[arg-type]
-            CommandResult(command.command_id),
-        )
+        return _finish(state, command, now)
     raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def _finish(state: State, command: FinishGeneration, now: float) -> Decision:
+    if command.task_id not in state.tasks:
+        return Decision((), CommandResult(command.command_id))
+    status = command.status if command.status in ("complete", "failed", "cancelled") else "complete"
+    used = use_events(state, state.tasks[command.task_id].task.instance_id, now, None, task=False)
+    return Decision(
+        (TaskStatusUpdated(command.task_id, status), TaskDeleted(command.task_id), *used),  # type: ignore[arg-type]
+        CommandResult(command.command_id),
+    )
 
 
 def unknown_model_message(model: str, known: str) -> str:
@@ -117,9 +127,9 @@ def unknown_model_message(model: str, known: str) -> str:
     return f"unknown model {model[:200]}; models in the cluster: {known}"
 
 
-def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None) -> Decision:
-    placed = state.instances.get(command.command_id)
-    if placed is not None:  # a retry of a placement already decided: the same answer
+def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None, now: float = 0.0) -> Decision:
+    placed = state.instances.get(command.command_id) or (on_demand_existing(state, command.model_id) if command.on_demand else None)
+    if placed is not None:  # a retry of a placement already decided, or on demand and there: the same answer
         if placed.model_id != command.model_id:
             return _error(command, 409, f"instance id {command.command_id!r} is already an instance of model {placed.model_id!r}",
                           param="command_id", code="instance_exists")
@@ -142,19 +152,14 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
     if rank_settings is not None:
         instance = msgspec.structs.replace(instance, settings=rank_settings)
 
-    return Decision((InstanceCreated(instance),), CommandResult(command.command_id, instance=instance))
+    usage = placement_usage(command, now)
+    return Decision((InstanceCreated(instance), *usage), CommandResult(command.command_id, instance=instance))
 
 
 def _delete(state: State, command: DeleteInstance) -> Decision:
     if command.instance_id not in state.instances:
         return _error(command, 404, f"unknown instance {command.instance_id!r}", type_="not_found_error", param="instance_id")
-    events: list[Event] = []
-    for task_id, record in sorted(state.tasks.items()):
-        if record.task.instance_id == command.instance_id and record.status not in ("complete", "failed", "cancelled"):
-            events.append(TaskStatusUpdated(task_id, "failed"))
-            events.append(TaskDeleted(task_id))
-    events.insert(0, InstanceDeleted(command.instance_id))
-    return Decision(tuple(events), CommandResult(command.command_id, instance_id=command.instance_id))
+    return Decision(unload_events(state, command.instance_id), CommandResult(command.command_id, instance_id=command.instance_id))
 
 
 def instance_load(state: State, instance: Instance) -> float:
@@ -174,7 +179,7 @@ def _unfinished(state: State, instance_id: str) -> int:
 
 
 def _submit(state: State, command: SubmitTask, queue_limit: int | None,
-            unreachable: frozenset[str] = frozenset(), routing: str = "prefix") -> Decision:
+            unreachable: frozenset[str] = frozenset(), routing: str = "prefix", now: float = 0.0) -> Decision:
     existing = state.tasks.get(command.task_id)
     if existing is not None:  # a retry of a submission already decided: the same answer
         return Decision((), CommandResult(command.command_id, instance_id=existing.task.instance_id))
@@ -224,7 +229,8 @@ def _submit(state: State, command: SubmitTask, queue_limit: int | None,
     if (busy := busy_refusal(state, command.task.params)) is not None:
         return _error(command, 429, busy, type_="rate_limit_error", code="cluster_busy")
     task = msgspec.structs.replace(command.task, instance_id=chosen.instance_id, created_idx=0)
-    return Decision((TaskCreated(task),), CommandResult(command.command_id, instance_id=chosen.instance_id, route=route))
+    used = use_events(state, chosen.instance_id, now, command.keep_alive, task=True)
+    return Decision((TaskCreated(task), *used), CommandResult(command.command_id, instance_id=chosen.instance_id, route=route))
 
 
 def _route(state: State, pool: list[Instance], command: SubmitTask, routing: str) -> tuple[Instance, str]:

@@ -8,6 +8,7 @@ State calls for. Commands are answered only after their events are committed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -33,6 +34,7 @@ from master.local_rules import refuse_local
 from master.reactions import react
 from exo_p2p.state.hub_cards import HUB_CARD_IDLE_S
 from master.hub_forget import HubForgetClock
+from master.idle import IdleClock, unload_events
 from master.relink import RelinkClock
 from master.sequencer import OriginSeqs
 
@@ -88,6 +90,8 @@ class MasterRole:
         ``--no-relink``); moves under way are finished either way."""
         self._restore_not_before: dict[str, float] = {}
         self._relink = RelinkClock()
+        self._idle = IdleClock()
+        """When this master first saw each instance ready (``master.idle``)."""
         self._hub_forget = HubForgetClock(hub_card_idle)
         """Since when each hub model is unused (``master.hub_forget``)."""
         self._lock = trio.Lock()
@@ -125,7 +129,7 @@ class MasterRole:
                 state = self.replica.state
                 unreachable = frozenset(state.nodes) - self._reachable() if self._reachable is not None else frozenset()
                 decision = handle_command(state, command, queue_limit=self._queue_limit, rank_settings=self._rank_settings,
-                                          unreachable=unreachable, routing=self._routing)
+                                          unreachable=unreachable, routing=self._routing, now=time.time())
             except Exception as exc:  # a rule bug must not take the master down
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
@@ -187,9 +191,22 @@ class MasterRole:
                         log.info("re-placing failed instance", instance_id=instance_id, attempt=effective_attempt(current) + 1, events=[type(e).__name__ for e in events])
                         await self._index(events)
             await self._restore_pass(clock())
+            await self._idle_pass(time.time())
             if forgotten := self._hub_forget.due(self.replica.state, clock()):
                 log.info("forgetting models read from a hub that nothing used", models=list(forgotten))
                 await self.emit([HubModelsForgotten(forgotten)])
+
+    async def _idle_pass(self, now: float) -> None:
+        """Unload the instances idle past their keep-alive (``master.idle``; ``now``: unix s),
+        counted per reason in ``counters`` (``unload_idle``)."""
+        for instance_id in self._idle.due(self.replica.state, now):
+            async with self._lock:
+                state = self.replica.state
+                if instance_id not in self._idle.due(state, now):
+                    continue  # a request started on it meanwhile
+                log.info("unloading an idle instance", instance_id=instance_id, usage=state.usage.get(instance_id))
+                self.counters["unload_idle"] = self.counters.get("unload_idle", 0) + 1
+                await self._index(list(unload_events(state, instance_id)))
 
     async def _restore_pass(self, now: float) -> None:
         """One step of ``master.restore.restore_step`` under the lock: finish the restores

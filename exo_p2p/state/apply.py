@@ -14,6 +14,7 @@ from exo_p2p.types import (
     HubModelsForgotten,
     IndexedEvent,
     InstanceCreated,
+    InstanceUsed,
     InstanceDeleted,
     InstanceFailed,
     InstancePrefixesUpdated,
@@ -39,7 +40,7 @@ from exo_p2p.types import (
 )
 
 from exo_p2p.types.topology import MAX_ADDRESSES
-from exo_p2p.state import hub_cards
+from exo_p2p.state import hub_cards, usage
 from exo_p2p.content.prefixes import bounded
 
 replace = msgspec.structs.replace
@@ -202,7 +203,7 @@ def _apply_master_elected(event: MasterElected, state: State) -> State:
 def _apply_instance_created(event: InstanceCreated, state: State) -> State:
     instances = dict(state.instances)
     instances[event.instance.instance_id] = event.instance
-    return replace(state, instances=instances)
+    return replace(state, instances=instances, usage=usage.created(state, event.instance))
 
 
 @_apply_event.register
@@ -212,7 +213,12 @@ def _apply_instance_deleted(event: InstanceDeleted, state: State) -> State:
     instances = {k: v for k, v in state.instances.items() if k != event.instance_id}
     runners = {k: v for k, v in state.runners.items() if v.instance_id != event.instance_id}
     prefixes = {k: v for k, v in state.prefixes.items() if k != event.instance_id}
-    return replace(state, instances=instances, runners=runners, prefixes=prefixes)
+    return replace(state, instances=instances, runners=runners, prefixes=prefixes, usage=usage.deleted(state, event.instance_id))
+
+
+@_apply_event.register
+def _apply_instance_used(event: InstanceUsed, state: State) -> State:
+    return usage.used(state, event)  # exo_p2p.state.usage
 
 
 @_apply_event.register

@@ -31,6 +31,7 @@ from exo_p2p.types.events import (
     InstanceCreated,
     InstanceDeleted,
     InstanceFailed,
+    InstanceUsed,
     InstancePrefixesUpdated,
     LinkLost,
     LinkMeasured,
@@ -48,7 +49,7 @@ from exo_p2p.types.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from exo_p2p.types.instances import Instance, InstanceStatus, PlacedNode, RankSettings, ShardMetadata, Sharding
+from exo_p2p.types.instances import Instance, InstanceStatus, InstanceUsage, PlacedNode, RankSettings, ShardMetadata, Sharding
 from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import (
     SERVING_STATUSES,

@@ -22,6 +22,13 @@ class PlaceInstance(_Command, tag="place_instance"):
     min_nodes: int = 1
     sharding: Sharding = "pipeline"
     nodes: tuple[str, ...] = ()
+    keep_alive: float | None = None
+    """Seconds the instance stays loaded once idle (negative or None: forever; docs/models.md)."""
+    pin: bool = False
+    """Never unloaded to make room for another model."""
+    on_demand: bool = False
+    """Placed because a request named the model: an existing instance of the model (not
+    failed) is answered instead of a second placement (``master.commands``)."""
 
 
 class DeleteInstance(_Command, tag="delete_instance"):
@@ -35,6 +42,9 @@ class SubmitTask(_Command, tag="submit_task"):
     runs the same version."""
 
     task: WorkTask
+    keep_alive: float | None = None
+    """The request's keep-alive for its instance (seconds; negative: forever; None: keep the
+    instance's own; ``exo_p2p.state.usage``)."""
 
     @property
     def task_id(self) -> TaskId:

@@ -97,6 +97,21 @@ class InstanceFailed(_Event, tag="instance_failed"):
     final: bool = False
 
 
+class InstanceUsed(_Event, tag="instance_used"):
+    """``instance_id`` was used at ``at`` (unix seconds, the master's clock): a request started
+    or ended on it, or it was placed with a keep-alive. ``keep_alive``: the keep-alive to keep
+    from now on (seconds; negative: forever), None: unchanged (``State.usage``,
+    ``exo_p2p.state.usage``). ``pinned``/``on_demand`` are set at placement only."""
+
+    instance_id: InstanceId
+    at: float
+    keep_alive: float | None = None
+    pinned: bool | None = None
+    on_demand: bool | None = None
+    task: bool = False
+    """A request started on it (``InstanceUsage.served``)."""
+
+
 class RunnerStatusUpdated(_Event, tag="runner_status_updated"):
     runner_id: RunnerId
     instance_id: InstanceId
@@ -150,6 +165,7 @@ Event = (
     | InstanceCreated
     | InstanceDeleted
     | InstanceFailed
+    | InstanceUsed
     | RunnerStatusUpdated
     | InstancePrefixesUpdated
     | RunnerDeleted

@@ -120,3 +120,28 @@ class Instance(msgspec.Struct, frozen=True):
             if shard.node_id == node_id:
                 return shard
         return None
+
+
+class InstanceUsage(msgspec.Struct, frozen=True):
+    """When an instance was last used and how long it is kept once idle (``State.usage``;
+    docs/models.md "Placement on demand and idle unload").
+
+    ``last_used``: unix seconds (the master's wall clock) of the last request that started or
+    ended on it; ``keep_alive``: seconds it stays loaded after ``last_used`` once no request
+    runs on it (``0``: unloaded as soon as it is idle), None: forever; ``pinned``: never
+    unloaded to make room for another model (``place --pin``); ``on_demand``: placed by a
+    request rather than by hand; ``served``: see below. An instance with no entry is kept forever and never unloaded.
+    """
+
+    last_used: float
+    keep_alive: float | None = None
+    pinned: bool = False
+    on_demand: bool = False
+    served: bool = False
+    """A request ran on it: until then it is kept at least ``master.idle.READY_GRACE`` after it
+    is ready, so the request that placed it is served before it can expire."""
+
+    @property
+    def expires_at(self) -> float | None:
+        """Unix seconds after which the idle instance is unloaded; None: never."""
+        return None if self.keep_alive is None or self.pinned else self.last_used + self.keep_alive

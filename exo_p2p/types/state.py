@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from exo_p2p.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo_p2p.types.instances import Instance
+from exo_p2p.types.instances import Instance, InstanceUsage
 from exo_p2p.types.models import HubSource, ModelCard
 from exo_p2p.types.runner import RunnerStatus
 from exo_p2p.types.tasks import TaskRecord
@@ -58,3 +58,8 @@ class State(msgspec.Struct, frozen=True):
     """``links[source][sink][address]``: what source measured of each address of sink
     (``LinkMeasured``; at most ``exo_p2p.types.topology.MAX_ADDRESSES`` per pair, dropped with
     the pair's edge or either node)."""
+    usage: dict[InstanceId, InstanceUsage] = msgspec.field(default_factory=dict)
+    """Per instance, its last use and keep-alive (``InstanceUsed``; dropped with the instance,
+    carried to the instance that replaces it): the deadline the master unloads idle
+    instances by (``master.idle``). Its times are the master's wall clock, carried in events,
+    so every node holds the same values."""

@@ -1,0 +1,117 @@
+"""Keep-alive and idle unload rules (pure): ``exo_p2p.state.usage``, ``master.idle`` and the
+master's decisions that record uses (docs/models.md "Placement on demand and idle unload")."""
+
+from __future__ import annotations
+
+from exo_p2p.types import (
+    ChatMessage,
+    FinishGeneration,
+    GenerationParams,
+    InstanceCreated,
+    InstanceDeleted,
+    InstanceFailed,
+    InstanceUsed,
+    PlaceInstance,
+    RunnerReady,
+    RunnerStatusUpdated,
+    SubmitTask,
+)
+from master.commands import handle_command
+from master.idle import READY_GRACE, IdleClock
+from tests.support.rules.master_run import GIB, one_node, run
+
+T0 = 1_700_000_000.0
+
+
+def _ready(s, instance):
+    return run(s, [RunnerStatusUpdated(sh.runner_id, instance.instance_id, sh.node_id, RunnerReady()) for sh in instance.shards])
+
+
+def _placed(keep_alive=None, pin=False, on_demand=False, total=16 * GIB):
+    s = one_node(total=total, available=total)
+    d = handle_command(s, PlaceInstance("i1", "m", keep_alive=keep_alive, pin=pin, on_demand=on_demand), now=T0)
+    assert d.result.error is None, d.result.error
+    s = run(s, d.events)
+    return _ready(s, d.result.instance), d.result.instance
+
+
+def _submit(s, task_id, keep_alive=None, now=T0):
+    params = GenerationParams((ChatMessage("user", "hi"),), max_tokens=5)
+    d = handle_command(s, SubmitTask(task_id, SubmitTask.generation(task_id, task_id, "m", params, "node-a").task,
+                                     keep_alive=keep_alive), now=now)
+    assert d.result.error is None, d.result.error
+    return run(s, d.events)
+
+
+def test_a_placement_by_hand_is_kept_forever_and_adds_no_events_per_request():
+    s, inst = _placed()
+    assert inst.instance_id not in s.usage
+    before = s.last_event_idx
+    s = _submit(s, "t1")
+    assert s.last_event_idx == before + 1  # TaskCreated alone
+    s = run(s, handle_command(s, FinishGeneration("f", "t1"), now=T0 + 5).events)
+    assert IdleClock().due(s, T0 + 10**9) == ()
+
+
+def test_idle_past_keep_alive_is_unloaded_never_while_a_task_runs():
+    s, inst = _placed(keep_alive=2.0, on_demand=True)
+    clock = IdleClock()
+    assert s.usage[inst.instance_id].expires_at == T0 + 2.0 and s.usage[inst.instance_id].on_demand
+    assert clock.due(s, T0) == ()  # seen ready now: not used yet, kept READY_GRACE
+    s = _submit(s, "t1", now=T0 + 1)
+    assert clock.due(s, T0 + 100) == ()  # a request runs on it
+    s = run(s, handle_command(s, FinishGeneration("f", "t1"), now=T0 + 50).events)
+    assert s.usage[inst.instance_id].last_used == T0 + 50 and s.usage[inst.instance_id].served
+    assert clock.due(s, T0 + 51.9) == ()
+    assert clock.due(s, T0 + 52.0) == (inst.instance_id,)
+
+
+def test_an_unused_instance_gets_the_ready_grace():
+    s, inst = _placed(keep_alive=1.0, on_demand=True)
+    clock = IdleClock()
+    assert clock.due(s, T0 + 5) == ()  # first seen ready at T0 + 5
+    assert clock.due(s, T0 + 5 + READY_GRACE - 0.1) == ()
+    assert clock.due(s, T0 + 5 + READY_GRACE) == (inst.instance_id,)
+
+
+def test_keep_alive_zero_from_the_request_unloads_once_it_ends_and_negative_is_forever():
+    s, inst = _placed(keep_alive=300.0, on_demand=True)
+    s = _submit(s, "t1", keep_alive=0.0, now=T0 + 1)
+    s = run(s, handle_command(s, FinishGeneration("f", "t1"), now=T0 + 2).events)
+    assert IdleClock().due(s, T0 + 2) == (inst.instance_id,)
+    s = _submit(s, "t2", keep_alive=-1.0, now=T0 + 3)
+    assert s.usage[inst.instance_id].keep_alive is None and s.usage[inst.instance_id].expires_at is None
+    s = run(s, handle_command(s, FinishGeneration("f2", "t2"), now=T0 + 4).events)
+    assert IdleClock().due(s, T0 + 10**9) == ()
+
+
+def test_pinned_never_expires_and_a_loading_instance_waits():
+    s, inst = _placed(keep_alive=1.0, pin=True)
+    assert s.usage[inst.instance_id].expires_at is None
+    s = one_node()
+    d = handle_command(s, PlaceInstance("i2", "m", keep_alive=0.5), now=T0)
+    s = run(s, d.events)  # not ready: loading
+    assert IdleClock().due(s, T0 + 10**6) == ()
+
+
+def test_usage_follows_a_replacement_and_goes_with_its_instance():
+    s, inst = _placed(keep_alive=7.0, on_demand=True)
+    s = run(s, [InstanceFailed(inst.instance_id, "runner died")])
+    moved = InstanceCreated(instance=type(inst)(**{**{f: getattr(inst, f) for f in inst.__struct_fields__},
+                                                   "instance_id": "i9", "replaces": inst.instance_id, "failed_reason": None}))
+    s = run(s, [moved])
+    assert s.usage["i9"] == s.usage[inst.instance_id]
+    s = run(s, [InstanceDeleted(inst.instance_id)])
+    assert inst.instance_id not in s.usage and "i9" in s.usage
+    late = run(s, [InstanceUsed("i9", T0 - 100)])  # a late use never moves the deadline back
+    assert late.usage["i9"].last_used == T0
+
+
+def test_on_demand_placements_of_one_model_make_one_instance():
+    s = one_node()
+    first = handle_command(s, PlaceInstance("a", "m", on_demand=True), now=T0)
+    s = run(s, first.events)
+    second = handle_command(s, PlaceInstance("b", "m", on_demand=True), now=T0)
+    assert second.events == () and second.result.instance.instance_id == "a"
+    by_hand = handle_command(s, PlaceInstance("c", "m"), now=T0)  # by hand: a second instance as asked
+    assert by_hand.result.error is None and by_hand.events
