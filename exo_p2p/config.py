@@ -170,3 +170,9 @@ class NodeConfig(msgspec.Struct):
     routing: str = "prefix"
     """While master, how requests are routed among ready instances: ``prefix`` or ``load``
     (``--routing``; ``master.routing``)."""
+    place_on_demand: bool = True
+    """A request for a model with no ready instance places one (``--no-place-on-demand``:
+    409 as before; ``exo_p2p.api.demand.placer``)."""
+    keep_alive: float = 300.0
+    """Seconds an instance placed on demand stays loaded once idle, unless the request gives
+    its own keep-alive; negative: forever (``--keep-alive``; ``master.idle``)."""

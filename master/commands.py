@@ -128,8 +128,11 @@ def unknown_model_message(model: str, known: str) -> str:
 
 
 def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | None = None, now: float = 0.0) -> Decision:
-    placed = state.instances.get(command.command_id) or (on_demand_existing(state, command.model_id) if command.on_demand else None)
-    if placed is not None:  # a retry of a placement already decided, or on demand and there: the same answer
+    placed = state.instances.get(command.command_id)
+    if placed is None and command.on_demand and (existing := on_demand_existing(state, command.model_id)) is not None:
+        return Decision(use_events(state, existing.instance_id, now, command.keep_alive, task=True),
+                        CommandResult(command.command_id, instance=existing))
+    if placed is not None:  # a retry of a placement already decided: the same answer
         if placed.model_id != command.model_id:
             return _error(command, 409, f"instance id {command.command_id!r} is already an instance of model {placed.model_id!r}",
                           param="command_id", code="instance_exists")

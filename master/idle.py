@@ -34,10 +34,11 @@ def busy(state: State, instance_id: str) -> bool:
 
 
 def use_events(state: State, instance_id: str, now: float, keep_alive: float | None, *, task: bool) -> tuple[Event, ...]:
-    """The ``InstanceUsed`` to sequence when ``instance_id`` is used at ``now`` (unix s): none
-    for an instance with no keep-alive entry and no ``keep_alive`` given (kept forever: its
-    use changes nothing), so traffic on such instances adds no events."""
-    if instance_id not in state.usage and keep_alive is None:
+    """The ``InstanceUsed`` to sequence when ``instance_id`` is used at ``now`` (unix s) with
+    the request's ``keep_alive`` (None: unchanged). None for an instance with no entry in
+    ``State.usage``: placed by hand with no keep-alive, it stays until deleted whatever its
+    requests say, and traffic on it adds no events (docs/models.md)."""
+    if instance_id not in state.usage:
         return ()
     return (InstanceUsed(instance_id, now, keep_alive=keep_alive, task=task),)
 

@@ -112,6 +112,7 @@ def test_on_demand_placements_of_one_model_make_one_instance():
     first = handle_command(s, PlaceInstance("a", "m", on_demand=True), now=T0)
     s = run(s, first.events)
     second = handle_command(s, PlaceInstance("b", "m", on_demand=True), now=T0)
-    assert second.events == () and second.result.instance.instance_id == "a"
+    assert second.result.instance.instance_id == "a"
+    assert [type(e) for e in second.events] == [InstanceUsed]  # a use of the existing one, no second placement
     by_hand = handle_command(s, PlaceInstance("c", "m"), now=T0)  # by hand: a second instance as asked
     assert by_hand.result.error is None and by_hand.events

@@ -12,6 +12,7 @@ import trio
 
 from exo_p2p.api.access import AccessPolicy, is_loopback_host
 from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.demand.placer import DemandPlacer
 from exo_p2p.api.generation.job import GenerationSettings
 from exo_p2p.api.families.openai.sealed_reasoning import reasoning_key
 from exo_p2p.config import NodeConfig
@@ -26,6 +27,12 @@ def access_policy(cfg: NodeConfig) -> AccessPolicy:
 
     return AccessPolicy.of(cfg.api_keys, cfg.cors_origins, [*cfg.allowed_hosts, *bind_names(cfg.api_host)],
                            metrics_loopback_open=cfg.metrics_loopback_open)
+
+
+def demand_placer(cfg: NodeConfig) -> DemandPlacer | None:
+    """The API's placements on demand (``--keep-alive`` their default), None with
+    ``--no-place-on-demand``."""
+    return DemandPlacer(keep_alive=cfg.keep_alive) if cfg.place_on_demand else None
 
 
 async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig, observer) -> int:  # type: ignore[no-untyped-def]
@@ -50,6 +57,7 @@ async def start_api(nursery: trio.Nursery, backend: ApiBackend, cfg: NodeConfig,
     secret = cfg.cluster_secret_file.read_bytes().strip() if cfg.cluster_secret_file else None
     key = await trio.to_thread.run_sync(reasoning_key, secret, Path(cfg.data_dir))
     app = create_app(backend, queue_limit=cfg.queue_limit, access=access,
-                     generation=GenerationSettings(max_moves=cfg.max_moves), observer=observer, reasoning_key=key,
+                     generation=GenerationSettings(max_moves=cfg.max_moves, demand=demand_placer(cfg)), observer=observer,
+                     reasoning_key=key,
                      image_urls=ImageUrlPolicy(allow=cfg.allow_image_urls, allow_private=cfg.allow_private_image_urls))
     return await nursery.start(serve, app, cfg.api_host, cfg.api_port)

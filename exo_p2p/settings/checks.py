@@ -25,6 +25,16 @@ def memory_limit_bytes(text: str) -> int:
     return limit
 
 
+def keep_alive_seconds(text: str) -> float:
+    """``--keep-alive`` text (seconds, or a duration such as ``5m``; negative: forever, -1.0)
+    in seconds (``exo_p2p.api.demand.keep_alive.parse_keep_alive``)."""
+    from exo_p2p.api.demand.keep_alive import parse_keep_alive
+
+    seconds = parse_keep_alive(str(text))
+    assert seconds is not None
+    return seconds
+
+
 def cluster_name(name: str) -> str:
     """A cluster name ``exo_p2p.net.config.validate_cluster_name`` takes."""
     from exo_p2p.net.config import ConfigError, validate_cluster_name

@@ -111,6 +111,13 @@ _SETTINGS = (
     Setting("--max-moves", "count", "Times a request may move to another instance when its instance fails "
             "(0: never)", "max_moves", "N",
             type=int, min=0, panel=SERVING),
+    Setting("--no-place-on-demand", "flag", "Answer a request for a model with no instance 409 (place it first) "
+            "instead of placing it on demand (docs/models.md)", "place_on_demand", inverted=True,
+            type=bool, panel=SERVING),
+    Setting("--keep-alive", "duration: seconds, or 5m, 1h30m; negative: forever", "How long an instance placed "
+            "on demand stays loaded once idle, unless the request gives its own (Ollama keep_alive); instances "
+            "placed with `place` are kept until deleted unless it gives --keep-alive", "keep_alive", "DURATION",
+            check=checks.keep_alive_seconds, panel=SERVING),
     Setting("--no-mdns", "flag", "Do not discover peers on the LAN (use --bootstrap)", "mdns", inverted=True,
             type=bool, panel=NET),
     Setting("--offline", "flag", "Never fetch anything from a model hub (as HF_HUB_OFFLINE=1): models come only "

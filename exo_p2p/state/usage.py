@@ -48,3 +48,19 @@ def deleted(state: State, instance_id: str) -> dict[str, InstanceUsage]:
     if instance_id not in state.usage:
         return state.usage
     return {k: v for k, v in state.usage.items() if k != instance_id}
+
+
+def model_expiry(state: State, model_id: str) -> float | None:
+    """Unix seconds at which the last of ``model_id``'s instances may be unloaded once idle
+    (the latest ``expires_at``); None when one of them is kept forever (no entry, pinned,
+    keep-alive forever) or there is none."""
+    latest: float | None = None
+    for instance_id, instance in state.instances.items():
+        if instance.model_id != model_id:
+            continue
+        entry = state.usage.get(instance_id)
+        expires = entry.expires_at if entry is not None else None
+        if expires is None:
+            return None
+        latest = expires if latest is None else max(latest, expires)
+    return latest

@@ -14,6 +14,7 @@ from typing import Protocol
 import msgspec
 from starlette.types import Send
 
+from exo_p2p.api.demand.placer import DemandPlacer
 from exo_p2p.api.errors import Family, error_headers, family_error_body
 from exo_p2p.api.generation.resume import FAIL_WAIT, MAX_MOVES, MOVE_BOUND
 from exo_p2p.types import ErrorInfo, FinishChunk, GenerationParams, TaskId, new_id
@@ -44,6 +45,9 @@ class GenerationSettings:
     max_moves: int = MAX_MOVES
     move_bound: float = MOVE_BOUND
     fail_wait: float = FAIL_WAIT
+    demand: DemandPlacer | None = None
+    """Placement on demand of a model with no ready instance (``exo_p2p.api.demand.placer``;
+    None: such a request is refused 409/503 as the master answers, ``--no-place-on-demand``)."""
 
 
 class StreamEncoder(Protocol):
@@ -82,6 +86,9 @@ class GenerationJob:
     stream: bool
     encoder: StreamEncoder
     task_id: TaskId
+    keep_alive: float | None = None
+    """The request's keep-alive for its instance (seconds; negative: forever; None: the
+    instance's own; ``exo_p2p.api.demand.keep_alive``)."""
 
 
 def with_client(job: GenerationJob, client: str) -> GenerationJob:

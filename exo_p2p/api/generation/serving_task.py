@@ -16,6 +16,7 @@ import structlog
 import trio
 
 from exo_p2p.api.backend import ApiBackend
+from exo_p2p.api.demand.placer import WAITS_FOR
 from exo_p2p.api.generation.client_stream import ClientStream
 from exo_p2p.api.errors import error_info
 from exo_p2p.api.generation.job import GenerationJob, GenerationSettings, new_task_id
@@ -112,8 +113,11 @@ class ServingTask:
             params=self._job.params,
             api_node_id=NodeId(self._backend.node_id),
         )
+        submit = msgspec.structs.replace(submit, keep_alive=self._job.keep_alive)
         self.submitted = True
         result = await self._backend.command(submit, timeout=self._settings.command_timeout)
+        if result.error is not None and self._settings.demand is not None and result.error.code in WAITS_FOR:
+            result = await self._on_demand(submit, result)
         if result.error is not None and self._settings.max_moves and waits_for_replacement(result.error, self._backend.state(), self._job.model_id):
             result = await self._wait_for_replacement(submit, result)
         self._instance_id = result.instance_id
@@ -233,6 +237,20 @@ class ServingTask:
             refusal = result.error
         log.info("api.request_waited_for_replacement", task_id=self.task_id, waited=round(trio.current_time() - started, 2))
         return result
+
+    async def _on_demand(self, submit: SubmitTask, result: CommandResult) -> CommandResult:
+        """A request for a model with no ready instance: placed on demand and waited for
+        (keep-alives meanwhile; ``exo_p2p.api.demand.placer``), then submitted again."""
+        assert self._settings.demand is not None
+        started = trio.current_time()
+        error = await self._settings.demand.ready(self._backend, self._job.model_id, self._job.keep_alive,
+                                                  lambda: self._out.keepalive_if_due(started))
+        if error is not None:
+            return CommandResult(submit.command_id, error=error)
+        self._backend.close_chunks(self.task_id)  # a fresh route: the first one may have been swept meanwhile
+        self._chunks = self._backend.open_chunks(self.task_id)
+        again = msgspec.structs.replace(submit, command_id=new_id())
+        return await self._backend.command(again, timeout=self._settings.command_timeout)
 
     async def _receive(self) -> Chunk:
         """The current task's next chunk; a synthetic ``ErrorChunk`` when none comes within ``chunk_timeout``

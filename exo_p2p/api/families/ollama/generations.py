@@ -36,6 +36,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exo_p2p.api.context import ApiContext
+from exo_p2p.api.demand.preload import load_or_unload, request_keep_alive
 from exo_p2p.api.errors import ollama_error_body
 from exo_p2p.api.families.common import one_line_json
 from exo_p2p.api.families.ollama.params import (  # noqa: F401 - the request types and rules, re-exported
@@ -136,9 +137,10 @@ class OllamaEncoder:
             doc["logprobs"] = [ollama_entry(lp) for lp in turn.logprobs]
         return _json.encode(with_parts(doc, thinking=turn.reasoning if self.think else "", calls=calls_doc(turn.calls)))
 
-    def load_answer(self) -> Response:
-        """The answer to a load request (no prompt): done at once, ``done_reason: "load"``."""
-        doc = self._object("", True, done_reason="load")
+    def load_answer(self, reason: str = "load") -> Response:
+        """The answer to a load request (no prompt): ``done_reason`` ``"load"``, or ``"unload"``
+        for ``keep_alive: 0``."""
+        doc = self._object("", True, done_reason=reason)
         return Response(_json.encode(doc) + b"\n", media_type="application/json")
 
 
@@ -173,14 +175,16 @@ def routes(ctx: ApiContext) -> list[Route]:
         """``/api/chat`` (``kind`` "chat") and ``/api/generate``: one generation, or the
         "load" answer Ollama gives a request without messages/prompt."""
         r = await ctx.read_json(request, request_type)
+        keep_alive = request_keep_alive(r.keep_alive)
         params = await ctx.job(to_params, r)
         wanted = meant(ctx, r.model)
         encoder = OllamaEncoder(wanted, kind, think=bool(ollama_thinking(r.think)), logprobs=bool(r.logprobs))
-        if params is None:
+        if params is None:  # Ollama's load and unload idioms (exo_p2p.api.demand.preload)
             known(ctx, r.model)
-            return encoder.load_answer()
+            return encoder.load_answer(await load_or_unload(ctx.backend, ctx.config.generation.demand, wanted, keep_alive))
         check_images(ctx.card(wanted), wanted, params.messages, param="messages" if kind == "chat" else "images")
-        return ctx.generate(GenerationJob(model_id=wanted, params=params, stream=r.stream, encoder=encoder, task_id=new_task_id()))
+        return ctx.generate(GenerationJob(model_id=wanted, params=params, stream=r.stream, encoder=encoder,
+                                          task_id=new_task_id(), keep_alive=keep_alive))
 
     async def chat(request: Request) -> Response | GenerationResponse:
         return await answer(request, "chat", ChatRequest, chat_params)

@@ -24,11 +24,16 @@ from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.ollama.params import ShowRequest
 from exo_p2p.models.names import OLLAMA_PREFIX
 from exo_p2p.state import instance_view
+from exo_p2p.state.usage import model_expiry
 from exo_p2p.types import ModelCard, ModelId
 
 OLLAMA_VERSION = "0.12.0"
 """The Ollama version ``/api/version`` reports (clients check for a recent enough one)."""
 _json = msgspec.json.Encoder()
+
+
+FOREVER = "2999-01-01T00:00:00Z"
+"""``/api/ps``'s ``expires_at`` of a model kept loaded until deleted."""
 
 
 def timestamp(unix: float | None = None) -> str:
@@ -88,12 +93,13 @@ def model_routes(ctx: ApiContext) -> list[Route]:
     async def ps(request: Request) -> Response:
         state = ctx.backend.state()
         ready = sorted({inst.model_id for inst in state.instances.values() if instance_view(state, inst).status == "ready"})
-        expires = "2999-01-01T00:00:00Z"
         models = []
         for model_id in ready:
             card = state.model_cards.get(model_id)
             if card is None:
                 continue
+            until = model_expiry(state, model_id)  # the keep-alive deadline (exo_p2p.state.usage); None: forever
+            expires = FOREVER if until is None else timestamp(until)
             entry = _entry(card, timestamp(ctx.started))
             entry.pop("modified_at")
             models.append({**entry, "expires_at": expires, "size_vram": 0, "context_length": card.context_length})

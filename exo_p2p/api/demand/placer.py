@@ -1,0 +1,134 @@
+"""Placement on demand: a request naming a model the cluster knows but has no ready instance
+of places one with the normal rules, waits for it, then is served (docs/models.md
+"Placement on demand and idle unload").
+
+``DemandPlacer.ready`` is the one wait every family's request goes through (generation,
+embeddings, Ollama's preload). Its rules:
+
+- Concurrent first requests cause one placement: on this node, requests for a model being
+  placed wait for the placement already sent; across nodes, the master answers a
+  ``PlaceInstance(on_demand=True)`` with the model's existing instance instead of placing a
+  second one (``master.commands``).
+- The wait is bounded (``wait_bound``, ``DEMAND_WAIT``), polled from State every
+  ``POLL_INTERVAL`` seconds with ``tick()`` called between polls (a stream's keep-alive).
+- A placement that fails (no cycle fits: the placement's explanation) is answered 503
+  ``code="placement_failed"`` and remembered for ``NEGATIVE_TTL`` seconds: requests for that
+  model within that time get the same answer at once, without another placement.
+- An instance that fails while it loads is answered 503 with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from exo_p2p.api.backend import ApiBackend
+from exo_p2p.state.views import instance_view
+from exo_p2p.types import ErrorInfo, PlaceInstance, State, new_id
+
+log = structlog.get_logger("exo_p2p.api")
+
+DEMAND_WAIT = 300.0
+"""Seconds a request waits at most for the instance placed on demand to be ready (loading a
+model from disk, or fetching it from a peer, then loading it)."""
+NEGATIVE_TTL = 30.0
+"""Seconds a failed placement on demand is answered from memory, not tried again."""
+POLL_INTERVAL = 0.25
+"""Seconds between two looks at State while waiting."""
+WAITS_FOR = ("model_not_placed", "loading")
+"""Refusal codes of ``SubmitTask`` a placement on demand answers (``master.commands``)."""
+
+
+def ready_instance(state: State, model_id: str) -> str | None:
+    """The id of a ready instance of ``model_id`` in ``state`` (the smallest), or None."""
+    ready = [i for i, inst in state.instances.items() if inst.model_id == model_id and instance_view(state, inst).status == "ready"]
+    return min(ready) if ready else None
+
+
+def waiting_on(state: State, model_id: str) -> tuple[str | None, ErrorInfo | None]:
+    """While waiting for ``model_id``: (an instance loading, None), or (None, the error to
+    answer: every instance failed), or (None, None) when there is no instance at all."""
+    views = [instance_view(state, inst) for inst in state.instances.values() if inst.model_id == model_id]
+    loading = sorted(v.instance.instance_id for v in views if v.status != "failed")
+    if loading:
+        return loading[0], None
+    if views:
+        reasons = "; ".join(sorted(v.reason or "failed" for v in views))
+        return None, ErrorInfo(503, f"model {model_id!r} was placed on demand but failed to load: {reasons}",
+                               "server_error", "model", "instance_failed")
+    return None, None
+
+
+@dataclass
+class DemandPlacer:
+    """One API's placements on demand: its node default keep-alive (seconds; negative:
+    forever) for the instances it places, the negative cache and the placements under way."""
+
+    keep_alive: float = 300.0
+    wait_bound: float = DEMAND_WAIT
+    negative_ttl: float = NEGATIVE_TTL
+    failed: dict[str, tuple[float, ErrorInfo]] = field(default_factory=dict)
+    """Model id → (until, error), trio clock (``NEGATIVE_TTL``)."""
+    placing: dict[str, trio.Event] = field(default_factory=dict)
+    placed: int = 0
+    """Placements this API started on demand (metrics: ``exo_p2p_placements_on_demand_total``)."""
+
+    async def ready(self, backend: ApiBackend, model_id: str, keep_alive: float | None,
+                    tick: Callable[[], Awaitable[None]]) -> ErrorInfo | None:
+        """Wait until ``model_id`` has a ready instance, placing one when there is none
+        (``keep_alive``: the request's, else this node's). None when ready; else the error
+        to answer (503 ``placement_failed``, ``instance_failed`` or ``timeout``; a 404 of an
+        unknown model as the master gave it)."""
+        now = trio.current_time()
+        cached = self.failed.get(model_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        deadline = now + self.wait_bound
+        placed_once = False
+        while trio.current_time() < deadline:
+            state = backend.state()
+            if ready_instance(state, model_id) is not None:
+                return None
+            loading, failure = waiting_on(state, model_id)
+            if failure is not None and placed_once:
+                return failure
+            if loading is None and not placed_once:
+                placed_once = True
+                error = await self._place(backend, model_id, keep_alive)
+                if error is not None:
+                    return error
+                continue
+            await trio.sleep(POLL_INTERVAL)
+            await tick()
+        return ErrorInfo(503, f"model {model_id!r} was placed on demand but was not ready within {self.wait_bound:g} s; "
+                         "retry shortly", "server_error", "model", "timeout")
+
+    async def _place(self, backend: ApiBackend, model_id: str, keep_alive: float | None) -> ErrorInfo | None:
+        """Send one ``PlaceInstance(on_demand=True)`` for ``model_id``, or wait for the one
+        this API already sent; a refusal is remembered (``NEGATIVE_TTL``)."""
+        under_way = self.placing.get(model_id)
+        if under_way is not None:
+            await under_way.wait()
+            cached = self.failed.get(model_id)
+            return cached[1] if cached is not None and cached[0] > trio.current_time() else None
+        done = self.placing[model_id] = trio.Event()
+        try:
+            keep = keep_alive if keep_alive is not None and keep_alive > 0 else self.keep_alive
+            command = PlaceInstance(new_id(), model_id, keep_alive=keep, on_demand=True)
+            result = await backend.command(command, timeout=60.0)
+            if result.error is None:
+                self.placed += int(result.instance is not None and result.instance.instance_id == command.command_id)
+                log.info("api.placed_on_demand", model=model_id, instance_id=result.instance and result.instance.instance_id)
+                return None
+            error = result.error
+            if error.status == 400 or error.code == "placement_failed":
+                error = ErrorInfo(503, f"model {model_id!r} cannot be placed on demand: {error.message}",
+                                  "server_error", "model", "placement_failed")
+                self.failed[model_id] = (trio.current_time() + self.negative_ttl, error)
+            return error
+        finally:
+            del self.placing[model_id]
+            done.set()
