@@ -59,6 +59,10 @@ class IdleClock:
     clock, unix s), for ``READY_GRACE``; ``due`` the instances to unload now."""
 
     ready_seen: dict[str, float] = field(default_factory=dict)
+    busy_seen: dict[str, float] = field(default_factory=dict)
+    """When this master last saw a task of each instance unfinished: the deadline counts from
+    then too, since a runner's "complete" may be indexed before the API node's
+    ``FinishGeneration`` (which sets ``last_used``) while the last chunks are still on their way."""
 
     def due(self, state: State, now: float) -> tuple[str, ...]:
         """Instance ids of ``state`` to unload at ``now`` (unix s), sorted (module docstring)."""
@@ -66,16 +70,22 @@ class IdleClock:
         for instance_id, usage in sorted(state.usage.items()):
             instance = state.instances.get(instance_id)
             expires = usage.expires_at
-            if instance is None or expires is None or busy(state, instance_id):
+            if instance is None or expires is None:
+                continue
+            if busy(state, instance_id):
+                self.busy_seen[instance_id] = now
                 continue
             if instance_view(state, instance).status != "ready":
                 continue
             seen = self.ready_seen.setdefault(instance_id, now)
+            keep = usage.keep_alive or 0.0
+            expires = max(expires, self.busy_seen.get(instance_id, expires - keep) + keep)
             if not usage.served:
-                expires = max(expires, seen + max(usage.keep_alive or 0.0, READY_GRACE))
+                expires = max(expires, seen + max(keep, READY_GRACE))
             if now >= expires:
                 out.append(instance_id)
         self.ready_seen = {k: v for k, v in self.ready_seen.items() if k in state.instances}
+        self.busy_seen = {k: v for k, v in self.busy_seen.items() if k in state.instances}
         return tuple(out)
 
 

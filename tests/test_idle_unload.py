@@ -59,7 +59,7 @@ def test_idle_past_keep_alive_is_unloaded_never_while_a_task_runs():
     assert s.usage[inst.instance_id].expires_at == T0 + 2.0 and s.usage[inst.instance_id].on_demand
     assert clock.due(s, T0) == ()  # seen ready now: not used yet, kept READY_GRACE
     s = _submit(s, "t1", now=T0 + 1)
-    assert clock.due(s, T0 + 100) == ()  # a request runs on it
+    assert clock.due(s, T0 + 40) == ()  # a request runs on it
     s = run(s, handle_command(s, FinishGeneration("f", "t1"), now=T0 + 50).events)
     assert s.usage[inst.instance_id].last_used == T0 + 50 and s.usage[inst.instance_id].served
     assert clock.due(s, T0 + 51.9) == ()
@@ -116,3 +116,18 @@ def test_on_demand_placements_of_one_model_make_one_instance():
     assert [type(e) for e in second.events] == [InstanceUsed]  # a use of the existing one, no second placement
     by_hand = handle_command(s, PlaceInstance("c", "m"), now=T0)  # by hand: a second instance as asked
     assert by_hand.result.error is None and by_hand.events
+
+
+def test_the_deadline_counts_from_when_the_master_last_saw_a_task_run():
+    """A runner's "complete" can be indexed before the API node's ``FinishGeneration``: the
+    task no longer counts as running while its last chunks are on their way, and ``last_used``
+    is still the request's start. The master's own record of the task running keeps it."""
+    from exo_p2p.types import TaskStatusUpdated
+
+    s, inst = _placed(keep_alive=2.0, on_demand=True)
+    clock = IdleClock()
+    s = _submit(s, "t1", now=T0 + 1)
+    assert clock.due(s, T0 + 30) == ()  # running, seen by this master at T0 + 30
+    s = run(s, [TaskStatusUpdated("t1", "complete")])  # the runner's end, FinishGeneration not yet
+    assert clock.due(s, T0 + 31) == ()
+    assert clock.due(s, T0 + 32) == (inst.instance_id,)

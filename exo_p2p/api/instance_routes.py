@@ -17,6 +17,7 @@ from exo_p2p.api.bounds import check_command_size, node_filter
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.disconnect import until_disconnect
 from exo_p2p.api.errors import ApiError, decode_json, error_response
+from exo_p2p.api.demand.preload import request_keep_alive
 from exo_p2p.api.schemas import PlaceRequest
 from exo_p2p.api.views import instance_out, json_response
 from exo_p2p.state import instance_view
@@ -50,6 +51,8 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
             min_nodes=req.min_nodes,
             sharding=req.sharding,
             nodes=node_filter(req.nodes),
+            keep_alive=request_keep_alive(req.keep_alive),
+            pin=req.pin,
         )
         check_command_size(command)
         if ctx.card(req.model) is None:  # may read a hub: stopped when the client leaves

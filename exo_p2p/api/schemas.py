@@ -111,12 +111,17 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
 
 class PlaceRequest(msgspec.Struct, frozen=True):
     """``POST /instances``: ``nodes`` is a list of node ids / prefixes / friendly names, or
-    one comma-separated string."""
+    one comma-separated string; ``keep_alive`` and ``pin`` as below."""
 
     model: NonEmptyStr
     min_nodes: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
     sharding: Literal["pipeline", "tensor"] = "pipeline"
     nodes: list[str] | str | None = None
+    keep_alive: Any = None
+    """Seconds or a duration (``"10m"``) the instance stays once idle; negative or absent:
+    until deleted (``exo_p2p.api.demand.keep_alive``)."""
+    pin: bool = False
+    """Never unloaded to make room for another model (docs/models.md)."""
 
 
 # ---------------------------------------------------------------------------- responses
