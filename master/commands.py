@@ -30,6 +30,7 @@ from exo_p2p.types import (
     TextGeneration,
 )
 from master.admission import memory_refusal
+from master.handover import place_with_handover
 from master.idle import on_demand_existing, placement_usage, unload_events, use_events
 from master.in_flight import busy_refusal
 from master.placement.place import PlacementError, place_instance
@@ -69,6 +70,8 @@ def handle_command(
       ``keep_alive``, ``pin`` or ``on_demand``, an ``InstanceUsed`` at ``now`` (unix s) records
       its keep-alive (``master.idle``); ``on_demand`` with an instance of the model already
       there (not failed) answers that one, no event: concurrent first requests, one placement.
+      A placement that does not fit unloads idle instances first, least recently used first
+      (``master.handover``: never one serving, pinned or kept until deleted).
     - ``DeleteInstance``: unknown id → 404; else ``InstanceDeleted`` plus a failed status for
       each of its unfinished tasks (their clients get an error).
     - ``SubmitTask`` (any kind of work, ``master.task_kinds``): unknown model → 404; a kind
@@ -143,9 +146,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         return _error(command, 404, unknown_model_message(command.model_id, known), type_="not_found_error", param="model", code="model_not_found")
     try:
         required = resolve_nodes(state, command.nodes) if command.nodes else None
-        instance = place_instance(
-            state, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id
-        )
+        instance, gone = place_with_handover(state, lambda s: place_instance(  # idle instances make room: master.handover
+            s, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id))
     except PlacementError as exc:
         return _error(command, 400, str(exc), code="placement_failed")
     if (split := split_refusal(card, instance)) is not None:
@@ -156,7 +158,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         instance = msgspec.structs.replace(instance, settings=rank_settings)
 
     usage = placement_usage(command, now)
-    return Decision((InstanceCreated(instance), *usage), CommandResult(command.command_id, instance=instance))
+    unloads = [e for instance_id in gone for e in unload_events(state, instance_id)]
+    return Decision((*unloads, InstanceCreated(instance), *usage), CommandResult(command.command_id, instance=instance))
 
 
 def _delete(state: State, command: DeleteInstance) -> Decision:

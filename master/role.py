@@ -23,6 +23,8 @@ from exo_p2p.types import (
     Event,
     HubModelsForgotten,
     IndexedEvent,
+    InstanceDeleted,
+    PlaceInstance,
     LocalEvent,
     NodeId,
     RankSettings,
@@ -134,6 +136,8 @@ class MasterRole:
                 log.exception("command failed", command=type(command).__name__)
                 return CommandResult(command.command_id, error=ErrorInfo(500, f"internal error handling command: {exc}", "server_error"))
             last = await self._index(list(decision.events)) if decision.events else self.replica.last_idx
+            if handed := sum(isinstance(e, InstanceDeleted) for e in decision.events if isinstance(command, PlaceInstance)):
+                self.counters["unload_room"] = self.counters.get("unload_room", 0) + handed  # master.handover
         if decision.events and self._wait_committed is not None:
             with trio.move_on_after(10) as scope:
                 await self._wait_committed(last)

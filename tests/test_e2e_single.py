@@ -103,7 +103,7 @@ def test_prompt_longer_than_context_is_400_before_prefill(node):
 
 
 def test_unplaced_model_is_409(tmp_path):
-    n = NodeProcess(tmp_path / "n")
+    n = NodeProcess(tmp_path / "n", extra_args=["--no-place-on-demand"])  # else the request places it
     try:
         n.start()
         r = n.chat("hi", MODEL, max_tokens=3)

@@ -131,3 +131,50 @@ def test_the_deadline_counts_from_when_the_master_last_saw_a_task_run():
     s = run(s, [TaskStatusUpdated("t1", "complete")])  # the runner's end, FinishGeneration not yet
     assert clock.due(s, T0 + 31) == ()
     assert clock.due(s, T0 + 32) == (inst.instance_id,)
+
+
+def _room_for_one():
+    """One node with room for one copy of the 1000-byte model (two models of that size)."""
+    import msgspec
+
+    from exo_p2p.types import NodeModelsUpdated
+    from tests.support.rules.strategies import CARD
+
+    s = one_node(total=1500, available=1500)
+    return run(s, [NodeModelsUpdated("node-a", (CARD, msgspec.structs.replace(CARD, model_id="n")))])
+
+
+def _on_demand(s, command_id, model, now, **kw):
+    d = handle_command(s, PlaceInstance(command_id, model, on_demand=True, keep_alive=300.0, **kw), now=now)
+    return d, (run(s, d.events) if d.result.error is None else s)
+
+
+def test_a_placement_that_does_not_fit_unloads_the_least_recently_used_idle_instance():
+    s = _room_for_one()
+    d, s = _on_demand(s, "a", "m", T0)
+    s = _ready(s, d.result.instance)
+    d, after = _on_demand(s, "b", "n", T0 + 10)
+    assert d.result.error is None, d.result.error
+    assert [type(e).__name__ for e in d.events] == ["InstanceDeleted", "InstanceCreated", "InstanceUsed"]
+    assert d.events[0].instance_id == "a" and set(after.instances) == {"b"}
+
+
+def test_serving_pinned_and_by_hand_instances_are_never_handed_over():
+    s = _room_for_one()
+    d, s = _on_demand(s, "a", "m", T0)
+    s = _ready(s, d.result.instance)
+    import msgspec
+
+    from exo_p2p.types import TaskCreated
+
+    task = SubmitTask.generation("t1", "t1", "m", GenerationParams((ChatMessage("user", "hi"),), max_tokens=5), "node-a").task
+    busy_state = run(s, [TaskCreated(msgspec.structs.replace(task, instance_id="a"))])  # a request runs on it
+    refused, _ = _on_demand(busy_state, "b", "n", T0 + 10)
+    assert refused.result.error.status == 400 and refused.events == ()
+    assert "serving, pinned or kept until deleted" in refused.result.error.message
+    s = _room_for_one()
+    d, s = _on_demand(s, "p", "m", T0, pin=True)
+    assert _on_demand(_ready(s, d.result.instance), "b", "n", T0 + 10)[0].result.error.status == 400
+    s = _room_for_one()
+    s = run(s, handle_command(s, PlaceInstance("h", "m"), now=T0).events)  # by hand: until deleted
+    assert _on_demand(s, "b", "n", T0 + 10)[0].result.error.status == 400
