@@ -176,3 +176,7 @@ class NodeConfig(msgspec.Struct):
     keep_alive: float = 300.0
     """Seconds an instance placed on demand stays loaded once idle, unless the request gives
     its own keep-alive; negative: forever (``--keep-alive``; ``master.idle``)."""
+    aliases: list[str] = msgspec.field(default_factory=list)
+    """Model aliases ``NAME=MODEL`` (``--alias``; NAME may be a glob such as ``claude-*``),
+    published in this node's profile so every node's API resolves them
+    (``exo_p2p.api.demand.aliases``)."""

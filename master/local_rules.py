@@ -25,11 +25,15 @@ from exo_p2p.types import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
+from exo_p2p.types.topology import MAX_ALIAS_CHARS, MAX_ALIASES
 
 
 def refuse_local(state: State, origin: str, event: Event) -> str | None:
     """None when ``origin`` may report ``event``, else the reason it is refused."""
     if isinstance(event, NodeProfileUpdated):
+        aliases = event.profile.aliases  # bounded: exo_p2p.types.topology.MAX_ALIASES
+        if len(aliases) > MAX_ALIASES or any(len(a) > MAX_ALIAS_CHARS for a in aliases):
+            return f"profile with more than {MAX_ALIASES} aliases or one over {MAX_ALIAS_CHARS} characters"
         return None if event.profile.node_id == origin else "profile of another node"
     if isinstance(event, NodeModelsUpdated):
         return None if event.node_id == origin else "models of another node"

@@ -8,7 +8,9 @@ through the official clients (docs/models.md "Placement on demand and idle unloa
   ``/api/ps`` shows that deadline;
 - a model that cannot be placed: 503 with the placement's explanation, the second request
   answered from the negative cache without another placement;
-- Ollama's preload (no messages) places the model, the unload idiom (``keep_alive: 0``) unloads it.
+- Ollama's preload (no messages) places the model, the unload idiom (``keep_alive: 0``) unloads it;
+- ``--alias 'claude-*=tiny-f'`` on one node: the ``anthropic`` client asking either node for
+  ``claude-sonnet-4-5`` gets an answer (placed on demand); ``/v1/models`` and ``/api/tags`` list it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from datetime import datetime
 import httpx
 import pytest
 
-from tests.support.cluster import Cluster, NodeProcess, state_of, wait_until
+from tests.support.cluster import Cluster, NodeProcess, converged, state_of, wait_until
 from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.integration
+anthropic = pytest.importorskip("anthropic")
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
 
@@ -43,7 +46,11 @@ def cluster(tmp_path_factory):
     make_synthetic_model(models / HUGE, n_layers=6, hidden_size=1024, intermediate_size=2048, seed=3)
     c = Cluster(tmp_path_factory.mktemp("cluster"), 2, extra_args=["--models-dir", str(models), "--memory-limit", "64MiB"])
     try:
-        c.start()
+        first = NodeProcess(c.base / "node0", cluster=c.name, extra_args=c.extra_args).start()
+        c.nodes.append(first)
+        # the second node alone declares the alias; the first one's API resolves it too
+        c.add("node1", bootstrap=first.addrs(), extra=["--alias", "claude-*=tiny-f"])
+        wait_until(lambda: converged(c.nodes, 2), 30, what="cluster convergence")
         yield c
     finally:
         c.stop()
@@ -116,13 +123,14 @@ def test_a_two_second_keep_alive_unloads_after_about_two_idle_seconds_never_duri
     checks = 0
     for _ in client.chat(model="tiny-d", messages=[{"role": "user", "content": "a long story"}], keep_alive="2s", stream=True,
                          options={"num_predict": 3500, "temperature": 1.0}):
-        if time.monotonic() - started > 2.0 + SLACK / 2 and checks < 20:  # well past the keep-alive
+        if time.monotonic() - started > 2.0 + SLACK / 2 and checks < 5:  # well past the keep-alive
             checks += 1
             assert instances_of(a, "tiny-d"), "unloaded while a stream ran"
     ended = time.monotonic()
     assert checks > 0, f"the stream lasted {ended - started:.1f} s only: not longer than the keep-alive"
+    # the client reads behind the server (its checks above slow it), so only the upper bound
+    # is measured from its end; the lower one was measured above from a whole answer
     wait_until(lambda: not instances_of(a, "tiny-d"), 2.0 + SLACK, interval=0.1, what="tiny-d unloaded after the stream")
-    assert time.monotonic() - ended >= 2.0 - POLL * 2
 
 
 def test_an_unplaceable_model_is_a_503_with_the_reason_and_is_not_retried_at_once(cluster) -> None:
@@ -149,3 +157,13 @@ def test_ollama_preload_places_and_the_unload_idiom_unloads(cluster) -> None:
     unloaded = httpx.post(f"{b.url}/api/generate", json={"model": "tiny-e", "keep_alive": 0}, timeout=30)
     assert unloaded.status_code == 200 and unloaded.json()["done_reason"] == "unload", unloaded.text
     wait_until(lambda: not instances_of(a, "tiny-e"), SLACK, interval=0.1, what="tiny-e unloaded")
+
+
+def test_an_alias_glob_on_one_node_serves_claude_names_through_every_node(cluster) -> None:
+    for node in cluster.nodes:
+        client = anthropic.Anthropic(base_url=node.url, api_key="unused", max_retries=0, timeout=300)
+        reply = client.messages.create(model="claude-sonnet-4-5", max_tokens=6, messages=[{"role": "user", "content": "hi"}])
+        assert reply.content[0].text, reply
+        assert "claude-*" in {m["id"] for m in node.get("/v1/models").json()["data"]}
+        assert "claude-*" in {m["name"] for m in node.get("/api/tags").json()["models"]}
+    assert len(instances_of(cluster.nodes[0], "tiny-f")) == 1

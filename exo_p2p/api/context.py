@@ -22,6 +22,7 @@ from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.body import DEFAULT_MAX_BODY_BYTES, read_body
 from exo_p2p.api.bounds import COUNT_TOKENS_CONCURRENCY, check_command_size, check_count_tokens_size
 from exo_p2p.api.generation.client_key import CLIENT_KEY_MAX
+from exo_p2p.api.demand.aliases import cluster_aliases, resolve
 from exo_p2p.api.errors import ApiError, decode_json
 from exo_p2p.api.generation.path import GenerationResponse
 from exo_p2p.api.generation.job import GenerationJob, GenerationSettings, InFlight
@@ -84,9 +85,15 @@ class ApiContext:
         return await trio.to_thread.run_sync(build, *args, limiter=self.checking)
 
     def model_id(self, name: str) -> ModelId:
-        """The model id a client's model name stands for (aliases resolved; an Ollama
+        """The model id a client's model name stands for (aliases resolved, the app's and the
+        cluster's ``--alias``; an Ollama
         store's name without its tag means ``:latest``, ``exo_p2p.models.names.canonical_model_name``)."""
-        return ModelId(canonical_model_name(self.config.model_aliases.get(name, name)))
+        given = canonical_model_name(self.config.model_aliases.get(name, name))
+        state = self.backend.state()
+        if given in state.model_cards or not any(node.aliases for node in state.nodes.values()):
+            return ModelId(given)
+        # the cluster's aliases (--alias on any node, globs included): exo_p2p.api.demand.aliases
+        return ModelId(canonical_model_name(resolve(given, cluster_aliases(state, self.backend.node_id), state.model_cards.__contains__)))
 
     def card(self, name: str) -> ModelCard | None:
         """The cluster's card of model ``name`` (aliases resolved), or None."""

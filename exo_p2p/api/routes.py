@@ -22,6 +22,7 @@ from starlette.routing import Route
 from exo_p2p.api.backend import ApiBackend
 from exo_p2p.api.context import ApiConfig, ApiContext
 from exo_p2p.api import embed_routes
+from exo_p2p.api.demand.aliases import alias_cards
 from exo_p2p.api.images.routes import routes as image_routes
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.anthropic import messages as anthropic
@@ -66,7 +67,8 @@ def cluster_routes(ctx: ApiContext) -> list[Route]:
         return json_response({"status": "ok", "node_id": backend.node_id})
 
     async def list_models(request: Request) -> Response:
-        return json_response(model_list(backend.state().model_cards.values(), started))
+        state = backend.state()  # the models, then the cluster's aliases (exo_p2p.api.demand.aliases)
+        return json_response(model_list([*state.model_cards.values(), *alias_cards(state, backend.node_id)], started))
 
     async def get_model(request: Request) -> Response:
         name = request.path_params["model_id"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import msgspec
+
 import structlog
 
 from exo_p2p.config import NodeConfig
@@ -37,7 +39,9 @@ def profile_measure(node_id: str, boot_id: str, cfg: NodeConfig) -> Measure:
     ``--cpu-weights``)."""
 
     def measure(*, hosted_bytes: int, addrs: tuple[NetworkAddress, ...], models: tuple[str, ...]) -> NodeProfile:
-        return measure_profile(node_id, boot_id, cfg.friendly_name or host_name(), memory_limit=cfg.memory_limit, hosted_bytes=hosted_bytes,
-                               addrs=addrs, models=models, priority=cfg.priority, cpu_weights=cfg.cpu_weights)
+        profile = measure_profile(node_id, boot_id, cfg.friendly_name or host_name(), memory_limit=cfg.memory_limit,
+                                  hosted_bytes=hosted_bytes, addrs=addrs, models=models, priority=cfg.priority,
+                                  cpu_weights=cfg.cpu_weights)
+        return msgspec.structs.replace(profile, aliases=tuple(cfg.aliases))  # exo_p2p.api.demand.aliases
 
     return measure

@@ -35,6 +35,14 @@ def keep_alive_seconds(text: str) -> float:
     return seconds
 
 
+def aliases(texts: list[str]) -> list[str]:
+    """``--alias NAME=MODEL`` values checked: the shape, the bounds, no loop
+    (``exo_p2p.api.demand.aliases.check_aliases``)."""
+    from exo_p2p.api.demand.aliases import check_aliases
+
+    return check_aliases(texts)
+
+
 def cluster_name(name: str) -> str:
     """A cluster name ``exo_p2p.net.config.validate_cluster_name`` takes."""
     from exo_p2p.net.config import ConfigError, validate_cluster_name

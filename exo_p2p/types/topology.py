@@ -57,6 +57,15 @@ class NodeProfile(msgspec.Struct, frozen=True):
     cpu_weights: str = "stored"
     held_models: tuple[HeldModel, ...] = ()
     models_disk_free: Bytes | None = None
+    aliases: tuple[str, ...] = ()
+    """``NAME=MODEL`` model aliases this node declares (``--alias``; at most 64 of at most 256
+    characters, ``exo_p2p.api.demand.aliases``): every node's API resolves them."""
+
+
+MAX_ALIASES = 64
+"""Model aliases one node declares at most (``NodeProfile.aliases``; docs/security.md)."""
+MAX_ALIAS_CHARS = 256
+"""Characters of one ``NAME=MODEL`` alias at most."""
 
 
 class TopologyEdge(msgspec.Struct, frozen=True):

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from exo_p2p.api.context import ApiContext
+from exo_p2p.api.demand.aliases import alias_cards
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.families.ollama.params import ShowRequest
 from exo_p2p.models.names import OLLAMA_PREFIX
@@ -87,7 +88,8 @@ def model_routes(ctx: ApiContext) -> list[Route]:
 
     async def tags(request: Request) -> Response:
         modified = timestamp(ctx.started)
-        cards = sorted(ctx.backend.state().model_cards.values(), key=lambda c: c.model_id)
+        state = ctx.backend.state()  # the models and the cluster's aliases (exo_p2p.api.demand.aliases)
+        cards = sorted([*state.model_cards.values(), *alias_cards(state, ctx.backend.node_id)], key=lambda c: c.model_id)
         return _json_response({"models": [_entry(c, modified) for c in cards]})
 
     async def ps(request: Request) -> Response:
