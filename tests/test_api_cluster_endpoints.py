@@ -91,7 +91,9 @@ def test_instances_crud_shapes() -> None:
         (place,) = [c for c in backend.commands if isinstance(c, PlaceInstance)]
         assert (place.model_id, place.min_nodes, place.sharding, place.nodes) == (MODEL, 1, "pipeline", ("node-a", "b"))
         assert set(created) == {"instance_id", "model", "sharding", "status", "reason", "layers_loaded", "layers_total", "shards",
-                                "bytes_downloaded", "bytes_to_download", "bytes_from_peers", "bytes_from_hub"}
+                                "bytes_downloaded", "bytes_to_download", "bytes_from_peers", "bytes_from_hub",
+                                "keep_alive", "last_used", "expires_at", "pinned", "on_demand"}
+        assert (created["keep_alive"], created["expires_at"], created["pinned"]) == (None, None, False)  # by hand: until deleted
         assert (created["bytes_downloaded"], created["bytes_to_download"]) == (0, 0)
         assert created["shards"][0]["bytes_done"] is None
         assert (created["model"], created["sharding"], created["status"], created["reason"]) == (MODEL, "pipeline", "loading", None)

@@ -31,7 +31,8 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
 
     async def list_instances(request: Request) -> Response:
         state = backend.state()
-        views = [instance_out(instance_view(state, inst)) for _, inst in sorted(state.instances.items())]
+        views = [instance_out(instance_view(state, inst), state.usage.get(inst.instance_id))
+                 for _, inst in sorted(state.instances.items())]
         return json_response(views)
 
     async def get_instance(request: Request) -> Response:
@@ -40,7 +41,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
         inst = state.instances.get(instance_id)
         if inst is None:
             raise ApiError(404, f"instance '{instance_id[:100]}' not found", param="instance_id")
-        return json_response(instance_out(instance_view(state, inst)))
+        return json_response(instance_out(instance_view(state, inst), state.usage.get(inst.instance_id)))
 
     async def place_instance(request: Request) -> Response:
         body = await read_body(request, config.max_body_bytes)
@@ -65,7 +66,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
             raise ApiError(500, "the master accepted the placement but returned no instance")
         state = backend.state()
         inst = state.instances.get(result.instance.instance_id, result.instance)
-        return json_response(instance_out(instance_view(state, inst)), status=201)
+        return json_response(instance_out(instance_view(state, inst), state.usage.get(inst.instance_id)), status=201)
 
     async def delete_instance(request: Request) -> Response:
         instance_id = InstanceId(request.path_params["instance_id"])

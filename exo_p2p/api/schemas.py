@@ -284,3 +284,10 @@ class InstanceOut(msgspec.Struct, frozen=True):
     bytes_from_hub: int = 0
     """Sums over the shards still downloading (0 when none is): bytes fetched and total, and
     of the bytes received those from other nodes and from a model hub."""
+    keep_alive: float | None = None
+    """Seconds it stays once idle; None: until deleted (docs/models.md "Placement on demand")."""
+    last_used: float | None = None
+    expires_at: float | None = None
+    """Unix seconds: its last request's start or end, and when it goes once idle (None: never)."""
+    pinned: bool = False
+    on_demand: bool = False

@@ -13,7 +13,7 @@ from exo_p2p.api.backend import NodeHealth
 from exo_p2p.api.schemas import InstanceOut, LocalModel, ModelEntry, ModelList, ShardView
 from exo_p2p.models.card.families import shardings_of
 from exo_p2p.state import InstanceView, state_hash
-from exo_p2p.types import ModelCard, State
+from exo_p2p.types import InstanceUsage, ModelCard, State
 from exo_p2p.types.kinds import card_tasks
 
 OWNED_BY = "exo-p2p"
@@ -25,9 +25,9 @@ def json_response(value: object, status: int = 200) -> Response:
     return Response(_json.encode(value), status_code=status, media_type="application/json")
 
 
-def instance_out(view: InstanceView) -> InstanceOut:
+def instance_out(view: InstanceView, usage: InstanceUsage | None = None) -> InstanceOut:
     """The ``/instances`` shape of an instance view; shard ``status`` is its runner's status
-    tag (``pending`` before the runner reported)."""
+    tag (``pending`` before the runner reported); its keep-alive from ``usage`` (``State.usage``)."""
     inst = view.instance
     downloads = list(view.downloads) + [None] * (len(inst.shards) - len(view.downloads))
     shards = [
@@ -61,6 +61,8 @@ def instance_out(view: InstanceView) -> InstanceOut:
         bytes_to_download=sum(d.bytes_total for d in downloads if d),
         bytes_from_peers=sum(d.bytes_from_peers for d in downloads if d),
         bytes_from_hub=sum(d.bytes_from_hub for d in downloads if d),
+        **({} if usage is None else {"keep_alive": usage.keep_alive, "last_used": usage.last_used, "expires_at": usage.expires_at,
+                                     "pinned": usage.pinned, "on_demand": usage.on_demand}),
     )
 
 

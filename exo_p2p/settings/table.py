@@ -119,7 +119,7 @@ _SETTINGS = (
             "placed with `place` are kept until deleted unless it gives --keep-alive", "keep_alive", "DURATION",
             check=checks.keep_alive_seconds, panel=SERVING),
     Setting("--alias", "NAME=MODEL, repeatable", "A model name clients may send for a model the cluster serves; "
-            "NAME may be a glob (claude-*=smollm2-135m-instruct); every node's API resolves it and lists it",
+            "NAME may be a glob such as claude-*; every node's API resolves it and lists it",
             "aliases", "NAME=MODEL", repeatable=True, check=checks.aliases, panel=SERVING),
     Setting("--no-mdns", "flag", "Do not discover peers on the LAN (use --bootstrap)", "mdns", inverted=True,
             type=bool, panel=NET),

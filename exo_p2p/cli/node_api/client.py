@@ -192,9 +192,16 @@ class NodeClient:
         min_nodes: int | None = None,
         sharding: str | None = None,
         nodes: list[str] | None = None,
+        keep_alive: str | None = None,
+        pin: bool = False,
     ) -> dict:
-        """``POST /instances``; only the given fields are sent. The new instance."""
+        """``POST /instances``; only the given fields are sent (``keep_alive``: a duration or
+        seconds, docs/models.md). The new instance."""
         body: dict[str, Any] = {"model": model}
+        if keep_alive is not None:
+            body["keep_alive"] = keep_alive
+        if pin:
+            body["pin"] = True
         if min_nodes is not None:
             body["min_nodes"] = min_nodes
         if sharding is not None:

@@ -60,6 +60,9 @@ def place(
         bool,
         typer.Option("--replica", help="Place it even when the model already has an instance (one more copy in memory)."),
     ] = False,
+    keep_alive: Annotated[Optional[str], typer.Option(help="Unload it once idle this long (5m, 1h, seconds; "
+                                                      "default: kept until deleted).")] = None,
+    pin: Annotated[bool, typer.Option("--pin", help="Never unload it to make room for another model.")] = False,
     api: ApiOpt = None,
     api_key: ApiKeyOpt = None,
 ) -> None:
@@ -87,7 +90,8 @@ def place(
         if min_nodes and min_nodes > 1:
             _wait_for_nodes(client, min_nodes, console)
         before = {str(i.get("instance_id")) for i in listed}
-        inst = _placed(client, model, before, min_nodes, sharding.value if sharding else None, split_nodes(nodes), console)
+        inst = _placed(client, model, before, min_nodes, sharding.value if sharding else None, split_nodes(nodes), console,
+                       keep_alive=keep_alive, pin=pin)
         click.echo(placed_line(model, inst))
         if no_wait:
             return
@@ -96,12 +100,12 @@ def place(
 
 
 def _placed(client: NodeClient, model: str, before: set[str], min_nodes: int | None, sharding: str | None,
-            nodes: list[str] | None, console: Console) -> dict:
+            nodes: list[str] | None, console: Console, keep_alive: str | None = None, pin: bool = False) -> dict:
     """``POST /instances``: the new instance, also when the cluster confirmed it late
     (``exo_p2p.cli.placement.unconfirmed``: one not among the ids ``before``); the API's
     errors in the CLI's words."""
     try:
-        return client.place(model, min_nodes=min_nodes, sharding=sharding, nodes=nodes)
+        return client.place(model, min_nodes=min_nodes, sharding=sharding, nodes=nodes, keep_alive=keep_alive, pin=pin)
     except ApiError as e:  # a node left meanwhile: the API's words name its field
         if min_nodes and e.message.startswith(f"min_nodes={min_nodes} but the cluster has"):
             raise CliError(nodes_missing_message(min_nodes, len(client.nodes()), NODES_WAIT)) from None
