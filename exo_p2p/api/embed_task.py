@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import msgspec
 import numpy as np
 import trio
 
 from exo_p2p.api.bounds import check_command_size
 from exo_p2p.api.context import ApiContext
+from exo_p2p.api.demand.placer import WAITS_FOR
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.generation.job import new_task_id
 from exo_p2p.embeddings.bounds import EmbedBoundError
@@ -85,6 +87,15 @@ async def submitted(ctx: ApiContext, task: WorkTask) -> AsyncIterator[tuple[Asyn
     chunks = backend.open_chunks(task.task_id)
     try:
         result = await backend.command(submit, timeout=ctx.config.command_timeout)
+        if result.error is not None and settings.demand is not None and result.error.code in WAITS_FOR:
+            # placed on demand and waited for, then submitted again (exo_p2p.api.demand.placer)
+            waited = await settings.demand.ready(backend, task.model_id, None, _nothing)
+            if waited is None:  # a fresh route: the first one may have been swept meanwhile
+                backend.close_chunks(task.task_id)
+                chunks = backend.open_chunks(task.task_id)
+                result = await backend.command(msgspec.structs.replace(submit, command_id=new_id()), timeout=ctx.config.command_timeout)
+            else:
+                result = msgspec.structs.replace(result, error=waited)
         if result.error is not None:
             ended.done = True
             raise ApiError(result.error.status, result.error.message, param=result.error.param, code=result.error.code)
@@ -138,6 +149,10 @@ def _rows(chunk: EmbeddingChunk, before: list[np.ndarray]) -> np.ndarray:
     if before and before[0].shape[1] != chunk.dimensions:
         raise ApiError(502, f"the runner's answer changed width from {before[0].shape[1]} to {chunk.dimensions}")
     return np.frombuffer(chunk.vectors, dtype="<f4").reshape(chunk.count, chunk.dimensions).astype(np.float32)
+
+
+async def _nothing() -> None:
+    """No keep-alive while an embedding waits (its answer is one JSON body)."""
 
 
 def new_ids(ctx: ApiContext) -> tuple[str, NodeId]:

@@ -18,10 +18,10 @@ from exo_p2p.api.context import ApiContext
 from exo_p2p.api.disconnect import until_disconnect
 from exo_p2p.api.errors import ApiError, decode_json, error_response
 from exo_p2p.api.demand.preload import request_keep_alive
-from exo_p2p.api.schemas import PlaceRequest
+from exo_p2p.api.schemas import InstanceOut, PlaceRequest
 from exo_p2p.api.views import instance_out, json_response
 from exo_p2p.state import instance_view
-from exo_p2p.types import DeleteInstance, InstanceId, ModelId, PlaceInstance, new_id
+from exo_p2p.types import DeleteInstance, Instance, InstanceId, ModelId, PlaceInstance, State, new_id
 
 
 def instance_routes(ctx: ApiContext) -> list[Route]:
@@ -31,8 +31,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
 
     async def list_instances(request: Request) -> Response:
         state = backend.state()
-        views = [instance_out(instance_view(state, inst), state.usage.get(inst.instance_id))
-                 for _, inst in sorted(state.instances.items())]
+        views = [_out(state, inst) for _, inst in sorted(state.instances.items())]
         return json_response(views)
 
     async def get_instance(request: Request) -> Response:
@@ -41,7 +40,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
         inst = state.instances.get(instance_id)
         if inst is None:
             raise ApiError(404, f"instance '{instance_id[:100]}' not found", param="instance_id")
-        return json_response(instance_out(instance_view(state, inst), state.usage.get(inst.instance_id)))
+        return json_response(_out(state, inst))
 
     async def place_instance(request: Request) -> Response:
         body = await read_body(request, config.max_body_bytes)
@@ -66,7 +65,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
             raise ApiError(500, "the master accepted the placement but returned no instance")
         state = backend.state()
         inst = state.instances.get(result.instance.instance_id, result.instance)
-        return json_response(instance_out(instance_view(state, inst), state.usage.get(inst.instance_id)), status=201)
+        return json_response(_out(state, inst), status=201)
 
     async def delete_instance(request: Request) -> Response:
         instance_id = InstanceId(request.path_params["instance_id"])
@@ -109,3 +108,8 @@ async def placement_previews(ctx: ApiContext, request: Request) -> Response:
     except ValueError as exc:  # a required node that is unknown or ambiguous
         raise ApiError(400, str(exc)[:2000], param="nodes") from None
     return json_response(found)
+
+
+def _out(state: State, inst: Instance) -> InstanceOut:
+    """``inst`` as ``/instances`` shows it, with its keep-alive (``State.usage``)."""
+    return instance_out(instance_view(state, inst), state.usage.get(inst.instance_id))
