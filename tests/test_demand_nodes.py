@@ -106,6 +106,9 @@ def test_keep_alive_zero_unloads_once_the_answer_is_given(cluster) -> None:
     assert reply.message.content
     wait_until(lambda: not instances_of(b, "tiny-c"), SLACK, interval=0.1, what="tiny-c unloaded")
     assert time.monotonic() - answered < SLACK
+    counters = [(state_of(n) or {}).get("counters", {}) for n in cluster.nodes]
+    assert sum(c.get("unload_idle", 0) for c in counters) >= 1, counters  # the master's count, by reason
+    assert sum(c.get("placements_on_demand", 0) for c in counters) >= 3, counters  # tiny-a, tiny-b, tiny-c
 
 
 def test_a_two_second_keep_alive_unloads_after_about_two_idle_seconds_never_during_a_stream(cluster) -> None:

@@ -86,6 +86,8 @@ def cluster_routes(ctx: ApiContext) -> list[Route]:
     async def get_state(request: Request) -> Response:
         health = backend.health()
         moves = {"requests_moved": ctx.moves.moved, "requests_move_failed": ctx.moves.failed}
+        if (demand := ctx.config.generation.demand) is not None:  # exo_p2p.api.demand.placer
+            moves["placements_on_demand"] = demand.placed
         health = msgspec.structs.replace(health, counters={**health.counters, **moves})
         return json_response(state_document(backend.state(), health))
 
