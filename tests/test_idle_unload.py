@@ -178,3 +178,12 @@ def test_serving_pinned_and_by_hand_instances_are_never_handed_over():
     s = _room_for_one()
     s = run(s, handle_command(s, PlaceInstance("h", "m"), now=T0).events)  # by hand: until deleted
     assert _on_demand(s, "b", "n", T0 + 10)[0].result.error.status == 400
+
+
+def test_the_cli_says_when_an_instance_goes():
+    from exo_p2p.cli.output.render import keep_alive_text
+
+    assert keep_alive_text({"last_used": None}) == ""  # placed by hand: until deleted
+    assert keep_alive_text({"pinned": True, "last_used": T0}) == "pinned"
+    assert keep_alive_text({"last_used": T0, "expires_at": T0 + 300}, now=T0 + 10) == "idle unload in 4m (used 10s ago)"
+    assert keep_alive_text({"last_used": T0, "expires_at": None}, now=T0 + 7200) == "kept forever (used 2h ago)"

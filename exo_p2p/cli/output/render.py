@@ -109,7 +109,8 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
     prefixes = short_ids([str(i.get("instance_id", "")) for i in instances])
     for inst in instances:
         shards = "\n".join(shard_line(s, names) for s in inst.get("shards") or []) or "-"
-        status = "\n".join(t for t in (instance_progress(inst), shrunk_text(inst, names), restoring_text(inst, prefixes)) if t)
+        status = "\n".join(t for t in (instance_progress(inst), shrunk_text(inst, names), restoring_text(inst, prefixes),
+                                        keep_alive_text(inst)) if t)
         table.add_row(
             prefixes[str(inst.get("instance_id", ""))],
             str(inst.get("model", "")),
@@ -118,6 +119,33 @@ def instances_table(instances: list[dict], names: dict[str, str] | None = None) 
             shards,
         )
     return table
+
+
+def keep_alive_text(inst: dict, now: float | None = None) -> str:
+    """When ``inst`` (a ``/instances`` entry) goes once idle and when it was last used
+    (docs/models.md "Placement on demand and idle unload"): ``pinned``, ``idle unload in 4m
+    (used 10s ago)``; ``""`` for one placed by hand with no keep-alive (kept until deleted)."""
+    import time
+
+    if inst.get("pinned"):
+        return "pinned"
+    last, expires = inst.get("last_used"), inst.get("expires_at")
+    if last is None:
+        return ""
+    now = time.time() if now is None else now
+    used = f"used {readable_seconds(max(0.0, now - last))} ago"
+    if expires is None:
+        return f"kept forever ({used})"
+    return f"idle unload in {readable_seconds(max(0.0, expires - now))} ({used})"
+
+
+def readable_seconds(seconds: float) -> str:
+    """``42s``, ``4m``, ``2h`` (rounded down to the largest unit)."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m"
+    return f"{int(seconds)}s"
 
 
 def models_table(models: list[dict]) -> Table:
