@@ -49,3 +49,29 @@ def test_aliases_are_read_from_every_nodes_profile_own_first_and_listed():
     assert listed(s, own) == [("claude-*", "m"), ("gpt-4o", "m")]
     cards = alias_cards(s, own)
     assert [c.model_id for c in cards] == ["claude-*", "gpt-4o"] and cards[0].n_layers == CARD.n_layers
+
+
+def test_alias_and_keep_alive_from_flags_and_config_toml_and_bad_ones_refused_at_start(monkeypatch, tmp_path):
+    """``--alias`` and ``--keep-alive`` as the node command reads them (the node never starts)."""
+    from typer.testing import CliRunner
+
+    from exo_p2p.cli.cluster import commands as cluster_cmds
+    from exo_p2p.cli.main import app
+
+    started: list = []
+    monkeypatch.setattr(cluster_cmds, "run_node", started.append)
+
+    def node(*args: str):
+        return CliRunner().invoke(app, ["node", "--data-dir", str(tmp_path), *args], env={"EXO_P2P_API": None, "COLUMNS": "200"})
+
+    assert node("--alias", "claude-*=m", "--keep-alive", "10m").exit_code == 0
+    assert started[-1].aliases == ["claude-*=m"] and started[-1].keep_alive == 600.0
+    (tmp_path / "config.toml").write_text('alias = ["gpt-*=m"]\nkeep-alive = "-1"\n')
+    assert node().exit_code == 0
+    assert started[-1].aliases == ["gpt-*=m"] and started[-1].keep_alive == -1.0
+    (tmp_path / "config.toml").unlink()
+    for bad, words in ((["--alias", "a=b", "--alias", "b=a"], "--alias loop"), (["--alias", "claude-*="], "--alias"),
+                       (["--keep-alive", "soon"], "keep-alive")):
+        result = node(*bad)
+        assert result.exit_code == 2 and words in result.stderr, (bad, result.stderr)
+    assert len(started) == 2
