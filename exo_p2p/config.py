@@ -180,3 +180,7 @@ class NodeConfig(msgspec.Struct):
     """Model aliases ``NAME=MODEL`` (``--alias``; NAME may be a glob such as ``claude-*``),
     published in this node's profile so every node's API resolves them
     (``exo_p2p.api.demand.aliases``)."""
+    max_loaded_models: int | None = None
+    """Models this node keeps loaded at most; a placement beyond it unloads this node's idle
+    instances least recently used first, else is refused (``--max-loaded-models``;
+    ``master.handover``). None: only memory bounds it."""

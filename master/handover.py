@@ -49,25 +49,46 @@ def without(state: State, instance_id: str) -> State:
     return replace(state, instances=instances, nodes=nodes)
 
 
-def place_with_handover(state: State, place: Callable[[State], Instance]) -> tuple[Instance, tuple[str, ...]]:
-    """``place(state)``, or, when it raises ``PlacementError``, ``place`` on ``state`` without
-    the fewest least-recently-used ``candidates`` that make it fit: (the instance, the ids to
-    unload first). Raises the first ``PlacementError``, with the candidates considered, when
-    none fits even with every candidate gone."""
-    try:
-        return place(state), ()
-    except PlacementError as exc:
-        first = exc
-    gone: list[str] = []
-    trial = state
-    for instance_id in candidates(state):
-        trial = without(trial, instance_id)
-        gone.append(instance_id)
-        try:
-            return place(trial), tuple(gone)
-        except PlacementError:
+def over_bound(state: State, instance: Instance) -> list[str]:
+    """Nodes of ``instance`` that would keep more models than their ``max_loaded_models``
+    (``--max-loaded-models``) with it placed on ``state``, sorted."""
+    out = []
+    for node_id in sorted({shard.node_id for shard in instance.shards}):
+        profile = state.nodes.get(node_id)
+        limit = profile.max_loaded_models if profile is not None else None
+        if limit is None:
             continue
-    idle = len(gone)
+        models = {i.model_id for i in state.instances.values() if i.failed_reason is None and any(s.node_id == node_id for s in i.shards)}
+        if len(models | {instance.model_id}) > limit:
+            out.append(node_id)
+    return out
+
+
+def place_with_handover(state: State, place: Callable[[State], Instance]) -> tuple[Instance, tuple[str, ...]]:
+    """``place(state)``, or, when it raises ``PlacementError`` or puts a node over its
+    ``max_loaded_models``, ``place`` on ``state`` without the fewest least-recently-used
+    ``candidates`` that make it fit (for a node over its bound, its own candidates): (the
+    instance, the ids to unload first). Raises ``PlacementError`` saying why, with the
+    candidates considered, when none fits even with every candidate gone."""
+    pending, gone, trial = candidates(state), [], state
+    first: str | None = None
+    for _ in range(len(pending) + 1):
+        try:
+            instance = place(trial)
+            over = over_bound(trial, instance)
+            if not over:
+                return instance, tuple(gone)
+            limits = ", ".join(f"{n} at most {state.nodes[n].max_loaded_models}" for n in over)
+            first = first or f"too many models on a node (--max-loaded-models: {limits})"
+            pick = next((c for c in pending if any(s.node_id in over for s in trial.instances[c].shards)), None)
+        except PlacementError as exc:
+            first = first or str(exc)
+            pick = pending[0] if pending else None
+        if pick is None:
+            break
+        pending.remove(pick)
+        trial, gone = without(trial, pick), [*gone, pick]
+    idle = len(candidates(state))
     held = len(state.instances) - idle
     raise PlacementError(f"{first} (unloading the {idle} idle instance(s) would not make room either; "
-                         f"{held} other instance(s) are serving, pinned or kept until deleted)") from first
+                         f"{held} other instance(s) are serving, pinned or kept until deleted)")

@@ -187,3 +187,23 @@ def test_the_cli_says_when_an_instance_goes():
     assert keep_alive_text({"pinned": True, "last_used": T0}) == "pinned"
     assert keep_alive_text({"last_used": T0, "expires_at": T0 + 300}, now=T0 + 10) == "idle unload in 4m (used 10s ago)"
     assert keep_alive_text({"last_used": T0, "expires_at": None}, now=T0 + 7200) == "kept forever (used 2h ago)"
+
+
+def test_max_loaded_models_unloads_the_nodes_own_idle_instance_or_refuses():
+    import msgspec
+
+    s = one_node()
+    s = msgspec.structs.replace(s, nodes={"node-a": msgspec.structs.replace(s.nodes["node-a"], max_loaded_models=1)})
+    from exo_p2p.types import NodeModelsUpdated
+    from tests.support.rules.strategies import CARD
+
+    s = run(s, [NodeModelsUpdated("node-a", (CARD, msgspec.structs.replace(CARD, model_id="n")))])
+    d, s = _on_demand(s, "a", "m", T0)
+    s = _ready(s, d.result.instance)
+    d, after = _on_demand(s, "b", "n", T0 + 10)  # memory is plenty: the bound alone hands A over
+    assert [type(e).__name__ for e in d.events] == ["InstanceDeleted", "InstanceCreated", "InstanceUsed"], d
+    pinned = run(after, handle_command(after, PlaceInstance("p", "n", pin=True), now=T0).events)  # a second copy of n: same model
+    assert "p" in pinned.instances
+    refused = handle_command(pinned, PlaceInstance("c", "m", on_demand=True), now=T0 + 20)  # b idle, p pinned: still 2 models
+    assert refused.result.error.status == 400 and "--max-loaded-models: node-a at most 1" in refused.result.error.message
+    assert refused.events == ()

@@ -42,6 +42,7 @@ def profile_measure(node_id: str, boot_id: str, cfg: NodeConfig) -> Measure:
         profile = measure_profile(node_id, boot_id, cfg.friendly_name or host_name(), memory_limit=cfg.memory_limit,
                                   hosted_bytes=hosted_bytes, addrs=addrs, models=models, priority=cfg.priority,
                                   cpu_weights=cfg.cpu_weights)
-        return msgspec.structs.replace(profile, aliases=tuple(cfg.aliases))  # exo_p2p.api.demand.aliases
+        return msgspec.structs.replace(profile, aliases=tuple(cfg.aliases),  # exo_p2p.api.demand.aliases
+                                       max_loaded_models=cfg.max_loaded_models)  # master.handover
 
     return measure

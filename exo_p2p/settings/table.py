@@ -118,6 +118,9 @@ _SETTINGS = (
             "on demand stays loaded once idle, unless the request gives its own (Ollama keep_alive); instances "
             "placed with `place` are kept until deleted unless it gives --keep-alive", "keep_alive", "DURATION",
             check=checks.keep_alive_seconds, panel=SERVING),
+    Setting("--max-loaded-models", "count", "Models this node keeps loaded at most: placing another one unloads "
+            "its idle instances least recently used first, else is refused", "max_loaded_models", "N",
+            type=int, min=1, panel=SERVING),
     Setting("--alias", "NAME=MODEL, repeatable", "A model name clients may send for a model the cluster serves; "
             "NAME may be a glob such as claude-*; every node's API resolves it and lists it",
             "aliases", "NAME=MODEL", repeatable=True, check=checks.aliases, panel=SERVING),

@@ -57,6 +57,9 @@ class NodeProfile(msgspec.Struct, frozen=True):
     cpu_weights: str = "stored"
     held_models: tuple[HeldModel, ...] = ()
     models_disk_free: Bytes | None = None
+    max_loaded_models: int | None = None
+    """Models this node keeps loaded at most (``--max-loaded-models``; None: no bound but
+    memory); a placement beyond it unloads its idle instances first (``master.handover``)."""
     aliases: tuple[str, ...] = ()
     """``NAME=MODEL`` model aliases this node declares (``--alias``; at most 64 of at most 256
     characters, ``exo_p2p.api.demand.aliases``): every node's API resolves them."""
