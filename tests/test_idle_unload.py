@@ -207,3 +207,20 @@ def test_max_loaded_models_unloads_the_nodes_own_idle_instance_or_refuses():
     refused = handle_command(pinned, PlaceInstance("c", "m", on_demand=True), now=T0 + 20)  # b idle, p pinned: still 2 models
     assert refused.result.error.status == 400 and "--max-loaded-models: node-a at most 1" in refused.result.error.message
     assert refused.events == ()
+
+
+def test_which_refusals_wait_for_a_placement_on_demand():
+    from exo_p2p.api.demand.placer import waiting_on, waits
+    from exo_p2p.types import ErrorInfo
+
+    loading = ErrorInfo(503, "loading", "server_error", code="loading")
+    s = one_node()
+    assert waits(ErrorInfo(409, "not placed", "invalid_request_error", code="model_not_placed"), s, "m")
+    by_hand = run(s, handle_command(s, PlaceInstance("h", "m"), now=T0).events)
+    assert not waits(loading, by_hand, "m")  # placed by hand and loading: 503 with Retry-After, as before
+    on_demand = run(s, handle_command(s, PlaceInstance("d", "m", on_demand=True, keep_alive=60.0), now=T0).events)
+    assert waits(loading, on_demand, "m") and waiting_on(on_demand, "m") == ("d", None)
+    failed = run(on_demand, [InstanceFailed("d", "runner died")])
+    loading_id, failure = waiting_on(failed, "m")
+    assert loading_id is None and failure.code == "instance_failed" and "runner died" in failure.message
+    assert waiting_on(s, "m") == (None, None)  # none at all: the only case that places

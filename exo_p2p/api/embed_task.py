@@ -15,7 +15,7 @@ import trio
 
 from exo_p2p.api.bounds import check_command_size
 from exo_p2p.api.context import ApiContext
-from exo_p2p.api.demand.placer import WAITS_FOR
+from exo_p2p.api.demand.placer import waits
 from exo_p2p.api.errors import ApiError
 from exo_p2p.api.generation.job import new_task_id
 from exo_p2p.embeddings.bounds import EmbedBoundError
@@ -87,7 +87,7 @@ async def submitted(ctx: ApiContext, task: WorkTask) -> AsyncIterator[tuple[Asyn
     chunks = backend.open_chunks(task.task_id)
     try:
         result = await backend.command(submit, timeout=ctx.config.command_timeout)
-        if result.error is not None and settings.demand is not None and result.error.code in WAITS_FOR:
+        if result.error is not None and settings.demand is not None and waits(result.error, backend.state(), task.model_id):
             # placed on demand and waited for, then submitted again (exo_p2p.api.demand.placer)
             waited = await settings.demand.ready(backend, task.model_id, None, _nothing)
             if waited is None:  # a fresh route: the first one may have been swept meanwhile

@@ -14,7 +14,10 @@ embeddings, Ollama's preload). Its rules:
 - A placement that fails (no cycle fits: the placement's explanation) is answered 503
   ``code="placement_failed"`` and remembered for ``NEGATIVE_TTL`` seconds: requests for that
   model within that time get the same answer at once, without another placement.
-- An instance that fails while it loads is answered 503 with its reason.
+- An instance that fails while it loads is answered 503 with its reason; failed instances are
+  never placed again here (``master.replace`` re-places them), only a model with none.
+- A request that finds an instance placed by hand loading keeps the 503 ``loading`` with
+  ``Retry-After`` (``waits``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,19 @@ NEGATIVE_TTL = 30.0
 """Seconds a failed placement on demand is answered from memory, not tried again."""
 POLL_INTERVAL = 0.25
 """Seconds between two looks at State while waiting."""
-WAITS_FOR = ("model_not_placed", "loading")
-"""Refusal codes of ``SubmitTask`` a placement on demand answers (``master.commands``)."""
+MAX_PLACEMENTS = 2
+"""Placements one request sends at most (a second one when its instance vanished meanwhile,
+e.g. unloaded while idle before this node's State showed it)."""
+
+
+def waits(error: ErrorInfo, state: State, model_id: str) -> bool:
+    """Whether a ``SubmitTask`` refused with ``error`` waits for a placement on demand: the
+    model has no instance (``model_not_placed``), or one placed on demand is loading
+    (``loading``). One placed by hand that loads keeps its 503 and ``Retry-After``."""
+    if error.code == "model_not_placed":
+        return True
+    return error.code == "loading" and any(
+        inst.model_id == model_id and (u := state.usage.get(i)) is not None and u.on_demand for i, inst in state.instances.items())
 
 
 def ready_instance(state: State, model_id: str) -> str | None:
@@ -50,14 +64,15 @@ def ready_instance(state: State, model_id: str) -> str | None:
 
 def waiting_on(state: State, model_id: str) -> tuple[str | None, ErrorInfo | None]:
     """While waiting for ``model_id``: (an instance loading, None), or (None, the error to
-    answer: every instance failed), or (None, None) when there is no instance at all."""
+    answer, worded as the master's ``instance_failed``: every instance failed), or (None, None)
+    when there is no instance at all."""
     views = [instance_view(state, inst) for inst in state.instances.values() if inst.model_id == model_id]
     loading = sorted(v.instance.instance_id for v in views if v.status != "failed")
     if loading:
         return loading[0], None
     if views:
         reasons = "; ".join(sorted(v.reason or "failed" for v in views))
-        return None, ErrorInfo(503, f"model {model_id!r} was placed on demand but failed to load: {reasons}",
+        return None, ErrorInfo(503, f"no healthy instance for model {model_id!r}: {reasons}",
                                "server_error", "model", "instance_failed")
     return None, None
 
@@ -87,21 +102,20 @@ class DemandPlacer:
         if cached is not None and cached[0] > now:
             return cached[1]
         deadline = now + self.wait_bound
-        placed_once = False
+        placements = 0
         while trio.current_time() < deadline:
             state = backend.state()
             if ready_instance(state, model_id) is not None:
                 return None
             loading, failure = waiting_on(state, model_id)
-            if failure is not None and placed_once:
+            if failure is not None:  # every instance failed: master.replace re-places them, or gave up
                 return failure
-            if loading is None and not placed_once:
-                placed_once = True
+            if loading is None and placements < MAX_PLACEMENTS:  # none at all (or unloaded meanwhile)
+                placements += 1
                 error = await self._place(backend, model_id, keep_alive)
                 if error is not None:
                     return error
-                continue
-            await trio.sleep(POLL_INTERVAL)
+            await trio.sleep(POLL_INTERVAL)  # this node's State shows the placement a moment later
             await tick()
         return ErrorInfo(503, f"model {model_id!r} was placed on demand but was not ready within {self.wait_bound:g} s; "
                          "retry shortly", "server_error", "model", "timeout")

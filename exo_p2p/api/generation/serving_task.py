@@ -16,7 +16,7 @@ import structlog
 import trio
 
 from exo_p2p.api.backend import ApiBackend
-from exo_p2p.api.demand.placer import WAITS_FOR
+from exo_p2p.api.demand.placer import waits
 from exo_p2p.api.generation.client_stream import ClientStream
 from exo_p2p.api.errors import error_info
 from exo_p2p.api.generation.job import GenerationJob, GenerationSettings, new_task_id
@@ -116,7 +116,7 @@ class ServingTask:
         submit = msgspec.structs.replace(submit, keep_alive=self._job.keep_alive)
         self.submitted = True
         result = await self._backend.command(submit, timeout=self._settings.command_timeout)
-        if result.error is not None and self._settings.demand is not None and result.error.code in WAITS_FOR:
+        if result.error is not None and self._settings.demand is not None and waits(result.error, self._backend.state(), self._job.model_id):
             result = await self._on_demand(submit, result)
         if result.error is not None and self._settings.max_moves and waits_for_replacement(result.error, self._backend.state(), self._job.model_id):
             result = await self._wait_for_replacement(submit, result)
