@@ -153,7 +153,8 @@ class MasterRole:
         (``master.replace.replace_delay``) once their nodes are heard again or unreachable
         (``master.replace.unconfirmed``, at most ``CONFIRM_WAIT`` s), and bring shrunk
         instances back to their placed size (``master.restore``), forget the models read from
-        a hub that nothing used for ``hub_card_idle`` s (``master.hub_forget``). Runs until cancelled
+        a hub that nothing used for ``hub_card_idle`` s (``master.hub_forget``), unload instances
+        idle past their keep-alive (``master.idle``). Runs until cancelled
         (when this node stops being master)."""
         from exo_p2p.types import new_id
         from master.replace import CONFIRM_WAIT, effective_attempt, replace_delay, replacement, unconfirmed
