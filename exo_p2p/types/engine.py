@@ -28,7 +28,10 @@ class EngineSettings(msgspec.Struct, frozen=True):
     leaves beside its placed shards", resolved by the worker; None in a ``RunnerSetup``: no
     memory check). ``micro_batches``: micro-batches a pipeline rank splits its decode batch into
     (0: the engine's rule, ``worker.engine.micro.auto_micro_batches``; 1: none; the ranks of an
-    instance agree the smallest). Raises ``ValueError`` from ``check`` for a value out of range.
+    instance agree the smallest). ``prompt_cache_disk_bytes``: bytes of finished sequences' KV
+    each rank keeps on disk (≥ 0; 0: no disk tier; ``worker.engine.cache.disk_tier``) under
+    ``prompt_cache_dir`` ("" : no disk tier; the worker sets ``<data dir>/prompt-cache``).
+    Raises ``ValueError`` from ``check`` for a value out of range.
     """
 
     prefill_chunk_size: int = PREFILL_CHUNK_SIZE
@@ -36,6 +39,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
     prompt_cache_bytes: int = PROMPT_CACHE_BYTES
     kv_cache_bytes: int | None = None
     micro_batches: int = 0
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_dir: str = ""
 
     def check(self) -> EngineSettings:
         """``self``, or ``ValueError`` naming the first setting out of range."""
@@ -47,6 +52,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
             raise ValueError(f"prompt_cache_bytes must be >= 0, not {self.prompt_cache_bytes}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
             raise ValueError(f"kv_cache_bytes must be >= 0, not {self.kv_cache_bytes}")
+        if self.prompt_cache_disk_bytes < 0:
+            raise ValueError(f"prompt_cache_disk_bytes must be >= 0, not {self.prompt_cache_disk_bytes}")
         if self.micro_batches < 0:
             raise ValueError(f"micro_batches must be >= 0, not {self.micro_batches}")
         return self

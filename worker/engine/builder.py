@@ -99,6 +99,23 @@ def micro_proposal(settings: EngineSettings, ring: Ring | None, stage: Stage | N
     return resolve_micro_batches(settings, 1) if stage is not None else 1
 
 
+def disk_tier(loaded: LoadedModel, settings: EngineSettings, bound: int, tensor_rank: int = 0) -> Any:
+    """This rank's prompt-cache disk tier (``cache.disk_tier.DiskTier``), or None when the
+    settings give it no bytes or no directory, or the RAM prompt cache is off (``bound`` 0:
+    a restored block is kept in RAM first)."""
+    if settings.prompt_cache_disk_bytes <= 0 or not settings.prompt_cache_dir or bound <= 0:
+        return None
+    from pathlib import Path
+
+    from worker.engine.cache.disk_tier import DiskTier
+    from worker.engine.cache.identity import model_identity, tier_directory
+
+    identity = model_identity(loaded, tensor_rank)
+    layers = (loaded.start_layer, loaded.end_layer)
+    return DiskTier(tier_directory(Path(settings.prompt_cache_dir), identity, layers),
+                    settings.prompt_cache_disk_bytes, identity, layers)
+
+
 def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(), *, model_id: str = "",
                  ring: Ring | None = None, stage: Stage | None = None,
                  clock: Callable[[], float] = time.perf_counter,
@@ -118,6 +135,8 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
     if micro > 1 and isinstance(getattr(stage, "wait", None), RingWait):
         stage.wait.disable()  # every rank alike, the count is agreed (engine.ring_wait)
     settings = msgspec.structs.replace(settings, micro_batches=micro)
+    tensor_rank = int(ring.group.rank()) if ring is not None and ring.sharding == "tensor" else 0
+    cache = PromptCache(bound, gather=gather, disk=disk_tier(loaded, settings, bound, tensor_rank))
     return Engine(loaded, settings, stage=stage if stage is not None else LocalStage(),
-                  kv_capacity_tokens=capacity, prompt_cache=PromptCache(bound, gather=gather),
+                  kv_capacity_tokens=capacity, prompt_cache=cache,
                   model_id=model_id, clock=clock, on_token=on_token)

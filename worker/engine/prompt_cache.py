@@ -16,6 +16,13 @@ rank inserts and evicts at the same steps — and the reused length is agreed at
 accept through ``gather`` (an all-gather ``int64 [1] -> [world, 1]``, a collective: called
 on every rank at the same point): the smallest proposal, which is rank 0's unless a rank
 holds less than it should.
+
+Disk tier (``disk``, ``worker.engine.cache.disk_tier``; docs/architecture.md "Prompt cache
+disk tier"): every kept entry is also queued for the disk in the background; on ``reuse``,
+when a block on disk shares a longer prefix than any entry in RAM, it is read back, checked,
+kept as an entry (``restored``) and reused — each rank restores its own layers' block, and
+the agreed length is still the smallest rank's (a rank whose block failed proposes its RAM
+length, so every rank falls back alike).
 """
 
 from __future__ import annotations
@@ -61,11 +68,17 @@ class PromptCache:
     ``gather``: the instance's all-gather when it has more than one rank (None: one rank).
     """
 
-    def __init__(self, max_tokens: int = 0, gather: Gather | None = None) -> None:
+    def __init__(self, max_tokens: int = 0, gather: Gather | None = None, disk: Any = None) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, not {max_tokens}")
         self.max_tokens = max_tokens
         self.gather = gather
+        self.disk = disk
+        """The disk tier (``cache.disk_tier.DiskTier``) or None."""
+        self.disk_hits = 0
+        """Requests whose reused prefix was read back from the disk tier."""
+        self.restored_tokens = 0
+        """Prompt tokens reused from blocks read back from disk."""
         self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()
         self._next_key = 0
         self.hits = 0
@@ -103,13 +116,44 @@ class PromptCache:
             return False
         if cache and cache[0].offset != len(tokens):
             return False  # not the tokens we think it holds: never reuse it
-        mx.eval([c.state for c in cache])
-        self._next_key += 1
-        self._entries[self._next_key] = CachedPrefix(tuple(tokens), cache, sum(c.nbytes for c in cache),
-                                                     entry_digests(params))
-        while self.tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+        states = [a for c in cache for a in c.keys_and_values()]
+        mx.eval(states)
+        self._keep(tuple(tokens), cache, entry_digests(params))
+        if self.disk is not None:
+            self.disk.put(tuple(tokens), states)
         return True
+
+    def _keep(self, tokens: tuple[int, ...], cache: list[Any], digests: tuple[int, ...]) -> int:
+        """Add an entry (the most recent), evicting beyond the bound; its key."""
+        self._next_key += 1
+        self._entries[self._next_key] = CachedPrefix(tokens, cache, sum(c.nbytes for c in cache), digests)
+        while self.tokens > self.max_tokens and len(self._entries) > 1:
+            self._entries.popitem(last=False)
+        return self._next_key
+
+    def restore(self, ids: list[int], key: int | None, length: int) -> tuple[int | None, int, bool]:
+        """The RAM entry ``key`` sharing ``length`` tokens with ``ids``, or — when the disk
+        tier holds a longer prefix and its block passes every check — that block, read
+        back and kept as the most recent entry; (key, length, whether from disk)."""
+        if self.disk is None:
+            return key, length, False
+        name, on_disk = self.disk.nearest(ids)
+        on_disk = min(on_disk, len(ids) - 1)
+        if name is None or on_disk <= length:
+            return key, length, False
+        block = self.disk.load(name)
+        if block is None or len(block[0]) > self.max_tokens:
+            return key, length, False
+        from mlx_lm.models.cache import KVCache
+
+        tokens, arrays = block
+        layers = []
+        for i in range(0, len(arrays), 2):
+            c = KVCache()
+            c.keys, c.values, c.offset = arrays[i], arrays[i + 1], len(tokens)
+            layers.append(c)
+        mx.eval(arrays)
+        return self._keep(tokens, layers, ()), on_disk, True
 
     def digests(self) -> tuple[int, ...]:
         """The prefix digests of the entries, those of the most recently used last, at most
@@ -142,13 +186,16 @@ class PromptCache:
         there: it is not called at all when the cache is off on every rank)."""
         if not self.enabled:
             return [], 0
-        key, length = self.nearest(ids)
+        key, length, from_disk = self.restore(ids, *self.nearest(ids))
         length = self.agreed_length(length)
         if key is None or length < 1:
             self.misses += 1
             return [], 0
         self.hits += 1
         self.reused_tokens += length
+        if from_disk:
+            self.disk_hits += 1
+            self.restored_tokens += length
         self._entries.move_to_end(key)
         from mlx_lm.models.cache import KVCache
 

@@ -1,0 +1,33 @@
+"""What a disk-tier block must match to be loaded, and where a rank's tier lives.
+
+The model's identity is a digest of what decides the KV a prompt produces: the model's
+``config.json`` (as loaded), the weights' form (stored or float32), the tokenizer's
+vocabulary size and the tensor split (a tensor rank holds its share of the heads). Its
+directory name alone is not enough: two quantizations of one model share a name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+
+def model_identity(loaded: Any, tensor_rank: int = 0) -> str:
+    """The identity (64 hex digits) of ``loaded`` (a ``LoadedModel``) on tensor rank
+    ``tensor_rank`` (0 unless the instance is tensor-split)."""
+    parts = {
+        "config": loaded.config,
+        "weights": getattr(loaded, "weights_dtype", "stored"),
+        "vocab": getattr(loaded.tokenizer, "vocab_size", None),
+        "tensor": [int(getattr(loaded, "tensor_world_size", 1)), int(tensor_rank)],
+    }
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
+
+
+def tier_directory(root: Path, identity: str, layers: tuple[int, int]) -> Path:
+    """The directory of the tier of the rank holding ``layers`` of model ``identity`` under
+    ``root`` (the node's ``<data dir>/prompt-cache``)."""
+    return Path(root) / identity[:32] / f"layers-{int(layers[0])}-{int(layers[1])}"
