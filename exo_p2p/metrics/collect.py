@@ -126,11 +126,18 @@ _RUNNER_GAUGES = (
     ("exo_prompt_cache_bytes", "Bytes of KV the prompt cache holds", lambda st: st.cache_tokens * st.kv_bytes_per_token),
     ("exo_prompt_cache_bound_bytes", "Bytes of KV the prompt cache may hold (0: off)",
      lambda st: st.cache_bound_tokens * st.kv_bytes_per_token),
+    ("exo_prompt_cache_disk_bytes", "Bytes of KV blocks the prompt cache's disk tier holds", lambda st: st.cache_disk_bytes),
+    ("exo_prompt_cache_disk_writable", "1 while the disk tier writes, 0 once a write failed (disk full)",
+     lambda st: int(st.cache_disk_writable)),
 )
 _RUNNER_COUNTERS = (
     ("exo_prompt_cache_hits", "Requests that reused a cached prefix", lambda st: st.cache_hits_total),
     ("exo_prompt_cache_misses", "Requests that found no cached prefix", lambda st: st.cache_misses_total),
     ("exo_prompt_cache_reused_tokens", "Prompt tokens reused from the prompt cache", lambda st: st.reused_tokens_total),
+    ("exo_prompt_cache_disk_hits", "Requests whose cached prefix was read back from disk", lambda st: st.cache_disk_hits_total),
+    ("exo_prompt_cache_restored_tokens", "Prompt tokens reused from blocks read back from disk",
+     lambda st: st.cache_restored_tokens_total),
+    ("exo_prompt_cache_disk_rejected", "Disk-tier blocks deleted for failing a check", lambda st: st.cache_disk_rejected_total),
     ("exo_runner_prefilled_tokens", "Prompt tokens fed through the model", lambda st: st.prefilled_tokens_total),
     ("exo_runner_generated_tokens", "Tokens sampled for requests", lambda st: st.generated_tokens_total),
 )

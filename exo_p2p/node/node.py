@@ -89,7 +89,7 @@ class Node:
         self.loop_watch = LoopWatch()  # loop lag and slow task steps: GET /state counters, the log
         self._build_models()
         self.worker = Worker(self.node_id, self.boot_id, self.state, self.emit_local, self.routes.route,
-                             lambda model_id: self.store.resolve(model_id), engine=config.engine,
+                             lambda model_id: self.store.resolve(model_id), engine=config.engine.in_data_dir(self.data_dir),
                              fault_hooks=config.fault_hooks, runner_env=runner_environment(config.cpu_weights),
                              fetch_shard=self._fetch_shard)  # a shard of a model this node lacks (docs/models.md)
         self.tokens = TokenCounter(self.store.resolve)  # tokenizers, loaded while an instance placed here loads

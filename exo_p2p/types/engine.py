@@ -58,6 +58,13 @@ class EngineSettings(msgspec.Struct, frozen=True):
             raise ValueError(f"micro_batches must be >= 0, not {self.micro_batches}")
         return self
 
+    def in_data_dir(self, data_dir: object) -> EngineSettings:
+        """These settings with the prompt cache's disk tier under ``<data_dir>/prompt-cache``
+        unless a directory is set already (docs/architecture.md "Prompt cache disk tier")."""
+        if self.prompt_cache_dir:
+            return self
+        return msgspec.structs.replace(self, prompt_cache_dir=f"{data_dir}/prompt-cache")
+
     def rank_settings(self) -> RankSettings:
         """The settings a master fixes in the instances it places (every rank the same)."""
         return RankSettings(prefill_chunk_size=self.prefill_chunk_size, max_batch=self.max_batch)

@@ -19,7 +19,12 @@ class EngineStats(msgspec.Struct, frozen=True):
     (0: off); ``cache_hits_total``/``cache_misses_total``: requests that did / did not
     reuse a cached prefix; ``reused_tokens_total``: prompt tokens not prefilled thanks to
     it; ``prefilled_tokens_total``: prompt tokens fed through the model;
-    ``generated_tokens_total``: tokens sampled for requests.
+    ``generated_tokens_total``: tokens sampled for requests. The prompt cache's disk tier
+    (docs/architecture.md "Prompt cache disk tier"): ``cache_disk_bytes``/``cache_disk_blocks``
+    on disk now, ``cache_disk_hits_total`` (of ``cache_hits_total``, those read back from
+    disk), ``cache_restored_tokens_total`` (prompt tokens reused from them),
+    ``cache_disk_rejected_total`` (blocks deleted for failing a check) and
+    ``cache_disk_writable`` (False once a write failed: the tier stopped writing).
     """
 
     queued: int = 0
@@ -35,6 +40,12 @@ class EngineStats(msgspec.Struct, frozen=True):
     reused_tokens_total: int = 0
     prefilled_tokens_total: int = 0
     generated_tokens_total: int = 0
+    cache_disk_bytes: int = 0
+    cache_disk_blocks: int = 0
+    cache_disk_hits_total: int = 0
+    cache_restored_tokens_total: int = 0
+    cache_disk_rejected_total: int = 0
+    cache_disk_writable: bool = True
 
 
 class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):

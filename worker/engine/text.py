@@ -25,6 +25,10 @@ from worker.runner.prefill_pace import PrefillPacer
 from worker.runner.stats import engine_stats
 
 
+DISK_CLOSE_SECONDS = 10.0
+"""Seconds a closing runner waits at most for its prompt cache's queued disk writes."""
+
+
 class TextEngine:
     """The ``Engine`` of a text-generation shard (see the module docstring). ``agreed``: a
     multi-rank instance's rank (its hold comes from the rounds, ``agreed_hold``);
@@ -105,7 +109,11 @@ class TextEngine:
         """The warm-up request is not traffic: its prompt cache figures start again."""
         cache = self.engine.prompt_cache
         cache.hits = cache.misses = cache.reused_tokens = self.engine.prefilled_tokens = 0
+        cache.disk_hits = cache.restored_tokens = 0
         self.generated = 0
 
     def close(self) -> None:
+        disk = self.engine.prompt_cache.disk if self.engine is not None else None
+        if disk is not None:
+            disk.close(DISK_CLOSE_SECONDS)  # the blocks of the last requests, written before the runner goes
         self.engine = None  # type: ignore[assignment]  # the weights go with the last reference

@@ -28,12 +28,16 @@ def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> En
     rows = [row.kv().used for row in engine.batch.rows]
     rows += [int(seq.processed) for seq in engine.slots.rows]  # prefilling or paused
     cache = engine.prompt_cache
+    disk = cache.disk
     return EngineStats(
         queued=len(engine.queued_task_ids), batch_rows=engine.batch_size, batch_limit=engine.settings.max_batch,
         kv_tokens=sum(rows), kv_capacity_tokens=engine.kv_capacity_tokens, kv_bytes_per_token=kv_bytes_per_token,
         cache_tokens=cache.tokens, cache_bound_tokens=cache.max_tokens, cache_hits_total=cache.hits,
         cache_misses_total=cache.misses, reused_tokens_total=cache.reused_tokens,
         prefilled_tokens_total=engine.prefilled_tokens, generated_tokens_total=generated,
+        cache_disk_hits_total=cache.disk_hits, cache_restored_tokens_total=cache.restored_tokens,
+        **({} if disk is None else {"cache_disk_bytes": disk.nbytes, "cache_disk_blocks": disk.blocks,
+                                    "cache_disk_rejected_total": disk.rejected, "cache_disk_writable": disk.writable}),
     )
 
 
