@@ -169,3 +169,23 @@ def test_the_prompt_cache_restores_a_longer_prefix_from_disk(tmp_path: Path) -> 
     got, length = restarted.reuse([1, 2, 3, 4, 5, 6, 8])  # now in RAM: no second read
     assert length == 6 and restarted.disk_hits == 1 and restarted.hits == 2
     restarted.disk.close()
+
+
+def test_with_api_keys_no_tenant_reuses_another_tenants_entry_in_ram_or_on_disk(tmp_path: Path) -> None:
+    from exo_p2p.types.tasks import GenerationParams
+    from worker.engine.cache.identity import tenant_of
+
+    alice, bob = GenerationParams(messages=(), prompt="x", client="key:alice0000000"), GenerationParams(messages=(), prompt="x", client="key:bob000000000")
+    anonymous = GenerationParams(messages=(), prompt="x", client="peer:0123456789ab")
+    assert tenant_of(alice) == "key:alice0000000" and tenant_of(anonymous) == "" and tenant_of(None) == ""
+    first = PromptCache(1000, disk=tier(tmp_path))
+    assert first.insert([1, 2, 3, 4], kv(4), alice)
+    first.disk.flush()
+    assert first.reuse([1, 2, 3, 4, 5], tenant_of(bob)) == ([], 0)
+    assert first.reuse([1, 2, 3, 4, 5], "")[1] == 0  # without a key: not alice's either
+    assert first.reuse([1, 2, 3, 4, 5], tenant_of(alice))[1] == 4
+    first.disk.close()
+    restarted = PromptCache(1000, disk=tier(tmp_path))
+    assert restarted.reuse([1, 2, 3, 4, 5], tenant_of(bob)) == ([], 0) and restarted.disk_hits == 0
+    assert restarted.reuse([1, 2, 3, 4, 5], tenant_of(alice))[1] == 4 and restarted.disk_hits == 1
+    restarted.disk.close()

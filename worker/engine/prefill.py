@@ -41,6 +41,7 @@ from worker.engine.batch_memory import peak_batch_tokens
 from worker.engine.forward import generation_stream, new_cache
 from worker.engine.pipeline import Stage
 from worker.engine.prepare import error_chunk
+from worker.engine.cache.identity import tenant_of
 from worker.engine.prompt_cache import PromptCache
 from worker.engine.sequence import Sequence
 
@@ -57,7 +58,7 @@ def group_limit(prefill_chunk_size: int, room: int) -> int:
 def start_kv(seq: Sequence, prompt_cache: PromptCache, model: Any) -> None:
     """Give ``seq``, just accepted, its KV: the prompt cache's longest prefix of its prompt
     (a collective on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache."""
-    cache, reused = prompt_cache.reuse(seq.tokens())
+    cache, reused = prompt_cache.reuse(seq.tokens(), tenant_of(seq.params))
     if reused:
         seq.cache, seq.processed, seq.reused = cache, reused, reused
     else:

@@ -37,6 +37,7 @@ import numpy as np
 
 from exo_p2p.content.prefixes import bounded, entry_digests
 from exo_p2p.types.tasks import GenerationParams
+from worker.engine.cache.identity import tenant_of
 
 Gather = Callable[[np.ndarray], np.ndarray]
 
@@ -44,12 +45,14 @@ Gather = Callable[[np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class CachedPrefix:
     """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, its bytes,
-    and the digests of the prefixes of the request that made it (``exo_p2p.content.prefixes``)."""
+    the digests of the prefixes of the request that made it (``exo_p2p.content.prefixes``) and
+    its tenant (``cache.identity.tenant_of``: only requests of the same tenant reuse it)."""
 
     tokens: tuple[int, ...]
     cache: list[Any]
     nbytes: int
     digests: tuple[int, ...] = ()
+    tenant: str = ""
 
 
 def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
@@ -118,30 +121,31 @@ class PromptCache:
             return False  # not the tokens we think it holds: never reuse it
         states = [a for c in cache for a in c.keys_and_values()]
         mx.eval(states)
-        self._keep(tuple(tokens), cache, entry_digests(params))
+        tenant = tenant_of(params)
+        self._keep(tuple(tokens), cache, entry_digests(params), tenant)
         if self.disk is not None:
-            self.disk.put(tuple(tokens), states)
+            self.disk.put(tuple(tokens), states, tenant)
         return True
 
-    def _keep(self, tokens: tuple[int, ...], cache: list[Any], digests: tuple[int, ...]) -> int:
+    def _keep(self, tokens: tuple[int, ...], cache: list[Any], digests: tuple[int, ...], tenant: str) -> int:
         """Add an entry (the most recent), evicting beyond the bound; its key."""
         self._next_key += 1
-        self._entries[self._next_key] = CachedPrefix(tokens, cache, sum(c.nbytes for c in cache), digests)
+        self._entries[self._next_key] = CachedPrefix(tokens, cache, sum(c.nbytes for c in cache), digests, tenant)
         while self.tokens > self.max_tokens and len(self._entries) > 1:
             self._entries.popitem(last=False)
         return self._next_key
 
-    def restore(self, ids: list[int], key: int | None, length: int) -> tuple[int | None, int, bool]:
+    def restore(self, ids: list[int], key: int | None, length: int, tenant: str = "") -> tuple[int | None, int, bool]:
         """The RAM entry ``key`` sharing ``length`` tokens with ``ids``, or — when the disk
         tier holds a longer prefix and its block passes every check — that block, read
         back and kept as the most recent entry; (key, length, whether from disk)."""
         if self.disk is None:
             return key, length, False
-        name, on_disk = self.disk.nearest(ids)
+        name, on_disk = self.disk.nearest(ids, tenant)
         on_disk = min(on_disk, len(ids) - 1)
         if name is None or on_disk <= length:
             return key, length, False
-        block = self.disk.load(name)
+        block = self.disk.load(name, tenant)
         if block is None or len(block[0]) > self.max_tokens:
             return key, length, False
         from mlx_lm.models.cache import KVCache
@@ -153,18 +157,20 @@ class PromptCache:
             c.keys, c.values, c.offset = arrays[i], arrays[i + 1], len(tokens)
             layers.append(c)
         mx.eval(arrays)
-        return self._keep(tokens, layers, ()), on_disk, True
+        return self._keep(tokens, layers, (), tenant), on_disk, True
 
     def digests(self) -> tuple[int, ...]:
         """The prefix digests of the entries, those of the most recently used last, at most
         ``exo_p2p.content.prefixes.MAX_DIGESTS`` (what the runner publishes)."""
         return bounded(d for e in self._entries.values() for d in e.digests)
 
-    def nearest(self, ids: list[int]) -> tuple[int | None, int]:
-        """The key of the entry sharing the longest prefix with prompt ``ids`` and that length,
-        at most ``len(ids) − 1`` (None, 0 when no entry shares a token)."""
+    def nearest(self, ids: list[int], tenant: str = "") -> tuple[int | None, int]:
+        """The key of ``tenant``'s entry sharing the longest prefix with prompt ``ids`` and
+        that length, at most ``len(ids) − 1`` (None, 0 when no entry shares a token)."""
         best_key, best = None, 0
         for key, entry in self._entries.items():
+            if entry.tenant != tenant:
+                continue
             n = common_prefix(entry.tokens, ids)
             if n > best:
                 best_key, best = key, n
@@ -178,7 +184,7 @@ class PromptCache:
         proposals = self.gather(np.array([length], dtype=np.int64)).reshape(-1)
         return int(proposals.min())
 
-    def reuse(self, ids: list[int]) -> tuple[list[Any], int]:
+    def reuse(self, ids: list[int], tenant: str = "") -> tuple[list[Any], int]:
         """A fresh KV cache holding the longest cached prefix of prompt ``ids`` and its length
         (tokens, agreed across ranks), or ``([], 0)``. The entry used becomes the most
         recently used; the entry itself is never modified. A collective when ``gather`` is
@@ -186,7 +192,7 @@ class PromptCache:
         there: it is not called at all when the cache is off on every rank)."""
         if not self.enabled:
             return [], 0
-        key, length, from_disk = self.restore(ids, *self.nearest(ids))
+        key, length, from_disk = self.restore(ids, *self.nearest(ids, tenant), tenant)
         length = self.agreed_length(length)
         if key is None or length < 1:
             self.misses += 1

@@ -4,6 +4,11 @@ The model's identity is a digest of what decides the KV a prompt produces: the m
 ``config.json`` (as loaded), the weights' form (stored or float32), the tokenizer's
 vocabulary size and the tensor split (a tensor rank holds its share of the heads). Its
 directory name alone is not enough: two quantizations of one model share a name.
+
+The tenant of a request (``tenant_of``) is the API key it presented when the node requires
+keys (``GenerationParams.client`` ``key:<id>``, ``exo_p2p.api.generation.client_key``),
+else "" (one tenant: without keys every caller may read every entry, as before). Entries and
+blocks of one tenant are never reused for another (``worker.engine.prompt_cache``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ def model_identity(loaded: Any, tensor_rank: int = 0) -> str:
     }
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
+
+
+def tenant_of(params: Any) -> str:
+    """The tenant of a request's ``params`` (``GenerationParams`` or None; module docstring)."""
+    client = getattr(params, "client", "") or ""
+    return client if client.startswith("key:") else ""
 
 
 def tier_directory(root: Path, identity: str, layers: tuple[int, int]) -> Path:
