@@ -16,6 +16,7 @@ import pytest
 from exo_p2p.types.engine import EngineSettings
 from tests.support.agent_session import replay, serve, session_messages, system_prompt
 from worker.engine.builder import build_engine
+from worker.runner.stats import engine_stats
 from worker.engine.cache.block import decode, encode, read_header
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -66,6 +67,9 @@ def test_turn_5_after_a_restart_is_restored_from_disk(loaded, reference, tmp_pat
     cache = gen.prompt_cache
     assert answers == reference and cold.text == reference[4]
     assert cache.disk_hits == 1 and cache.restored_tokens >= 6000
+    stats = engine_stats(gen, 0)  # what the runner reports (exo_prompt_cache_disk_* metrics)
+    assert stats.cache_disk_hits_total == 1 and stats.cache_restored_tokens_total == cache.restored_tokens
+    assert stats.cache_disk_bytes > 0 and stats.cache_disk_blocks >= 4 and stats.cache_disk_writable
     assert turns[0].ttft <= cold.ttft / 5, (turns[0].ttft, cold.ttft)
     print(f"turn 5 TTFT restored {turns[0].ttft * 1000:.0f} ms, cold prefill {cold.ttft * 1000:.0f} ms "
           f"({turns[0].prompt_tokens} prompt tokens, {cache.restored_tokens} restored)")

@@ -55,15 +55,6 @@ def block_name(tenant: str, tokens: tuple[int, ...] | list[int]) -> str:
     return h.hexdigest() + SUFFIX
 
 
-def _common(a: tuple[int, ...], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class DiskTier:
     """The tier of one rank in ``directory``, bounded by ``max_bytes`` (> 0), holding KV of
     the model ``identity`` and layers ``layers`` only (module docstring). ``close`` ends the
@@ -125,11 +116,13 @@ class DiskTier:
     def nearest(self, ids: list[int], tenant: str = "") -> tuple[str | None, int]:
         """The block of ``tenant`` sharing the longest prefix with ``ids`` and that length
         (None, 0 when none shares a token). Blocks of other tenants are never candidates."""
+        from worker.engine.prompt_cache import common_prefix
+
         best, length = None, 0
         with self._lock:
             items = list(self._index.items())
         for name, stored in items:
-            n = _common(stored.tokens, ids)
+            n = common_prefix(stored.tokens, ids)
             if n > length and stored.tenant == tenant:
                 best, length = name, n
         return best, length
