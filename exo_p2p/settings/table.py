@@ -95,7 +95,7 @@ _SETTINGS = (
             "extending one prefills only its new tokens (bounded in tokens: BYTES ÷ the KV bytes per token; at most a quarter "
             "of the runner's KV budget); 0 is off; a multi-rank instance keeps the smallest rank's bound, in tokens", "engine.prompt_cache_bytes", "BYTES",
             type=int, min=0, panel=SERVING),
-    Setting("--prompt-cache-disk-bytes", "bytes", "KV of finished conversations each runner rank keeps on disk "
+    Setting("--disk-cache-bytes", "bytes", "KV of finished conversations each runner rank keeps on disk "
             "under <data dir>/prompt-cache (LRU, checksummed blocks of its own layers, written in the background), read back "
             "when a request extends one that RAM no longer holds, also after a restart; 0 is off; needs --prompt-cache-bytes",
             "engine.prompt_cache_disk_bytes", "BYTES",
