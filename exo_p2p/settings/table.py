@@ -109,6 +109,12 @@ _SETTINGS = (
             "its ranks compute at once (1: none; 0: as many as ranks when every rank has a host of its own, else none); "
             "the ranks of an instance use the smallest of theirs", "engine.micro_batches", "N",
             type=int, min=0, panel=SERVING),
+    Setting("--speculative", "off | ngram", "Speculative decoding: ngram drafts each greedy row's next tokens "
+            "from its own prompt and output and verifies them in the batch's forward pass (output unchanged; a row "
+            "whose drafts are mostly rejected pauses drafting); off decodes one token per step", "engine.speculative",
+            "off|ngram", choices=("off", "ngram"), panel=SERVING),
+    Setting("--num-draft", "tokens", "The most tokens a row drafts per step with --speculative ngram (1-16)",
+            "engine.num_draft", "N", type=int, min=1, max=16, panel=SERVING),
     Setting("--cpu-weights", " | ".join(CPU_WEIGHTS), "On a CPU-only node, the weights runners hold: auto (float32 "
             "when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as "
             "on disk); a Metal node always holds the stored weights", "cpu_weights", "|".join(CPU_WEIGHTS),

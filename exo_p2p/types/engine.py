@@ -16,6 +16,10 @@ from exo_p2p.defaults import MAX_BATCH, PREFILL_CHUNK_SIZE, PROMPT_CACHE_BYTES
 from exo_p2p.types.instances import RankSettings
 
 
+SPECULATIVE = ("off", "ngram")
+"""The kinds of speculative decoding (``--speculative``; draft-model drafting is not built)."""
+
+
 class EngineSettings(msgspec.Struct, frozen=True):
     """What a runner's engine is built with.
 
@@ -31,6 +35,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
     instance agree the smallest). ``prompt_cache_disk_bytes``: bytes of finished sequences' KV
     each rank keeps on disk (≥ 0; 0: no disk tier; ``worker.engine.cache.disk_tier``) under
     ``prompt_cache_dir`` ("" : no disk tier; the worker sets ``<data dir>/prompt-cache``).
+    ``speculative``: ``off`` or ``ngram`` (prompt-lookup drafting, ``worker/engine/spec/``);
+    ``num_draft``: the most tokens a row drafts per step (1 … 16).
     Raises ``ValueError`` from ``check`` for a value out of range.
     """
 
@@ -41,6 +47,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
     micro_batches: int = 0
     prompt_cache_disk_bytes: int = 0
     prompt_cache_dir: str = ""
+    speculative: str = "ngram"
+    num_draft: int = 8
 
     def check(self) -> EngineSettings:
         """``self``, or ``ValueError`` naming the first setting out of range."""
@@ -56,6 +64,10 @@ class EngineSettings(msgspec.Struct, frozen=True):
             raise ValueError(f"prompt_cache_disk_bytes must be >= 0, not {self.prompt_cache_disk_bytes}")
         if self.micro_batches < 0:
             raise ValueError(f"micro_batches must be >= 0, not {self.micro_batches}")
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, not {self.speculative!r}")
+        if not 1 <= self.num_draft <= 16:
+            raise ValueError(f"num_draft must be in 1..16, not {self.num_draft}")
         return self
 
     def in_data_dir(self, data_dir: object) -> EngineSettings:

@@ -124,6 +124,9 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ``disable_parallel_tool_use``): the call grammar ends the answer after its first call, so a
     forced call finishes as a call instead of repeating calls until ``max_tokens``.
 
+    ``speculative``: False opts this request out of speculative decoding (its tokens are the
+    same either way; ``worker/engine/spec/``).
+
     ``client``: who asked, as the runner's fairness rule shares prefill between clients
     (``worker.engine.fair_share``; set by the API node: ``exo_p2p.api.generation.client_key``, at most
     ``exo_p2p.api.generation.client_key.CLIENT_KEY_MAX`` characters); None: the unnamed client.
@@ -153,6 +156,7 @@ class GenerationParams(msgspec.Struct, frozen=True, omit_defaults=True):
     client: str | None = None
     thinking_budget: int | None = None
     logprobs: int | None = None
+    speculative: bool = True
 
 
 class EmbeddingParams(msgspec.Struct, frozen=True, omit_defaults=True):

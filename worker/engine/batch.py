@@ -50,6 +50,7 @@ class DecodeBatch:
         self.rows: list[Sequence] = []
         self._cache: list[Any] | None = None  # one BatchKVCache per local layer
         self._next: mx.array | None = None  # [B] the tokens each row is fed next (lazy)
+        self.spec: Any = None  # a spec.verify.SpecDecoder when speculative decoding is on
 
     @property
     def full(self) -> bool:
@@ -90,12 +91,15 @@ class DecodeBatch:
             seq.cache = []
         self.rows.extend(seqs)
 
-    def decode(self, stage: Stage, model: Any) -> list[int]:
-        """One decode step: each row's token (``len(rows)`` ints, row order). This step's
+    def decode(self, stage: Stage, model: Any) -> list[int | list[int]]:
+        """One decode step: each row's token (``len(rows)`` ints, row order; with ``spec``, a
+        row may take several: the list of its tokens, ``engine/spec/verify.py``). This step's
         forward pass feeds them into the KV (appended to each row's ``fed``) and computes the
         next step's tokens in the background — unless every row ends with this token (each at
         its last allowed one): then nothing is fed. Constrained rows' grammars advance by
         their token and their next masks are set between the forward and the draw."""
+        if self.spec is not None and (runs := self.spec.step(self, stage, model)) is not None:
+            return runs
         if any(row.constraint is not None for row in self.rows):
             return self.sample_step(stage, self.forward_step(stage, model))
         assert self._cache is not None and self._next is not None
@@ -107,6 +111,28 @@ class DecodeBatch:
             self._next = stage.next_tokens(model, tokens_in[:, None], self._cache, [row.sampler for row in self.rows])
         mx.async_eval(self._next)
         return self._fed([int(t) for t in tokens_in.tolist()])
+
+    @property
+    def cache(self) -> list[Any] | None:
+        """The batch's KV (one ``BatchKVCache`` per local layer; None: no rows)."""
+        return self._cache
+
+    @property
+    def next_tokens(self) -> mx.array | None:
+        """``[B]`` the token each row is fed next (lazy; None: no rows)."""
+        return self._next
+
+    def set_next(self, tokens: mx.array, fed: list[int | list[int]]) -> None:
+        """After a step fed by the caller (``spec``): ``fed[i]`` (a token or a list of them)
+        are now in row ``i``'s KV, ``tokens [B]`` are fed next."""
+        for row, run in zip(self.rows, fed, strict=True):
+            row.fed.extend(run) if isinstance(run, list) else row.fed.append(run)
+        self._next = tokens
+
+    @property
+    def feeds(self) -> bool:
+        """Whether this step feeds its tokens (some row goes on after it)."""
+        return self._feeds
 
     @property
     def _feeds(self) -> bool:
@@ -148,6 +174,10 @@ class DecodeBatch:
             self._next = stage.sample(pending, [row.sampler for row in self.rows])
         mx.async_eval(self._next)
         return self._fed(tokens or [int(t) for t in tokens_in.tolist()])
+
+    def advance_masks(self, stage: Stage, tokens: list[int]) -> None:
+        """``_mask`` for a step fed by the caller (``spec``)."""
+        self._mask(stage, tokens)
 
     def _mask(self, stage: Stage, tokens: list[int]) -> None:
         """Advance each constrained row's grammar by its ``tokens`` entry and, on the rank

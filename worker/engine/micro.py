@@ -34,6 +34,7 @@ from worker.engine.batch import DecodeBatch
 from worker.engine.batch_memory import RowKV
 from worker.engine.pipeline import Stage
 from worker.engine.sequence import Sequence
+from worker.engine.spec.verify import SpecDecoder
 
 MAX_MICRO_BATCHES = 8
 """Micro-batches at most, whatever the setting: each pays the per-op cost of a forward pass."""
@@ -59,9 +60,15 @@ def resolve_micro_batches(settings: EngineSettings, auto: int) -> int:
 def decode_batch(settings: EngineSettings) -> DecodeBatch | MicroBatches:
     """The engine's batch: a ``DecodeBatch`` of ``max_batch`` rows, or ``MicroBatches`` when
     ``settings.micro_batches`` > 1 (at most ``max_batch`` and ``MAX_MICRO_BATCHES``; 0, "not
-    resolved", is one batch)."""
+    resolved", is one batch). One batch drafts when ``settings.speculative`` is ``ngram``
+    (``engine/spec/verify.py``)."""
     count = min(settings.micro_batches, settings.max_batch, MAX_MICRO_BATCHES)
-    return MicroBatches(settings.max_batch, count) if count > 1 else DecodeBatch(settings.max_batch)
+    if count > 1:
+        return MicroBatches(settings.max_batch, count)
+    batch = DecodeBatch(settings.max_batch)
+    if settings.speculative == "ngram":
+        batch.spec = SpecDecoder(settings.num_draft)
+    return batch
 
 
 class MicroBatches:

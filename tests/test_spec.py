@@ -1,0 +1,201 @@
+"""Speculative decoding (prompt-lookup drafts verified in the batch): its pure rules, the
+per-row KV rollback, and the engine's greedy output with speculation on equal, token for
+token, to its output with speculation off — in a batch of 16 mixed rows (sampled,
+penalised, stop strings, regex- and JSON-schema-constrained, tools), with stop strings and
+``max_tokens`` landing on the exact token, and with a cancel.
+
+The tiny random model never repeats itself, so drafts would all be rejected; the "echoing"
+models scale the layers' residual contributions down (``echo``): their greedy output repeats
+spans of what came before, so drafts are partly (0.15) or wholly (0) accepted, and the tests
+check both kinds of rows were verified.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from tests.support.batch_drive import drive, requests, user
+from tests.support.models.synthetic_models import make_synthetic_model
+from exo_p2p.types.engine import EngineSettings
+from exo_p2p.types.tasks import GenerationParams, OutputFormat
+from worker.engine.builder import build_engine
+from worker.engine.loading.loader import LoadedModel, load_all
+from worker.engine.spec.ngram import NgramIndex
+from worker.engine.spec.policy import BACKOFF, WINDOW, DraftPolicy
+from worker.engine.spec.rollback import rollback
+from worker.engine.spec.verify import accepted_count
+
+
+def test_ngram_proposes_the_latest_longest_match() -> None:
+    index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 8, 3, 4])
+    assert index.propose(3) == [6, 7, 8]  # tail "3 4": its latest earlier occurrence is followed by 6 7 8
+    index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 8, 2, 3, 4])
+    assert index.propose(3) == [6, 7, 8]  # "2 3 4": latest earlier occurrence is followed by 6 7 8
+    assert index.propose(1) == [6]
+    assert index.propose(0) == []
+    index.extend([6, 7])
+    assert index.propose(16) == [8, 2, 3, 4, 6, 7]  # tail "4 6 7"; never past the history's end
+    assert NgramIndex([1, 2, 3, 4]).propose(4) == []  # no earlier occurrence
+    assert NgramIndex([5, 5, 5]).propose(4) == [5]
+
+
+def test_ngram_prefers_longer_tails() -> None:
+    # "3 4" occurs followed by 9 (latest) and "2 3 4" followed by 5: the longer tail wins
+    index = NgramIndex([2, 3, 4, 5, 1, 3, 4, 9, 0, 2, 3, 4])
+    assert index.propose(1) == [5]
+
+
+def test_accepted_count_is_the_exact_match_prefix() -> None:
+    assert accepted_count([5, 6, 7], [5, 6, 8, 1]) == 2
+    assert accepted_count([5, 6, 7], [4, 6, 7, 1]) == 0
+    assert accepted_count([5, 6, 7], [5, 6, 7, 1]) == 3
+    assert accepted_count([], [3]) == 0
+
+
+def test_policy_adapts_k_and_pauses_on_low_acceptance() -> None:
+    policy = DraftPolicy(8)
+    assert policy.wanted() == 8
+    policy.record(8, 0)
+    assert policy.wanted() == 4
+    policy.record(4, 4)
+    assert policy.wanted() == 6
+    policy = DraftPolicy(8)
+    for _ in range(WINDOW):  # a window of mostly rejected drafts
+        policy.record(1, 0)
+    assert [policy.wanted() for _ in range(BACKOFF)] == [0] * BACKOFF
+    assert policy.wanted() == 8  # tries again
+    for _ in range(WINDOW):
+        policy.record(1, 0)
+    assert sum(policy.wanted() == 0 for _ in range(2 * BACKOFF)) == 2 * BACKOFF  # backoff doubled
+    with pytest.raises(ValueError):
+        DraftPolicy(0)
+
+
+def _batch_cache(lengths: list[int], fed: int) -> tuple[Any, list[mx.array]]:
+    """A left-padded batch cache of rows of ``lengths`` tokens, then ``fed`` more for every
+    row; the keys each row was given, in order."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    longest = max(lengths)
+    cache = BatchKVCache([longest - n for n in lengths])
+    keys = mx.random.normal((len(lengths), 2, longest + fed, 4), key=mx.random.key(1))
+    cache.update_and_fetch(keys[:, :, :longest], keys[:, :, :longest])
+    cache.update_and_fetch(keys[:, :, longest:], keys[:, :, longest:])
+    rows = [keys[i, :, longest - n :] for i, n in enumerate(lengths)]
+    return cache, rows
+
+
+def test_rollback_drops_each_rows_own_positions() -> None:
+    cache, rows = _batch_cache([5, 3, 7], fed=4)
+    drop = [1, 4, 2]
+    rollback([cache], drop)
+    for i, d in enumerate(drop):
+        kept = rows[i][:, : rows[i].shape[1] - d]
+        got = cache.extract(i)
+        assert got.offset == kept.shape[1]
+        assert mx.array_equal(got.keys[0], kept).item()
+    assert cache.offset.tolist() == [r.shape[1] - d for r, d in zip(rows, drop)]
+    with pytest.raises(ValueError):
+        rollback([cache], [1, 1])
+    with pytest.raises(ValueError):
+        rollback([cache], [-1, 0, 0])
+
+
+def echo(loaded: LoadedModel, factor: float) -> LoadedModel:
+    """``loaded`` with its layers' residual contributions scaled by ``factor`` (in place)."""
+    for layer in loaded.model.model.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * factor
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * factor
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def partly(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return echo(load_all(make_synthetic_model(tmp_path_factory.mktemp("spec") / "m", n_layers=4)), 0.15)
+
+
+@pytest.fixture(scope="module")
+def wholly(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return echo(load_all(make_synthetic_model(tmp_path_factory.mktemp("spec0") / "m", n_layers=2)), 0.0)
+
+
+def serve(loaded: LoadedModel, reqs: list[tuple[str, GenerationParams]], speculative: str, max_batch: int = 16,
+          **kw: Any) -> tuple[dict[str, Any], Any]:
+    gen = build_engine(loaded, EngineSettings(prefill_chunk_size=16, max_batch=max_batch, speculative=speculative))
+    for task_id, params in reqs:
+        gen.submit(task_id, params)
+    return drive(gen, **kw), gen.batch.spec
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]})
+TOOLS = json.dumps([{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])
+
+
+def mixed() -> list[tuple[str, GenerationParams]]:
+    """16 rows: the batch tests' mix (sampled, stop strings, regex), plus greedy rows that
+    draft, a JSON-schema row, a tools row and an opted-out one."""
+    rows = requests(10)
+    for i in range(3):
+        rows.append((f"echo{i}", GenerationParams(messages=user(f"a b c {i} a b c {i} " * (i + 2)), max_tokens=40 + 9 * i,
+                                                  temperature=0.0)))
+    rows.append(("json", GenerationParams(messages=user("give json"), max_tokens=30, temperature=0.0,
+                                          output_format=OutputFormat("json_schema", SCHEMA))))
+    rows.append(("tools", GenerationParams(messages=user("time?"), max_tokens=30, temperature=0.0, tools=TOOLS)))
+    rows.append(("optout", GenerationParams(messages=user("a b a b a b"), max_tokens=30, temperature=0.0,
+                                            speculative=False)))
+    return rows
+
+
+def test_batch_of_16_mixed_rows_equal_with_speculation_off(partly: LoadedModel) -> None:
+    off, _ = serve(partly, mixed(), "off")
+    on, spec = serve(partly, mixed(), "ngram")
+    assert on["ids"] == off["ids"]
+    assert on["texts"] == off["texts"]
+    assert on["finish"] == off["finish"]
+    assert off["largest"] == on["largest"] == 16
+    assert 0 < spec.stats.accepted < spec.stats.proposed  # drafts accepted and rejected
+    assert "optout" not in spec.stats.per_task and "json" not in spec.stats.per_task
+
+
+def test_whole_acceptance_many_tokens_a_step_and_max_tokens_exact(wholly: LoadedModel) -> None:
+    reqs = [(f"r{i}", GenerationParams(messages=user(f"x y {i}"), max_tokens=23 + 7 * i, temperature=0.0)) for i in range(3)]
+    off, _ = serve(wholly, reqs, "off")
+    on, spec = serve(wholly, reqs, "ngram")
+    assert on["ids"] == off["ids"] and on["finish"] == off["finish"]
+    for i in range(3):
+        assert len(on["ids"][f"r{i}"]) == 23 + 7 * i
+    assert spec.stats.accepted == spec.stats.proposed > 0
+    assert spec.stats.steps < sum(23 + 7 * i for i in range(3)) / 3  # several tokens a step
+
+
+def test_stop_string_lands_on_the_exact_token(wholly: LoadedModel) -> None:
+    base = GenerationParams(messages=user("q r s"), max_tokens=40, temperature=0.0)
+    text = serve(wholly, [("t", base)], "off")[0]["texts"]["t"]
+    stop = text[len(text) // 3 : len(text) // 3 + 2] if len(text) > 6 else text[-1:]
+    params = GenerationParams(messages=base.messages, max_tokens=40, temperature=0.0, stop=(stop,))
+    off, _ = serve(wholly, [("t", params)], "off")
+    on, spec = serve(wholly, [("t", params)], "ngram")
+    assert on["texts"] == off["texts"] and on["finish"] == off["finish"] and on["ids"] == off["ids"]
+    assert off["finish"]["t"][0] == "stop" and off["finish"]["t"][1] < 40
+    assert spec.stats.accepted > 0
+
+
+def test_cancel_stops_within_a_step(wholly: LoadedModel) -> None:
+    reqs = [("c", GenerationParams(messages=user("m n o"), max_tokens=200, temperature=0.0))]
+    full, _ = serve(wholly, reqs, "off")
+    on, _ = serve(wholly, reqs, "ngram", cancel_after={"c": 10})
+    got = on["ids"]["c"]
+    assert on["finish"]["c"][0] == "cancelled"
+    assert 10 <= len(got) < 200 and got == full["ids"]["c"][: len(got)]
+
+
+def test_settings_refuse_unknown_kinds() -> None:
+    with pytest.raises(ValueError, match="speculative"):
+        EngineSettings(speculative="draft").check()
+    with pytest.raises(ValueError, match="num_draft"):
+        EngineSettings(num_draft=0).check()
