@@ -140,6 +140,8 @@ _RUNNER_COUNTERS = (
     ("exo_prompt_cache_disk_rejected", "Disk-tier blocks deleted for failing a check", lambda st: st.cache_disk_rejected_total),
     ("exo_runner_prefilled_tokens", "Prompt tokens fed through the model", lambda st: st.prefilled_tokens_total),
     ("exo_runner_generated_tokens", "Tokens sampled for requests", lambda st: st.generated_tokens_total),
+    ("exo_runner_draft_proposed_tokens", "Drafted tokens verified (speculative decoding)", lambda st: st.draft_proposed_total),
+    ("exo_runner_draft_accepted_tokens", "Drafted tokens accepted (speculative decoding)", lambda st: st.draft_accepted_total),
 )
 
 

@@ -19,12 +19,14 @@ class EngineStats(msgspec.Struct, frozen=True):
     (0: off); ``cache_hits_total``/``cache_misses_total``: requests that did / did not
     reuse a cached prefix; ``reused_tokens_total``: prompt tokens not prefilled thanks to
     it; ``prefilled_tokens_total``: prompt tokens fed through the model;
-    ``generated_tokens_total``: tokens sampled for requests. The prompt cache's disk tier
-    (docs/architecture.md "Prompt cache disk tier"): ``cache_disk_bytes``/``cache_disk_blocks``
-    on disk now, ``cache_disk_hits_total`` (of ``cache_hits_total``, those read back from
-    disk), ``cache_restored_tokens_total`` (prompt tokens reused from them),
-    ``cache_disk_rejected_total`` (blocks deleted for failing a check) and
-    ``cache_disk_writable`` (False once a write failed: the tier stopped writing).
+    ``generated_tokens_total``: tokens sampled for requests; ``draft_proposed_total`` /
+    ``draft_accepted_total``: speculative decoding's drafted tokens verified / accepted
+    (``worker/engine/spec/``; accepted ones are part of ``generated_tokens_total``). The prompt
+    cache's disk tier (docs/architecture.md "Prompt cache disk tier"):
+    ``cache_disk_bytes``/``cache_disk_blocks`` on disk now, ``cache_disk_hits_total`` (of
+    ``cache_hits_total``, those read back from disk), ``cache_restored_tokens_total`` (prompt
+    tokens reused from them), ``cache_disk_rejected_total`` (blocks deleted for failing a
+    check) and ``cache_disk_writable`` (False once a write failed: the tier stopped writing).
     """
 
     queued: int = 0
@@ -46,6 +48,8 @@ class EngineStats(msgspec.Struct, frozen=True):
     cache_restored_tokens_total: int = 0
     cache_disk_rejected_total: int = 0
     cache_disk_writable: bool = True
+    draft_proposed_total: int = 0
+    draft_accepted_total: int = 0
 
 
 class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):

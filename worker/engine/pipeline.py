@@ -193,6 +193,11 @@ class PipelineStage:
             h = mx.distributed.send(h, self.rank + 1, group=self.group)
         return h
 
+    def every_position(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """This rank's part of feeding ``tokens [B, L]`` (lazy): the logits of every position
+        ``[B, L, vocab]`` on the last rank, else the hidden states sent on (``engine/spec``)."""
+        return self._hidden(model, tokens, cache)
+
     def prefill(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> None:
         h = self._hidden(model, tokens, cache)  # the last rank's logits are not needed here
         mx.eval([] if self.is_last else h, [c.state for c in cache])

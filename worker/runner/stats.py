@@ -29,6 +29,7 @@ def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> En
     rows += [int(seq.processed) for seq in engine.slots.rows]  # prefilling or paused
     cache = engine.prompt_cache
     disk = cache.disk
+    spec = getattr(getattr(engine.batch, "spec", None), "stats", None)  # a SpecStats when drafting
     return EngineStats(
         queued=len(engine.queued_task_ids), batch_rows=engine.batch_size, batch_limit=engine.settings.max_batch,
         kv_tokens=sum(rows), kv_capacity_tokens=engine.kv_capacity_tokens, kv_bytes_per_token=kv_bytes_per_token,
@@ -38,6 +39,7 @@ def engine_stats(engine: Any, kv_bytes_per_token: int, generated: int = 0) -> En
         cache_disk_hits_total=cache.disk_hits, cache_restored_tokens_total=cache.restored_tokens,
         **({} if disk is None else {"cache_disk_bytes": disk.nbytes, "cache_disk_blocks": disk.blocks,
                                     "cache_disk_rejected_total": disk.rejected, "cache_disk_writable": disk.writable}),
+        draft_proposed_total=spec.proposed if spec else 0, draft_accepted_total=spec.accepted if spec else 0,
     )
 
 

@@ -27,11 +27,11 @@ from typing import Any
 import mlx.core as mx
 
 from worker.engine.forward import generation_stream
-from worker.engine.pipeline import LocalStage, logprobs_of, sample_rows
 from worker.engine.sequence import Sequence
 from worker.engine.spec.ngram import NgramIndex
 from worker.engine.spec.policy import DraftPolicy
 from worker.engine.spec.rollback import rollback, rollback_supported
+from worker.engine.spec.stages import verifies, verify_tokens
 
 MAX_NUM_DRAFT = 16
 """The most tokens a row may draft per step (``--num-draft`` is checked against it)."""
@@ -109,9 +109,10 @@ class SpecDecoder:
     def step(self, batch: Any, stage: Any, model: Any) -> list[int | list[int]] | None:
         """One speculative step of ``batch`` (a ``DecodeBatch``): each row's tokens this step
         (an int, or the list of its current token and accepted drafts), fed and kept in the
-        KV; None when speculation does not apply this step (not a ``LocalStage``, a cache that
-        cannot roll back, every row at its last token, or no proposals): run the ordinary step."""
-        if type(stage) is not LocalStage or not batch.feeds or not rollback_supported(batch.cache):
+        KV; None when speculation does not apply this step (a stage ``stages.verifies``
+        refuses, a cache that cannot roll back, every row at its last token, or no
+        proposals): run the ordinary step. Every rank of a multi-rank instance decides alike."""
+        if not batch.feeds or not rollback_supported(batch.cache) or not verifies(stage, [r.sampler for r in batch.rows]):
             return None
         current = [int(t) for t in batch.next_tokens.tolist()]
         live = {row.task_id for row in batch.rows}
@@ -123,18 +124,17 @@ class SpecDecoder:
             return None
         return self._verify(batch, stage, model, current, drafts, width)
 
-    def _verify(self, batch: Any, stage: LocalStage, model: Any, current: list[int],
+    def _verify(self, batch: Any, stage: Any, model: Any, current: list[int],
                 drafts: list[list[int]], width: int) -> list[int | list[int]]:
         rows = batch.rows
         fed = [[c, *d] + [c] * (width - len(d)) for c, d in zip(current, drafts, strict=True)]
         with mx.stream(generation_stream):
             if any(row.constraint is not None for row in rows):
                 batch.advance_masks(stage, current)
-            logits = stage.forward(model, mx.array(fed, dtype=mx.uint32), batch.cache)
-            greedy = mx.argmax(logits, axis=-1)
-            first = sample_rows([row.sampler for row in rows], logprobs_of(logits[:, :1, :]))
-            mx.eval(greedy, first)
-        argmax, sampled = greedy.tolist(), first.tolist()
+            chosen = verify_tokens(stage, model, mx.array(fed, dtype=mx.uint32), batch.cache, [row.sampler for row in rows])
+            mx.eval(chosen)
+        argmax = chosen.tolist()
+        sampled = [r[-1] for r in argmax]
         runs: list[int | list[int]] = []
         nexts, drop = [], []
         for i, row in enumerate(rows):
