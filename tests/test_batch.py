@@ -27,6 +27,7 @@ from worker.engine.scheduler import Engine  # noqa: E402
 from worker.engine.loading.loader import LoadedModel, load_all  # noqa: E402
 from worker.engine.pipeline import LocalStage  # noqa: E402
 from tests.support.batch_drive import CHUNK, PROMPTS, Request, drive, requests, user
+from tests.support.runners import tensor_runners
 
 
 def engine(loaded: LoadedModel, max_batch: int, **kw) -> Engine:
@@ -188,26 +189,6 @@ def test_batch_never_exceeds_its_limit(loaded: LoadedModel, solo: dict[str, dict
     assert all(got["ids"][t] == solo[t]["ids"][t] for t in solo)
 
 
-def _tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
-    from exo_p2p.types.instances import Instance, ShardMetadata
-    from exo_p2p.types.tasks import ConnectToGroup
-    from tests.support.cluster import free_ports
-    from tests.support.runners import RunnerProc
-    from exo_p2p.types.engine import EngineSettings
-    from worker.runner.protocol import RunnerSetup
-
-    ports = free_ports(2)
-    shards = tuple(ShardMetadata(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=2, start_layer=0,
-                                 end_layer=4, n_layers=4, share_bytes=0, boot_id="b",
-                                 ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
-    instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
-    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), heartbeat_interval=0.5,
-                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch))) for s in shards]
-    for r in runners:
-        r.send(ConnectToGroup(runner_id="x"))
-    return runners
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("sharding", ["pipeline", "tensor", "pipeline-micro"])
 def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]], sharding: str) -> None:
@@ -221,7 +202,7 @@ def test_runner_ranks_batch(loaded: LoadedModel, solo: dict[str, dict[str, Any]]
 
     tasks = [task_for_request(i, r) for i, r in enumerate(requests())]
     if sharding == "tensor":
-        runners = _tensor_runners(loaded.model_dir, 16)
+        runners = tensor_runners(loaded.model_dir, 16)
     else:
         runners = start_runners(loaded.model_dir, 2, max_batch=16, micro_batches=2 if sharding == "pipeline-micro" else 0)
     try:

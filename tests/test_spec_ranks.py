@@ -64,14 +64,13 @@ def reference(model_dir: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
 def test_ranks_with_speculation_equal_one_node_without(model_dir: Path, reference: dict[str, Any], sharding: str) -> None:
-    from tests.support.runners import bring_up, shut_down_cleanly, start_runners, task_for_request, wait_for
-    from tests.test_batch import _tensor_runners
+    from tests.support.runners import bring_up, shut_down_cleanly, start_runners, task_for_request, tensor_runners, wait_for
 
     stats = reference["ngram-stats"].stats
     assert 0 < stats.accepted < stats.proposed  # the same tokens draft the same way on the ranks
     assert reference["ngram"]["ids"] == reference["off"]["ids"]
     tasks = [task_for_request(i, r) for i, r in enumerate(reqs())]
-    runners = _tensor_runners(model_dir, 16) if sharding == "tensor" else start_runners(model_dir, 2, max_batch=16)
+    runners = tensor_runners(model_dir, 16) if sharding == "tensor" else start_runners(model_dir, 2, max_batch=16)
     try:
         bring_up(runners)
         for t in tasks:

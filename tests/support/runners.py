@@ -199,3 +199,22 @@ def task_for_request(created_idx: int, req: Any):
     task_id, params = req
     return TextGeneration(task_id=task_id, instance_id="i1", model_id="synthetic", api_node_id="n0",
                           created_idx=created_idx, params=params)
+
+
+def tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
+    """Two tensor runner ranks of ``model_dir`` (4 layers) on instance ``i1``, connecting."""
+    from exo_p2p.types.instances import Instance, ShardMetadata
+    from exo_p2p.types.tasks import ConnectToGroup
+    from exo_p2p.types.engine import EngineSettings
+    from worker.runner.protocol import RunnerSetup
+
+    ports = free_ports(2)
+    shards = tuple(ShardMetadata(node_id=f"n{r}", runner_id=f"r{r}", rank=r, world_size=2, start_layer=0,
+                                 end_layer=4, n_layers=4, share_bytes=0, boot_id="b",
+                                 ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
+    instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
+    runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), heartbeat_interval=0.5,
+                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch))) for s in shards]
+    for r in runners:
+        r.send(ConnectToGroup(runner_id="x"))
+    return runners
