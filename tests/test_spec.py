@@ -199,3 +199,21 @@ def test_settings_refuse_unknown_kinds() -> None:
         EngineSettings(speculative="draft").check()
     with pytest.raises(ValueError, match="num_draft"):
         EngineSettings(num_draft=0).check()
+
+
+def test_acceptance_reaches_finish_records_and_top(wholly: LoadedModel) -> None:
+    """A request's drafted and accepted tokens come in its ``FinishChunk``; ``exo-p2p top``
+    shows an instance's acceptance from its rank-0 runner's counters."""
+    from exo_p2p.cli.queries.top import acceptance_by_instance, parse_metrics
+    from exo_p2p.types.chunks import FinishChunk
+
+    gen = build_engine(wholly, EngineSettings(prefill_chunk_size=16, max_batch=2))
+    gen.submit("f", GenerationParams(messages=user("u v w"), max_tokens=30, temperature=0.0))
+    finish = [c for _ in range(500) if gen.has_work() for c in gen.step() if isinstance(c, FinishChunk)]
+    stats = gen.batch.spec.stats
+    assert (finish[0].draft_proposed, finish[0].draft_accepted) == tuple(stats.per_task["f"]) == (stats.proposed, stats.accepted)
+    assert finish[0].draft_accepted > 0
+    text = ('exo_runner_draft_proposed_tokens_total{instance="i1",model="m",rank="0"} 40\n'
+            'exo_runner_draft_accepted_tokens_total{instance="i1",model="m",rank="0"} 30\n'
+            'exo_runner_draft_proposed_tokens_total{instance="i2",model="m",rank="0"} 0\n')
+    assert acceptance_by_instance(parse_metrics(text)) == {"i1": "75%"}

@@ -64,7 +64,9 @@ class FinishChunk(_Chunk, tag="finish"):
     ``stop_sequence`` is the stop string that ended it (None for an end-of-turn token);
     ``cached_tokens``: prompt tokens taken from the prompt cache instead of prefilled;
     ``ttft``: from the task's arrival at its runner's engine to its first token, of which
-    ``queued`` waiting in the engine's queue (the rest: prefill, with the group it joined)."""
+    ``queued`` waiting in the engine's queue (the rest: prefill, with the group it joined);
+    ``draft_proposed``/``draft_accepted``: speculative decoding's drafted tokens verified and
+    accepted for this task (``worker/engine/spec/``)."""
 
     finish_reason: FinishReason
     prompt_tokens: int
@@ -73,6 +75,8 @@ class FinishChunk(_Chunk, tag="finish"):
     decode_tokens_per_second: float = 0.0
     stop_sequence: str | None = None
     cached_tokens: int = 0
+    draft_proposed: int = 0
+    draft_accepted: int = 0
     queued: float = 0.0
 
 

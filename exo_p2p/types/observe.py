@@ -66,7 +66,9 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     of the API key it presented (never the key; None without keys); ``route``: why the
     master chose its instance; ``prompt``/``output``: only when the node logs them
     (``--log-request-text``); ``kind``: the kind of work asked (``exo_p2p.types.TaskKind``:
-    ``generate``, ``embed``, ``rerank``; records from before kinds are generations).
+    ``generate``, ``embed``, ``rerank``; records from before kinds are generations);
+    ``draft_proposed``/``draft_accepted``: speculative decoding's drafted tokens verified and
+    accepted for its last task (``worker/engine/spec/``; 0 when it did not draft).
 
     What the TTFT is made of (docs/operations.md): ``routed``, from the request's arrival to
     the master's answer naming its instance (the command's round trip and the log's commit);
@@ -101,3 +103,5 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=False):
     prompt: str | None = None
     output: str | None = None
     kind: str = "generate"
+    draft_proposed: int = 0
+    draft_accepted: int = 0

@@ -94,6 +94,8 @@ class Sequence:
     """The row's thinking budget (``think_budget``), when it has one and the model thinks."""
     token_text: Callable[[int], str] | None = None
     """A token id's text, when the request asked for logprobs (``token_logprobs``)."""
+    drafts: tuple[int, int] = (0, 0)
+    """Drafted tokens verified and accepted for this row (speculative decoding, ``engine/spec``)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -270,4 +272,5 @@ class Sequence:
             tps = (new - 1) / (self.t_last - self.t_first)
         return FinishChunk(task_id=self.task_id, finish_reason=reason, prompt_tokens=self.prompt_tokens,
                            completion_tokens=n, ttft=ttft, queued=queued, decode_tokens_per_second=tps,
-                           stop_sequence=self.stops.matched if reason == "stop" else None, cached_tokens=self.reused)
+                           stop_sequence=self.stops.matched if reason == "stop" else None, cached_tokens=self.reused,
+                           draft_proposed=self.drafts[0], draft_accepted=self.drafts[1])

@@ -112,6 +112,8 @@ class RequestTrace:
             finish_reason=fin.finish_reason if fin is not None else None,
             prompt_tokens=fin.prompt_tokens if fin is not None else 0,
             cached_tokens=fin.cached_tokens if fin is not None else 0,
+            draft_proposed=fin.draft_proposed if fin is not None else 0,
+            draft_accepted=fin.draft_accepted if fin is not None else 0,
             completion_tokens=fin.completion_tokens if fin is not None else 0,
             ttft=ttft, decode_tps=tps, moves=self.moves, key_id=self.key_id, route=self.route,
             routed=None if self.routed_at is None else round(self.routed_at - self.started, 4),

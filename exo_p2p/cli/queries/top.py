@@ -7,7 +7,8 @@ each node's memory and runners; each instance's status, nodes, sequences running
 queued against its batch limit, and tokens per second — measured by the runners of this
 node, else from the completions this node's API delivered (an instance whose requests all
 come through other nodes shows ``-``); while none flow, the speed of its last request
-through this node (``GET /requests``), marked "last". docs/operations.md.
+through this node (``GET /requests``), marked "last"; and the share of drafted tokens its
+runners accepted (speculative decoding). docs/operations.md.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def tokens_by_instance(samples: Samples) -> dict[str, float]:
         if name == "exo_runner_generated_tokens_total" and d.get("rank") == "0":
             out[d["instance"]] = v
     return out
+
+
+def acceptance_by_instance(samples: Samples) -> dict[str, str]:
+    """Instance id → its drafted tokens' acceptance so far (accepted ÷ proposed, as a
+    percentage) from the runners of this node hosting its rank 0; instances that drafted
+    nothing are left out (speculative decoding, docs/architecture.md#speculative-decoding)."""
+    counts: dict[str, list[float]] = {}
+    for (name, labels), v in samples.items():
+        d = dict(labels)
+        for i, metric in enumerate(("exo_runner_draft_proposed_tokens_total", "exo_runner_draft_accepted_tokens_total")):
+            if name == metric and d.get("rank") == "0" and d.get("instance"):
+                counts.setdefault(d["instance"], [0.0, 0.0])[i] = v
+    return {iid: f"{100 * a / p:.0f}%" for iid, (p, a) in counts.items() if p > 0}
 
 
 @dataclass
@@ -126,8 +140,9 @@ def frame(state: Mapping, samples: Samples, rates: Mapping[str, float],
                            _gib(p.get("memory_total")), str(count))
     tasks = list(state.get("tasks", {}).values())
     inst_table = Table(title="instances", title_justify="left")
-    for col in ("instance", "model", "status", "nodes", "running", "queued", "batch", "tok/s"):
+    for col in ("instance", "model", "status", "nodes", "running", "queued", "batch", "tok/s", "drafts"):
         inst_table.add_column(col)
+    accepted = acceptance_by_instance(samples)
     for iid, inst in sorted(state.get("instances", {}).items()):
         mine = [t for t in tasks if t["task"]["instance_id"] == iid]
         running = sum(1 for t in mine if t.get("status") == "running")
@@ -135,7 +150,8 @@ def frame(state: Mapping, samples: Samples, rates: Mapping[str, float],
         limit = (inst.get("settings") or {}).get("max_batch", 1)
         where = ", ".join(names.get(s["node_id"], s["node_id"]) for s in inst.get("shards", []))
         inst_table.add_row(iid[:8], inst.get("model_id", ""), _status(state, inst), where, str(running), str(queued),
-                           f"{min(running, limit)}/{limit}", rate_text(rates.get(iid), (last or {}).get(iid)))
+                           f"{min(running, limit)}/{limit}", rate_text(rates.get(iid), (last or {}).get(iid)),
+                           accepted.get(iid, "-"))
     return Group(head, fit(node_table, width), fit(inst_table, width))
 
 

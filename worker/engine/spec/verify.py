@@ -150,6 +150,7 @@ class SpecDecoder:
             drop.append(width - n)
             self._rows[row.task_id][1].record(len(d), n)
             self.stats.add(row.task_id, len(d), n)
+            row.drafts = (row.drafts[0] + len(d), row.drafts[1] + n)
         self.stats.steps += 1
         rollback(batch.cache, drop)
         batch.set_next(mx.array(nexts, dtype=mx.uint32), runs)
