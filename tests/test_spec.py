@@ -217,3 +217,16 @@ def test_acceptance_reaches_finish_records_and_top(wholly: LoadedModel) -> None:
             'exo_runner_draft_accepted_tokens_total{instance="i1",model="m",rank="0"} 30\n'
             'exo_runner_draft_proposed_tokens_total{instance="i2",model="m",rank="0"} 0\n')
     assert acceptance_by_instance(parse_metrics(text)) == {"i1": "75%"}
+
+
+def test_openai_chat_opts_a_request_out() -> None:
+    import msgspec
+
+    from exo_p2p.api.families.openai.chat import chat_params
+    from exo_p2p.api.schemas import ChatCompletionRequest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert chat_params(msgspec.convert(body, ChatCompletionRequest)).speculative is True
+    assert chat_params(msgspec.convert({**body, "speculative": False}, ChatCompletionRequest)).speculative is False
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**body, "speculative": "no"}, ChatCompletionRequest)

@@ -88,6 +88,7 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True):
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    speculative: bool | None = None  # false: no speculative decoding for this request (docs/api.md)
     # Structured output (exo_p2p.api.formats); ``regex`` and ``grammar`` as llama-server and vLLM
     response_format: Any = None
     regex: str | None = None

@@ -95,6 +95,7 @@ def chat_params(request: ChatCompletionRequest, images: ImageUrlPolicy = NO_URLS
         "presence_penalty": request.presence_penalty,
         "frequency_penalty": request.frequency_penalty,
         "repetition_penalty": request.repetition_penalty,
+        "speculative": request.speculative,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     fields["logit_bias"] = logit_bias_pairs(request.logit_bias)
