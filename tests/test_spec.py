@@ -32,21 +32,20 @@ from worker.engine.spec.verify import accepted_count
 
 
 def test_ngram_proposes_the_latest_longest_match() -> None:
-    index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 8, 3, 4])
-    assert index.propose(3) == [6, 7, 8]  # tail "3 4": its latest earlier occurrence is followed by 6 7 8
+    assert NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 8, 3, 4]).propose(3) == []  # tail "8 3 4" never seen before
     index = NgramIndex([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 8, 2, 3, 4])
-    assert index.propose(3) == [6, 7, 8]  # "2 3 4": latest earlier occurrence is followed by 6 7 8
+    assert index.propose(3) == [6, 7, 8]  # "2 3 4": its latest earlier occurrence is followed by 6 7 8
     assert index.propose(1) == [6]
     assert index.propose(0) == []
     index.extend([6, 7])
     assert index.propose(16) == [8, 2, 3, 4, 6, 7]  # tail "4 6 7"; never past the history's end
     assert NgramIndex([1, 2, 3, 4]).propose(4) == []  # no earlier occurrence
-    assert NgramIndex([5, 5, 5]).propose(4) == [5]
+    assert NgramIndex([5, 5, 5, 5]).propose(4) == [5]
 
 
 def test_ngram_prefers_longer_tails() -> None:
-    # "3 4" occurs followed by 9 (latest) and "2 3 4" followed by 5: the longer tail wins
-    index = NgramIndex([2, 3, 4, 5, 1, 3, 4, 9, 0, 2, 3, 4])
+    # "2 3 4" was last followed by 9, but "1 2 3 4" by 5: the longer tail wins
+    index = NgramIndex([1, 2, 3, 4, 5, 0, 2, 3, 4, 9, 7, 1, 2, 3, 4])
     assert index.propose(1) == [5]
 
 
@@ -59,16 +58,19 @@ def test_accepted_count_is_the_exact_match_prefix() -> None:
 
 def test_policy_adapts_k_and_pauses_on_low_acceptance() -> None:
     policy = DraftPolicy(8)
-    assert policy.wanted() == 8
-    policy.record(8, 0)
+    assert policy.wanted() == 2
+    policy.record(2, 2)
     assert policy.wanted() == 4
     policy.record(4, 4)
-    assert policy.wanted() == 6
+    policy.record(6, 6)
+    assert policy.wanted() == 8  # at most max_k
+    policy.record(8, 0)
+    assert policy.wanted() == 4
     policy = DraftPolicy(8)
     for _ in range(WINDOW):  # a window of mostly rejected drafts
         policy.record(1, 0)
     assert [policy.wanted() for _ in range(BACKOFF)] == [0] * BACKOFF
-    assert policy.wanted() == 8  # tries again
+    assert policy.wanted() == 2  # tries again
     for _ in range(WINDOW):
         policy.record(1, 0)
     assert sum(policy.wanted() == 0 for _ in range(2 * BACKOFF)) == 2 * BACKOFF  # backoff doubled
@@ -125,8 +127,10 @@ def wholly(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 def serve(loaded: LoadedModel, reqs: list[tuple[str, GenerationParams]], speculative: str, max_batch: int = 16,
-          **kw: Any) -> tuple[dict[str, Any], Any]:
+          max_positions: int | None = None, **kw: Any) -> tuple[dict[str, Any], Any]:
     gen = build_engine(loaded, EngineSettings(prefill_chunk_size=16, max_batch=max_batch, speculative=speculative))
+    if max_positions is not None and gen.batch.spec is not None:
+        gen.batch.spec.max_positions = max_positions  # let a wide batch draft (the default keeps 16 rows from it)
     for task_id, params in reqs:
         gen.submit(task_id, params)
     return drive(gen, **kw), gen.batch.spec
@@ -153,13 +157,15 @@ def mixed() -> list[tuple[str, GenerationParams]]:
 
 def test_batch_of_16_mixed_rows_equal_with_speculation_off(partly: LoadedModel) -> None:
     off, _ = serve(partly, mixed(), "off")
-    on, spec = serve(partly, mixed(), "ngram")
+    on, spec = serve(partly, mixed(), "ngram", max_positions=16 * 9)
     assert on["ids"] == off["ids"]
     assert on["texts"] == off["texts"]
     assert on["finish"] == off["finish"]
     assert off["largest"] == on["largest"] == 16
     assert 0 < spec.stats.accepted < spec.stats.proposed  # drafts accepted and rejected
     assert "optout" not in spec.stats.per_task and "json" not in spec.stats.per_task
+    wide, _ = serve(partly, mixed(), "ngram")  # by default: no drafts until fewer than 16 rows are left
+    assert wide["ids"] == off["ids"]
 
 
 def test_whole_acceptance_many_tokens_a_step_and_max_tokens_exact(wholly: LoadedModel) -> None:
@@ -176,7 +182,8 @@ def test_whole_acceptance_many_tokens_a_step_and_max_tokens_exact(wholly: Loaded
 def test_stop_string_lands_on_the_exact_token(wholly: LoadedModel) -> None:
     base = GenerationParams(messages=user("q r s"), max_tokens=40, temperature=0.0)
     text = serve(wholly, [("t", base)], "off")[0]["texts"]["t"]
-    stop = text[len(text) // 3 : len(text) // 3 + 2] if len(text) > 6 else text[-1:]
+    stop = text[: 2 * len(text) // 3]  # the output stops once it reaches two thirds of itself
+    assert len(stop) > 4
     params = GenerationParams(messages=base.messages, max_tokens=40, temperature=0.0, stop=(stop,))
     off, _ = serve(wholly, [("t", params)], "off")
     on, spec = serve(wholly, [("t", params)], "ngram")

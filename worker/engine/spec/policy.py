@@ -1,8 +1,9 @@
 """How many tokens a row drafts next: adaptive per row from its acceptance, off when low.
 
-The rule (pure state, one per row): ``k`` starts at ``max_k``; a step whose proposals were
-all accepted raises it by 2 (at most ``max_k``), one with none accepted halves it (at least
-1). Once the row has proposed ``WINDOW`` tokens its acceptance over them is judged: below
+The rule (pure state, one per row): ``k`` starts at ``START_K`` (at most ``max_k``); a step
+whose proposals were all accepted raises it by 2 (at most ``max_k``), one with none accepted
+halves it (at least 1). On this CPU a verification pass of ``1 + k`` positions costs more
+than one position (docs/benchmarks.md), so ``k`` grows only while drafts are right. Once the row has proposed ``WINDOW`` tokens its acceptance over them is judged: below
 ``MIN_ACCEPTANCE`` the row stops drafting for ``backoff`` steps (starting at ``BACKOFF``,
 doubling each time it is turned off again, at most ``MAX_BACKOFF``), then tries again with a
 fresh window. Rejected drafts cost the row extra positions of the forward pass and a KV
@@ -12,7 +13,9 @@ rollback, so a row whose drafts are mostly wrong stops paying for them (docs/ben
 
 from __future__ import annotations
 
-WINDOW = 32
+START_K = 2
+"""Drafts a row proposes at first, and again after a pause."""
+WINDOW = 16
 """Proposed tokens over which a row's acceptance is judged."""
 MIN_ACCEPTANCE = 0.25
 """Accepted ÷ proposed below which a row stops drafting for a while."""
@@ -29,7 +32,7 @@ class DraftPolicy:
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, not {max_k}")
         self.max_k = max_k
-        self.k = max_k
+        self.k = min(START_K, max_k)
         self.proposed = 0  # in the current window
         self.accepted = 0
         self.paused = 0  # steps left without drafting
@@ -55,5 +58,5 @@ class DraftPolicy:
         if self.proposed >= WINDOW:
             if self.accepted < MIN_ACCEPTANCE * self.proposed:
                 self.paused, self.backoff = self.backoff, min(MAX_BACKOFF, self.backoff * 2)
-                self.k = self.max_k
+                self.k = min(START_K, self.max_k)
             self.proposed = self.accepted = 0

@@ -35,6 +35,10 @@ from worker.engine.spec.stages import verifies, verify_tokens
 
 MAX_NUM_DRAFT = 16
 """The most tokens a row may draft per step (``--num-draft`` is checked against it)."""
+MAX_POSITIONS = 16
+"""Positions a verification pass feeds at most (rows × (1 + the longest proposal)): proposals
+are cut to fit, and a batch of 16 rows or more does not draft — a wide pass is compute bound
+here, so it would cost the batch more than its accepted drafts save (docs/benchmarks.md)."""
 
 
 def accepted_count(drafts: list[int], argmax: list[int]) -> int:
@@ -84,6 +88,7 @@ class SpecDecoder:
         if not 1 <= num_draft <= MAX_NUM_DRAFT:
             raise ValueError(f"num_draft must be in 1..{MAX_NUM_DRAFT}, not {num_draft}")
         self.num_draft = num_draft
+        self.max_positions = MAX_POSITIONS
         self.stats = SpecStats()
         self._rows: dict[str, tuple[NgramIndex, DraftPolicy, int]] = {}  # task -> index, policy, fed seen
 
@@ -118,7 +123,10 @@ class SpecDecoder:
         live = {row.task_id for row in batch.rows}
         for gone in [t for t in self._rows if t not in live]:
             del self._rows[gone]
-        drafts = [self._proposal(row, c) for row, c in zip(batch.rows, current, strict=True)]
+        cap = self.max_positions // len(batch.rows) - 1
+        if cap <= 0:
+            return None
+        drafts = [self._proposal(row, c)[:cap] for row, c in zip(batch.rows, current, strict=True)]
         width = max(len(d) for d in drafts)
         if width == 0:
             return None
