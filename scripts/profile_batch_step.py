@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model-dir", type=Path)
+    ap.add_argument("--speculative", choices=("off", "ngram"), default="off",
+                    help="one token per step (off: what this profile breaks down), or drafting on")
     args = ap.parse_args()
     from worker import blas
 
@@ -69,7 +71,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for b in args.sizes:
             stage = LastBatchStep()
-            gen = build_engine(loaded, EngineSettings(prefill_chunk_size=256, max_batch=b), stage=stage)
+            gen = build_engine(loaded, EngineSettings(prefill_chunk_size=256, max_batch=b, speculative=args.speculative), stage=stage)
             for i in range(b):
                 gen.submit(f"t{i}", GenerationParams(messages=(ChatMessage("user", f"Tell a story number {i}."),),
                                                      max_tokens=10 * args.steps + 50, temperature=0.0))
