@@ -179,6 +179,18 @@ def test_whole_acceptance_many_tokens_a_step_and_max_tokens_exact(wholly: Loaded
     assert spec.stats.steps < sum(23 + 7 * i for i in range(3)) / 3  # several tokens a step
 
 
+def test_seeded_sampled_rows_draft_and_keep_their_tokens(wholly: LoadedModel) -> None:
+    """A sampled row's drafts are accepted by the rejection rule, which for a prompt-lookup
+    draft draws each position as an ordinary step would (``spec/rejection.py``): seeded output
+    is the same with speculation on and off, alone or in a batch."""
+    reqs = [(f"s{i}", GenerationParams(messages=user(f"k {i}"), max_tokens=40, temperature=3.5, seed=i)) for i in range(6)]
+    off, _ = serve(wholly, reqs, "off")
+    on, spec = serve(wholly, reqs, "ngram", max_positions=6 * 9)
+    alone, _ = serve(wholly, reqs[:1], "ngram")
+    assert on["ids"] == off["ids"] and alone["ids"]["s0"] == off["ids"]["s0"]
+    assert 0 < spec.stats.accepted < spec.stats.proposed
+
+
 def test_stop_string_lands_on_the_exact_token(wholly: LoadedModel) -> None:
     base = GenerationParams(messages=user("q r s"), max_tokens=40, temperature=0.0)
     text = serve(wholly, [("t", base)], "off")[0]["texts"]["t"]
@@ -237,3 +249,42 @@ def test_openai_chat_opts_a_request_out() -> None:
     assert chat_params(msgspec.convert({**body, "speculative": False}, ChatCompletionRequest)).speculative is False
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**body, "speculative": "no"}, ChatCompletionRequest)
+
+
+def _repeats(loaded: LoadedModel, speculative: str, seeds: range, positions: int = 8,
+             temperature: float = 3.5) -> tuple[list[int], Any]:
+    """Per seed, how many of a sampled request's first ``positions`` tokens repeat the one before
+    (the echoing model at temperature 3.5: drafts propose repeats and about half are accepted,
+    so a wrong acceptance rule moves this); and the drafting stats. One figure per request:
+    independent samples. Seeded, so the outcome is fixed (no flakiness)."""
+    reqs = [(f"s{seed}", GenerationParams(messages=user("a b c d a b c d a b c d a b"), max_tokens=positions,
+                                          temperature=temperature, seed=seed)) for seed in seeds]
+    got, spec = serve(loaded, reqs, speculative, max_batch=len(reqs), max_positions=len(reqs) * 9)
+    counts = []
+    for task, _ in reqs:
+        ids = got["ids"][task][:positions]
+        counts.append(sum(a == b for a, b in zip(ids, ids[1:])))
+    return counts, spec
+
+
+def test_sampled_rows_keep_their_distribution(wholly: LoadedModel) -> None:
+    """Sampled rows draft and accept by the rejection rule: over 960 seeds each, the histogram
+    of repeats among a request's first 8 tokens matches speculation off (chi-square
+    contingency test, p > 0.001), while drafts were both accepted and rejected."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    off: Counter[int] = Counter()
+    on: Counter[int] = Counter()
+    proposed = accepted = 0
+    for start in range(0, 960, 96):
+        off.update(_repeats(wholly, "off", range(30_000 + start, 30_000 + start + 96))[0])
+        counts, spec = _repeats(wholly, "ngram", range(10_000 + start, 10_000 + start + 96))
+        on.update(counts)
+        proposed, accepted = proposed + spec.stats.proposed, accepted + spec.stats.accepted
+    bins = sorted(k for k in off.keys() | on.keys() if off[k] + on[k] >= 10)
+    table = [[c[k] for k in bins] for c in (off, on)]
+    pvalue = chi2_contingency(table).pvalue
+    assert 0.1 * proposed < accepted < 0.9 * proposed
+    assert pvalue > 0.001

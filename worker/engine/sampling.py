@@ -130,6 +130,23 @@ class Sampler:
         return (self.temperature == 0 and not self._processors and not self.constrained
                 and self.top_logprobs is None and not self.forced)
 
+    @property
+    def plain_sampled(self) -> bool:
+        """Sampled with no logits processors, mask, logprobs or forced tokens: each draw is
+        a categorical draw from ``distribution(logprobs)`` alone (speculative rows verify
+        drafts against it: ``engine/spec/rejection.py``)."""
+        return (self.temperature != 0 and not self._processors and not self.constrained
+                and self.top_logprobs is None and not self.forced)
+
+    def key_seeds(self, count: int) -> list[int]:
+        """The key seeds of the next ``count`` draws (``step_key_seed``), not used up."""
+        return [step_key_seed(self._seed, self._position + j) for j in range(count)]
+
+    def skip(self, count: int) -> None:
+        """``count`` draws were made elsewhere with ``key_seeds(count)`` (used up)."""
+        self._position += count
+        self.draws += count
+
     def __call__(self, logprobs: mx.array) -> mx.array:
         raw = logprobs
         forced = self.forced.pop(self.draws, None)
@@ -162,12 +179,17 @@ class Sampler:
     def _draw(self, logprobs: mx.array) -> mx.array:
         if self.temperature == 0:
             return mx.argmax(logprobs, axis=-1)
+        key = mx.random.key(step_key_seed(self._seed, self._position))
+        self._position += 1
+        return mx.random.categorical(self.distribution(logprobs), key=key)
+
+    def distribution(self, logprobs: mx.array) -> mx.array:
+        """What a sampled draw is categorical over (unnormalized log-probabilities, ``[N,
+        vocab]`` like ``logprobs``): top-p, min-p, top-k, then the temperature."""
         if 0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
         if self.min_p > 0.0:
             logprobs = apply_min_p(logprobs, self.min_p)
         if 0 < self.top_k < logprobs.shape[-1]:
             logprobs = apply_top_k(logprobs, self.top_k)
-        key = mx.random.key(step_key_seed(self._seed, self._position))
-        self._position += 1
-        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key)
+        return logprobs * (1.0 / self.temperature)

@@ -52,10 +52,11 @@ def accepted_count(drafts: list[int], argmax: list[int]) -> int:
 
 
 def drafts_allowed(row: Sequence) -> bool:
-    """Whether ``row`` drafts: greedy with no logits processors, no output format, no
-    logprobs, no forced tokens (``Sampler.plain_greedy``), and not opted out by its request
-    (``GenerationParams.speculative``). Sampled rows do not draft (docs/architecture.md#speculative-decoding)."""
-    return row.sampler.plain_greedy and getattr(row.params, "speculative", True)
+    """Whether ``row`` drafts: no logits processors, no output format, no logprobs, no
+    forced tokens (``Sampler.plain_greedy``: accepted by exact match; ``plain_sampled``: by
+    the rejection rule, ``rejection.py``), and not opted out by its request
+    (``GenerationParams.speculative``)."""
+    return (row.sampler.plain_greedy or row.sampler.plain_sampled) and row.params.speculative
 
 
 @dataclass
@@ -139,7 +140,8 @@ class SpecDecoder:
         with mx.stream(generation_stream):
             if any(row.constraint is not None for row in rows):
                 batch.advance_masks(stage, current)
-            chosen = verify_tokens(stage, model, mx.array(fed, dtype=mx.uint32), batch.cache, [row.sampler for row in rows])
+            chosen = verify_tokens(stage, model, mx.array(fed, dtype=mx.uint32), batch.cache,
+                                   [row.sampler for row in rows], drafts)
             mx.eval(chosen)
         argmax = chosen.tolist()
         sampled = [r[-1] for r in argmax]
@@ -154,6 +156,8 @@ class SpecDecoder:
                 continue
             n = accepted_count(d, argmax[i])
             runs.append([current[i], *d[:n]])
+            if row.sampler.plain_sampled:
+                row.sampler.skip(n + 1)  # the draws at positions 0 … n (rejection.py)
             nexts.append(int(argmax[i][n]))
             drop.append(width - n)
             self._rows[row.task_id][1].record(len(d), n)
