@@ -226,7 +226,7 @@ def test_acceptance_reaches_finish_records_and_top(wholly: LoadedModel) -> None:
     from exo_p2p.cli.queries.top import acceptance_by_instance, parse_metrics
     from exo_p2p.types.chunks import FinishChunk
 
-    gen = build_engine(wholly, EngineSettings(prefill_chunk_size=16, max_batch=2))
+    gen = build_engine(wholly, EngineSettings(prefill_chunk_size=16, max_batch=2, speculative="ngram"))
     gen.submit("f", GenerationParams(messages=user("u v w"), max_tokens=30, temperature=0.0))
     finish = [c for _ in range(500) if gen.has_work() for c in gen.step() if isinstance(c, FinishChunk)]
     stats = gen.batch.spec.stats

@@ -70,7 +70,8 @@ def test_ranks_with_speculation_equal_one_node_without(model_dir: Path, referenc
     assert 0 < stats.accepted < stats.proposed  # the same tokens draft the same way on the ranks
     assert reference["ngram"]["ids"] == reference["off"]["ids"]
     tasks = [task_for_request(i, r) for i, r in enumerate(reqs())]
-    runners = tensor_runners(model_dir, 16) if sharding == "tensor" else start_runners(model_dir, 2, max_batch=16)
+    runners = (tensor_runners(model_dir, 16, speculative="ngram") if sharding == "tensor"
+               else start_runners(model_dir, 2, max_batch=16, speculative="ngram"))
     try:
         bring_up(runners)
         for t in tasks:

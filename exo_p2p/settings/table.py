@@ -111,7 +111,8 @@ _SETTINGS = (
             type=int, min=0, panel=SERVING),
     Setting("--speculative", "off | ngram", "Speculative decoding: ngram drafts each greedy row's next tokens "
             "from its own prompt and output and verifies them in the batch's forward pass (output unchanged; a row "
-            "whose drafts are mostly rejected pauses drafting); off decodes one token per step", "engine.speculative",
+            "whose drafts are mostly rejected pauses drafting); off (the default until measured faster on a quiet "
+            "machine, docs/benchmarks.md) decodes one token per step", "engine.speculative",
             "off|ngram", choices=("off", "ngram"), panel=SERVING),
     Setting("--num-draft", "tokens", "The most tokens a row drafts per step with --speculative ngram (1-16)",
             "engine.num_draft", "N", type=int, min=1, max=16, panel=SERVING),

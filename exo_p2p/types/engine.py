@@ -47,7 +47,7 @@ class EngineSettings(msgspec.Struct, frozen=True):
     micro_batches: int = 0
     prompt_cache_disk_bytes: int = 0
     prompt_cache_dir: str = ""
-    speculative: str = "ngram"
+    speculative: str = "off"
     num_draft: int = 8
 
     def check(self) -> EngineSettings:

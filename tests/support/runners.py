@@ -152,7 +152,7 @@ def make_instance(model_dir: Path, world: int, n_layers: int = 4):
 
 
 def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] | None = None,
-                  max_batch: int = 1, micro_batches: int = 0) -> list[RunnerProc]:
+                  max_batch: int = 1, micro_batches: int = 0, speculative: str = "off") -> list[RunnerProc]:
     from exo_p2p.types.tasks import ConnectToGroup
     from exo_p2p.types.engine import EngineSettings
     from worker.runner.protocol import RunnerSetup
@@ -163,7 +163,7 @@ def start_runners(model_dir: Path, world: int, hooks: dict[int, dict[str, str]] 
         runners.append(RunnerProc(RunnerSetup(instance=instance, shard=shard, model_dir=str(model_dir),
                                               heartbeat_interval=0.5,
                                               engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch,
-                                                                    micro_batches=micro_batches),
+                                                                    micro_batches=micro_batches, speculative=speculative),
                                               fault_hooks=(hooks or {}).get(shard.rank, {}))))
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))
@@ -201,7 +201,7 @@ def task_for_request(created_idx: int, req: Any):
                           created_idx=created_idx, params=params)
 
 
-def tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
+def tensor_runners(model_dir: Path, max_batch: int, speculative: str = "off") -> list[Any]:
     """Two tensor runner ranks of ``model_dir`` (4 layers) on instance ``i1``, connecting."""
     from exo_p2p.types.instances import Instance, ShardMetadata
     from exo_p2p.types.tasks import ConnectToGroup
@@ -214,7 +214,8 @@ def tensor_runners(model_dir: Path, max_batch: int) -> list[Any]:
                                  ring_address=f"127.0.0.1:{ports[r]}") for r in range(2))
     instance = Instance(instance_id="i1", model_id="synthetic", sharding="tensor", shards=shards)
     runners = [RunnerProc(RunnerSetup(instance=instance, shard=s, model_dir=str(model_dir), heartbeat_interval=0.5,
-                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch))) for s in shards]
+                                      engine=EngineSettings(prefill_chunk_size=CHUNK, max_batch=max_batch,
+                                                           speculative=speculative))) for s in shards]
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))
     return runners
