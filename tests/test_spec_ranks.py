@@ -64,7 +64,7 @@ def reference(model_dir: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("sharding", ["pipeline", "tensor"])
 def test_ranks_with_speculation_equal_one_node_without(model_dir: Path, reference: dict[str, Any], sharding: str) -> None:
-    from tests.support.runners import bring_up, shut_down_cleanly, start_runners, task_for_request, tensor_runners, wait_for
+    from tests.support.runners import bring_up, deliver, shut_down_cleanly, start_runners, task_for_request, tensor_runners, wait_for
 
     stats = reference["ngram-stats"].stats
     assert 0 < stats.accepted < stats.proposed  # the same tokens draft the same way on the ranks
@@ -74,10 +74,7 @@ def test_ranks_with_speculation_equal_one_node_without(model_dir: Path, referenc
                else start_runners(model_dir, 2, max_batch=16, speculative="ngram"))
     try:
         bring_up(runners)
-        for t in tasks:
-            runners[0].send(t)
-        for t in reversed(tasks):
-            runners[1].send(t)
+        deliver(runners, tasks)
         for t in tasks:
             wait_for(lambda t=t: all("complete" in r.task_status(t.task_id) for r in runners), 90, f"{t.task_id} complete")
         for t in tasks:

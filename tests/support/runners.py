@@ -219,3 +219,11 @@ def tensor_runners(model_dir: Path, max_batch: int, speculative: str = "off") ->
     for r in runners:
         r.send(ConnectToGroup(runner_id="x"))
     return runners
+
+
+def deliver(runners: list[RunnerProc], tasks: list[Any]) -> None:
+    """Send ``tasks`` to two runner ranks in opposite orders (the agreement rounds order them)."""
+    for t in tasks:
+        runners[0].send(t)
+    for t in reversed(tasks):
+        runners[1].send(t)
