@@ -34,6 +34,7 @@ def test_models_state_and_nodes() -> None:
             "storage_size": c.storage_size,
             "context_length": 8192,
             "tasks": ["generate"],  # a card from before kinds
+            "capabilities": [],  # text only
         }
         local = (await client.get("/models")).json()
         assert local == [
@@ -51,6 +52,7 @@ def test_models_state_and_nodes() -> None:
                 "shardings": ["pipeline", "tensor"],
                 "sharding_notes": {},
                 "tasks": ["generate"],
+                "capabilities": [],
             }
         ]
         await client.post("/instances", json={"model": MODEL})
