@@ -16,6 +16,11 @@ HEARTBEAT_MIN_GAP = 0.1
 10 heartbeats/s, as a gossiped heartbeat costs each receiver ~4 ms of CPU."""
 PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
+LAG_REPORT_WINDOW = 60.0
+"""Seconds back a heartbeat's ``lag_ms`` looks: the longest own loop stall that ended within
+them (a host starved of CPU stalls again and again; its peers wait that much longer)."""
+MAX_REPORTED_LAG_MS = 60_000
+"""The largest ``Heartbeat.lag_ms`` a node sends (a receiver grants at most ``PEER_TIMEOUT``)."""
 DIRECT_HEARTBEAT_TIMEOUT = 2.0
 """Seconds a direct heartbeat to the master may take at most (and at most half ``PEER_TIMEOUT``)."""
 DISCONNECTED_TIMEOUT = 2.5

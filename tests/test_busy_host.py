@@ -107,7 +107,7 @@ def _timeout_pass(answers: bool, connected: bool) -> tuple[list, int]:
 
     role = Role("m")
     role.is_master = True
-    peers = SimpleNamespace(liveness=SimpleNamespace(last_heard=lambda n: 0.0), disconnected_at={}, started_at=-100.0,
+    peers = SimpleNamespace(liveness=SimpleNamespace(last_heard=lambda n: 0.0, get=lambda n: None), disconnected_at={}, started_at=-100.0,
                             direct=SimpleNamespace(exchange=exchange))
     net = SimpleNamespace(connected_peers=lambda: {"x"} if connected else set())
     link = MasterLink(net, SimpleNamespace(state=SimpleNamespace(nodes={"m": 1, "x": 1})), role, peers,

@@ -57,6 +57,12 @@ def commit_point(last_idx: int, following: Sequence[Heartbeat]) -> int:
     return min(last_idx, max(p.last_idx for p in following))
 
 
+def lag_ms(seconds: float) -> int:
+    """``Heartbeat.lag_ms`` for an own loop stall of ``seconds``: milliseconds, at most
+    ``MAX_REPORTED_LAG_MS`` (receivers cap the grace at one peer timeout anyway)."""
+    return max(0, min(defaults.MAX_REPORTED_LAG_MS, round(seconds * 1000)))
+
+
 _HEARTBEAT_SEQ = itertools.count(1)
 """``Heartbeat.seq`` of the next heartbeat made in this process: one counter for the process,
 so it only grows for a boot id even if its peer view were made again."""
@@ -104,7 +110,7 @@ class PeerView:
             priority=self.priority, last_idx=last, last_term=self.replica.last_term,
             commit_idx=commit_point(last, following), followers=len(following),
             chain=(self.replica.chain_at(last) or b"") if last else b"",
-            seq=next(_HEARTBEAT_SEQ),
+            seq=next(_HEARTBEAT_SEQ), lag_ms=lag_ms(self.settings.longest_stall(self.clock() - defaults.LAG_REPORT_WINDOW)),
         )
 
     def live_peers(self) -> list[Heartbeat]:

@@ -13,6 +13,13 @@ time this node's loop was stalled since a peer was last heard does not count as 
 silence, up to ``timeout`` (a dead peer is still gone within ``2 × timeout`` however busy
 this host is). A node whose loop lagged 3.5 s once declared its live master gone and split
 the cluster.
+
+**Late because the peer's host is busy is not gone either** (``peer_lag``). Each heartbeat
+carries the longest stall of its sender's own loop in the last ``LAG_REPORT_WINDOW`` s
+(``Heartbeat.lag_ms``): a peer whose loop has been stalling for up to L s (its host starved of
+CPU) is given L s more before it counts as gone. The two graces together are capped at one
+``timeout``, so a dead peer is still gone within ``2 × timeout`` whatever either side says; a
+peer can only delay its own timeout this way (its heartbeat is its own: ``heartbeats``).
 """
 
 from __future__ import annotations
@@ -36,10 +43,16 @@ def stalled_between(stalls: Sequence[tuple[float, float]], t0: float, t1: float)
     return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in stalls)
 
 
-def silence(heard_at: float, now: float, timeout: float, stalled: Stalled = no_stall) -> float:
-    """Seconds a peer last heard at ``heard_at`` has been silent at ``now``, this node's own
-    stalls since then not counted, up to ``timeout`` of them (module docstring)."""
-    return now - heard_at - min(timeout, stalled(heard_at, now))
+def silence(heard_at: float, now: float, timeout: float, stalled: Stalled = no_stall, peer_lag: float = 0.0) -> float:
+    """Seconds a peer last heard at ``heard_at`` has been silent at ``now``: this node's own
+    stalls since then and the peer's reported loop lag ``peer_lag`` (seconds) not counted, up
+    to ``timeout`` of them together (module docstring)."""
+    return now - heard_at - min(timeout, stalled(heard_at, now) + max(0.0, peer_lag))
+
+
+def reported_lag(hb: Heartbeat) -> float:
+    """The sender's own loop lag its heartbeat reports, in seconds (``Heartbeat.lag_ms``)."""
+    return max(0, hb.lag_ms) / 1000
 
 
 class Stalls:
@@ -58,6 +71,11 @@ class Stalls:
     def between(self, t0: float, t1: float) -> float:
         ongoing = () if self.due is None or t1 <= self.due else ((self.due, t1),)
         return stalled_between((*self._stalls, *ongoing), t0, t1)
+
+    def longest_since(self, t0: float) -> float:
+        """The longest stall (seconds) that ended at ``t0`` or later: what this node's
+        heartbeat reports as its own lag (``Heartbeat.lag_ms``); 0.0 when none."""
+        return max((end - start for start, end in self._stalls if end >= t0), default=0.0)
 
 
 @dataclass
@@ -84,11 +102,12 @@ class Liveness:
     def alive(self, now: float) -> list[Heartbeat]:
         """Heartbeats of the peers heard within ``timeout``, by node id."""
         return [hb for t, hb in sorted(self._last.values(), key=lambda x: x[1].node_id)
-                if silence(t, now, self.timeout, self.stalled) < self.timeout]
+                if silence(t, now, self.timeout, self.stalled, reported_lag(hb)) < self.timeout]
 
     def gone(self, now: float) -> list[str]:
         """Peers last heard ``timeout`` or more seconds ago (they stay listed until ``forget``)."""
-        return sorted(n for n, (t, _) in self._last.items() if silence(t, now, self.timeout, self.stalled) >= self.timeout)
+        return sorted(n for n, (t, hb) in self._last.items()
+                      if silence(t, now, self.timeout, self.stalled, reported_lag(hb)) >= self.timeout)
 
     def last_heard(self, node_id: str) -> float | None:
         entry = self._last.get(node_id)

@@ -44,7 +44,10 @@ class Heartbeat(msgspec.Struct, frozen=True):
     log is a prefix of its own (``cluster.claims``). ``seq``: how many heartbeats this boot of the
     sender had made before this one (a counter, no time): a receiver keeps the latest one it
     was *sent*, not the latest to arrive (GossipSub replays recent messages to a peer that
-    just joined, so an older heartbeat can arrive after a newer one; 0 from an older sender)."""
+    just joined, so an older heartbeat can arrive after a newer one; 0 from an older sender).
+    ``lag_ms``: the longest stall of the sender's own event loop in the last
+    ``LAG_REPORT_WINDOW`` s, in milliseconds (its host is busy: receivers wait that much longer
+    before they count it gone, ``cluster.liveness``; 0 from an older sender)."""
 
     node_id: str
     boot_id: str
@@ -58,6 +61,7 @@ class Heartbeat(msgspec.Struct, frozen=True):
     followers: int = 0
     chain: bytes = b""
     seq: int = 0
+    lag_ms: int = 0
 
 
 class HeartbeatAck(msgspec.Struct, frozen=True):

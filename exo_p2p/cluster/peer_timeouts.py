@@ -49,6 +49,7 @@ def timed_out(
     disconnected_since: Callable[[str], float | None] = lambda _node: None,
     disconnected_timeout: float = defaults.DISCONNECTED_TIMEOUT,
     stalled: Stalled = no_stall,
+    peer_lag: Callable[[str], float] = lambda _node: 0.0,
 ) -> list[str]:
     """The nodes of ``nodes`` (not ``self_id``) with ``now - max(last heard, master_since)
     >= timeout``, in the order given. Times are the master's monotonic seconds;
@@ -57,7 +58,9 @@ def timed_out(
     last heartbeat alone (module docstring). ``disconnected_since(node)``: since when the
     master has had no connection to the node (None: connected); such a node is gone after
     ``disconnected_timeout`` s of silence already (module docstring). ``stalled``: this
-    node's own loop stalls, which do not count as a node's silence (``liveness.silence``)."""
+    node's own loop stalls, which do not count as a node's silence (``liveness.silence``);
+    ``peer_lag(node)``: the loop lag the node's last heartbeat reported (seconds), which does
+    not either (together with ``stalled``, at most ``timeout`` of grace)."""
     out = []
     for node in nodes:
         if node == self_id:
@@ -68,7 +71,7 @@ def timed_out(
         else:
             since = master_since if heard is None else max(heard, master_since)
         cut = disconnected_since(node) if node == lost_master or now - master_since >= timeout else None
-        if silence(since, now, timeout, stalled) >= timeout or (cut is not None and now - max(since, cut) >= disconnected_timeout):
+        if silence(since, now, timeout, stalled, peer_lag(node)) >= timeout or (cut is not None and now - max(since, cut) >= disconnected_timeout):
             out.append(node)
     return out
 

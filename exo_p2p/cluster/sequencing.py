@@ -32,6 +32,7 @@ from exo_p2p import defaults
 from exo_p2p.cluster.common import Counters, Pulse, Role, Wake
 from exo_p2p.cluster.event_times import EventTimes
 from exo_p2p.cluster.heartbeats import PeerView
+from exo_p2p.cluster.liveness import reported_lag
 from exo_p2p.cluster.messages import GLOBAL_EVENTS_TOPIC, Heartbeat, IndexedEventBatch, LocalEventBatch, encode, local_batch_decoder
 from exo_p2p.cluster.peer_timeouts import last_sign_of_life, timed_out
 from exo_p2p.cluster.settings import ClusterSettings, MasterHooks
@@ -154,6 +155,11 @@ class MasterLink:
             return None
         return self.peers.disconnected_at.get(node_id, self.peers.started_at)
 
+    def _peer_lag(self, node_id: str) -> float:
+        """The loop lag ``node_id``'s last heartbeat reported (seconds; 0.0: none held)."""
+        hb = self.peers.liveness.get(node_id)
+        return 0.0 if hb is None else reported_lag(hb)
+
     async def timeout_loop(self) -> None:
         while True:
             await trio.sleep(defaults.TIMEOUT_CHECK_INTERVAL)
@@ -163,7 +169,7 @@ class MasterLink:
                 list(self.replica.state.nodes), self_id=self.role.node_id, last_heard=self._last_heard,
                 master_since=self.master_since(), now=self.clock(), timeout=self.settings.peer_timeout,
                 lost_master=self.lost_master(), disconnected_since=self._disconnected_since,
-                stalled=self.settings.stalled,
+                stalled=self.settings.stalled, peer_lag=self._peer_lag,
             )
             for node_id in gone:
                 connected = self.net is not None and node_id in self.net.connected_peers()

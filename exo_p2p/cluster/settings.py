@@ -30,6 +30,10 @@ class ClusterSettings:
     stalled: Stalled = no_stall
     """This node's own loop stalls (``exo_p2p.node.loop_watch.LoopWatch.stalls.between``): not
     counted as a peer's silence (``cluster.liveness``)."""
+    longest_stall: Callable[[float], float] = lambda _since: 0.0
+    """The longest own loop stall (seconds) that ended since a monotonic time
+    (``exo_p2p.node.loop_watch.LoopWatch.stalls.longest_since``): reported in this node's
+    heartbeat (``Heartbeat.lag_ms``)."""
     fault_hooks: dict[str, str] = field(default_factory=dict)
     """Tests only (``--fault-hook``): ``gossip_drop``/``gossip_dup``/``gossip_reorder`` mistreat
     the messages this node receives on the local- and global-events topics (``cluster.faults``)."""

@@ -184,7 +184,8 @@ class Node:
         """This node's ``ClusterMember`` on the open host, driving the master's seat."""
         return ClusterMember(net, self.replica, self.node_id, self.boot_id, self.seat.hooks, priority=self.config.priority,
                              settings=ClusterSettings(fault_hooks=dict(self.config.fault_hooks),  # gossip faults: tests only
-                                                      stalled=self.loop_watch.stalls.between),  # own lag is not a peer's silence
+                                                      stalled=self.loop_watch.stalls.between,  # own lag is not a peer's silence
+                                                      longest_stall=self.loop_watch.stalls.longest_since),  # told to peers
                              on_chunks=self.routes.receive)
 
     def _build_running(self, net: Network, nursery: trio.Nursery) -> Running:
