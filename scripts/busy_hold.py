@@ -10,7 +10,6 @@ and waiting included; the nodes' logs have each request's ``decode_tps``).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+from burners import start_burners, stop_burners  # scripts/burners.py
 
 
 class Chats:
@@ -109,14 +109,14 @@ def _wait_master(apis: list[str], timeout: float) -> str | None:
     return None
 
 
-def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-def]
+def run_hold(args, node, stop, killed) -> int:  # type: ignore[no-untyped-def]
     """The phases; 0 when each held (module docstring of busy_recipe.py)."""
     home = Path(tempfile.mkdtemp(prefix="busy-hold-"))
     api_a, listen_a, api_b, listen_b = (args.port_base + i for i in range(4))
     apis = [f"http://127.0.0.1:{api_a}", f"http://127.0.0.1:{api_b}"]
     cluster = f"busy-{os.getpid()}"
     nodes = [node("a", home, api_a, listen_a, cluster), node("b", home, api_b, listen_b, cluster)]
-    burners: list[multiprocessing.Process] = []
+    burners = None
     chats = Chats(apis[1], args.model, args.prompt)
     try:
         if _wait_master(apis, 120) is None:
@@ -130,9 +130,7 @@ def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-
         chats.thread.start()
         results = {"baseline (no burners)": monitor(apis, args.baseline, home, chats, killed)}
         print(f"baseline (no burners): {results['baseline (no burners)']}", flush=True)
-        burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
-        for b in burners:
-            b.start()
+        burners = start_burners(args.burners, same_session=args.same_session)
         time.sleep(5)
         results[f"{args.burners} burners"] = monitor(apis, args.hold, home, chats, killed)
         print(f"{args.burners} burners: {results[f'{args.burners} burners']}", flush=True)
@@ -153,9 +151,7 @@ def run_hold(args, node, stop, burn, killed) -> int:  # type: ignore[no-untyped-
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
         stop(nodes)
-        for b in burners:
-            b.terminate()
-            b.join(5)
+        stop_burners(burners)
         print(f"logs kept in {home}", flush=True)
 
 

@@ -8,6 +8,10 @@ MODEL --min-nodes 2``, ``exo-p2p chat`` through the second node's API — and pr
 wall time, the machine's load average, and whether any runner was killed (the nodes' logs:
 "runner silent" / "runner stuck"). Then it stops everything it started, by PID.
 
+The burners are other work, as a user's other work runs: one session of their own (a
+build started in another terminal), ``--same-session`` in the nodes' session instead
+(scripts/burners.py says why it matters on Linux: autogroups).
+
 A busy runner is not a dead runner (docs/architecture.md#rules, runner supervision): the
 chat must answer, with no runner killed, however slow the steps are.
 
@@ -29,7 +33,6 @@ when the chat answered and no runner was killed (and, with ``--hold``, every pha
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -38,12 +41,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from burners import start_burners, stop_burners  # scripts/burners.py
+
 BIN = Path(sys.executable).parent
-
-
-def _burn() -> None:
-    while True:
-        pass
 
 
 def _exo(*args: str) -> list[str]:
@@ -93,12 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if args.hold:
         from busy_hold import run_hold  # scripts/busy_hold.py
 
-        return run_hold(args, _node, _stop, _burn, killed_runners)
+        return run_hold(args, _node, _stop, killed_runners)
     """The recipe under load; 0 when the chat answered and no runner was killed."""
     home = Path(tempfile.mkdtemp(prefix="busy-recipe-"))
-    burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.burners)]
-    for b in burners:
-        b.start()
+    burners = start_burners(args.burners, same_session=args.same_session)
     api_a, listen_a, api_b, listen_b = (args.port_base + i for i in range(4))
     nodes: list[subprocess.Popen[bytes]] = []
     try:
@@ -116,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if proc.returncode == 0 and proc.stdout.strip() and not killed else 1
     finally:
         _stop(nodes)
-        for b in burners:
-            b.terminate()
-            b.join(5)
+        stop_burners(burners)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -131,6 +127,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--hold", type=float, default=0.0, help="seconds under burners with chats running (0: the plain recipe)")
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds of chats before the burners start")
+    parser.add_argument("--same-session", action="store_true",
+                        help="burners in the nodes' own session (Linux autogroup: they then share the nodes' CPU group)")
     parser.add_argument("--long-stop", type=float, default=10.0, help="seconds of the SIGSTOP past the peer timeout")
     return run(parser.parse_args())
 
