@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exo_p2p.config import RUNNER_STEP_FACTOR, RUNNER_STEP_FLOOR, RUNNER_UNIT_BOUND
-from worker.liveness import LivenessBounds, liveness_fault, silence_bound, step_bound, stuck_reason
+from worker.liveness import LivenessBounds, liveness_fault, own_stall, silence_bound, step_bound, stuck_reason
 from worker.runner.faults import RunnerFaults
 from worker.runner.protocol import MAX_FRAME, FrameReader, FrameTooLarge, HeartbeatMsg, frame, to_supervisor_decoder
 from worker.runner.pulse import Pulse, heartbeat_loop
@@ -30,6 +30,30 @@ def test_silence_bounds_are_the_documented_ones():
     assert silence_bound("warming_up", generating=10, loading=60) == 60
     assert silence_bound("running", generating=10, loading=60) == 10
     assert silence_bound("ready", generating=10, loading=60) == 10
+
+
+def test_the_nodes_own_stall_is_not_a_runners_silence_up_to_one_bound():
+    """The node SIGSTOPped 10 s read nothing from its runner: 11 s of silence, 10.2 s of them
+    its own stall, is 0.8 s of the runner's (live). The credit is capped at one bound: a
+    runner silent 21 s is killed however long the node says it stalled."""
+    bounds = LivenessBounds()
+    assert liveness_fault("running", 11.0, None, 0.0, bounds, own_stall=10.2) is None
+    assert liveness_fault("running", 11.0, None, 0.0, bounds).kind == "silent"  # without the rule
+    assert liveness_fault("running", 21.0, None, 0.0, bounds, own_stall=1e6).kind == "silent"
+    assert liveness_fault("running", 5.0, None, 0.0, bounds, own_stall=-3.0) is None  # a bad figure grants nothing
+
+
+def test_own_stall_asks_the_nodes_stalls_over_the_silence_just_ended():
+    asked: list[tuple[float, float]] = []
+
+    def stalled(t0: float, t1: float) -> float:
+        asked.append((t0, t1))
+        return 4.0
+
+    assert own_stall(LivenessBounds(), 11.0) == 0.0
+    assert own_stall(LivenessBounds(stalled=stalled), 11.0) == 4.0
+    (t0, t1), = asked
+    assert t1 - t0 == pytest.approx(11.0)
 
 
 def test_an_idle_runner_is_never_stuck():

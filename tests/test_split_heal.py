@@ -24,13 +24,14 @@ YIELD_BOUND = defaults.CLAIM_PROBE_TIMEOUT + defaults.RIVAL_YIELD_AFTER + 1.0
 """Seconds two live masters that meet take to become one at most: the slower side's probe
 of the other's claim, then rule 4's wait (13 s), then a tick and a heartbeat (1 s slack)."""
 
-HEAL_BOUND = (defaults.PEER_TIMEOUT + defaults.KNOWN_SETTLE + defaults.CLAIM_RECHECK_AFTER
+HEAL_BOUND = (2 * defaults.PEER_TIMEOUT + defaults.KNOWN_SETTLE + defaults.CLAIM_RECHECK_AFTER
               + defaults.CLAIM_PROBE_TIMEOUT + defaults.RIVAL_YIELD_AFTER + 2.0)
 """Seconds after the last fault until one master at most, whatever happened before: a peer
-seen during the faults is forgotten within ``PEER_TIMEOUT``; a node restarted last waits
+seen during the faults is forgotten within ``2 × PEER_TIMEOUT`` (one timeout, plus at most
+one of grace for its own or this node's loop lag, ``liveness.silence``); a node restarted last waits
 ``KNOWN_SETTLE``; a refusal made during the faults (no answer) is re-checked after
 ``CLAIM_RECHECK_AFTER``, with a probe of up to ``CLAIM_PROBE_TIMEOUT``; then rule 4
-(``RIVAL_YIELD_AFTER``); 2 s slack for ticks and heartbeats. 33 s with the defaults."""
+(``RIVAL_YIELD_AFTER``); 2 s slack for ticks and heartbeats. 38 s with the defaults."""
 
 
 def _split_pair() -> Model:

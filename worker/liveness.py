@@ -5,7 +5,10 @@ every second from a thread the compute does not block):
 
 - **silent**: nothing at all came from the runner for ``silence_bound`` seconds (10 s once
   serving, 60 s while loading or warming up, when a library may hold the GIL for long). A
-  stopped (SIGSTOP), frozen or swapped-out process is silent however its work goes.
+  stopped (SIGSTOP), frozen or swapped-out process is silent however its work goes. The
+  time the node's own loop was stalled meanwhile (``own_stall``: the node stopped or starved
+  of CPU, so it read nothing) is not the runner's silence, up to one bound (as for peers,
+  ``exo_p2p.cluster.liveness``): a node SIGSTOPped for 10 s killed its live runner as silent.
 - **stuck**: the heartbeats come, but one unit of work never ends. An engine step (a prefill
   chunk or a decode step) or an agreement round is stuck past ``max(floor, factor × the
   longest recent step)`` — the bound scales with the work a step measurably takes on this
@@ -21,6 +24,8 @@ each stays within the bound its own history sets.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from exo_p2p.config import (RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING, RUNNER_STEP_FACTOR, RUNNER_STEP_FLOOR,
@@ -42,6 +47,9 @@ class LivenessBounds(NamedTuple):
     step_floor: float = RUNNER_STEP_FLOOR
     step_factor: float = RUNNER_STEP_FACTOR
     unit_bound: float = RUNNER_UNIT_BOUND
+    stalled: Callable[[float, float], float] | None = None
+    """The node's own loop stalls between two ``time.monotonic`` times
+    (``exo_p2p.node.loop_watch``): not a runner's silence (None: not measured)."""
 
 
 class Fault(NamedTuple):
@@ -52,13 +60,23 @@ class Fault(NamedTuple):
     reason: str
 
 
+def own_stall(bounds: LivenessBounds, silent_for: float) -> float:
+    """Seconds the node's own loop was stalled in the last ``silent_for`` s (0.0 when
+    ``bounds.stalled`` is None). Reads the monotonic clock: the edge of ``liveness_fault``."""
+    if bounds.stalled is None:
+        return 0.0
+    now = time.monotonic()
+    return bounds.stalled(now - silent_for, now)
+
+
 def liveness_fault(status_tag: str, silent_for: float, beat: HeartbeatMsg | None, beat_age: float,
-                   bounds: LivenessBounds) -> Fault | None:
+                   bounds: LivenessBounds, own_stall: float = 0.0) -> Fault | None:
     """Whether a runner whose status is ``status_tag``, last heard ``silent_for`` seconds ago,
     whose last heartbeat ``beat`` came ``beat_age`` seconds ago (None: none yet), is to be
-    killed now, and why; None when it lives."""
+    killed now, and why; None when it lives. ``own_stall``: seconds the node's own loop was
+    stalled within those ``silent_for`` (not counted, up to one bound: module docstring)."""
     bound = silence_bound(status_tag, generating=bounds.generating, loading=bounds.loading)
-    if silent_for > bound:
+    if silent_for - min(bound, max(0.0, own_stall)) > bound:
         return Fault("silent", f"runner silent for {silent_for:.0f} s (bound {bound:.0f} s) while {status_tag}; killed")
     if beat is None:
         return None

@@ -26,7 +26,7 @@ from exo_p2p.types import (FINISHED_TASK_STATUSES, TERMINAL_STATUSES, Chunk, Eve
                            RunnerStatus, RunnerStatusUpdated, ShardMetadata, Task, TaskStatusUpdated)
 from exo_p2p.types.engine import EngineSettings
 from exo_p2p.types.observe import EngineStats
-from worker.liveness import LivenessBounds, liveness_fault
+from worker.liveness import LivenessBounds, liveness_fault, own_stall
 from worker.plan import still_listed
 from worker.runner.protocol import (ChunkMsg, FrameReader, FrameTooLarge, HeartbeatMsg, PrefixesMsg, RunnerSetup,
                                     StatusMsg, TaskStatusMsg, frame, to_supervisor_decoder)
@@ -215,7 +215,8 @@ class RunnerSupervisor:
             return f"its ring failed ({self._ring_failed}); killed"
         now = trio.current_time()
         beat, at = self._beat if self._beat is not None else (None, now)
-        fault = liveness_fault(_tag(self.status), now - self._last_heard, beat, now - at, self._liveness)
+        silent = now - self._last_heard
+        fault = liveness_fault(_tag(self.status), silent, beat, now - at, self._liveness, own_stall(self._liveness, silent))
         if fault is not None:
             log.error(f"runner {fault.kind}; killing it", runner_id=self.runner_id, reason=fault.reason,
                       busy=beat.busy if beat is not None else None)

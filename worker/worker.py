@@ -58,6 +58,7 @@ class Worker:
         silent_loading: float = 60.0,
         runner_env: dict[str, str] | None = None,
         fetch_shard: FetchShard | None = None,
+        stalled: Callable[[float, float], float] | None = None,  # the node's own loop stalls (worker.liveness)
     ) -> None:
         self._fetch_shard = fetch_shard
         self._downloads: dict[str, tuple[LocalRunner, trio.CancelScope]] = {}
@@ -70,7 +71,7 @@ class Worker:
         self._resolve_model = resolve_model
         self._engine = engine
         self._fault_hooks = dict(fault_hooks or {})
-        self._silent = (silent_generating, silent_loading)
+        self._silent, self._stalled = (silent_generating, silent_loading), stalled
         self.supervisors: dict[str, RunnerSupervisor] = {}
         self._failed: dict[str, LocalRunner] = {}
         self._wake = trio.Event()
@@ -293,6 +294,6 @@ class Worker:
         settings = self._engine.for_runner(task.instance.settings, self._kv_budget())
         sup = RunnerSupervisor(self.node_id, task.instance, shard, model_dir, self._emit, self._on_chunk,
                                engine=settings, fault_hooks=self._fault_hooks, env=self._runner_env,
-                               liveness=LivenessBounds(generating=self._silent[0], loading=self._silent[1]))
+                               liveness=LivenessBounds(*self._silent, stalled=self._stalled))
         self.supervisors[shard.runner_id] = sup
         await self._nursery.start(sup.run)

@@ -91,7 +91,8 @@ class Node:
         self.worker = Worker(self.node_id, self.boot_id, self.state, self.emit_local, self.routes.route,
                              lambda model_id: self.store.resolve(model_id), engine=config.engine.in_data_dir(self.data_dir),
                              fault_hooks=config.fault_hooks, runner_env=runner_environment(config.cpu_weights),
-                             fetch_shard=self._fetch_shard)  # a shard of a model this node lacks (docs/models.md)
+                             fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (docs/models.md)
+                             stalled=self.loop_watch.stalls.between)  # its own stalls are not a runner's silence
         self.tokens = TokenCounter(self.store.resolve)  # tokenizers, loaded while an instance placed here loads
         self.replica.listeners += [self.routes.on_event, self.router.on_event,  # worker and tokens fed by the replica
                                    lambda _e, _s: self.worker.wake(), lambda _e, _s: self.tokens.wake()]

@@ -12,7 +12,9 @@ a master sequencing one event per second.
 
 Faults: ``restart`` (a new boot: role, liveness and claim checks forgotten, the log kept),
 ``lag`` (the node's loop stalls: it neither steps nor beats; what arrives meanwhile is
-stamped when the lag ends), ``cut`` (the links between a group and the rest drop both ways).
+stamped when the lag ends; the stall is then recorded in the node's ``liveness.Stalls``, so it
+does not count as its peers' silence, and reported in its heartbeats' ``lag_ms`` for
+``LAG_REPORT_WINDOW``, so its peers give it that much more time), ``cut`` (the links between a group and the rest drop both ways).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from dataclasses import dataclass, field
 from exo_p2p import defaults
 from exo_p2p.cluster.claims import ClaimChecker, ClaimStatus, ProbeAnswer
 from exo_p2p.cluster.election import Seat, election_step, settle_for, support
-from exo_p2p.cluster.heartbeats import commit_point
-from exo_p2p.cluster.liveness import Liveness
+from exo_p2p.cluster.heartbeats import commit_point, lag_ms
+from exo_p2p.cluster.liveness import Liveness, Stalls
 from exo_p2p.cluster.messages import Heartbeat
 from exo_p2p.cluster.role import start_settle
 
@@ -72,10 +74,15 @@ class ModelNode:
     masterless_since: float | None = 0.0
     rival_since: float | None = None
     followed: bool = False
-    liveness: Liveness = field(default_factory=lambda: Liveness(defaults.PEER_TIMEOUT))
+    stalls: Stalls = field(default_factory=Stalls)
+    lagging_since: float | None = None
+    liveness: Liveness = field(init=False)
     checker: ClaimChecker = field(default_factory=ClaimChecker)
     probes: list[tuple[float, Heartbeat, ProbeAnswer]] = field(default_factory=list)
     seq: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        self.liveness = Liveness(defaults.PEER_TIMEOUT, self.stalls.between)
 
     @property
     def is_master(self) -> bool:
@@ -91,14 +98,15 @@ class ModelNode:
         return Heartbeat(node_id=self.node_id, boot_id=f"boot-{self.boot}", term=self.term, master=self.master, priority=0,
                          last_idx=last, last_term=self.log[-1][0] if self.log else 0,
                          commit_idx=commit_point(last, following), chain=chain(self.log, last) or b"",
-                         seq=next(self.seq))
+                         seq=next(self.seq), lag_ms=lag_ms(self.stalls.longest_since(now - defaults.LAG_REPORT_WINDOW)))
 
     def restart(self, now: float) -> None:
         """A new boot of this node (the log survives)."""
         self.boot += 1
         self.master, self.term = None, self.state_term
         self.started_at, self.masterless_since, self.rival_since, self.followed = now, now, None, False
-        self.liveness, self.checker, self.probes = Liveness(defaults.PEER_TIMEOUT), ClaimChecker(), []
+        self.stalls, self.lagging_since, self.checker, self.probes = Stalls(), None, ClaimChecker(), []
+        self.liveness = Liveness(defaults.PEER_TIMEOUT, self.stalls.between)
 
 
 class Model:
@@ -233,6 +241,12 @@ class Model:
                 if not down and n.node_id in self._down:
                     n.restart(now)
                 (self._down.add if down else self._down.discard)(n.node_id)
+                lagging = self._active("lag", n.node_id, now)
+                if lagging and n.lagging_since is None:
+                    n.lagging_since = now
+                elif not lagging and n.lagging_since is not None:
+                    n.stalls.add(n.lagging_since, now)  # as loop_watch records it when the loop runs again
+                    n.lagging_since = None
             self._deliver(now)
             for n in self.nodes.values():
                 if not self.running(n.node_id, now):
