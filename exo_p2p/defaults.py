@@ -16,6 +16,11 @@ HEARTBEAT_MIN_GAP = 0.1
 10 heartbeats/s, as a gossiped heartbeat costs each receiver ~4 ms of CPU."""
 PEER_TIMEOUT = 5.0
 """Seconds without a heartbeat after which a peer is gone (ten lost heartbeats)."""
+LISTEN_AFTER_STALL = 1.5
+"""Seconds this node's own loop must have run since a peer was last heard before it counts
+that peer gone (``cluster.liveness.gone_silent``): three heartbeat intervals, at most one of
+them before a stall (a live peer is heard every interval), so at least two after it to read
+what waited in its sockets while it was stopped or starved."""
 LAG_REPORT_WINDOW = 60.0
 """Seconds back a heartbeat's ``lag_ms`` looks: the longest own loop stall that ended within
 them (a host starved of CPU stalls again and again; its peers wait that much longer)."""

@@ -13,7 +13,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_p2p.cluster.liveness import Liveness, Stalls, silence, stalled_between
+from exo_p2p import defaults
+from exo_p2p.cluster.liveness import Liveness, Stalls, gone_silent, silence, stalled_between
 from exo_p2p.cluster.peer_timeouts import timed_out
 from exo_p2p.node.loop_watch import LoopWatch
 from tests.support.rules.election_sim import hb
@@ -51,6 +52,32 @@ def test_a_silent_peer_is_gone_within_two_timeouts_however_busy_this_host(stalls
     assert now - T <= s <= now  # never more than one timeout of credit
     if now >= 2 * T:
         assert s >= T  # gone
+
+
+def test_a_node_woken_from_a_stop_past_the_timeout_listens_before_it_judges():
+    """A follower SIGSTOPped 10.2 s (its master heard at 0, the stop from 0.5): on waking it
+    keeps the master until its loop has run ``LISTEN_AFTER_STALL`` — the master's queued
+    heartbeats are read by then; a master that really died is gone then, not 10 s later."""
+    stalls = Stalls()
+    stalls.add(0.5, 10.7)
+    live = Liveness(T, stalls.between)
+    live.heard(hb("m", 3, "m"), 0.0)
+    woke = 10.7 + defaults.LISTEN_AFTER_STALL - 0.5  # it had run 0.5 s before the stop
+    assert [p.node_id for p in live.alive(10.8)] == ["m"] and live.gone(woke - 0.01) == []
+    assert live.gone(woke + 0.01) == ["m"]
+    assert silence(0.0, 10.8, T, stalls.between) >= T  # the cap alone judged it gone at once
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 10)), max_size=20), st.floats(0, 60))
+def test_a_peer_is_gone_once_silent_two_timeouts_and_this_node_ran_long_enough(stalls, now):
+    record = [(s, s + d) for s, d in stalls]
+    stalled = lambda a, b: stalled_between(record, a, b)  # noqa: E731
+    ran = now - stalled(0.0, now)
+    gone = gone_silent(0.0, now, T, stalled)
+    if now >= 2 * T and ran >= defaults.LISTEN_AFTER_STALL:
+        assert gone
+    if ran < defaults.LISTEN_AFTER_STALL or now < T:
+        assert not gone
 
 
 def test_master_times_a_node_out_only_for_its_own_silence():

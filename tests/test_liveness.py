@@ -39,7 +39,10 @@ def test_the_nodes_own_stall_is_not_a_runners_silence_up_to_one_bound():
     bounds = LivenessBounds()
     assert liveness_fault("running", 11.0, None, 0.0, bounds, own_stall=10.2) is None
     assert liveness_fault("running", 11.0, None, 0.0, bounds).kind == "silent"  # without the rule
-    assert liveness_fault("running", 21.0, None, 0.0, bounds, own_stall=1e6).kind == "silent"
+    assert liveness_fault("running", 21.0, None, 0.0, bounds, own_stall=15.0).kind == "silent"
+    # woken from a 20 s stop: it listens 2 s (two runner beats) before it judges
+    assert liveness_fault("running", 21.0, None, 0.0, bounds, own_stall=20.0) is None
+    assert liveness_fault("running", 22.0, None, 0.0, bounds, own_stall=20.0).kind == "silent"
     assert liveness_fault("running", 5.0, None, 0.0, bounds, own_stall=-3.0) is None  # a bad figure grants nothing
 
 

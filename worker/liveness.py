@@ -9,6 +9,8 @@ every second from a thread the compute does not block):
   time the node's own loop was stalled meanwhile (``own_stall``: the node stopped or starved
   of CPU, so it read nothing) is not the runner's silence, up to one bound (as for peers,
   ``exo_p2p.cluster.liveness``): a node SIGSTOPped for 10 s killed its live runner as silent.
+  And the node judges only after it ran ``LISTEN_AFTER_STALL`` s since it last heard the
+  runner (two of its heartbeats: what waited in the pipe is read first).
 - **stuck**: the heartbeats come, but one unit of work never ends. An engine step (a prefill
   chunk or a decode step) or an agreement round is stuck past ``max(floor, factor × the
   longest recent step)`` — the bound scales with the work a step measurably takes on this
@@ -31,6 +33,10 @@ from typing import NamedTuple
 from exo_p2p.config import (RUNNER_SILENT_GENERATING, RUNNER_SILENT_LOADING, RUNNER_STEP_FACTOR, RUNNER_STEP_FLOOR,
                             RUNNER_UNIT_BOUND)
 from worker.runner.protocol import HeartbeatMsg
+
+LISTEN_AFTER_STALL = 2.0
+"""Seconds the node's loop must have run (its stalls aside) since a runner was last heard
+before the runner counts as silent: two runner heartbeats (``worker.runner.pulse``)."""
 
 _LOADING_TAGS = ("idle", "connecting", "connected", "loading", "loaded", "warming_up")
 STEP_KINDS = ("step", "round")
@@ -76,7 +82,8 @@ def liveness_fault(status_tag: str, silent_for: float, beat: HeartbeatMsg | None
     killed now, and why; None when it lives. ``own_stall``: seconds the node's own loop was
     stalled within those ``silent_for`` (not counted, up to one bound: module docstring)."""
     bound = silence_bound(status_tag, generating=bounds.generating, loading=bounds.loading)
-    if silent_for - min(bound, max(0.0, own_stall)) > bound:
+    own_stall = max(0.0, own_stall)
+    if silent_for - min(bound, own_stall) > bound and silent_for - own_stall >= LISTEN_AFTER_STALL:
         return Fault("silent", f"runner silent for {silent_for:.0f} s (bound {bound:.0f} s) while {status_tag}; killed")
     if beat is None:
         return None

@@ -14,6 +14,14 @@ silence, up to ``timeout`` (a dead peer is still gone within ``2 × timeout`` ho
 this host is). A node whose loop lagged 3.5 s once declared its live master gone and split
 the cluster.
 
+**A node listens before it judges** (``gone_silent``): a peer is gone only when, besides its
+silence above, this node's loop has also *run* for ``LISTEN_AFTER_STALL`` s since the peer was
+last heard (wall time minus this node's stalls, uncapped). A node stopped (SIGSTOP) or starved
+for longer than one timeout would otherwise judge its live master gone the moment it woke,
+before reading the heartbeats waiting in its sockets — and claim a term of its own (a
+follower SIGSTOPped 10 s under load did). A dead peer is still gone once this node has run
+that long; on a host whose loop keeps running, within ``2 × timeout``.
+
 **Late because the peer's host is busy is not gone either** (``peer_lag``). Each heartbeat
 carries the longest stall of its sender's own loop in the last ``LAG_REPORT_WINDOW`` s
 (``Heartbeat.lag_ms``): a peer whose loop has been stalling for up to L s (its host starved of
@@ -28,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from exo_p2p import defaults
 from exo_p2p.cluster.messages import Heartbeat
 
 Stalled = Callable[[float, float], float]
@@ -48,6 +57,14 @@ def silence(heard_at: float, now: float, timeout: float, stalled: Stalled = no_s
     stalls since then and the peer's reported loop lag ``peer_lag`` (seconds) not counted, up
     to ``timeout`` of them together (module docstring)."""
     return now - heard_at - min(timeout, stalled(heard_at, now) + max(0.0, peer_lag))
+
+
+def gone_silent(heard_at: float, now: float, timeout: float, stalled: Stalled = no_stall, peer_lag: float = 0.0,
+                listen: float = defaults.LISTEN_AFTER_STALL) -> bool:
+    """Whether a peer last heard at ``heard_at`` is gone at ``now``: its ``silence`` reached
+    ``timeout`` and this node's loop ran ``listen`` s since ``heard_at`` (module docstring)."""
+    ran = now - heard_at - stalled(heard_at, now)
+    return silence(heard_at, now, timeout, stalled, peer_lag) >= timeout and ran >= min(listen, timeout)
 
 
 def reported_lag(hb: Heartbeat) -> float:
@@ -102,12 +119,12 @@ class Liveness:
     def alive(self, now: float) -> list[Heartbeat]:
         """Heartbeats of the peers heard within ``timeout``, by node id."""
         return [hb for t, hb in sorted(self._last.values(), key=lambda x: x[1].node_id)
-                if silence(t, now, self.timeout, self.stalled, reported_lag(hb)) < self.timeout]
+                if not gone_silent(t, now, self.timeout, self.stalled, reported_lag(hb))]
 
     def gone(self, now: float) -> list[str]:
         """Peers last heard ``timeout`` or more seconds ago (they stay listed until ``forget``)."""
         return sorted(n for n, (t, hb) in self._last.items()
-                      if silence(t, now, self.timeout, self.stalled, reported_lag(hb)) >= self.timeout)
+                      if gone_silent(t, now, self.timeout, self.stalled, reported_lag(hb)))
 
     def last_heard(self, node_id: str) -> float | None:
         entry = self._last.get(node_id)

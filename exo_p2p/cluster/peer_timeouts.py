@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from exo_p2p import defaults
-from exo_p2p.cluster.liveness import Stalled, no_stall, silence
+from exo_p2p.cluster.liveness import Stalled, gone_silent, no_stall
 
 
 def timed_out(
@@ -58,7 +58,7 @@ def timed_out(
     last heartbeat alone (module docstring). ``disconnected_since(node)``: since when the
     master has had no connection to the node (None: connected); such a node is gone after
     ``disconnected_timeout`` s of silence already (module docstring). ``stalled``: this
-    node's own loop stalls, which do not count as a node's silence (``liveness.silence``);
+    node's own loop stalls, which do not count as a node's silence (``liveness.gone_silent``);
     ``peer_lag(node)``: the loop lag the node's last heartbeat reported (seconds), which does
     not either (together with ``stalled``, at most ``timeout`` of grace)."""
     out = []
@@ -71,7 +71,7 @@ def timed_out(
         else:
             since = master_since if heard is None else max(heard, master_since)
         cut = disconnected_since(node) if node == lost_master or now - master_since >= timeout else None
-        if silence(since, now, timeout, stalled, peer_lag(node)) >= timeout or (cut is not None and now - max(since, cut) >= disconnected_timeout):
+        if gone_silent(since, now, timeout, stalled, peer_lag(node)) or (cut is not None and now - max(since, cut) >= disconnected_timeout):
             out.append(node)
     return out
 
