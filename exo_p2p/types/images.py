@@ -1,5 +1,5 @@
 """The image kinds' wire types (docs/images.md): what an image task asks and what its runner
-sends back. Pure data; the task structs themselves are in ``exo_p2p.types.tasks``
+sends back, and ``ImageRef`` (an image of a chat message, the vision input). Pure data; the task structs themselves are in ``exo_p2p.types.tasks``
 (``ImageGeneration``, ``ImageEdits``) and the chunk in ``exo_p2p.types.chunks`` (``ImageChunk``).
 """
 
@@ -35,3 +35,16 @@ def partial_steps(steps: int, partials: int) -> tuple[int, ...]:
     evenly spaced ones, at most ``steps - 1`` (the last step's image is the final one)."""
     count = max(0, min(partials, steps - 1))
     return tuple(sorted({max(1, round(steps * (i + 1) / (count + 1))) for i in range(count)} - {steps}))
+
+
+class ImageRef(msgspec.Struct, frozen=True):
+    """An image of a chat message as the log carries it: its ``digest`` (sha256 of the bytes
+    sent, hex), ``media_type``, ``width``/``height`` (pixels) and ``size`` (bytes). The bytes
+    themselves never enter a command or the log (``exo_p2p.api.bounds.MAX_COMMAND_BYTES``);
+    docs/api.md "Images"."""
+
+    digest: str
+    media_type: str
+    width: int
+    height: int
+    size: int

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from exo_p2p.types.common import InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo_p2p.types.images import ImageParams
+from exo_p2p.types.images import ImageParams, ImageRef  # noqa: F401 - ImageRef re-exported with the message types
 from exo_p2p.types.instances import Instance, ShardMetadata
 
 TaskStatus = Literal["pending", "running", "complete", "failed", "cancelled"]
@@ -27,19 +27,6 @@ class ToolCall(msgspec.Struct, frozen=True):
     id: str
     name: str
     arguments: str
-
-
-class ImageRef(msgspec.Struct, frozen=True):
-    """An image of a chat message as the log carries it: its ``digest`` (sha256 of the bytes
-    sent, hex), ``media_type``, ``width``/``height`` (pixels) and ``size`` (bytes). The bytes
-    themselves never enter a command or the log (``exo_p2p.api.bounds.MAX_COMMAND_BYTES``);
-    docs/api.md "Images"."""
-
-    digest: str
-    media_type: str
-    width: int
-    height: int
-    size: int
 
 
 class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
