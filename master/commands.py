@@ -158,7 +158,7 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         instance = msgspec.structs.replace(instance, settings=rank_settings)
 
     usage = placement_usage(command, now)
-    unloads = [e for instance_id in gone for e in unload_events(state, instance_id)]
+    unloads = [e for instance_id in gone for e in unload_events(state, instance_id, "room")]
     return Decision((*unloads, InstanceCreated(instance), *usage), CommandResult(command.command_id, instance=instance))
 
 

@@ -43,14 +43,22 @@ def use_events(state: State, instance_id: str, now: float, keep_alive: float | N
     return (InstanceUsed(instance_id, now, keep_alive=keep_alive, task=task),)
 
 
-def unload_events(state: State, instance_id: str) -> tuple[Event, ...]:
-    """The events that unload ``instance_id`` (``InstanceDeleted``; its unfinished tasks, if
-    any, fail first so their clients get an error)."""
-    events: list[Event] = [InstanceDeleted(instance_id)]
+def unload_events(state: State, instance_id: str, reason: str | None = None) -> tuple[Event, ...]:
+    """The events that unload ``instance_id`` (``InstanceDeleted`` with ``reason``: ``idle``,
+    ``request``, ``room`` or None by hand; its unfinished tasks, if any, fail first so their
+    clients get an error)."""
+    events: list[Event] = [InstanceDeleted(instance_id, reason=reason)]
     for task_id, record in sorted(state.tasks.items()):
         if record.task.instance_id == instance_id and record.status not in FINISHED_TASK_STATUSES:
             events += [TaskStatusUpdated(task_id, "failed"), TaskDeleted(task_id)]
     return tuple(events)
+
+
+def idle_reason(state: State, instance_id: str) -> str:
+    """Why the master unloads ``instance_id`` once due: ``request`` when a request asked for
+    keep-alive 0 (Ollama's unload idiom), else ``idle`` (its keep-alive ran out)."""
+    usage = state.usage.get(instance_id)
+    return "request" if usage is not None and usage.keep_alive == 0 else "idle"
 
 
 @dataclass

@@ -36,7 +36,7 @@ from master.local_rules import refuse_local
 from master.reactions import react
 from exo_p2p.state.hub_cards import HUB_CARD_IDLE_S
 from master.hub_forget import HubForgetClock
-from master.idle import IdleClock, unload_events
+from master.idle import IdleClock, idle_reason, unload_events
 from master.relink import RelinkClock
 from master.sequencer import OriginSeqs
 
@@ -211,7 +211,7 @@ class MasterRole:
                     continue  # a request started on it meanwhile
                 log.info("unloading an idle instance", instance_id=instance_id, usage=state.usage.get(instance_id))
                 self.counters["unload_idle"] = self.counters.get("unload_idle", 0) + 1
-                await self._index(list(unload_events(state, instance_id)))
+                await self._index(list(unload_events(state, instance_id, idle_reason(state, instance_id))))
 
     async def _restore_pass(self, now: float) -> None:
         """One step of ``master.restore.restore_step`` under the lock: finish the restores

@@ -3,7 +3,8 @@ through the official clients (docs/models.md "Placement on demand and idle unloa
 
 - ``ollama.chat`` on a model nothing placed: it is placed and answers;
 - 8 concurrent first requests through both nodes' APIs: one placement, 8 answers;
-- ``keep_alive: 0``: the instance is gone within a few seconds of the answer;
+- ``keep_alive: 0``: the instance is gone within a few seconds of the answer; ``/metrics``
+  counts the placements on demand (by outcome) and that unload (reason ``request``) on every node;
 - ``keep_alive: "2s"``: gone about 2 s after the answer, and not while a long stream runs;
   ``/api/ps`` shows that deadline;
 - a model that cannot be placed: 503 with the placement's explanation, the second request
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 from tests.support.cluster import Cluster, NodeProcess, converged, state_of, wait_until
+from tests.support.metrics_scrape import value
 from tests.support.models.synthetic_models import make_synthetic_model
 
 pytestmark = pytest.mark.integration
@@ -109,6 +111,14 @@ def test_keep_alive_zero_unloads_once_the_answer_is_given(cluster) -> None:
     counters = [(state_of(n) or {}).get("counters", {}) for n in cluster.nodes]
     assert sum(c.get("unload_idle", 0) for c in counters) >= 1, counters  # the master's count, by reason
     assert sum(c.get("placements_on_demand", 0) for c in counters) >= 3, counters  # tiny-a, tiny-b, tiny-c
+    # GET /metrics: each API counts the placements it sent by outcome; every node counts the
+    # master's unloads by reason from the log, so both show the keep_alive 0 unload
+    placed = sum(value(n.get("/metrics").text, "exo_placements_on_demand_total", outcome="placed") for n in cluster.nodes)
+    assert placed >= 3, placed
+    assert value(a.get("/metrics").text, "exo_placements_on_demand_total", outcome="placed") >= 1  # tiny-c, sent by a
+    for node in cluster.nodes:
+        wait_until(lambda n=node: value(n.get("/metrics").text, "exo_instance_unloads_total", reason="request") >= 1, SLACK,
+                   interval=0.1, what="the keep_alive 0 unload counted")
 
 
 def test_a_two_second_keep_alive_unloads_after_about_two_idle_seconds_never_during_a_stream(cluster) -> None:

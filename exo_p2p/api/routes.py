@@ -41,7 +41,9 @@ __all__ = ["ApiConfig", "api_routes"]
 def api_routes(backend: ApiBackend, config: ApiConfig) -> list[Route]:
     """The routes of the API, bound to ``backend`` (closures; no global state)."""
     ctx = ApiContext(backend, config)
-    config.observer.attach_api(lambda: ctx.inflight.count, lambda: (ctx.moves.moved, ctx.moves.failed))
+    demand = config.generation.demand  # placements on demand by outcome (exo_p2p.api.demand.placer)
+    config.observer.attach_api(lambda: ctx.inflight.count, lambda: (ctx.moves.moved, ctx.moves.failed),
+                               lambda: dict(demand.outcomes) if demand is not None else {})
     return [
         *openai_chat.routes(ctx),
         *openai_completions.routes(ctx),

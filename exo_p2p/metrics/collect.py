@@ -21,8 +21,15 @@ from prometheus_client.registry import Collector
 
 from exo_p2p.state import instance_view
 from exo_p2p.state.budget import STATE_BUDGET_BYTES, state_bytes
-from exo_p2p.types import FINISHED_TASK_STATUSES, Event, MasterElected, RunnerFailed, RunnerIdle, RunnerStatusUpdated, State
+from exo_p2p.types import (FINISHED_TASK_STATUSES, Event, InstanceDeleted, MasterElected, RunnerFailed, RunnerIdle,
+                           RunnerStatusUpdated, State)
 from exo_p2p.types.observe import EngineStats
+
+
+UNLOAD_REASONS = ("idle", "request", "room")
+"""``InstanceDeleted.reason`` values counted (``master.idle``, ``master.handover``)."""
+PLACEMENT_OUTCOMES = ("placed", "reused", "failed")
+"""Outcomes of a placement on demand (``exo_p2p.api.demand.placer.DemandPlacer.outcomes``)."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,18 @@ class NodeCounts:
     runner_failures: int = 0
     transfer_bytes: dict[str, int] = field(default_factory=dict)
     """Model bytes received, by source (a peer's node id, or ``huggingface``)."""
+    unloads: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNLOAD_REASONS, 0))
+    """Instances the master unloaded on its own, by ``InstanceDeleted.reason``."""
 
 
 def count_event(counts: NodeCounts, event: Event, node_id: str) -> None:
     """Count ``event`` (one the node applied): a master elected, a runner of ``node_id``
-    started (idle) or failed."""
+    started (idle) or failed, an instance unloaded by the master (by reason, whichever node
+    was master: every node counts it from the log, so a new master's term goes on counting)."""
     if isinstance(event, MasterElected):
         counts.term_changes += 1
+    elif isinstance(event, InstanceDeleted) and event.reason in UNLOAD_REASONS:
+        counts.unloads[event.reason] += 1
     elif isinstance(event, RunnerStatusUpdated) and event.node_id == node_id:
         if isinstance(event.status, RunnerIdle):
             counts.runners_started += 1
@@ -70,6 +82,8 @@ class MetricSources:
     in_flight: Callable[[], int] = lambda: 0
     moves: Callable[[], tuple[int, int]] = lambda: (0, 0)
     """(requests moved, moves that failed)."""
+    placements: Callable[[], dict[str, int]] = lambda: {}
+    """This node's API's placements on demand by outcome (``PLACEMENT_OUTCOMES``)."""
     counts: NodeCounts = field(default_factory=NodeCounts)
 
 
@@ -79,6 +93,13 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
 
 
 class NodeCollector(Collector):
@@ -107,6 +128,12 @@ class NodeCollector(Collector):
         for name, value in sorted(s.counters().items()):
             messages.add_metric([name], value)
         yield messages
+        yield _labelled("exo_placements_on_demand", "Placements on demand this node's API sent, by outcome "
+                        "(placed: a new instance; reused: the master answered with one loading or ready; failed: refused)",
+                        "outcome", {k: s.placements().get(k, 0) for k in PLACEMENT_OUTCOMES})
+        yield _labelled("exo_instance_unloads", "Instances the master unloaded on its own, by reason (idle: keep-alive ran "
+                        "out; request: keep_alive 0; room: handed over to a placement), counted from the log this node "
+                        "applied", "reason", s.counts.unloads)
         transfer = CounterMetricFamily("exo_model_transfer_bytes", "Model bytes received, by source", labels=["source"])
         for source, value in sorted(s.counts.transfer_bytes.items()):
             transfer.add_metric([source], value)

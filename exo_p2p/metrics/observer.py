@@ -31,11 +31,14 @@ class Observer:
         """Whether a finished request's record goes anywhere (metrics or records on)."""
         return self.metrics is not None or self.requests is not None
 
-    def attach_api(self, in_flight: Callable[[], int], moves: Callable[[], tuple[int, int]]) -> None:
-        """The API's readers of its generations in flight and its moves (moved, failed)."""
+    def attach_api(self, in_flight: Callable[[], int], moves: Callable[[], tuple[int, int]],
+                   placements: Callable[[], dict[str, int]] = lambda: {}) -> None:
+        """The API's readers of its generations in flight, its moves (moved, failed) and its
+        placements on demand by outcome."""
         if self.metrics is not None and self.metrics.collector is not None:
             self.metrics.collector.sources.in_flight = in_flight
             self.metrics.collector.sources.moves = moves
+            self.metrics.collector.sources.placements = placements
 
     def finished(self, record: RequestRecord) -> None:
         """Count and log one finished request; a failure here is logged, never raised into

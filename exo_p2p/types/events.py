@@ -85,7 +85,13 @@ class InstanceCreated(_Event, tag="instance_created"):
 
 
 class InstanceDeleted(_Event, tag="instance_deleted"):
+    """The instance is gone. ``reason``, when the master unloaded it on its own: ``idle`` (past
+    its keep-alive), ``request`` (a request's ``keep_alive: 0``), ``room`` (handed over to a
+    placement that did not fit); None for a deletion by hand, a re-placement or a switch
+    (every node counts unloads by reason from it: ``exo_p2p.metrics.collect``)."""
+
     instance_id: InstanceId
+    reason: str | None = None
 
 
 class InstanceFailed(_Event, tag="instance_failed"):

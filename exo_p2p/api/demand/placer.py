@@ -88,8 +88,15 @@ class DemandPlacer:
     failed: dict[str, tuple[float, ErrorInfo]] = field(default_factory=dict)
     """Model id → (until, error), trio clock (``NEGATIVE_TTL``)."""
     placing: dict[str, trio.Event] = field(default_factory=dict)
-    placed: int = 0
-    """Placements this API started on demand (metrics: ``exo_p2p_placements_on_demand_total``)."""
+    outcomes: dict[str, int] = field(default_factory=lambda: {"placed": 0, "reused": 0, "failed": 0})
+    """``PlaceInstance(on_demand=True)`` this API sent, by the master's answer: ``placed`` (a new
+    instance), ``reused`` (one already loading or ready, e.g. another node's placement),
+    ``failed`` (refused, or no answer); metrics ``exo_placements_on_demand_total``."""
+
+    @property
+    def placed(self) -> int:
+        """New instances this API placed on demand (``GET /state``'s ``placements_on_demand``)."""
+        return self.outcomes["placed"]
 
     async def ready(self, backend: ApiBackend, model_id: str, keep_alive: float | None,
                     tick: Callable[[], Awaitable[None]]) -> ErrorInfo | None:
@@ -134,10 +141,12 @@ class DemandPlacer:
             command = PlaceInstance(new_id(), model_id, keep_alive=keep, on_demand=True)
             result = await backend.command(command, timeout=60.0)
             if result.error is None:
-                self.placed += int(result.instance is not None and result.instance.instance_id == command.command_id)
+                new = result.instance is not None and result.instance.instance_id == command.command_id
+                self.outcomes["placed" if new else "reused"] += 1
                 log.info("api.placed_on_demand", model=model_id, instance_id=result.instance and result.instance.instance_id)
                 return None
             error = result.error
+            self.outcomes["failed"] += 1
             if error.status == 400 or error.code == "placement_failed":
                 error = ErrorInfo(503, f"model {model_id!r} cannot be placed on demand: {error.message}",
                                   "server_error", "model", "placement_failed")
