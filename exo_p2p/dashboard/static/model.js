@@ -268,3 +268,29 @@ export function errorMessage(body, fallback) {
   }
   return fallback;
 }
+
+/** Unix seconds as the browser's local time of day ("14:05:09"). */
+export function localTime(seconds) {
+  return new Date(seconds * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+/**
+ * When an instance view (GET /instances entry) goes once idle and when it was last used
+ * (docs/models.md "Placement on demand and idle unload"): "pinned", "until deleted" (placed by
+ * hand with no keep-alive), "kept forever · last used 14:00:09", "idle unload at 14:05:09 ·
+ * last used 14:00:09". Absolute times: the card is rebuilt only when its view changes.
+ * `clock(unix seconds)` formats a time (`localTime` by default).
+ */
+export function keepAliveText(view, clock = localTime) {
+  const known = (t) => t !== null && t !== undefined;
+  const used = known(view.last_used) ? `last used ${clock(view.last_used)}` : "";
+  if (view.pinned) return used ? `pinned · ${used}` : "pinned";
+  if (!used) return "until deleted";
+  if (!known(view.expires_at)) return `kept forever · ${used}`;
+  return `idle unload at ${clock(view.expires_at)} · ${used}`;
+}
+
+/** The status an instance card shows: "loading on demand" while a request's placement loads, else its status. */
+export function statusText(view) {
+  return view.status === "loading" && view.on_demand ? "loading on demand" : view.status;
+}

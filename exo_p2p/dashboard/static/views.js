@@ -5,6 +5,7 @@ import { h, s } from "./dom.js";
 import {
   circleLayout,
   formatBytes,
+  keepAliveText,
   loadFraction,
   modelRows,
   nodeLabels,
@@ -13,6 +14,7 @@ import {
   requestsInFlight,
   sameMachine,
   shortId,
+  statusText,
   topologyLinks,
   figureText,
 } from "./model.js";
@@ -216,8 +218,9 @@ function sourceSplit({ bytes_from_peers: peers, bytes_from_hub: hub }) {
 }
 
 /**
- * One card per instance: status, load progress, failure reason, shards (rank, layers, node,
- * runner status), requests in flight, last measured tokens/s, a Delete button.
+ * One card per instance: status ("loading on demand" for a request's placement), load progress,
+ * failure reason, shards (rank, layers, node, runner status), requests in flight, last measured
+ * tokens/s, its keep-alive (idle unload time or "pinned"/"until deleted") and last use, a Delete button.
  * `ui` = {deleting: Set, deleteErrors: {id: message}, speeds: {instance id: tokens/s}, onDelete(id)}.
  */
 export function instanceCards(state, views, ui) {
@@ -232,7 +235,7 @@ export function instanceCards(state, views, ui) {
       h("header", {},
         h("span", { class: "instance-model" }, v.model),
         h("span", { class: "muted" }, ` ${v.sharding} · ${v.shards.length} ${v.shards.length === 1 ? "rank" : "ranks"} · ${v.instance_id.slice(0, 8)}`),
-        h("span", { class: `status ${STATUS_CLASS[v.status] || ""}` }, v.status),
+        h("span", { class: `status ${STATUS_CLASS[v.status] || ""}` }, statusText(v)),
       ),
       v.status === "failed"
         ? h("div", { class: "error failure", role: "alert" }, v.reason || "failed (no reason given)")
@@ -256,6 +259,7 @@ export function instanceCards(state, views, ui) {
       h("footer", {},
         h("span", { class: "inflight" }, `requests in flight: ${inFlight[v.instance_id] || 0}`),
         h("span", { class: "speed" }, speed ? `last answer ${speed.toFixed(1)} tokens/s` : ""),
+        h("span", { class: "keep-alive", title: "when this instance is unloaded once idle (keep-alive)" }, keepAliveText(v)),
         ui.deleteErrors[v.instance_id] ? h("span", { class: "error inline" }, ui.deleteErrors[v.instance_id]) : null,
         h("button", { class: "danger delete", disabled: deleting, onclick: () => ui.onDelete(v.instance_id) }, deleting ? "Deleting…" : "Delete"),
       ),
