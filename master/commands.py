@@ -30,7 +30,7 @@ from exo_p2p.types import (
     TextGeneration,
 )
 from master.admission import memory_refusal
-from master.handover import place_with_handover
+from master.handover import PlacementBusy, place_with_handover
 from master.idle import on_demand_existing, placement_usage, unload_events, use_events
 from master.in_flight import busy_refusal
 from master.placement.place import PlacementError, place_instance
@@ -59,7 +59,8 @@ def handle_command(
     """Decide what ``command`` does on ``state``.
 
     - ``PlaceInstance``: unknown model → 404; placement failure → 400 with the placement's
-      reason (numbers in GiB and bytes), or an encoder placed on more than one node
+      reason (numbers in GiB and bytes; code ``placement_busy`` when it fits once the
+      instances serving a request are idle, ``master.handover``), or an encoder placed on more than one node
       (``master.task_kinds.split_refusal``); else ``InstanceCreated``, the instance carrying
       ``rank_settings`` (the master's: what every rank must share, ``RankSettings``). A
       ``command_id`` already an instance of State (the instance id is the command id: the
@@ -148,8 +149,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
         required = resolve_nodes(state, command.nodes) if command.nodes else None
         instance, gone = place_with_handover(state, lambda s: place_instance(  # idle instances make room: master.handover
             s, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id))
-    except PlacementError as exc:
-        return _error(command, 400, str(exc), code="placement_failed")
+    except PlacementError as exc:  # placement_busy: fits once the instances serving a request are idle
+        return _error(command, 400, str(exc), code="placement_busy" if isinstance(exc, PlacementBusy) else "placement_failed")
     if (split := split_refusal(card, instance)) is not None:
         return _error(command, 400, split, code="placement_failed")
     from exo_p2p.types import InstanceCreated

@@ -8,6 +8,11 @@ by hand with no keep-alive, one kept forever and a pinned one never go), no unfi
 first candidate, the first two, ... (each removed instance's shard bytes given back to its
 nodes' reported available memory, which lags behind until they re-report), and returns the
 first placement that fits with the instances it needs gone. Pure; at most one try per candidate.
+
+A refusal is ``PlacementBusy`` when it is only for now: the placement would fit once the
+instances serving a request (with a keep-alive, so candidates once idle) are idle. The API
+answers it 503 with ``Retry-After`` and does not remember it (``exo_p2p.api.demand.placer``'s
+negative cache keeps only refusals that a finished request does not change).
 """
 
 from __future__ import annotations
@@ -23,14 +28,19 @@ from master.placement.place import PlacementError
 replace = msgspec.structs.replace
 
 
-def candidates(state: State) -> list[str]:
-    """Instance ids that may be unloaded to make room, least recently used first."""
+class PlacementBusy(PlacementError):
+    """The placement does not fit now but would once the instances serving a request are idle."""
+
+
+def candidates(state: State, *, serving: bool = False) -> list[str]:
+    """Instance ids that may be unloaded to make room, least recently used first
+    (``serving``: instead, those that may be once the request they serve ends)."""
     out = []
     for instance_id, usage in state.usage.items():
         instance = state.instances.get(instance_id)
         if instance is None or instance.failed_reason is not None or usage.expires_at is None:
             continue
-        if not busy(state, instance_id):
+        if busy(state, instance_id) == serving:
             out.append((usage.last_used, instance_id))
     return [i for _, i in sorted(out)]
 
@@ -69,7 +79,8 @@ def place_with_handover(state: State, place: Callable[[State], Instance]) -> tup
     ``max_loaded_models``, ``place`` on ``state`` without the fewest least-recently-used
     ``candidates`` that make it fit (for a node over its bound, its own candidates): (the
     instance, the ids to unload first). Raises ``PlacementError`` saying why, with the
-    candidates considered, when none fits even with every candidate gone."""
+    candidates considered, when none fits even with every candidate gone (``PlacementBusy`` when
+    it would fit with the instances serving a request gone too)."""
     pending, gone, trial = candidates(state), [], state
     first: str | None = None
     for _ in range(len(pending) + 1):
@@ -90,5 +101,20 @@ def place_with_handover(state: State, place: Callable[[State], Instance]) -> tup
         trial, gone = without(trial, pick), [*gone, pick]
     idle = len(candidates(state))
     held = len(state.instances) - idle
+    if serving := candidates(state, serving=True):
+        trial = state
+        for instance_id in (*candidates(state), *serving):
+            trial = without(trial, instance_id)
+        if _fits(trial, place):
+            raise PlacementBusy(f"{first} (it fits once the {len(serving)} instance(s) serving a request are idle: "
+                                f"{', '.join(serving)}; retry then)")
     raise PlacementError(f"{first} (unloading the {idle} idle instance(s) would not make room either; "
                          f"{held} other instance(s) are serving, pinned or kept until deleted)")
+
+
+def _fits(state: State, place: Callable[[State], Instance]) -> bool:
+    """Whether ``place(state)`` succeeds without putting a node over its ``max_loaded_models``."""
+    try:
+        return not over_bound(state, place(state))
+    except PlacementError:
+        return False

@@ -1,7 +1,8 @@
 """Memory handed over on a real node (docs/models.md "Placement on demand and idle unload"):
 a node whose memory limit holds one of two ~38 MB synthetic models. Asking for A, then for B
 unloads A (idle) and places B, both answers given; while B serves a long stream, a request
-for A is a clear 503 saying why, and B's stream is not interrupted.
+for A is a clear 503 saying why (``placement_busy``, with ``Retry-After``), and B's stream is
+not interrupted; once B is idle, A's next request is placed (the busy answer was not remembered).
 """
 
 from __future__ import annotations
@@ -63,9 +64,13 @@ def test_a_then_b_unloads_idle_a_and_a_busy_instance_is_never_handed_over(node) 
     assert started.wait(120)
     with pytest.raises(openai.APIStatusError) as refused:
         client.chat.completions.create(model="big-a", messages=ask, max_tokens=6)
-    assert refused.value.status_code == 503
-    message = refused.value.response.json()["error"]["message"]
-    assert "cannot be placed on demand" in message and "serving, pinned or kept until deleted" in message, message
+    assert refused.value.status_code == 503 and refused.value.response.headers.get("retry-after") == "5"
+    error = refused.value.response.json()["error"]
+    assert error["code"] == "placement_busy", error  # only for now: not remembered by the negative cache
+    assert "cannot be placed on demand" in error["message"] and "serving a request are idle" in error["message"], error
     thread.join(300)
     assert streamed["error"] is None and streamed["finish"] is not None and streamed["text"], streamed
     assert models_placed(node) == ["big-b"]
+    # B idle again: A's next request (within the negative cache's 30 s) hands B over and is answered
+    again = client.chat.completions.create(model="big-a", messages=ask, max_tokens=6, temperature=0)
+    assert again.choices[0].message.content and models_placed(node) == ["big-a"]

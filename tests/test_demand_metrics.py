@@ -14,7 +14,6 @@ from exo_p2p.metrics.collect import MetricSources, NodeCounts, count_event
 from exo_p2p.metrics.registry import NodeMetrics
 from exo_p2p.types import (
     ChatMessage,
-    CommandResult,
     ErrorInfo,
     FinishGeneration,
     GenerationParams,
@@ -22,28 +21,21 @@ from exo_p2p.types import (
     MasterElected,
     NodeModelsUpdated,
     PlaceInstance,
-    RunnerReady,
-    RunnerStatusUpdated,
     State,
     SubmitTask,
 )
 from master.commands import handle_command
 from master.idle import IdleClock, idle_reason, unload_events
 from tests.support.metrics_scrape import samples, value
+from tests.support.rules.demand_master import T0, DemandMaster, no_tick, ready
 from tests.support.rules.master_run import one_node, run
 from tests.support.rules.strategies import CARD
-
-T0 = 1_700_000_000.0
-
-
-def _ready(s: State, instance) -> State:  # type: ignore[no-untyped-def]
-    return run(s, [RunnerStatusUpdated(sh.runner_id, instance.instance_id, sh.node_id, RunnerReady()) for sh in instance.shards])
 
 
 def _on_demand(s: State, command_id: str, model: str, now: float, keep_alive: float = 300.0):  # type: ignore[no-untyped-def]
     d = handle_command(s, PlaceInstance(command_id, model, on_demand=True, keep_alive=keep_alive), now=now)
     assert d.result.error is None, d.result.error
-    return d, _ready(run(s, d.events), d.result.instance)
+    return d, ready(run(s, d.events), d.result.instance)
 
 
 def test_the_master_says_why_it_unloads():
@@ -82,44 +74,21 @@ def test_every_node_counts_unloads_by_reason_from_the_log_across_masters():
     assert samples(fresh)[("exo_instance_unloads_total", (("reason", "room"),))] == 0  # every reason there from the start
 
 
-class _Master:
-    """A backend whose commands the master's rules decide on ``state``, instances ready at once."""
-
-    def __init__(self, state: State, refuse: ErrorInfo | None = None) -> None:
-        self.s, self.refuse, self.sent = state, refuse, 0
-
-    def state(self) -> State:
-        return self.s
-
-    async def command(self, command, timeout: float = 30.0) -> CommandResult:  # type: ignore[no-untyped-def]
-        self.sent += 1
-        if self.refuse is not None:
-            return CommandResult(command.command_id, error=self.refuse)
-        d = handle_command(self.s, command, now=T0)
-        if d.result.error is None and d.result.instance is not None:
-            self.s = _ready(run(self.s, d.events), d.result.instance)
-        return d.result
-
-
-async def _tick() -> None:
-    return None
-
-
 def test_the_api_counts_its_placements_on_demand_by_outcome():
     placer = DemandPlacer()
     metrics = NodeMetrics(sources=MetricSources(state=State, node_id="n", placements=lambda: dict(placer.outcomes)))
 
     async def main() -> None:
-        master = _Master(one_node())
-        assert await placer.ready(master, "m", None, _tick) is None  # placed
-        assert await placer.ready(master, "m", None, _tick) is None and master.sent == 1  # ready: nothing sent
-        lagging = _Master(master.s)  # another node's API, its State behind: the master has "m" already
+        master = DemandMaster(one_node())
+        assert await placer.ready(master, "m", None, no_tick) is None  # placed
+        assert await placer.ready(master, "m", None, no_tick) is None and master.sent == 1  # ready: nothing sent
+        lagging = DemandMaster(master.s)  # another node's API, its State behind: the master has "m" already
         lagging.state = lambda: master.s if lagging.sent else one_node()  # type: ignore[method-assign]
         other = DemandPlacer()
-        assert await other.ready(lagging, "m", None, _tick) is None
+        assert await other.ready(lagging, "m", None, no_tick) is None
         assert other.outcomes == {"placed": 0, "reused": 1, "failed": 0}
-        refusing = _Master(one_node(), ErrorInfo(400, "no cycle fits", "invalid_request_error", code="placement_failed"))
-        error = await placer.ready(refusing, "m", None, _tick)
+        refusing = DemandMaster(one_node(), ErrorInfo(400, "no cycle fits", "invalid_request_error", code="placement_failed"))
+        error = await placer.ready(refusing, "m", None, no_tick)
         assert error is not None and error.code == "placement_failed"
 
     trio.run(main)

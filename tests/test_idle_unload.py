@@ -171,13 +171,17 @@ def test_serving_pinned_and_by_hand_instances_are_never_handed_over():
     busy_state = run(s, [TaskCreated(msgspec.structs.replace(task, instance_id="a"))])  # a request runs on it
     refused, _ = _on_demand(busy_state, "b", "n", T0 + 10)
     assert refused.result.error.status == 400 and refused.events == ()
-    assert "serving, pinned or kept until deleted" in refused.result.error.message
+    assert refused.result.error.code == "placement_busy"  # only for now: it fits once "a" is idle
+    assert "serving a request are idle: a" in refused.result.error.message
     s = _room_for_one()
     d, s = _on_demand(s, "p", "m", T0, pin=True)
-    assert _on_demand(_ready(s, d.result.instance), "b", "n", T0 + 10)[0].result.error.status == 400
+    pinned = _on_demand(_ready(s, d.result.instance), "b", "n", T0 + 10)[0].result.error
+    assert pinned.status == 400 and pinned.code == "placement_failed"
+    assert "serving, pinned or kept until deleted" in pinned.message
     s = _room_for_one()
     s = run(s, handle_command(s, PlaceInstance("h", "m"), now=T0).events)  # by hand: until deleted
-    assert _on_demand(s, "b", "n", T0 + 10)[0].result.error.status == 400
+    by_hand = _on_demand(s, "b", "n", T0 + 10)[0].result.error
+    assert by_hand.status == 400 and by_hand.code == "placement_failed"
 
 
 def test_the_cli_says_when_an_instance_goes():

@@ -89,9 +89,10 @@ def should_not_retry(info: ErrorInfo) -> bool:
 
 def error_headers(info: ErrorInfo) -> dict[str, str]:
     """Extra headers for an error: ``Retry-After`` on a 503 while the model is loading
-    (``code == "loading"``, or a message that says "loading" when the master set no code);
+    (``code == "loading"``, or a message that says "loading" when the master set no code) or
+    its placement on demand waits for instances serving a request (``placement_busy``);
     ``x-should-retry: false`` when ``should_not_retry``."""
-    if info.status == 503 and (info.code == "loading" or (info.code is None and "loading" in info.message.lower())):
+    if info.status == 503 and (info.code in ("loading", "placement_busy") or (info.code is None and "loading" in info.message.lower())):
         return {"retry-after": str(RETRY_AFTER_LOADING_S)}
     if should_not_retry(info):
         return {"x-should-retry": "false"}

@@ -14,6 +14,10 @@ embeddings, Ollama's preload). Its rules:
 - A placement that fails (no cycle fits: the placement's explanation) is answered 503
   ``code="placement_failed"`` and remembered for ``NEGATIVE_TTL`` seconds: requests for that
   model within that time get the same answer at once, without another placement.
+- A placement refused only because instances serving a request hold the room
+  (``placement_busy``, ``master.handover.PlacementBusy``) is answered 503 ``placement_busy``
+  with ``Retry-After`` and not remembered: a request once they are idle places it. The
+  requests waiting on this node for that placement get the same answer.
 - An instance that fails while it loads is answered 503 with its reason; failed instances are
   never placed again here (``master.replace`` re-places them), only a model with none.
 - A request that finds an instance placed by hand loading keeps the 503 ``loading`` with
@@ -77,6 +81,20 @@ def waiting_on(state: State, model_id: str) -> tuple[str | None, ErrorInfo | Non
     return None, None
 
 
+def refusal(model_id: str, error: ErrorInfo) -> ErrorInfo:
+    """What a request answers when the master refused its placement on demand with ``error``:
+    a 400 becomes 503 ``placement_failed`` (remembered, ``NEGATIVE_TTL``), or ``placement_busy``
+    when only instances serving a request are in the way (not remembered, ``Retry-After``);
+    other errors as they are."""
+    if error.code == "placement_busy":
+        return ErrorInfo(503, f"model {model_id!r} cannot be placed on demand while other models serve requests: "
+                         f"{error.message}", "server_error", "model", "placement_busy")
+    if error.status == 400 or error.code == "placement_failed":
+        return ErrorInfo(503, f"model {model_id!r} cannot be placed on demand: {error.message}",
+                         "server_error", "model", "placement_failed")
+    return error
+
+
 @dataclass
 class DemandPlacer:
     """One API's placements on demand: its node default keep-alive (seconds; negative:
@@ -87,7 +105,8 @@ class DemandPlacer:
     negative_ttl: float = NEGATIVE_TTL
     failed: dict[str, tuple[float, ErrorInfo]] = field(default_factory=dict)
     """Model id → (until, error), trio clock (``NEGATIVE_TTL``)."""
-    placing: dict[str, trio.Event] = field(default_factory=dict)
+    placing: dict[str, tuple[trio.Event, list[ErrorInfo]]] = field(default_factory=dict)
+    """Model id → (set when the placement under way is answered, its error if any)."""
     outcomes: dict[str, int] = field(default_factory=lambda: {"placed": 0, "reused": 0, "failed": 0})
     """``PlaceInstance(on_demand=True)`` this API sent, by the master's answer: ``placed`` (a new
     instance), ``reused`` (one already loading or ready, e.g. another node's placement),
@@ -132,10 +151,9 @@ class DemandPlacer:
         this API already sent; a refusal is remembered (``NEGATIVE_TTL``)."""
         under_way = self.placing.get(model_id)
         if under_way is not None:
-            await under_way.wait()
-            cached = self.failed.get(model_id)
-            return cached[1] if cached is not None and cached[0] > trio.current_time() else None
-        done = self.placing[model_id] = trio.Event()
+            await under_way[0].wait()
+            return under_way[1][0] if under_way[1] else None
+        done, answer = self.placing[model_id] = (trio.Event(), [])
         try:
             keep = keep_alive if keep_alive is not None and keep_alive > 0 else self.keep_alive
             command = PlaceInstance(new_id(), model_id, keep_alive=keep, on_demand=True)
@@ -145,12 +163,11 @@ class DemandPlacer:
                 self.outcomes["placed" if new else "reused"] += 1
                 log.info("api.placed_on_demand", model=model_id, instance_id=result.instance and result.instance.instance_id)
                 return None
-            error = result.error
+            error = refusal(model_id, result.error)
             self.outcomes["failed"] += 1
-            if error.status == 400 or error.code == "placement_failed":
-                error = ErrorInfo(503, f"model {model_id!r} cannot be placed on demand: {error.message}",
-                                  "server_error", "model", "placement_failed")
+            if error.code == "placement_failed":
                 self.failed[model_id] = (trio.current_time() + self.negative_ttl, error)
+            answer.append(error)
             return error
         finally:
             del self.placing[model_id]
