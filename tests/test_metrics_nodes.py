@@ -167,6 +167,7 @@ def test_key_rule_and_records(nodes) -> None:
     assert out.returncode == 0, out.stderr
     assert MODEL in out.stdout and iid[:8] in out.stdout and "ready" in out.stdout, out.stdout
     row = next(line for line in out.stdout.splitlines() if iid[:8] in line)
-    assert re.search(r"\d+\.\d( last)? *│$", row.rstrip()), row  # a rate after the traffic above, never "-"
+    # a rate after the traffic above, never "-"; then the drafts column ("-": speculation is off by default)
+    assert re.search(r"\d+\.\d( last)? *│ *(-|\d+%) *│$", row.rstrip()), row
     ids = [n.get("/health", headers=AUTH).json()["node_id"] for n in (a, b)]
     assert all(short_ids(ids, NODE_ID_CHARS)[i] in out.stdout for i in ids), out.stdout  # told apart
