@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/changed_tests.py [--base REV] [--list] [PYTEST ARGS...]
 
-The change is what git reports against ``--base`` (default ``HEAD``: the uncommitted
-change) plus untracked files it does not ignore. A test module is selected when
+The change is what git reports against ``--base`` plus untracked files it does not ignore.
+The default base is where the current branch left ``main`` (so a branch's committed work is
+included), or ``HEAD`` (the uncommitted change) on ``main`` itself or without a ``main``. A test module is selected when
 
 - it is itself changed, or
 - it imports, directly or through the project's own modules, a module that changed
@@ -43,6 +44,14 @@ def changed_files(base: str) -> set[str]:
         return [line for line in out.splitlines() if line]
 
     return set(git("diff", "--name-only", base)) | set(git("ls-files", "--others", "--exclude-standard"))
+
+
+def default_base() -> str:
+    """The merge base of ``HEAD`` and ``main`` when it differs from ``HEAD``, else ``"HEAD"``."""
+    found = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    base = found.stdout.strip()
+    return base if found.returncode == 0 and base and base != head.stdout.strip() else "HEAD"
 
 
 def module_name(path: str) -> str | None:
@@ -121,9 +130,10 @@ def select(changed: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", default="HEAD", help="what the change is against (default HEAD)")
+    parser.add_argument("--base", default=None, help="what the change is against (default: where this branch left main)")
     parser.add_argument("--list", action="store_true", help="print the selected test modules only")
     args, pytest_args = parser.parse_known_args(argv)
+    args.base = args.base or default_base()
     selected = [p for p in select(changed_files(args.base), import_graph(ROOT)) if (ROOT / p).exists()]
     if args.list or not selected:
         print("\n".join(selected) if selected else f"no test module is touched by the change since {args.base}")
