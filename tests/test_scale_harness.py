@@ -88,3 +88,12 @@ def test_the_fabric_refuses_impossible_figures():
     with pytest.raises(ValueError):
         Fabric(latency=0.001, jitter=0.002)
     assert PROTOCOL_VERSION >= 1
+
+
+def test_only_a_few_followers_ack_each_applied_event():
+    from exo_p2p.cluster.heartbeats import acks_commits
+    live = [f"n{i:02d}" for i in range(10)]
+    ackers = [n for n in live if acks_commits(n, "n00", live, 3)]
+    assert ackers == ["n01", "n02", "n03"]  # the master is never counted, nor acks
+    assert all(acks_commits(n, "n09", live[:4], 3) for n in live[:3])  # small cluster: every follower
+    assert not acks_commits("n05", None, live, 3)  # no master, nothing to ack

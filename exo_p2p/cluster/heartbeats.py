@@ -6,6 +6,9 @@ Rules (pure, below the class):
   second node runs with this identity (the member then stops: a copied data dir).
 - ``commit_point``: the master's committed index is the highest index a live follower
   applied (followers fsync before they apply), at most its own; alone, its own last index.
+- ``acks_commits``: after applying an event a follower heartbeats at once only when it is
+  one of the ``COMMIT_ACKERS`` live followers with the smallest ids (commit needs one; every
+  follower doing it was a fan-out of N heartbeats to N nodes per event).
 - A peer is live for ``peer_timeout`` s after its last heartbeat (``Liveness``, by this
   node's monotonic clock); reachable while live and not disconnected for ``disconnect_grace``
   s (``disconnected_for``).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import structlog
@@ -57,6 +60,21 @@ def commit_point(last_idx: int, following: Sequence[Heartbeat]) -> int:
     return min(last_idx, max(p.last_idx for p in following))
 
 
+def acks_commits(node_id: str, master: str | None, live: Iterable[str], ackers: int) -> bool:
+    """Whether ``node_id``, following ``master`` and hearing the peers ``live`` (ids), is one
+    of the ``ackers`` followers with the smallest ids (itself counted; the master never), so
+    it heartbeats at once after applying an event (module docstring). Pure."""
+    if master is None or master == node_id:
+        return False
+    below = 0
+    for peer in live:
+        if peer < node_id and peer != master:
+            below += 1
+            if below >= ackers:
+                return False
+    return True
+
+
 def lag_ms(seconds: float) -> int:
     """``Heartbeat.lag_ms`` for an own loop stall of ``seconds``: milliseconds, at most
     ``MAX_REPORTED_LAG_MS`` (receivers cap the grace at one peer timeout anyway)."""
@@ -91,6 +109,8 @@ class PeerView:
         self.heard = Pulse()
         """Fired on every peer heartbeat received."""
         self.beat_now = Wake()
+        self._acker: tuple[float, str | None, bool] = (-math.inf, None, False)
+        """(decided until, for which master, whether this node acks commits): ``ack_applied``."""
         self.on_master_ahead: Callable[[], None] = lambda: None
         """Called when the followed master's heartbeat shows events this node lacks."""
         self.on_duplicate: Callable[[], None] = lambda: None
@@ -115,6 +135,18 @@ class PeerView:
 
     def live_peers(self) -> list[Heartbeat]:
         return [hb for hb in self.liveness.alive(self.clock()) if hb.node_id != self.node_id]
+
+    def ack_applied(self) -> None:
+        """A follower applied an event: heartbeat at once when it acks commits (``acks_commits``,
+        decided again at most every heartbeat interval: a burst of events costs one look at
+        the live peers, not one per event)."""
+        now = self.clock()
+        until, master, acks = self._acker
+        if now >= until or master != self.role.master:
+            acks = acks_commits(self.node_id, self.role.master, (p.node_id for p in self.live_peers()), defaults.COMMIT_ACKERS)
+            self._acker = (now + self.settings.heartbeat_interval, self.role.master, acks)
+        if acks:
+            self.beat_now.set()
 
     def disconnected_for(self, peer: str | None, now: float) -> bool:
         """Whether ``peer`` has had no connection for ``disconnect_grace`` seconds."""

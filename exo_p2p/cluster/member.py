@@ -91,7 +91,7 @@ class ClusterMember:
 
     def _applied(self, _event: IndexedEvent, _state: object) -> None:
         if not self.role.is_master:
-            self.peers.beat_now.set()  # tells the master promptly that we applied (commit rule)
+            self.peers.ack_applied()  # a few followers tell the master promptly that we applied (commit rule)
 
     def _stop(self) -> None:
         if self._nursery is not None:
