@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from exo_p2p.types import NodeId
-from master.placement.cost import CostModel, ring_cost_us
+from master.placement.cost import CostModel, Path, assumed_path, hop_cost_us, ring_cost_us
 from master.placement.cycle_order import CycleKey
 from master.placement.topology import BEST_LINK_RANK, Link, Topology
 
@@ -82,17 +82,28 @@ class CycleSearch:
         self.max_rank = top
         self.single_rank = BEST_LINK_RANK if rank_links else 0
         self._dist: dict[int, list[int]] = {}
-        self._costs: dict[CostModel, tuple[list[dict[int, int]], list[dict[int, int]], int]] = {}
+        self._costs: dict[CostModel, tuple[list[LazyCosts], list[LazyCosts], int]] = {}
+        self._figures: set[tuple[int, int]] | None = None
 
-    def costs(self, model: CostModel) -> tuple[list[dict[int, int]], list[dict[int, int]], int]:
+    def costs(self, model: CostModel) -> tuple[list[LazyCosts], list[LazyCosts], int]:
         """Per node index, the cost (µs) of each out-link as a forward hop and as the closing hop
-        under ``model``, and the cheapest closing cost of the graph (a bound for any hop)."""
+        under ``model`` (``LazyCosts``: each computed when a search first asks for it, as a
+        search of a few ranks looks at a few of the N² links), and the cheapest hop cost of the
+        graph (a bound for any hop: the cheapest of its addresses' figures)."""
         if model not in self._costs:
-            fwd = [{j: link.cost(model.hop_bytes) for j, link in outs.items()} for outs in self.link_of]
-            close = [{j: link.cost(model.close_bytes) for j, link in outs.items()} for outs in self.link_of]
-            cheapest = min((c for outs in close for c in outs.values()), default=0)
-            self._costs[model] = (fwd, close, min(cheapest, min((c for o in fwd for c in o.values()), default=0)))
+            fwd = [LazyCosts(outs, model.hop_bytes) for outs in self.link_of]
+            close = [LazyCosts(outs, model.close_bytes) for outs in self.link_of]
+            cheapest = min((hop_cost_us(Path("", rtt, bw, measured=False), n) for rtt, bw in self.figures()
+                            for n in (model.hop_bytes, model.close_bytes)), default=0)
+            self._costs[model] = (fwd, close, cheapest)
         return self._costs[model]
+
+    def figures(self) -> set[tuple[int, int]]:
+        """The distinct (RTT µs, bytes/s) of every address of every link (computed once)."""
+        if self._figures is None:
+            self._figures = {(p.rtt_us, p.bytes_per_s) for outs in self.link_of for link in outs.values()
+                             for p in (link.paths or (assumed_path(link.ip, "other"),))}
+        return self._figures
 
     def path_cost(self, path: list[int], model: CostModel | None) -> int:
         """The ring cost of the index cycle ``path`` (rank order) under ``model`` (0 for None)."""
@@ -106,6 +117,24 @@ class CycleSearch:
         if start not in self._dist:
             self._dist[start] = distances_to(start, self.preds, len(self.order))
         return self._dist[start]
+
+
+class LazyCosts:
+    """The costs (µs) of moving ``nbytes`` over each of one node's out-links (``links``: sink
+    index → ``Link``), each computed on first ``[sink]`` and kept. ``KeyError`` for a sink
+    without a link, like the dict it replaces."""
+
+    __slots__ = ("_links", "_nbytes", "_done")
+
+    def __init__(self, links: Mapping[int, Link], nbytes: int) -> None:
+        self._links, self._nbytes = links, nbytes
+        self._done: dict[int, int] = {}
+
+    def __getitem__(self, sink: int) -> int:
+        cost = self._done.get(sink)
+        if cost is None:
+            cost = self._done[sink] = self._links[sink].cost(self._nbytes)
+        return cost
 
 
 def distances_to(start: int, preds: list[list[int]], count: int) -> list[int]:
