@@ -145,6 +145,9 @@ EDGE_RETRACT_GRACE = 2.0
 hiccup is not a topology change worth two events)."""
 EDGE_ADDRESS_POLL = 0.2
 """Seconds between two looks for a connected peer's IP address."""
+EDGE_BATCH_WAIT = 0.1
+"""Seconds a new edge waits for others before they are announced together in one
+``TopologyEdgesCreated`` (a node joining N peers sends a few events, not N)."""
 EDGE_ADDRESS_WAIT = 10.0
 """Seconds to wait for a peer's IP address before giving up its edge (logged)."""
 

@@ -23,8 +23,10 @@ from exo_p2p.types import (
     State,
     TaskStatusUpdated,
     TopologyEdgeCreated,
+    TopologyEdgesCreated,
     TopologyEdgeDeleted,
 )
+from exo_p2p.types.events import MAX_EDGES_PER_EVENT
 from exo_p2p.types.topology import MAX_ALIAS_CHARS, MAX_ALIASES
 
 
@@ -41,6 +43,10 @@ def refuse_local(state: State, origin: str, event: Event) -> str | None:
         return card_too_large(event.card) if event.node_id == origin else "hub model read by another node"
     if isinstance(event, TopologyEdgeCreated):
         return None if event.edge.source == origin else "edge from another node"
+    if isinstance(event, TopologyEdgesCreated):
+        if len(event.edges) > MAX_EDGES_PER_EVENT:
+            return f"more than {MAX_EDGES_PER_EVENT} edges in one event"
+        return None if all(e.source == origin for e in event.edges) else "edge from another node"
     if isinstance(event, TopologyEdgeDeleted):
         return None if event.source == origin else "edge from another node"
     if isinstance(event, (LinkMeasured, LinkLost)):  # what this node measured (docs/links.md)

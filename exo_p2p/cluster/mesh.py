@@ -8,7 +8,8 @@ Rules:
   for it), else after ``MESH_STAGGER`` s (so a pair does not open two connections at once);
   then with a backoff doubling from ``MESH_BACKOFF_FIRST`` to ``MESH_BACKOFF_MAX`` s.
 - An edge this node→peer is announced on connection, with the IP the peer is reached at
-  (``ip_of``: the peerstore's, else the peer's profile); retracted when the peer stays
+  (``ip_of``: the peerstore's, else the peer's profile), together with the other edges that
+  came within ``EDGE_BATCH_WAIT`` s (one ``TopologyEdgesCreated``); retracted when the peer stays
   disconnected ``EDGE_RETRACT_GRACE`` s.
 - ``edge_changes`` (every ``EDGE_RECONCILE_PERIOD`` s, while a master is followed): announce an
   edge to a connected peer in State that has none and none on its way; retract an edge in
@@ -28,7 +29,8 @@ from exo_p2p.cluster.common import Role
 from exo_p2p.cluster.heartbeats import PeerView
 from exo_p2p.cluster.outbox import LocalOutbox
 from exo_p2p.replica import Replica
-from exo_p2p.types import Event, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted
+from exo_p2p.types import Event, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted, TopologyEdgesCreated
+from exo_p2p.types.events import MAX_EDGES_PER_EVENT
 
 log = structlog.get_logger(__name__)
 
@@ -55,11 +57,13 @@ def dial_plan(nodes: Iterable[str], *, own: str, connected: Collection[str], kno
 
 def on_the_way(pending: Iterable[Event]) -> set[str]:
     """Peers with an edge event among this node's ``pending`` local events."""
-    return {
-        ev.edge.sink if isinstance(ev, TopologyEdgeCreated) else ev.sink
-        for ev in pending
-        if isinstance(ev, (TopologyEdgeCreated, TopologyEdgeDeleted))
-    }
+    out: set[str] = set()
+    for ev in pending:
+        if isinstance(ev, TopologyEdgesCreated):
+            out.update(e.sink for e in ev.edges)
+        elif isinstance(ev, (TopologyEdgeCreated, TopologyEdgeDeleted)):
+            out.add(ev.edge.sink if isinstance(ev, TopologyEdgeCreated) else ev.sink)
+    return out
 
 
 def edge_changes(*, mine: Collection[str], in_state: Collection[str], connected: Collection[str], on_the_way: Collection[str],
@@ -98,6 +102,9 @@ class MeshKeeper:
         self.announced: set[str] = set()
         self.announcing: set[str] = set()
         self.backoff: Backoff = {}
+        self.queued: list[TopologyEdge] = []
+        """Edges found, waiting ``EDGE_BATCH_WAIT`` s to leave together (``_flush_loop``)."""
+        self._queued_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
@@ -106,6 +113,17 @@ class MeshKeeper:
             nursery.start_soon(self._dial_loop)
             nursery.start_soon(self._connection_loop)
             nursery.start_soon(self._reconcile_loop)
+            nursery.start_soon(self._flush_loop)
+
+    async def _flush_loop(self) -> None:
+        """Announce the queued edges together, ``EDGE_BATCH_WAIT`` s after the first came."""
+        while True:
+            await self._queued_wake.wait()
+            await trio.sleep(defaults.EDGE_BATCH_WAIT)
+            self._queued_wake = trio.Event()
+            edges, self.queued = self.queued, []
+            for start in range(0, len(edges), MAX_EDGES_PER_EVENT):
+                self.outbox.send(TopologyEdgesCreated(tuple(edges[start:start + MAX_EDGES_PER_EVENT])))
 
     def reannounce_all(self, _state: object = None) -> None:
         self.announced.clear()
@@ -149,7 +167,8 @@ class MeshKeeper:
                 continue
             announce, retract = edge_changes(
                 mine=state.edges.get(self.node_id, {}), in_state=state.nodes,  # type: ignore[call-overload]
-                connected=set(self.net.connected_peers()), on_the_way=on_the_way(self.outbox.pending_events()),
+                connected=set(self.net.connected_peers()),
+                on_the_way=on_the_way(self.outbox.pending_events()) | {e.sink for e in self.queued},
                 announcing=self.announcing, disconnected_at=self.peers.disconnected_at,
                 started_at=self.peers.started_at, now=self.clock(), grace=defaults.EDGE_RETRACT_GRACE,
             )
@@ -164,6 +183,7 @@ class MeshKeeper:
         await trio.sleep(defaults.EDGE_RETRACT_GRACE)
         if peer not in self.net.connected_peers() and peer in self.announced:
             self.announced.discard(peer)
+            self.queued = [e for e in self.queued if e.sink != peer]
             self.outbox.send(TopologyEdgeDeleted(self.node_id, peer))  # type: ignore[arg-type]
 
     def _peer_ip(self, peer: str) -> str:
@@ -185,7 +205,8 @@ class MeshKeeper:
                     if ip := self._peer_ip(peer):
                         if peer not in self.announced:
                             self.announced.add(peer)
-                            self.outbox.send(TopologyEdgeCreated(TopologyEdge(self.node_id, peer, ip)))  # type: ignore[arg-type]
+                            self.queued.append(TopologyEdge(self.node_id, peer, ip))  # type: ignore[arg-type]
+                            self._queued_wake.set()
                         return
                     await trio.sleep(defaults.EDGE_ADDRESS_POLL)
                 return

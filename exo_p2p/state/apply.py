@@ -36,6 +36,7 @@ from exo_p2p.types import (
     TaskRecord,
     TaskStatusUpdated,
     TopologyEdgeCreated,
+    TopologyEdgesCreated,
     TopologyEdgeDeleted,
 )
 
@@ -136,6 +137,22 @@ def _apply_topology_edge_created(event: TopologyEdgeCreated, state: State) -> St
     sinks = dict(edges.get(event.edge.source, {}))
     sinks[event.edge.sink] = event.edge
     edges[event.edge.source] = sinks
+    return replace(state, edges=edges)
+
+
+@_apply_event.register
+def _apply_topology_edges_created(event: TopologyEdgesCreated, state: State) -> State:
+    """Every edge of the event: the edge maps are copied once, not once per edge."""
+    if not event.edges:
+        return state
+    edges = dict(state.edges)
+    for edge in event.edges:
+        sinks = edges.get(edge.source, {})
+        if sinks is state.edges.get(edge.source):
+            sinks = edges[edge.source] = dict(sinks)
+        elif edge.source not in edges:
+            sinks = edges[edge.source] = {}
+        sinks[edge.sink] = edge
     return replace(state, edges=edges)
 
 

@@ -47,6 +47,7 @@ from exo_p2p.types.events import (
     TaskDeleted,
     TaskStatusUpdated,
     TopologyEdgeCreated,
+    TopologyEdgesCreated,
     TopologyEdgeDeleted,
 )
 from exo_p2p.types.instances import Instance, InstanceStatus, InstanceUsage, PlacedNode, RankSettings, ShardMetadata, Sharding

@@ -53,6 +53,19 @@ class TopologyEdgeCreated(_Event, tag="topology_edge_created"):
     edge: TopologyEdge
 
 
+class TopologyEdgesCreated(_Event, tag="topology_edges_created"):
+    """Several edges from one node (every edge's ``source`` is the same), announced together:
+    a node that connects to N peers at once sends a few events, not N (each event costs every
+    node an apply that copies the edge maps: docs/cluster.md, "Many machines"). At most
+    ``MAX_EDGES_PER_EVENT`` edges."""
+
+    edges: tuple[TopologyEdge, ...]
+
+
+MAX_EDGES_PER_EVENT = 256
+"""Edges in one ``TopologyEdgesCreated`` at most (a larger one is refused by the master)."""
+
+
 class TopologyEdgeDeleted(_Event, tag="topology_edge_deleted"):
     source: NodeId
     sink: NodeId
@@ -164,6 +177,7 @@ Event = (
     | HubModelsForgotten
     | NodeTimedOut
     | TopologyEdgeCreated
+    | TopologyEdgesCreated
     | TopologyEdgeDeleted
     | LinkMeasured
     | LinkLost
