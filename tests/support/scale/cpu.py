@@ -17,7 +17,7 @@ import trio
 
 class CpuMeter(trio.abc.Instrument):
     """``roots``: task → owner name (a member's root task). ``seconds[owner]`` accumulates
-    step time (``time.perf_counter``, one thread, so step time is CPU time of this process)."""
+    CPU time of each step (``time.thread_time``: the trio thread's own CPU, not the other processes' turns on a shared machine)."""
 
     def __init__(self) -> None:
         self.roots: dict[trio.lowlevel.Task, str] = {}
@@ -50,10 +50,10 @@ class CpuMeter(trio.abc.Instrument):
         return owner
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self._started = time.perf_counter()
+        self._started = time.thread_time()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.seconds[self.owner_of(task)] += time.perf_counter() - self._started
+        self.seconds[self.owner_of(task)] += time.thread_time() - self._started
 
     def task_exited(self, task: trio.lowlevel.Task) -> None:
         self._owner.pop(id(task), None)
