@@ -31,8 +31,15 @@ NODE_MEMORY = 16 * GIB
 
 
 def node_ids(n: int) -> list[str]:
-    """``n`` node ids, sortable: ``node000``, ``node001``, …"""
-    return [f"node{i:03d}" for i in range(n)]
+    """``n`` node ids as long as libp2p's (52 characters, so message sizes are true), sorting
+    in index order: ``12D3KooW`` + the index in 44 digits."""
+    return [f"12D3KooW{i:044d}" for i in range(n)]
+
+
+def boot_id(node_id: str) -> str:
+    """A boot id of a uuid's length (36 characters), fixed per node."""
+    digits = node_id[-12:]
+    return f"00000000-0000-4000-8000-{digits}"
 
 
 def scale_card(n_layers: int = 32, total: int = 4 * GIB) -> ModelCard:
@@ -79,7 +86,7 @@ class ScaleCluster:
             data.mkdir(parents=True, exist_ok=True)
             replica = Replica(data / "events.log", sync=False)
             seat = MasterSeat(node_id, replica, NodeConfig(data_dir=data, mdns=False))
-            member = ClusterMember(net, replica, node_id, f"boot-{node_id}", seat.hooks,
+            member = ClusterMember(net, replica, node_id, boot_id(node_id), seat.hooks,
                                    settings=settings or ClusterSettings(), clock=trio.current_time)
             self.nodes[node_id] = SimNode(node_id, net, replica, seat, member)
 
@@ -103,7 +110,7 @@ class ScaleCluster:
             async with trio.open_nursery() as nursery:
                 node.seat.bind(node.member, nursery)
                 await nursery.start(node.member.run)
-                profile = NodeProfile(node.node_id, f"boot-{node.node_id}", node.node_id,  # type: ignore[arg-type]
+                profile = NodeProfile(node.node_id, boot_id(node.node_id), f"mac-{node.node_id[-3:]}",  # type: ignore[arg-type]
                                       memory_total=NODE_MEMORY, memory_available=NODE_MEMORY,
                                       addrs=(NetworkAddress(node.net.listen_addrs()[0], node.net.ip, "en0", "ethernet"),),  # type: ignore[arg-type]
                                       models=(self.card.model_id,))
