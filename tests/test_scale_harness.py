@@ -97,3 +97,19 @@ def test_only_a_few_followers_ack_each_applied_event():
     assert ackers == ["n01", "n02", "n03"]  # the master is never counted, nor acks
     assert all(acks_commits(n, "n09", live[:4], 3) for n in live[:3])  # small cluster: every follower
     assert not acks_commits("n05", None, live, 3)  # no master, nothing to ack
+
+
+def test_edges_announced_together_apply_as_one_and_are_bounded():
+    from exo_p2p.state import apply
+    from exo_p2p.types import IndexedEvent, State, TopologyEdge, TopologyEdgeCreated, TopologyEdgesCreated
+    from exo_p2p.types.events import MAX_EDGES_PER_EVENT
+    from master.local_rules import refuse_local
+
+    one = apply(State(), IndexedEvent(term=1, idx=1, event=TopologyEdgeCreated(TopologyEdge("a", "b", "10.0.0.2"))))
+    both = TopologyEdgesCreated((TopologyEdge("a", "c", "10.0.0.3"), TopologyEdge("a", "d", "10.0.0.4")))
+    after = apply(one, IndexedEvent(term=1, idx=2, event=both))
+    assert set(after.edges["a"]) == {"b", "c", "d"} and set(one.edges["a"]) == {"b"}  # the old State is untouched
+    assert refuse_local(after, "a", both) is None
+    assert refuse_local(after, "b", both) == "edge from another node"
+    many = TopologyEdgesCreated(tuple(TopologyEdge("a", f"n{i}", "10.0.0.9") for i in range(MAX_EDGES_PER_EVENT + 1)))
+    assert "more than" in (refuse_local(after, "a", many) or "")
