@@ -148,7 +148,8 @@ def _place(state: State, command: PlaceInstance, rank_settings: RankSettings | N
     try:
         required = resolve_nodes(state, command.nodes) if command.nodes else None
         instance, gone = place_with_handover(state, lambda s: place_instance(  # idle instances make room: master.handover
-            s, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id))
+            s, card, min_nodes=command.min_nodes, sharding=command.sharding, nodes=required, instance_id=command.command_id,
+            split=command.split))
     except PlacementError as exc:  # placement_busy: fits once the instances serving a request are idle
         return _error(command, 400, str(exc), code="placement_busy" if isinstance(exc, PlacementBusy) else "placement_failed")
     if (split := split_refusal(card, instance)) is not None:

@@ -78,8 +78,8 @@ def test_one_search_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[search.Search] = []
     real = search.Search
 
-    def counted(ctx):
-        made.append(real(ctx))
+    def counted(ctx, *rest):
+        made.append(real(ctx, *rest))
         return made[-1]
 
     monkeypatch.setattr(place, "Search", counted)

@@ -123,6 +123,8 @@ class PlaceRequest(msgspec.Struct, frozen=True):
     until deleted (``exo_p2p.api.demand.keep_alive``)."""
     pin: bool = False
     """Never unloaded to make room for another model (docs/models.md)."""
+    split: Literal["speed", "memory"] = "speed"
+    """Pipeline layers split by measured speed, or in proportion to memory (docs/placement-speed.md)."""
 
 
 # ---------------------------------------------------------------------------- responses

@@ -99,6 +99,6 @@ from exo_p2p.types.tasks import (
 from exo_p2p.types.chunks import ImageChunk
 from exo_p2p.types.images import ImageParams
 from exo_p2p.types.tasks import ImageEdits, ImageGeneration
-from exo_p2p.types.topology import InterfaceType, LinkFigures, NetworkAddress, NodeProfile, TopologyEdge
+from exo_p2p.types.topology import InterfaceType, LinkFigures, NetworkAddress, NodeProfile, NodeSpeed, TopologyEdge
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -29,6 +29,8 @@ class PlaceInstance(_Command, tag="place_instance"):
     on_demand: bool = False
     """Placed because a request named the model: an existing instance of the model (not
     failed) is answered instead of a second placement (``master.commands``)."""
+    split: str = "speed"
+    """Pipeline layers split by measured speed (``"speed"``) or usable memory (``"memory"``)."""
 
 
 class DeleteInstance(_Command, tag="delete_instance"):

@@ -25,6 +25,21 @@ class NetworkAddress(msgspec.Struct, frozen=True):
     interface_type: InterfaceType = "other"
 
 
+class NodeSpeed(msgspec.Struct, frozen=True):
+    """A node's measured compute speed (``worker.calibrate``; docs/placement-speed.md), quantised
+    (``worker.calibrate.run.quantise``) so a steady node publishes no new figure.
+
+    ``decode_ns_per_kib``: nanoseconds one decode step (one token) spends per KiB of layer
+    weights it reads (a tiny synthetic layer, one row); ``prefill_ns_per_kib``: the same per
+    token of a 64-token prefill (matmul throughput at a model's shapes); ``mem_mib_per_s``:
+    memory bandwidth (MiB/s, a large array summed). All positive and within
+    ``master.placement.speed_split.SPEED_BOUNDS``, else dropped by the master."""
+
+    decode_ns_per_kib: int
+    prefill_ns_per_kib: int
+    mem_mib_per_s: int
+
+
 class NodeProfile(msgspec.Struct, frozen=True):
     """A node's self-description, published periodically and on change.
 
@@ -63,6 +78,9 @@ class NodeProfile(msgspec.Struct, frozen=True):
     aliases: tuple[str, ...] = ()
     """``NAME=MODEL`` model aliases this node declares (``--alias``; at most 64 of at most 256
     characters, ``exo_p2p.api.demand.aliases``): every node's API resolves them."""
+    speed: NodeSpeed | None = None
+    """This node's measured speed (None: not measured yet, ``--calibrate off``, or from a node
+    before it); placement splits pipeline layers by it (``master.placement.speed_split``)."""
 
 
 MAX_ALIASES = 64

@@ -90,6 +90,9 @@ from master.placement.fetch import fetch_source_digest
 from master.placement.ring import ring_addresses, ring_ips
 from master.placement.search import Plan, Search, fetch_bytes
 
+SPLITS = ("speed", "memory")
+"""How a pipeline's layers are split (``place_instance``'s ``split``)."""
+
 __all__ = ["PlacementError", "Preview", "place_instance", "placement_previews"]
 """``PlacementError`` (defined in ``master.placement.context``) is part of this module's
 interface: every caller of ``place_instance`` catches it."""
@@ -119,6 +122,15 @@ class Preview(msgspec.Struct, frozen=True):
     fetch_bytes_per_node: tuple[int, ...] = ()
     network_us_per_token: int = 0
     links_measured: bool = True
+    decode_us_per_token: int | None = None
+    """Estimated µs per decoded token, network included (``master.placement.speed_split``;
+    None: some rank's speed is unknown, or one node)."""
+    prefill_us_per_token: int | None = None
+    """Estimated µs per prompt token of a prefill by the same split."""
+    memory_split_us_per_token: int | None = None
+    """The decode estimate of the memory-proportional split of the same cycle."""
+    split_reason: str = ""
+    """Why the layers are split as they are (by speed, or memory-proportional and why)."""
 
 
 def place_instance(
@@ -129,6 +141,7 @@ def place_instance(
     sharding: Sharding = "pipeline",
     nodes: Iterable[str] | None = None,
     instance_id: str = "preview",
+    split: str = "speed",
 ) -> Instance:
     """The best placement of ``model_card`` on ``state``'s cluster (rules: module docstring).
 
@@ -151,7 +164,9 @@ def place_instance(
         raise PlacementError(ctx.blocking)
     if sharding == "tensor" and not model_card.supports_tensor:
         raise PlacementError(f"model {model_card.model_id} does not support tensor sharding ({family_problem(model_card, sharding)})")
-    search = Search(ctx)
+    if split not in SPLITS:
+        raise PlacementError(f"unknown split {split!r}; use speed or memory")
+    search = Search(ctx, split)
     sizes = range(max(min_nodes, len(ctx.required)), len(ctx.eligible) + 1)
     for size in sizes:
         if size_problem(model_card, sharding, size) is not None:
@@ -233,4 +248,8 @@ def _preview(search: Search, sharding: Sharding, size: int) -> Preview:
         network_us_per_token=plan.key[0],
         links_measured=all(measured for _, measured in ring_ips(ctx.topology, plan.cycle, cost_model(ctx.card, sharding, size)))
         if size > 1 else True,
+        decode_us_per_token=plan.choice.decode_us if plan.choice else None,
+        prefill_us_per_token=plan.choice.prefill_us if plan.choice else None,
+        memory_split_us_per_token=plan.choice.memory_decode_us if plan.choice else None,
+        split_reason=plan.choice.reason if plan.choice else "",
     )

@@ -27,6 +27,7 @@ from master.placement.cycle_search import CycleSearch, Found
 from master.placement.cycle_sweep import Goal, sweep
 from master.placement.fetch import disk_problem, shard_fetch_bytes
 from master.placement.memory import usable_memory
+from master.placement.speed_split import SplitChoice, speed_shares
 from master.placement.split import Overflow, RankShare, pipeline_shares, tensor_share_bytes, tensor_shares
 
 SWEEP_BUDGET = 8000
@@ -44,6 +45,8 @@ class Plan:
     cycle: tuple[NodeId, ...]
     usable: tuple[int, ...]
     shares: tuple[RankShare, ...]
+    choice: SplitChoice | None = None
+    """The speed split's estimates and reason (pipeline, ≥ 2 ranks, every rank's speed known)."""
 
 
 def rank_shares(card: ModelCard, sharding: Sharding, usable: list[int], policies: list[str] | None = None) -> list[RankShare] | Overflow:
@@ -110,8 +113,8 @@ class Search:
     beyond ``EXACT_SEARCH_MAX_NODES``, each mode's sweep records, so the previews of every
     (sharding, size) and the error messages share one sweep. Nothing is kept on ``ctx``."""
 
-    def __init__(self, ctx: PlacementContext) -> None:
-        self.ctx = ctx
+    def __init__(self, ctx: PlacementContext, split: str = "speed") -> None:
+        self.ctx, self.split = ctx, split
         self.modes = memory_modes(ctx)
         self._prepared: dict[tuple[int, bool], CycleSearch] = {}
         self._sweeps: dict[int, list[dict[int, Found]]] = {}
@@ -168,7 +171,11 @@ class Search:
         if best is None:
             return None
         usable, shares = best.payload
-        return Plan(best.key, best.cycle, usable, tuple(shares))
+        plan = Plan(best.key, best.cycle, usable, tuple(shares))
+        if sharding != "pipeline" or self.split != "speed":
+            return plan
+        fast = by_speed(ctx.state, ctx.card, plan)  # a fetching node must have the disk for its new share
+        return fast if disk_short(ctx, sharding, fast.cycle, fast.shares) is None else plan
 
     def largest_candidate(self, sizes: list[int]) -> tuple[int, tuple[NodeId, ...], list[int]] | None:
         """The candidate cycle (any size in ``sizes``, either memory mode) with the most usable
@@ -191,6 +198,28 @@ class Search:
         if found is None:
             return None
         return -found[0][0], found[1], found[2]
+
+
+def micro_batches(state: State, cycle: tuple[NodeId, ...]) -> int:
+    """The micro-batches the ranks of ``cycle`` will use (``worker.engine.micro.auto_micro_batches``):
+    as many as ranks when no two of its nodes share an address (hosts of their own), else 1."""
+    seen: set[str] = set()
+    for node in cycle:
+        ips = {a.ip for a in state.nodes[node].addrs}
+        if not ips or ips & seen:
+            return 1
+        seen |= ips
+    return len(cycle)
+
+
+def by_speed(state: State, card: ModelCard, plan: Plan) -> Plan:
+    """``plan`` with its pipeline layers split by the nodes' measured speed
+    (``master.placement.speed_split``); unchanged when a rank's speed is unknown."""
+    speeds = tuple(state.nodes[n].speed for n in plan.cycle)
+    choice = speed_shares(card, plan.usable, plan.shares, speeds, micro_batches(state, plan.cycle), plan.key[0])
+    if choice is None:
+        return plan
+    return Plan(plan.key, plan.cycle, plan.usable, choice.shares, choice)
 
 
 def cost_of(card: ModelCard, sharding: Sharding) -> Callable[[int], CostModel]:
