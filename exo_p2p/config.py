@@ -146,6 +146,8 @@ class NodeConfig(msgspec.Struct):
     """While master, seconds a model read from a hub stays in State once nothing uses it
     (``--hub-card-idle``; ``master.hub_forget``, ``exo_p2p.state.hub_cards``)."""
     cpu_weights: str = "auto"
+    calibrate: bool = True
+    """Measure this node's speed and publish it (``worker.calibrate``; docs/placement-speed.md)."""
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
     api_keys: list[str] = msgspec.field(default_factory=list)
     """API keys a client must present (``--api-key``/``--api-key-file``); empty = none needed."""

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
-from exo_p2p.types import (Chunk, Command, CommandResult, ErrorInfo, GenerationParams, ModelCard, ModelId, NodeId, State,
+from exo_p2p.types import (Chunk, Command, CommandResult, ErrorInfo, GenerationParams, ModelCard, ModelId, NodeId, NodeSpeed, State,
                            TaskId)
 
 
@@ -45,6 +45,8 @@ class NodeSummary(msgspec.Struct, frozen=True):
     addrs: list[str]
     last_seen: float
     links: list[LinkSummary] = msgspec.field(default_factory=list)
+    speed: NodeSpeed | None = None
+    """The node's measured speed (None: not measured; docs/placement-speed.md)."""
 
 
 class NodeHealth(msgspec.Struct, frozen=True):

@@ -57,9 +57,10 @@ from exo_p2p.node.process import run_process
 from exo_p2p.node.profile_publisher import ProfilePublisher
 from exo_p2p.node.seat import MasterSeat
 from exo_p2p.node.status import joined
-from exo_p2p.node.worker_env import profile_measure, runner_environment
+from exo_p2p.node.worker_env import node_idle, profile_measure, runner_environment
 from exo_p2p.replica import Replica
 from exo_p2p.types import Event, Instance, ShardMetadata, State
+from worker.calibrate.run import Calibration
 from worker.profile import publish_due
 from worker.worker import Worker
 
@@ -88,9 +89,11 @@ class Node:
         self.routes = ChunkRoutes(self.node_id, self.state, self.router)
         self.loop_watch = LoopWatch()  # loop lag and slow task steps: GET /state counters, the log
         self._build_models()
+        runner_env = runner_environment(config.cpu_weights)
+        self.calibration = Calibration(runner_env)  # this node's speed: worker.calibrate, docs/placement-speed.md
         self.worker = Worker(self.node_id, self.boot_id, self.state, self.emit_local, self.routes.route,
                              lambda model_id: self.store.resolve(model_id), engine=config.engine.in_data_dir(self.data_dir),
-                             fault_hooks=config.fault_hooks, runner_env=runner_environment(config.cpu_weights),
+                             fault_hooks=config.fault_hooks, runner_env=runner_env,
                              fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (docs/models.md)
                              stalled=self.loop_watch.stalls.between)  # its own stalls are not a runner's silence
         self.tokens = TokenCounter(self.store.resolve)  # tokenizers, loaded while an instance placed here loads
@@ -227,6 +230,8 @@ class Node:
         log.debug("start-up", step="depot running")
         await self._start_links(running, nursery)  # links measured: docs/links.md
         nursery.start_soon(self._profile_publisher(running).run)
+        if self.config.calibrate:
+            nursery.start_soon(self.calibration.run, lambda: node_idle(self.state(), self.node_id))
         nursery.start_soon(self.models.watch)  # models added to a store while running
         nursery.start_soon(self.worker.run)
         nursery.start_soon(self.tokens.run, lambda: settled(self.state(), self.node_id), self.node_id, self.boot_id)  # exo_p2p.node.preload_gate
@@ -247,7 +252,8 @@ class Node:
 
     def _profile_publisher(self, running: Running) -> ProfilePublisher:
         """This node's ``ProfilePublisher``, measuring with ``worker.profile``."""
-        return ProfilePublisher(self.node_id, self.boot_id, profile_measure(self.node_id, self.boot_id, self.config),
+        return ProfilePublisher(self.node_id, self.boot_id,
+                                profile_measure(self.node_id, self.boot_id, self.config, lambda: self.calibration.speed),
                                 publish_due, hosted_bytes=self.worker.hosted_bytes, listen_addrs=running.net.listen_addrs,
                                 cards=lambda: self.models.cards, depot=self.depot, member=running.member, state=self.state,
                                 emit=self.emit_local, fault_hooks=self.config.fault_hooks)

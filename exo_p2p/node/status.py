@@ -66,6 +66,7 @@ def node_summaries(state: State, self_id: str, last_seen: Callable[[str], float 
                 memory_available=profile.memory_available,
                 addrs=[a.multiaddr for a in profile.addrs],
                 last_seen=round(last_seen(node_id) or 0.0, 1),
+                speed=profile.speed,
                 links=[
                     LinkSummary(sink, f.address, f.rtt_us, f.bytes_per_s, f.interface_type)
                     for sink, figures in sorted(state.links.get(node_id, {}).items())

@@ -120,6 +120,9 @@ _SETTINGS = (
             "when the float32 share fits memory with 10% headroom, else as stored), float32, or stored (quantized as "
             "on disk); a Metal node always holds the stored weights", "cpu_weights", "|".join(CPU_WEIGHTS),
             choices=CPU_WEIGHTS, panel=SERVING),
+    Setting("--no-calibrate", "flag", "Do not measure this node's speed (a ~1.5 s CPU calibration at start and "
+            "every 10 minutes while idle); placement then splits layers in proportion to memory "
+            "(docs/placement-speed.md)", "calibrate", inverted=True, type=bool, panel=SERVING),
     Setting("--max-moves", "count", "Times a request may move to another instance when its instance fails "
             "(0: never)", "max_moves", "N",
             type=int, min=0, panel=SERVING),

@@ -23,6 +23,7 @@ def nodes_table(nodes: list[dict]) -> Table:
     table.add_column("master", justify="center")
     table.add_column("available / total", justify="right", no_wrap=True)
     table.add_column("last seen", justify="right")
+    table.add_column("speed", justify="right", no_wrap=True)
     for n in nodes:
         mark = "*" if n.get("is_master") else ""
         name = n.get("friendly_name") or ""
@@ -35,8 +36,20 @@ def nodes_table(nodes: list[dict]) -> Table:
             mark,
             memory,
             ago(n.get("last_seen")),
+            speed_text(n.get("speed")),
         )
     return table
+
+
+def speed_text(speed: Any) -> str:
+    """A node's measured speed as ``decode µs/MiB · MiB/s`` (docs/placement-speed.md); ``-`` when
+    not measured or not a mapping of numbers."""
+    if not isinstance(speed, dict):
+        return "-"
+    decode, mem = speed.get("decode_ns_per_kib"), speed.get("mem_mib_per_s")
+    if not isinstance(decode, int) or not isinstance(mem, int):
+        return "-"
+    return f"{decode * 1024 / 1000:.0f} µs/MiB · {mem} MiB/s"
 
 
 def address_lines(nodes: list[dict]) -> list[str]:
