@@ -52,6 +52,10 @@ def previews(state: State, model_id: str, nodes: tuple[str, ...]) -> list[dict]:
                 "fetch_from": "peers, then the hub" if hub else "peers",
                 "network_us_per_token": p.network_us_per_token,  # estimated (docs/links.md)
                 "links_measured": p.links_measured,
+                "decode_us_per_token": p.decode_us_per_token,  # estimated (docs/placement-speed.md)
+                "prefill_us_per_token": p.prefill_us_per_token,
+                "memory_split_us_per_token": p.memory_split_us_per_token,
+                "split_reason": p.split_reason,
                 "error": p.error,
                 "instance": msgspec.to_builtins(p.instance) if p.instance is not None else None,
             }

@@ -244,6 +244,10 @@ def previews_table(model: str, previews: list[dict], names: dict[str, str] | Non
             if cost and len(nodes) > 1:
                 guess = "" if p.get("links_measured", True) else ", links not all measured yet"
                 rows.append(f"network: ~{cost / 1000:.2f} ms per token (estimated{guess})")
+            if p.get("decode_us_per_token") and len(nodes) > 1:
+                rows.append(f"decode: ~{p['decode_us_per_token'] / 1000:.2f} ms per token, prefill ~"
+                            f"{(p.get('prefill_us_per_token') or 0) / 1000:.2f} ms per prompt token (estimated); "
+                            f"split {p.get('split_reason') or '?'}")
             detail = "\n".join(rows) or "-"
         table.add_row(str(p.get("sharding", "")), world, detail)
     return table
