@@ -61,10 +61,12 @@ def test_a_slow_node_gets_fewer_layers_and_the_estimate_gains_at_least_half() ->
     assert layers(memory) == [15, 15]
     fast_rank = next(s.rank for s in speed.shards if s.node_id == "n0")
     assert layers(speed)[fast_rank] > 15 + 5, layers(speed)
+    # rank 0 moved along the cycle: the fast node is last and carries the output head
+    assert memory.shards[0].node_id == "n0" and speed.shards[-1].node_id == "n0"
     (preview,) = [p for p in placement_previews(st_, card) if p.sharding == "pipeline" and p.world_size == 2]
     assert preview.memory_split_us_per_token is not None and preview.decode_us_per_token is not None
     assert preview.memory_split_us_per_token >= 1.5 * preview.decode_us_per_token
-    assert preview.split_reason.startswith("by speed") and preview.prefill_us_per_token
+    assert preview.split_reason.startswith("by speed, rank 0 moved") and preview.prefill_us_per_token
     assert layers(preview.instance) == layers(speed)
 
 

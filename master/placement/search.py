@@ -27,7 +27,7 @@ from master.placement.cycle_search import CycleSearch, Found
 from master.placement.cycle_sweep import Goal, sweep
 from master.placement.fetch import disk_problem, shard_fetch_bytes
 from master.placement.memory import usable_memory
-from master.placement.speed_split import SplitChoice, speed_shares
+from master.placement.speed_split import SplitChoice, best_rotation
 from master.placement.split import Overflow, RankShare, pipeline_shares, tensor_share_bytes, tensor_shares
 
 SWEEP_BUDGET = 8000
@@ -213,13 +213,22 @@ def micro_batches(state: State, cycle: tuple[NodeId, ...]) -> int:
 
 
 def by_speed(state: State, card: ModelCard, plan: Plan) -> Plan:
-    """``plan`` with its pipeline layers split by the nodes' measured speed
-    (``master.placement.speed_split``); unchanged when a rank's speed is unknown."""
-    speeds = tuple(state.nodes[n].speed for n in plan.cycle)
-    choice = speed_shares(card, plan.usable, plan.shares, speeds, micro_batches(state, plan.cycle), plan.key[0])
-    if choice is None:
+    """``plan`` with its pipeline layers split by the nodes' measured speed, rank 0 possibly
+    moved along the cycle (``master.placement.speed_split.best_rotation``: the last rank carries
+    the output head); unchanged when a rank's speed is unknown or no split gains enough."""
+    size = len(plan.cycle)
+    rotations = []
+    for i in range(size):
+        cycle = plan.cycle[i:] + plan.cycle[:i]
+        usable = plan.usable[i:] + plan.usable[:i]
+        memory = plan.shares if i == 0 else pipeline_shares(card, list(usable), weight_policies(state, cycle))
+        speeds = tuple(state.nodes[n].speed for n in cycle)
+        rotations.append(None if isinstance(memory, Overflow) else (usable, tuple(memory), speeds))
+    found = best_rotation(card, rotations, micro_batches(state, plan.cycle), plan.key[0])
+    if found is None:
         return plan
-    return Plan(plan.key, plan.cycle, plan.usable, choice.shares, choice)
+    i, choice = found
+    return Plan(plan.key, plan.cycle[i:] + plan.cycle[:i], plan.usable[i:] + plan.usable[:i], choice.shares, choice)
 
 
 def cost_of(card: ModelCard, sharding: Sharding) -> Callable[[int], CostModel]:

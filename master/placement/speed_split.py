@@ -178,3 +178,27 @@ def speed_shares(card: ModelCard, usable: tuple[int, ...], memory: tuple[RankSha
             return SplitChoice(tuple(shares), fast, estimate(card, tuple(shares), known, micro, network_us, "prefill"), mem_us, reason)
     reason = f"memory-proportional: no split is {int(MIN_GAIN * 100)} % faster by the estimate ({mem_us} µs/token)"
     return SplitChoice(memory, mem_us, estimate(card, memory, known, micro, network_us, "prefill"), mem_us, reason)
+
+
+def best_rotation(card: ModelCard, rotations: list[tuple[tuple[int, ...], tuple[RankShare, ...], tuple[NodeSpeed | None, ...]] | None],
+                  micro: int, network_us: int) -> tuple[int, SplitChoice] | None:
+    """The rotation of a cycle (which node is rank 0, so which carries the output head) whose
+    speed split is fastest: ``rotations[i]`` is (usable, memory-proportional shares, speeds)
+    with rank 0 the cycle's i-th node, None where the memory split does not fit; rotation 0
+    is the memory rule's order, whose memory split is the baseline. Another rotation is taken
+    only when its split is at least ``MIN_GAIN`` faster than that baseline and faster than
+    rotation 0's choice. None when rotation 0 has no speed split (``speed_shares``)."""
+    if not rotations or rotations[0] is None:
+        return None
+    base = speed_shares(card, *rotations[0], micro, network_us)
+    if base is None:
+        return None
+    best = (0, base)
+    for i, rotation in enumerate(rotations[1:], start=1):
+        choice = speed_shares(card, *rotation, micro, network_us) if rotation is not None else None
+        if choice is None or choice.decode_us > base.memory_decode_us * (1 - MIN_GAIN) or choice.decode_us >= best[1].decode_us:
+            continue
+        reason = (f"by speed, rank 0 moved to the cycle's node {i}: {choice.decode_us} µs/token against "
+                  f"{base.memory_decode_us} for the memory-proportional split")
+        best = (i, SplitChoice(choice.shares, choice.decode_us, choice.prefill_us, base.memory_decode_us, reason))
+    return best
