@@ -49,6 +49,29 @@ def test_ngram_prefers_longer_tails() -> None:
     assert index.propose(1) == [5]
 
 
+def test_ngram_copies_the_block_that_matches_furthest_back() -> None:
+    # a "file" of near-identical blocks [9, 8, i, 7, 6] (i = 1 … 4); the output rewrote block 1 with
+    # its number renamed (1 -> 5) and block 2 as it was: after "… 7 6 9 8" the latest occurrence of the
+    # tail is the output's own block 2 (followed by 2), but the prompt's block 3 matches the whole
+    # tail back through block 2, so its number comes next, and the copy goes on from there
+    prompt = [b for i in (1, 2, 3, 4) for b in (9, 8, i, 7, 6)]
+    index = NgramIndex(prompt)
+    index.extend([9, 8, 5, 7, 6, 9, 8, 2, 7, 6, 9, 8])
+    assert index.propose(4) == [3, 7, 6, 9]
+    index.extend([3, 7, 6, 9, 8])
+    assert index.propose(8) == [4, 7, 6, 9, 8, 5, 7, 6]  # the copied span goes on (the history is one sequence)
+
+
+def test_ngram_prefers_the_prompt_and_the_copied_span_when_tied() -> None:
+    index = NgramIndex([1, 2, 3, 4, 5, 6])  # the prompt: 1 2 3 followed by 4
+    index.extend([0, 1, 2, 3, 7, 8, 0, 1, 2, 3])  # the output: 0 1 2 3 followed by 7 once
+    # the output's "0 1 2 3" matches 4 tokens back against the prompt's 3: the output wins
+    assert index.propose(2) == [7, 8]
+    index = NgramIndex([1, 2, 3, 4, 5, 6])
+    index.extend([9, 1, 2, 3, 7, 8, 0, 1, 2, 3])  # "1 2 3" matches 3 back in prompt and output alike
+    assert index.propose(2) == [4, 5]  # tied: the prompt's
+
+
 def test_accepted_count_is_the_exact_match_prefix() -> None:
     assert accepted_count([5, 6, 7], [5, 6, 8, 1]) == 2
     assert accepted_count([5, 6, 7], [4, 6, 7, 1]) == 0

@@ -1,7 +1,8 @@
 """How many tokens a row drafts next: adaptive per row from its acceptance, off when low.
 
 The rule (pure state, one per row): ``k`` starts at ``START_K`` (at most ``max_k``); a step
-whose proposals were all accepted raises it by 2 (at most ``max_k``), one with none accepted
+whose proposals were all accepted doubles it (at most ``max_k``: a row copying a long
+span reaches long drafts in a few steps), one with none accepted
 halves it (at least 1). On this CPU a verification pass of ``1 + k`` positions costs more
 than one position (docs/benchmarks.md), so ``k`` grows only while drafts are right. Once the row has proposed ``WINDOW`` tokens its acceptance over them is judged: below
 ``MIN_ACCEPTANCE`` the row stops drafting for ``backoff`` steps (starting at ``BACKOFF``,
@@ -52,7 +53,7 @@ class DraftPolicy:
         self.proposed += proposed
         self.accepted += accepted
         if accepted == proposed:
-            self.k = min(self.max_k, self.k + 2)
+            self.k = min(self.max_k, self.k * 2)
         elif accepted == 0:
             self.k = max(1, self.k // 2)
         if self.proposed >= WINDOW:
