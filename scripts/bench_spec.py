@@ -10,7 +10,11 @@ Decode tokens/s counts the tokens after the first over the time after the first 
 excluded). Ratio = with ÷ without. llama-server is compared when it is on PATH (it is not
 installed here: the column says so).
 
-    .venv/bin/python scripts/bench_spec.py [--runs 2] [--max-tokens 256] [--batch 16]
+    .venv/bin/python scripts/bench_spec.py [--runs 2] [--max-tokens 192] [--batch 16]
+
+The defaults finish in about 6 minutes on a quiet machine (the elapsed time is printed last);
+``--workloads`` picks some of them. The 2-node pipeline: ``scripts/bench_spec_pipeline.py``;
+a verification pass's cost: ``scripts/bench_verify_cost.py``.
 """
 
 from __future__ import annotations
@@ -95,10 +99,12 @@ def batch_rate(gen, params, n: int) -> float:  # noqa: ANN001
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--num-draft", type=int, default=8)
+    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
     args = ap.parse_args()
+    began = time.monotonic()
     from worker import blas
 
     if "EXO_P2P_BENCH_CHILD" not in os.environ:  # re-run with the BLAS preloaded
@@ -127,7 +133,7 @@ def main() -> None:
         print(f"load average {os.getloadavg()[0]:.1f}; decode tok/s, median of {args.runs}, alternating; llama-server: {llama}")
         print("| workload | tokens | without | with | with ÷ without | accepted ÷ proposed |")
         print("|---|---|---|---|---|---|")
-        for name, text in WORKLOADS.items():
+        for name, text in ((n, WORKLOADS[n]) for n in args.workloads):
             rates: dict[str, list[float]] = {"off": [], "ngram": []}
             counts, acc = set(), ""
             for _ in range(args.runs):
@@ -146,6 +152,7 @@ def main() -> None:
                for spec in ("off", "ngram")}
         print(f"| batch of {args.batch}, aggregate | 64 each | {agg['off']:.1f} | {agg['ngram']:.1f} | "
               f"**{agg['ngram'] / agg['off']:.2f}×** | |")
+        print(f"load average {os.getloadavg()[0]:.1f} at the end; {time.monotonic() - began:.0f} s")
 
 
 if __name__ == "__main__":
