@@ -72,6 +72,19 @@ def test_ngram_prefers_the_prompt_and_the_copied_span_when_tied() -> None:
     assert index.propose(2) == [4, 5]  # tied: the prompt's
 
 
+def test_ngram_keeps_copying_the_span_it_copied() -> None:
+    # the prompt holds a 40-token span S twice, after different openings and followed by 1 and
+    # by 2; the output copies the first (its opening matched): once the tail agrees with both
+    # copies for all MAX_MATCH tokens, the copy pointer keeps the first, where the latest would
+    # be the second
+    span = list(range(10, 50))
+    index = NgramIndex([100, 101, *span, 1, 200, 201, *span, 2])
+    index.extend([100, 101, 10, 11, 12])
+    assert index.propose(4) == [13, 14, 15, 16]  # "100 101 10 11 12" matches the first copy further back
+    index.extend(span[3:35])
+    assert index.propose(8) == [45, 46, 47, 48, 49, 1, 200, 201]
+
+
 def test_accepted_count_is_the_exact_match_prefix() -> None:
     assert accepted_count([5, 6, 7], [5, 6, 8, 1]) == 2
     assert accepted_count([5, 6, 7], [4, 6, 7, 1]) == 0
