@@ -125,3 +125,10 @@ def fault_hooks(hooks: list[str]) -> dict[str, str]:
             raise ValueError(f"takes KEY=VALUE, got {hook!r}")
         out[key] = value
     return out
+
+
+def kv_cache_bits(value: int) -> int:
+    """``--kv-cache-bits``: 0, 8 or 4 (``exo_p2p.models.kv_bytes.KV_BITS``), else ``ValueError``."""
+    if value not in (0, 4, 8):
+        raise ValueError(f"must be 0, 8 or 4, got {value}")
+    return value

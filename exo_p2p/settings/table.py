@@ -105,6 +105,11 @@ _SETTINGS = (
             "out_of_memory", "engine.kv_cache_bytes", "BYTES",
             when_unset="what the node's memory leaves beside its placed shards",
             type=int, min=0, panel=SERVING),
+    Setting("--kv-cache-bits", "0 | 8 | 4", "Bits of each KV cache element: 0 keeps full precision; 8 or 4 "
+            "quantize the batch's, the prompt cache's and the disk tier's KV in groups of 64 (as mlx-lm), so "
+            "--kv-cache-bytes holds ~2-3.5x (8) or ~3.5-6x (4) the tokens; the master fixes its value in each "
+            "instance it places, for every rank", "engine.kv_cache_bits", "0|8|4", type=int, check=checks.kv_cache_bits,
+            panel=SERVING),
     Setting("--micro-batches", "count", "Micro-batches a pipeline rank splits its decode batch into, so "
             "its ranks compute at once (1: none; 0: as many as ranks when every rank has a host of its own, else none); "
             "the ranks of an instance use the smallest of theirs", "engine.micro_batches", "N",

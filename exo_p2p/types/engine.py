@@ -36,7 +36,9 @@ class EngineSettings(msgspec.Struct, frozen=True):
     each rank keeps on disk (≥ 0; 0: no disk tier; ``worker.engine.cache.disk_tier``) under
     ``prompt_cache_dir`` ("" : no disk tier; the worker sets ``<data dir>/prompt-cache``).
     ``speculative``: ``off`` or ``ngram`` (prompt-lookup drafting, ``worker/engine/spec/``);
-    ``num_draft``: the most tokens a row drafts per step (1 … 16).
+    ``num_draft``: the most tokens a row drafts per step (1 … 16). ``kv_cache_bits``: 0 (full
+    precision), 8 or 4: the batch's, the prompt cache's and the disk tier's KV quantized
+    (``worker/engine/kvq``; a rank setting, like ``max_batch``).
     Raises ``ValueError`` from ``check`` for a value out of range.
     """
 
@@ -49,6 +51,7 @@ class EngineSettings(msgspec.Struct, frozen=True):
     prompt_cache_dir: str = ""
     speculative: str = "off"
     num_draft: int = 8
+    kv_cache_bits: int = 0
 
     def check(self) -> EngineSettings:
         """``self``, or ``ValueError`` naming the first setting out of range."""
@@ -68,6 +71,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, not {self.speculative!r}")
         if not 1 <= self.num_draft <= 16:
             raise ValueError(f"num_draft must be in 1..16, not {self.num_draft}")
+        if self.kv_cache_bits not in (0, 4, 8):
+            raise ValueError(f"kv_cache_bits must be 0, 4 or 8, not {self.kv_cache_bits}")
         return self
 
     def in_data_dir(self, data_dir: object) -> EngineSettings:
@@ -79,7 +84,8 @@ class EngineSettings(msgspec.Struct, frozen=True):
 
     def rank_settings(self) -> RankSettings:
         """The settings a master fixes in the instances it places (every rank the same)."""
-        return RankSettings(prefill_chunk_size=self.prefill_chunk_size, max_batch=self.max_batch)
+        return RankSettings(prefill_chunk_size=self.prefill_chunk_size, max_batch=self.max_batch,
+                            kv_cache_bits=self.kv_cache_bits)
 
     def for_runner(self, instance_settings: RankSettings | None, kv_cache_bytes: int | None) -> EngineSettings:
         """This node's settings for a runner of an instance placed with ``instance_settings``
@@ -89,4 +95,5 @@ class EngineSettings(msgspec.Struct, frozen=True):
         rank = instance_settings or self.rank_settings()
         cache = self.prompt_cache_bytes if kv_cache_bytes is None else min(self.prompt_cache_bytes, kv_cache_bytes // 4)
         return msgspec.structs.replace(self, prefill_chunk_size=rank.prefill_chunk_size, max_batch=rank.max_batch,
-                                       prompt_cache_bytes=cache, kv_cache_bytes=kv_cache_bytes)
+                                       kv_cache_bits=rank.kv_cache_bits, prompt_cache_bytes=cache,
+                                       kv_cache_bytes=kv_cache_bytes)

@@ -44,10 +44,14 @@ class RankSettings(msgspec.Struct, frozen=True):
     still agree: ranks that prefill in chunks of different sizes meet at different collective
     points and deadlock. ``prefill_chunk_size``: prompt tokens per prefill step (tokens).
     ``max_batch``: sequences a runner decodes together in one forward pass (1: one request at
-    a time; every rank must run the same batch, see ``worker.engine.scheduler``)."""
+    a time; every rank must run the same batch, see ``worker.engine.scheduler``).
+    ``kv_cache_bits``: the KV cache's bits (0: full precision; 8 or 4: quantized,
+    ``worker/engine/kvq``): fixed per instance so every rank holds, counts and restores its
+    KV alike, and the master's admission counts the bytes the ranks hold."""
 
     prefill_chunk_size: int
     max_batch: int = 1
+    kv_cache_bits: int = 0
 
 
 class PlacedNode(msgspec.Struct, frozen=True):

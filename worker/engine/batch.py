@@ -67,11 +67,11 @@ class DecodeBatch:
 
     def join(self, seq: Sequence) -> None:
         """``seq`` (prefilled) becomes the last row; the batch takes over its KV cache."""
-        from mlx_lm.models.cache import BatchKVCache
+        from worker.engine.kvq.layers import merge_rows
 
         if seq.next_token is None:
             raise ValueError(f"sequence {seq.task_id} has not finished its prefill")
-        self.join_group([seq], [BatchKVCache.merge([c]) for c in seq.cache], seq.next_token.reshape(-1))
+        self.join_group([seq], [merge_rows([c]) for c in seq.cache], seq.next_token.reshape(-1))
 
     def join_group(self, seqs: list[Sequence], cache: list[Any], first: mx.array) -> None:
         """``seqs`` (prefilled together) become the last rows, in order: ``cache`` is their

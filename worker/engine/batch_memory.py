@@ -82,15 +82,14 @@ def capacity_tokens(budget_bytes: int | None, prompt_cache_bytes: int, kv_bytes_
     return max(0, budget_bytes - prompt_cache_bytes) // kv_bytes_per_token
 
 
-def model_kv_bytes_per_token(model: Any) -> int:
-    """KV bytes one token adds on this rank's layers of ``model`` (an mlx-lm model whose
-    ``model.layers`` are this rank's; a tensor rank's attention holds its share of the heads):
-    Σ over layers of ``n_kv_heads × head_dim × 2 (K and V) × b``, ``b`` the bytes of the K
-    projection's output (its weight's dtype; a quantized one's scales'). 0 when the layout
-    is unknown (then no memory check)."""
+def kv_layout(model: Any) -> list[tuple[int, int, int]]:
+    """Per layer of this rank's part of ``model`` (an mlx-lm model whose ``model.layers`` are
+    this rank's; a tensor rank's attention holds its share of the heads): ``(kv_heads,
+    head_dim, b)``, ``b`` the bytes of the K projection's output (its weight's dtype; a
+    quantized one's scales'). Empty when the layout is unknown."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None) or getattr(model, "layers", None) or []
-    total = 0
+    out = []
     for layer in layers:
         attn = getattr(layer, "self_attn", None)
         heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_key_value_heads", None)
@@ -102,6 +101,22 @@ def model_kv_bytes_per_token(model: Any) -> int:
         like = getattr(proj, "scales", None)
         like = getattr(proj, "weight", None) if like is None else like
         if not heads or not dim or like is None:
-            return 0
-        total += int(heads) * int(dim) * 2 * int(like.dtype.size)
-    return total
+            return []
+        out.append((int(heads), int(dim), int(like.dtype.size)))
+    return out
+
+
+def model_kv_bytes_per_token(model: Any, bits: int = 0) -> int:
+    """KV bytes one token adds on this rank's layers of ``model`` (``kv_layout``): Σ over
+    layers of ``n_kv_heads × 2 (K and V) ×`` a vector's bytes at ``bits`` (0: full precision,
+    ``head_dim × b``; quantized: ``exo_p2p.models.kv_bytes.vector_bytes``). 0 when the layout
+    is unknown (then no memory check)."""
+    from exo_p2p.models.kv_bytes import token_bytes
+
+    return sum(token_bytes(heads, dim, b, bits) for heads, dim, b in kv_layout(model))
+
+
+def model_head_dim(model: Any) -> int:
+    """The head size of this rank's first layer (0 when unknown)."""
+    layout = kv_layout(model)
+    return layout[0][1] if layout else 0

@@ -72,12 +72,27 @@ def ring_stage(loaded: LoadedModel, ring: Ring) -> Stage:
     return PipelineStage(ring.group, hidden, probe_hidden_dtype(loaded.model, ring.group, hidden), wait=ring.wait)
 
 
-def rank_limits(settings: EngineSettings, kv_bytes_per_token: int) -> tuple[int | None, int]:
+def rank_limits(settings: EngineSettings, kv_bytes_per_token: int, transient_bytes: int = 0) -> tuple[int | None, int]:
     """This rank's (batch KV capacity, prompt cache bound), both in tokens (capacity None:
-    unbounded; bound 0: no prompt cache)."""
-    capacity = capacity_tokens(settings.kv_cache_bytes, settings.prompt_cache_bytes, kv_bytes_per_token)
+    unbounded; bound 0: no prompt cache). ``kv_bytes_per_token``: as the KV is held (quantized
+    with ``kv_cache_bits``); ``transient_bytes``: full-precision KV a prefill chunk holds
+    before it is quantized (``prefill_transient_bytes``), taken from the budget first."""
+    held = settings.prompt_cache_bytes + transient_bytes
+    capacity = capacity_tokens(settings.kv_cache_bytes, held, kv_bytes_per_token)
     bound = settings.prompt_cache_bytes // kv_bytes_per_token if kv_bytes_per_token > 0 else 0
     return capacity, bound
+
+
+def prefill_transient_bytes(settings: EngineSettings, full_bytes_per_token: int) -> int:
+    """Full-precision KV a quantized cache's prefill holds at once, at most: the new K and V
+    of the most prompt tokens one forward feeds (``prefill.PREFILL_GROUP_TOKENS``, and at
+    least a chunk), every local layer's (they are quantized as each layer stores them; the
+    bound counts all). 0 at full precision (the chunk's K and V are the cache's own)."""
+    if not settings.kv_cache_bits:
+        return 0
+    from worker.engine.prefill import PREFILL_GROUP_TOKENS
+
+    return max(PREFILL_GROUP_TOKENS, settings.prefill_chunk_size) * full_bytes_per_token
 
 
 def agree_limits(all_gather: Gather, capacity: int | None, bound: int, micro: int = 1) -> tuple[int | None, int, int]:
@@ -110,7 +125,7 @@ def disk_tier(loaded: LoadedModel, settings: EngineSettings, bound: int, tensor_
     from worker.engine.cache.disk_tier import DiskTier
     from worker.engine.cache.identity import model_identity, tier_directory
 
-    identity = model_identity(loaded, tensor_rank)
+    identity = model_identity(loaded, tensor_rank, settings.kv_cache_bits)
     layers = (loaded.start_layer, loaded.end_layer)
     return DiskTier(tier_directory(Path(settings.prompt_cache_dir), identity, layers),
                     settings.prompt_cache_disk_bytes, identity, layers)
@@ -124,7 +139,9 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
     builder would make (tests); ``model_id`` names the model in errors (default: its
     directory's name). Raises ``ValueError`` for settings out of range."""
     settings.check()
-    capacity, bound = rank_limits(settings, model_kv_bytes_per_token(loaded.model))
+    model = loaded.model
+    transient = prefill_transient_bytes(settings, model_kv_bytes_per_token(model))
+    capacity, bound = rank_limits(settings, model_kv_bytes_per_token(model, settings.kv_cache_bits), transient)
     micro = micro_proposal(settings, ring, stage)
     gather = None
     if ring is not None:
@@ -136,7 +153,8 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
         stage.wait.disable()  # every rank alike, the count is agreed (engine.ring_wait)
     settings = msgspec.structs.replace(settings, micro_batches=micro)
     tensor_rank = int(ring.group.rank()) if ring is not None and ring.sharding == "tensor" else 0
-    cache = PromptCache(bound, gather=gather, disk=disk_tier(loaded, settings, bound, tensor_rank))
+    cache = PromptCache(bound, gather=gather, disk=disk_tier(loaded, settings, bound, tensor_rank),
+                        bits=settings.kv_cache_bits)
     return Engine(loaded, settings, stage=stage if stage is not None else LocalStage(),
                   kv_capacity_tokens=capacity, prompt_cache=cache,
                   model_id=model_id, clock=clock, on_token=on_token)

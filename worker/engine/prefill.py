@@ -37,8 +37,9 @@ from typing import Any
 import mlx.core as mx
 
 from exo_p2p.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
-from worker.engine.batch_memory import peak_batch_tokens
+from worker.engine.batch_memory import model_head_dim, peak_batch_tokens
 from worker.engine.forward import generation_stream, new_cache
+from worker.engine.kvq.layers import merge_rows, quantized
 from worker.engine.pipeline import Stage
 from worker.engine.prepare import error_chunk
 from worker.engine.cache.identity import tenant_of
@@ -55,14 +56,15 @@ def group_limit(prefill_chunk_size: int, room: int) -> int:
     return max(0, min(room, max(1, PREFILL_GROUP_TOKENS // prefill_chunk_size)))
 
 
-def start_kv(seq: Sequence, prompt_cache: PromptCache, model: Any) -> None:
+def start_kv(seq: Sequence, prompt_cache: PromptCache, model: Any, bits: int = 0) -> None:
     """Give ``seq``, just accepted, its KV: the prompt cache's longest prefix of its prompt
-    (a collective on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache."""
+    (a collective on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache,
+    quantized to ``bits`` (0: full precision; ``kvq.layers.quantized``)."""
     cache, reused = prompt_cache.reuse(seq.tokens(), tenant_of(seq.params))
     if reused:
         seq.cache, seq.processed, seq.reused = cache, reused, reused
     else:
-        seq.cache = new_cache(model)
+        seq.cache = quantized(new_cache(model), bits, model_head_dim(model) if bits else 0)
 
 
 def out_of_memory(seq: Sequence, capacity: int | None, model_id: str) -> ErrorChunk:
@@ -105,11 +107,9 @@ class PrefillGroup:
         if not seqs:
             raise ValueError("no sequence to add")
         if self._cache is not None:
-            from mlx_lm.models.cache import BatchKVCache
-
             with mx.stream(generation_stream):
                 for batch, layer in zip(self._cache, zip(*(s.cache for s in seqs)), strict=True):
-                    batch.extend(BatchKVCache.merge(list(layer)))
+                    batch.extend(merge_rows(list(layer)))
             for s in seqs:
                 s.cache = []
         self.solo = False  # merged at the next chunk when not yet (a lone row's own KV included)
@@ -149,12 +149,10 @@ class PrefillGroup:
         chunks of the rows fed."""
         if self.solo:
             return self.rows[0].prefill_chunk(stage, model, limit)
-        from mlx_lm.models.cache import BatchKVCache
-
         out: list[Chunk] = []
         with mx.stream(generation_stream):
             if self._cache is None:
-                self._cache = [BatchKVCache.merge(list(layer)) for layer in zip(*(s.cache for s in self.rows))]
+                self._cache = [merge_rows(list(layer)) for layer in zip(*(s.cache for s in self.rows))]
                 for s in self.rows:
                     s.cache = []
             left = [int(s.prompt.size) - s.processed - 1 for s in self.rows]

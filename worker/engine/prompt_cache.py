@@ -38,13 +38,14 @@ import numpy as np
 from exo_p2p.content.prefixes import bounded, entry_digests
 from exo_p2p.types.tasks import GenerationParams
 from worker.engine.cache.identity import tenant_of
+from worker.engine.kvq.layers import from_arrays, layer_arrays, prefix_copy
 
 Gather = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
 class CachedPrefix:
-    """One entry: the ``tokens`` its KV holds, one ``KVCache`` per local layer, its bytes,
+    """One entry: the ``tokens`` its KV holds, one ``KVCache`` (or ``QuantizedKVCache``) per local layer, its bytes,
     the digests of the prefixes of the request that made it (``exo_p2p.content.prefixes``) and
     its tenant (``cache.identity.tenant_of``: only requests of the same tenant reuse it)."""
 
@@ -71,10 +72,12 @@ class PromptCache:
     ``gather``: the instance's all-gather when it has more than one rank (None: one rank).
     """
 
-    def __init__(self, max_tokens: int = 0, gather: Gather | None = None, disk: Any = None) -> None:
+    def __init__(self, max_tokens: int = 0, gather: Gather | None = None, disk: Any = None, bits: int = 0) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, not {max_tokens}")
         self.max_tokens = max_tokens
+        self.bits = bits
+        """The KV's bits (0: full precision; entries and disk blocks hold it so, ``kvq``)."""
         self.gather = gather
         self.disk = disk
         """The disk tier (``cache.disk_tier.DiskTier``) or None."""
@@ -119,7 +122,7 @@ class PromptCache:
             return False
         if cache and cache[0].offset != len(tokens):
             return False  # not the tokens we think it holds: never reuse it
-        states = [a for c in cache for a in c.keys_and_values()]
+        states = [a for c in cache for a in layer_arrays(c)]
         mx.eval(states)
         tenant = tenant_of(params)
         self._keep(tuple(tokens), cache, entry_digests(params), tenant)
@@ -148,14 +151,11 @@ class PromptCache:
         block = self.disk.load(name, tenant)
         if block is None or len(block[0]) > self.max_tokens:
             return key, length, False
-        from mlx_lm.models.cache import KVCache
-
         tokens, arrays = block
-        layers = []
-        for i in range(0, len(arrays), 2):
-            c = KVCache()
-            c.keys, c.values, c.offset = arrays[i], arrays[i + 1], len(tokens)
-            layers.append(c)
+        try:
+            layers = from_arrays(arrays, len(tokens), self.bits)
+        except ValueError:
+            return key, length, False  # not this cache's layout (its identity names the bits)
         mx.eval(arrays)
         return self._keep(tokens, layers, (), tenant), on_disk, True
 
@@ -203,12 +203,4 @@ class PromptCache:
             self.disk_hits += 1
             self.restored_tokens += length
         self._entries.move_to_end(key)
-        from mlx_lm.models.cache import KVCache
-
-        copies = []
-        for c in self._entries[key].cache:
-            copy = KVCache()
-            copy.keys, copy.values = c.keys[..., :length, :], c.values[..., :length, :]
-            copy.offset = length
-            copies.append(copy)
-        return copies, length
+        return [prefix_copy(c, length) for c in self._entries[key].cache], length

@@ -250,7 +250,7 @@ class Engine:
             self._live[seq.task_id], seq.accepted_at = seq, self.clock()
             self.slots.accept(seq, queued.order)
         try:
-            start_kv(seq, self.prompt_cache, self.loaded.model)
+            start_kv(seq, self.prompt_cache, self.loaded.model, self.settings.kv_cache_bits)
         except Exception as e:  # noqa: BLE001
             return [self._fail(seq, request_error(self.stage, e))], None, True
         return [seq.progress()], seq, True

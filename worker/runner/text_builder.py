@@ -96,7 +96,7 @@ class TextBuilder:
                 if isinstance(chunk, FinishChunk):
                     rate = chunk.decode_tokens_per_second
             on_step(time.monotonic() - started)
-        text = TextEngine(engine, agreed=self.multi, kv_bytes_per_token=model_kv_bytes_per_token(self.loaded.model),
+        text = TextEngine(engine, agreed=self.multi, kv_bytes_per_token=model_kv_bytes_per_token(self.loaded.model, self.setup.engine.kv_cache_bits),
                           warmup_rate=rate, embed=self._embed_work(engine.stage))
         text.forget_warmup()
         return text

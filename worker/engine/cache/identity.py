@@ -19,15 +19,20 @@ from pathlib import Path
 from typing import Any
 
 
-def model_identity(loaded: Any, tensor_rank: int = 0) -> str:
+def model_identity(loaded: Any, tensor_rank: int = 0, kv_bits: int = 0) -> str:
     """The identity (64 hex digits) of ``loaded`` (a ``LoadedModel``) on tensor rank
-    ``tensor_rank`` (0 unless the instance is tensor-split)."""
+    ``tensor_rank`` (0 unless the instance is tensor-split) with its KV held at ``kv_bits``
+    (0: full precision; a quantized cache's blocks are another identity, so a q8 block is never
+    read into a full-precision cache, nor the reverse; the full-precision identity is the one
+    blocks had before the KV could be quantized)."""
     parts = {
         "config": loaded.config,
         "weights": getattr(loaded, "weights_dtype", "stored"),
         "vocab": getattr(loaded.tokenizer, "vocab_size", None),
         "tensor": [int(getattr(loaded, "tensor_world_size", 1)), int(tensor_rank)],
     }
+    if kv_bits:
+        parts["kv_bits"] = int(kv_bits)
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
 

@@ -18,11 +18,12 @@ import mlx.core as mx
 
 
 def rollback_supported(cache: list[Any]) -> bool:
-    """Whether every layer's cache can be rolled back per row (a ``BatchKVCache``; the
-    recurrent or rotating kinds cannot, so speculation stays off for such models)."""
-    from mlx_lm.models.cache import BatchKVCache
+    """Whether every layer's cache can be rolled back per row (a ``BatchKVCache`` or its
+    quantized kind, ``kvq.batch_cache``, which has the same ``trim``/``prepare``/``finalize``;
+    the recurrent or rotating kinds cannot, so speculation stays off for such models)."""
+    from worker.engine.kvq.layers import is_batch_kv
 
-    return bool(cache) and all(type(c) is BatchKVCache for c in cache)
+    return bool(cache) and all(is_batch_kv(c) for c in cache)
 
 
 def rollback(cache: list[Any], drop: list[int]) -> None:
