@@ -83,16 +83,20 @@ def rank_limits(settings: EngineSettings, kv_bytes_per_token: int, transient_byt
     return capacity, bound
 
 
-def prefill_transient_bytes(settings: EngineSettings, full_bytes_per_token: int) -> int:
-    """Full-precision KV a quantized cache's prefill holds at once, at most: the new K and V
-    of the most prompt tokens one forward feeds (``prefill.PREFILL_GROUP_TOKENS``, and at
-    least a chunk), every local layer's (they are quantized as each layer stores them; the
-    bound counts all). 0 at full precision (the chunk's K and V are the cache's own)."""
+def prefill_transient_bytes(settings: EngineSettings, model: Any) -> int:
+    """Full-precision KV a quantized cache's prefill holds beside the cache: the new K and V
+    of the most prompt tokens one forward feeds (``prefill.PREFILL_GROUP_TOKENS``, at least a
+    chunk) of one layer — the largest of ``model``'s local ones: each layer quantizes its new
+    positions as it stores them (``kvq.batch_cache``), so no two layers' are alive at once.
+    0 at full precision (the chunk's K and V are the cache's own bytes)."""
     if not settings.kv_cache_bits:
         return 0
+    from exo_p2p.models.kv_bytes import token_bytes
+    from worker.engine.batch_memory import kv_layout
     from worker.engine.prefill import PREFILL_GROUP_TOKENS
 
-    return max(PREFILL_GROUP_TOKENS, settings.prefill_chunk_size) * full_bytes_per_token
+    layer = max((token_bytes(heads, dim, b, 0) for heads, dim, b in kv_layout(model)), default=0)
+    return max(PREFILL_GROUP_TOKENS, settings.prefill_chunk_size) * layer
 
 
 def agree_limits(all_gather: Gather, capacity: int | None, bound: int, micro: int = 1) -> tuple[int | None, int, int]:
@@ -140,7 +144,7 @@ def build_engine(loaded: LoadedModel, settings: EngineSettings = EngineSettings(
     directory's name). Raises ``ValueError`` for settings out of range."""
     settings.check()
     model = loaded.model
-    transient = prefill_transient_bytes(settings, model_kv_bytes_per_token(model))
+    transient = prefill_transient_bytes(settings, model)
     capacity, bound = rank_limits(settings, model_kv_bytes_per_token(model, settings.kv_cache_bits), transient)
     micro = micro_proposal(settings, ring, stage)
     gather = None
