@@ -9,6 +9,8 @@ A rank needs, for a prompt of ``T`` tokens prefilled in chunks of ``C`` tokens:
                    + C × vocab × 4  (last rank only: logits)
 
 where ``kv_bytes_per_token(rank) = layers(rank) × kv_heads(rank) × head_dim × 2 (K and V) × b``
+(with the instance's ``--kv-cache-bits`` 8 or 4, the quantized bytes: ``kv_bytes_per_token``;
+the full-precision K and V a quantized prefill chunk computes are among the activations' q/k/v)
 and ``b`` is bytes per activation element (4 on a rank holding float32 weights). A pipeline rank holds only its layers
 ``[start_layer, end_layer)``; a tensor rank holds every layer but ``kv_heads / world_size``
 heads. The rank is admitted when that sum is ≤ its node's usable memory in State
@@ -86,17 +88,27 @@ def head_dim(card: ModelCard) -> int:
     return card.hidden_size // max(1, card.num_attention_heads)
 
 
-def kv_bytes_per_token(card: ModelCard, shard: ShardMetadata | None = None, sharding: str = "pipeline") -> int:
+def kv_bytes_per_token(card: ModelCard, shard: ShardMetadata | None = None, sharding: str = "pipeline",
+                       bits: int = 0) -> int:
     """KV-cache bytes one token adds on ``shard`` (the whole model when None):
-    ``layers × kv_heads × head_dim × 2 × dtype_bytes``. Pipeline: the shard's layers;
-    tensor: every layer, ``ceil(kv_heads / world_size)`` heads."""
+    ``layers × kv_heads × 2 ×`` a vector's bytes — ``head_dim × dtype_bytes`` at full
+    precision (``bits`` 0), else ``exo_p2p.models.kv_bytes.vector_bytes`` (the instance's
+    ``--kv-cache-bits``: packed words plus a scale and a bias per group; a head size the
+    quantized cache refuses is counted at full precision, the safe side). Pipeline: the
+    shard's layers; tensor: every layer, ``ceil(kv_heads / world_size)`` heads."""
+    from exo_p2p.models.kv_bytes import token_bytes
+
     layers, kv_heads = card.n_layers, card.num_key_value_heads
     if shard is not None:
         if sharding == "tensor":
             kv_heads = -(-kv_heads // max(1, shard.world_size))
         else:
             layers = shard.end_layer - shard.start_layer
-    return layers * kv_heads * head_dim(card) * 2 * dtype_bytes(card, shard)
+    try:
+        per_layer = token_bytes(kv_heads, head_dim(card), dtype_bytes(card, shard), bits)
+    except ValueError:
+        per_layer = token_bytes(kv_heads, head_dim(card), dtype_bytes(card, shard), 0)
+    return layers * per_layer
 
 
 def activation_bytes(
@@ -160,12 +172,13 @@ def rank_needs(state: State, instance: Instance, card: ModelCard, prompt_tokens:
     """Per rank of ``instance``: estimated bytes for a prompt of ``prompt_tokens`` tokens and
     its node's usable memory from State (``usable_memory``; None when not reported)."""
     out = []
+    bits = instance.settings.kv_cache_bits if instance.settings is not None else 0
     for shard in instance.shards:
         out.append(
             RankNeed(
                 rank=shard.rank,
                 node_id=shard.node_id,
-                kv_bytes=prompt_tokens * kv_bytes_per_token(card, shard, instance.sharding),
+                kv_bytes=prompt_tokens * kv_bytes_per_token(card, shard, instance.sharding, bits),
                 activation_bytes=activation_bytes(card, prompt_tokens, shard, instance.sharding, chunk_tokens),
                 free_bytes=usable_memory(state, shard.node_id),
             )

@@ -127,8 +127,9 @@ def fault_hooks(hooks: list[str]) -> dict[str, str]:
     return out
 
 
-def kv_cache_bits(value: int) -> int:
+def kv_cache_bits(value: int | str) -> int:
     """``--kv-cache-bits``: 0, 8 or 4 (``exo_p2p.models.kv_bytes.KV_BITS``), else ``ValueError``."""
-    if value not in (0, 4, 8):
-        raise ValueError(f"must be 0, 8 or 4, got {value}")
-    return value
+    bits = int(value) if str(value).strip().isdigit() else -1
+    if bits not in (0, 4, 8):
+        raise ValueError(f"must be 0, 8 or 4, got {value!r}")
+    return bits
