@@ -34,6 +34,8 @@ import msgspec
 from exo_p2p import defaults
 from master.placement.topology import ring_ip
 from exo_p2p.types import Event, Instance, InstanceCreated, InstanceDeleted, InstanceFailed, PlacedNode, RankSettings, State
+from master.placement.keep_layers import keep_layers
+from master.placement.memory import usable_memory
 from master.placement.place import PlacementError, place_instance
 
 MAX_ATTEMPTS = 3
@@ -134,7 +136,9 @@ def replacement(
 
     The successor keeps the failed instance's size when it still fits (``world_size`` nodes
     at least, same sharding; a shrunk instance's placed size first), else any size; on
-    fewer ranks than that it is shrunk and records the placement (``placed_as``). ``unreachable``: nodes the master does not hear
+    fewer ranks than that it is shrunk and records the placement (``placed_as``). Placed on
+    the same nodes in the same ring order, each node keeps its layers (``keep_layers``: its
+    prompt cache's disk blocks are of those layers). ``unreachable``: nodes the master does not hear
     right now (dead but not yet timed out): never chosen, so a re-placement does not land on
     the node whose death caused it; nor the other end of a ring link that was lost
     (``without_lost_links``). The successor keeps the failed instance's
@@ -164,6 +168,7 @@ def replacement(
         if waited < RELEASE_WAIT:
             return ()  # the failed runners may still hold the memory it needs: try again
         return (InstanceFailed(failed.instance_id, f"{reason}; not re-placed: {error}", final=True),)
+    new = keep_layers(failed, new, {s.node_id: usable_memory(view, s.node_id) for s in new.shards})
     new = msgspec.structs.replace(
         new, replaces=failed.instance_id, attempt=effective_attempt(failed) + 1, settings=failed.settings or rank_settings,
         placed=placed_as(state, failed, new.world_size),
