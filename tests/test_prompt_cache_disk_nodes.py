@@ -7,10 +7,10 @@ restarted node (``exo_prompt_cache_disk_hits_total``) — in at most 1/5 of a co
 answer equals that cold run's; ``usage.prompt_tokens_details.cached_tokens`` reports the
 restored tokens.
 
-A 2-node pipeline's ranks restore when the instance comes back with the same layers on the
-same nodes (tests/test_prompt_cache_disk_ranks.py, runner processes started again); after a
-restart of both nodes the master re-placed the instance with another split in the runs made
-(node 0: layers 0–2, then 2–4), so each rank found only the other's blocks and prefilled
+On a 2-node pipeline both nodes are stopped and started again: the master re-places the
+instance on the same nodes with each node's old layers (``master.placement.keep_layers``;
+before that rule it chose another split — node 0: layers 0–2, then 2–4 — and each rank found
+only the other's blocks), so both ranks restore their own blocks (a disk hit on each node)
 (docs/architecture.md "Prompt cache disk tier")."""
 
 from __future__ import annotations
@@ -92,6 +92,12 @@ def boot(base: Path, models_dir: Path, n: int, disk: str, started: list[NodeProc
     return nodes
 
 
+def shard_layers(node: NodeProcess) -> dict[str, tuple[int, int]]:
+    """The ready instance's layers per node id."""
+    view = next(v for v in node.get("/instances").json() if v["model"] == MODEL and v["status"] == "ready")
+    return {s["node_id"]: (s["start_layer"], s["end_layer"]) for s in view["shards"]}
+
+
 def disk_hits(node: NodeProcess) -> float:
     return sum(v for (name, _), v in samples(node.get("/metrics").text).items() if name == "exo_prompt_cache_disk_hits_total")
 
@@ -101,8 +107,8 @@ def stop_all(nodes: list[NodeProcess]) -> None:
         node.stop()
 
 
-def test_a_restarted_node_restores_the_session_from_disk(tmp_path: Path, models_dir: Path) -> None:
-    n = 1  # 2 nodes: the master's re-placement after a restart may split the layers otherwise (see the docstring)
+@pytest.mark.parametrize("n", [1, 2], ids=["one-node", "two-node-pipeline"])
+def test_a_restarted_node_restores_the_session_from_disk(tmp_path: Path, models_dir: Path, n: int) -> None:
     answers: list[str] = []
     started: list[NodeProcess] = []
     with nodes_cleanup(started):
@@ -111,7 +117,9 @@ def test_a_restarted_node_restores_the_session_from_disk(tmp_path: Path, models_
         for t in range(4):
             answers.append(stream_turn(nodes[0], t, answers)[0])
         stop_all(nodes)
+        layers = shard_layers(nodes[0])
         nodes = boot(tmp_path, models_dir, n, DISK, started, cluster)  # restarted: the blocks on disk
+        assert shard_layers(nodes[0]) == layers  # every node keeps its layers (keep_layers)
         restored = [stream_turn(nodes[0], 4, answers)]
         for t in range(5, 8):
             restored.append(stream_turn(nodes[0], t, answers[:4] + [r[0] for r in restored]))
