@@ -94,9 +94,10 @@ def test_next_turn_reuses_the_quantized_prefix_from_ram_and_disk(loaded, tmp_pat
 
 
 def test_speculation_rolls_a_quantized_batch_back_and_answers_alike(tmp_path: Path) -> None:
-    from tests.test_spec import echo
-
-    loaded = echo(wide(tmp_path), 0.15)  # its greedy output repeats spans: drafts partly accepted
+    loaded = wide(tmp_path)
+    for layer in loaded.model.model.layers:  # residual contributions scaled down: the greedy output
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 0.15  # repeats spans, so
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 0.15  # drafts are partly accepted
     repeat = "a b c 1 a b c 1 a b c 1"
     runs = []
     for speculative in ("off", "ngram"):
