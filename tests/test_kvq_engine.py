@@ -130,3 +130,13 @@ def test_the_same_kv_budget_admits_at_least_1_8x_the_sessions(loaded) -> None:
     assert full >= 4
     assert q8 >= 1.8 * full
     assert q4 >= q8
+
+
+def test_a_model_whose_heads_cannot_be_quantized_is_refused_at_build(tmp_path: Path) -> None:
+    from tests.support.models.synthetic_models import make_synthetic_model
+    from worker.engine.loading.loader import load_all
+
+    narrow = load_all(make_synthetic_model(tmp_path / "narrow", n_layers=1))  # 16-wide heads
+    with pytest.raises(ValueError, match="multiple of 32"):
+        engine(narrow, 8, max_batch=2)
+    assert engine(narrow, 0, max_batch=2) is not None
