@@ -116,8 +116,8 @@ def test_a_restarted_node_restores_the_session_from_disk(tmp_path: Path, models_
         cluster = nodes[0].cluster
         for t in range(4):
             answers.append(stream_turn(nodes[0], t, answers)[0])
-        stop_all(nodes)
         layers = shard_layers(nodes[0])
+        stop_all(nodes)
         nodes = boot(tmp_path, models_dir, n, DISK, started, cluster)  # restarted: the blocks on disk
         assert shard_layers(nodes[0]) == layers  # every node keeps its layers (keep_layers)
         restored = [stream_turn(nodes[0], 4, answers)]
