@@ -17,6 +17,7 @@ from exo_p2p.types.engine import EngineSettings
 from worker.liveness import LivenessBounds
 from worker.plan import ForwardTask, LocalRunner, PlannedTask, plan
 from worker.supervisor import RunnerSupervisor
+from worker.vision.delivery import ImageBytes, forward_work
 
 log = structlog.get_logger(__name__)
 
@@ -57,10 +58,10 @@ class Worker:
         silent_generating: float = 10.0,
         silent_loading: float = 60.0,
         runner_env: dict[str, str] | None = None,
-        fetch_shard: FetchShard | None = None,
+        fetch_shard: FetchShard | None = None, image_bytes: ImageBytes | None = None,
         stalled: Callable[[float, float], float] | None = None,  # the node's own loop stalls (worker.liveness)
     ) -> None:
-        self._fetch_shard = fetch_shard
+        self._fetch_shard, self._image_bytes = fetch_shard, image_bytes
         self._downloads: dict[str, tuple[LocalRunner, trio.CancelScope]] = {}
         self.node_id = node_id
         self._runner_env = runner_env
@@ -214,7 +215,7 @@ class Worker:
         elif isinstance(task, CancelTask):
             await sup.send(task, f"cancel:{task.task_id}")
         elif isinstance(task, ForwardTask):
-            await sup.send(task.task, task.task.task_id)
+            await forward_work(sup, task.task, self._image_bytes, self._nursery)  # images first (worker.vision.delivery)
 
     async def _create(self, task: CreateRunner) -> None:
         try:

@@ -46,6 +46,7 @@ from exo_p2p.models.stores.store import ModelStore, store_roots
 from exo_p2p.models.token_count import TokenCounter
 from exo_p2p.net import NetConfig, Network, load_or_create_identity, new_boot_id, open_host
 from exo_p2p.net.config import OPEN_CLUSTER_NOTICE
+from exo_p2p.vision import peer as vision_peer
 from exo_p2p.node.announce import banner, from_before_fact, instances_from_before, membership_fact, secret_fact, still_coming
 from exo_p2p.node.backend import BackendParts, NodeBackend
 from exo_p2p.node.loop_watch import LoopWatch
@@ -95,6 +96,7 @@ class Node:
                              lambda model_id: self.store.resolve(model_id), engine=config.engine.in_data_dir(self.data_dir),
                              fault_hooks=config.fault_hooks, runner_env=runner_env,
                              fetch_shard=self._fetch_shard,  # a shard of a model this node lacks (docs/models.md)
+                             image_bytes=self._image_bytes,  # a task's images, from the API node (exo_p2p.vision.peer)
                              stalled=self.loop_watch.stalls.between)  # its own stalls are not a runner's silence
         self.tokens = TokenCounter(self.store.resolve)  # tokenizers, loaded while an instance placed here loads
         self.replica.listeners += [self.routes.on_event, self.router.on_event,  # worker and tokens fed by the replica
@@ -157,6 +159,10 @@ class Node:
                                  on_progress=on_progress, hub=self.hub)
 
     # --- running ---------------------------------------------------------------------------
+    async def _image_bytes(self, api_node_id: str, digest: str) -> bytes | None:
+        """An image's bytes for a runner here: this node's store, else the API node's."""
+        return await vision_peer.image_bytes(self.running.net, self.node_id, api_node_id, digest)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the libp2p host, build the cluster member on it, start member, worker,
         profile publishing and API in that order, then serve until cancelled (or until the
@@ -227,6 +233,7 @@ class Node:
         await self.models.load()
         log.debug("start-up", step="models listed")
         await nursery.start(self.depot.run, net)  # models travel: docs/models.md
+        vision_peer.register(net)  # images' bytes to the node of the runner that reads them
         log.debug("start-up", step="depot running")
         await self._start_links(running, nursery)  # links measured: docs/links.md
         nursery.start_soon(self._profile_publisher(running).run)

@@ -32,14 +32,14 @@ batch has room for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
 from exo_p2p.types.chunks import Chunk, ErrorChunk, PrefillProgressChunk
 from worker.engine.batch_memory import model_head_dim, peak_batch_tokens
 from worker.engine.forward import generation_stream, new_cache
-from worker.engine.kvq.layers import merge_rows, quantized
+from worker.engine.kvq.layers import merge_rows, quantized, quantized_filled
 from worker.engine.pipeline import Stage
 from worker.engine.prepare import error_chunk
 from worker.engine.cache.identity import tenant_of
@@ -56,10 +56,26 @@ def group_limit(prefill_chunk_size: int, room: int) -> int:
     return max(0, min(room, max(1, PREFILL_GROUP_TOKENS // prefill_chunk_size)))
 
 
-def start_kv(seq: Sequence, prompt_cache: PromptCache, model: Any, bits: int = 0) -> None:
-    """Give ``seq``, just accepted, its KV: the prompt cache's longest prefix of its prompt
-    (a collective on a multi-rank instance, see ``PromptCache.reuse``), else an empty cache,
-    quantized to ``bits`` (0: full precision; ``kvq.layers.quantized``)."""
+class KvPreset(NamedTuple):
+    """A request's prompt made elsewhere (a vision row: ``worker.vision.engine``): ``ids`` its
+    token ids, and ``cache`` (None: none) the KV of its first ``length`` tokens, fed as its
+    prefill's first part, of which ``reused`` came from the prompt cache (reported as cached)."""
+
+    ids: list[int]
+    cache: list[Any] | None = None
+    length: int = 0
+    reused: int = 0
+
+
+def start_kv(seq: Sequence, prompt_cache: PromptCache, model: Any, bits: int = 0, preset: KvPreset | None = None) -> None:
+    """Give ``seq``, just accepted, its KV: ``preset``'s when it has one, else the prompt
+    cache's longest prefix of its prompt (a collective on a multi-rank instance, see
+    ``PromptCache.reuse``), else an empty cache; quantized to ``bits`` (0: full precision;
+    ``kvq.layers.quantized``, ``kvq.layers.quantized_filled`` for a preset made in full precision)."""
+    if preset is not None and preset.cache is not None:
+        cache = quantized_filled(preset.cache, bits, model_head_dim(model) if bits else 0)
+        seq.cache, seq.processed, seq.reused = cache, preset.length, preset.reused
+        return
     cache, reused = prompt_cache.reuse(seq.tokens(), tenant_of(seq.params))
     if reused:
         seq.cache, seq.processed, seq.reused = cache, reused, reused

@@ -166,11 +166,12 @@ def grammars_for(params: GenerationParams, grammars: Grammars | None, loaded: Lo
 
 
 def prepare(task_id: TaskId, params: GenerationParams, loaded: LoadedModel, *, model_id: str,
-            submitted_at: float, grammars: Grammars | None = None) -> Sequence | ErrorChunk:
+            submitted_at: float, grammars: Grammars | None = None, ids: list[int] | None = None) -> Sequence | ErrorChunk:
     """The ``Sequence`` of a request (no KV cache yet: the engine gives it one when it
     starts), or the ``ErrorChunk`` it ends with at once. ``submitted_at``: seconds of the
-    engine's clock; ``grammars``: the runner's (needed by a request with an output format)."""
-    ids = prompt_ids(task_id, params, loaded, model_id)
+    engine's clock; ``grammars``: the runner's (needed by a request with an output format);
+    ``ids``: the prompt's token ids when made elsewhere (a vision row), else rendered here."""
+    ids = prompt_ids(task_id, params, loaded, model_id) if ids is None else ids
     if isinstance(ids, ErrorChunk):
         return ids
     if problem := check(task_id, params, ids, loaded, model_id):

@@ -37,7 +37,7 @@ from worker.engine.decode_step import consume_tokens
 from worker.engine.loading.loader import LoadedModel
 from worker.engine.micro import decode_batch
 from worker.engine.pipeline import LocalStage, Stage, request_error
-from worker.engine.prefill import PrefillGroup, out_of_memory, start_kv
+from worker.engine.prefill import KvPreset, PrefillGroup, out_of_memory, start_kv
 from worker.engine.prefill_slots import PrefillSlots
 from worker.engine.prepare import Grammars, failure_chunk, grammars_for, prepare
 from worker.engine.prompt_cache import PromptCache
@@ -79,6 +79,7 @@ class Engine:
         self._outbox: list[Chunk] = []  # ends of requests cancelled while queued
         self._lock = threading.Lock()
         self.grammars: Grammars | None = None  # at the first request with an output format (submit)
+        self.presets: dict[TaskId, KvPreset] = {}  # prompts made elsewhere, by task (vision rows: engine.prefill)
 
     def submit(self, task_id: TaskId, params: GenerationParams) -> None:
         """Queue a request; it is accepted after every request submitted before it."""
@@ -230,8 +231,9 @@ class Engine:
         """Accept ``queued`` beside the rows ``forming`` when its KV fits: its chunks, the
         sequence accepted (None: none), and whether to try the next pick (False: it waits)."""
         try:
+            preset = self.presets.get(queued.task_id)
             seq = queued.prepared or prepare(queued.task_id, queued.params, self.loaded, model_id=self.model_id,
-                                             submitted_at=queued.submitted_at, grammars=self.grammars)
+                                             submitted_at=queued.submitted_at, grammars=self.grammars, ids=preset and preset.ids)
         except Exception as e:  # noqa: BLE001 - this request fails, the engine goes on
             seq = failure_chunk(queued.task_id, e)
         if isinstance(seq, ErrorChunk):
@@ -250,7 +252,7 @@ class Engine:
             self._live[seq.task_id], seq.accepted_at = seq, self.clock()
             self.slots.accept(seq, queued.order)
         try:
-            start_kv(seq, self.prompt_cache, self.loaded.model, self.settings.kv_cache_bits)
+            start_kv(seq, self.prompt_cache, self.loaded.model, self.settings.kv_cache_bits, self.presets.pop(seq.task_id, None))
         except Exception as e:  # noqa: BLE001
             return [self._fail(seq, request_error(self.stage, e))], None, True
         return [seq.progress()], seq, True

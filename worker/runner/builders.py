@@ -32,6 +32,20 @@ BUILDERS: dict[ModelKind, str] = {
 yet); the class is called with ``(setup, faults)``."""
 
 
+VISION_BUILDER = "worker.vision.builder:VisionBuilder"
+"""The builder of a decoder whose config has a ``vision_config`` (a vision-language model)."""
+
+
+def takes_images(model_dir: str) -> bool:
+    """Whether ``model_dir``'s ``config.json`` (bounded as ``kind_of_model`` reads it) has a
+    ``vision_config``: its card lists ``vision`` (``exo_p2p.models.card.capabilities``)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+        return False
+    config = json.loads(path.read_text(encoding="utf-8"))
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
 def kind_of_model(model_dir: str) -> ModelKind:
     """The kind of the model in ``model_dir`` (``exo_p2p.types.kinds.model_kind``). Raises
     ``ValueError`` for a ``config.json`` (an image pipeline's ``model_index.json``) missing, over ``MAX_CONFIG_BYTES`` or not a JSON
@@ -51,7 +65,7 @@ def choose_builder(setup: RunnerSetup, faults: RunnerFaults) -> Builder:
     """The builder of ``setup``'s model. Raises ``ValueError`` for a kind no builder runs
     (the runner then fails with the message)."""
     kind = kind_of_model(setup.model_dir)
-    where = BUILDERS.get(kind)
+    where = VISION_BUILDER if kind == "decoder" and takes_images(setup.model_dir) else BUILDERS.get(kind)
     if where is None:
         raise ValueError(f"no runner builder for {kind} models yet (model {setup.instance.model_id})")
     module, _, name = where.partition(":")

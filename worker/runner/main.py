@@ -47,7 +47,8 @@ from worker.runner.faults import NO_FAULTS, RunnerFaults
 from worker.runner.outbox import Outbox
 from worker.runner.pace import IDLE_ROUND_INTERVAL
 from worker.runner.priority import lower_this_thread
-from worker.runner.protocol import INPUT_CLOSED, RunnerSetup, StatusMsg, read_frame, to_runner_decoder
+from worker.vision.inbox import RUNNER_IMAGES
+from worker.runner.protocol import INPUT_CLOSED, ImageData, RunnerSetup, StatusMsg, read_frame, to_runner_decoder
 from worker.runner.pulse import Pulse, start_heartbeat
 from worker.runner.rounds import Rounds
 from worker.runner.startup import preload, watch_parent
@@ -200,6 +201,8 @@ class RunnerProcess:
             self.engine, self.rounds = lifecycle.warmup(self.builder, self.set_status, self.pulse, self.setup, built)
         elif isinstance(task, WORK_TASKS):
             self.submit(task)  # type: ignore[arg-type]
+        elif isinstance(task, ImageData):  # a coming task's image (worker.vision.inbox)
+            RUNNER_IMAGES.put(task.digest, task.data)
         elif isinstance(task, CancelTask):
             if self.rounds is not None:
                 self.rounds.want_cancel(task.task_id)

@@ -43,7 +43,15 @@ class RunnerSetup(msgspec.Struct, frozen=True, tag="setup", tag_field="kind"):
     fault_hooks: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-ToRunner = RunnerSetup | Task
+class ImageData(msgspec.Struct, frozen=True, tag="image_data", tag_field="kind"):
+    """An image's checked bytes (``digest`` their sha256, hex), sent before the task that
+    refers to it (``worker.vision.delivery``)."""
+
+    digest: str
+    data: bytes
+
+
+ToRunner = RunnerSetup | ImageData | Task
 
 
 class StatusMsg(msgspec.Struct, frozen=True, tag="status", tag_field="kind"):

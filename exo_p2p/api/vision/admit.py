@@ -3,9 +3,8 @@
 ``check_images(card, model_id, messages)``: at most ``MAX_IMAGES_PER_REQUEST`` images over
 all messages (400 ``too_many_images``); a model whose card does not list the ``vision``
 capability (``exo_p2p.models.card.capabilities.model_capabilities``) asked about an image is a 400 naming the model
-(``model_not_vision``) — never its text half answered silently; a vision model is a 501
-(``vision_not_served``) until the runners' vision engine lands (docs/models.md#vision-models).
-Pure.
+(``model_not_vision``) — never its text half answered silently; a vision model's runners
+read the images (docs/models.md#vision-models). Pure.
 """
 
 from __future__ import annotations
@@ -44,6 +43,3 @@ def check_images(card: ModelCard | None, model_id: str, messages: Iterable[ChatM
     if card is not None and VISION not in card.capabilities:
         raise ApiError(400, f"model {model_id[:200]!r} takes text only and cannot read images: ask a vision model "
                        "(its capabilities list 'vision' in /v1/models and /api/show)", param=param, code="model_not_vision")
-    if card is not None:  # the runners' text engine would answer the text alone: refused rather than that
-        raise ApiError(501, f"model {model_id[:200]!r} takes images, but this version's runners do not run its vision "
-                       "tower yet (docs/models.md#vision-models); send text only", param=param, code="vision_not_served")

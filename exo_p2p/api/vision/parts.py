@@ -3,7 +3,7 @@
 Each family reads its own shape (OpenAI ``image_url``, Responses ``input_image``, Anthropic
 ``image`` blocks, Ollama ``images``) and calls ``image_from_url`` or ``image_from_base64``
 here; both check the image (``exo_p2p.vision.image.decode_image``: format, bytes, pixels, a
-full decode of the first frame) and raise ``ApiError(400, param=where)`` naming the part, so
+full decode of the first frame), keep the checked bytes in ``NODE_IMAGES`` for the runner, and raise ``ApiError(400, param=where)`` naming the part, so
 each family answers in its own shape.
 """
 
@@ -13,6 +13,7 @@ from exo_p2p.api.errors import ApiError
 from exo_p2p.types import ImageRef
 from exo_p2p.vision.fetch import ImageUrlPolicy, fetch_image
 from exo_p2p.vision.image import ImageError, ImagePart, decode_base64, decode_image, parse_data_url
+from exo_p2p.vision.store import NODE_IMAGES
 
 NO_URLS = ImageUrlPolicy()
 """The default: data URLs and base64 only (a node fetches URLs with ``--allow-image-urls``)."""
@@ -24,8 +25,12 @@ def image_ref(part: ImagePart) -> ImageRef:
 
 
 def _checked(where: str, read) -> ImageRef:  # noqa: ANN001 - a callable returning the image's bytes
+    """The checked image's reference; its bytes kept in the node's store for the runner that
+    needs them (``exo_p2p.vision.store``: bounded, time-limited)."""
     try:
-        return image_ref(decode_image(read()))
+        part = decode_image(read())
+        NODE_IMAGES.put(part.digest, part.data)
+        return image_ref(part)
     except ImageError as exc:
         raise ApiError(400, f"{where}: {exc}", param=where, code="invalid_image") from None
 

@@ -38,9 +38,16 @@ def model_identity(loaded: Any, tensor_rank: int = 0, kv_bits: int = 0) -> str:
 
 
 def tenant_of(params: Any) -> str:
-    """The tenant of a request's ``params`` (``GenerationParams`` or None; module docstring)."""
+    """The tenant of a request's ``params`` (``GenerationParams`` or None; module docstring).
+    A request with images adds the digest of its images' digests in order: an image's tokens
+    are the same pad token whatever the image, so its KV is reused only by a request with the
+    same images (docs/architecture.md#engine "Vision rows")."""
     client = getattr(params, "client", "") or ""
-    return client if client.startswith("key:") else ""
+    tenant = client if client.startswith("key:") else ""
+    digests = [ref.digest for m in getattr(params, "messages", ()) or () for ref in m.images]
+    if digests:
+        tenant += "|images:" + hashlib.blake2b(",".join(digests).encode(), digest_size=16).hexdigest()
+    return tenant
 
 
 def tier_directory(root: Path, identity: str, layers: tuple[int, int]) -> Path:

@@ -29,6 +29,16 @@ def quantized(caches: list[Any], bits: int, head_dim: int) -> list[Any]:
     return [QuantizedKVCache(group_size=group, bits=bits) if type(c) is KVCache else c for c in caches]
 
 
+def quantized_filled(caches: list[Any], bits: int, head_dim: int) -> list[Any]:
+    """``caches`` (a sequence's, possibly holding keys, e.g. a vision row's prefill) with every
+    full-precision ``KVCache`` quantized to ``bits`` (mlx-lm's ``KVCache.to_quantized``; 0:
+    ``caches`` as they are), so that it merges with the batch's quantized rows."""
+    if not bits:
+        return caches
+    group = group_size(head_dim)
+    return [c.to_quantized(group_size=group, bits=bits) if type(c) is KVCache else c for c in caches]
+
+
 def merge_rows(rows: list[Any]) -> Any:
     """One layer's batch cache holding ``rows`` (one sequence cache each, of one kind)."""
     if isinstance(rows[0], QuantizedKVCache):
