@@ -1,0 +1,127 @@
+"""Images through a real node serving the tiny random Qwen2-VL: the openai client (chat and
+Responses), anthropic and ollama (chat and generate), a PNG and a JPEG, streamed and not,
+each answer equal to mlx-vlm's own greedy ``generate`` in this process on the same
+checkpoint, image and prompt; a second turn re-sending the image reports cached prompt
+tokens; a text-only model asked about an image is still a 400 naming it."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exo_p2p.types import ChatMessage, GenerationParams, ImageRef
+from tests.support.cluster import NodeProcess
+from tests.support.images.samples import b64, data_url, image_bytes
+from tests.support.models.synthetic_models import make_synthetic_model
+from tests.support.models.synthetic_vlm import make_synthetic_vlm
+
+pytestmark = pytest.mark.integration
+anthropic = pytest.importorskip("anthropic")
+ollama = pytest.importorskip("ollama")
+openai = pytest.importorskip("openai")
+
+MODEL, TEXT_MODEL = "tiny-vl", "tiny-text"
+QUESTION = "What is this?"
+MAX = 10
+PNG, JPEG = image_bytes("PNG", (72, 56), color=(30, 90, 200)), image_bytes("JPEG", (56, 84), color=(220, 120, 20))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    models = tmp_path_factory.mktemp("models")
+    make_synthetic_vlm(models / MODEL)
+    make_synthetic_model(models / TEXT_MODEL, n_layers=1, hidden_size=32, intermediate_size=64, seed=3)
+    n = NodeProcess(tmp_path_factory.mktemp("node"), extra_args=["--models-dir", str(models)])
+    try:
+        n.start()
+        n.place_and_wait(MODEL, timeout=180)
+        n.models_dir = models  # type: ignore[attr-defined]
+        yield n
+    finally:
+        n.stop()
+
+
+def oracle(model_dir: Path, image: bytes, messages: tuple[ChatMessage, ...] = ()) -> str:
+    """mlx-vlm's greedy answer (its tokens as the node's detokenizer spells them) to QUESTION about ``image`` after ``messages``."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_vlm import generate
+    from mlx_vlm.utils import load as load_vlm
+    from PIL import Image
+
+    from worker.vision.rows import render_prompt
+
+    vlm, processor = load_vlm(str(model_dir))
+    ref = ImageRef(digest="0" * 64, media_type="image/png", width=1, height=1, size=1)
+    params = GenerationParams(messages=(*messages, ChatMessage("user", QUESTION, images=(ref,))))
+    tokenizer = load_tokenizer(model_dir)
+    result = generate(vlm, processor, render_prompt(params, tokenizer), image=[Image.open(io.BytesIO(image))],
+                      max_tokens=MAX, temperature=0.0, verbose=False)
+    detokenizer = tokenizer.detokenizer  # the node's text of those tokens, as its runner makes it
+    detokenizer.reset()
+    for token in result.token_ids:
+        if token not in tokenizer.eos_token_ids:
+            detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
+
+
+def answers(url: str, image: bytes, media_type: str) -> dict[str, str]:
+    """The node's answer through each family's official client, streamed and not."""
+    oc = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    ac = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    lc = ollama.Client(host=url, timeout=120)
+    chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                         {"type": "image_url", "image_url": {"url": data_url(image, media_type)}}]}]
+    responses = [{"role": "user", "content": [{"type": "input_text", "text": QUESTION},
+                                              {"type": "input_image", "image_url": data_url(image, media_type), "detail": "auto"}]}]
+    blocks = [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": media_type, "data": b64(image)}},
+                                           {"type": "text", "text": QUESTION}]}]
+    options = {"temperature": 0, "num_predict": MAX}
+    with ac.messages.stream(model=MODEL, max_tokens=MAX, messages=blocks, extra_body={"temperature": 0}) as stream:
+        anthropic_streamed = "".join(stream.text_stream)
+    return {
+        "openai chat": oc.chat.completions.create(model=MODEL, messages=chat, temperature=0, max_tokens=MAX).choices[0].message.content,
+        "openai chat stream": "".join(c.choices[0].delta.content or "" for c in oc.chat.completions.create(
+            model=MODEL, messages=chat, temperature=0, max_tokens=MAX, stream=True) if c.choices),
+        "openai responses": oc.responses.create(model=MODEL, input=responses, temperature=0, max_output_tokens=MAX).output_text,
+        "anthropic": ac.messages.create(model=MODEL, max_tokens=MAX, messages=blocks, extra_body={"temperature": 0}).content[0].text,
+        "anthropic stream": anthropic_streamed,
+        "ollama chat": lc.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION, "images": [image]}],
+                               options=options).message.content,
+        "ollama chat stream": "".join(p.message.content for p in lc.chat(
+            model=MODEL, messages=[{"role": "user", "content": QUESTION, "images": [image]}], stream=True, options=options)),
+        "ollama generate": lc.generate(model=MODEL, prompt=QUESTION, images=[image], options=options).response,
+    }
+
+
+@pytest.mark.parametrize(("image", "media_type"), [(PNG, "image/png"), (JPEG, "image/jpeg")], ids=["png", "jpeg"])
+def test_every_family_answers_an_image_as_mlx_vlm_does(node: Any, image: bytes, media_type: str) -> None:
+    expected = oracle(node.models_dir / MODEL, image)
+    assert expected
+    got = answers(node.url, image, media_type)
+    assert got == dict.fromkeys(got, expected)
+
+
+def test_a_second_turn_with_the_same_image_reports_cached_tokens(node: Any) -> None:
+    oc = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    image = image_bytes("PNG", (64, 64), color=(10, 200, 90))
+    first = {"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                         {"type": "image_url", "image_url": {"url": data_url(image)}}]}
+    one = oc.chat.completions.create(model=MODEL, messages=[first], temperature=0, max_tokens=MAX)
+    turn2 = [first, {"role": "assistant", "content": "A green square."}, {"role": "user", "content": "Sure?"}]
+    two = oc.chat.completions.create(model=MODEL, messages=turn2, temperature=0, max_tokens=MAX)
+    assert one.choices[0].message.content and two.choices[0].message.content is not None
+    assert two.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_text_only_model_asked_about_an_image_is_still_a_400(node: Any) -> None:
+    oc = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                         {"type": "image_url", "image_url": {"url": data_url(PNG)}}]}]
+    with pytest.raises(openai.BadRequestError, match="takes text only"):
+        oc.chat.completions.create(model=TEXT_MODEL, messages=chat, max_tokens=MAX)
+    text = oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=4)
+    assert text.choices[0].finish_reason in ("stop", "length")
