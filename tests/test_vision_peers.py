@@ -1,0 +1,34 @@
+"""An image asked on one node and read by a runner on another: the runner's node fetches the
+bytes from the API node over the image protocol (the log carries digests only); the answer
+equals mlx-vlm's own greedy ``generate`` in this process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.cluster import Cluster, self_id
+from tests.support.images.samples import data_url, image_bytes
+from tests.support.models.synthetic_vlm import make_synthetic_vlm
+from tests.test_vision_node import MAX, MODEL, QUESTION, oracle
+
+pytestmark = pytest.mark.integration
+openai = pytest.importorskip("openai")
+
+
+def test_the_runner_node_fetches_the_image_from_the_api_node(tmp_path) -> None:  # noqa: ANN001
+    models = tmp_path / "models"
+    make_synthetic_vlm(models / MODEL)
+    image = image_bytes("JPEG", (84, 56), color=(120, 20, 220))
+    expected = oracle(models / MODEL, image)
+    cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models)])
+    try:
+        api, runner = cluster.start().nodes
+        view = api.place_and_wait(MODEL, timeout=180, nodes=self_id(runner))
+        assert {s["node_id"] for s in view["shards"]} == {self_id(runner)}, view
+        oc = openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                             {"type": "image_url", "image_url": {"url": data_url(image, "image/jpeg")}}]}]
+        answer = oc.chat.completions.create(model=MODEL, messages=chat, temperature=0, max_tokens=MAX)
+        assert answer.choices[0].message.content == expected
+    finally:
+        cluster.stop()
