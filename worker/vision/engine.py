@@ -6,8 +6,9 @@
 here, or none when the prompt cache already holds that part for the same images), handed to the
 text engine as a ``KvPreset``, then batched, prefilled to its end and decoded with text rows.
 A task whose image did not reach this runner ends with 503 ``image_unavailable``; a
-multi-rank instance does not run the vision tower yet and answers images with 501
-(docs/models.md#vision-models).
+multi-rank instance, or a model whose language model has no M-RoPE index (families other than
+Qwen2-VL's: Gemma 3), does not run the vision tower yet and answers images with 501
+``vision_not_served`` (docs/models.md#vision-models).
 """
 
 from __future__ import annotations
@@ -32,17 +33,19 @@ class VisionEngine:
     def __init__(self, text: Any, vlm: Any, processor: Any, *, multi: bool = False) -> None:
         self.text, self.vlm, self.processor, self.multi = text, vlm, processor, multi
         self.features = FeatureCache()
-        self.image_token_id = int(vlm.config.image_token_id) if vlm is not None else -1
+        config = getattr(vlm, "config", None)
+        self.image_token_id = int(getattr(config, "image_token_id", None) or getattr(config, "image_token_index", -1))
+        self.served = vlm is not None and hasattr(vlm.language_model, "get_rope_index")  # M-RoPE models (Qwen2-VL)
         self._refused: list[Chunk] = []
 
     def submit(self, task: WorkTask) -> None:
         if not isinstance(task, TextGeneration) or not any(m.images for m in task.params.messages):
             self.text.submit(task)
             return
-        if self.multi:
+        if self.multi or not self.served:
+            why = "split over several nodes: place it on one node" if self.multi else "of this family (Qwen2-VL's only)"
             self._refused.append(ErrorChunk(task_id=task.task_id, error=ErrorInfo(
-                501, "images on a model split over several nodes are not served yet: place it on one node",
-                param="messages", code="vision_not_served")))
+                501, f"images to a vision model {why} are not served yet", param="messages", code="vision_not_served")))
             return
         try:
             preset = self._row(task)
