@@ -5,10 +5,11 @@ digest, ``worker.vision.features.FeatureCache``) against the first.
 
 Ratios are mlx-vlm's time ÷ ours (target ≥ 0.9: ours no more than ~10% slower). The default
 checkpoint is the tiny random Qwen2-VL of the tests (``tests/support/models/synthetic_vlm.py``);
-``--model DIR`` takes any Qwen2/2.5-VL directory in mlx-vlm's layout. Not measured here: the
-node's own path (the runners do not run vision towers yet: docs/models.md#vision-models).
+``--model DIR`` takes any Qwen2/2.5-VL directory in mlx-vlm's layout. ``--node``: the figures
+through a real node instead (``scripts/bench_vision_node.py``: time to first token, the node's
+against mlx-vlm's in process, and a repeated image's against the first).
 
-    .venv/bin/python scripts/bench_vision.py [--model DIR] [--size 448] [--runs 5]
+    .venv/bin/python scripts/bench_vision.py [--model DIR] [--size 448] [--runs 5] [--node]
 """
 
 from __future__ import annotations
@@ -87,10 +88,16 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="an mlx-vlm Qwen2/2.5-VL directory (default: the tiny random one)")
     parser.add_argument("--size", type=int, default=448, help="the image's side in pixels")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--node", action="store_true", help="through a real node on 127.0.0.1 (bench_vision_node.py)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model or make_synthetic_vlm(Path(tmp) / "tiny-qwen2-vl")
-        figures = measure(model_dir, args.size, args.runs)
+        model_dir = args.model or make_synthetic_vlm(Path(tmp) / "models" / "tiny-qwen2-vl")
+        if args.node:
+            from scripts.bench_vision_node import measure_node
+
+            figures = measure_node(model_dir, args.size, args.runs, Path(tmp))
+        else:
+            figures = measure(model_dir, args.size, args.runs)
     figures["load_average"] = round(os.getloadavg()[0], 2)
     print(json.dumps(figures, indent=2))
 

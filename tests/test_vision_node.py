@@ -6,15 +6,14 @@ tokens; a text-only model asked about an image is still a 400 naming it."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exo_p2p.types import ChatMessage, GenerationParams, ImageRef
 from tests.support.cluster import NodeProcess
 from tests.support.images.samples import b64, data_url, image_bytes
+from tests.support.images.vlm_oracle import QUESTION, vlm_answer
 from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.models.synthetic_vlm import make_synthetic_vlm
 
@@ -24,7 +23,6 @@ ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
 
 MODEL, TEXT_MODEL = "tiny-vl", "tiny-text"
-QUESTION = "What is this?"
 MAX = 10
 PNG, JPEG = image_bytes("PNG", (72, 56), color=(30, 90, 200)), image_bytes("JPEG", (56, 84), color=(220, 120, 20))
 
@@ -44,28 +42,9 @@ def node(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         n.stop()
 
 
-def oracle(model_dir: Path, image: bytes, messages: tuple[ChatMessage, ...] = ()) -> str:
-    """mlx-vlm's greedy answer (its tokens as the node's detokenizer spells them) to QUESTION about ``image`` after ``messages``."""
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-    from mlx_vlm import generate
-    from mlx_vlm.utils import load as load_vlm
-    from PIL import Image
-
-    from worker.vision.rows import render_prompt
-
-    vlm, processor = load_vlm(str(model_dir))
-    ref = ImageRef(digest="0" * 64, media_type="image/png", width=1, height=1, size=1)
-    params = GenerationParams(messages=(*messages, ChatMessage("user", QUESTION, images=(ref,))))
-    tokenizer = load_tokenizer(model_dir)
-    result = generate(vlm, processor, render_prompt(params, tokenizer), image=[Image.open(io.BytesIO(image))],
-                      max_tokens=MAX, temperature=0.0, verbose=False)
-    detokenizer = tokenizer.detokenizer  # the node's text of those tokens, as its runner makes it
-    detokenizer.reset()
-    for token in result.token_ids:
-        if token not in tokenizer.eos_token_ids:
-            detokenizer.add_token(token)
-    detokenizer.finalize()
-    return detokenizer.text
+def oracle(model_dir: Path, image: bytes) -> str:
+    """mlx-vlm's greedy answer to QUESTION about ``image`` (``tests.support.images.vlm_oracle``)."""
+    return vlm_answer(model_dir, image, MAX, QUESTION)
 
 
 def answers(url: str, image: bytes, media_type: str) -> dict[str, str]:
@@ -125,3 +104,29 @@ def test_a_text_only_model_asked_about_an_image_is_still_a_400(node: Any) -> Non
         oc.chat.completions.create(model=TEXT_MODEL, messages=chat, max_tokens=MAX)
     text = oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=4)
     assert text.choices[0].finish_reason in ("stop", "length")
+
+
+def test_an_image_among_8_streaming_text_rows_answers_the_same(node: Any) -> None:
+    import threading
+
+    expected = oracle(node.models_dir / MODEL, JPEG)
+    errors: list[BaseException] = []
+
+    def text(i: int) -> None:
+        try:
+            r = node.chat(f"count to {i} slowly", MODEL, max_tokens=40, temperature=0)
+            assert r.status_code == 200, r.text
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=text, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    oc = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                         {"type": "image_url", "image_url": {"url": data_url(JPEG, "image/jpeg")}}]}]
+    got = oc.chat.completions.create(model=MODEL, messages=chat, temperature=0, max_tokens=MAX).choices[0].message.content
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    assert got == expected

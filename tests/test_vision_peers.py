@@ -9,17 +9,18 @@ import pytest
 from tests.support.cluster import Cluster, self_id
 from tests.support.images.samples import data_url, image_bytes
 from tests.support.models.synthetic_vlm import make_synthetic_vlm
-from tests.test_vision_node import MAX, MODEL, QUESTION, oracle
+from tests.support.images.vlm_oracle import QUESTION, vlm_answer
 
 pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")
+MODEL, MAX = "tiny-vl", 10
 
 
 def test_the_runner_node_fetches_the_image_from_the_api_node(tmp_path) -> None:  # noqa: ANN001
     models = tmp_path / "models"
     make_synthetic_vlm(models / MODEL)
     image = image_bytes("JPEG", (84, 56), color=(120, 20, 220))
-    expected = oracle(models / MODEL, image)
+    expected = vlm_answer(models / MODEL, image, MAX)
     cluster = Cluster(tmp_path, 2, extra_args=["--models-dir", str(models)])
     try:
         api, runner = cluster.start().nodes

@@ -74,7 +74,8 @@ def test_the_fetching_side_keeps_only_the_bytes_of_the_digest_asked() -> None:
 
 
 class _Supervisor:
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
+        self.shard = type("Shard", (), {"rank": rank})()
         self.sent: set[str] = set()
         self.frames: list[object] = []
 
@@ -95,13 +96,14 @@ def test_a_tasks_images_go_before_it_and_a_missing_one_does_not_hold_it() -> Non
     async def fetch(api: str, digest: str) -> bytes | None:
         return held.get(digest)
 
-    async def main() -> _Supervisor:
-        sup = _Supervisor()
+    async def main(rank: int) -> _Supervisor:
+        sup = _Supervisor(rank)
         async with trio.open_nursery() as nursery:
             await forward_work(sup, _task("a", "b"), fetch, nursery)
             assert "t1" in sup.sent  # marked sent at once: the plan does not forward it twice
         return sup
 
-    sup = trio.run(main)
+    assert [type(f) for f in trio.run(main, 1).frames] == [TextGeneration]  # rank 1 reads no image
+    sup = trio.run(main, 0)
     assert sup.frames[:1] == [ImageData(digest="a", data=b"A")] and isinstance(sup.frames[-1], TextGeneration)
     assert len(sup.frames) == 2  # "b" not available: not sent, the runner ends the task (image_unavailable)

@@ -41,7 +41,7 @@ class Worker:
     created on the fetched files (no process exists meanwhile; a deletion cancels the fetch).
     ``engine``: this node's engine settings (``NodeConfig.engine``); each runner gets them
     with its instance's rank settings and the resolved KV budget (``EngineSettings.for_runner``).
-    Call ``wake()`` after every State change.
+    ``image_bytes`` (``worker.vision.delivery.ImageBytes``): a task's images. Call ``wake()`` after every State change.
     """
 
     def __init__(

@@ -39,9 +39,10 @@ def task_digests(task: WorkTask) -> list[str]:
 
 async def forward_work(sup: Any, task: WorkTask, image_bytes: ImageBytes | None, nursery: trio.Nursery) -> None:
     """Send ``task`` to ``sup``'s runner (a ``RunnerSupervisor``); a task with images is
-    marked sent at once and delivered in ``nursery``, images first (module docstring)."""
+    marked sent at once and delivered in ``nursery``, images first (module docstring). Only
+    rank 0 reads images: another rank's runner gets the task alone."""
     digests = task_digests(task)
-    if not digests or image_bytes is None:
+    if not digests or image_bytes is None or getattr(getattr(sup, "shard", None), "rank", 0) != 0:
         await sup.send(task, task.task_id)
         return
     sup.sent.add(task.task_id)  # planned once: the delivery below is under way

@@ -8,8 +8,9 @@ patches, the template's image tokens expanded to one per feature); ``greedy_toke
 all but the last prompt token in one chunk, then decodes: the steps mlx-vlm's own ``generate``
 takes for a prompt shorter than its prefill step, so greedy tokens equal its tokens
 (``tests/test_vision_engine.py``). Qwen2-VL's M-RoPE positions (text after an image continues
-from the image's grid, not from its token count) travel as ``position_ids``/``rope_deltas``,
-which is why this path does not reuse the text engine's batch yet.
+from the image's grid, not from its token count) travel as ``position_ids``/``rope_deltas``.
+This is the one-request reference path (``scripts/bench_vision.py``); a node's runner batches
+vision rows with text rows instead (``worker.vision.engine``, ``worker.vision.rows``).
 """
 
 from __future__ import annotations
