@@ -4,6 +4,7 @@
 // "Output format" field (collapsed) asks for JSON: any object, or one a schema validates.
 
 import { AuthRequired, streamChat } from "./api.js";
+import { ImageAttach, messageContent } from "./attach.js";
 import { h } from "./dom.js";
 import { FORMAT_KINDS, responseFormat } from "./format.js";
 import { answerStats, formatSeconds } from "./model.js";
@@ -55,6 +56,7 @@ export class Chat {
     this.maxTokens = h("input", { id: "chat-max-tokens", type: "number", min: 1, placeholder: "default", "aria-label": "max tokens" });
     this.temperature = h("input", { id: "chat-temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default", "aria-label": "temperature" });
     this.clear = h("button", { id: "chat-clear", class: "ghost", type: "button", onclick: () => this.reset() }, "New chat");
+    this.attach = new ImageAttach();
     this.buildFormat();
     this.input.addEventListener("keydown", (e) => {
       if (e.key === "Enter" && !e.shiftKey) {
@@ -63,7 +65,7 @@ export class Chat {
       }
     });
     const form = h("form", { class: "chat-form", onsubmit: (e) => { e.preventDefault(); this.submit(); } },
-      this.input, h("div", { class: "chat-buttons" }, this.send, this.stop));
+      this.input, h("div", { class: "chat-buttons" }, this.send, this.stop, this.attach.node));
     this.root.replaceChildren(
       h("header", { class: "chat-head" }, h("h2", {}, "Chat"), this.select, this.clear),
       h("div", { class: "chat-settings" },
@@ -161,6 +163,7 @@ export class Chat {
     const content = h("div", { class: `content${!m.content && !m.streaming ? " empty" : ""}` }, m.content);
     const node = h("div", { class: `msg ${m.role}${m.streaming ? " streaming" : ""}` },
       h("div", { class: "who" }, m.role === "user" ? "you" : m.model || "assistant"),
+      ...(m.image ? [h("img", { class: "chat-thumb", src: m.image, alt: "attached image" })] : []),
       content,
     );
     if (m.role === "assistant") {
@@ -201,8 +204,9 @@ export class Chat {
     this.input.value = "";
     const history = this.messages
       .filter((m) => !m.error && m.content)
-      .map((m) => ({ role: m.role, content: m.content }));
-    const user = { role: "user", content: text };
+      .map((m) => ({ role: m.role, content: messageContent(m.content, m.image) }));
+    const image = this.attach.take();
+    const user = { role: "user", content: text, ...(image ? { image } : {}) };
     const answer = { role: "assistant", model, content: "", streaming: true, ttft: null, tokens: 0 };
     this.messages.push(user, answer);
     this.renderMessages();
@@ -217,7 +221,7 @@ export class Chat {
     try {
       answer.finish = await streamChat({
         model,
-        messages: [...history, { role: "user", content: text }],
+        messages: [...history, { role: "user", content: messageContent(text, image) }],
         params: this.params(format),
         signal: this.controller.signal,
         onDelta: (piece) => {
