@@ -103,7 +103,7 @@ def test_a_tasks_images_go_before_it_and_a_missing_one_does_not_hold_it() -> Non
             assert "t1" in sup.sent  # marked sent at once: the plan does not forward it twice
         return sup
 
-    assert [type(f) for f in trio.run(main, 1).frames] == [TextGeneration]  # rank 1 reads no image
+    assert [type(f) for f in trio.run(main, 1).frames] == [ImageData, TextGeneration]  # every rank runs the processor
     sup = trio.run(main, 0)
     assert sup.frames[:1] == [ImageData(digest="a", data=b"A")] and isinstance(sup.frames[-1], TextGeneration)
     assert len(sup.frames) == 2  # "b" not available: not sent, the runner ends the task (image_unavailable)

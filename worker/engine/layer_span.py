@@ -149,8 +149,9 @@ class LayerSpan:
         """Fresh empty caches of the local layers, of the kinds the family gives them."""
         return [copy.deepcopy(t) for t in self.templates]
 
-    def run(self, tokens: mx.array, cache: list[Any], received: mx.array | None) -> mx.array:
-        """Feed ``tokens [B, L]`` (first rank) or ``received [B, L, hidden]`` (the previous
+    def run(self, tokens: mx.array, cache: list[Any], received: mx.array | None, embeds: mx.array | None = None) -> mx.array:
+        """Feed ``tokens [B, L]`` (first rank; ``embeds [B, L, hidden]`` in place of their
+        embedding when given: a vision row's) or ``received [B, L, hidden]`` (the previous
         rank's output) through the local layers, appending to ``cache`` (one per local
         layer); returns the logits ``[B, L, vocab]`` on the last rank, else this rank's output
         ``[B, L, hidden]`` (lazy). Raises ``ValueError`` when ``received`` is missing on a
@@ -160,8 +161,9 @@ class LayerSpan:
         if len(cache) != self.end - self.start:
             raise ValueError(f"{len(cache)} caches for layers [{self.start}, {self.end})")
         self.inbox.h = received
+        extra = {} if embeds is None else {"input_embeddings": embeds}
         try:
-            return self.view(tokens, cache=[cache[j] for j in self.stand_ins])
+            return self.view(tokens, cache=[cache[j] for j in self.stand_ins], **extra)
         except _RankEnd as end:
             return end.h
         finally:

@@ -179,14 +179,20 @@ class PipelineStage:
         self.is_last = self.rank == self.world_size - 1
         self.samples = self.is_last
 
-    def _hidden(self, model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+    def prefill_embedded(self, model: nn.Module, tokens: mx.array, cache: list[Any], embeds: mx.array | None) -> None:
+        """``prefill`` with the first rank's input embeddings given (``embeds``: a vision row's,
+        ``worker.vision.ranks``; None on the other ranks) instead of the tokens' own."""
+        h = self._hidden(model, tokens, cache, embeds)
+        mx.eval([] if self.is_last else h, [c.state for c in cache])
+
+    def _hidden(self, model: nn.Module, tokens: mx.array, cache: list[Any], first: mx.array | None = None) -> mx.array:
         """This rank's output: the hidden states it sends on, or the logits (last rank)."""
         received = None
         if not self.is_first:
             self.wait.from_left()  # asleep until rank - 1's hidden states come (engine.ring_wait)
             like = mx.zeros((tokens.shape[0], tokens.shape[1], self.hidden_size), dtype=self.hidden_dtype)
             received = mx.distributed.recv_like(like, self.rank - 1, group=self.group)
-        h = _span(model).run(tokens, cache, received)
+        h = _span(model).run(tokens, cache, received, first)
         if not self.is_last:
             if self.wire_dtype is not None:
                 h = h.astype(self.wire_dtype)

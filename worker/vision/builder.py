@@ -41,18 +41,17 @@ class VisionBuilder(TextBuilder):
 
     def load(self) -> Iterator[tuple[int, int]]:
         yield from super().load()
-        if self.multi:
-            return
+        if self.multi and self.setup.instance.sharding != "pipeline":
+            return  # tensor: images not served yet
+        import mlx.core as mx
         from mlx_vlm.utils import load as load_vlm
 
         self.vlm, self.processor = load_vlm(self.setup.model_dir, lazy=True)
-        share_language_model(self.vlm, self.loaded.model)
-        import mlx.core as mx
-
-        mx.eval(self.vlm.parameters())
+        if not self.multi:
+            share_language_model(self.vlm, self.loaded.model)
+            mx.eval(self.vlm.parameters())
+        # a pipeline rank reads only what it uses of the lazy model: rank 0 the tower and the
+        # embedding, every rank the processor and the M-RoPE (worker.vision.ranks)
 
     def build(self, on_step: Callable[[float], None]) -> Any:
-        text = super().build(on_step)
-        if self.vlm is None:
-            return VisionEngine(text, None, None, multi=True)
-        return VisionEngine(text, self.vlm, self.processor)
+        return VisionEngine(super().build(on_step), self.vlm, self.processor, multi=self.multi)

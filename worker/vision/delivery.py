@@ -1,7 +1,7 @@
 """A task's images, sent to its runner before the task itself (docs/architecture.md#request-flow).
 
-The log carries an image's digest, never its bytes; the node of the runner that runs the
-vision tower (rank 0: only it is sent work tasks) takes the bytes from the node whose API read
+The log carries an image's digest, never its bytes; the node of each runner of the instance
+(rank 0 runs the vision tower, every rank the processor) takes the bytes from the node whose API read
 them (``exo_p2p.vision.peer.image_bytes``: its own store, else the API node over the peer
 protocol) and writes each as an ``ImageData`` frame on the runner's pipe, then the task. The
 fetch runs beside the worker's loop (a slow peer delays only this task), bounded by
@@ -39,10 +39,10 @@ def task_digests(task: WorkTask) -> list[str]:
 
 async def forward_work(sup: Any, task: WorkTask, image_bytes: ImageBytes | None, nursery: trio.Nursery) -> None:
     """Send ``task`` to ``sup``'s runner (a ``RunnerSupervisor``); a task with images is
-    marked sent at once and delivered in ``nursery``, images first (module docstring). Only
-    rank 0 reads images: another rank's runner gets the task alone."""
+    marked sent at once and delivered in ``nursery``, images first (module docstring). Every
+    rank gets them: a pipeline's ranks all run the processor (``worker.vision.ranks``)."""
     digests = task_digests(task)
-    if not digests or image_bytes is None or getattr(getattr(sup, "shard", None), "rank", 0) != 0:
+    if not digests or image_bytes is None:
         await sup.send(task, task.task_id)
         return
     sup.sent.add(task.task_id)  # planned once: the delivery below is under way

@@ -173,6 +173,8 @@ def _lazy_share(model_dir: Path, start_layer: int, end: int, n_layers: int,
 
     partial = (start_layer, end) != (0, n_layers)
     model, config = mlx_lm_load_model(model_dir, lazy=True, strict=not partial)
+    if partial and not hasattr(model, "model") and hasattr(getattr(model, "language_model", None), "model"):
+        model = model.language_model  # a vision model's text part (mlx-lm's qwen2_vl): the model a rank splits
     if partial:
         if not hasattr(model, "model") or not hasattr(model.model, "layers"):
             raise ValueError(f"{config.get('model_type')} models cannot be split into layer ranges")
