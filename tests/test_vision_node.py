@@ -2,7 +2,8 @@
 Responses), anthropic and ollama (chat and generate), a PNG and a JPEG, streamed and not,
 each answer equal to mlx-vlm's own greedy ``generate`` in this process on the same
 checkpoint, image and prompt; a second turn re-sending the image reports cached prompt
-tokens; a text-only model asked about an image is still a 400 naming it."""
+tokens; a text-only model asked about an image is still a 400 naming it, and bad images
+(truncated, a 30000×30000 header, a GIF bomb) are 400s with the vision runner serving on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import NodeProcess
-from tests.support.images.samples import b64, data_url, image_bytes
+from tests.support.images.samples import b64, data_url, gif_bomb, huge_png_header, image_bytes, truncated_png
 from tests.support.images.vlm_oracle import QUESTION, vlm_answer
 from tests.support.models.synthetic_models import make_synthetic_model
 from tests.support.models.synthetic_vlm import make_synthetic_vlm
@@ -96,12 +97,16 @@ def test_a_second_turn_with_the_same_image_reports_cached_tokens(node: Any) -> N
     assert two.usage.prompt_tokens_details.cached_tokens > 0
 
 
-def test_a_text_only_model_asked_about_an_image_is_still_a_400(node: Any) -> None:
+def test_a_text_only_model_and_bad_images_are_400s_and_the_runner_serves_on(node: Any) -> None:
     oc = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=60)
     chat = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
                                          {"type": "image_url", "image_url": {"url": data_url(PNG)}}]}]
     with pytest.raises(openai.BadRequestError, match="takes text only"):
         oc.chat.completions.create(model=TEXT_MODEL, messages=chat, max_tokens=MAX)
+    for bad in (truncated_png(), huge_png_header(), gif_bomb()):  # refused by the API: never reach the runner
+        part = {"type": "image_url", "image_url": {"url": data_url(bad)}}
+        with pytest.raises(openai.BadRequestError):
+            oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [part]}], max_tokens=MAX)
     text = oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=4)
     assert text.choices[0].finish_reason in ("stop", "length")
 

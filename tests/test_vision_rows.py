@@ -126,3 +126,15 @@ def test_text_alone_is_a_text_request_and_a_missing_image_is_a_503(parts) -> Non
     params = GenerationParams(messages=(ChatMessage("user", "what?", images=(gone,)),), max_tokens=5)
     _, end = _run(engine, {"gone": params})["gone"]
     assert isinstance(end, ErrorChunk) and (end.error.status, end.error.code) == (503, "image_unavailable")
+
+
+def test_a_tensor_instance_answers_images_501_and_serves_text(parts) -> None:  # noqa: ANN001
+    from worker.vision.engine import VisionEngine
+
+    tensor = VisionEngine(parts[0].text, None, None, multi=True)  # what VisionBuilder makes for tensor ranks
+    data = image_bytes("PNG", (32, 32))
+    _, end = _run(tensor, {"image": _params((data,))})["image"]
+    assert isinstance(end, ErrorChunk) and (end.error.status, end.error.code) == (501, "vision_not_served")
+    tokens, end = _run(tensor, {"text": GenerationParams(messages=(ChatMessage("user", "hi"),), max_tokens=3,
+                                                         temperature=0.0)})["text"]
+    assert isinstance(end, FinishChunk) and tokens
