@@ -107,3 +107,22 @@ def test_a_tasks_images_go_before_it_and_a_missing_one_does_not_hold_it() -> Non
     sup = trio.run(main, 0)
     assert sup.frames[:1] == [ImageData(digest="a", data=b"A")] and isinstance(sup.frames[-1], TextGeneration)
     assert len(sup.frames) == 2  # "b" not available: not sent, the runner ends the task (image_unavailable)
+
+
+def test_the_store_stays_consistent_under_threads() -> None:
+    import threading
+
+    store = ImageStore(max_entries=8, max_bytes=64)
+
+    def hammer(seed: int) -> None:
+        for i in range(2000):
+            store.put(f"{seed}-{i % 13}", b"x" * (i % 9 + 1))
+            store.get(f"{(seed + 1) % 4}-{i % 13}")
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    held = [store.get(f"{s}-{i}") for s in range(4) for i in range(13)]
+    assert len(store) <= 8 and store.nbytes == sum(len(h) for h in held if h is not None) <= 64

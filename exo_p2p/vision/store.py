@@ -14,6 +14,7 @@ asks ends with a clear error (``worker.vision.inbox``), never a wait.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,7 +31,8 @@ this re-sends the image anyway (clients send the whole conversation)."""
 
 class ImageStore:
     """Image bytes by sha256 digest (hex), LRU, bounded (module docstring). ``clock``:
-    seconds, monotonic (tests pass their own)."""
+    seconds, monotonic (tests pass their own). Thread-safe: the API checks images in worker
+    threads while the node's loop reads them."""
 
     def __init__(self, max_entries: int = STORE_ENTRIES, max_bytes: int = STORE_BYTES, ttl: float = STORE_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -39,37 +41,42 @@ class ImageStore:
         self.max_entries, self.max_bytes, self.ttl, self.clock = max_entries, max_bytes, ttl, clock
         self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        self._expire()
-        return len(self._entries)
+        with self._lock:
+            self._expire()
+            return len(self._entries)
 
     @property
     def nbytes(self) -> int:
         """Bytes held now."""
-        self._expire()
-        return self._bytes
+        with self._lock:
+            self._expire()
+            return self._bytes
 
     def put(self, digest: str, data: bytes) -> None:
         """Keep ``data`` under ``digest`` (the most recent), evicting past the bounds; an image
         larger than ``max_bytes`` alone is not kept."""
-        self._drop(digest)
-        if len(data) > self.max_bytes:
-            return
-        self._entries[digest] = (data, self.clock())
-        self._bytes += len(data)
-        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
+        with self._lock:
+            self._drop(digest)
+            if len(data) > self.max_bytes:
+                return
+            self._entries[digest] = (data, self.clock())
+            self._bytes += len(data)
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
 
     def get(self, digest: str) -> bytes | None:
         """The bytes of ``digest`` (their time renewed), or None when not held or expired."""
-        self._expire()
-        entry = self._entries.get(digest)
-        if entry is None:
-            return None
-        self._entries[digest] = (entry[0], self.clock())
-        self._entries.move_to_end(digest)
-        return entry[0]
+        with self._lock:
+            self._expire()
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            self._entries[digest] = (entry[0], self.clock())
+            self._entries.move_to_end(digest)
+            return entry[0]
 
     def _drop(self, digest: str) -> None:
         entry = self._entries.pop(digest, None)
