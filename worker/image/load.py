@@ -128,9 +128,15 @@ LOAD_PHASES = 4
 """The load's phases (``load_progress``): the configs, the weights, the tokenizer, the modules."""
 
 
-def load_progress(model_dir: Path | str, out: list[Any], edit: bool = False) -> Iterator[tuple[int, int]]:
+def load_progress(model_dir: Path | str, out: list[Any], edit: bool = False,
+                  span: tuple[int, int] | None = None, leader: bool = True) -> Iterator[tuple[int, int]]:
     """Load the checkpoint in ``model_dir`` (as ``load_pipeline``), yielding ``(done,
-    LOAD_PHASES)`` after each phase; the pipeline is appended to ``out`` at the end."""
+    LOAD_PHASES)`` after each phase; the pipeline is appended to ``out`` at the end.
+
+    ``span`` (a pipeline rank's ``[start, end)`` of the transformer's blocks,
+    ``worker.image.stages``): only those blocks are built with weights, the others are empty
+    modules whose weights are dropped unread (MLX loads lazily). ``leader`` False: no text
+    encoder, VAE or tokenizer (a pipeline rank after the first, docs/images.md#pipeline)."""
     from mflux.models.common.compute_precision import ComputePrecision
     from mflux.models.flux2.flux2_initializer import Flux2Initializer
 
@@ -142,14 +148,39 @@ def load_progress(model_dir: Path | str, out: list[Any], edit: bool = False) -> 
     yield 1, LOAD_PHASES
     weights = Flux2Initializer._load_weights(path)
     yield 2, LOAD_PHASES
-    Flux2Initializer._init_tokenizers(model, path)
+    if leader:
+        Flux2Initializer._init_tokenizers(model, path)
+    else:
+        model.tokenizers = {}
     yield 3, LOAD_PHASES
     build_components(model, sizes)
+    if span is not None or not leader:
+        _keep_share(model, weights, span, leader)
     Flux2Initializer._apply_weights(model, weights, None)
     model.lora_paths, model.lora_scales = [], []
     model.compute_precision = ComputePrecision(None)
     out.append(model)
     yield 4, LOAD_PHASES
+
+
+def _keep_share(model: Any, weights: Any, span: tuple[int, int] | None, leader: bool) -> None:
+    """Drop what this rank does not hold from ``model`` and ``weights`` (``load_progress``)."""
+    from mlx import nn
+
+    from worker.image.stages import block_count, drop_blocks
+
+    if not leader:
+        model.text_encoder, model.vae = nn.Module(), nn.Module()
+        weights.components.pop("text_encoder", None)
+        weights.components.pop("vae", None)
+    start, end = span if span is not None else (0, block_count(model.transformer))
+    drop_blocks(model.transformer, start, end)
+    tree = weights.components.get("transformer") or {}
+    double = len(model.transformer.transformer_blocks)
+    for key, offset in (("transformer_blocks", 0), ("single_transformer_blocks", double)):
+        blocks = tree.get(key)
+        if isinstance(blocks, list):
+            tree[key] = [b if start <= i + offset < end else {} for i, b in enumerate(blocks)]
 
 
 def load_pipeline(model_dir: Path | str, edit: bool = False) -> Any:

@@ -24,6 +24,11 @@ from exo_p2p.types.images import partial_steps
 
 log = logging.getLogger(__name__)
 
+class RankLost(RuntimeError):
+    """A collective of an image pipeline failed (a rank is gone): the runner's failure, not a
+    task's (``worker.image.ranks``), so it goes out of ``ImageWork.step``."""
+
+
 RunMaker = Callable[[ImageGeneration], Any]
 """Makes the run of a task (``worker.image.denoise.ImageRun``-like: ``step()``, ``finished``,
 ``done_steps``, ``steps``, ``preview()``, ``image()``)."""
@@ -107,6 +112,8 @@ class ImageWork:
             r.run.step()
             self.steps_done += 1
             out += self._sends(r)
+        except RankLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - as in _start
             log.exception("image task %s failed at step %d", r.task.task_id, r.run.done_steps)
             self._running = None
@@ -120,13 +127,17 @@ class ImageWork:
                           seconds=round(time.monotonic() - r.started, 4))
 
     def _sends(self, r: _Running) -> list[Chunk]:
+        if r.run.finished and not getattr(r.run, "emits", True):  # a pipeline rank > 0: no pictures
+            self._running = None
+            return [FinishChunk(task_id=r.task.task_id, finish_reason="stop", prompt_tokens=0,
+                                completion_tokens=r.run.done_steps)]
         if r.run.finished:
             self._running = None
             self.images += 1
             final = self._chunk(r, r.run.image(), partial=False)
             return [final, FinishChunk(task_id=r.task.task_id, finish_reason="stop", prompt_tokens=0,
                                        completion_tokens=r.run.done_steps)]
-        if r.run.done_steps in r.partials:
+        if r.run.done_steps in r.partials and getattr(r.run, "emits", True):
             chunk = self._chunk(r, r.run.preview(), partial=True)
             r.sent += 1
             return [chunk]
