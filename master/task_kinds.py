@@ -2,8 +2,8 @@
 models may take a task, when its inputs surely exceed the model's context, and how many tokens
 its prefill holds at once (memory admission, ``master.admission``). Pure functions.
 
-A model that does not generate (an encoder) runs on one node: it is small, and its runner
-has no pipeline or tensor stages (``split_refusal``).
+An encoder runs on one node: it is small, and its runner has no pipeline or tensor stages
+(``split_refusal``); an image model's transformer blocks split as a pipeline (``worker.image``).
 
 A card lists the kinds its model can do (``ModelCard.tasks``, derived from the model's files:
 ``exo_p2p.types.kinds``); a card from before kinds lists none and generates only. A task for a
@@ -68,11 +68,13 @@ def prefill_tokens(card: ModelCard, task: WorkTask) -> int:
 
 
 def split_refusal(card: ModelCard, instance: Instance) -> str | None:
-    """Why ``instance`` (a placement of ``card``) may not be made: a model that does not
-    generate (an encoder) on more than one node. None otherwise."""
-    if "generate" in card_tasks(card) or len(instance.shards) <= 1:
+    """Why ``instance`` (a placement of ``card``) may not be made: an encoder on more than one
+    node. None otherwise (an image model's blocks split as a pipeline: docs/images.md#pipeline;
+    its cards have no tensor sharding)."""
+    tasks = card_tasks(card)
+    if "generate" in tasks or "image" in tasks or len(instance.shards) <= 1:
         return None
-    what = "an image model" if "image" in card_tasks(card) else "an encoder"  # images: docs/images.md#across-nodes
+    what = "an encoder"
     return (f"model {card.model_id!r} is {what} ({', '.join(card_tasks(card))}): it runs on one node, and no "
             f"single node could hold it (the placement needed {len(instance.shards)}); free memory on a node or "
             "name one with nodes")

@@ -4,11 +4,13 @@ checkpoint, in mflux's saved layout or diffusers' (``model_index.json``, then ``
 
 What placement reads, mapped onto the card's parts: the transformer's blocks are the card's
 layers (double-stream blocks first, then single-stream ones; ``layer_bytes[i]`` block ``i``'s
-tensors), so a pipeline split gives each rank whole blocks. Everything else — the text encoder,
-the VAE and the transformer's embedders, modulations and output projection — is
-``embedding_bytes``: rank 0 encodes the prompt, runs the steps' ends and decodes the image,
-since it is the rank that answers (docs/images.md#across-nodes says why). Weights are never
-read: sizes come from the safetensors headers.
+tensors), so a pipeline split gives each rank whole blocks. The text encoder and the VAE are
+``embedding_bytes`` (rank 0's: it encodes the prompt and decodes the image, since it is the
+rank that answers); the transformer's other tensors (embedders, modulations, output) are
+``shared_bytes``, held by every rank (each computes a step's time embedding and modulation
+itself); the VAE decode of the largest image is rank 0's ``work_bytes``
+(docs/images.md#pipeline says why). Weights are never read: sizes come from the safetensors
+headers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from exo_p2p.images.bounds import MAX_PIXELS
 from exo_p2p.models.card.derive import read_safetensors_sizes
 from exo_p2p.models.errors import UnsupportedModelError
 from exo_p2p.models.hub_limits import check_layers
@@ -72,6 +75,22 @@ def block_bytes(sizes: dict[str, int], double: int, single: int) -> list[int]:
     return out
 
 
+DECODE_BYTES_PER_PIXEL_CHANNEL = 24
+"""Peak bytes of the VAE decode per output pixel per full-resolution channel (measured on
+CPU with mflux 0.24's low-memory decode: 22.4 at 512², rounded up; docs/images.md#placement)."""
+
+
+def decode_bytes(vae_config: dict, pixels: int = MAX_PIXELS) -> int:
+    """Working memory of the VAE decode of a ``pixels`` image (bytes, an upper bound): its
+    full-resolution activations (``DECODE_BYTES_PER_PIXEL_CHANNEL`` × pixels × the first of
+    ``block_out_channels``) and the float32 scores of the mid-block attention over the
+    latent tokens (pixels ÷ 64 of them)."""
+    channels = vae_config.get("block_out_channels") or [128]
+    first = int(channels[0]) if isinstance(channels, list) and channels else 128
+    tokens = pixels // 64
+    return DECODE_BYTES_PER_PIXEL_CHANNEL * pixels * first + 4 * tokens * tokens
+
+
 def image_card(model_dir: Path, model_id: str) -> ModelCard:
     """The card of the image pipeline in ``model_dir`` (module docstring). Raises
     ``UnsupportedModelError`` for a pipeline class the image runner does not build, a missing
@@ -90,10 +109,12 @@ def image_card(model_dir: Path, model_id: str) -> ModelCard:
     n_layers = check_layers(double + single, range(double + single))
     layers = block_bytes(sizes["transformer"], double, single)
     total = sum(sum(s.values()) for s in sizes.values())
+    shared = sum(sizes["transformer"].values()) - sum(layers)
     heads = int(t.get("num_attention_heads", 24))
     return ModelCard(
         model_id=ModelId(model_id), n_layers=n_layers, hidden_size=heads * int(t.get("attention_head_dim", 128)),
         num_attention_heads=heads, num_key_value_heads=heads, vocab_size=int(e.get("vocab_size", 0)),
         context_length=PROMPT_TOKENS, storage_size=total, layer_bytes=tuple(layers),
-        embedding_bytes=total - sum(layers), head_bytes=0, norm_bytes=0, tie_word_embeddings=False,
+        embedding_bytes=total - sum(layers) - shared, head_bytes=0, shared_bytes=shared,
+        work_bytes=decode_bytes(_json(model_dir / "vae" / "config.json")), norm_bytes=0, tie_word_embeddings=False,
         architecture="flux2", supports_tensor=False, tasks=tasks)

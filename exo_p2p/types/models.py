@@ -64,6 +64,12 @@ class ModelCard(msgspec.Struct, frozen=True):
     quantization: str = ""
     capabilities: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
+    shared_bytes: Bytes = 0
+    """Non-layer bytes every pipeline rank holds (an image transformer's embedders,
+    modulations and output: ``worker.image.stages``); part of ``storage_size``."""
+    work_bytes: Bytes = 0
+    """Working memory rank 0 needs beyond its weights (an image model's VAE decode of its
+    largest image: ``exo_p2p.images.card.decode_bytes``); not stored."""
 
     @property
     def expandable(self) -> bool:
@@ -97,7 +103,7 @@ class ModelCard(msgspec.Struct, frozen=True):
     @property
     def non_layer_bytes(self) -> int:
         """Bytes of every tensor outside the transformer layers."""
-        return self.embedding_bytes + self.head_bytes + self.norm_bytes
+        return self.embedding_bytes + self.head_bytes + self.norm_bytes + self.shared_bytes
 
     def first_rank_extra_bytes(self) -> int:
         """Non-layer bytes rank 0 of a pipeline loads: the token embedding."""

@@ -65,7 +65,7 @@ def non_layer_bytes_of_rank(card: ModelCard, rank: int, world_size: int, shardin
     """
     if sharding == "tensor" or world_size == 1:
         return card.non_layer_bytes
-    extra = 0
+    extra = card.shared_bytes  # held by every pipeline rank (an image model's: docs/images.md#pipeline)
     if rank == 0:
         extra += card.first_rank_extra_bytes()
     if rank == world_size - 1:
@@ -122,7 +122,7 @@ def _pipeline_split(card: ModelCard, usable: list[int], dtypes: list[str]) -> li
     stored_layers = max(1, sum(card.layer_bytes))
     weights = []
     for r in range(world):
-        left = usable[r] - non_layer_bytes_of_rank(cards[r], r, world, "pipeline")
+        left = usable[r] - non_layer_bytes_of_rank(cards[r], r, world, "pipeline") - (card.work_bytes if r == 0 else 0)
         weights.append(left if dtypes[r] == "stored" else left * stored_layers // max(1, sum(cards[r].layer_bytes)))
     counts = split_layers(card.n_layers, weights)
     if counts is None:
@@ -131,6 +131,7 @@ def _pipeline_split(card: ModelCard, usable: list[int], dtypes: list[str]) -> li
     start = 0
     for r, n in enumerate(counts):
         share = non_layer_bytes_of_rank(cards[r], r, world, "pipeline") + sum(cards[r].layer_bytes[start : start + n])
+        share += card.work_bytes if r == 0 else 0  # rank 0's working memory (an image model's decode)
         shares.append(RankShare(start, start + n, share, dtypes[r]))
         start += n
     return shares
@@ -159,8 +160,12 @@ def pipeline_shares(card: ModelCard, usable: list[int], policies: list[str] | No
         for r in moved:
             dtypes[r] = "stored"
     for r, sh in enumerate(shares):
-        if sh.share_bytes > usable[r]:
-            return Overflow(r, sh.share_bytes, usable[r])
+        # a card with working memory (an image model) needs the 10% headroom on every rank:
+        # its storage size, which the cycle's total is checked against, leaves out that memory
+        # and the bytes every rank holds again (docs/images.md#placement)
+        need = headroom_bytes(sh.share_bytes) if card.work_bytes else sh.share_bytes
+        if need > usable[r]:
+            return Overflow(r, need, usable[r])
     return shares
 
 
