@@ -35,8 +35,9 @@ class ImageRun:
         self.config = Config(model_config=pipeline.model_config, num_inference_steps=steps, height=height,
                              width=width, guidance=GUIDANCE, image_path=reference, image_strength=None,
                              scheduler="flow_match_euler_discrete")
-        embeds, text_ids, neg, neg_ids = pipeline._encode_prompt_pair(prompt=prompt, negative_prompt=" ",
-                                                                      guidance=GUIDANCE)
+        from worker.image.prompts import prompt_pair
+
+        embeds, text_ids, neg, neg_ids = prompt_pair(pipeline, prompt, GUIDANCE)  # kept for the next image of it
         self._inputs = {"prompt_embeds": embeds, "text_ids": text_ids, "negative_prompt_embeds": neg,
                         "negative_text_ids": neg_ids, "guidance": GUIDANCE}
         if reference is None:
