@@ -27,7 +27,7 @@ from exo_p2p.cluster.role import start_settle
 from exo_p2p.cluster.sequencing import committed, first_batch, own_events
 from exo_p2p.cluster.settings import ClusterSettings
 from exo_p2p.types import (
-    CommandResult, EmbeddingChunk, ErrorInfo, IndexedEvent, LocalEvent, NodeTimedOut, TokenChunk, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted,
+    CommandResult, EmbeddingChunk, ErrorInfo, ImageChunk, IndexedEvent, LocalEvent, NodeTimedOut, TokenChunk, TopologyEdge, TopologyEdgeCreated, TopologyEdgeDeleted,
 )
 
 PROJECT_DIRS = [Path(__file__).resolve().parents[1] / name for name in ("exo_p2p", "master", "worker")]
@@ -420,6 +420,12 @@ def test_take_batch_keeps_a_batch_under_its_byte_bound():
     batch, carry = take_batch(carry, receive, 256, max_bytes=3 * (1024 + 4096))
     assert [s for _, s in batch] == [3] and carry is not None and carry[1] == 4
     assert chunk_bytes(vectors(0, 4096)[0]) == 1024 + 4096
+
+
+def test_an_image_chunk_counts_its_png_bytes():
+    """Images travel as chunks too: their PNG bytes count against the batch bound."""
+    image = ImageChunk(task_id="t", image=bytes(50_000), width=64, height=64, step=4, steps=4)
+    assert chunk_bytes(image) == 1024 + 50_000
 
 
 def test_counters():

@@ -28,8 +28,10 @@ Positioned = tuple[Chunk, int]
 
 def chunk_bytes(chunk: Chunk) -> int:
     """The payload bytes ``chunk`` adds to a batch, for ``take_batch``'s byte bound: its
-    vectors (an ``EmbeddingChunk``), text and tokens, plus 1 KiB for the rest."""
-    return 1024 + len(getattr(chunk, "vectors", b"")) + 4 * len(getattr(chunk, "text", "") or "")
+    vectors (an ``EmbeddingChunk``), its image (an ``ImageChunk``'s PNG), text and tokens,
+    plus 1 KiB for the rest."""
+    return (1024 + len(getattr(chunk, "vectors", b"")) + len(getattr(chunk, "image", b"") or b"")
+            + 4 * len(getattr(chunk, "text", "") or ""))
 
 
 def take_batch(first: Positioned, receive: trio.MemoryReceiveChannel[Positioned], limit: int,
