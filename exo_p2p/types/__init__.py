@@ -96,7 +96,7 @@ from exo_p2p.types.tasks import (
     ToolCall,
     WorkTask,
 )
-from exo_p2p.types.chunks import ImageChunk
+from exo_p2p.types.chunks import ImageChunk, ImageProgressChunk
 from exo_p2p.types.images import ImageParams
 from exo_p2p.types.tasks import ImageEdits, ImageGeneration
 from exo_p2p.types.topology import InterfaceType, LinkFigures, NetworkAddress, NodeProfile, NodeSpeed, TopologyEdge

@@ -132,4 +132,14 @@ class ImageChunk(_Chunk, tag="image"):
     seconds: float = 0.0
 
 
-Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk | EmbeddingChunk | ImageChunk
+class ImageProgressChunk(_Chunk, tag="image_progress"):
+    """Denoising step ``step`` of ``steps`` of an image task is done, ``seconds`` from the
+    task's start on its engine: sent after every step when the task's ``ImageParams.progress``
+    asks (a progress bar's ticks; docs/images.md#progress). At most ``steps`` per task."""
+
+    step: int
+    steps: int
+    seconds: float = 0.0
+
+
+Chunk = PrefillProgressChunk | TokenChunk | FinishChunk | ErrorChunk | EmbeddingChunk | ImageChunk | ImageProgressChunk

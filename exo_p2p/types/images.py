@@ -18,7 +18,8 @@ class ImageParams(msgspec.Struct, frozen=True, omit_defaults=True):
     previews to send while denoising (0–``MAX_PARTIAL_IMAGES``, evenly spaced over the steps).
     An edit's ``image`` is its input picture as PNG bytes (decoded, bounded and re-encoded by
     the API node, ``exo_p2p.images.inputs``): the reference the model edits.
-    ``client``: as ``GenerationParams.client``."""
+    ``client``: as ``GenerationParams.client``. ``progress``: the runner sends an
+    ``ImageProgressChunk`` after every denoising step (docs/images.md#progress)."""
 
     prompt: str
     width: int
@@ -28,6 +29,7 @@ class ImageParams(msgspec.Struct, frozen=True, omit_defaults=True):
     partial_images: int = 0
     image: bytes | None = None
     client: str | None = None
+    progress: bool = False
 
 
 def partial_steps(steps: int, partials: int) -> tuple[int, ...]:

@@ -3,8 +3,9 @@
 
 Tasks run one at a time in arrival order. ``step()`` starts the next task when none runs
 (encoding its prompt and making its seeded latents) and runs one denoising step of the running
-one, then sends: a partial image after the steps ``partial_steps`` names, the final image and
-a ``FinishChunk`` after the last. A cancel ends a task at the next ``step()``: within one
+one, then sends: an ``ImageProgressChunk`` after every step when the task asks
+(``ImageParams.progress``), a partial image after the steps ``partial_steps`` names, the final
+image and a ``FinishChunk`` after the last. A cancel ends a task at the next ``step()``: within one
 denoising step. A bad request or a failure of the model ends its task with an ``ErrorChunk``
 (400 for a request over a bound, 500 for the model's error) and the work goes on.
 """
@@ -19,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from exo_p2p.images.bounds import ImageBoundError, check_params
-from exo_p2p.types import Chunk, ErrorChunk, ErrorInfo, FinishChunk, ImageChunk, ImageGeneration, TaskId
+from exo_p2p.types import (Chunk, ErrorChunk, ErrorInfo, FinishChunk, ImageChunk, ImageGeneration,
+                           ImageProgressChunk, TaskId)
 from exo_p2p.types.images import partial_steps
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,7 @@ class ImageWork:
         try:
             r.run.step()
             self.steps_done += 1
-            out += self._sends(r)
+            out += self._progress(r) + self._sends(r)
         except RankLost:
             raise
         except Exception as exc:  # noqa: BLE001 - as in _start
@@ -125,6 +127,12 @@ class ImageWork:
         return ImageChunk(task_id=r.task.task_id, image=png(image), width=p.width, height=p.height,
                           step=r.run.done_steps, steps=p.steps, partial=partial, index=r.sent if partial else 0,
                           seconds=round(time.monotonic() - r.started, 4))
+
+    def _progress(self, r: _Running) -> list[Chunk]:
+        if not r.task.params.progress or not getattr(r.run, "emits", True):  # only the rank that sends pictures
+            return []
+        return [ImageProgressChunk(task_id=r.task.task_id, step=r.run.done_steps, steps=r.task.params.steps,
+                                   seconds=round(time.monotonic() - r.started, 4))]
 
     def _sends(self, r: _Running) -> list[Chunk]:
         if r.run.finished and not getattr(r.run, "emits", True):  # a pipeline rank > 0: no pictures

@@ -1,8 +1,9 @@
 """An OpenAI image generation body, parsed and bounded (docs/images.md#api). The shapes are
 the ``openai`` package's ``ImageGenerateParams``; fields this runtime does not use
 (``background``, ``moderation``, ``style``, ``user``...) are accepted and ignored, as OpenAI's
-own models ignore those they do not support. Extra: ``seed`` (int) and ``steps`` (int, over
-``quality``).
+own models ignore those they do not support. Extra: ``seed`` (int), ``steps`` (int, over
+``quality``) and ``progress`` (bool, with ``stream``: an ``image_generation.progress`` event
+after every denoising step, docs/images.md#progress).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class GenerationBody(msgspec.Struct, frozen=True):
     stream: bool | None = None
     seed: int | None = None
     steps: int | None = None
+    progress: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ def _check(body: GenerationBody) -> None:
         raise ApiError(400, f"partial_images must be 0..{MAX_PARTIAL_IMAGES}", param="partial_images")
     if body.partial_images and not body.stream:
         raise ApiError(400, "partial_images needs stream: true", param="partial_images")
+    if body.progress and not body.stream:
+        raise ApiError(400, "progress needs stream: true", param="progress")
     if body.stream and body.response_format == "url":
         raise ApiError(400, "a stream sends b64_json images; response_format url does not stream",
                        param="response_format")
@@ -95,7 +99,7 @@ def checked(body: GenerationBody, reference: bytes | None = None,
         width, height = auto if auto and body.size in (None, "", "auto") else parse_size(body.size)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         params = ImageParams(prompt=body.prompt, width=width, height=height, steps=_steps(body), seed=seed,
-                             partial_images=body.partial_images or 0, image=reference)
+                             partial_images=body.partial_images or 0, image=reference, progress=bool(body.progress))
         check_params(params)
     except ImageBoundError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None

@@ -7,7 +7,9 @@ after the other (so a request's images come in order and a cancelled request lea
 behind). A request that streams gets ``image_generation.partial_image`` events as the runner's
 partial images come and one ``image_generation.completed`` event per image (an edit's:
 ``image_edit.``); an error after the stream began is an ``error`` event, as OpenAI's streams
-send it.
+send it. With the extra ``progress: true`` an ``image_generation.progress`` event (``step``,
+``steps``, ``image_index``) follows every denoising step (docs/images.md#progress): an
+extension OpenAI's clients never ask for, so their streams keep OpenAI's event types.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from exo_p2p.api.images.request import ImageRequest, parse_generation
 from exo_p2p.api.images.run import image_chunks
 from exo_p2p.api.views import json_response
 from exo_p2p.api.images.edits import parse_edit
-from exo_p2p.types import ImageChunk, ImageEdits, ImageGeneration, ModelCard
+from exo_p2p.types import ImageChunk, ImageEdits, ImageGeneration, ImageProgressChunk, ModelCard
 
 
 def _tasks(ctx: ApiContext, request: Request, card: ModelCard, req: ImageRequest) -> list[ImageGeneration]:
@@ -66,7 +68,7 @@ async def _generate(ctx: ApiContext, files: ImageFiles, request: Request, req: I
     created, data = int(time.time()), []
     for task in _tasks(ctx, request, card, req):
         async for chunk in image_chunks(ctx, task):
-            if chunk.partial:
+            if not isinstance(chunk, ImageChunk) or chunk.partial:
                 continue
             image = await _file(req, chunk)
             if req.response_format == "url":
@@ -82,8 +84,13 @@ async def _events(ctx: ApiContext, request: Request, card: ModelCard, req: Image
     created, prefix = int(time.time()), "image_generation" if req.params.image is None else "image_edit"
     shape = {"output_format": req.output_format, "quality": req.quality, "size": req.size}
     try:
-        for task in _tasks(ctx, request, card, req):
+        for index, task in enumerate(_tasks(ctx, request, card, req)):
             async for chunk in image_chunks(ctx, task):
+                if isinstance(chunk, ImageProgressChunk):
+                    kind = f"{prefix}.progress"
+                    yield sse({"type": kind, "created_at": created, "step": chunk.step, "steps": chunk.steps,
+                               "image_index": index}, kind)
+                    continue
                 image = await _file(req, chunk)
                 if chunk.partial:
                     kind = f"{prefix}.partial_image"

@@ -14,11 +14,12 @@ import trio
 from exo_p2p.api.context import ApiContext
 from exo_p2p.api.embed_task import chunk_error, submitted
 from exo_p2p.api.errors import ApiError
-from exo_p2p.types import ErrorChunk, FinishChunk, ImageChunk, ImageGeneration
+from exo_p2p.types import ErrorChunk, FinishChunk, ImageChunk, ImageGeneration, ImageProgressChunk
 
 
-async def image_chunks(ctx: ApiContext, task: ImageGeneration) -> AsyncIterator[ImageChunk]:
-    """The task's image chunks (partials, then the final one). Raises ``ApiError``: the
+async def image_chunks(ctx: ApiContext, task: ImageGeneration) -> AsyncIterator[ImageChunk | ImageProgressChunk]:
+    """The task's image chunks (partials, then the final one) and, when its params ask, its
+    ``ImageProgressChunk`` after each step. Raises ``ApiError``: the
     submission's (``exo_p2p.api.embed_task.submitted``: the command bound, the in-flight
     limit, the master's refusal), the runner's error, 504 past the time bound, 502 when the
     runner ends it without an image."""
@@ -26,8 +27,8 @@ async def image_chunks(ctx: ApiContext, task: ImageGeneration) -> AsyncIterator[
     async with submitted(ctx, task) as (chunks, ended):
         with trio.move_on_after(bound):
             async for chunk in chunks:
-                if isinstance(chunk, ImageChunk):
-                    final = final or not chunk.partial
+                if isinstance(chunk, (ImageChunk, ImageProgressChunk)):
+                    final = final or (isinstance(chunk, ImageChunk) and not chunk.partial)
                     yield chunk
                 elif isinstance(chunk, ErrorChunk):
                     ended.done = True

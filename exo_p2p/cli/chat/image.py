@@ -1,8 +1,10 @@
 """``exo-p2p image MODEL PROMPT -o FILE``: one image of PROMPT by MODEL through a node's
 ``POST /v1/images/generations`` (docs/cli.md, docs/images.md), written to FILE (its format
 from the extension: .png, .jpg/.jpeg, .webp). ``--edit IMAGE`` edits that picture instead
-(``POST /v1/images/edits``). Prints where it wrote and the request's figures, or with
-``--json`` the API's answer without the image bytes.
+(``POST /v1/images/edits``). The request streams with the extra ``progress: true``, so a
+progress bar on stderr moves at every denoising step (rich's, as the other commands' bars);
+prints where it wrote and the request's figures, or with ``--json`` (no stream, no bar) the
+API's answer without the image bytes.
 """
 
 from __future__ import annotations
@@ -39,15 +41,31 @@ def image_body(model: str, prompt: str, fmt: str, size: str, steps: int | None, 
     return body
 
 
+def _request(body: dict, edit: Path | None) -> tuple[str, dict]:
+    """The path and httpx arguments of the request (an edit's as a multipart form)."""
+    if edit is None:
+        return "/v1/images/generations", {"json": body}
+    if not edit.is_file():
+        raise CliError(f"{edit}: no such file to edit")
+    fields = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in body.items()}
+    return "/v1/images/edits", {"data": fields,
+                                "files": {"image": (edit.name, edit.read_bytes(), "application/octet-stream")}}
+
+
 def _ask(ctx: typer.Context, api: str | None, api_key: str | None, body: dict, edit: Path | None) -> dict:
+    path, kwargs = _request(body, edit)
     with client_for(ctx, api, api_key) as client:
-        if edit is None:
-            return client.request("POST", "/v1/images/generations", json=body, timeout=IMAGE_TIMEOUT)
-        if not edit.is_file():
-            raise CliError(f"{edit}: no such file to edit")
-        fields = {k: str(v) for k, v in body.items()}
-        return client.request("POST", "/v1/images/edits", data=fields, timeout=IMAGE_TIMEOUT,
-                              files={"image": (edit.name, edit.read_bytes(), "application/octet-stream")})
+        return client.request("POST", path, timeout=IMAGE_TIMEOUT, **kwargs)
+
+
+def _streamed(ctx: typer.Context, api: str | None, api_key: str | None, body: dict, edit: Path | None) -> dict:
+    """The image asked with ``stream`` and ``progress``, a progress bar per denoising step on
+    stderr meanwhile; the answer as ``_ask``'s (``data``, ``size``, ``output_format``)."""
+    from exo_p2p.cli.chat.image_progress import follow
+
+    path, kwargs = _request({**body, "stream": True, "progress": True}, edit)
+    with client_for(ctx, api, api_key) as client:
+        return follow(client.sse_data(path, read_timeout=IMAGE_TIMEOUT, **kwargs), body.get("steps"))
 
 
 @app.command()
@@ -68,7 +86,8 @@ def image(
     """Make one image of PROMPT with MODEL (or edit one with --edit) and write it to -o FILE."""
     fmt = output_format(out)
     started = time.monotonic()
-    answer = _ask(ctx, api, api_key, image_body(model, prompt, fmt, size, steps, seed), edit)
+    body = image_body(model, prompt, fmt, size, steps, seed)
+    answer = _ask(ctx, api, api_key, body, edit) if json else _streamed(ctx, api, api_key, body, edit)
     data = (answer or {}).get("data") or []
     if not data or not data[0].get("b64_json"):
         raise CliError("the node's answer holds no image (is it older than images?)")

@@ -228,22 +228,27 @@ class NodeClient:
         """``POST /v1/chat/completions`` with ``stream: true``; yields text deltas as they
         arrive (``on_finish``/``on_usage`` as ``chat_deltas``). Closing the generator closes the connection (the node cancels the
         generation)."""
-        body = {**body, "stream": True}
-        timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=CONNECT_TIMEOUT)
+        yield from chat_deltas(self.sse_data("/v1/chat/completions", json={**body, "stream": True}),
+                               on_finish, on_usage)
+
+    def sse_data(self, path: str, read_timeout: float = STREAM_READ_TIMEOUT, **kwargs: Any) -> Iterator[str]:
+        """``POST path`` (``kwargs``: httpx's ``json``, ``data``, ``files``) answered by a
+        server-sent event stream; yields each event's data as it arrives. Raises ``CliError``
+        (the API's error, an unreachable node, ``read_timeout`` s of silence, a broken
+        stream). Closing the generator closes the connection (the node cancels the work)."""
+        timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT)
         self.request("GET", "/state")  # waits for a starting node; names a wrong URL
         try:
-            with self._http.stream(
-                "POST", "/v1/chat/completions", json=body, timeout=timeout
-            ) as response:
+            with self._http.stream("POST", path, timeout=timeout, **kwargs) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise self._api_error(response)
-                yield from chat_deltas(iter_sse_data(response.iter_lines()), on_finish, on_usage)
+                yield from iter_sse_data(response.iter_lines())
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise self._unreachable(e) from e
         except httpx.TimeoutException as e:
             raise CliError(
-                f"the node at {self.base_url} sent nothing for {STREAM_READ_TIMEOUT:.0f} s"
+                f"the node at {self.base_url} sent nothing for {read_timeout:.0f} s"
             ) from e
         except httpx.HTTPError as e:
             raise CliError(f"the answer from {self.base_url} broke off: {transport_reason(e)}") from e
