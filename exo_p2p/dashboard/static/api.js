@@ -1,4 +1,4 @@
-// The node's HTTP API as the page uses it: JSON calls and a streamed chat completion, with the
+// The node's HTTP API as the page uses it: JSON calls, a streamed chat completion and a streamed image, with the
 // API key (kept in localStorage) sent as "Authorization: Bearer". A 401 raises AuthRequired.
 
 import { errorMessage, splitSse } from "./model.js";
@@ -96,10 +96,27 @@ export async function streamChat({ model, messages, params = {}, signal, onDelta
   if (!response.ok) throw await failure(response);
   const instance = response.headers.get("x-exo-instance");
   if (instance && onInstance) onInstance(instance);
+  let finish = null;
+  const ended = await readSse(response, signal, (event) => {
+    if (event.error) throw new ApiError(0, errorMessage(event, "the generation failed"));
+    if (event.usage && onUsage) onUsage(event.usage);
+    for (const choice of event.choices || []) {
+      if (choice.delta && choice.delta.content) onDelta(choice.delta.content);
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  });
+  return ended === "cancelled" ? ended : finish || "stop";
+}
+
+/**
+ * Read a server-sent event stream, `onEvent(parsed JSON)` for each event until it ends or its
+ * "[DONE]"; resolves to "cancelled" when `signal` aborted it, else "done". Raises what
+ * `onEvent` raises (an ApiError), Unreachable when the connection breaks.
+ */
+async function readSse(response, signal, onEvent) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
-  let finish = null;
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -108,14 +125,8 @@ export async function streamChat({ model, messages, params = {}, signal, onDelta
       const { events, rest } = splitSse(buffer);
       buffer = rest;
       for (const data of events) {
-        if (data === "[DONE]") return finish || "stop";
-        const event = JSON.parse(data);
-        if (event.error) throw new ApiError(0, errorMessage(event, "the generation failed"));
-        if (event.usage && onUsage) onUsage(event.usage);
-        for (const choice of event.choices || []) {
-          if (choice.delta && choice.delta.content) onDelta(choice.delta.content);
-          if (choice.finish_reason) finish = choice.finish_reason;
-        }
+        if (data === "[DONE]") return "done";
+        onEvent(JSON.parse(data));
       }
     }
   } catch (exc) {
@@ -123,6 +134,37 @@ export async function streamChat({ model, messages, params = {}, signal, onDelta
     if (exc instanceof ApiError) throw exc;
     throw new Unreachable("the connection to the node broke during the answer");
   }
-  if (signal.aborted) return "cancelled";
-  return finish || "stop";
+  return signal.aborted ? "cancelled" : "done";
+}
+
+/**
+ * Stream one image of `prompt` by the image model `model` (POST /v1/images/generations with
+ * stream, 2 partial images and the node's per-step progress; `size` "WxH" or "auto"):
+ * `onProgress(step, steps)`, `onPartial(base64 PNG)` as they come; resolves to the final
+ * image's base64 PNG, or null when `signal` aborted it. Raises ApiError / AuthRequired / Unreachable.
+ */
+export async function streamImage({ model, prompt, size = "auto", signal, onProgress, onPartial }) {
+  let response;
+  try {
+    response = await fetch("/v1/images/generations", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ model, prompt, size, stream: true, partial_images: 2, progress: true }),
+      signal,
+    });
+  } catch (exc) {
+    if (signal.aborted) return null;
+    throw new Unreachable("cannot reach the node");
+  }
+  if (!response.ok) throw await failure(response);
+  let image = null;
+  const ended = await readSse(response, signal, (event) => {
+    if (event.type === "error") throw new ApiError(0, errorMessage(event, "the image failed"));
+    if (event.type.endsWith(".progress")) onProgress(event.step, event.steps);
+    else if (event.type.endsWith(".partial_image")) onPartial(event.b64_json);
+    else if (event.type.endsWith(".completed")) image = event.b64_json;
+  });
+  if (ended === "cancelled") return null;
+  if (image === null) throw new ApiError(0, "the image stream ended without the image");
+  return image;
 }

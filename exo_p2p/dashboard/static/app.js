@@ -5,6 +5,7 @@ import { ApiError, AuthRequired, apiKey, call, setApiKey } from "./api.js";
 import { Chat } from "./chat.js";
 import { forget, h, renderIfChanged } from "./dom.js";
 import { chatModels, nodeLabels } from "./model.js";
+import { imageModels } from "./chat_image.js";
 import { instanceCards, linkList, modelTable, nodeCards, previewPanel, topologyGraph } from "./views.js";
 
 const POLL_MS = 500;
@@ -165,6 +166,7 @@ function render() {
     ui.preview ? previewPanel(state, ui.preview, confirmPlacement, () => { ui.preview = null; render(); }) : []);
   renderIfChanged($("instances"), [views, state.nodes, state.tasks, [...ui.deleting], ui.deleteErrors, ui.speeds], () =>
     instanceCards(state, views, { ...ui, onDelete: deleteInstance }));
+  chat.setImageModels(imageModels(state));
   chat.setModels(chatModels(views));
 }
 

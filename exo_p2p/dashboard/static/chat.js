@@ -2,9 +2,11 @@
 // (aborting the request makes the node cancel the task), TTFT and tokens/s under each answer.
 // The conversation stays in the page (and in sessionStorage, so a reload keeps it). The
 // "Output format" field (collapsed) asks for JSON: any object, or one a schema validates.
+// An image model answers with a picture (chat_image.js), its partials shown as they come.
 
 import { AuthRequired, streamChat } from "./api.js";
 import { ImageAttach, messageContent } from "./attach.js";
+import { IMAGE_SIZES, drawImage, imageNode, imageStats } from "./chat_image.js";
 import { h } from "./dom.js";
 import { FORMAT_KINDS, responseFormat } from "./format.js";
 import { answerStats, formatSeconds } from "./model.js";
@@ -22,6 +24,7 @@ export class Chat {
     this.onSpeed = onSpeed;
     this.onAuth = onAuth;
     this.models = [];
+    this.imageModels = new Set();
     this.messages = this.load();
     this.controller = null;
     this.build();
@@ -39,7 +42,7 @@ export class Chat {
 
   save() {
     try {
-      const fields = ["role", "model", "content", "error", "ttft", "tokensPerSecond", "tokens", "finish"];
+      const fields = ["role", "model", "content", "error", "ttft", "tokensPerSecond", "tokens", "finish", "image", "seconds"];
       const plain = this.messages.map((m) => Object.fromEntries(fields.filter((f) => f in m).map((f) => [f, m[f]])));
       sessionStorage.setItem(HISTORY_STORAGE, JSON.stringify(plain));
     } catch {
@@ -55,6 +58,8 @@ export class Chat {
     this.stop = h("button", { id: "chat-stop", type: "button", disabled: true, onclick: () => this.cancel() }, "Stop");
     this.maxTokens = h("input", { id: "chat-max-tokens", type: "number", min: 1, placeholder: "default", "aria-label": "max tokens" });
     this.temperature = h("input", { id: "chat-temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default", "aria-label": "temperature" });
+    this.imageSize = h("select", { id: "chat-image-size", "aria-label": "image size" },
+      ...IMAGE_SIZES.map((v) => h("option", { value: v }, v)));
     this.clear = h("button", { id: "chat-clear", class: "ghost", type: "button", onclick: () => this.reset() }, "New chat");
     this.attach = new ImageAttach();
     this.buildFormat();
@@ -71,6 +76,7 @@ export class Chat {
       h("div", { class: "chat-settings" },
         h("label", {}, "max tokens ", this.maxTokens),
         h("label", {}, "temperature ", this.temperature),
+        h("label", {}, "image size ", this.imageSize),
       ),
       this.formatBox,
       this.log,
@@ -114,6 +120,11 @@ export class Chat {
     );
     if (models.includes(current)) this.select.value = current;
     this.updateButtons();
+  }
+
+  /** The models (ids) among them that answer with images. */
+  setImageModels(models) {
+    this.imageModels = new Set(models);
   }
 
   /** Sampling settings the user set (empty fields: the node's defaults), and the format. */
@@ -163,12 +174,13 @@ export class Chat {
     const content = h("div", { class: `content${!m.content && !m.streaming ? " empty" : ""}` }, m.content);
     const node = h("div", { class: `msg ${m.role}${m.streaming ? " streaming" : ""}` },
       h("div", { class: "who" }, m.role === "user" ? "you" : m.model || "assistant"),
-      ...(m.image ? [h("img", { class: "chat-thumb", src: m.image, alt: "attached image" })] : []),
+      ...(m.attached ? [h("img", { class: "chat-thumb", src: m.attached, alt: "attached image" })] : []),
       content,
+      imageNode(m),
     );
     if (m.role === "assistant") {
       if (m.error) node.append(h("div", { class: "error", role: "alert" }, m.error));
-      const stats = this.statsText(m);
+      const stats = "image" in m ? imageStats(m) : this.statsText(m);
       node.append(h("div", { class: "stats" }, m.streaming ? "…" : stats));
     }
     m.node = node;
@@ -195,6 +207,7 @@ export class Chat {
     const text = this.input.value.trim();
     const model = this.select.value;
     if (!text || this.busy || !model) return;
+    if (this.imageModels.has(model)) return drawImage(this, text, model);
     const { format, error } = this.checkFormat();
     if (error) {
       this.formatBox.open = true;
@@ -204,9 +217,9 @@ export class Chat {
     this.input.value = "";
     const history = this.messages
       .filter((m) => !m.error && m.content)
-      .map((m) => ({ role: m.role, content: messageContent(m.content, m.image) }));
+      .map((m) => ({ role: m.role, content: messageContent(m.content, m.attached) }));
     const image = this.attach.take();
-    const user = { role: "user", content: text, ...(image ? { image } : {}) };
+    const user = { role: "user", content: text, ...(image ? { attached: image } : {}) };
     const answer = { role: "assistant", model, content: "", streaming: true, ttft: null, tokens: 0 };
     this.messages.push(user, answer);
     this.renderMessages();
