@@ -169,6 +169,31 @@ def test_cli_writes_the_image_and_edits(node, tmp_path) -> None:
     assert refused.returncode != 0 and "image" in refused.stderr
 
 
+def _sse_events(response: httpx.Response) -> list[dict]:
+    import json
+
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_progress_events_come_after_every_step_of_a_generation_and_an_edit(node) -> None:
+    """The extra ``progress: true`` (docs/images.md#progress): one event per denoising step,
+    in order, before the image, whose pixels are still mflux's; an edit's form takes it too."""
+    want = pixels(oracle_png(node.models_dir / MODEL, prompt=PROMPT, seed=9, steps=3, width=32, height=32))
+    body = {"model": MODEL, "prompt": PROMPT, "size": "32x32", "steps": 3, "seed": 9, "stream": True,
+            "progress": True, "partial_images": 1}
+    with httpx.stream("POST", f"{node.url}/v1/images/generations", json=body, timeout=240) as r:
+        events = _sse_events(r)
+    assert [(e["type"], e.get("step")) for e in events] == [
+        ("image_generation.progress", 1), ("image_generation.progress", 2), ("image_generation.partial_image", None),
+        ("image_generation.progress", 3), ("image_generation.completed", None)]
+    assert pixels(base64.b64decode(events[-1]["b64_json"])) == want and events[0]["steps"] == 3
+    form = {"model": MODEL, "prompt": "blue", "steps": "2", "seed": "3", "stream": "true", "progress": "true"}
+    with httpx.stream("POST", f"{node.url}/v1/images/edits", data=form, timeout=240,
+                      files={"image": ("ref.png", reference_png(32, 32), "image/png")}) as r:
+        kinds = [(e["type"], e.get("step")) for e in _sse_events(r)]
+    assert kinds == [("image_edit.progress", 1), ("image_edit.progress", 2), ("image_edit.completed", None)]
+
+
 def test_a_cancelled_stream_stops_its_runner_within_a_step(node) -> None:
     """A client that leaves a 50-step stream after its first partial image (step 12): the
     runner drops the image at its next step, so a one-step image asked next finishes in less
@@ -220,3 +245,4 @@ def test_a_runner_dying_mid_image_ends_the_stream_with_an_error(node) -> None:
     assert events[0] == "image_generation.partial_image" and events[-1] == "error", events
     assert "image_generation.completed" not in events
     assert time.monotonic() - killed < T_FAIL + 10.0
+
