@@ -108,6 +108,10 @@ def main() -> None:
             nodes[1].start()
             place_both(a, nodes[1])
             rows = measure(a, models / MODEL, sizes, args.steps, args.reps)
+        except Exception:
+            for n in nodes:
+                print(n.log_tail(400), file=sys.stderr)
+            raise
         finally:
             for n in nodes:
                 n.stop()

@@ -201,14 +201,9 @@ def test_a_cancelled_stream_stops_its_runner_within_a_step(node) -> None:
     engine ignores cancels)."""
     import time
 
-    body = {"model": MODEL, "prompt": PROMPT, "size": "128x128", "steps": 50, "seed": 1, "stream": True,
-            "partial_images": 3}
-    started = time.monotonic()
-    with httpx.stream("POST", f"{node.url}/v1/images/generations", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("event: image_generation.partial_image"):
-                break
-    first_partial = time.monotonic() - started
+    from tests.support.image_streams import left_after_first_partial
+
+    first_partial = left_after_first_partial(node.url, MODEL, PROMPT)
     started = time.monotonic()
     one = _client(node).images.generate(model=MODEL, prompt=PROMPT, size="32x32", extra_body={"steps": 1, "seed": 2})
     assert one.data[0].b64_json
@@ -220,29 +215,17 @@ def test_a_runner_dying_mid_image_ends_the_stream_with_an_error(node) -> None:
     an ``error`` event within ``T_FAIL`` and slack of the death, never a hang."""
     import json
     import signal
-    import time
 
     import psutil
 
     from tests.conftest import T_FAIL
+    from tests.support.image_streams import killed_after_first_partial
 
     instance = next(i for i, v in node.get("/state", timeout=10).json()["instances"].items() if v["model_id"] == MODEL)
     pids = [json.loads(line)["pid"] for line in node.log_path.read_text(errors="replace").splitlines()
             if line.startswith("{") and '"runner started"' in line and instance in line]
-    body = {"model": MODEL, "prompt": PROMPT, "size": "128x128", "steps": 50, "seed": 1, "stream": True,
-            "partial_images": 3}
-    events = []
-    with httpx.stream("POST", f"{node.url}/v1/images/generations", json=body, timeout=300) as r:
-        lines = r.iter_lines()
-        for line in lines:
-            if line.startswith("event: "):
-                events.append(line[7:])
-                if events[-1] == "image_generation.partial_image":
-                    break
-        psutil.Process(pids[-1]).send_signal(signal.SIGABRT)
-        killed = time.monotonic()
-        events += [line[7:] for line in lines if line.startswith("event: ")]
+    events, after = killed_after_first_partial(node.url, MODEL, PROMPT,
+                                               lambda: psutil.Process(pids[-1]).send_signal(signal.SIGABRT))
     assert events[0] == "image_generation.partial_image" and events[-1] == "error", events
     assert "image_generation.completed" not in events
-    assert time.monotonic() - killed < T_FAIL + 10.0
-
+    assert after < T_FAIL + 10.0

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.cluster import free_ports
 from tests.support.image_oracle import oracle_edit_png, oracle_png, pixels, reference_png, tiny_checkpoint
-from tests.support.ranks import child_main, run_rank_processes
+from tests.support.ranks import child_main, ring_wait_for, run_rank_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -40,7 +40,8 @@ def rank_main(cfg: dict[str, Any]) -> dict[str, Any]:
         pass
     pipeline = out[0]
     group = init_ring(cfg["addresses"], rank, len(cfg["addresses"]), timeout=60)
-    work = ImageWork(run_maker(pipeline, RankPipeline(Stage(pipeline.transformer, start, end), group)))
+    wait = ring_wait_for(cfg["addresses"], rank)  # asleep between turns, as the runner's ranks
+    work = ImageWork(run_maker(pipeline, RankPipeline(Stage(pipeline.transformer, start, end), group, wait)))
     results = []
     for i, req in enumerate(cfg["requests"]):
         params = dict(req["params"])

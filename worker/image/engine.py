@@ -153,9 +153,11 @@ class ImageBuilder:
     def _pipe(self) -> Any:
         """This rank's ``RankPipeline``; the ring's all-gather is also the rounds'."""
         from worker.engine.distributed import ring_all_gather
+        from worker.engine.ring_wait import pipeline_wait
         from worker.image.ranks import RankPipeline
         from worker.image.stages import Stage
 
         shard = self.setup.shard
-        self.all_gather = ring_all_gather(self.group)
-        return RankPipeline(Stage(self.pipeline.transformer, shard.start_layer, shard.end_layer), self.group)
+        wait = pipeline_wait(self.setup.instance, shard.rank)
+        self.all_gather = ring_all_gather(self.group, None, wait)
+        return RankPipeline(Stage(self.pipeline.transformer, shard.start_layer, shard.end_layer), self.group, wait)

@@ -76,6 +76,10 @@ class LeaderRun:
             self._begin()
         self.run.step()
 
+    def settle(self) -> None:
+        """After the final image: meet the other ranks (``RankPipeline.barrier``)."""
+        self.pipe.barrier()
+
     def preview(self) -> Any:
         return self.run.preview()
 
@@ -106,3 +110,7 @@ class FollowerRun:
                 raise ImageRequestError("the image could not begin on the pipeline's first rank")
         self.pipe.noise(self._ids, self._header, self._times[self.done_steps], None)
         self.done_steps += 1
+
+    def settle(self) -> None:
+        """After the last step: wait for the leader's final image (``RankPipeline.barrier``)."""
+        self.pipe.barrier()

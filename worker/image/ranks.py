@@ -17,6 +17,10 @@ modules. Per image and per step, over the ring group:
   rank finishes the step at the same collective and the leader's scheduler step, on the
   noise in the dtype it was computed in, is mflux's own.
 
+After the last step the leader decodes the final image and every rank meets at a barrier
+before it reports the task done: a rank that finished first would otherwise end the task in
+the cluster's State while the leader still decodes, and the request would lose its image.
+
 A failed collective (a rank gone) raises ``RankLost``: a runner failure, never a task error,
 so the node ends the instance's requests with an error (``worker.image.work``).
 """
@@ -28,7 +32,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from worker.engine.ring_wait import all_sum_length
+from worker.engine.ring_wait import NO_WAIT, RingWait, all_sum_length
 from worker.image.stages import Stage
 from worker.image.work import RankLost
 
@@ -63,10 +67,12 @@ def _collective(fn: Callable[[], mx.array]) -> mx.array:
 
 
 class RankPipeline:
-    """This rank's part of the pipeline: ``stage`` (its blocks) over ``group``."""
+    """This rank's part of the pipeline: ``stage`` (its blocks) over ``group``; ``wait``: how
+    it waits for its neighbours' turns (``worker.engine.ring_wait``: asleep, not spinning in
+    MLX's receive, so ranks on one host leave the cores to the rank computing)."""
 
-    def __init__(self, stage: Stage, group: Any) -> None:
-        self.stage, self.group = stage, group
+    def __init__(self, stage: Stage, group: Any, wait: RingWait = NO_WAIT) -> None:
+        self.stage, self.group, self.wait = stage, group, wait
         self.rank, self.world = group.rank(), group.size()
 
     def exchange(self, header: list[int] | None, ids: mx.array | None,
@@ -93,6 +99,7 @@ class RankPipeline:
             state = self.stage.embed(*leader_inputs)
         else:
             width = self.stage.t.inner_dim
+            self.wait.from_left()  # asleep until rank - 1's state comes
             state = mx.distributed.recv(shape=(1, text + image, width), dtype=wire, src=self.rank - 1,
                                         group=self.group)
         state = self.stage.run(state, ctx, text)
@@ -103,9 +110,19 @@ class RankPipeline:
             flat = mx.concatenate([out.reshape(-1).astype(mx.float32), mx.array([DTYPES.index(out.dtype)], mx.float32)])
         else:
             _collective(lambda: mx.distributed.send(state.astype(wire), self.rank + 1, group=self.group))
+            self.wait.from_either()  # asleep until the last rank's noise comes
             flat = None
         got = _collective(lambda: broadcast(flat, (size + 1,), mx.float32, self.group))
         return got[:size].reshape(1, latent, channels).astype(DTYPES[int(got[size].item())])
+
+    def barrier(self) -> None:
+        """Every rank has come here (a collective): the leader has made the final image, so
+        no rank reports the image done before the leader's picture is on its way. The ranks
+        after the leader wait for it asleep (it decodes meanwhile: a spinning rank on its host
+        would take a core from the decode)."""
+        if self.rank > 0:
+            self.wait.from_either()
+        _collective(lambda: broadcast(None, (self.world,), mx.int32, self.group))
 
     def state_dtype(self, hidden: mx.array, prompt: mx.array, ids: mx.array, text: int, timestep: Any) -> int:
         """The code of the dtype the leader's blocks compute in (the graph is built, not run)."""

@@ -135,14 +135,20 @@ class ImageWork:
                                    seconds=round(time.monotonic() - r.started, 4))]
 
     def _sends(self, r: _Running) -> list[Chunk]:
+        settle = getattr(r.run, "settle", None)  # a pipeline's ranks meet after the final image
         if r.run.finished and not getattr(r.run, "emits", True):  # a pipeline rank > 0: no pictures
             self._running = None
+            settle()
             return [FinishChunk(task_id=r.task.task_id, finish_reason="stop", prompt_tokens=0,
                                 completion_tokens=r.run.done_steps)]
         if r.run.finished:
             self._running = None
             self.images += 1
-            final = self._chunk(r, r.run.image(), partial=False)
+            try:
+                final = self._chunk(r, r.run.image(), partial=False)
+            finally:  # the other ranks wait at the barrier even when the decode fails
+                if settle is not None:
+                    settle()
             return [final, FinishChunk(task_id=r.task.task_id, finish_reason="stop", prompt_tokens=0,
                                        completion_tokens=r.run.done_steps)]
         if r.run.done_steps in r.partials and getattr(r.run, "emits", True):
