@@ -9,11 +9,17 @@ square): seconds per image of ``images.generate`` through the ``openai`` client 
 ``--steps`` steps, fixed seed) on one node, on the 2-node pipeline, and of mflux's
 ``Flux2Klein.generate_image`` here; seconds per step of each (an image's time over its steps:
 prompt encoding and decoding included); ours ÷ mflux as a speed ratio (mflux's seconds over
-ours; the target: ≥ 0.9). The three are timed alternately, one call each per round, after
-one untimed call each; each figure is the median of ``--reps`` rounds. The load average is
-printed with the figures (the machine may be shared).
+ours; the target: ≥ 0.9). Each figure is the median of ``--reps`` timed rounds after one
+untimed round, the three alternating call by call (so all see the same load), each call with
+a prompt not seen before (a node keeps the encodings of recent prompts,
+``worker.image.prompts``; mflux does not: a repeated prompt would flatter ours).
 
-Usage: ``python scripts/bench_images.py [--steps N] [--reps N] [--sizes 64,128,256]``.
+mflux in process runs at a runner's priority (``worker.runner.priority``: nice +10,
+SCHED_BATCH), as the node's runner does, unless ``--priority normal``: on a loaded machine a
+nice-0 process beside a nice-10 runner measures the scheduler, not the path
+(docs/images.md#speed). The load average is printed before and after.
+
+Usage: ``python scripts/bench_images.py [--steps N] [--reps N] [--sizes 64,128,256] [--priority runner|normal]``.
 Needs mflux (``scripts/install.sh --images``).
 """
 
@@ -25,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,9 +39,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker import blas  # noqa: E402
 
-# mflux in-process gets the BLAS the node's runners preload (worker/blas.py), before MLX loads
+from worker.runner.priority import lower_this_thread  # noqa: E402
+
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--sizes", default="64,128,256")
+    parser.add_argument("--priority", choices=("runner", "normal"), default="runner",
+                        help="mflux in process at a runner's priority (default) or at this shell's")
+    return parser.parse_args()
+
+
+ARGS = parse_args()  # before MLX loads: --priority decides the priority of its threads
+RUNNER_PRIORITY = ARGS.priority == "runner"
+
+
+def in_thread(call, lowered: bool):  # type: ignore[no-untyped-def]
+    """``call()``'s result, run in a new thread lowered to a runner's priority when ``lowered``
+    (a thread's priority is inherited by the threads it makes, as a runner's BLAS and MLX pools;
+    the node process the main thread starts keeps its own)."""
+    out: list = []
+
+    def run() -> None:
+        out.append(lower_this_thread() if lowered else [])
+        out.append(call())
+
+    thread = threading.Thread(target=run, name="bench-mflux")
+    thread.start()
+    thread.join()
+    if len(out) < 2:
+        raise RuntimeError("the measuring thread failed (its traceback is above)")
+    return out
+
+
+# mflux in-process gets the BLAS the node's runners preload (worker/blas.py), before MLX loads,
+# its thread pool made at a runner's priority
 os.environ.setdefault("OPENBLAS_NUM_THREADS", str(blas.offered_cores()))
-PRELOADED = blas.preload_in_process(blas.find_optimised_blas())
+LOWERED, PRELOADED = in_thread(lambda: blas.preload_in_process(blas.find_optimised_blas()), RUNNER_PRIORITY)
 
 from tests.support.cluster import NodeProcess  # noqa: E402
 from tests.support.models.synthetic_flux2 import make_tiny_flux2  # noqa: E402
@@ -42,10 +87,17 @@ from tests.support.models.synthetic_flux2 import make_tiny_flux2  # noqa: E402
 MODEL, PIPE, PROMPT, SEED = "bench-flux2", "bench-flux2-pipe", "a lighthouse on a cliff at dusk", 42
 
 
-def timed(call) -> float:  # type: ignore[no-untyped-def]
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
+def alternating_medians(calls: list, reps: int) -> list[float]:  # type: ignore[type-arg]
+    """The median seconds of ``reps`` timed rounds of each ``call(i)`` (``i`` the round, 0 the
+    untimed first one), the calls alternating within each round."""
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(reps + 1):
+        for call, spent in zip(calls, times):
+            started = time.perf_counter()
+            call(i)
+            if i:
+                spent.append(time.perf_counter() - started)
+    return [statistics.median(t) for t in times]
 
 
 def measure(node: NodeProcess, model_dir: Path, sizes: list[int], steps: int, reps: int) -> list[tuple]:
@@ -57,22 +109,18 @@ def measure(node: NodeProcess, model_dir: Path, sizes: list[int], steps: int, re
     client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="unused", max_retries=0, timeout=3600)
     pipeline = load_pipeline(model_dir)
 
-    def ours(model: str, side: int):  # type: ignore[no-untyped-def]
-        return lambda: client.images.generate(model=model, prompt=PROMPT, size=f"{side}x{side}",
-                                              extra_body={"seed": SEED, "steps": steps})
+    def ours(model: str, side: int, tag: str):  # type: ignore[no-untyped-def]
+        return lambda i: client.images.generate(model=model, prompt=f"{PROMPT} ({side} {tag} {i})", size=f"{side}x{side}",
+                                                extra_body={"seed": SEED, "steps": steps})
 
     rows = []
     for side in sizes:
-        calls = {"one": ours(MODEL, side), "pipe": ours(PIPE, side),
-                 "mflux": lambda: pipeline.generate_image(seed=SEED, prompt=PROMPT, num_inference_steps=steps,
-                                                          height=side, width=side)}
-        for call in calls.values():
-            call()
-        times: dict[str, list[float]] = {k: [] for k in calls}
-        for _ in range(reps):
-            for k, call in calls.items():
-                times[k].append(timed(call))
-        rows.append((side, {k: statistics.median(v) for k, v in times.items()}))
+        def lib(i: int, side: int = side) -> None:
+            pipeline.generate_image(seed=SEED, prompt=f"{PROMPT} ({side} mflux {i})", num_inference_steps=steps,
+                                    height=side, width=side)
+
+        one, pipe, mflux = alternating_medians([ours(MODEL, side, "one"), ours(PIPE, side, "pipe"), lib], reps)
+        rows.append((side, {"one": one, "pipe": pipe, "mflux": mflux}))
     return rows
 
 
@@ -87,17 +135,19 @@ def place_both(a: NodeProcess, b: NodeProcess) -> None:
     a.place_and_wait(MODEL, timeout=600, min_nodes=1, nodes=[rank1])
 
 
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as ``uptime`` prints them."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--sizes", default="64,128,256")
-    args = parser.parse_args()
+    args = ARGS
+    load_before = load_average()
     sizes = [int(s) for s in args.sizes.split(",")]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp) / "models"
-        make_tiny_flux2(models / MODEL)
+        in_thread(lambda: make_tiny_flux2(models / MODEL), RUNNER_PRIORITY)  # MLX's first use makes its threads
         shutil.copytree(models / MODEL, models / PIPE)
         a = NodeProcess(Path(tmp) / "a", extra_args=["--models-dir", str(models)])
         nodes = [a]
@@ -107,7 +157,7 @@ def main() -> None:
             nodes.append(NodeProcess(Path(tmp) / "b", cluster=a.cluster, extra_args=["--models-dir", str(models), *boot]))
             nodes[1].start()
             place_both(a, nodes[1])
-            rows = measure(a, models / MODEL, sizes, args.steps, args.reps)
+            lowered, rows = in_thread(lambda: measure(a, models / MODEL, sizes, args.steps, args.reps), RUNNER_PRIORITY)
         except Exception:
             for n in nodes:
                 print(n.log_tail(400), file=sys.stderr)
@@ -115,9 +165,9 @@ def main() -> None:
         finally:
             for n in nodes:
                 n.stop()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"BLAS in process: {PRELOADED or 'reference'}; {args.steps} steps; median of {args.reps} alternating rounds; "
-          f"load average {load}; {time.monotonic() - started:.0f} s in all")
+    print(f"BLAS in process: {PRELOADED or 'reference'}; mflux priority: {'+'.join(lowered) or 'normal'}; "
+          f"{args.steps} steps; median of {args.reps}, alternating; load average {load_before} before, "
+          f"{load_average()} after; {time.monotonic() - started:.0f} s in all")
     print("| size | 1 node s/image | 1 node s/step | 2-node pipeline s/image | 2-node s/step | mflux s/image "
           "| mflux s/step | 1 node ÷ mflux | 2-node ÷ mflux |")
     print("|---|---|---|---|---|---|---|---|---|")
