@@ -107,7 +107,7 @@ _SETTINGS = (
             type=int, min=0, panel=SERVING),
     Setting("--kv-cache-bits", "0 | 8 | 4", "Bits of each KV cache element: 0 keeps full precision; 8 or 4 "
             "quantize the batch's, the prompt cache's and the disk tier's KV in groups of 64 (as mlx-lm), so "
-            "--kv-cache-bytes holds ~2-3.5x (8) or ~3.5-6x (4) the tokens; the master fixes its value in each "
+            "--kv-cache-bytes holds ~1.9-3.6x (8) or ~3.6-6.4x (4) the tokens (float16-float32 KV); the master fixes its value in each "
             "instance it places, for every rank", "engine.kv_cache_bits", "0|8|4", type=int, check=checks.kv_cache_bits,
             panel=SERVING),
     Setting("--micro-batches", "count", "Micro-batches a pipeline rank splits its decode batch into, so "
