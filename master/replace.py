@@ -181,6 +181,8 @@ def placed_as(state: State, failed: Instance, world_size: int) -> tuple[PlacedNo
     ``failed`` stood in for (its own ``placed``, else its shards' nodes, named as ``state``
     names them) when the successor has fewer ranks than that, else ``()``."""
     placed = failed.placed or tuple(
-        PlacedNode(s.node_id, p.friendly_name if (p := state.nodes.get(s.node_id)) is not None else "") for s in failed.shards
+        PlacedNode(s.node_id, p.friendly_name if (p := state.nodes.get(s.node_id)) is not None else "",
+                   s.start_layer, s.end_layer, s.share_bytes, s.weights_dtype)
+        for s in sorted(failed.shards, key=lambda s: s.rank)
     )
     return placed if world_size < len(placed) else ()

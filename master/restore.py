@@ -30,6 +30,8 @@ import msgspec
 
 from exo_p2p.state.views import instance_view
 from exo_p2p.types import FINISHED_TASK_STATUSES, Event, Instance, InstanceCreated, InstanceDeleted, State
+from master.placement.keep_layers import keep_shard_layers, placed_shards
+from master.placement.memory import usable_memory
 from master.placement.place import PlacementError, place_instance
 
 RESTORE_INTERVAL = 60.0
@@ -135,6 +137,8 @@ def restore_step(
             return RestorePlan(instance_id=instance_id, wait=RECHECK_INTERVAL, why=str(exc))
         if new.world_size != inst.placed_ranks:
             return RestorePlan(instance_id=instance_id, wait=RECHECK_INTERVAL, why=f"placed on {new.world_size} ranks")
+        usable = {s.node_id: usable_memory(state, s.node_id) for s in new.shards}
+        new = keep_shard_layers(placed_shards(inst.placed, card.n_layers), new, usable)  # each node its layers back
         new = msgspec.structs.replace(new, replaces=instance_id, restores=True, settings=inst.settings)
         return RestorePlan((InstanceCreated(new),), instance_id=instance_id, wait=RESTORE_INTERVAL)
     return RestorePlan()

@@ -81,3 +81,24 @@ def test_the_new_split_stands_on_other_nodes_or_another_sharding() -> None:
 
     fresh = place_instance(state, state.model_cards["m"], min_nodes=2, instance_id="p2")
     assert keep_layers(tensor, fresh, {n: 8 * GIB for n in ("n0", "n1", "n2")}) == fresh
+
+
+def test_a_restore_to_full_size_gives_each_node_its_layers_back() -> None:
+    """Both nodes restarted, the first back alone: the instance was re-placed shrunk on it (its
+    ``placed`` records each node's layers); the other back, the size restore
+    (``master.restore.restore_step``) places the 2-node instance with those layers."""
+    from exo_p2p.types import InstanceDeleted
+    from master.restore import restore_step
+    from tests.support.rules.restore_size import _ready, _with
+
+    state, failed = failed_with_other_split([(64 * GIB, 64 * GIB), (64 * GIB, 64 * GIB)])
+    events = replacement(state, failed, "s", unreachable=frozenset({"n0"}))  # n1 back first, n0 not yet
+    assert isinstance(events[0], InstanceDeleted) and isinstance(events[1], InstanceCreated)
+    shrunk = events[1].instance
+    assert shrunk.world_size == 1 and [(p.node_id, p.start_layer, p.end_layer) for p in shrunk.placed] == \
+        [("n1", 0, 3), ("n0", 3, 4)]
+    back = _ready(_with(state, shrunk), shrunk)
+    plan = restore_step(back, reachable=frozenset({"n0", "n1"}), now=100.0, not_before={}, new_instance_id="r")
+    (created,) = plan.events
+    assert isinstance(created, InstanceCreated)
+    assert ranges(created.instance) == ranges(failed) == {"n1": (0, 0, 3), "n0": (1, 3, 4)}

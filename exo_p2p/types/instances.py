@@ -57,10 +57,17 @@ class RankSettings(msgspec.Struct, frozen=True):
 class PlacedNode(msgspec.Struct, frozen=True):
     """A node of the placement a shrunk instance stands in for (``Instance.placed``):
     its id and its friendly name when the instance was re-placed smaller (``""``: unknown),
-    kept because a node that left is no longer in State to be named from."""
+    kept because a node that left is no longer in State to be named from; and the shard it
+    held: layers ``[start_layer, end_layer)``, ``share_bytes``, ``weights_dtype`` (``end_layer``
+    0: not recorded), so the restore can give each node its layers back
+    (``master.placement.keep_layers``)."""
 
     node_id: NodeId
     name: str = ""
+    start_layer: int = 0
+    end_layer: int = 0
+    share_bytes: int = 0
+    weights_dtype: str = ""
 
 
 class Instance(msgspec.Struct, frozen=True):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from exo_p2p.types import Instance, RunnerId
+from exo_p2p.types import Instance, PlacedNode, RunnerId, ShardMetadata
 
 
 def _rotation(old: list[str], new: list[str]) -> bool:
@@ -29,13 +29,32 @@ def _rotation(old: list[str], new: list[str]) -> bool:
     return new[start:] + new[:start] == old
 
 
+def placed_shards(placed: tuple[PlacedNode, ...], n_layers: int) -> tuple[ShardMetadata, ...]:
+    """The shards a shrunk instance's ``placed`` nodes held (rank = position), or ``()`` when
+    any node's layers were not recorded (``PlacedNode.end_layer`` 0)."""
+    if not placed or any(p.end_layer <= p.start_layer for p in placed):
+        return ()
+    return tuple(ShardMetadata(p.node_id, RunnerId(""), rank, len(placed), p.start_layer, p.end_layer, n_layers,
+                               p.share_bytes, "", weights_dtype=p.weights_dtype or "stored")
+                 for rank, p in enumerate(placed))
+
+
 def keep_layers(failed: Instance, new: Instance, usable: Mapping[str, int | None]) -> Instance:
     """``new`` (the successor placed for ``failed``) with every shard given the layers, rank
     and share its node had in ``failed`` when the rule of the module docstring allows it;
     else ``new`` unchanged. ``usable``: each node's usable memory in bytes
     (``master.placement.memory.usable_memory``; None: not reported, then ``new`` stands).
     Pure; never raises for a mismatch, it just keeps ``new``."""
-    if failed.sharding != "pipeline" or new.sharding != "pipeline" or len(failed.shards) < 2:
+    if failed.sharding != "pipeline":
+        return new
+    return keep_shard_layers(failed.shards, new, usable)
+
+
+def keep_shard_layers(old: tuple[ShardMetadata, ...], new: Instance, usable: Mapping[str, int | None]) -> Instance:
+    """``keep_layers`` from the shards a pipeline held before (``old``, any order; from a
+    failed instance, or ``placed_shards`` of a shrunk one being restored)."""
+    failed = msgspec.structs.replace(new, shards=old)
+    if new.sharding != "pipeline" or len(old) < 2:
         return new
     old_order = [s.node_id for s in sorted(failed.shards, key=lambda s: s.rank)]
     new_order = [s.node_id for s in sorted(new.shards, key=lambda s: s.rank)]
