@@ -75,6 +75,7 @@ def test_models_state_and_nodes() -> None:
                 "addrs": ["/ip4/127.0.0.1/tcp/52514/p2p/node-a"],
                 "last_seen": 0.0,
                 "links": [],
+                "speed": None,  # not measured (docs/placement-speed.md)
             }
         ]
 

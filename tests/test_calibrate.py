@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import trio
 
-from exo_p2p.cli.output.render import speed_text
+from exo_p2p.cli.output.render import speed_lines, speed_text
 from exo_p2p.node.worker_env import node_idle
 from exo_p2p.types import ChatMessage, GenerationParams, NodeSpeed, State, TaskRecord, TextGeneration
 from tests.support.rules.strategies import _instance
@@ -72,6 +72,9 @@ def test_idle_means_no_unfinished_task_on_this_nodes_instances() -> None:
 def test_cli_speed_column() -> None:
     assert speed_text({"decode_ns_per_kib": 1000, "prefill_ns_per_kib": 1, "mem_mib_per_s": 900}) == "1024 µs/MiB · 900 MiB/s"
     assert speed_text(None) == "-" and speed_text({"decode_ns_per_kib": "x"}) == "-"
+    nodes = [{"node_id": "n1", "friendly_name": "big", "speed": {"decode_ns_per_kib": 500, "mem_mib_per_s": 9}},
+             {"node_id": "n2", "friendly_name": "", "speed": None}]
+    assert speed_lines(nodes) == ["  big  decode 512 µs/MiB · 9 MiB/s"]
 
 
 @pytest.mark.integration

@@ -52,8 +52,7 @@ def instance_routes(ctx: ApiContext) -> list[Route]:
             sharding=req.sharding,
             nodes=node_filter(req.nodes),
             keep_alive=request_keep_alive(req.keep_alive),
-            pin=req.pin,
-            split=req.split,
+            pin=req.pin, split=req.split,
         )
         check_command_size(command)
         if ctx.card(req.model) is None:  # may read a hub: stopped when the client leaves

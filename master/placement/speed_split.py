@@ -16,7 +16,8 @@ take turns, one stream) is the sum; many micro-batches tend to the slowest stage
 with the 10 % headroom (``split.headroom_bytes``), the one of least decode estimate; it
 replaces the memory-proportional split (``split.pipeline_shares``) only when it is at least
 ``MIN_GAIN`` faster by the estimate, so equal nodes, noise and ties keep today's split, and
-the chosen split is never slower by the estimate than the memory one. The prefill estimate
+the chosen split is never slower by the estimate than the memory one. Nodes whose speeds are
+within ``EQUAL_SPEED`` of each other count as equal and keep it too. The prefill estimate
 is reported beside it (a split is chosen by decode: generation dominates a chat's time).
 """
 
@@ -35,6 +36,10 @@ memory-proportional one (like ``master.relink``'s gain rule for links)."""
 SPEED_BOUNDS = {"decode_ns_per_kib": (1, 10_000_000), "prefill_ns_per_kib": (1, 10_000_000), "mem_mib_per_s": (1, 10_000_000)}
 """Accepted range of each ``NodeSpeed`` figure (inclusive); outside it the figure is absurd
 and dropped (``valid_speed``): 1 ns/KiB is ~1 TB/s, 10 ms/KiB a machine 10⁵× slower than a laptop."""
+
+EQUAL_SPEED = 1.3
+"""Nodes whose decode figures are all within this ratio are equal (the calibration's noise
+band, ``worker.calibrate.run.SPEED_MOVE``): their cycle keeps today's memory split."""
 
 CAPS = 24
 """Caps on the slowest stage tried when m > 1 (``best_split``): bounds the search's work."""
@@ -166,7 +171,8 @@ def speed_shares(card: ModelCard, usable: tuple[int, ...], memory: tuple[RankSha
     known = tuple(s for s in speeds if s is not None)
     dtypes = tuple(sh.weights_dtype for sh in memory)
     mem_us = estimate(card, memory, known, micro, network_us)
-    found = best_split(card, usable, dtypes, known, micro)
+    figures = [s.decode_ns_per_kib for s in known]
+    found = best_split(card, usable, dtypes, known, micro) if max(figures) > EQUAL_SPEED * min(figures) else None
     if found is not None:
         shares, start = [], 0
         for r, c in enumerate(found[0]):
@@ -176,7 +182,8 @@ def speed_shares(card: ModelCard, usable: tuple[int, ...], memory: tuple[RankSha
         if fast <= mem_us * (1 - MIN_GAIN):
             reason = f"by speed: {fast} µs/token against {mem_us} for the memory-proportional split"
             return SplitChoice(tuple(shares), fast, estimate(card, tuple(shares), known, micro, network_us, "prefill"), mem_us, reason)
-    reason = f"memory-proportional: no split is {int(MIN_GAIN * 100)} % faster by the estimate ({mem_us} µs/token)"
+    reason = (f"memory-proportional: no split is {int(MIN_GAIN * 100)} % faster by the estimate ({mem_us} µs/token)"
+              if found is not None else f"memory-proportional: the nodes' speeds are within {int(EQUAL_SPEED * 100 - 100)} %")
     return SplitChoice(memory, mem_us, estimate(card, memory, known, micro, network_us, "prefill"), mem_us, reason)
 
 

@@ -23,7 +23,6 @@ def nodes_table(nodes: list[dict]) -> Table:
     table.add_column("master", justify="center")
     table.add_column("available / total", justify="right", no_wrap=True)
     table.add_column("last seen", justify="right")
-    table.add_column("speed", justify="right", no_wrap=True)
     for n in nodes:
         mark = "*" if n.get("is_master") else ""
         name = n.get("friendly_name") or ""
@@ -36,7 +35,6 @@ def nodes_table(nodes: list[dict]) -> Table:
             mark,
             memory,
             ago(n.get("last_seen")),
-            speed_text(n.get("speed")),
         )
     return table
 
@@ -50,6 +48,15 @@ def speed_text(speed: Any) -> str:
     if not isinstance(decode, int) or not isinstance(mem, int):
         return "-"
     return f"{decode * 1024 / 1000:.0f} µs/MiB · {mem} MiB/s"
+
+
+def speed_lines(nodes: list[dict]) -> list[str]:
+    """``"  <name or id prefix>  decode … µs per MiB of weights · … MiB/s"`` per node that
+    published a speed (below the table: a column would not fit 80 columns)."""
+    rows = [(n.get("friendly_name") or id_prefix(str(n.get("node_id", ""))), speed_text(n.get("speed")))
+            for n in nodes if n.get("speed")]
+    width = max((len(label) for label, _ in rows), default=0)
+    return [f"  {label:<{width}}  decode {text}" for label, text in rows]
 
 
 def address_lines(nodes: list[dict]) -> list[str]:

@@ -63,6 +63,9 @@ def nodes(ctx: typer.Context, api: ApiOpt = None, api_key: ApiKeyOpt = None, jso
         links = render.link_lines(listed)
         if links:
             click.echo("links (measured; docs/links.md):\n" + "\n".join(links))
+        speeds = render.speed_lines(listed)
+        if speeds:
+            click.echo("speed (measured; docs/placement-speed.md):\n" + "\n".join(speeds))
     names = {} if json else {str(n.get("node_id")): str(n["friendly_name"]) for n in listed if n.get("friendly_name")}
     for warning in warnings:
         click.echo(f"warning: {name_node_ids(str(warning), names)}", err=True)
