@@ -41,6 +41,10 @@ EQUAL_SPEED = 1.3
 """Nodes whose decode figures are all within this ratio are equal (the calibration's noise
 band, ``worker.calibrate.run.SPEED_MOVE``): their cycle keeps today's memory split."""
 
+ROTATE_MAX_RANKS = 4
+"""Cycles of at most this many ranks also try moving rank 0 (``best_rotation``); larger ones
+keep the memory rule's rank 0 (each rotation is one more search)."""
+
 CAPS = 24
 """Caps on the slowest stage tried when m > 1 (``best_split``): bounds the search's work."""
 
@@ -139,18 +143,22 @@ def best_split(card: ModelCard, usable: tuple[int, ...], dtypes: tuple[str, ...]
 
 
 def _min_sum(cost: list, ok: list, world: int, n: int, cap: float) -> tuple[int, ...] | None:
-    """Layer counts minimising Σ stage cost with every stage fitting (``ok``) and ≤ ``cap``."""
-    inf = float("inf")
+    """Layer counts minimising Σ stage cost with every stage fitting (``ok``) and ≤ ``cap``;
+    among sums equal to 0.001 µs, the least slowest stage so far (equal nodes share evenly)."""
+    inf = (float("inf"), float("inf"))
     dp = [[inf] * (n + 1) for _ in range(world + 1)]
     back = [[0] * (n + 1) for _ in range(world + 1)]
-    dp[0][0] = 0.0
+    dp[0][0] = (0.0, 0.0)
     for r in range(world):
         for e in range(r + 1, n - (world - r - 1) + 1):
             for s in range(r, e):
                 c = cost[r][s][e]
-                if dp[r][s] < inf and ok[r][s][e] and c <= cap and dp[r][s] + c < dp[r + 1][e] - 1e-12:
-                    dp[r + 1][e], back[r + 1][e] = dp[r][s] + c, s
-    if dp[world][n] == inf:
+                if dp[r][s] is inf or not ok[r][s][e] or c > cap:
+                    continue
+                key = (round(dp[r][s][0] + c, 3), max(dp[r][s][1], c))
+                if key < dp[r + 1][e]:
+                    dp[r + 1][e], back[r + 1][e] = key, s
+    if dp[world][n] is inf:
         return None
     counts, e = [], n
     for r in range(world, 0, -1):
@@ -201,7 +209,7 @@ def best_rotation(card: ModelCard, rotations: list[tuple[tuple[int, ...], tuple[
     if base is None:
         return None
     best = (0, base)
-    for i, rotation in enumerate(rotations[1:], start=1):
+    for i, rotation in enumerate(rotations[1:ROTATE_MAX_RANKS] if len(rotations) <= ROTATE_MAX_RANKS else [], start=1):
         choice = speed_shares(card, *rotation, micro, network_us) if rotation is not None else None
         if choice is None or choice.decode_us > base.memory_decode_us * (1 - MIN_GAIN) or choice.decode_us >= best[1].decode_us:
             continue
