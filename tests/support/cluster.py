@@ -126,6 +126,10 @@ class NodeProcess:
     """Where libp2p listens (``--listen-host``)."""
     api_host: str | None = None
     """Where the API listens (``--api-host``); None: the node's default, 127.0.0.1."""
+    calibrate = False
+    """Whether the node measures its speed (``--no-calibrate`` unless set): a test node's ~1.5 s
+    of CPU at start, on a machine that starts hundreds of them, buys nothing but for the tests
+    of the speed-aware split (``tests.support.speed_nodes``), which set it."""
 
     def command(self) -> list[str]:
         """The node's command line."""
@@ -139,6 +143,7 @@ class NodeProcess:
             "--log-format", "json",
             "--cluster", self.cluster,
             *([] if self.mdns else ["--no-mdns"]),
+            *([] if self.calibrate else ["--no-calibrate"]),
             *self.extra_args,
         ]
 

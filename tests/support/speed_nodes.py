@@ -16,6 +16,8 @@ class ThrottledNode(NodeProcess):
     """A ``NodeProcess`` moved into ``group`` as soon as it is spawned (its runners and its
     calibration, spawned later, are born inside)."""
 
+    calibrate = True
+
     def __init__(self, data_dir: Path, group: CpuGroup, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(data_dir, **kw)
         self.group = group
@@ -31,6 +33,7 @@ def start_pair(tmp: Path, group: CpuGroup, flags: list[str], timeout: float = 18
     with ``flags``; returns once both are one cluster and both speeds are in State. The caller
     stops them (they are returned started, or stopped on failure here)."""
     fast = NodeProcess(tmp / "fast", extra_args=["--name", "fast", *flags])
+    fast.calibrate = True
     slow: NodeProcess | None = None
     try:
         fast.start(timeout=timeout)
