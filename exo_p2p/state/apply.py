@@ -35,8 +35,7 @@ from exo_p2p.types import (
     TaskDeleted,
     TaskRecord,
     TaskStatusUpdated,
-    TopologyEdgeCreated,
-    TopologyEdgesCreated,
+    TopologyEdgeCreated, TopologyEdgesCreated,
     TopologyEdgeDeleted,
 )
 
@@ -132,27 +131,12 @@ def _apply_node_timed_out(event: NodeTimedOut, state: State) -> State:
 
 
 @_apply_event.register
-def _apply_topology_edge_created(event: TopologyEdgeCreated, state: State) -> State:
-    edges = dict(state.edges)
-    sinks = dict(edges.get(event.edge.source, {}))
-    sinks[event.edge.sink] = event.edge
-    edges[event.edge.source] = sinks
-    return replace(state, edges=edges)
-
-
-@_apply_event.register
-def _apply_topology_edges_created(event: TopologyEdgesCreated, state: State) -> State:
-    """Every edge of the event: the edge maps are copied once, not once per edge."""
-    if not event.edges:
-        return state
-    edges = dict(state.edges)
-    for edge in event.edges:
-        sinks = edges.get(edge.source, {})
-        if sinks is state.edges.get(edge.source):
-            sinks = edges[edge.source] = dict(sinks)
-        elif edge.source not in edges:
-            sinks = edges[edge.source] = {}
-        sinks[edge.sink] = edge
+def _apply_topology_edge_created(event: TopologyEdgeCreated | TopologyEdgesCreated, state: State) -> State:
+    edges = dict(state.edges)  # copied once for every edge of a TopologyEdgesCreated
+    for edge in (event.edge,) if isinstance(event, TopologyEdgeCreated) else event.edges:
+        if edges.get(edge.source) is state.edges.get(edge.source):
+            edges[edge.source] = dict(state.edges.get(edge.source, {}))
+        edges[edge.source][edge.sink] = edge
     return replace(state, edges=edges)
 
 
