@@ -118,7 +118,8 @@ def main() -> None:
             print(f"N={n} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
             continue
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(f"  N={n}: done in {results[-1]['wall']:.0f} s wall, {results[-1]['cpu']:.0f} s CPU; load {os.getloadavg()}", flush=True)
+        print(f"  N={n}: done in {results[-1]['wall']:.0f} s wall, {results[-1]['cpu']:.0f} s CPU; load {os.getloadavg()}",
+              " | ".join(row(results[-1])), flush=True)
     table = [list(COLUMNS)] + [row(r) for r in results]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     for line in table:
