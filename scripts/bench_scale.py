@@ -46,7 +46,8 @@ from tests.support.scale.measure import at_rest, failover, master_node, placemen
 from tests.support.scale.memnet import Fabric  # noqa: E402
 
 COLUMNS = ("N", "form s", "mesh s", "failover s", "seq ev/s", "fol µs/ev", "lag p50 ms", "lag p99 ms",
-           "rest msg/s f|m", "rest kB/s f|m", "State kB", "place 2/4/8 ms", "wall|CPU s")
+           "rest msg/s fol", "rest msg/s master", "rest kB/s fol", "rest kB/s master", "State kB", "place 2/4/8 ms",
+           "wall s", "CPU s")
 
 
 async def measure(n: int, root: Path, latency: float, loss: float, seed: int) -> dict:
@@ -90,8 +91,8 @@ def row(r: dict) -> list[str]:
     rest = r["rest"]
     return [str(r["N"]), f"{r['form']:.2f}", f"{r['mesh']:.2f}", f"{r['failover']:.2f}", f"{r['seq'][0]:,.0f}",
             f"{r['seq'][1]:.0f}", f"{r['lag'][0] * 1000:.1f}", f"{r['lag'][1] * 1000:.1f}",
-            f"{rest[0]:.0f}|{rest[2]:.0f}", f"{rest[1] / 1000:.1f}|{rest[3] / 1000:.1f}", f"{r['state'] / 1000:,.0f}",
-            "/".join(f"{p:.0f}" for p in r["place"]), f"{r['wall']:.0f}|{r['cpu']:.0f}"]
+            f"{rest[0]:.0f}", f"{rest[2]:.0f}", f"{rest[1] / 1000:.1f}", f"{rest[3] / 1000:.1f}", f"{r['state'] / 1000:,.0f}",
+            "/".join(f"{p:.0f}" for p in r["place"]), f"{r['wall']:.0f}", f"{r['cpu']:.0f}"]
 
 
 def main() -> None:
