@@ -6,6 +6,7 @@ measured apart, per member, with ``cpu.CpuMeter``.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ async def sequencing(cluster: ScaleCluster, meter: CpuMeter, events: int = 1000)
     them; CPU charged to the master (its tasks and this one's ``emit`` calls) per event."""
     node = master_node(cluster)
     assert node.seat.role is not None
+    gc.collect()
+    gc.freeze()  # N members' objects in one process: a full collection is the harness's cost, not the master's
     meter.own(trio.lowlevel.current_task(), node.node_id)
     meter.reset()
     last = 0
