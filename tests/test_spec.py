@@ -85,6 +85,16 @@ def test_ngram_keeps_copying_the_span_it_copied() -> None:
     assert index.propose(8) == [45, 46, 47, 48, 49, 1, 200, 201]
 
 
+def test_ngram_says_before_the_next_token_whether_a_match_is_possible() -> None:
+    index = NgramIndex([1, 2, 3, 4, 5])
+    assert not index.may_propose()  # "4 5" never began an indexed 3-gram: no next token can match
+    index.extend([1, 2])
+    assert index.may_propose()  # "1 2" began "1 2 3"
+    index.extend([3])
+    assert index.propose(2) == [4, 5]
+    assert not NgramIndex([7]).may_propose()
+
+
 def test_accepted_count_is_the_exact_match_prefix() -> None:
     assert accepted_count([5, 6, 7], [5, 6, 8, 1]) == 2
     assert accepted_count([5, 6, 7], [4, 6, 7, 1]) == 0

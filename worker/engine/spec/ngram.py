@@ -41,6 +41,7 @@ class NgramIndex:
     def __init__(self, tokens: Iterable[int] = ()) -> None:
         self.history: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
+        self._starts: set[tuple[int, ...]] = set()  # the first MIN_N - 1 tokens of every indexed n-gram
         self._pointer: tuple[int, int] | None = None  # (source position, history length) of the last proposal
         self.extend(tokens)
         self.prompt_len = len(self.history)
@@ -55,12 +56,19 @@ class NgramIndex:
             h.append(int(token))
             end = len(h) - 1  # the n-gram ending just before the new token is followed by it
             if end >= MIN_N:
-                seen = self._index.setdefault(tuple(h[end - MIN_N : end]), [])
+                gram = tuple(h[end - MIN_N : end])
+                self._starts.add(gram[:-1])
+                seen = self._index.setdefault(gram, [])
                 if seen and seen[-1] == end:  # indexed already (a token proposed after, then fed)
                     continue
                 seen.append(end)
                 if len(seen) > MAX_CANDIDATES:
                     del seen[0]
+
+    def may_propose(self) -> bool:
+        """Whether some next token could make ``propose`` find a match: the history's last
+        ``MIN_N − 1`` tokens began an indexed n-gram (checked before the next token is known)."""
+        return len(self.history) >= MIN_N - 1 and tuple(self.history[len(self.history) - MIN_N + 1:]) in self._starts
 
     def _match(self, start: int) -> int:
         """How many tokens before ``start`` equal the history's tail (at most ``MAX_MATCH``)."""

@@ -93,20 +93,27 @@ class SpecDecoder:
         self.stats = SpecStats()
         self._rows: dict[str, tuple[NgramIndex, DraftPolicy, int]] = {}  # task -> index, policy, fed seen
 
-    def _proposal(self, row: Sequence, current: int) -> list[int]:
-        """Row's drafts after its ``current`` token (``[]``: none), within its budget."""
+    def _wanted(self, row: Sequence) -> int:
+        """How many drafts ``row`` may take this step (0: none), within its budget; 0 too when
+        no token it could be fed next can start a match (``NgramIndex.may_propose``), so a
+        step where no row can draft reads no token early (the ordinary step keeps its overlap)."""
         budget = row.max_new - row.completion_tokens - 1  # tokens after ``current`` it may still take
         if budget <= 0 or not drafts_allowed(row):
-            return []
+            return 0
         state = self._rows.get(row.task_id)
         if state is None:
             state = (NgramIndex(row.tokens()), DraftPolicy(self.num_draft), len(row.fed))
         index, policy, seen = state
         index.extend(row.fed[seen:])
         self._rows[row.task_id] = (index, policy, len(row.fed))
-        k = min(policy.wanted(), budget)
+        k = min(policy.wanted(), budget)  # counts a paused step whatever comes next
+        return k if k > 0 and index.may_propose() else 0
+
+    def _proposal(self, row: Sequence, current: int, k: int) -> list[int]:
+        """Row's at most ``k`` drafts after its ``current`` token (``[]``: none)."""
         if k <= 0:
             return []
+        index = self._rows[row.task_id][0]
         index.extend([current])
         drafts = index.propose(k)
         index.history.pop()  # ``current`` is indexed again when it is fed (harmless repeat)
@@ -120,14 +127,17 @@ class SpecDecoder:
         proposals): run the ordinary step. Every rank of a multi-rank instance decides alike."""
         if not batch.feeds or not rollback_supported(batch.cache) or not verifies(stage, [r.sampler for r in batch.rows]):
             return None
-        current = [int(t) for t in batch.next_tokens.tolist()]
         live = {row.task_id for row in batch.rows}
         for gone in [t for t in self._rows if t not in live]:
             del self._rows[gone]
         cap = self.max_positions // len(batch.rows) - 1
         if cap <= 0:
             return None
-        drafts = [self._proposal(row, c)[:cap] for row, c in zip(batch.rows, current, strict=True)]
+        wanted = [min(self._wanted(row), cap) for row in batch.rows]
+        if not any(wanted):
+            return None
+        current = [int(t) for t in batch.next_tokens.tolist()]
+        drafts = [self._proposal(row, c, k) for row, c, k in zip(batch.rows, current, wanted, strict=True)]
         width = max(len(d) for d in drafts)
         if width == 0:
             return None
