@@ -122,6 +122,11 @@ def test_policy_adapts_k_and_pauses_on_low_acceptance() -> None:
     assert sum(policy.wanted() == 0 for _ in range(2 * BACKOFF)) == 2 * BACKOFF  # backoff doubled
     with pytest.raises(ValueError):
         DraftPolicy(0)
+    policy = DraftPolicy(8)
+    policy.record(2, 2)
+    for _ in range(WINDOW - 2):  # look-ups that found nothing: k kept, the window judged low
+        policy.miss()
+    assert [policy.wanted() for _ in range(BACKOFF)] == [0] * BACKOFF
 
 
 def _batch_cache(lengths: list[int], fed: int) -> tuple[Any, list[mx.array]]:

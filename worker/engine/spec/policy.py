@@ -56,6 +56,16 @@ class DraftPolicy:
             self.k = min(self.max_k, self.k * 2)
         elif accepted == 0:
             self.k = max(1, self.k // 2)
+        self._judge()
+
+    def miss(self) -> None:
+        """A step that wanted drafts and found none (its next token was read early for
+        nothing, ``verify.py``): counted as one rejected draft in the window, ``k`` kept, so a
+        row whose look-ups keep failing (free prose) pauses as one whose drafts do."""
+        self.proposed += 1
+        self._judge()
+
+    def _judge(self) -> None:
         if self.proposed >= WINDOW:
             if self.accepted < MIN_ACCEPTANCE * self.proposed:
                 self.paused, self.backoff = self.backoff, min(MAX_BACKOFF, self.backoff * 2)

@@ -117,6 +117,8 @@ class SpecDecoder:
         index.extend([current])
         drafts = index.propose(k)
         index.history.pop()  # ``current`` is indexed again when it is fed (harmless repeat)
+        if not drafts:  # the next tokens were read early for nothing: the policy counts a miss
+            self._rows[row.task_id][1].miss()
         return drafts
 
     def step(self, batch: Any, stage: Any, model: Any) -> list[int | list[int]] | None:
