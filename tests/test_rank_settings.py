@@ -122,7 +122,7 @@ def test_nodes_with_different_prefill_chunk_sizes_serve_a_two_node_instance(tmp_
         assert httpx.delete(a.url + f"/instances/{single}", timeout=30).status_code == 200
         iid = _place(a, min_nodes=2)
         placed = a.get("/state").json()["instances"][iid]
-        assert placed["settings"] == {"prefill_chunk_size": 16, "max_batch": 16} and len(placed["shards"]) == 2
+        assert placed["settings"] == {"prefill_chunk_size": 16, "max_batch": 16, "kv_cache_bits": 0} and len(placed["shards"]) == 2
         assert [_chat(b, p) for p in PROMPTS] == expected
         assert [_chat(a, p) for p in PROMPTS] == expected
 
